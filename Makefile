@@ -1,0 +1,32 @@
+# zeps — the two commands: `make demo` and `make test`. Both set up what they need first.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+PY := .venv/bin/python
+# Load .zeps-env (written by tools/setup.sh) so the harness finds the cached servers.
+WITH_ENV := source ./.zeps-env &&
+
+.PHONY: setup setup-python test lint demo generate check-generated bench clean
+
+setup:            ## everything: .venv, ZooKeeper jars, control-plane binaries (idempotent)
+	@tools/setup.sh python zookeeper testbin
+
+setup-python:
+	@tools/setup.sh python
+
+lint: setup-python  ## ruff, mypy --strict, import-linter
+	@echo "[lint] ruff"; .venv/bin/ruff check . && .venv/bin/ruff format --check .
+	@echo "[lint] mypy --strict"; .venv/bin/mypy
+	@echo "[lint] import-linter"; .venv/bin/lint-imports
+
+test: setup lint  ## the whole suite: unit, integration (ZooKeeper, Spark), cluster (API server)
+	@$(WITH_ENV) $(PY) -m pytest
+
+demo:             ## run the main job on an embedded default
+	@tools/setup.sh python zookeeper
+	@$(WITH_ENV) $(PY) -m zeps.demo
+
+bench-%: setup    ## side-by-side benchmarks, e.g. `make bench-topic`; each prints one JSON line last
+	@$(WITH_ENV) $(PY) benchmarks/bench_$*.py
+
+clean:            ## remove the virtualenv (the shared cache in ~/.cache/zeps stays)
+	rm -rf .venv .zeps-env

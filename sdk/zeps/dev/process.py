@@ -1,0 +1,178 @@
+"""A child process with a log file, a readiness check and a stop that always happens."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from zeps.errors import SetupError
+
+__all__ = ["ManagedProcess", "free_port", "wait_until"]
+
+_PR_SET_PDEATHSIG = 1
+_live: set[ManagedProcess] = set()
+_live_lock = threading.Lock()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_until(check: Callable[[], bool], *, timeout: float, interval: float = 0.1, what: str) -> None:
+    """Poll ``check`` until it returns True; raise :class:`SetupError` naming ``what`` after ``timeout``.
+
+    Any exception from ``check`` counts as "not ready yet", except :class:`SetupError`, which ends
+    the wait at once.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if check():
+                return
+        except SetupError:
+            raise  # the check itself knows waiting is pointless (for example: the process exited)
+        except Exception:  # not ready yet (connection refused, 503, …)
+            pass
+        if time.monotonic() >= deadline:
+            raise SetupError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class ManagedProcess:
+    """One server process: started in its own process group, logging to ``log_path``.
+
+    ``stop()`` sends SIGTERM to the group, waits ``grace`` seconds, then SIGKILL. ``kill()`` is
+    ``kill -9`` at once (for chaos tests). Processes still running at interpreter exit are stopped.
+    With ``die_with_parent`` (the default) the kernel kills the child if this process dies, so even
+    ``kill -9`` of the test runner leaves no server behind.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        die_with_parent: bool = True,
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        self.env = dict(env) if env is not None else None
+        self.cwd = cwd
+        self.die_with_parent = die_with_parent
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> None:
+        if self.running():
+            return
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            try:
+                self._proc = subprocess.Popen(
+                    self.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=self.env,
+                    cwd=self.cwd,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent if self.die_with_parent else None,  # noqa: PLW1509
+                )
+            except FileNotFoundError as exc:
+                raise SetupError(f"{self.name}: cannot run {self.argv[0]!r} ({exc.strerror})") from exc
+        with _live_lock:
+            _live.add(self)
+
+    def check_alive(self) -> None:
+        """Raise :class:`SetupError` with the log's tail if the process has exited."""
+        if self._proc is not None and self._proc.poll() is not None:
+            raise SetupError(
+                f"{self.name} exited with code {self._proc.returncode}; last log lines "
+                f"({self.log_path}):\n{self.log_tail()}"
+            )
+
+    def wait_ready(self, check: Callable[[], bool], *, timeout: float) -> None:
+        """Wait until ``check`` passes, failing fast (with the log's tail) if the process exits."""
+
+        def ready() -> bool:
+            self.check_alive()
+            return check()
+
+        try:
+            wait_until(ready, timeout=timeout, what=f"{self.name} to become ready")
+        except SetupError as exc:
+            self.check_alive()
+            raise SetupError(f"{exc}; last log lines ({self.log_path}):\n{self.log_tail()}") from None
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        if self._proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._proc.pid, sig)
+
+    def stop(self, grace: float = 10.0) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self._signal_group(signal.SIGKILL)
+                proc.wait(5)
+        else:
+            self._signal_group(signal.SIGKILL)  # stray children of an exited leader
+        with _live_lock:
+            _live.discard(self)
+
+    def kill(self) -> None:
+        """``kill -9`` the process group now and reap it."""
+        proc = self._proc
+        if proc is None:
+            return
+        self._signal_group(signal.SIGKILL)
+        proc.wait(5)
+        with _live_lock:
+            _live.discard(self)
+
+
+@atexit.register
+def _stop_all() -> None:
+    with _live_lock:
+        procs = list(_live)
+    for proc in procs:
+        proc.stop(grace=3)

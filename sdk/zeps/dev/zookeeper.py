@@ -1,0 +1,172 @@
+"""A real standalone ZooKeeper server on 127.0.0.1, from the pinned jars in the zeps cache."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+from types import TracebackType
+
+from zeps.dev.process import ManagedProcess, free_port
+from zeps.errors import SetupError
+
+__all__ = ["ZooKeeperServer", "zookeeper_home"]
+
+ENV_HOME = "ZEPS_ZOOKEEPER_HOME"
+
+
+def zookeeper_home() -> Path:
+    """The folder holding ZooKeeper's ``lib/*.jar``, from ``ZEPS_ZOOKEEPER_HOME``."""
+    value = os.environ.get(ENV_HOME)
+    if not value:
+        raise SetupError(
+            f"{ENV_HOME} is not set; run `make setup` (or export {ENV_HOME}=$(tools/zookeeper/fetch.sh))"
+        )
+    home = Path(value)
+    if not any((home / "lib").glob("zookeeper-*.jar")):
+        raise SetupError(f"{ENV_HOME}={home} holds no lib/zookeeper-*.jar; run `make setup` again")
+    return home
+
+
+class ZooKeeperServer:
+    """One standalone ZooKeeper server with its own data directory.
+
+    The port is chosen once and kept across :meth:`restart`, so clients reconnect to the same
+    address; the data directory survives restarts (it is the server's durable state).
+
+    Settings chosen for tests and the demo: ``tickTime=500`` so sessions may be as short as 1 s
+    (fast expiry tests) and as long as 60 s; 4-letter-word commands enabled (``mntr``, ``srvr``,
+    ``cons``) so tests can count requests; the AdminServer (Jetty) disabled.
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        home: Path | None = None,
+        port: int | None = None,
+        tick_ms: int = 500,
+        force_sync: bool = True,
+        heap_mb: int = 512,
+        extra_config: dict[str, str] | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.home = home
+        self.port = port
+        self.tick_ms = tick_ms
+        self.force_sync = force_sync
+        self.heap_mb = heap_mb
+        self.extra_config = dict(extra_config or {})
+        self._process: ManagedProcess | None = None
+
+    # -- addresses --------------------------------------------------------------------------------
+    @property
+    def connect_string(self) -> str:
+        if self.port is None:
+            raise SetupError("ZooKeeperServer has not been started yet")
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.workdir / "data"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def _write_config(self) -> Path:
+        assert self.port is not None
+        config = {
+            "tickTime": str(self.tick_ms),
+            "dataDir": str(self.data_dir),
+            "clientPort": str(self.port),
+            "clientPortAddress": "127.0.0.1",
+            "maxClientCnxns": "0",
+            "minSessionTimeout": str(2 * self.tick_ms),
+            "maxSessionTimeout": "60000",
+            "admin.enableServer": "false",
+            "4lw.commands.whitelist": "*",
+            "forceSync": "yes" if self.force_sync else "no",
+            "autopurge.snapRetainCount": "3",
+            "autopurge.purgeInterval": "1",
+            **self.extra_config,
+        }
+        path = self.workdir / "zoo.cfg"
+        path.write_text("".join(f"{k}={v}\n" for k, v in config.items()))
+        return path
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start the server and wait until it serves requests."""
+        home = self.home or zookeeper_home()
+        java = shutil.which("java")
+        if java is None:
+            raise SetupError("Java is missing; install a JDK 17 (apt-get install openjdk-17-jdk-headless)")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.mkdir(exist_ok=True)
+        if self.port is None:
+            self.port = free_port()
+        config = self._write_config()
+        argv = [
+            java,
+            f"-Xmx{self.heap_mb}m",
+            "-XX:+UseSerialGC",
+            "-Dzookeeper.jmx.log4j.disable=true",
+            "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+            "-Dorg.slf4j.simpleLogger.showDateTime=true",
+            "-cp",
+            f"{home / 'lib'}/*",
+            "org.apache.zookeeper.server.ZooKeeperServerMain",
+            str(config),
+        ]
+        self._process = ManagedProcess("zookeeper", argv, log_path=self.workdir / "zookeeper.log")
+        self._process.start()
+        self._process.wait_ready(lambda: "Mode: standalone" in self.four_letter("srvr"), timeout=timeout)
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.stop()
+
+    def kill(self) -> None:
+        """``kill -9`` the server (its data directory stays)."""
+        if self._process is not None:
+            self._process.kill()
+
+    def restart(self, timeout: float = 60.0) -> None:
+        """Stop and start again on the same port with the same data."""
+        self.stop()
+        self.start(timeout=timeout)
+
+    def running(self) -> bool:
+        return self._process is not None and self._process.running()
+
+    def __enter__(self) -> ZooKeeperServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # -- inspection -------------------------------------------------------------------------------
+    def four_letter(self, command: str, timeout: float = 5.0) -> str:
+        """Send a four-letter-word command (``ruok``, ``srvr``, ``mntr``, ``cons``…) and return the answer."""
+        if self.port is None:
+            raise SetupError("ZooKeeperServer has not been started yet")
+        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as sock:
+            sock.sendall(command.encode("ascii"))
+            chunks = []
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        return b"".join(chunks).decode("utf-8", "replace")
+
+    def metrics(self) -> dict[str, str]:
+        """The ``mntr`` metrics as a dict (for example ``zk_packets_received``, ``zk_znode_count``)."""
+        out: dict[str, str] = {}
+        for line in self.four_letter("mntr").splitlines():
+            key, _, value = line.partition("\t")
+            if key:
+                out[key] = value
+        return out

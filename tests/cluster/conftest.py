@@ -1,0 +1,35 @@
+"""Cluster tier: tests against a real kube-apiserver (etcd, controller-manager, scheduler, kwok).
+
+There is no kubelet: kwok simulates one fake node, so pods are scheduled and reported Running but
+no container runs. Everything else — admission, RBAC, CRDs and their validation, controllers,
+watches — is the real Kubernetes code at the pinned version (tools/testbin/k8s/go.mod).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+_namespaces = itertools.count()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/cluster/" in str(item.path):
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture
+def namespace(kube_api: Any) -> Iterator[str]:
+    """A fresh namespace for one test, deleted afterwards."""
+    core = client.CoreV1Api(kube_api)
+    name = f"t{next(_namespaces)}-{id(core) % 10_000}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    try:
+        yield name
+    finally:
+        core.delete_namespace(name)

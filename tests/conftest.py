@@ -1,0 +1,144 @@
+"""Fixtures for every test tier: real ZooKeeper, a real Kubernetes control plane, local Spark.
+
+Servers bind 127.0.0.1 only and are stopped at teardown, on failure and on Ctrl-C (and by the
+kernel if pytest itself is killed; see ``zeps.dev.process``). The binaries come from the zeps cache
+that ``make setup`` fills (``ZEPS_ZOOKEEPER_HOME``, ``ZEPS_TESTBIN``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+from kubernetes import config
+from pyspark.sql import SparkSession
+
+from zeps.coordination import connect
+from zeps.coordination.testing import count_znodes, expire_session
+from zeps.dev import ControlPlane, ZooKeeperServer
+
+_counter = itertools.count()
+
+
+class ZooKeeperHarness:
+    """The ``zookeeper`` fixture: a real server plus helpers.
+
+    ``root`` is a fresh znode path for the current test, so tests sharing the server never see
+    each other's nodes. Clients made by :meth:`client` are stopped at teardown.
+    """
+
+    def __init__(self, server: ZooKeeperServer, root: str) -> None:
+        self.server = server
+        self.root = root
+        self._clients: list[KazooClient] = []
+
+    @property
+    def connect_string(self) -> str:
+        return self.server.connect_string
+
+    def client(self, **kwargs: Any) -> KazooClient:
+        client = connect(self.connect_string, **kwargs)
+        self._clients.append(client)
+        return client
+
+    def expire_session(self, client: KazooClient, *, wait_reconnect: bool = True) -> None:
+        expire_session(client, wait_reconnect=wait_reconnect)
+
+    def count_znodes(self, path: str) -> int:
+        helper = self.client()
+        try:
+            return count_znodes(helper, path)
+        finally:
+            self._clients.remove(helper)
+            helper.stop()
+            helper.close()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def kill(self) -> None:
+        self.server.kill()
+
+    def start(self) -> None:
+        self.server.start()
+
+    def restart(self) -> None:
+        self.server.restart()
+
+    def close(self) -> None:
+        for client in self._clients:
+            client.stop()
+            client.close()
+        self._clients.clear()
+
+
+@pytest.fixture(scope="session")
+def zookeeper_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
+    """One ZooKeeper server for the whole test session (each test gets its own root path)."""
+    server = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def zookeeper(
+    zookeeper_server: ZooKeeperServer, request: pytest.FixtureRequest
+) -> Iterator[ZooKeeperHarness]:
+    """A real ZooKeeper server, a per-test root path and failure helpers (expire, stop, restart)."""
+    slug = re.sub(r"[^A-Za-z0-9_-]", "-", request.node.name)[:60]
+    harness = ZooKeeperHarness(zookeeper_server, f"/test/{slug}-{next(_counter)}")
+    try:
+        yield harness
+    finally:
+        harness.close()
+        if not zookeeper_server.running():  # a test stopped or killed it: bring it back for the next
+            zookeeper_server.start()
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """etcd + kube-apiserver + controller-manager + scheduler + kwok, once per test session."""
+    plane = ControlPlane(tmp_path_factory.mktemp("control-plane"))
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="session")
+def kube_api(control_plane: ControlPlane) -> Iterator[Any]:
+    """A ``kubernetes.client.ApiClient`` authenticated as cluster-admin on the control plane."""
+    client = config.new_client_from_config(config_file=str(control_plane.kubeconfig))
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A local[2] SparkSession bound to 127.0.0.1, UI off; stopped at the end of the session."""
+    warehouse: Path = tmp_path_factory.mktemp("spark-warehouse")
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("zeps-tests")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.warehouse.dir", str(warehouse))
+        .getOrCreate()
+    )
+    try:
+        yield session
+    finally:
+        session.stop()

@@ -1,0 +1,88 @@
+"""The ZooKeeper tier is real: a ZooKeeper server process on 127.0.0.1, driven through kazoo."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from kazoo.exceptions import NoNodeError
+from kazoo.protocol.states import EventType, WatchedEvent
+
+from conftest import ZooKeeperHarness
+from zeps.dev import ZooKeeperServer
+
+
+def test_create_watch_delete(zookeeper: ZooKeeperHarness) -> None:
+    client = zookeeper.client()
+    path = f"{zookeeper.root}/greeting"
+    client.create(path, b"hello", makepath=True)
+
+    events: list[WatchedEvent] = []
+    fired = threading.Event()
+
+    def watch(event: WatchedEvent) -> None:
+        events.append(event)
+        fired.set()
+
+    data, stat = client.get(path, watch=watch)
+    assert data == b"hello" and stat.version == 0
+
+    other = zookeeper.client()  # a change made by another session fires this session's watch
+    other.set(path, b"bonjour")
+    assert fired.wait(10), "data watch did not fire"
+    assert events[0].type == EventType.CHANGED and events[0].path == path
+
+    fired.clear()
+    client.exists(path, watch=watch)
+    other.delete(path)
+    assert fired.wait(10), "exists watch did not fire on delete"
+    assert events[-1].type == EventType.DELETED
+    assert client.exists(path) is None
+
+
+def test_ephemeral_node_vanishes_on_session_expiry(zookeeper: ZooKeeperHarness) -> None:
+    owner, observer = zookeeper.client(), zookeeper.client()
+    path = f"{zookeeper.root}/member"
+    owner.create(path, b"alive", ephemeral=True, makepath=True)
+    assert observer.exists(path) is not None
+    old_session = owner.client_id[0]
+
+    zookeeper.expire_session(owner)
+
+    assert observer.exists(path) is None, "ephemeral node survived its session"
+    assert owner.client_id[0] != old_session, "client did not get a new session"
+    assert owner.connected
+
+
+def test_restart_keeps_data_and_port(zookeeper: ZooKeeperHarness) -> None:
+    client = zookeeper.client()
+    path = f"{zookeeper.root}/durable"
+    client.create(path, b"kept", makepath=True)
+    address = zookeeper.connect_string
+
+    zookeeper.restart()
+
+    assert zookeeper.connect_string == address
+    fresh = zookeeper.client()
+    assert fresh.get(path)[0] == b"kept"
+
+
+def test_count_znodes(zookeeper: ZooKeeperHarness) -> None:
+    client = zookeeper.client()
+    for name in ("a", "a/b", "a/c", "d"):
+        client.create(f"{zookeeper.root}/tree/{name}", makepath=True)
+    assert zookeeper.count_znodes(f"{zookeeper.root}/tree") == 4
+    assert zookeeper.count_znodes(f"{zookeeper.root}/nothing-here") == 0
+    with pytest.raises(NoNodeError):
+        client.get_children(f"{zookeeper.root}/nothing-here")
+
+
+def test_four_letter_metrics(zookeeper: ZooKeeperHarness) -> None:
+    metrics = zookeeper.server.metrics()
+    assert metrics["zk_server_state"] == "standalone"
+    assert int(metrics["zk_packets_received"]) > 0
+
+
+def test_server_binds_loopback_only(zookeeper_server: ZooKeeperServer) -> None:
+    config = (zookeeper_server.workdir / "zoo.cfg").read_text()
+    assert "clientPortAddress=127.0.0.1" in config

@@ -1,0 +1,78 @@
+"""ManagedProcess: real child processes (sleep, sh), no servers."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from zeps.dev.process import ManagedProcess, free_port, wait_until
+from zeps.errors import SetupError
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); read its state
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+def test_stop_ends_the_whole_process_group(tmp_path: Path) -> None:
+    # the shell starts a grandchild; stop() must end both
+    pidfile = tmp_path / "child.pid"
+    proc = ManagedProcess(
+        "sh", ["sh", "-c", f"sleep 600 & echo $! > {pidfile}; wait"], log_path=tmp_path / "log"
+    )
+    proc.start()
+    wait_until(
+        lambda: pidfile.exists() and pidfile.read_text().strip() != "", timeout=5, what="grandchild pid"
+    )
+    grandchild = int(pidfile.read_text())
+    assert proc.running() and _alive(grandchild)
+    proc.stop(grace=5)
+    assert not proc.running()
+    wait_until(lambda: not _alive(grandchild), timeout=5, what="grandchild to exit")
+
+
+def test_a_process_that_exits_fails_fast_with_its_log(tmp_path: Path) -> None:
+    proc = ManagedProcess(
+        "broken", ["sh", "-c", "echo 'config is bad' >&2; exit 3"], log_path=tmp_path / "log"
+    )
+    proc.start()
+    started = time.monotonic()
+    with pytest.raises(SetupError) as err:
+        proc.wait_ready(lambda: False, timeout=30)
+    assert time.monotonic() - started < 10, "did not notice the exit"
+    assert "exited with code 3" in str(err.value) and "config is bad" in str(err.value)
+
+
+def test_missing_program_is_a_setup_error(tmp_path: Path) -> None:
+    proc = ManagedProcess("ghost", ["/nonexistent/zeps-ghost"], log_path=tmp_path / "log")
+    with pytest.raises(SetupError, match="ghost: cannot run"):
+        proc.start()
+
+
+def test_kill_is_immediate(tmp_path: Path) -> None:
+    # a process that ignores SIGTERM still dies on kill()
+    proc = ManagedProcess("stubborn", ["sh", "-c", "trap '' TERM; sleep 600"], log_path=tmp_path / "log")
+    proc.start()
+    time.sleep(0.2)
+    proc.kill()
+    assert not proc.running()
+
+
+def test_free_port_is_bindable_on_loopback() -> None:
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+def test_wait_until_names_what_it_waited_for() -> None:
+    with pytest.raises(SetupError, match="the moon"):
+        wait_until(lambda: False, timeout=0.3, interval=0.05, what="the moon")

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Idempotent setup for `make test`, `make demo` and `make lint`. Components (default: all):
+#   python     — .venv with the pinned dependencies (pyproject.toml + constraints.txt)
+#   zookeeper  — the pinned ZooKeeper server jars (tools/zookeeper/), needs Java 17 + Maven
+#   testbin    — etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm
+#                built from pinned Go modules (tools/testbin/), needs Go
+# Writes .zeps-env (git-ignored): the environment variables that point the harness at the cache.
+# Every step says what it does; a missing tool stops setup with one line naming it and the fix.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+say() { printf '[setup] %s\n' "$*" >&2; }
+fail() { printf 'setup: %s\n' "$*" >&2; exit 1; }
+
+components=${*:-python zookeeper testbin}
+env_file=.zeps-env
+touch "$env_file"
+
+set_env() {  # set_env NAME VALUE: replace the line for NAME in .zeps-env
+  grep -v "^export $1=" "$env_file" > "$env_file.tmp" || true
+  printf 'export %s=%q\n' "$1" "$2" >> "$env_file.tmp"
+  mv "$env_file.tmp" "$env_file"
+}
+
+setup_python() {
+  local py=${PYTHON:-python3}
+  command -v "$py" >/dev/null 2>&1 || fail "Python 3.11+ is missing; install python3 (apt-get install python3 python3-venv)"
+  "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+    || fail "Python 3.11 or newer is needed, found $("$py" -V 2>&1); set PYTHON=/path/to/python3.11"
+  local key
+  key=$(cat pyproject.toml constraints.txt <("$py" -V) | sha256sum | cut -c1-16)
+  if [ -f .venv/.installed ] && [ "$(cat .venv/.installed)" = "$key" ]; then
+    say "python: .venv up to date"
+    return
+  fi
+  if [ ! -x .venv/bin/python ]; then
+    say "python: creating .venv with $("$py" -V)"
+    "$py" -m venv .venv >/dev/null 2>&1 || { rm -rf .venv; fail "could not create a virtualenv; install python3-venv (apt-get install python3-venv)"; }
+  fi
+  rm -f .venv/.installed
+  say "python: installing pinned dependencies into .venv (first time takes a few minutes: PySpark is large)"
+  if ! .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[operator,spark,dev]' >.venv/pip.log 2>&1; then
+    tail -n 15 .venv/pip.log >&2
+    fail "pip install failed; full log in .venv/pip.log"
+  fi
+  echo "$key" > .venv/.installed
+  say "python: ready"
+}
+
+setup_zookeeper() {
+  local home
+  home=$(tools/zookeeper/fetch.sh)
+  set_env ZEPS_ZOOKEEPER_HOME "$home"
+}
+
+setup_testbin() {
+  local bin
+  bin=$(tools/testbin/build.sh)
+  set_env ZEPS_TESTBIN "$bin"
+}
+
+for c in $components; do
+  case "$c" in
+    python) setup_python ;;
+    zookeeper) setup_zookeeper ;;
+    testbin) setup_testbin ;;
+    *) fail "unknown setup component '$c' (python, zookeeper, testbin)" ;;
+  esac
+done
