@@ -8,7 +8,7 @@ import pytest
 from kazoo.exceptions import NoNodeError
 from kazoo.protocol.states import EventType, WatchedEvent
 
-from conftest import ZooKeeperHarness
+from harness import ZooKeeperHarness
 from zeps.dev import ZooKeeperServer
 
 
