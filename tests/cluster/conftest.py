@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from zeps.dev.process import wait_until
+
 _namespaces = itertools.count()
 
 
@@ -29,6 +31,14 @@ def namespace(kube_api: Any) -> Iterator[str]:
     core = client.CoreV1Api(kube_api)
     name = f"t{next(_namespaces)}-{id(core) % 10_000}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    # pods are rejected until the service-account controller has made the namespace's default SA
+    wait_until(
+        lambda: bool(
+            core.list_namespaced_service_account(name, field_selector="metadata.name=default").items
+        ),
+        timeout=60,
+        what=f"the default ServiceAccount in {name}",
+    )
     try:
         yield name
     finally:

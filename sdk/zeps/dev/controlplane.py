@@ -241,15 +241,19 @@ class ControlPlane:
         def node_ready() -> bool:
             for proc in self._procs:
                 proc.check_alive()
-            out = self.kubectl("get", "node", FAKE_NODE, "-o",
-                               "jsonpath={.status.conditions[?(@.type=='Ready')].status}")  # fmt: skip
-            return out.strip() == "True"
+            jsonpath = "jsonpath={.status.conditions[?(@.type=='Ready')].status}"
+            return self.kubectl("get", "node", FAKE_NODE, "-o", jsonpath, check=False).strip() == "True"
+
+        def default_service_account() -> bool:
+            return (
+                self.kubectl("get", "serviceaccount", "default", "-n", "default", "-o", "name", check=False)
+                != ""
+            )
 
         wait_until(node_ready, timeout=timeout, interval=0.5, what=f"kwok to mark node {FAKE_NODE} Ready")
-        # The namespace controller and service-account controller must be running before tests
-        # create pods: wait for the default namespace's ServiceAccount.
-        wait_until(lambda: self.kubectl("get", "serviceaccount", "default", "-n", "default").strip() != "",
-                   timeout=timeout, interval=0.5, what="the default ServiceAccount")  # fmt: skip
+        # Tests create pods right away: the service-account controller must have made the default
+        # namespace's ServiceAccount first (pods are rejected by admission without it).
+        wait_until(default_service_account, timeout=timeout, interval=0.5, what="the default ServiceAccount")
 
     def stop(self) -> None:
         """Stop every component, newest first (kwok and controllers before the API server and etcd)."""
