@@ -35,9 +35,7 @@ def zookeeper_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKe
 
 
 @pytest.fixture
-def zookeeper(
-    zookeeper_server: ZooKeeperServer, request: pytest.FixtureRequest
-) -> Iterator[ZooKeeperHarness]:
+def zookeeper(zookeeper_server: ZooKeeperServer, request: pytest.FixtureRequest) -> Iterator[ZooKeeperHarness]:
     """A real ZooKeeper server, a per-test root path and failure helpers (expire, stop, restart)."""
     slug = re.sub(r"[^A-Za-z0-9_-]", "-", request.node.name)[:60]
     harness = ZooKeeperHarness(zookeeper_server, f"/test/{slug}-{next(_counter)}")

@@ -6,6 +6,19 @@ unless its own docstring says otherwise (``zeps.coordination.testing``, ``zeps.d
 
 from importlib.metadata import version as _version
 
+from zeps.coordination import (
+    Group,
+    GroupStatus,
+    Member,
+    Membership,
+    Message,
+    NoSubscribersError,
+    QueueFullError,
+    Subscription,
+    Topic,
+    TopicCleaner,
+)
+from zeps.envelope import Envelope
 from zeps.errors import (
     ConfigError,
     CoordinationError,
@@ -15,16 +28,29 @@ from zeps.errors import (
     SetupError,
     ZepsError,
 )
+from zeps.options import TopicOptions
 
 __version__ = _version("zeps")  # one source of truth: pyproject.toml
 
 __all__ = [
     "ConfigError",
     "CoordinationError",
+    "Envelope",
+    "Group",
+    "GroupStatus",
     "LocalProtocolError",
+    "Member",
+    "Membership",
+    "Message",
+    "NoSubscribersError",
     "ProtocolError",
+    "QueueFullError",
     "RemoteProtocolError",
     "SetupError",
+    "Subscription",
+    "Topic",
+    "TopicCleaner",
+    "TopicOptions",
     "ZepsError",
     "__version__",
 ]

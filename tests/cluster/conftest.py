@@ -33,9 +33,7 @@ def namespace(kube_api: Any) -> Iterator[str]:
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     # pods are rejected until the service-account controller has made the namespace's default SA
     wait_until(
-        lambda: bool(
-            core.list_namespaced_service_account(name, field_selector="metadata.name=default").items
-        ),
+        lambda: bool(core.list_namespaced_service_account(name, field_selector="metadata.name=default").items),
         timeout=60,
         what=f"the default ServiceAccount in {name}",
     )

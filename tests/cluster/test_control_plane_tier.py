@@ -56,9 +56,7 @@ def test_crd_applied_with_kubectl_is_served_and_validated(
     control_plane: ControlPlane, kube_api: Any, namespace: str
 ) -> None:
     control_plane.kubectl("apply", "-f", "-", input=WIDGET_CRD)
-    control_plane.kubectl(
-        "wait", "--for=condition=Established", "crd/widgets.smoke.zeps.dev", "--timeout=60s"
-    )
+    control_plane.kubectl("wait", "--for=condition=Established", "crd/widgets.smoke.zeps.dev", "--timeout=60s")
     custom = client.CustomObjectsApi(kube_api)
     body = {"apiVersion": "smoke.zeps.dev/v1", "kind": "Widget", "metadata": {"name": "w1"}}
     # the CRD may need a moment after Established before its endpoint serves
@@ -67,9 +65,7 @@ def test_crd_applied_with_kubectl_is_served_and_validated(
         30,
         "widgets",
     )
-    custom.create_namespaced_custom_object(
-        "smoke.zeps.dev", "v1", namespace, "widgets", {**body, "spec": {"size": 3}}
-    )
+    custom.create_namespaced_custom_object("smoke.zeps.dev", "v1", namespace, "widgets", {**body, "spec": {"size": 3}})
     got = custom.get_namespaced_custom_object("smoke.zeps.dev", "v1", namespace, "widgets", "w1")
     assert got["spec"] == {"size": 3}
 
@@ -120,9 +116,7 @@ def test_deployment_gets_a_running_pod_on_the_kwok_node(kube_api: Any, namespace
             selector=client.V1LabelSelector(match_labels=labels),
             template=client.V1PodTemplateSpec(
                 metadata=client.V1ObjectMeta(labels=labels),
-                spec=client.V1PodSpec(
-                    containers=[client.V1Container(name="app", image="example.invalid/smoke:1")]
-                ),
+                spec=client.V1PodSpec(containers=[client.V1Container(name="app", image="example.invalid/smoke:1")]),
             ),
         ),
     )
@@ -135,11 +129,7 @@ def test_deployment_gets_a_running_pod_on_the_kwok_node(kube_api: Any, namespace
     _wait(running, 90, "the Deployment's pod to be scheduled on the kwok node and Running")
     _wait(
         lambda: (
-            (
-                apps.read_namespaced_deployment(name="smoke", namespace=namespace).status.available_replicas
-                or 0
-            )
-            == 1
+            (apps.read_namespaced_deployment(name="smoke", namespace=namespace).status.available_replicas or 0) == 1
         ),
         60,
         "the Deployment to report 1 available replica",
@@ -164,9 +154,7 @@ def test_rbac_is_enforced_for_service_accounts(kube_api: Any, namespace: str) ->
     assert denied.value.status == 403
 
 
-def test_helm_renders_and_installs_a_chart(
-    control_plane: ControlPlane, kube_api: Any, namespace: str
-) -> None:
+def test_helm_renders_and_installs_a_chart(control_plane: ControlPlane, kube_api: Any, namespace: str) -> None:
     helm = str(binaries_dir() / "helm")
     rendered = subprocess.run(
         [helm, "template", "demo", str(SMOKE_CHART), "--set", "greeting=bonjour"],

@@ -26,13 +26,9 @@ def _alive(pid: int) -> bool:
 def test_stop_ends_the_whole_process_group(tmp_path: Path) -> None:
     # the shell starts a grandchild; stop() must end both
     pidfile = tmp_path / "child.pid"
-    proc = ManagedProcess(
-        "sh", ["sh", "-c", f"sleep 600 & echo $! > {pidfile}; wait"], log_path=tmp_path / "log"
-    )
+    proc = ManagedProcess("sh", ["sh", "-c", f"sleep 600 & echo $! > {pidfile}; wait"], log_path=tmp_path / "log")
     proc.start()
-    wait_until(
-        lambda: pidfile.exists() and pidfile.read_text().strip() != "", timeout=5, what="grandchild pid"
-    )
+    wait_until(lambda: pidfile.exists() and pidfile.read_text().strip() != "", timeout=5, what="grandchild pid")
     grandchild = int(pidfile.read_text())
     assert proc.running() and _alive(grandchild)
     proc.stop(grace=5)
@@ -41,9 +37,7 @@ def test_stop_ends_the_whole_process_group(tmp_path: Path) -> None:
 
 
 def test_a_process_that_exits_fails_fast_with_its_log(tmp_path: Path) -> None:
-    proc = ManagedProcess(
-        "broken", ["sh", "-c", "echo 'config is bad' >&2; exit 3"], log_path=tmp_path / "log"
-    )
+    proc = ManagedProcess("broken", ["sh", "-c", "echo 'config is bad' >&2; exit 3"], log_path=tmp_path / "log")
     proc.start()
     started = time.monotonic()
     with pytest.raises(SetupError) as err:

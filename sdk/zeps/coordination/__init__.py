@@ -1,9 +1,33 @@
 """ZooKeeper recipes (kazoo): the only package in zeps that imports kazoo.
 
-Recipes land here issue by issue: groups with manifests (seed 002), topics (seed 000), work and
-batch queues (seeds 001 and 003). :func:`connect` is the one place a kazoo client is made.
+* :mod:`~zeps.coordination.group` — group membership with a manifest (seed 002);
+* :mod:`~zeps.coordination.topic` — broadcast Topic with an elected cleaner (seed 000);
+* :func:`connect` — the one place a kazoo client is made.
 """
 
-from zeps.coordination.client import connect
+from zeps.coordination.client import connect, digest_acl
+from zeps.coordination.group import Group, GroupStatus, GroupWatch, Member, Membership
+from zeps.coordination.topic import (
+    Message,
+    NoSubscribersError,
+    QueueFullError,
+    Subscription,
+    Topic,
+    TopicCleaner,
+)
 
-__all__ = ["connect"]
+__all__ = [
+    "Group",
+    "GroupStatus",
+    "GroupWatch",
+    "Member",
+    "Membership",
+    "Message",
+    "NoSubscribersError",
+    "QueueFullError",
+    "Subscription",
+    "Topic",
+    "TopicCleaner",
+    "connect",
+    "digest_acl",
+]

@@ -2,24 +2,41 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.security import make_digest_acl
 
 from zeps.errors import CoordinationError
 
-__all__ = ["connect"]
+__all__ = ["connect", "digest_acl"]
 
 
-def connect(hosts: str, *, timeout: float = 15.0, session_timeout: float = 10.0) -> KazooClient:
+def connect(
+    hosts: str,
+    *,
+    timeout: float = 15.0,
+    session_timeout: float = 10.0,
+    auth: tuple[str, str] | None = None,
+) -> KazooClient:
     """Start a kazoo client for ``hosts`` (``"host:port[,host:port…][/chroot]"``) and return it connected.
 
-    Raises :class:`CoordinationError` naming the address when no server answers within ``timeout``.
-    The caller owns the client: ``client.stop(); client.close()`` when done.
+    ``auth`` is a ZooKeeper digest ``(user, password)``: the session authenticates with it, and
+    :func:`digest_acl` gives the ACL that limits nodes to that user. Raises
+    :class:`CoordinationError` naming the address when no server answers within ``timeout``. The
+    caller owns the client: ``client.stop(); client.close()`` when done.
     """
-    client = KazooClient(hosts=hosts, timeout=session_timeout)
+    auth_data = [("digest", f"{auth[0]}:{auth[1]}")] if auth else None
+    client = KazooClient(hosts=hosts, timeout=session_timeout, auth_data=auth_data)
     try:
         client.start(timeout=timeout)
     except KazooTimeoutError as exc:
         client.close()
         raise CoordinationError(f"no ZooKeeper server answered at {hosts!r} within {timeout:.0f}s") from exc
     return client
+
+
+def digest_acl(user: str, password: str) -> list[Any]:
+    """The ACL for nodes only ``user`` (authenticated by digest) may read, write or delete."""
+    return [make_digest_acl(user, password, all=True)]

@@ -64,9 +64,7 @@ class _Pki:
 
     def generate(self, clients: Mapping[str, tuple[str, str]]) -> None:
         if shutil.which("openssl") is None:
-            raise SetupError(
-                "openssl is missing; install it (apt-get install openssl) — it makes the test PKI"
-            )
+            raise SetupError("openssl is missing; install it (apt-get install openssl) — it makes the test PKI")
         self.folder.mkdir(parents=True, exist_ok=True)
         f = self.folder
         _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "ca.key", cwd=f)
@@ -86,9 +84,7 @@ class _Pki:
         )
         _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "sa.key", cwd=f)
         _openssl("ec", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=f)
-        sans = (
-            "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default.svc"
-        )
+        sans = "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default.svc"
         self._leaf(
             "apiserver",
             "/CN=kube-apiserver",
@@ -245,10 +241,7 @@ class ControlPlane:
             return self.kubectl("get", "node", FAKE_NODE, "-o", jsonpath, check=False).strip() == "True"
 
         def default_service_account() -> bool:
-            return (
-                self.kubectl("get", "serviceaccount", "default", "-n", "default", "-o", "name", check=False)
-                != ""
-            )
+            return self.kubectl("get", "serviceaccount", "default", "-n", "default", "-o", "name", check=False) != ""
 
         wait_until(node_ready, timeout=timeout, interval=0.5, what=f"kwok to mark node {FAKE_NODE} Ready")
         # Tests create pods right away: the service-account controller must have made the default

@@ -20,9 +20,7 @@ def zookeeper_home() -> Path:
     """The folder holding ZooKeeper's ``lib/*.jar``, from ``ZEPS_ZOOKEEPER_HOME``."""
     value = os.environ.get(ENV_HOME)
     if not value:
-        raise SetupError(
-            f"{ENV_HOME} is not set; run `make setup` (or export {ENV_HOME}=$(tools/zookeeper/fetch.sh))"
-        )
+        raise SetupError(f"{ENV_HOME} is not set; run `make setup` (or export {ENV_HOME}=$(tools/zookeeper/fetch.sh))")
     home = Path(value)
     if not any((home / "lib").glob("zookeeper-*.jar")):
         raise SetupError(f"{ENV_HOME}={home} holds no lib/zookeeper-*.jar; run `make setup` again")

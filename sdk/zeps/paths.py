@@ -1,0 +1,113 @@
+"""Every ZooKeeper path zeps uses, in one place, with the layout's format version.
+
+Layout version 1 (one chroot per installation, one subtree per Kubernetes namespace, which is the
+ACL boundary, and one subtree per resource)::
+
+    <chroot>/<ns>/topics/<name>/
+        spec                          operator-owned JSON of the reconciled spec
+        clients/<consumer>            ephemeral: a live SDK client of this topic (seed 000 /clients)
+        subscribers/<consumer>        ephemeral JSON metadata: a live subscription
+        messages/<consumer>/m-…       persistent-sequential, one per message per subscriber queue
+        cleaner/                      leader election: exactly one cleaner at a time
+    <chroot>/<ns>/queues/<name>/      (Queue issue)
+    <chroot>/<ns>/streams/<name>/     (ZepsStream issue)
+
+A group (seed 002) is a parent of ephemeral members (JSON metadata) plus, where the design calls
+for one, a persistent manifest of the members that should exist (streams: ``brokers/`` beside
+``manifest``).
+
+Names are Kubernetes names (DNS-1123 labels), so every path component is safe in ZooKeeper.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from zeps.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_CHROOT",
+    "LAYOUT_VERSION",
+    "GroupPaths",
+    "TopicPaths",
+    "validate_name",
+]
+
+LAYOUT_VERSION = 1
+DEFAULT_CHROOT = "/zeps"
+
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_MEMBER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def validate_name(kind: str, value: str) -> str:
+    """Check a resource name or namespace is a DNS-1123 label (what Kubernetes allows)."""
+    if not (len(value) <= 63 and _DNS1123_LABEL.match(value)):
+        raise ConfigError(
+            f"{kind} {value!r} is not a valid name: use at most 63 lower-case letters, digits and '-', "
+            "starting and ending with a letter or digit"
+        )
+    return value
+
+
+def validate_member_id(value: str) -> str:
+    """Check a member or consumer id is safe as one znode name (letters, digits, '.', '_', '-')."""
+    if not _MEMBER_ID.match(value):
+        raise ConfigError(
+            f"member id {value!r} is not valid: use 1-128 letters, digits, '.', '_' or '-', starting with a letter "
+            "or digit"
+        )
+    return value
+
+
+def _chroot(value: str) -> str:
+    if not value.startswith("/") or value.endswith("/") or "//" in value:
+        raise ConfigError(f"chroot {value!r} must be an absolute ZooKeeper path like '/zeps' (no trailing '/')")
+    return value
+
+
+@dataclass(frozen=True)
+class GroupPaths:
+    """Paths of one group (seed 002): a parent of ephemeral members and, optionally, a manifest."""
+
+    members: str
+    manifest: str | None = None
+
+    def member(self, member_id: str) -> str:
+        return f"{self.members}/{validate_member_id(member_id)}"
+
+
+@dataclass(frozen=True)
+class TopicPaths:
+    """Paths of one Topic (seed 000)."""
+
+    root: str
+
+    @classmethod
+    def of(cls, namespace: str, name: str, *, chroot: str = DEFAULT_CHROOT) -> TopicPaths:
+        return cls(f"{_chroot(chroot)}/{validate_name('namespace', namespace)}/topics/{validate_name('topic', name)}")
+
+    @property
+    def spec(self) -> str:
+        return f"{self.root}/spec"
+
+    @property
+    def clients(self) -> GroupPaths:
+        """Live SDK clients of the topic: the cleaner keeps a queue while its client is here."""
+        return GroupPaths(f"{self.root}/clients")
+
+    @property
+    def subscribers(self) -> GroupPaths:
+        return GroupPaths(f"{self.root}/subscribers")
+
+    @property
+    def messages(self) -> str:
+        return f"{self.root}/messages"
+
+    def queue(self, consumer_id: str) -> str:
+        return f"{self.messages}/{validate_member_id(consumer_id)}"
+
+    @property
+    def cleaner(self) -> str:
+        return f"{self.root}/cleaner"

@@ -1,0 +1,329 @@
+"""Topic (seed 000) against a real ZooKeeper server, with subscribers in separate processes."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from kazoo.exceptions import NoAuthError
+
+from harness import CuttingProxy, WorkerProcess, ZooKeeperHarness
+from zeps.coordination import Message, NoSubscribersError, QueueFullError, Topic, connect, digest_acl
+from zeps.dev.process import wait_until
+from zeps.options import TopicOptions
+
+
+def _until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    wait_until(check, timeout=timeout, interval=0.05, what=what)
+
+
+class Collector:
+    """An in-process callback that records what it saw."""
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, message: Message) -> None:
+        with self.lock:
+            self.messages.append(message)
+
+    @property
+    def bodies(self) -> list[bytes]:
+        with self.lock:
+            return [m.body for m in self.messages]
+
+
+@pytest.fixture
+def topic_factory(zookeeper: ZooKeeperHarness) -> Iterator[Callable[..., Topic]]:
+    made: list[Topic] = []
+
+    def make(name: str = "events", **options: object) -> Topic:
+        client = zookeeper.client()
+        topic = Topic(client, name, chroot=zookeeper.root, options=TopicOptions.make(**options))
+        made.append(topic)
+        return topic
+
+    yield make
+    for topic in made:
+        topic.close()
+
+
+def _subscriber(
+    zookeeper: ZooKeeperHarness, tmp_path: Path, consumer: str, *extra: str, run: str = ""
+) -> WorkerProcess:
+    """A subscriber process; ``run`` tells apart two runs with the same consumer id (own output file)."""
+    args = ["--hosts", zookeeper.connect_string, "--chroot", zookeeper.root, "--topic", "events"]
+    return WorkerProcess(tmp_path, "topic_subscriber.py", consumer + run, [*args, "--consumer", consumer, *extra])
+
+
+def _publisher_order_kept(ids: list[str]) -> bool:
+    """Per publisher, the message counters appear in increasing order."""
+    last: dict[str, int] = {}
+    for msg_id in ids:
+        publisher, n = msg_id.rsplit(".", 1)
+        if int(n) <= last.get(publisher, 0):
+            return False
+        last[publisher] = int(n)
+    return True
+
+
+def test_subscribers_in_separate_processes_all_receive_everything_in_order(
+    zookeeper: ZooKeeperHarness, tmp_path: Path, topic_factory: Callable[..., Topic]
+) -> None:
+    subs = [_subscriber(zookeeper, tmp_path, f"sub-{i}").start() for i in range(3)]
+    try:
+        publishers = [topic_factory(), topic_factory()]
+        _until(lambda: len(publishers[0].queues()) == 3, 10, "three queues")
+        sent: list[str] = []
+        lock = threading.Lock()
+
+        def publish(topic: Topic, tag: str) -> None:
+            for i in range(150):
+                if i % 3 == 0:
+                    ids = topic.publish_many([f"{tag}-{i}-{j}".encode() for j in range(3)])
+                else:
+                    ids = [topic.publish_async(f"{tag}-{i}".encode()).result(30)]
+                with lock:
+                    sent.extend(ids)
+
+        threads = [threading.Thread(target=publish, args=(p, f"p{n}")) for n, p in enumerate(publishers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        _until(lambda: all(len(s.done_ids()) >= len(sent) for s in subs), 60, "every subscriber to see everything")
+        for sub in subs:
+            got = sub.done_ids()
+            assert sorted(got) == sorted(sent), f"{sub.out.name} lost or duplicated messages"
+            assert _publisher_order_kept(got), f"{sub.out.name} saw a publisher's messages out of order"
+    finally:
+        for sub in subs:
+            sub.stop()
+
+
+def test_kill9_mid_callback_then_restart_with_same_identity_loses_nothing(
+    zookeeper: ZooKeeperHarness, tmp_path: Path, topic_factory: Callable[..., Topic]
+) -> None:
+    slow = _subscriber(zookeeper, tmp_path, "steady", "--sleep", "0.05", "--session-timeout", "2").start()
+    publisher = topic_factory()
+    _until(lambda: publisher.queues() == {"steady"}, 10, "the queue")
+    sent = publisher.publish_many([f"m{i}".encode() for i in range(60)])
+    _until(lambda: len(slow.started_ids()) >= 10, 30, "the callback to be mid-way")
+    slow.kill()  # kill -9, most likely inside a callback
+    lines = slow.lines()
+    assert lines[-1].startswith("start "), "the kill did not land inside a callback"
+    in_flight = lines[-1].split()[1]
+    sent += publisher.publish_many([f"late{i}".encode() for i in range(10)])  # while it is down
+
+    again = _subscriber(zookeeper, tmp_path, "steady", "--session-timeout", "2", run="-restarted").start()
+    try:
+        _until(lambda: set(again.done_ids()) | set(slow.done_ids()) >= set(sent), 60, "every message after restart")
+        assert in_flight in again.done_ids(), "the message killed mid-callback was not redelivered"
+        # at-least-once: besides the message in flight, only those whose ack was still on its way
+        # (acks go out at least every 50 ms, and each message here takes 50 ms) may come again
+        both = slow.done_ids() + again.done_ids()
+        dupes = {m for m, n in collections.Counter(both).items() if n > 1}
+        assert dupes <= {in_flight, *slow.done_ids()[-3:]}, f"redelivered too much: {sorted(dupes)}"
+    finally:
+        again.stop()
+
+
+def test_cleaner_removes_the_queue_of_a_subscriber_that_never_returns(
+    zookeeper: ZooKeeperHarness, tmp_path: Path, topic_factory: Callable[..., Topic]
+) -> None:
+    publisher = topic_factory(cleaner_grace=1.0, cleaner_interval=0.5)
+    cleaner = publisher.cleaner().start()
+    gone = _subscriber(zookeeper, tmp_path, "gone", "--session-timeout", "2").start()
+    try:
+        _until(lambda: publisher.queues() == {"gone"}, 10, "the queue")
+        publisher.publish_many([b"a", b"b"])
+        _until(lambda: len(gone.done_ids()) == 2, 10, "delivery")
+        publisher.publish(b"never read")
+        gone.kill()
+        _until(lambda: publisher.queues() == frozenset(), 30, "the cleaner to remove the dead queue")
+        assert cleaner.removed == ["gone"]
+        assert cleaner.is_leader
+        assert zookeeper.count_znodes(publisher.paths.messages) == 0
+    finally:
+        cleaner.stop()
+
+
+def test_killing_the_cleaner_hands_over_to_another_instance(
+    zookeeper: ZooKeeperHarness, tmp_path: Path, topic_factory: Callable[..., Topic]
+) -> None:
+    first = _subscriber(
+        zookeeper, tmp_path, "cleaner-a", "--cleaner", "--no-subscribe", "--session-timeout", "2"
+    ).start()
+    _until(lambda: "leader" in first.lines(), 20, "the first cleaner to lead")
+    standby_topic = topic_factory(cleaner_grace=0.5, cleaner_interval=0.5)
+    standby = standby_topic.cleaner(identifier="cleaner-b").start()
+    try:
+        time.sleep(1.0)
+        assert not standby.is_leader, "two cleaners led at once"
+        first.kill()
+        _until(lambda: standby.is_leader, 30, "the standby cleaner to take over")
+        # and it cleans: a queue without a client disappears
+        standby_topic.client.create(standby_topic.paths.queue("orphan"), makepath=True)
+        _until(lambda: "orphan" in standby.removed, 20, "the new leader to clean")
+    finally:
+        standby.stop()
+
+
+def test_session_expiry_subscriber_rejoins_and_keeps_receiving(
+    zookeeper: ZooKeeperHarness, topic_factory: Callable[..., Topic]
+) -> None:
+    sub_topic, publisher = topic_factory(), topic_factory()
+    seen = Collector()
+    with sub_topic.subscribe(seen, consumer_id="phoenix") as subscription:
+        publisher.publish(b"before")
+        _until(lambda: seen.bodies == [b"before"], 10, "first delivery")
+        zookeeper.expire_session(sub_topic.client, wait_reconnect=False)
+        publisher.publish(b"during")  # the queue is durable: nothing is lost in the gap
+        _until(lambda: all(m.joined for m in subscription._memberships), 20, "rejoin")
+        assert "phoenix" in publisher.subscribers()
+        publisher.publish(b"after")
+        _until(lambda: seen.bodies == [b"before", b"during", b"after"], 20, "delivery after rejoin")
+
+
+def test_zookeeper_restart_loses_nothing_over_2000_messages(
+    zookeeper: ZooKeeperHarness, tmp_path: Path, topic_factory: Callable[..., Topic]
+) -> None:
+    subs = [_subscriber(zookeeper, tmp_path, f"r{i}", "--session-timeout", "20").start() for i in range(2)]
+    publisher = topic_factory()
+    try:
+        _until(lambda: len(publisher.queues()) == 2, 10, "queues")
+        futures = []
+        for i in range(2000):
+            futures.append(publisher.publish_async(f"n{i}".encode()))
+            if i == 1000:
+                zookeeper.restart()
+        ids = [f.result(120) for f in futures]
+        _until(lambda: all(set(s.done_ids()) >= set(ids) for s in subs), 120, "all 2000 messages at both")
+        for sub in subs:
+            got = sub.done_ids()
+            assert set(got) == set(ids), "lost or foreign messages"
+            first_seen = list(dict.fromkeys(got))
+            assert _publisher_order_kept(first_seen)
+    finally:
+        for sub in subs:
+            sub.stop()
+
+
+@pytest.mark.parametrize("cut", ["response", "request"])
+def test_connection_loss_during_publish_never_duplicates(zookeeper: ZooKeeperHarness, cut: str) -> None:
+    host, port = zookeeper.connect_string.split(":")
+    proxy = CuttingProxy((host, int(port)))
+    try:
+        client = connect(proxy.address)
+        try:
+            topic = Topic(client, "events", chroot=zookeeper.root)
+            reader = zookeeper.client()
+            for consumer in ("a", "b"):
+                reader.create(topic.paths.queue(consumer), makepath=True)
+            _until(lambda: len(topic.queues()) == 2, 10, "queues")
+            proxy.arm(cut)
+            ids = topic.publish_many([b"x" * 100 for _ in range(5)])
+            assert proxy.cuts == 1, "the proxy did not cut the connection"
+            for consumer in ("a", "b"):
+                names = reader.get_children(topic.paths.queue(consumer))
+                per_id = collections.Counter(name[2:].rsplit("-", 1)[0] for name in names)
+                assert per_id == dict.fromkeys(ids, 1), f"queue {consumer}: {per_id}"
+        finally:
+            client.stop()
+            client.close()
+    finally:
+        proxy.close()
+
+
+def test_no_subscribers(topic_factory: Callable[..., Topic]) -> None:
+    with pytest.raises(NoSubscribersError):
+        topic_factory().publish(b"hello?")
+    assert topic_factory(no_subscribers="ignore").publish(b"hello?")
+
+
+def test_full_queue_policies(topic_factory: Callable[..., Topic], zookeeper: ZooKeeperHarness) -> None:
+    failing = topic_factory("bounded", max_queue_depth=5, full_queue_policy="fail")
+    failing.client.create(failing.paths.queue("idle"), makepath=True)
+    failing.publish_many([b"%d" % i for i in range(5)])
+    with pytest.raises(QueueFullError, match="idle"):
+        failing.publish(b"one too many")
+
+    dropping = topic_factory("bounded", max_queue_depth=5, full_queue_policy="drop-oldest")
+    dropping.publish_many([b"5", b"6"])
+    reader = zookeeper.client()
+    names = sorted(reader.get_children(dropping.paths.queue("idle")), key=lambda n: int(n[-10:]))
+    bodies = [reader.get(f"{dropping.paths.queue('idle')}/{n}")[0][-1:] for n in names]
+    assert bodies == [b"2", b"3", b"4", b"5", b"6"], "drop-oldest must keep the newest max_queue_depth"
+
+    blocking = topic_factory("bounded", max_queue_depth=5, full_queue_policy="block", block_timeout=0.5)
+    started = time.monotonic()
+    with pytest.raises(QueueFullError, match="after waiting"):
+        blocking.publish(b"7")
+    assert time.monotonic() - started >= 0.5
+    # a consumer draining the queue unblocks the publisher
+    blocking_long = topic_factory("bounded", max_queue_depth=5, full_queue_policy="block", block_timeout=30)
+    done = threading.Event()
+    threading.Thread(target=lambda: (blocking_long.publish(b"8"), done.set()), daemon=True).start()
+    time.sleep(0.3)
+    assert not done.is_set()
+    seen = Collector()
+    with topic_factory("bounded").subscribe(seen, consumer_id="idle"):
+        assert done.wait(20), "publisher stayed blocked after the queue drained"
+        _until(lambda: seen.bodies[-1:] == [b"8"], 10, "the blocked message")
+
+
+def test_callback_errors_are_retried_then_dropped_or_parked(
+    topic_factory: Callable[..., Topic], zookeeper: ZooKeeperHarness
+) -> None:
+    attempts: collections.Counter[bytes] = collections.Counter()
+
+    def flaky(message: Message) -> None:
+        attempts[message.body] += 1
+        if message.body == b"poison" or (message.body == b"wobbly" and message.attempt < 2):
+            raise RuntimeError("boom")
+
+    for policy in ("drop", "keep"):
+        attempts.clear()
+        topic = topic_factory(f"flaky-{policy}", max_attempts=3, retry_backoff=0.01, on_give_up=policy)
+        with topic.subscribe(flaky, consumer_id="c") as sub:
+            topic.publish_many([b"wobbly", b"poison", b"fine"])
+            _until(lambda: attempts[b"fine"] == 1, 10, "the message after the poison one")
+        assert attempts == {b"wobbly": 2, b"poison": 3, b"fine": 1}
+        assert sub.delivered == 2
+        parked = f"{topic.paths.root}/parked/c"
+        if policy == "drop":
+            assert sub.dropped == 1 and zookeeper.count_znodes(parked) == 0
+        else:
+            assert sub.parked == 1 and zookeeper.count_znodes(parked) == 1
+        assert zookeeper.count_znodes(topic.paths.queue("c")) == 0
+
+
+def test_digest_acls_keep_other_users_out(zookeeper: ZooKeeperHarness) -> None:
+    owner = zookeeper.client(auth=("shop", "s3cret"))
+    stranger = zookeeper.client()
+    topic = Topic(owner, "private", chroot=f"{zookeeper.root}-acl", acl=digest_acl("shop", "s3cret"))
+    seen = Collector()
+    with topic.subscribe(seen, consumer_id="c"):
+        topic.publish(b"for shop only")
+        _until(lambda: seen.bodies == [b"for shop only"], 10, "delivery to the owner")
+        with pytest.raises(NoAuthError):
+            stranger.get_children(topic.paths.queue("c"))
+        with pytest.raises(NoAuthError):
+            stranger.create(f"{topic.paths.queue('c')}/m-forged-", b"x", sequence=True)
+
+
+def test_message_headers_travel(topic_factory: Callable[..., Topic]) -> None:
+    topic = topic_factory()
+    seen = Collector()
+    with topic.subscribe(seen, consumer_id="c"):
+        msg_id = topic.publish(b"{}", headers={"trace": "abc"}, content_type="application/json")
+        _until(lambda: len(seen.messages) == 1, 10, "delivery")
+    m = seen.messages[0]
+    assert (m.id, m.headers, m.content_type) == (msg_id, {"trace": "abc"}, "application/json")
+    assert m.publisher == topic.client_id
+    assert abs(m.timestamp_ms / 1000 - time.time()) < 60
