@@ -16,6 +16,15 @@ know; a reader meeting a higher version than it knows raises :class:`EnvelopeErr
 
 A node whose data does not start with the magic is a plain message (the seed 000 zkms format:
 "the node value is the message"): its whole data is the body and it has no headers.
+
+A node may also hold a *pack* of envelopes (a publisher's batch, written as one node per
+subscriber to save ZooKeeper operations)::
+
+    offset  size  field
+    0       2     magic 0x5A 0x50 ("ZP")
+    2       1     version, 1
+    3       4     count C, unsigned, network byte order
+    7       …     C times: length L (4 bytes, network byte order) then L bytes of one envelope
 """
 
 from __future__ import annotations
@@ -26,11 +35,13 @@ from dataclasses import dataclass, field
 
 from zeps.errors import ZepsError
 
-__all__ = ["ENVELOPE_VERSION", "Envelope", "EnvelopeError", "decode", "encode"]
+__all__ = ["ENVELOPE_VERSION", "Envelope", "EnvelopeError", "decode", "decode_node", "encode", "encode_pack"]
 
 MAGIC = b"ZE"
+PACK_MAGIC = b"ZP"
 ENVELOPE_VERSION = 1
 _PREFIX = struct.Struct("!2sBI")
+_LENGTH = struct.Struct("!I")
 
 
 class EnvelopeError(ZepsError, ValueError):
@@ -91,3 +102,37 @@ def decode(data: bytes) -> Envelope:
         content_type=meta.get("content_type"),
         headers=headers,
     )
+
+
+def encode_pack(envelopes: list[bytes]) -> bytes:
+    """Pack already-encoded envelopes into one node's data (a single one is stored as is)."""
+    if len(envelopes) == 1:
+        return envelopes[0]
+    parts = [_PREFIX.pack(PACK_MAGIC, ENVELOPE_VERSION, len(envelopes))]
+    for env in envelopes:
+        parts += [_LENGTH.pack(len(env)), env]
+    return b"".join(parts)
+
+
+def decode_node(data: bytes) -> list[Envelope]:
+    """The messages one node holds, in order: a pack, one envelope, or one plain message."""
+    if not data.startswith(PACK_MAGIC):
+        return [decode(data)]
+    if len(data) < _PREFIX.size:
+        raise EnvelopeError(f"pack truncated: {len(data)} bytes, the prefix alone is {_PREFIX.size}")
+    _, version, count = _PREFIX.unpack_from(data)
+    if version != ENVELOPE_VERSION:
+        raise EnvelopeError(f"pack version {version} is not supported (this reader knows {ENVELOPE_VERSION})")
+    out, offset = [], _PREFIX.size
+    for i in range(count):
+        if offset + _LENGTH.size > len(data):
+            raise EnvelopeError(f"pack truncated at message {i} of {count}")
+        (length,) = _LENGTH.unpack_from(data, offset)
+        offset += _LENGTH.size
+        if offset + length > len(data):
+            raise EnvelopeError(f"pack message {i} claims {length} bytes but only {len(data) - offset} follow")
+        out.append(decode(data[offset : offset + length]))
+        offset += length
+    if offset != len(data):
+        raise EnvelopeError(f"pack has {len(data) - offset} bytes after its {count} messages")
+    return out

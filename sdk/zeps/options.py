@@ -61,6 +61,14 @@ class TopicOptions(_Options):
         description="Seconds a queue survives after its client vanished, so a subscriber that restarts or "
         "whose session expired keeps its messages.",
     )
+    max_messages_per_node: int = Field(
+        100,
+        ge=1,
+        le=1000,
+        description="A publish batch is packed into one node per subscriber, up to this many messages: far "
+        "fewer ZooKeeper operations. A consumer that crashes mid-node sees that node's messages again, so this "
+        "bounds redelivery. 1 stores one node per message (seed 000).",
+    )
     max_transaction_bytes: int = Field(
         512 * 1024,
         ge=4096,

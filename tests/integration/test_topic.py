@@ -14,6 +14,7 @@ from kazoo.exceptions import NoAuthError
 from harness import CuttingProxy, WorkerProcess, ZooKeeperHarness
 from zeps.coordination import Message, NoSubscribersError, QueueFullError, Topic, connect, digest_acl
 from zeps.dev.process import wait_until
+from zeps.envelope import decode_node
 from zeps.options import TopicOptions
 
 
@@ -106,14 +107,15 @@ def test_subscribers_in_separate_processes_all_receive_everything_in_order(
             sub.stop()
 
 
+@pytest.mark.parametrize("per_node", [1, 10])
 def test_kill9_mid_callback_then_restart_with_same_identity_loses_nothing(
-    zookeeper: ZooKeeperHarness, tmp_path: Path, topic_factory: Callable[..., Topic]
+    zookeeper: ZooKeeperHarness, tmp_path: Path, topic_factory: Callable[..., Topic], per_node: int
 ) -> None:
     slow = _subscriber(zookeeper, tmp_path, "steady", "--sleep", "0.05", "--session-timeout", "2").start()
-    publisher = topic_factory()
+    publisher = topic_factory(max_messages_per_node=per_node)
     _until(lambda: publisher.queues() == {"steady"}, 10, "the queue")
     sent = publisher.publish_many([f"m{i}".encode() for i in range(60)])
-    _until(lambda: len(slow.started_ids()) >= 10, 30, "the callback to be mid-way")
+    _until(lambda: len(slow.started_ids()) >= 15, 30, "the callback to be mid-way")
     slow.kill()  # kill -9, most likely inside a callback
     lines = slow.lines()
     assert lines[-1].startswith("start "), "the kill did not land inside a callback"
@@ -124,11 +126,15 @@ def test_kill9_mid_callback_then_restart_with_same_identity_loses_nothing(
     try:
         _until(lambda: set(again.done_ids()) | set(slow.done_ids()) >= set(sent), 60, "every message after restart")
         assert in_flight in again.done_ids(), "the message killed mid-callback was not redelivered"
-        # at-least-once: besides the message in flight, only those whose ack was still on its way
-        # (acks go out at least every 50 ms, and each message here takes 50 ms) may come again
+        # at-least-once, bounded: only the node in flight (messages packed with the one killed
+        # mid-callback) and nodes whose ack was still on its way (acks go out at least every 50 ms,
+        # each message takes 50 ms here) may come again
+        position = sent.index(in_flight)
+        node_in_flight = set(sent[position - position % per_node : position - position % per_node + per_node])
         both = slow.done_ids() + again.done_ids()
         dupes = {m for m, n in collections.Counter(both).items() if n > 1}
-        assert dupes <= {in_flight, *slow.done_ids()[-3:]}, f"redelivered too much: {sorted(dupes)}"
+        allowed = node_in_flight | set(slow.done_ids()[-3:])
+        assert dupes <= allowed, f"redelivered more than the node in flight: {sorted(dupes - allowed)}"
     finally:
         again.stop()
 
@@ -230,9 +236,9 @@ def test_connection_loss_during_publish_never_duplicates(zookeeper: ZooKeeperHar
             ids = topic.publish_many([b"x" * 100 for _ in range(5)])
             assert proxy.cuts == 1, "the proxy did not cut the connection"
             for consumer in ("a", "b"):
-                names = reader.get_children(topic.paths.queue(consumer))
-                per_id = collections.Counter(name[2:].rsplit("-", 1)[0] for name in names)
-                assert per_id == dict.fromkeys(ids, 1), f"queue {consumer}: {per_id}"
+                queue = topic.paths.queue(consumer)
+                stored = [e.id for n in reader.get_children(queue) for e in decode_node(reader.get(f"{queue}/{n}")[0])]
+                assert collections.Counter(stored) == dict.fromkeys(ids, 1), f"queue {consumer}: {stored}"
         finally:
             client.stop()
             client.close()
@@ -247,26 +253,29 @@ def test_no_subscribers(topic_factory: Callable[..., Topic]) -> None:
 
 
 def test_full_queue_policies(topic_factory: Callable[..., Topic], zookeeper: ZooKeeperHarness) -> None:
-    failing = topic_factory("bounded", max_queue_depth=5, full_queue_policy="fail")
+    # one node per message: depth and drops are exact per message
+    failing = topic_factory("bounded", max_queue_depth=5, full_queue_policy="fail", max_messages_per_node=1)
     failing.client.create(failing.paths.queue("idle"), makepath=True)
     failing.publish_many([b"%d" % i for i in range(5)])
     with pytest.raises(QueueFullError, match="idle"):
         failing.publish(b"one too many")
 
-    dropping = topic_factory("bounded", max_queue_depth=5, full_queue_policy="drop-oldest")
+    dropping = topic_factory("bounded", max_queue_depth=5, full_queue_policy="drop-oldest", max_messages_per_node=1)
     dropping.publish_many([b"5", b"6"])
     reader = zookeeper.client()
     names = sorted(reader.get_children(dropping.paths.queue("idle")), key=lambda n: int(n[-10:]))
     bodies = [reader.get(f"{dropping.paths.queue('idle')}/{n}")[0][-1:] for n in names]
     assert bodies == [b"2", b"3", b"4", b"5", b"6"], "drop-oldest must keep the newest max_queue_depth"
 
-    blocking = topic_factory("bounded", max_queue_depth=5, full_queue_policy="block", block_timeout=0.5)
+    blocking = topic_factory("bounded", max_queue_depth=5, full_queue_policy="block", block_timeout=0.5,
+                             max_messages_per_node=1)  # fmt: skip
     started = time.monotonic()
     with pytest.raises(QueueFullError, match="after waiting"):
         blocking.publish(b"7")
     assert time.monotonic() - started >= 0.5
     # a consumer draining the queue unblocks the publisher
-    blocking_long = topic_factory("bounded", max_queue_depth=5, full_queue_policy="block", block_timeout=30)
+    blocking_long = topic_factory("bounded", max_queue_depth=5, full_queue_policy="block", block_timeout=30,
+                                  max_messages_per_node=1)  # fmt: skip
     done = threading.Event()
     threading.Thread(target=lambda: (blocking_long.publish(b"8"), done.set()), daemon=True).start()
     time.sleep(0.3)
@@ -275,6 +284,25 @@ def test_full_queue_policies(topic_factory: Callable[..., Topic], zookeeper: Zoo
     with topic_factory("bounded").subscribe(seen, consumer_id="idle"):
         assert done.wait(20), "publisher stayed blocked after the queue drained"
         _until(lambda: seen.bodies[-1:] == [b"8"], 10, "the blocked message")
+
+
+def test_depth_counts_messages_in_packed_nodes(
+    topic_factory: Callable[..., Topic], zookeeper: ZooKeeperHarness
+) -> None:
+    packed = topic_factory("packed", max_queue_depth=25, full_queue_policy="fail", max_messages_per_node=10)
+    packed.client.create(packed.paths.queue("idle"), makepath=True)
+    packed.publish_many([b"%d" % i for i in range(20)])  # two nodes of ten
+    assert zookeeper.count_znodes(packed.paths.queue("idle")) == 2
+    packed.publish_many([b"a", b"b", b"c", b"d", b"e"])  # 25: exactly full
+    with pytest.raises(QueueFullError, match=r"idle \(25/25\)"):
+        packed.publish(b"one too many")
+    dropping = topic_factory("packed", max_queue_depth=25, full_queue_policy="drop-oldest", max_messages_per_node=10)
+    dropping.publish_many([b"x", b"y"])  # drops whole nodes, oldest first, until the batch fits
+    reader = zookeeper.client()
+    queue = dropping.paths.queue("idle")
+    kept = [e.body for n in sorted(reader.get_children(queue), key=lambda n: int(n[-10:]))
+            for e in decode_node(reader.get(f"{queue}/{n}")[0])]  # fmt: skip
+    assert kept == [b"%d" % i for i in range(10, 20)] + [b"a", b"b", b"c", b"d", b"e", b"x", b"y"]
 
 
 def test_callback_errors_are_retried_then_dropped_or_parked(

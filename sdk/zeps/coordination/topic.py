@@ -4,7 +4,7 @@ Layout (:class:`zeps.paths.TopicPaths`)::
 
     <topic>/clients/<consumer>              ephemeral: the consumer's client is alive
     <topic>/subscribers/<consumer>          ephemeral JSON {host, pid, since}: a live subscription
-    <topic>/messages/<consumer>/m-<id>-<seq>  persistent-sequential: one node per message per queue
+    <topic>/messages/<consumer>/m-<count>-<first id>-<seq>  persistent-sequential: 1..count messages
     <topic>/parked/<consumer>/…             messages given up on with on_give_up="keep"
     <topic>/cleaner/                        leader election of the one cleaner
 
@@ -18,12 +18,17 @@ What differs from the seed, and why:
 * **One transaction (multi) per queue per batch**, all pipelined (async), each under
   ``max_transaction_bytes`` (jute.maxbuffer): N subscribers x k messages cost N round trips
   in flight at once, not N·k sequential ones.
-* **Protected names**: each node name carries the message id (``m-<publisher>.<n>-<seq>``), so after
-  a ConnectionLoss the publisher checks whether a transaction applied before resending it — a retry
-  never duplicates a message.
+* **Packed nodes**: a publish batch becomes one node per queue holding up to
+  ``max_messages_per_node`` messages (:func:`zeps.envelope.encode_pack`), so the cost per message
+  falls by that factor for ZooKeeper and subscribers alike. A single publish is one node, as in
+  the seed; ``max_messages_per_node=1`` always writes one node per message.
+* **Protected names**: each node name carries its message count and its first message's id
+  (``m-<count>-<publisher>.<n>-<seq>``), so after a ConnectionLoss the publisher checks whether a
+  transaction applied before resending it — a retry never duplicates a message.
 * **Consumers read and delete in batches**: list once, read the batch pipelined, run the callbacks
-  in order, delete the batch in one transaction. A node is deleted only after its callback returned
-  (at-least-once).
+  in order, delete in transactions sent while the batch runs. A node is deleted only after the
+  callbacks of all its messages returned (at-least-once; a crash redelivers at most the node in
+  flight and the acks not yet sent, see ``_ACK_EVERY``).
 
 Order: a publisher's messages reach each queue in publish order (ZooKeeper applies one session's
 requests in order, and a batch is fully acknowledged before the next is sent); consumers deliver in
@@ -49,6 +54,7 @@ from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
+    ConnectionClosedError,
     ConnectionLoss,
     KazooException,
     NodeExistsError,
@@ -60,7 +66,7 @@ from kazoo.exceptions import (
 from kazoo.retry import KazooRetry
 
 from zeps.coordination.group import Group, Member, Membership
-from zeps.envelope import Envelope, EnvelopeError, decode, encode
+from zeps.envelope import Envelope, EnvelopeError, decode_node, encode, encode_pack
 from zeps.errors import CoordinationError
 from zeps.options import TopicOptions
 from zeps.paths import DEFAULT_CHROOT, TopicPaths, validate_member_id
@@ -104,10 +110,18 @@ class Message:
     content_type: str | None
     headers: dict[str, str] = field(default_factory=dict)
     attempt: int = 1
+    index: int = 0  #: position inside its node (a packed publish batch)
 
 
 def _sequence(node: str) -> int:
     return int(node[-_SEQ_WIDTH:])
+
+
+def _node_count(node: str) -> int:
+    """Messages held by a node, from its name (``m-0042-…``); a foreign name counts as one."""
+    if node.startswith("m-") and node[6:7] == "-" and node[2:6].isdigit():
+        return int(node[2:6])
+    return 1
 
 
 def _retry() -> KazooRetry:
@@ -240,59 +254,95 @@ class Topic:
             if self.options.no_subscribers == "error":
                 raise NoSubscribersError(f"topic {self.paths.root} has no subscribers")
             return
-        encoded = [(e.id, encode(e)) for e in envelopes]
-        drops = self._make_room(targets, len(encoded))
+        nodes = self._pack([(e.id, encode(e)) for e in envelopes])
+        drops = self._make_room(targets, len(envelopes))
         batches: list[_Txn] = []
         for consumer in targets:
-            queue = self.paths.queue(consumer)
-            batches.extend(self._split(queue, encoded, drops.get(consumer, [])))
+            batches.extend(self._split(self.paths.queue(consumer), nodes, drops.get(consumer, [])))
         self._commit_all(batches)
 
-    def _split(self, queue: str, encoded: list[tuple[str, bytes]], drops: list[str]) -> list[_Txn]:
-        """Cut one queue's creates into transactions under max_transaction_bytes (deletes go first)."""
+    def _pack(self, encoded: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+        """Group encoded messages into nodes: (name prefix, data), each under the node limits."""
+        per_node = self.options.max_messages_per_node
+        byte_limit = self.options.max_transaction_bytes // 2
+        nodes: list[tuple[str, bytes]] = []
+        group: list[tuple[str, bytes]] = []
+        size = 0
+
+        def close() -> None:
+            nodes.append((f"m-{len(group):04d}-{group[0][0]}-", encode_pack([data for _, data in group])))
+
+        for msg_id, data in encoded:
+            if group and (len(group) >= per_node or size + len(data) > byte_limit):
+                close()
+                group, size = [], 0
+            group.append((msg_id, data))
+            size += len(data) + 4
+        close()
+        return nodes
+
+    def _split(self, queue: str, nodes: list[tuple[str, bytes]], drops: list[str]) -> list[_Txn]:
+        """Cut one queue's node creates into transactions under max_transaction_bytes (deletes first)."""
         limit = self.options.max_transaction_bytes
         txns: list[_Txn] = []
         current = _Txn(queue, deletes=[f"{queue}/{d}" for d in drops])
         size = 0
-        for msg_id, data in encoded:
+        for prefix, data in nodes:
             cost = len(data) + len(queue) + 64
             if current.creates and size + cost > limit:
                 txns.append(current)
                 current, size = _Txn(queue), 0
-            current.creates.append((f"{queue}/m-{msg_id}-", data))
+            current.creates.append((f"{queue}/{prefix}", data))
             size += cost
         txns.append(current)
         return txns
 
     def _make_room(self, targets: list[str], incoming: int) -> dict[str, list[str]]:
-        """Apply the full-queue policy; returns nodes to delete per consumer (drop-oldest)."""
+        """Apply the full-queue policy; returns nodes to delete per consumer (drop-oldest).
+
+        Depth is counted in messages. The node count times max_messages_per_node bounds it from
+        above, so only a queue that may be near full is listed to count exactly.
+        """
         limit = self.options.max_queue_depth
+        per_node = self.options.max_messages_per_node
         policy = self.options.full_queue_policy
         deadline = time.monotonic() + self.options.block_timeout
         while True:
-            depths = _retry()(self._depths, targets)
-            full = {c: d for c, d in depths.items() if d + incoming > limit}
+            nodes = _retry()(self._depths, targets)
+            full: dict[str, tuple[int, list[str]]] = {}
+            for consumer, count in nodes.items():
+                if count * per_node + incoming <= limit:
+                    continue
+                try:
+                    children = _retry()(self.client.get_children, self.paths.queue(consumer))
+                except NoNodeError:
+                    continue
+                depth = sum(_node_count(c) for c in children)
+                if depth + incoming > limit:
+                    full[consumer] = (depth, children)
             if not full:
                 return {}
             if policy == "drop-oldest":
                 drops: dict[str, list[str]] = {}
-                for consumer, depth in full.items():
-                    try:
-                        children = _retry()(self.client.get_children, self.paths.queue(consumer))
-                    except NoNodeError:
-                        continue
-                    excess = depth + incoming - limit
-                    drops[consumer] = sorted(children, key=_sequence)[:excess]
-                    log.warning("topic %s: queue of %s is full; dropping its %d oldest", self.name, consumer, excess)
+                for consumer, (depth, children) in full.items():
+                    excess, dropped = depth + incoming - limit, []
+                    for child in sorted(children, key=_sequence):
+                        if excess <= 0:
+                            break
+                        dropped.append(child)
+                        excess -= _node_count(child)
+                    drops[consumer] = dropped
+                    log.warning("topic %s: queue of %s is full; dropping its %d oldest nodes",
+                                self.name, consumer, len(dropped))  # fmt: skip
                 return drops
-            names = ", ".join(f"{c} ({d}/{limit})" for c, d in sorted(full.items()))
+            names = ", ".join(f"{c} ({d}/{limit})" for c, (d, _) in sorted(full.items()))
             if policy == "fail" or time.monotonic() >= deadline:
                 waited = "" if policy == "fail" else f" after waiting {self.options.block_timeout:.0f}s"
                 raise QueueFullError(f"topic {self.name}: subscriber queues full{waited}: {names}")
             time.sleep(0.05)
 
     def _depths(self, targets: list[str]) -> dict[str, int]:
-        """Queue depths, read pipelined (one round trip for all queues); a vanished queue is left out."""
+        """Nodes per queue, read pipelined (one round trip for all queues); a vanished queue is left out."""
         stats = [(c, self.client.exists_async(self.paths.queue(c))) for c in targets]
         return {c: stat.numChildren for c, result in stats if (stat := result.get()) is not None}
 
@@ -465,7 +515,8 @@ class Subscription:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._memberships: list[Membership] = []
-        self._attempts: dict[str, int] = {}
+        self._attempts: dict[tuple[str, int], int] = {}
+        self._progress: dict[str, int] = {}  # node -> index of its next undelivered message
         #: counters: delivered (callback returned), failed attempts, dropped, parked
         self.delivered = 0
         self.failed_attempts = 0
@@ -508,6 +559,10 @@ class Subscription:
                 # removed by the cleaner while we were away: start a fresh queue
                 self._ensure_queue()
                 continue
+            except ConnectionClosedError:
+                log.warning("topic %s: the ZooKeeper client was closed; subscription %s ends",
+                            self.topic.name, self.consumer_id)  # fmt: skip
+                return
             except KazooException as exc:
                 log.warning("topic %s: listing %s failed (%r); retrying", self.topic.name, self.queue_path, exc)
                 self._stop.wait(1)
@@ -568,18 +623,28 @@ class Subscription:
                     retry(self.client.delete, f"{self.queue_path}/{node}")
 
     def _handle(self, node: str, data: bytes, retry: KazooRetry) -> bool:
-        """Run the callback for one message; True when the node may be deleted."""
+        """Run the callback for each message of one node, resuming where a retry left off; True when
+        the node may be deleted (all its messages delivered, dropped or parked)."""
         try:
-            env = decode(data)
+            envelopes = decode_node(data)
         except EnvelopeError as exc:
-            log.error("topic %s: message %s is unreadable (%s); parking it", self.topic.name, node, exc)
+            log.error("topic %s: node %s is unreadable (%s); parking it", self.topic.name, node, exc)
             self._park(node, data, retry)
             return True
-        attempt = self._attempts.get(node, 0) + 1
+        for index in range(self._progress.get(node, 0), len(envelopes)):
+            if not self._deliver_one(node, index, envelopes[index], retry):
+                self._progress[node] = index
+                return False
+        self._progress.pop(node, None)
+        return True
+
+    def _deliver_one(self, node: str, index: int, env: Envelope, retry: KazooRetry) -> bool:
+        key = (node, index)
+        attempt = self._attempts.get(key, 0) + 1
         message = Message(
             topic=self.topic.name, consumer=self.consumer_id, sequence=_sequence(node), body=env.body, id=env.id,
             publisher=env.publisher, timestamp_ms=env.timestamp_ms, content_type=env.content_type,
-            headers=env.headers, attempt=attempt,
+            headers=env.headers, attempt=attempt, index=index,
         )  # fmt: skip
         try:
             self.callback(message)
@@ -587,30 +652,22 @@ class Subscription:
             self.failed_attempts += 1
             options = self.topic.options
             if attempt >= options.max_attempts:
-                self._attempts.pop(node, None)
+                self._attempts.pop(key, None)
                 if options.on_give_up == "keep":
                     log.error(
-                        "topic %s: message %s failed %d times (%r); parked",
-                        self.topic.name,
-                        env.id,
-                        attempt,
-                        exc,
+                        "topic %s: message %s failed %d times (%r); parked", self.topic.name, env.id, attempt, exc
                     )
-                    self._park(node, data, retry)
+                    self._park(f"{node}.{index}", encode(env), retry)
                 else:
                     log.error(
-                        "topic %s: message %s failed %d times (%r); dropped",
-                        self.topic.name,
-                        env.id,
-                        attempt,
-                        exc,
+                        "topic %s: message %s failed %d times (%r); dropped", self.topic.name, env.id, attempt, exc
                     )
                     self.dropped += 1
                 return True
-            self._attempts[node] = attempt
+            self._attempts[key] = attempt
             self._stop.wait(min(options.retry_backoff * 2 ** (attempt - 1), 5.0))
             return False
-        self._attempts.pop(node, None)
+        self._attempts.pop(key, None)
         self.delivered += 1
         return True
 

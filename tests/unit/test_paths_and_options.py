@@ -1,0 +1,52 @@
+"""Path layout and option validation: bad input names the field and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from zeps.errors import ConfigError
+from zeps.options import TopicOptions
+from zeps.paths import TopicPaths
+
+
+def test_topic_layout() -> None:
+    paths = TopicPaths.of("shop", "cache-invalidation")
+    assert paths.root == "/zeps/shop/topics/cache-invalidation"
+    assert paths.clients.members == "/zeps/shop/topics/cache-invalidation/clients"
+    assert paths.subscribers.member("pod-1") == "/zeps/shop/topics/cache-invalidation/subscribers/pod-1"
+    assert paths.queue("pod-1") == "/zeps/shop/topics/cache-invalidation/messages/pod-1"
+    assert TopicPaths.of("a", "b", chroot="/x/y").root == "/x/y/a/topics/b"
+
+
+@pytest.mark.parametrize(
+    ("namespace", "name", "chroot", "message"),
+    [
+        ("Shop", "t", "/zeps", "namespace 'Shop' is not a valid name"),
+        ("shop", "t/../x", "/zeps", "topic 't/../x' is not a valid name"),
+        ("shop", "-t", "/zeps", "topic '-t' is not a valid name"),
+        ("shop", "t" * 64, "/zeps", "is not a valid name"),
+        ("shop", "t", "zeps", "chroot 'zeps' must be an absolute ZooKeeper path"),
+        ("shop", "t", "/zeps/", "must be an absolute"),
+    ],
+)
+def test_bad_names_are_config_errors(namespace: str, name: str, chroot: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        TopicPaths.of(namespace, name, chroot=chroot)
+
+
+@pytest.mark.parametrize("consumer", ["", "a/b", "../x", ".hidden", "x" * 129])
+def test_bad_consumer_ids(consumer: str) -> None:
+    with pytest.raises(ConfigError, match="member id"):
+        TopicPaths.of("shop", "t").queue(consumer)
+
+
+def test_options_defaults_and_errors_name_the_field() -> None:
+    assert TopicOptions().max_queue_depth == 10_000
+    with pytest.raises(ConfigError, match="max_queue_depth: Input should be greater than or equal to 1"):
+        TopicOptions.make(max_queue_depth=0)
+    with pytest.raises(ConfigError, match="full_queue_policy: Input should be 'block', 'drop-oldest' or 'fail'"):
+        TopicOptions.make(full_queue_policy="sometimes")
+    with pytest.raises(ConfigError, match="max_transaction_bytes"):
+        TopicOptions.make(max_transaction_bytes=2_000_000)
+    with pytest.raises(ConfigError, match="colour: Extra inputs are not permitted"):
+        TopicOptions.make(colour="blue")
