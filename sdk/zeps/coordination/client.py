@@ -22,13 +22,15 @@ def connect(
 ) -> KazooClient:
     """Start a kazoo client for ``hosts`` (``"host:port[,host:port…][/chroot]"``) and return it connected.
 
-    ``auth`` is a ZooKeeper digest ``(user, password)``: the session authenticates with it, and
-    :func:`digest_acl` gives the ACL that limits nodes to that user. Raises
+    ``auth`` is a ZooKeeper digest ``(user, password)``: the session authenticates with it, and every
+    node this client creates — by zeps recipes and by kazoo's own (elections, locks) — gets the ACL
+    that limits it to that user (:func:`digest_acl`). Raises
     :class:`CoordinationError` naming the address when no server answers within ``timeout``. The
     caller owns the client: ``client.stop(); client.close()`` when done.
     """
     auth_data = [("digest", f"{auth[0]}:{auth[1]}")] if auth else None
-    client = KazooClient(hosts=hosts, timeout=session_timeout, auth_data=auth_data)
+    default_acl = digest_acl(*auth) if auth else None
+    client = KazooClient(hosts=hosts, timeout=session_timeout, auth_data=auth_data, default_acl=default_acl)
     try:
         client.start(timeout=timeout)
     except KazooTimeoutError as exc:
