@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from zeps.errors import ConfigError
 
-__all__ = ["FullQueuePolicy", "TopicOptions"]
+__all__ = ["BatchOptions", "FullQueuePolicy", "QueueOptions", "TopicOptions"]
 
 FullQueuePolicy = Literal["block", "drop-oldest", "fail"]
 
@@ -74,4 +74,39 @@ class TopicOptions(_Options):
         ge=4096,
         le=1_000_000,
         description="Bytes per ZooKeeper transaction; must stay under the server's jute.maxbuffer (1 MiB).",
+    )
+
+
+class QueueOptions(_Options):
+    """How a work Queue hands out items (seed 001)."""
+
+    max_attempts: int = Field(
+        5, ge=1, le=1000, description="Takes of one item (crashes and releases count) before it is dead-lettered."
+    )
+    default_priority: int = Field(100, ge=0, le=999, description="Priority of put() without one; lower runs first.")
+    max_transaction_bytes: int = Field(
+        512 * 1024,
+        ge=4096,
+        le=1_000_000,
+        description="Bytes per ZooKeeper transaction (put_all, prefetch, batch acks); under jute.maxbuffer (1 MiB).",
+    )
+    max_item_bytes: int = Field(
+        256 * 1024, ge=1, le=900_000, description="Largest item body; bigger work belongs in a batch store."
+    )
+
+
+class BatchOptions(_Options):
+    """How a replayable batch Queue stores batches (seed 003)."""
+
+    inline_max_bytes: int = Field(
+        256 * 1024,
+        ge=0,
+        le=900_000,
+        description="Batches up to this size are stored in ZooKeeper; larger ones go to the batch store.",
+    )
+    store_url: str | None = Field(
+        None, description="Where large batches go: file:///path (a local or mounted directory, e.g. a PVC)."
+    )
+    retention_seconds: float = Field(
+        7 * 86400, ge=0, description="Batches older than this that every consumer has processed may be removed."
     )

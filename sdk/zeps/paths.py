@@ -9,7 +9,17 @@ ACL boundary, and one subtree per resource)::
         subscribers/<consumer>        ephemeral JSON metadata: a live subscription
         messages/<consumer>/m-…       persistent-sequential, one per message per subscriber queue
         cleaner/                      leader election: exactly one cleaner at a time
-    <chroot>/<ns>/queues/<name>/      (Queue issue)
+    <chroot>/<ns>/queues/<name>/
+        spec                          operator-owned JSON of the reconciled spec
+        items/i-<prio>-<id>-<seq>     persistent-sequential work items (data: envelope)
+        taken/<item>                  ephemeral lock of one item; data = owner id
+        waiters/w-<seq>               ephemeral-sequential: idle workers in line (herd-free wait)
+        dead/<item>                   dead-lettered items, inspectable and re-drivable
+        batches/latest                seed 003: the latest batch id "<name>-<n>"
+        batches/lock/                 lock of publishers assigning batch ids
+        batches/data/<name>-<n>       a batch body kept in ZooKeeper (small batches)
+        batches/refs/<name>-<n>       a batch kept in a batch store: its URL (large batches)
+        processors/<consumer>         seed 003: the last batch id the consumer processed
     <chroot>/<ns>/streams/<name>/     (ZepsStream issue)
 
 A group (seed 002) is a parent of ephemeral members (JSON metadata) plus, where the design calls
@@ -30,6 +40,7 @@ __all__ = [
     "DEFAULT_CHROOT",
     "LAYOUT_VERSION",
     "GroupPaths",
+    "QueuePaths",
     "TopicPaths",
     "validate_name",
 ]
@@ -111,3 +122,63 @@ class TopicPaths:
     @property
     def cleaner(self) -> str:
         return f"{self.root}/cleaner"
+
+
+@dataclass(frozen=True)
+class QueuePaths:
+    """Paths of one Queue: the work queue (seed 001) and its batch mode (seed 003)."""
+
+    root: str
+    name: str
+
+    @classmethod
+    def of(cls, namespace: str, name: str, *, chroot: str = DEFAULT_CHROOT) -> QueuePaths:
+        root = f"{_chroot(chroot)}/{validate_name('namespace', namespace)}/queues/{validate_name('queue', name)}"
+        return cls(root, name)
+
+    @property
+    def spec(self) -> str:
+        return f"{self.root}/spec"
+
+    @property
+    def items(self) -> str:
+        return f"{self.root}/items"
+
+    @property
+    def taken(self) -> str:
+        return f"{self.root}/taken"
+
+    @property
+    def waiters(self) -> str:
+        return f"{self.root}/waiters"
+
+    @property
+    def dead(self) -> str:
+        return f"{self.root}/dead"
+
+    @property
+    def batches(self) -> str:
+        return f"{self.root}/batches"
+
+    @property
+    def latest_batch(self) -> str:
+        return f"{self.batches}/latest"
+
+    @property
+    def batch_lock(self) -> str:
+        return f"{self.batches}/lock"
+
+    @property
+    def batch_data(self) -> str:
+        return f"{self.batches}/data"
+
+    @property
+    def batch_refs(self) -> str:
+        return f"{self.batches}/refs"
+
+    @property
+    def processors(self) -> str:
+        return f"{self.root}/processors"
+
+    def processor(self, consumer: str) -> str:
+        return f"{self.processors}/{validate_member_id(consumer)}"

@@ -13,7 +13,7 @@ from kazoo.exceptions import NoNodeError
 
 from zeps.errors import CoordinationError
 
-__all__ = ["count_znodes", "expire_session"]
+__all__ = ["count_znodes", "expire_session", "expire_session_by_id"]
 
 
 def expire_session(client: KazooClient, *, wait_reconnect: bool = True, timeout: float = 20.0) -> None:
@@ -36,17 +36,23 @@ def expire_session(client: KazooClient, *, wait_reconnect: bool = True, timeout:
         return False
 
     client.add_listener(listener)
+    expire_session_by_id(hosts, session_id, password, timeout=timeout)
+    if not lost.wait(timeout):
+        client.remove_listener(listener)
+        raise CoordinationError(f"session 0x{session_id:x} was not reported lost within {timeout:.0f}s")
+    if wait_reconnect and not back.wait(timeout):
+        raise CoordinationError(f"client did not reconnect within {timeout:.0f}s after session expiry")
+
+
+def expire_session_by_id(hosts: str, session_id: int, password: bytes, *, timeout: float = 20.0) -> None:
+    """Expire a session known only by its id and password — for example one held by another
+    process — by attaching to it and closing it. The owner sees LOST on its next reconnect."""
     twin = KazooClient(hosts=hosts, client_id=(session_id, password))
     try:
         twin.start(timeout=timeout)
         twin.stop()
     finally:
         twin.close()
-    if not lost.wait(timeout):
-        client.remove_listener(listener)
-        raise CoordinationError(f"session 0x{session_id:x} was not reported lost within {timeout:.0f}s")
-    if wait_reconnect and not back.wait(timeout):
-        raise CoordinationError(f"client did not reconnect within {timeout:.0f}s after session expiry")
 
 
 def count_znodes(client: KazooClient, path: str) -> int:

@@ -59,12 +59,12 @@ from kazoo.exceptions import (
     KazooException,
     NodeExistsError,
     NoNodeError,
-    NotEmptyError,
     RolledBackError,
     SessionExpiredError,
 )
 from kazoo.retry import KazooRetry
 
+from zeps.coordination._util import bounded_retry, delete_tree
 from zeps.coordination.group import Group, Member, Membership
 from zeps.envelope import Envelope, EnvelopeError, decode_node, encode, encode_pack
 from zeps.errors import CoordinationError
@@ -83,7 +83,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _SEQ_WIDTH = 10  # ZooKeeper's sequence suffix
-_DELETE_CHUNK = 500  # deletes per transaction when emptying a queue
 _ACK_EVERY = 64  # a subscriber acks (deletes) at least every this many messages…
 _ACK_INTERVAL = 0.05  # …or this many seconds: the most a crash can redeliver
 
@@ -122,11 +121,6 @@ def _node_count(node: str) -> int:
     if node.startswith("m-") and node[6:7] == "-" and node[2:6].isdigit():
         return int(node[2:6])
     return 1
-
-
-def _retry() -> KazooRetry:
-    # bounded: waits through a reconnect (and a ZooKeeper restart) but never forever
-    return KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0, deadline=120, ignore_expire=True)
 
 
 class Topic:
@@ -308,13 +302,13 @@ class Topic:
         policy = self.options.full_queue_policy
         deadline = time.monotonic() + self.options.block_timeout
         while True:
-            nodes = _retry()(self._depths, targets)
+            nodes = bounded_retry()(self._depths, targets)
             full: dict[str, tuple[int, list[str]]] = {}
             for consumer, count in nodes.items():
                 if count * per_node + incoming <= limit:
                     continue
                 try:
-                    children = _retry()(self.client.get_children, self.paths.queue(consumer))
+                    children = bounded_retry()(self.client.get_children, self.paths.queue(consumer))
                 except NoNodeError:
                     continue
                 depth = sum(_node_count(c) for c in children)
@@ -391,7 +385,7 @@ class Topic:
             return True
         marker = txn.creates[0][0].rsplit("/", 1)[1]
         try:
-            children = _retry()(self.client.get_children, txn.queue)
+            children = bounded_retry()(self.client.get_children, txn.queue)
         except NoNodeError:
             return True  # queue gone: nothing to deliver
         return any(child.startswith(marker) for child in children)
@@ -550,7 +544,7 @@ class Subscription:
         self._wake.set()
 
     def _run(self) -> None:
-        retry = _retry()
+        retry = bounded_retry()
         while not self._stop.is_set():
             try:
                 self._wake.clear()
@@ -695,7 +689,7 @@ class Subscription:
     def unsubscribe(self) -> None:
         """Stop, leave, and delete this consumer's queue: no more messages are kept for it."""
         self.close()
-        _delete_tree(self.client, self.queue_path)
+        delete_tree(self.client, self.queue_path)
 
     def __enter__(self) -> Subscription:
         return self
@@ -704,28 +698,6 @@ class Subscription:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-def _delete_tree(client: KazooClient, path: str) -> None:
-    """Delete a queue node and its children in transactions of _DELETE_CHUNK (bounded attempts)."""
-    for _ in range(20):
-        try:
-            children = client.retry(client.get_children, path)
-        except NoNodeError:
-            return
-        for start in range(0, len(children), _DELETE_CHUNK):
-            t = client.transaction()
-            for child in children[start : start + _DELETE_CHUNK]:
-                t.delete(f"{path}/{child}")
-            client.retry(t.commit)  # a child consumed meanwhile fails this chunk; the next pass sees it
-        try:
-            client.retry(client.delete, path)
-            return
-        except NotEmptyError:
-            continue  # a publisher added a message meanwhile
-        except NoNodeError:
-            return
-    raise CoordinationError(f"could not delete {path}: it keeps receiving messages")
 
 
 class TopicCleaner:
@@ -830,7 +802,7 @@ class TopicCleaner:
                     self.topic.name,
                     consumer,
                 )
-                _delete_tree(self.client, paths.queue(consumer))
+                delete_tree(self.client, paths.queue(consumer))
                 del self._missing_since[consumer]
                 removed.append(consumer)
         self.removed.extend(removed)

@@ -1,0 +1,73 @@
+"""Helpers shared by the recipes: the bounded retry policy and deleting a subtree in transactions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError, NotEmptyError, RolledBackError
+from kazoo.retry import KazooRetry
+
+from zeps.errors import CoordinationError
+
+DELETE_CHUNK = 500  # deletes per transaction when emptying a node
+
+
+def bounded_retry() -> KazooRetry:
+    """Retry through ConnectionLoss and session expiry (a reconnect, a ZooKeeper restart) for up to
+    two minutes, never forever. A fresh object per call: KazooRetry keeps per-call state."""
+    return KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0, deadline=120, ignore_expire=True)
+
+
+Op = tuple[Any, ...]
+
+
+def commit(client: KazooClient, ops: list[Op]) -> list[Any]:
+    """Build and commit one transaction from ``ops`` — ``("create", path, data, kwargs)``,
+    ``("delete", path)``, ``("delete", path, version)``, ``("check", path, version)``,
+    ``("set", path, data, version)`` — and return kazoo's per-op outcome. Raises what kazoo raises
+    (ConnectionLoss leaves the outcome unknown: the caller decides how to find out)."""
+    t = client.transaction()
+    for op in ops:
+        kind, path, *rest = op
+        if kind == "create":
+            t.create(path, rest[0], **(rest[1] if len(rest) > 1 else {}))
+        elif kind == "delete":
+            t.delete(path, *rest)
+        elif kind == "check":
+            t.check(path, rest[0])
+        elif kind == "set":
+            t.set_data(path, rest[0], *rest[1:])
+        else:
+            raise ValueError(f"unknown transaction op {kind!r}")
+    result: list[Any] = t.commit()
+    return result
+
+
+def failures(outcome: list[Any]) -> list[Exception]:
+    """The errors in a transaction outcome, without the RolledBackError of the ops that were fine."""
+    return [r for r in outcome if isinstance(r, Exception) and not isinstance(r, RolledBackError)]
+
+
+def delete_tree(client: KazooClient, path: str, *, attempts: int = 20) -> None:
+    """Delete ``path`` and its children in transactions of DELETE_CHUNK, even while writers keep
+    adding children (bounded by ``attempts`` passes)."""
+    retry = bounded_retry()
+    for _ in range(attempts):
+        try:
+            children = retry(client.get_children, path)
+        except NoNodeError:
+            return
+        for start in range(0, len(children), DELETE_CHUNK):
+            chunk = children[start : start + DELETE_CHUNK]
+            # a fresh transaction per attempt; a child removed meanwhile fails the chunk, and the
+            # next pass lists again
+            retry(lambda chunk=chunk: commit(client, [("delete", f"{path}/{c}") for c in chunk]))
+        try:
+            retry(client.delete, path)
+            return
+        except NotEmptyError:
+            continue
+        except NoNodeError:
+            return
+    raise CoordinationError(f"could not delete {path}: it keeps receiving children")

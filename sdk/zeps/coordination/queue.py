@@ -1,0 +1,678 @@
+"""Work queue with per-item locks (seed 001), free of the herd effect.
+
+Layout (:class:`zeps.paths.QueuePaths`)::
+
+    <queue>/items/i-<prio>-<id>-<seq>   persistent-sequential; data = envelope (body + headers)
+    <queue>/taken/<item>                ephemeral lock; data = the owner's id
+    <queue>/waiters/w-<owner>-<seq>     ephemeral-sequential: idle workers waiting in line
+    <queue>/dead/<item>                 dead-lettered items
+
+How it works:
+
+* **Order.** Items sort by (priority, sequence): lower priority numbers first, FIFO within one.
+* **Taking** an item is one transaction: create its ephemeral lock and rewrite the item with a
+  version check. The item's data version therefore counts how often it was taken (its attempts),
+  and a worker's take is identified by the version it produced.
+* **Fenced ack**: one transaction checks the item still has the version our take produced, then
+  deletes the lock and the item. A worker whose session expired, and whose item another worker has
+  taken since, fails that check: it can never ack an item someone else holds.
+* **Crash ⇒ redelivery**: the lock is ephemeral, so a dead worker's items become available again.
+  An item taken ``max_attempts`` times without an ack moves to ``dead/`` (inspect with
+  :meth:`WorkQueue.dead_letters`, re-drive with :meth:`WorkQueue.redrive`).
+* **No herd.** A busy worker keeps the list of candidates it last read and, when it loses a race
+  for an item, moves on to the next candidate instead of listing again. Idle workers wait in line:
+  each creates an ephemeral-sequential waiter node; only the first watches the queue, every other
+  one watches its predecessor (the ZooKeeper lock recipe's trick). A change to the queue wakes one
+  worker, not all of them.
+* **Prefetch**: :meth:`WorkQueue.take_many` locks up to N items in one transaction, and
+  :meth:`WorkQueue.ack_all` acknowledges many in one.
+
+Reserved headers (``zeps-…``) carry queue bookkeeping inside the envelope: ``zeps-attempts``
+(takes before the item was re-created by a delayed release) and ``zeps-not-before-ms`` (a delayed
+release). They are hidden from :class:`Item` headers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, ConnectionLoss, NoNodeError, SessionExpiredError
+from kazoo.protocol.states import ZnodeStat
+
+from zeps.coordination._util import Op, bounded_retry, commit, failures
+from zeps.envelope import Envelope, EnvelopeError, decode, encode
+from zeps.errors import ConfigError, CoordinationError
+from zeps.options import QueueOptions
+from zeps.paths import DEFAULT_CHROOT, QueuePaths, validate_member_id
+
+__all__ = ["DeadLetter", "Item", "LockLostError", "QueueStats", "WorkQueue"]
+
+log = logging.getLogger(__name__)
+
+_ATTEMPTS = "zeps-attempts"
+_NOT_BEFORE = "zeps-not-before-ms"
+_REASON = "zeps-dead-reason"
+_RESERVED = (_ATTEMPTS, _NOT_BEFORE, _REASON)
+_SCAN_WINDOW = 16  # after a lost race, a worker starts at a random one of the first few items
+
+
+class LockLostError(CoordinationError):
+    """The item's lock is no longer ours (our session expired and another worker took the item)."""
+
+
+def _order(name: str) -> tuple[int, int]:
+    """Sort key of an item node: (priority, sequence)."""
+    try:
+        return int(name[2:5]), int(name[-10:])
+    except ValueError:
+        return 999, int(name[-10:]) if name[-10:].isdigit() else 0
+
+
+@dataclass
+class Item:
+    """A taken item. Use it as a context manager: success acks it, an exception releases it."""
+
+    queue: WorkQueue
+    name: str
+    body: bytes
+    id: str
+    priority: int
+    attempt: int  #: 1 on the first take
+    headers: dict[str, str]
+    content_type: str | None
+    enqueued_ms: int
+    _version: int = field(repr=False)  # item data version our take produced (the fence)
+    _envelope: Envelope = field(repr=False)
+    _session: int = field(repr=False)  # the ZooKeeper session that took it (holds the lock)
+    done: bool = False
+
+    def ack(self) -> None:
+        """Done: delete the item (fenced: raises LockLostError if another worker holds it now)."""
+        self.queue.ack(self)
+
+    def release(self, *, delay: float = 0.0) -> None:
+        """Not done: make the item available again, after ``delay`` seconds if given."""
+        self.queue.release(self, delay=delay)
+
+    def __enter__(self) -> Item:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.done:
+            return
+        if exc_type is None:
+            self.ack()
+        else:
+            self.release()
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """An item moved aside after too many attempts."""
+
+    name: str
+    body: bytes
+    id: str
+    attempts: int
+    reason: str
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    depth: int  #: items in the queue, taken ones included
+    in_flight: int  #: items taken and not yet acked or released
+    dead_lettered: int
+    waiting_workers: int
+    oldest_age_s: float | None  #: age of the oldest item, None when empty
+
+
+class WorkQueue:
+    """A handle on one work queue. No I/O happens in the constructor.
+
+    ``owner_id`` names this worker in lock nodes; it defaults to ``<host>-<pid>-<random>``.
+    Counters (``requests``, ``notifications``) count the ZooKeeper requests this handle made and the
+    watch notifications it received, for the herd measurements.
+    """
+
+    def __init__(
+        self,
+        client: KazooClient,
+        name: str,
+        *,
+        namespace: str = "default",
+        chroot: str = DEFAULT_CHROOT,
+        options: QueueOptions | None = None,
+        owner_id: str | None = None,
+    ) -> None:
+        self.client = client
+        self.name = name
+        self.paths = QueuePaths.of(namespace, name, chroot=chroot)
+        self.options = options or QueueOptions()
+        self.owner_id = validate_member_id(owner_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+        self._counter = itertools.count(1)
+        self._candidates: list[str] = []
+        self._delayed: dict[str, float] = {}  # item -> unix time its delayed release ends
+        self._contended = False  # lost a race on the last lock attempt
+        self._changed = threading.Event()  # set by watch notifications while waiting in line
+        self._ensured = False
+        self._lock = threading.Lock()
+        self.requests = 0
+        self.notifications = 0
+
+    # -- setup ----------------------------------------------------------------------------------
+    def ensure(self) -> None:
+        """Create the queue's paths if missing (idempotent; the operator normally does this)."""
+        if self._ensured:
+            return
+        for path in (self.paths.items, self.paths.taken, self.paths.waiters, self.paths.dead):
+            bounded_retry()(self.client.ensure_path, path)
+        self._ensured = True
+
+    def _call(self, func: Any, *args: Any, **kwargs: Any) -> Any:
+        self.requests += 1
+        return bounded_retry()(func, *args, **kwargs)
+
+    # -- putting --------------------------------------------------------------------------------
+    def put(
+        self,
+        body: bytes,
+        *,
+        priority: int | None = None,
+        headers: dict[str, str] | None = None,
+        content_type: str | None = None,
+    ) -> str:
+        """Add one item; returns its id once it is durable."""
+        return self.put_all([body], priority=priority, headers=headers, content_type=content_type)[0]
+
+    def put_all(
+        self,
+        bodies: Iterable[bytes],
+        *,
+        priority: int | None = None,
+        headers: dict[str, str] | None = None,
+        content_type: str | None = None,
+    ) -> list[str]:
+        """Add several items in transactions (atomic per transaction); returns their ids, in order."""
+        self.ensure()
+        prio = self.options.default_priority if priority is None else priority
+        if not 0 <= prio <= 999:
+            raise ConfigError(f"priority {prio} is out of range: use 0 (first) to 999 (last)")
+        creates: list[tuple[str, str, bytes]] = []
+        for body in bodies:
+            if len(body) > self.options.max_item_bytes:
+                raise ConfigError(
+                    f"item of {len(body)} bytes exceeds max_item_bytes={self.options.max_item_bytes}; "
+                    "put large work in a batch store and queue a reference"
+                )
+            item_id = f"{self.owner_id}.{next(self._counter)}"
+            env = Envelope(
+                body=bytes(body),
+                id=item_id,
+                publisher=self.owner_id,
+                timestamp_ms=int(time.time() * 1000),
+                content_type=content_type,
+                headers=dict(headers or {}),
+            )
+            creates.append((item_id, f"{self.paths.items}/i-{prio:03d}-{item_id}-", encode(env)))
+        self._create_protected(creates)
+        return [item_id for item_id, _, _ in creates]
+
+    def _create_protected(self, creates: list[tuple[str, str, bytes]]) -> None:
+        """Create sequential nodes in transactions; after ConnectionLoss, a transaction is resent only
+        if none of its (id-carrying) nodes exists: a retry never duplicates an item."""
+        limit = self.options.max_transaction_bytes
+        chunks: list[list[tuple[str, str, bytes]]] = [[]]
+        size = 0
+        for entry in creates:
+            if chunks[-1] and size + len(entry[2]) + 100 > limit:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(entry)
+            size += len(entry[2]) + 100
+        for chunk in chunks:
+            if chunk:
+                self._commit_protected(chunk)
+
+    def _commit_protected(self, chunk: list[tuple[str, str, bytes]]) -> None:
+        deadline = time.monotonic() + 120
+        while True:
+            self.requests += 1
+            try:
+                outcome = commit(self.client, [("create", path, data, {"sequence": True}) for _, path, data in chunk])
+            except (ConnectionLoss, SessionExpiredError) as exc:  # did it apply?
+                if time.monotonic() > deadline:
+                    raise CoordinationError(f"queue {self.name}: put failed: {exc!r}") from exc
+                marker = chunk[0][1].rsplit("/", 1)[1]
+                names = self._call(self.client.get_children, self.paths.items)
+                if any(n.startswith(marker) for n in names):
+                    return
+                continue
+            if errors := failures(outcome):
+                raise CoordinationError(f"queue {self.name}: put failed: {errors[0]!r}")
+            return
+
+    # -- taking ---------------------------------------------------------------------------------
+    def take(self, timeout: float | None = None) -> Item | None:
+        """Take the next item, waiting up to ``timeout`` seconds (None: forever); None if none came."""
+        items = self.take_many(1, timeout=timeout)
+        return items[0] if items else None
+
+    def take_many(self, n: int, *, timeout: float | None = None) -> list[Item]:
+        """Take up to ``n`` items in one transaction (prefetch); waits like :meth:`take` for the first."""
+        if n < 1:
+            raise ConfigError(f"take_many needs n >= 1, got {n}")
+        self.ensure()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        waiter: str | None = None
+        try:
+            while True:
+                got = self._try_take(n)
+                if got:
+                    return got
+                if deadline is not None and time.monotonic() >= deadline:
+                    return []
+                # Keep our place in line until we hold an item: leaving earlier would wake the
+                # next waiter while the item is still free, and it would wake the next… (a herd).
+                waiter = waiter or self._create_waiter(f"w-{self.owner_id}-")
+                if not self._wait_in_line(waiter, deadline):
+                    waiter = None  # our waiter vanished with an expired session: queue up again
+        finally:
+            if waiter is not None:
+                with contextlib.suppress(NoNodeError):
+                    self._call(self.client.delete, f"{self.paths.waiters}/{waiter}")
+
+    def _refresh(self) -> None:
+        """List available items (not taken) as this worker's candidates, in (priority, FIFO) order.
+
+        After this worker lost a race, it starts at a random one of the first few items of the
+        head priority instead: workers that listed at the same moment spread out rather than all
+        racing again for the same items. An uncontended worker takes strictly in order.
+        """
+        items = self._call(self.client.get_children, self.paths.items)
+        taken = set(self._call(self.client.get_children, self.paths.taken))
+        available = sorted((i for i in items if i not in taken), key=_order)
+        if self._contended and available:
+            head = _order(available[0])[0]
+            window = sum(1 for i in available[:_SCAN_WINDOW] if _order(i)[0] == head)
+            start = random.randrange(window)
+            available = available[start:window] + available[:start] + available[window:]
+        self._candidates = available
+
+    def _try_take(self, n: int) -> list[Item]:
+        taken: list[Item] = []
+        refreshes = 0
+        while len(taken) < n:
+            if not self._candidates:
+                if taken or refreshes == 2:
+                    break  # got some (do not list again just to fill a prefetch), or nothing takeable
+                self._refresh()
+                refreshes += 1
+                if not self._candidates:
+                    break
+            want = n - len(taken)
+            names, self._candidates = self._candidates[:want], self._candidates[want:]
+            reads = [(name, self.client.get_async(f"{self.paths.items}/{name}")) for name in names]
+            self.requests += len(reads)
+            ready: list[tuple[str, bytes, ZnodeStat, Envelope]] = []
+            now_ms = int(time.time() * 1000)
+            for name, result in reads:
+                try:
+                    data, stat = result.get()
+                except NoNodeError:
+                    continue  # acked by someone meanwhile: move on
+                try:
+                    env = decode(data)
+                except EnvelopeError as exc:
+                    self._dead_letter(name, data, stat, f"unreadable item: {exc}")
+                    continue
+                not_before = int(env.headers.get(_NOT_BEFORE, "0"))
+                if not_before > now_ms:
+                    self._delayed[name] = not_before / 1000
+                    continue  # a delayed release still in force
+                if int(env.headers.get(_ATTEMPTS, "0")) + stat.version >= self.options.max_attempts:
+                    self._dead_letter(name, data, stat, f"taken {self.options.max_attempts} times without an ack")
+                    continue
+                ready.append((name, data, stat, env))
+            taken.extend(self._lock_all(ready))
+        return taken
+
+    def _lock_all(self, ready: list[tuple[str, bytes, ZnodeStat, Envelope]]) -> list[Item]:
+        """Lock candidates in one transaction; on a lost race, retry without the items lost."""
+        while ready:
+            ops: list[Op] = []
+            for name, data, stat, _ in ready:
+                ops.append(("create", f"{self.paths.taken}/{name}", self.owner_id.encode(), {"ephemeral": True}))
+                ops.append(("set", f"{self.paths.items}/{name}", data, stat.version))
+            self.requests += 1
+            try:
+                outcome = commit(self.client, ops)
+            except (ConnectionLoss, SessionExpiredError):
+                return self._adopt_locks(ready)
+            failed = {i // 2 for i, r in enumerate(outcome) if r in failures(outcome)}
+            self._contended = bool(failed)
+            if not failed:
+                return [self._item(name, stat.version + 1, env) for name, _, stat, env in ready]
+            ready = [entry for i, entry in enumerate(ready) if i not in failed]  # lost those races
+        return []
+
+    def _adopt_locks(self, ready: list[tuple[str, bytes, ZnodeStat, Envelope]]) -> list[Item]:
+        """The lock transaction's outcome is unknown: the locks our session holds are ours to use
+        (otherwise they would strand their items until this process exits)."""
+        self._candidates.clear()
+        mine = []
+        for name, _, stat, env in ready:
+            try:
+                _, lock = self._call(self.client.get, f"{self.paths.taken}/{name}")
+                _, now = self._call(self.client.get, f"{self.paths.items}/{name}")
+            except NoNodeError:
+                continue
+            if lock.ephemeralOwner == self.client.client_id[0] and now.version == stat.version + 1:
+                mine.append(self._item(name, now.version, env))
+        return mine
+
+    def _item(self, name: str, version: int, env: Envelope) -> Item:
+        prio, _ = _order(name)
+        carried = int(env.headers.get(_ATTEMPTS, "0"))
+        return Item(
+            queue=self, name=name, body=env.body, id=env.id, priority=prio, attempt=carried + version,
+            headers={k: v for k, v in env.headers.items() if k not in _RESERVED},
+            content_type=env.content_type, enqueued_ms=env.timestamp_ms, _version=version, _envelope=env,
+            _session=self.client.client_id[0],
+        )  # fmt: skip
+
+    # -- waiting without a herd -----------------------------------------------------------------
+    def _wait_in_line(self, me: str, deadline: float | None) -> bool:
+        """Wait in the line of idle workers until items may be available (or the deadline).
+
+        Only the head of the line watches the queue (items and locks); every other waiter watches
+        its predecessor. Returns True when this worker is the head and sees an available item (its
+        candidates are set), or at the deadline; False when its waiter node is gone.
+        """
+        while deadline is None or time.monotonic() < deadline:
+            line = sorted(self._call(self.client.get_children, self.paths.waiters), key=lambda w: w[-10:])
+            if me not in line:
+                return False
+            position = line.index(me)
+            self._changed.clear()
+            wake = self._on_watch  # one bound method: kazoo keeps it once per path, whatever the rounds
+            until = deadline
+            if position == 0:
+                items = self._call(self.client.get_children, self.paths.items, watch=wake)
+                taken = set(self._call(self.client.get_children, self.paths.taken, watch=wake))
+                now = time.time()
+                self._delayed = {k: v for k, v in self._delayed.items() if v > now and k in items}
+                available = sorted((i for i in items if i not in taken and i not in self._delayed), key=_order)
+                if available:
+                    self._candidates = available
+                    return True
+                if self._delayed:  # wake when the first delayed item becomes due
+                    until = now_deadline(deadline, min(self._delayed.values()) - now)
+            elif self._call(self.client.exists, f"{self.paths.waiters}/{line[position - 1]}", watch=wake) is None:
+                continue  # predecessor already gone: look again
+            remaining = None if until is None else max(0.0, until - time.monotonic())
+            # the timeout is a safety net (lost watches); watches wake us
+            self._changed.wait(5.0 if remaining is None else min(remaining, 5.0))
+            if until is not None and until != deadline and time.monotonic() >= until:
+                return True  # a delayed item is due: go and try
+        return True
+
+    def _on_watch(self, _event: Any) -> None:
+        self.notifications += 1
+        self._changed.set()
+
+    def _create_waiter(self, marker: str) -> str:
+        try:
+            self.requests += 1
+            path: str = self.client.create(f"{self.paths.waiters}/{marker}", ephemeral=True, sequence=True)
+            return path.rsplit("/", 1)[1]
+        except Exception:
+            # protected create: after a lost connection, find our own node rather than make another
+            for name in self._call(self.client.get_children, self.paths.waiters):
+                if name.startswith(marker):
+                    return str(name)
+            path = self._call(self.client.create, f"{self.paths.waiters}/{marker}", ephemeral=True, sequence=True)
+            return path.rsplit("/", 1)[1]
+
+    # -- finishing ------------------------------------------------------------------------------
+    def ack(self, item: Item) -> None:
+        """Delete a done item, fenced by the version our take produced."""
+        self.ack_all([item])
+
+    def ack_all(self, items: Sequence[Item]) -> None:
+        """Acknowledge many items in one transaction (falls back to one by one if any fails)."""
+        todo = [i for i in items if not i.done]
+        if not todo:
+            return
+        ops: list[Op] = []
+        for item in todo:
+            ops += [
+                ("check", f"{self.paths.items}/{item.name}", item._version),
+                ("delete", f"{self.paths.taken}/{item.name}"),
+                ("delete", f"{self.paths.items}/{item.name}"),
+            ]
+        self.requests += 1
+        unsure = False
+        try:
+            outcome = commit(self.client, ops)
+        except (ConnectionLoss, SessionExpiredError):
+            outcome, unsure = [ConnectionLoss()], True  # unknown: settle item by item below
+        if not failures(outcome):
+            for item in todo:
+                item.done = True
+            return
+        lost: list[str] = []
+        for item in todo:
+            try:
+                self._ack_one(item, unsure=unsure)
+            except LockLostError:
+                lost.append(item.name)
+        if lost:
+            raise LockLostError(f"queue {self.name}: items taken by another worker since: {', '.join(lost)}")
+
+    def _ack_one(self, item: Item, *, unsure: bool) -> None:
+        """Ack one item after a batch ack failed. ``unsure``: that batch's outcome is unknown (the
+        connection dropped), so an item found gone may have been deleted by it; otherwise an item
+        found gone was acked by another worker, after our lock was lost."""
+        item_path, lock_path = f"{self.paths.items}/{item.name}", f"{self.paths.taken}/{item.name}"
+        state = {"unsure": unsure}
+
+        def attempt() -> None:
+            try:
+                _, stat = self.client.get(item_path)
+            except NoNodeError:
+                if state["unsure"] and self.client.client_id[0] == item._session:
+                    return  # we held the lock throughout: only our own ack can have deleted it
+                if state["unsure"]:
+                    raise LockLostError(
+                        f"item {item.name} is gone, but our session expired while acking it: another worker "
+                        "may have taken and acked it, so this ack is not claimed"
+                    ) from None
+                raise LockLostError(f"item {item.name} was acked by another worker after our lock was lost") from None
+            state["unsure"] = True  # from here, a dropped connection leaves this attempt's outcome unknown
+            if stat.version != item._version:
+                raise LockLostError(f"item {item.name} was taken by another worker since (our take was lost)")
+            ops: list[Op] = [("check", item_path, item._version)]
+            if self.client.exists(lock_path) is not None:
+                ops.append(("delete", lock_path))
+            ops.append(("delete", item_path))
+            errors = failures(commit(self.client, ops))
+            if any(isinstance(e, BadVersionError) for e in errors):
+                raise LockLostError(f"item {item.name} was taken by another worker since")
+            if errors and not all(isinstance(e, NoNodeError) for e in errors):
+                raise CoordinationError(f"ack of {item.name} failed: {errors[0]!r}")
+
+        self.requests += 1
+        bounded_retry()(attempt)
+        item.done = True
+
+    def release(self, item: Item, *, delay: float = 0.0) -> None:
+        """Give an item back (nack). After ``delay`` seconds it can be taken again; it then goes to
+        the back of its priority. If it has used up its attempts it is dead-lettered instead."""
+        if item.done:
+            return
+        item_path, lock_path = f"{self.paths.items}/{item.name}", f"{self.paths.taken}/{item.name}"
+        ops: list[Op] = [("check", item_path, item._version)]
+        moves = item.attempt >= self.options.max_attempts or delay > 0
+        if item.attempt >= self.options.max_attempts:
+            reason = "released after the last attempt"
+            ops += [("create", f"{self.paths.dead}/{item.name}", self._dead_data(item._envelope, item.attempt, reason)),
+                    ("delete", item_path)]  # fmt: skip
+        elif delay > 0:
+            headers = {**item._envelope.headers, _ATTEMPTS: str(item.attempt),
+                       _NOT_BEFORE: str(int((time.time() + delay) * 1000))}  # fmt: skip
+            env = dataclasses.replace(item._envelope, headers=headers)
+            new = f"{self.paths.items}/i-{item.priority:03d}-{item.id}~{item.attempt}-"
+            ops += [("create", new, encode(env), {"sequence": True}), ("delete", item_path)]
+        ops.append(("delete", lock_path))
+        for _ in range(10):  # bounded: each round either applies, or finds out why not
+            self.requests += 1
+            try:
+                if not failures(commit(self.client, ops)):
+                    item.done = True
+                    return
+            except (ConnectionLoss, SessionExpiredError):
+                pass
+            # failed or unsure: read the state to decide
+            try:
+                _, stat = self._call(self.client.get, item_path)
+            except NoNodeError:
+                if moves:  # our transaction moved it (applied before the connection dropped)
+                    item.done = True
+                    return
+                raise LockLostError(f"item {item.name} was taken and acked by another worker") from None
+            if stat.version != item._version:
+                raise LockLostError(f"item {item.name} is no longer ours to release: another worker took it")
+            lock = self._call(self.client.exists, lock_path)
+            if lock is None or lock.ephemeralOwner != self.client.client_id[0]:
+                item.done = True  # our lock is gone (session expired): the item is available again
+                return
+        raise CoordinationError(f"queue {self.name}: could not release {item.name}")
+
+    # -- dead letters ---------------------------------------------------------------------------
+    def _dead_data(self, env: Envelope, attempts: int, reason: str) -> bytes:
+        headers = {**env.headers, _ATTEMPTS: str(attempts), _REASON: reason}
+        headers.pop(_NOT_BEFORE, None)
+        return encode(dataclasses.replace(env, headers=headers))
+
+    def _dead_letter(self, name: str, data: bytes, stat: ZnodeStat, reason: str) -> None:
+        """Move an item to dead/, fenced by the version read (a concurrent take wins)."""
+        try:
+            env = decode(data)
+            dead = self._dead_data(env, int(env.headers.get(_ATTEMPTS, "0")) + stat.version, reason)
+        except EnvelopeError:
+            dead = data
+        ops: list[Op] = [
+            ("check", f"{self.paths.items}/{name}", stat.version),
+            ("create", f"{self.paths.dead}/{name}", dead),
+            ("delete", f"{self.paths.items}/{name}"),
+        ]
+        self.requests += 1
+        try:
+            outcome = bounded_retry()(commit, self.client, ops)
+        except (ConnectionLoss, SessionExpiredError):
+            return  # unknown; the next take that reads this item decides again
+        if not failures(outcome):
+            log.warning("queue %s: item %s dead-lettered: %s", self.name, name, reason)
+
+    def dead_letters(self) -> list[DeadLetter]:
+        """The dead-lettered items, oldest first."""
+        self.ensure()
+        out = []
+        for name in sorted(self._call(self.client.get_children, self.paths.dead), key=_order):
+            try:
+                data, _ = self._call(self.client.get, f"{self.paths.dead}/{name}")
+            except NoNodeError:
+                continue
+            try:
+                env = decode(data)
+            except EnvelopeError:
+                env = Envelope(body=data)
+            out.append(DeadLetter(
+                name=name, body=env.body, id=env.id, attempts=int(env.headers.get(_ATTEMPTS, "0")),
+                reason=env.headers.get(_REASON, ""),
+                headers={k: v for k, v in env.headers.items() if k not in _RESERVED},
+            ))  # fmt: skip
+        return out
+
+    def redrive(self, names: Iterable[str] | None = None) -> int:
+        """Put dead-lettered items back in the queue with fresh attempts; returns how many moved."""
+        self.ensure()
+        chosen = list(names) if names is not None else self._call(self.client.get_children, self.paths.dead)
+        moved = 0
+        for name in chosen:
+            try:
+                data, stat = self._call(self.client.get, f"{self.paths.dead}/{name}")
+            except NoNodeError:
+                continue
+            try:
+                env = decode(data)
+                env = dataclasses.replace(env, headers={k: v for k, v in env.headers.items() if k not in _RESERVED})
+                prio, item_id = _order(name)[0], env.id or uuid.uuid4().hex
+            except EnvelopeError:
+                env, prio, item_id = Envelope(body=data), self.options.default_priority, uuid.uuid4().hex
+            ops: list[Op] = [
+                ("delete", f"{self.paths.dead}/{name}", stat.version),
+                ("create", f"{self.paths.items}/i-{prio:03d}-{item_id}~r-", encode(env), {"sequence": True}),
+            ]
+            self.requests += 1
+            with contextlib.suppress(ConnectionLoss, SessionExpiredError):
+                if not failures(commit(self.client, ops)):
+                    moved += 1
+                    continue
+            if self.client.exists(f"{self.paths.dead}/{name}") is None:
+                moved += 1  # applied before the connection dropped (or someone else re-drove it)
+        return moved
+
+    # -- stats ----------------------------------------------------------------------------------
+    def stats(self) -> QueueStats:
+        self.ensure()
+        counts = [
+            self.client.exists_async(p)
+            for p in (self.paths.items, self.paths.taken, self.paths.dead, self.paths.waiters)
+        ]
+        self.requests += len(counts)
+        depth, in_flight, dead, waiting = (r.get().numChildren if r.get() else 0 for r in counts)
+        oldest = None
+        if depth:
+            names = self._call(self.client.get_children, self.paths.items)
+            if names:
+                first = min(names, key=lambda n: int(n[-10:]))
+                with contextlib.suppress(NoNodeError):
+                    _, stat = self._call(self.client.get, f"{self.paths.items}/{first}")
+                    oldest = max(0.0, time.time() - stat.ctime / 1000)
+        return QueueStats(
+            depth=depth, in_flight=in_flight, dead_lettered=dead, waiting_workers=waiting, oldest_age_s=oldest
+        )
+
+    # -- convenience ----------------------------------------------------------------------------
+    def items_in_flight_by_owner(self) -> dict[str, str]:
+        """Which owner holds which item now (for operators and tests)."""
+        out: dict[str, str] = {}
+        for name in self._call(self.client.get_children, self.paths.taken):
+            with contextlib.suppress(NoNodeError):
+                data, _ = self._call(self.client.get, f"{self.paths.taken}/{name}")
+                out[name] = data.decode()
+        return out
+
+
+def now_deadline(deadline: float | None, seconds: float) -> float:
+    """The earlier of ``deadline`` and ``seconds`` from now (monotonic clock)."""
+    soon = time.monotonic() + max(0.05, seconds)
+    return soon if deadline is None else min(deadline, soon)
