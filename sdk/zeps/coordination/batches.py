@@ -1,0 +1,297 @@
+"""Replayable batch queue (seed 003): immutable batches, the latest id in a znode, and every
+consumer tracking its own progress.
+
+Layout (:class:`zeps.paths.QueuePaths`)::
+
+    <queue>/batches/latest          "<queue>-<n>": the latest batch id
+    <queue>/batches/lock/           lock of publishers while they assign an id
+    <queue>/batches/data/<queue>-<n>   the batch itself, when small (see BatchOptions.inline_max_bytes)
+    <queue>/batches/refs/<queue>-<n>   the URL of the batch in the batch store, when large
+    <queue>/processors/<consumer>   "<queue>-<k>": the last batch the consumer processed
+
+Publishing takes the lock, reads the latest id, writes the new batch and advances ``latest`` in
+one transaction (a large batch is first written to the store, atomically): ids are unique, linear
+(no gaps) and known in advance, batches immutable. Consumers process every batch from their
+position to the latest, in order, and advance their position with a compare-and-set afterwards:
+a consumer that crashes between processing and committing processes that one batch again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+from zeps.batchstore import BatchStore, decode_batch, encode_batch, open_store
+from zeps.coordination._util import bounded_retry, commit, failures
+from zeps.errors import ConfigError, CoordinationError
+from zeps.options import BatchOptions
+from zeps.paths import DEFAULT_CHROOT, QueuePaths, validate_member_id
+
+__all__ = ["Batch", "BatchConsumer", "BatchQueue", "ConsumerConflictError"]
+
+log = logging.getLogger(__name__)
+
+
+class ConsumerConflictError(CoordinationError):
+    """Another instance of the same named consumer moved its position meanwhile."""
+
+
+@dataclass(frozen=True)
+class Batch:
+    id: str
+    number: int
+    records: list[bytes]
+    created_ms: int
+
+
+class BatchQueue:
+    """A handle on one batch queue. No I/O happens in the constructor."""
+
+    def __init__(
+        self,
+        client: KazooClient,
+        name: str,
+        *,
+        namespace: str = "default",
+        chroot: str = DEFAULT_CHROOT,
+        options: BatchOptions | None = None,
+        store: BatchStore | None = None,
+        owner_id: str = "",
+    ) -> None:
+        self.client = client
+        self.name = name
+        self.paths = QueuePaths.of(namespace, name, chroot=chroot)
+        self.options = options or BatchOptions()
+        self._store = store
+        self.owner_id = owner_id
+        self._ensured = False
+
+    @property
+    def store(self) -> BatchStore | None:
+        if self._store is None and self.options.store_url:
+            self._store = open_store(self.options.store_url)
+        return self._store
+
+    def batch_id(self, number: int) -> str:
+        return f"{self.name}-{number}"
+
+    def _number(self, batch_id: str) -> int:
+        prefix, _, n = batch_id.rpartition("-")
+        if prefix != self.name or not n.isdigit():
+            raise CoordinationError(f"{batch_id!r} is not a batch id of queue {self.name!r}")
+        return int(n)
+
+    def ensure(self) -> None:
+        if self._ensured:
+            return
+        for path in (self.paths.batch_data, self.paths.batch_refs, self.paths.batch_lock, self.paths.processors):
+            bounded_retry()(self.client.ensure_path, path)
+        self._ensured = True
+
+    # -- publishing -----------------------------------------------------------------------------
+    def latest(self) -> int:
+        """The latest batch number (0 before the first batch)."""
+        self.ensure()
+        try:
+            data, _ = bounded_retry()(self.client.get, self.paths.latest_batch)
+        except NoNodeError:
+            return 0
+        return self._number(data.decode())
+
+    def publish(self, records: Sequence[bytes]) -> str:
+        """Write an immutable batch and make it the latest; returns its id (``<queue>-<n>``)."""
+        self.ensure()
+        body = encode_batch(records)
+        inline = len(body) <= self.options.inline_max_bytes
+        if not inline and self.store is None:
+            raise ConfigError(
+                f"batch of {len(body)} bytes exceeds inline_max_bytes={self.options.inline_max_bytes} and the "
+                "queue has no batch store: set store_url (file:///mounted/path)"
+            )
+        lock = self.client.Lock(self.paths.batch_lock, self.owner_id)
+        if not lock.acquire(timeout=60):
+            raise CoordinationError(f"batch queue {self.name}: publisher lock not acquired within 60s")
+        try:
+            batch_id: str = bounded_retry()(self._publish_locked, body, inline)
+            return batch_id
+        finally:
+            lock.release()
+
+    def _publish_locked(self, body: bytes, inline: bool) -> str:
+        try:
+            data, stat = self.client.get(self.paths.latest_batch)
+            number, version = self._number(data.decode()) + 1, stat.version
+        except NoNodeError:
+            number, version = 1, -1
+        batch_id = self.batch_id(number)
+        if inline:
+            ops: list[Any] = [("create", f"{self.paths.batch_data}/{batch_id}", body)]
+        else:
+            assert self.store is not None
+            url = self.store.put(batch_id, body)  # atomic; an orphan if the commit below fails
+            ops = [("create", f"{self.paths.batch_refs}/{batch_id}", url.encode())]
+        latest = batch_id.encode()
+        ops.append(("set", self.paths.latest_batch, latest, version) if version >= 0
+                   else ("create", self.paths.latest_batch, latest))  # fmt: skip
+        outcome = commit(self.client, ops)
+        if errors := failures(outcome):
+            if isinstance(errors[0], NodeExistsError) and self.latest() == number:
+                return batch_id  # a retried commit that had applied (we still hold the lock)
+            raise CoordinationError(f"batch queue {self.name}: publishing {batch_id} failed: {errors[0]!r}")
+        return batch_id
+
+    # -- reading --------------------------------------------------------------------------------
+    def read(self, number: int) -> Batch:
+        """Read a retained batch; CoordinationError if it was removed by retention or never existed."""
+        batch_id = self.batch_id(number)
+        retry = bounded_retry()
+        try:
+            body, stat = retry(self.client.get, f"{self.paths.batch_data}/{batch_id}")
+        except NoNodeError:
+            try:
+                url, stat = retry(self.client.get, f"{self.paths.batch_refs}/{batch_id}")
+            except NoNodeError:
+                raise CoordinationError(f"batch {batch_id} is not retained (removed, or not published yet)") from None
+            store = self.store
+            if store is None:
+                raise ConfigError(f"batch {batch_id} is in a batch store but this handle has no store_url") from None
+            body = store.get(url.decode())
+        return Batch(batch_id, number, decode_batch(body), stat.ctime)
+
+    def first_retained(self) -> int:
+        """The oldest batch still readable (latest + 1 when none is)."""
+        names = bounded_retry()(self.client.get_children, self.paths.batch_data)
+        names += bounded_retry()(self.client.get_children, self.paths.batch_refs)
+        numbers = [self._number(n) for n in names]
+        return min(numbers) if numbers else self.latest() + 1
+
+    # -- consumers ------------------------------------------------------------------------------
+    def consumer(self, name: str, *, start: Literal["earliest", "latest"] = "earliest") -> BatchConsumer:
+        """A named consumer; a new one starts before the first batch or at the latest."""
+        consumer = BatchConsumer(self, validate_member_id(name))
+        consumer.register(start)
+        return consumer
+
+    def positions(self) -> dict[str, int]:
+        """Every registered consumer's last processed batch number."""
+        self.ensure()
+        out = {}
+        for name in bounded_retry()(self.client.get_children, self.paths.processors):
+            try:
+                data, _ = bounded_retry()(self.client.get, self.paths.processor(name))
+            except NoNodeError:
+                continue
+            out[name] = self._number(data.decode())
+        return out
+
+    def lag(self) -> dict[str, int]:
+        """Batches each consumer still has to process."""
+        latest = self.latest()
+        return {name: latest - position for name, position in self.positions().items()}
+
+    def prune(self, *, now: float | None = None) -> list[str]:
+        """Remove batches every registered consumer has processed and older than retention_seconds.
+        Never removes one a registered consumer still needs. Returns the removed ids."""
+        positions = self.positions()
+        if not positions:
+            return []  # with no consumer registered, nothing is known to be done with
+        horizon = min(positions.values())
+        cutoff_ms = ((now if now is not None else time.time()) - self.options.retention_seconds) * 1000
+        removed = []
+        for parent in (self.paths.batch_data, self.paths.batch_refs):
+            for name in sorted(bounded_retry()(self.client.get_children, parent), key=self._number):
+                if self._number(name) > horizon:
+                    continue
+                try:
+                    data, stat = bounded_retry()(self.client.get, f"{parent}/{name}")
+                except NoNodeError:
+                    continue
+                if stat.ctime > cutoff_ms:
+                    continue
+                bounded_retry()(self.client.delete, f"{parent}/{name}")
+                if parent == self.paths.batch_refs and self.store is not None:
+                    self.store.delete(data.decode())
+                removed.append(name)
+        return removed
+
+
+class BatchConsumer:
+    """One named consumer of a batch queue (its position is shared by all its instances)."""
+
+    def __init__(self, queue: BatchQueue, name: str) -> None:
+        self.queue = queue
+        self.name = name
+        self.path = queue.paths.processor(name)
+        self.client = queue.client
+
+    def register(self, start: Literal["earliest", "latest"]) -> None:
+        if start not in ("earliest", "latest"):
+            raise ConfigError(f"start must be 'earliest' or 'latest', not {start!r}")
+        self.queue.ensure()
+        first = self.queue.latest() if start == "latest" else self.queue.first_retained() - 1
+        with contextlib.suppress(NodeExistsError):  # an existing consumer keeps its position
+            bounded_retry()(self.client.create, self.path, self.queue.batch_id(max(first, 0)).encode())
+
+    def _read_position(self) -> tuple[int, int]:
+        data, stat = bounded_retry()(self.client.get, self.path)
+        return self.queue._number(data.decode()), stat.version
+
+    def position(self) -> int:
+        """The last batch number this consumer processed."""
+        return self._read_position()[0]
+
+    def lag(self) -> int:
+        return self.queue.latest() - self.position()
+
+    def process_available(self, handler: Callable[[Batch], None], *, limit: int | None = None) -> int:
+        """Process, in order, every batch after our position up to the latest (at most ``limit``);
+        the position advances (compare-and-set) after each handler returns. Returns the count."""
+        done = 0
+        latest = self.queue.latest()
+        while limit is None or done < limit:
+            position, version = self._read_position()
+            if position >= latest:
+                return done
+            batch = self.queue.read(position + 1)
+            handler(batch)
+            try:
+                bounded_retry()(self.client.set, self.path, batch.id.encode(), version=version)
+            except BadVersionError:
+                raise ConsumerConflictError(
+                    f"consumer {self.name!r} of {self.queue.name}: another instance moved the position while "
+                    f"{batch.id} was processed; run one instance per consumer name"
+                ) from None
+            done += 1
+        return done
+
+    def run(self, handler: Callable[[Batch], None], stop: threading.Event) -> None:
+        """Process batches as they are published until ``stop`` is set (woken by a watch on latest)."""
+        changed = threading.Event()
+
+        def on_latest(_event: Any) -> None:
+            changed.set()
+
+        while not stop.is_set():
+            changed.clear()
+            bounded_retry()(self.client.exists, self.queue.paths.latest_batch, watch=on_latest)
+            self.process_available(handler)
+            # the watch wakes us, a stop ends the wait at once; after 5 s we look anyway (safety net)
+            for _ in range(50):
+                if changed.wait(0.1) or stop.is_set():
+                    break
+
+    def reset(self, to: int) -> None:
+        """Replay: make batch ``to`` the next one processed (it must still be retained)."""
+        first = self.queue.first_retained()
+        latest = self.queue.latest()
+        if not first <= to <= latest + 1:
+            raise ConfigError(f"cannot reset {self.name!r} to batch {to}: retained batches are {first}..{latest}")
+        bounded_retry()(self.client.set, self.path, self.queue.batch_id(to - 1).encode())

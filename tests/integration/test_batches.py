@@ -1,0 +1,169 @@
+"""Replayable batch queue (seed 003) against a real ZooKeeper server and a real directory store."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from harness import WorkerProcess, ZooKeeperHarness
+from zeps.batchstore import FileBatchStore
+from zeps.coordination.batches import Batch, BatchQueue, ConsumerConflictError
+from zeps.dev.process import wait_until
+from zeps.errors import ConfigError, CoordinationError
+from zeps.options import BatchOptions
+
+
+def _queue(zookeeper: ZooKeeperHarness, name: str = "orders", **options: object) -> BatchQueue:
+    return BatchQueue(zookeeper.client(), name, chroot=zookeeper.root, options=BatchOptions.make(**options))
+
+
+def test_concurrent_publishers_get_unique_linear_ids(zookeeper: ZooKeeperHarness) -> None:
+    ids: list[str] = []
+    lock = threading.Lock()
+
+    def publish(n: int) -> None:
+        q = _queue(zookeeper)
+        for i in range(10):
+            batch_id = q.publish([b"%d-%d" % (n, i)])
+            with lock:
+                ids.append(batch_id)
+
+    threads = [threading.Thread(target=publish, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(ids, key=lambda i: int(i.split("-")[1])) == [f"orders-{n}" for n in range(1, 41)]
+    q = _queue(zookeeper)
+    assert q.latest() == 40
+    seen = sorted(r for n in range(1, 41) for r in q.read(n).records)
+    assert seen == sorted(b"%d-%d" % (n, i) for n in range(4) for i in range(10))
+
+
+def test_two_consumers_at_different_positions_each_see_every_batch_once(zookeeper: ZooKeeperHarness) -> None:
+    q = _queue(zookeeper)
+    for i in range(5):
+        q.publish([b"early-%d" % i])
+    early = q.consumer("early-bird")  # starts before the first batch
+    late = q.consumer("latecomer", start="latest")  # starts after batch 5
+    for i in range(3):
+        q.publish([b"late-%d" % i])
+    got: dict[str, list[str]] = {"early": [], "late": []}
+    assert early.process_available(lambda b: got["early"].append(b.id)) == 8
+    assert late.process_available(lambda b: got["late"].append(b.id)) == 3
+    assert got["early"] == [f"orders-{n}" for n in range(1, 9)]
+    assert got["late"] == ["orders-6", "orders-7", "orders-8"]
+    assert early.process_available(lambda b: got["early"].append(b.id)) == 0
+    assert q.lag() == {"early-bird": 0, "latecomer": 0}
+    q.publish([b"more"])
+    assert q.lag() == {"early-bird": 1, "latecomer": 1}
+
+
+def test_run_wakes_on_new_batches(zookeeper: ZooKeeperHarness) -> None:
+    q = _queue(zookeeper)
+    seen: list[int] = []
+    stop = threading.Event()
+    consumer = q.consumer("runner")
+    thread = threading.Thread(target=consumer.run, args=(lambda b: seen.append(b.number), stop), daemon=True)
+    thread.start()
+    for i in range(3):
+        q.publish([b"%d" % i])
+    wait_until(lambda: seen == [1, 2, 3], timeout=10, what="the running consumer to see three batches")
+    stop.set()
+    thread.join(10)
+
+
+def test_consumer_killed_between_processing_and_commit_reprocesses_only_that_batch(
+    zookeeper: ZooKeeperHarness, tmp_path: Path
+) -> None:
+    q = _queue(zookeeper)
+    for i in range(6):
+        q.publish([b"%d" % i])
+    args = ["consume", "--hosts", zookeeper.connect_string, "--chroot", zookeeper.root, "--queue", "orders",
+            "--name", "billing"]  # fmt: skip
+    doomed = WorkerProcess(tmp_path, "batch_worker.py", "doomed", [*args, "--die-at", "3"])
+    doomed.process.start()
+    wait_until(lambda: not doomed.process.running(), timeout=30, what="the consumer to die at batch 3")
+    again = WorkerProcess(tmp_path, "batch_worker.py", "again", args).start()
+    try:
+        wait_until(lambda: any("orders-6" in line for line in again.lines()), timeout=30, what="batch 6")
+        first = [line.split()[1] for line in doomed.lines() if line.startswith("processed")]
+        second = [line.split()[1] for line in again.lines() if line.startswith("processed")]
+        assert first == ["orders-1", "orders-2", "orders-3"]
+        assert second == ["orders-3", "orders-4", "orders-5", "orders-6"], "only batch 3 is processed twice"
+        assert q.positions()["billing"] == 6
+    finally:
+        again.stop()
+
+
+def test_large_batches_go_to_the_store_and_a_torn_write_is_never_visible(
+    zookeeper: ZooKeeperHarness, tmp_path: Path
+) -> None:
+    store_dir = tmp_path / "store"
+    url = store_dir.as_uri()
+    q = _queue(zookeeper, inline_max_bytes=1024, store_url=url)
+    small = q.publish([b"tiny"])
+    big = q.publish([b"y" * 4096, b"z" * 10])
+    assert q.read(1).records == [b"tiny"] and small == "orders-1"
+    assert q.read(2).records == [b"y" * 4096, b"z" * 10]
+    assert (store_dir / f"{big}.batch").exists() and not (store_dir / f"{small}.batch").exists()
+
+    args = ["publish", "--hosts", zookeeper.connect_string, "--chroot", zookeeper.root, "--queue", "orders",
+            "--store", url, "--size-mb", "300"]  # fmt: skip
+    for attempt in range(3):  # catch the writer mid-write (it writes, then fsyncs, then renames)
+        writer = WorkerProcess(tmp_path, "batch_worker.py", f"writer-{attempt}", args)
+        writer.process.start()
+        try:
+            wait_until(lambda: any(store_dir.glob(".orders-3.*.tmp")), timeout=60, what="the temporary file")
+        except Exception:
+            writer.kill()
+            continue
+        writer.kill()  # kill -9 mid-write
+        if not (store_dir / "orders-3.batch").exists():
+            break
+    else:
+        pytest.fail("could not catch the writer mid-write in three tries")
+    assert q.latest() == 2, "a torn batch must never be published"
+    with pytest.raises(CoordinationError, match="orders-3 is not retained"):
+        q.read(3)
+    assert FileBatchStore(url).remove_stale_temporaries(older_than=0) >= 1
+    assert q.publish([b"after"]) == "orders-3"  # ids stay linear
+
+
+def test_reset_replays_and_retention_keeps_what_consumers_need(zookeeper: ZooKeeperHarness, tmp_path: Path) -> None:
+    q = _queue(zookeeper, retention_seconds=0, inline_max_bytes=8, store_url=(tmp_path / "s").as_uri())
+    for i in range(5):
+        q.publish([b"record-%d" % i])  # all larger than 8 bytes: in the store
+    fast, slow = q.consumer("fast"), q.consumer("slow")
+    fast.process_available(lambda b: None)
+    slow.process_available(lambda b: None, limit=2)
+    removed = q.prune()
+    assert removed == ["orders-1", "orders-2"], "only what every consumer has processed"
+    assert sorted(p.name for p in (tmp_path / "s").glob("*.batch")) == [f"orders-{n}.batch" for n in (3, 4, 5)]
+    replay: list[int] = []
+    fast.reset(3)
+    fast.process_available(lambda b: replay.append(b.number))
+    assert replay == [3, 4, 5]
+    with pytest.raises(ConfigError, match=r"retained batches are 3\.\.5"):
+        fast.reset(1)
+    assert q.consumer("newcomer").position() == 2, "a new earliest consumer starts at the oldest retained batch"
+
+
+def test_conflicting_instances_of_one_consumer_are_detected(zookeeper: ZooKeeperHarness) -> None:
+    q = _queue(zookeeper)
+    q.publish([b"a"])
+    one, two = q.consumer("dup"), _queue(zookeeper).consumer("dup")
+
+    def handler(batch: Batch) -> None:
+        two.process_available(lambda b: None)  # the other instance moves the position meanwhile
+
+    with pytest.raises(ConsumerConflictError, match="one instance per consumer name"):
+        one.process_available(handler)
+
+
+def test_large_batch_without_a_store_is_refused_clearly(zookeeper: ZooKeeperHarness) -> None:
+    q = _queue(zookeeper, inline_max_bytes=16)
+    with pytest.raises(ConfigError, match="set store_url"):
+        q.publish([b"x" * 100])
