@@ -13,7 +13,8 @@ ACL boundary, and one subtree per resource)::
         spec                          operator-owned JSON of the reconciled spec
         items/i-<prio>-<id>-<seq>     persistent-sequential work items (data: envelope)
         taken/<item>                  ephemeral lock of one item; data = owner id
-        waiters/w-<seq>               ephemeral-sequential: idle workers in line (herd-free wait)
+        waiters/w-<owner>-<seq>       ephemeral-sequential: idle workers in line (herd-free wait)
+        workers/<owner>               ephemeral: live workers (each takes its own stripe of items)
         dead/<item>                   dead-lettered items, inspectable and re-drivable
         batches/latest                seed 003: the latest batch id "<name>-<n>"
         batches/lock/                 lock of publishers assigning batch ids
@@ -151,6 +152,10 @@ class QueuePaths:
     @property
     def waiters(self) -> str:
         return f"{self.root}/waiters"
+
+    @property
+    def workers(self) -> GroupPaths:
+        return GroupPaths(f"{self.root}/workers")
 
     @property
     def dead(self) -> str:

@@ -5,11 +5,13 @@ Layout (:class:`zeps.paths.QueuePaths`)::
     <queue>/items/i-<prio>-<id>-<seq>   persistent-sequential; data = envelope (body + headers)
     <queue>/taken/<item>                ephemeral lock; data = the owner's id
     <queue>/waiters/w-<owner>-<seq>     ephemeral-sequential: idle workers waiting in line
+    <queue>/workers/<owner>             ephemeral: the live workers (a group, seed 002)
     <queue>/dead/<item>                 dead-lettered items
 
 How it works:
 
-* **Order.** Items sort by (priority, sequence): lower priority numbers first, FIFO within one.
+* **Order.** Items sort by (priority, sequence): lower priority numbers first, FIFO within one. With
+  several workers, each honours that order within its stripe.
 * **Taking** an item is one transaction: create its ephemeral lock and rewrite the item with a
   version check. The item's data version therefore counts how often it was taken (its attempts),
   and a worker's take is identified by the version it produced.
@@ -19,8 +21,11 @@ How it works:
 * **Crash ⇒ redelivery**: the lock is ephemeral, so a dead worker's items become available again.
   An item taken ``max_attempts`` times without an ack moves to ``dead/`` (inspect with
   :meth:`WorkQueue.dead_letters`, re-drive with :meth:`WorkQueue.redrive`).
-* **No herd.** A busy worker keeps the list of candidates it last read and, when it loses a race
-  for an item, moves on to the next candidate instead of listing again. Idle workers wait in line:
+* **No herd, few races.** Workers join the queue's ``workers/`` group; with W live workers, worker
+  number i (in id order) takes the items whose sequence is i modulo W — its stripe — in (priority,
+  FIFO) order, and helps with other stripes only when its own is empty. Busy workers therefore
+  rarely race for the same item; one that loses a race moves on to its next candidate instead of
+  listing again. Idle workers wait in line:
   each creates an ephemeral-sequential waiter node; only the first watches the queue, every other
   one watches its predecessor (the ZooKeeper lock recipe's trick). A change to the queue wakes one
   worker, not all of them.
@@ -54,6 +59,7 @@ from kazoo.exceptions import BadVersionError, ConnectionLoss, NoNodeError, Sessi
 from kazoo.protocol.states import ZnodeStat
 
 from zeps.coordination._util import Op, bounded_retry, commit, failures
+from zeps.coordination.group import Group, Membership
 from zeps.envelope import Envelope, EnvelopeError, decode, encode
 from zeps.errors import ConfigError, CoordinationError
 from zeps.options import QueueOptions
@@ -171,6 +177,9 @@ class WorkQueue:
         self._delayed: dict[str, float] = {}  # item -> unix time its delayed release ends
         self._contended = False  # lost a race on the last lock attempt
         self._changed = threading.Event()  # set by watch notifications while waiting in line
+        self._membership: Membership | None = None
+        self._workers: list[str] = []  # live workers, sorted (kept by a children watch)
+        self._acks: list[Item] = []  # done items to acknowledge with the next lock transaction
         self._ensured = False
         self._lock = threading.Lock()
         self.requests = 0
@@ -181,7 +190,13 @@ class WorkQueue:
         """Create the queue's paths if missing (idempotent; the operator normally does this)."""
         if self._ensured:
             return
-        for path in (self.paths.items, self.paths.taken, self.paths.waiters, self.paths.dead):
+        for path in (
+            self.paths.items,
+            self.paths.taken,
+            self.paths.waiters,
+            self.paths.dead,
+            self.paths.workers.members,
+        ):
             bounded_retry()(self.client.ensure_path, path)
         self._ensured = True
 
@@ -274,16 +289,26 @@ class WorkQueue:
         items = self.take_many(1, timeout=timeout)
         return items[0] if items else None
 
-    def take_many(self, n: int, *, timeout: float | None = None) -> list[Item]:
-        """Take up to ``n`` items in one transaction (prefetch); waits like :meth:`take` for the first."""
+    def take_many(self, n: int, *, timeout: float | None = None, ack: Sequence[Item] = ()) -> list[Item]:
+        """Take up to ``n`` items in one transaction (prefetch); waits like :meth:`take` for the first.
+
+        ``ack``: items done with, acknowledged in the same transaction that locks the next ones (a
+        worker loop then costs one write per batch instead of two). If acking fails the acks are
+        settled on their own, and LockLostError is raised before anything new is taken.
+        """
         if n < 1:
             raise ConfigError(f"take_many needs n >= 1, got {n}")
         self.ensure()
+        self._join_workers()
+        self._acks = [i for i in ack if not i.done]
         deadline = None if timeout is None else time.monotonic() + timeout
         waiter: str | None = None
         try:
             while True:
                 got = self._try_take(n)
+                if self._acks:  # nothing to lock them with: acknowledge on their own
+                    acks, self._acks = self._acks, []
+                    self.ack_all(acks)
                 if got:
                     return got
                 if deadline is not None and time.monotonic() >= deadline:
@@ -299,21 +324,48 @@ class WorkQueue:
                     self._call(self.client.delete, f"{self.paths.waiters}/{waiter}")
 
     def _refresh(self) -> None:
-        """List available items (not taken) as this worker's candidates, in (priority, FIFO) order.
+        """List available items (not taken) as this worker's candidates.
 
-        After this worker lost a race, it starts at a random one of the first few items of the
-        head priority instead: workers that listed at the same moment spread out rather than all
-        racing again for the same items. An uncontended worker takes strictly in order.
+        With several live workers, the candidates are this worker's stripe, in (priority, FIFO)
+        order. When the stripe is empty (or after a lost race) the worker helps with the rest,
+        starting at a random one of the first few items of the head priority, so helpers spread out
+        instead of racing for the same items.
         """
         items = self._call(self.client.get_children, self.paths.items)
         taken = set(self._call(self.client.get_children, self.paths.taken))
         available = sorted((i for i in items if i not in taken), key=_order)
-        if self._contended and available:
+        workers = self._workers
+        if len(workers) > 1 and self.owner_id in workers:
+            slot, width = workers.index(self.owner_id), len(workers)
+            mine = [i for i in available if _order(i)[1] % width == slot]
+            if mine:
+                self._candidates = mine
+                return
+        if (self._contended or len(workers) > 1) and available:
             head = _order(available[0])[0]
             window = sum(1 for i in available[:_SCAN_WINDOW] if _order(i)[0] == head)
             start = random.randrange(window)
             available = available[start:window] + available[:start] + available[window:]
         self._candidates = available
+
+    def _join_workers(self) -> None:
+        """Join the workers group (once) and keep the sorted list of live workers current."""
+        if self._membership is not None:
+            return
+        group = Group(self.client, self.paths.workers)
+        self._membership = group.join(self.owner_id)
+
+        def changed(children: list[str]) -> None:
+            self._workers = sorted(children)
+            self._candidates = []  # stripes moved: list again before the next take
+
+        self.client.ChildrenWatch(self.paths.workers.members, changed)
+
+    def close(self) -> None:
+        """Leave the workers group (other workers take over this stripe at once)."""
+        if self._membership is not None:
+            self._membership.leave()
+            self._membership = None
 
     def _try_take(self, n: int) -> list[Item]:
         taken: list[Item] = []
@@ -356,7 +408,8 @@ class WorkQueue:
     def _lock_all(self, ready: list[tuple[str, bytes, ZnodeStat, Envelope]]) -> list[Item]:
         """Lock candidates in one transaction; on a lost race, retry without the items lost."""
         while ready:
-            ops: list[Op] = []
+            acks = self._acks
+            ops = self._ack_ops(acks)
             for name, data, stat, _ in ready:
                 ops.append(("create", f"{self.paths.taken}/{name}", self.owner_id.encode(), {"ephemeral": True}))
                 ops.append(("set", f"{self.paths.items}/{name}", data, stat.version))
@@ -364,13 +417,33 @@ class WorkQueue:
             try:
                 outcome = commit(self.client, ops)
             except (ConnectionLoss, SessionExpiredError):
-                return self._adopt_locks(ready)
-            failed = {i // 2 for i, r in enumerate(outcome) if r in failures(outcome)}
-            self._contended = bool(failed)
-            if not failed:
+                return self._adopt_locks(ready)  # the acks stay pending and are settled on their own
+            bad = [i for i, r in enumerate(outcome) if r in failures(outcome)]
+            if not bad:
+                for item in acks:
+                    item.done = True
+                self._acks = []
+                self._contended = False
                 return [self._item(name, stat.version + 1, env) for name, _, stat, env in ready]
+            ack_ops = 3 * len(acks)
+            if any(i < ack_ops for i in bad):
+                self._acks = []
+                self.ack_all(acks)  # settle them alone: raises LockLostError if one is lost
+                continue
+            failed = {(i - ack_ops) // 2 for i in bad}
+            self._contended = True
             ready = [entry for i, entry in enumerate(ready) if i not in failed]  # lost those races
         return []
+
+    def _ack_ops(self, items: Sequence[Item]) -> list[Op]:
+        ops: list[Op] = []
+        for item in items:
+            ops += [
+                ("check", f"{self.paths.items}/{item.name}", item._version),
+                ("delete", f"{self.paths.taken}/{item.name}"),
+                ("delete", f"{self.paths.items}/{item.name}"),
+            ]
+        return ops
 
     def _adopt_locks(self, ready: list[tuple[str, bytes, ZnodeStat, Envelope]]) -> list[Item]:
         """The lock transaction's outcome is unknown: the locks our session holds are ours to use
@@ -460,13 +533,7 @@ class WorkQueue:
         todo = [i for i in items if not i.done]
         if not todo:
             return
-        ops: list[Op] = []
-        for item in todo:
-            ops += [
-                ("check", f"{self.paths.items}/{item.name}", item._version),
-                ("delete", f"{self.paths.taken}/{item.name}"),
-                ("delete", f"{self.paths.items}/{item.name}"),
-            ]
+        ops = self._ack_ops(todo)
         self.requests += 1
         unsure = False
         try:
