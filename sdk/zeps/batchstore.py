@@ -34,12 +34,12 @@ from typing import Protocol
 
 import crc32c
 
+from zeps._framing import join_records, split_records
 from zeps.errors import ConfigError, ZepsError
 
 __all__ = ["STORES", "BatchStore", "BatchStoreError", "FileBatchStore", "decode_batch", "encode_batch", "open_store"]
 
 _BATCH = struct.Struct("!3sBI")
-_LEN = struct.Struct("!I")
 _OBJECT = struct.Struct("!4sQI")
 
 
@@ -48,10 +48,7 @@ class BatchStoreError(ZepsError):
 
 
 def encode_batch(records: Sequence[bytes]) -> bytes:
-    parts = [_BATCH.pack(b"ZQB", 1, len(records))]
-    for record in records:
-        parts += [_LEN.pack(len(record)), bytes(record)]
-    return b"".join(parts)
+    return _BATCH.pack(b"ZQB", 1, len(records)) + join_records(records)
 
 
 def decode_batch(data: bytes) -> list[bytes]:
@@ -60,17 +57,12 @@ def decode_batch(data: bytes) -> list[bytes]:
     magic, version, count = _BATCH.unpack_from(data)
     if magic != b"ZQB" or version != 1:
         raise BatchStoreError(f"not a version-1 batch (magic {magic!r}, version {version})")
-    records, offset = [], _BATCH.size
-    for i in range(count):
-        if offset + _LEN.size > len(data):
-            raise BatchStoreError(f"batch truncated at record {i} of {count}")
-        (length,) = _LEN.unpack_from(data, offset)
-        offset += _LEN.size
-        if offset + length > len(data):
-            raise BatchStoreError(f"batch record {i} claims {length} bytes, only {len(data) - offset} follow")
-        records.append(data[offset : offset + length])
-        offset += length
-    return records
+    return split_records(data, _BATCH.size, count, "record", _BatchFormatError)
+
+
+class _BatchFormatError(BatchStoreError):
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"batch {detail}")
 
 
 class BatchStore(Protocol):

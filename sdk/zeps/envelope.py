@@ -33,6 +33,7 @@ import json
 import struct
 from dataclasses import dataclass, field
 
+from zeps._framing import join_records, split_records
 from zeps.errors import ZepsError
 
 __all__ = ["ENVELOPE_VERSION", "Envelope", "EnvelopeError", "decode", "decode_node", "encode", "encode_pack"]
@@ -41,7 +42,6 @@ MAGIC = b"ZE"
 PACK_MAGIC = b"ZP"
 ENVELOPE_VERSION = 1
 _PREFIX = struct.Struct("!2sBI")
-_LENGTH = struct.Struct("!I")
 
 
 class EnvelopeError(ZepsError, ValueError):
@@ -108,10 +108,7 @@ def encode_pack(envelopes: list[bytes]) -> bytes:
     """Pack already-encoded envelopes into one node's data (a single one is stored as is)."""
     if len(envelopes) == 1:
         return envelopes[0]
-    parts = [_PREFIX.pack(PACK_MAGIC, ENVELOPE_VERSION, len(envelopes))]
-    for env in envelopes:
-        parts += [_LENGTH.pack(len(env)), env]
-    return b"".join(parts)
+    return _PREFIX.pack(PACK_MAGIC, ENVELOPE_VERSION, len(envelopes)) + join_records(envelopes)
 
 
 def decode_node(data: bytes) -> list[Envelope]:
@@ -123,16 +120,9 @@ def decode_node(data: bytes) -> list[Envelope]:
     _, version, count = _PREFIX.unpack_from(data)
     if version != ENVELOPE_VERSION:
         raise EnvelopeError(f"pack version {version} is not supported (this reader knows {ENVELOPE_VERSION})")
-    out, offset = [], _PREFIX.size
-    for i in range(count):
-        if offset + _LENGTH.size > len(data):
-            raise EnvelopeError(f"pack truncated at message {i} of {count}")
-        (length,) = _LENGTH.unpack_from(data, offset)
-        offset += _LENGTH.size
-        if offset + length > len(data):
-            raise EnvelopeError(f"pack message {i} claims {length} bytes but only {len(data) - offset} follow")
-        out.append(decode(data[offset : offset + length]))
-        offset += length
-    if offset != len(data):
-        raise EnvelopeError(f"pack has {len(data) - offset} bytes after its {count} messages")
-    return out
+    return [decode(m) for m in split_records(data, _PREFIX.size, count, "message", _PackError)]
+
+
+class _PackError(EnvelopeError):
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"pack {detail}")

@@ -18,10 +18,9 @@ import subprocess
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import ClassVar
 
-from zeps.dev.process import ManagedProcess, free_port, wait_until
+from zeps.dev.process import LocalServer, ManagedProcess, free_port, wait_until
 from zeps.errors import SetupError
 
 __all__ = ["FAKE_NODE", "ControlPlane", "binaries_dir"]
@@ -108,7 +107,7 @@ class _Pki:
             raise SetupError(f"openssl could not sign the {name} certificate: {result.stderr.strip()}")
 
 
-class ControlPlane:
+class ControlPlane(LocalServer):
     """etcd + kube-apiserver + kube-controller-manager + kube-scheduler + kwok with one fake node.
 
     ``kubeconfig`` (cluster-admin, client-certificate auth) is written into ``workdir``; other
@@ -253,15 +252,6 @@ class ControlPlane:
         for proc in reversed(self._procs):
             proc.stop(grace=5)
         self._procs.clear()
-
-    def __enter__(self) -> ControlPlane:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     # -- helpers ----------------------------------------------------------------------------------
     def _write_kubeconfig(self, name: str) -> None:

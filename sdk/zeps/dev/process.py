@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import atexit
 import contextlib
 import ctypes
@@ -13,10 +14,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import TracebackType
+from typing import Self
 
 from zeps.errors import SetupError
 
-__all__ = ["ManagedProcess", "free_port", "wait_until"]
+__all__ = ["LocalServer", "ManagedProcess", "free_port", "wait_until"]
 
 _PR_SET_PDEATHSIG = 1
 _live: set[ManagedProcess] = set()
@@ -49,6 +52,25 @@ def wait_until(check: Callable[[], bool], *, timeout: float, interval: float = 0
         if time.monotonic() >= deadline:
             raise SetupError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
+
+
+class LocalServer(abc.ABC):
+    """A local server with ``start()``/``stop()``, usable as a context manager."""
+
+    @abc.abstractmethod
+    def start(self) -> None: ...
+
+    @abc.abstractmethod
+    def stop(self) -> None: ...
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

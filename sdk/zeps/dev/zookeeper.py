@@ -6,9 +6,8 @@ import os
 import shutil
 import socket
 from pathlib import Path
-from types import TracebackType
 
-from zeps.dev.process import ManagedProcess, free_port
+from zeps.dev.process import LocalServer, ManagedProcess, free_port
 from zeps.errors import SetupError
 
 __all__ = ["ZooKeeperServer", "zookeeper_home"]
@@ -27,7 +26,7 @@ def zookeeper_home() -> Path:
     return home
 
 
-class ZooKeeperServer:
+class ZooKeeperServer(LocalServer):
     """One standalone ZooKeeper server with its own data directory.
 
     The port is chosen once and kept across :meth:`restart`, so clients reconnect to the same
@@ -138,15 +137,6 @@ class ZooKeeperServer:
 
     def running(self) -> bool:
         return self._process is not None and self._process.running()
-
-    def __enter__(self) -> ZooKeeperServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     # -- inspection -------------------------------------------------------------------------------
     def four_letter(self, command: str, timeout: float = 5.0) -> str:
