@@ -367,3 +367,17 @@ def test_message_headers_travel(topic_factory: Callable[..., Topic]) -> None:
     assert (m.id, m.headers, m.content_type) == (msg_id, {"trace": "abc"}, "application/json")
     assert m.publisher == topic.client_id
     assert abs(m.timestamp_ms / 1000 - time.time()) < 60
+
+
+def test_unsubscribe_removes_subscription_client_and_queue(
+    topic_factory: Callable[..., Topic], zookeeper: ZooKeeperHarness
+) -> None:
+    topic = topic_factory()
+    sub = topic.subscribe(Collector(), consumer_id="leaver", metadata={"pod": "web-1"})
+    assert topic.subscribers()["leaver"].metadata["pod"] == "web-1"
+    assert topic.client.exists(topic.paths.clients.member("leaver")) is not None
+    sub.unsubscribe()
+    assert topic.subscribers() == {}
+    assert topic.client.exists(topic.paths.clients.member("leaver")) is None
+    assert topic.client.exists(topic.paths.queue("leaver")) is None
+    _until(lambda: topic.queues() == frozenset(), 10, "publishers to stop seeing the queue")
