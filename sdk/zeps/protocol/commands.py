@@ -1,0 +1,277 @@
+"""ZEPS commands and their codec: bytes in, commands out, no sockets (seed 004's ABNF, exactly).
+
+Every frame is one command::
+
+    signature (0xAA 0xA5) | command id (1 byte) | fields…
+
+Field types: ``string`` = 1-byte length + text; ``chunk`` = 4-byte length + bytes; ``number-N`` =
+N-byte unsigned integer, network byte order. Version 1 commands (ids 1-12) are byte-for-byte those
+of the grammar, so a codec generated from the original zproto definition interoperates.
+
+**Version 2 extension** (negotiated: a client that sends ATTACH with version 2 and gets ATTACH-OK
+may use it; a version 1 peer never sees it; a broker that only knows version 1 answers INVALID and
+the client may attach again with version 1):
+
+* ``SUBSCRIBE-TIME`` (id 13, client → broker): ``pattern`` string, ``since`` number-8 —
+  milliseconds since the epoch; replay starts at the first message at or after that time.
+* ``DELIVER-TS`` (id 14, broker → client): ``sequence`` number-8, ``timestamp`` number-8 (ms),
+  ``key`` string, ``body`` chunk — DELIVER plus the broker's timestamp. A version 2 session gets
+  DELIVER-TS instead of DELIVER.
+
+Conventions zeps adds on top of the grammar (all within its bytes):
+
+* SUBSCRIBE ``latest`` is the last sequence the client has: delivery starts after it. 0 means
+  "from the oldest retained message"; 2^64-1 (:data:`LATEST`) means "only messages from now on".
+* A pattern is a routing-key prefix ("" matches everything), or a regular expression when it starts
+  with ``~`` (``~^eu\\.(fr|de)\\.``), matched with ``re.search`` against the key.
+* Stream names, keys and patterns are VCHAR (printable ASCII, no spaces) as the grammar says;
+  INVALID's ``reason`` is printable ASCII and may contain spaces.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import ClassVar
+
+from zeps.errors import LocalProtocolError, RemoteProtocolError
+
+__all__ = [
+    "LATEST",
+    "PROTOCOL",
+    "SIGNATURE",
+    "Attach",
+    "AttachOk",
+    "Command",
+    "Credit",
+    "Deliver",
+    "DeliverTs",
+    "Detach",
+    "DetachOk",
+    "Invalid",
+    "Ping",
+    "PingOk",
+    "Publish",
+    "Subscribe",
+    "SubscribeOk",
+    "SubscribeTime",
+    "decode",
+    "encode",
+]
+
+SIGNATURE = b"\xaa\xa5"
+PROTOCOL = "ZEPS"
+LATEST = 2**64 - 1
+_U8, _U16, _U32, _U64 = struct.Struct("!B"), struct.Struct("!H"), struct.Struct("!I"), struct.Struct("!Q")
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    ID: ClassVar[int] = 0
+    NAME: ClassVar[str] = ""
+    #: field name -> type ("string", "text" (string with spaces), "chunk", "number-2", "number-8")
+    FIELDS: ClassVar[tuple[tuple[str, str], ...]] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Attach(Command):
+    ID = 1
+    NAME = "ATTACH"
+    FIELDS = (("protocol", "string"), ("version", "number-2"), ("stream", "string"))
+    stream: str
+    version: int = 1
+    protocol: str = PROTOCOL
+
+
+@dataclass(frozen=True, slots=True)
+class AttachOk(Command):
+    ID = 2
+    NAME = "ATTACH-OK"
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe(Command):
+    ID = 3
+    NAME = "SUBSCRIBE"
+    FIELDS = (("pattern", "string"), ("latest", "number-8"))
+    pattern: str
+    latest: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SubscribeOk(Command):
+    ID = 4
+    NAME = "SUBSCRIBE-OK"
+
+
+@dataclass(frozen=True, slots=True)
+class Credit(Command):
+    ID = 5
+    NAME = "CREDIT"
+    FIELDS = (("credit", "number-8"),)
+    credit: int
+
+
+@dataclass(frozen=True, slots=True)
+class Publish(Command):
+    ID = 6
+    NAME = "PUBLISH"
+    FIELDS = (("key", "string"), ("body", "chunk"))
+    key: str
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver(Command):
+    ID = 7
+    NAME = "DELIVER"
+    FIELDS = (("sequence", "number-8"), ("key", "string"), ("body", "chunk"))
+    sequence: int
+    key: str
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Ping(Command):
+    ID = 8
+    NAME = "PING"
+
+
+@dataclass(frozen=True, slots=True)
+class PingOk(Command):
+    ID = 9
+    NAME = "PING-OK"
+
+
+@dataclass(frozen=True, slots=True)
+class Detach(Command):
+    ID = 10
+    NAME = "DETACH"
+
+
+@dataclass(frozen=True, slots=True)
+class DetachOk(Command):
+    ID = 11
+    NAME = "DETACH-OK"
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid(Command):
+    ID = 12
+    NAME = "INVALID"
+    FIELDS = (("reason", "text"),)
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SubscribeTime(Command):
+    """Version 2 extension: subscribe from a point in time."""
+
+    ID = 13
+    NAME = "SUBSCRIBE-TIME"
+    FIELDS = (("pattern", "string"), ("since", "number-8"))
+    pattern: str
+    since: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeliverTs(Command):
+    """Version 2 extension: DELIVER with the broker's timestamp."""
+
+    ID = 14
+    NAME = "DELIVER-TS"
+    FIELDS = (("sequence", "number-8"), ("timestamp", "number-8"), ("key", "string"), ("body", "chunk"))
+    sequence: int
+    timestamp: int
+    key: str
+    body: bytes
+
+
+COMMANDS: dict[int, type[Command]] = {
+    c.ID: c
+    for c in (Attach, AttachOk, Subscribe, SubscribeOk, Credit, Publish, Deliver, Ping, PingOk, Detach, DetachOk,
+              Invalid, SubscribeTime, DeliverTs)
+}  # fmt: skip
+_NUMBERS = {"number-2": (_U16, 0xFFFF), "number-8": (_U64, 2**64 - 1)}
+
+
+def _is_vchar(text: str) -> bool:
+    return all(0x21 <= ord(c) <= 0x7E for c in text)
+
+
+def _is_printable(text: str) -> bool:
+    return all(0x20 <= ord(c) <= 0x7E for c in text)
+
+
+def encode(command: Command) -> bytes:
+    """One frame for ``command``; LocalProtocolError if a field cannot be expressed."""
+    parts = [SIGNATURE, _U8.pack(command.ID)]
+    for name, kind in command.FIELDS:
+        value = getattr(command, name)
+        if kind in ("string", "text"):
+            ok = _is_vchar(value) if kind == "string" else _is_printable(value)
+            if not ok:
+                allowed = "printable ASCII without spaces" if kind == "string" else "printable ASCII"
+                raise LocalProtocolError(f"{command.NAME}.{name} must be {allowed}: {value!r}")
+            raw = value.encode("ascii")
+            if len(raw) > 255:
+                raise LocalProtocolError(f"{command.NAME}.{name} is {len(raw)} bytes; a string holds at most 255")
+            parts += [_U8.pack(len(raw)), raw]
+        elif kind == "chunk":
+            if len(value) > 0xFFFFFFFF:
+                raise LocalProtocolError(f"{command.NAME}.{name} is larger than a chunk can hold (4 GiB)")
+            parts += [_U32.pack(len(value)), bytes(value)]
+        else:
+            packer, top = _NUMBERS[kind]
+            if not 0 <= value <= top:
+                raise LocalProtocolError(f"{command.NAME}.{name}={value} does not fit {kind}")
+            parts.append(packer.pack(value))
+    return b"".join(parts)
+
+
+def decode(frame: bytes) -> Command:
+    """The command in one frame; RemoteProtocolError (with a reason fit for INVALID) if malformed."""
+    if len(frame) < 3:
+        raise RemoteProtocolError(f"frame of {len(frame)} bytes is too short for a command")
+    if frame[:2] != SIGNATURE:
+        raise RemoteProtocolError(f"bad signature {frame[:2].hex()} (expected aaa5)")
+    cls = COMMANDS.get(frame[2])
+    if cls is None:
+        raise RemoteProtocolError(f"unknown command id {frame[2]}")
+    offset, values = 3, dict[str, object]()
+    for name, kind in cls.FIELDS:
+        if kind in ("string", "text"):
+            if offset + 1 > len(frame):
+                raise RemoteProtocolError(f"{cls.NAME} truncated before {name}")
+            length = frame[offset]
+            raw = frame[offset + 1 : offset + 1 + length]
+            if len(raw) != length:
+                raise RemoteProtocolError(f"{cls.NAME}.{name} claims {length} bytes, {len(raw)} follow")
+            text = raw.decode("latin-1")
+            if not (_is_vchar(text) if kind == "string" else _is_printable(text)):
+                raise RemoteProtocolError(f"{cls.NAME}.{name} is not printable ASCII")
+            values[name] = text
+            offset += 1 + length
+        elif kind == "chunk":
+            if offset + 4 > len(frame):
+                raise RemoteProtocolError(f"{cls.NAME} truncated before {name}")
+            (length,) = _U32.unpack_from(frame, offset)
+            body = frame[offset + 4 : offset + 4 + length]
+            if len(body) != length:
+                raise RemoteProtocolError(f"{cls.NAME}.{name} claims {length} bytes, {len(body)} follow")
+            values[name] = bytes(body)
+            offset += 4 + length
+        else:
+            packer, _ = _NUMBERS[kind]
+            if offset + packer.size > len(frame):
+                raise RemoteProtocolError(f"{cls.NAME} truncated in {name}")
+            values[name] = packer.unpack_from(frame, offset)[0]
+            offset += packer.size
+    if offset != len(frame):
+        raise RemoteProtocolError(f"{cls.NAME} has {len(frame) - offset} bytes after its last field")
+    return cls(**values)
+
+
+def deliver_size(sequence: int, key: str, body_len: int, *, timestamps: bool) -> int:
+    """Wire size of a DELIVER (or DELIVER-TS) frame: what a delivery costs in credit."""
+    return 2 + 1 + 8 + (8 if timestamps else 0) + 1 + len(key) + 4 + body_len

@@ -1,0 +1,120 @@
+"""The ZEPS conversation as a state machine: which command may go which way in which state.
+
+The rules are a table (:data:`RULES`), not code: ``(role, state, direction, command) -> next
+state``. A :class:`Connection` checks every command sent (LocalProtocolError: we misused the
+protocol) and received (RemoteProtocolError: the peer broke it), and tracks the negotiated version.
+
+States: ``AWAIT_ATTACH`` (nothing said yet), ``ATTACHING`` (client sent ATTACH, awaiting the
+answer), ``ATTACHED``, ``DETACHING`` (client sent DETACH), ``CLOSED``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from zeps.errors import LocalProtocolError, RemoteProtocolError
+from zeps.protocol.commands import (
+    Attach,
+    AttachOk,
+    Command,
+    Credit,
+    Deliver,
+    DeliverTs,
+    Detach,
+    DetachOk,
+    Invalid,
+    Ping,
+    PingOk,
+    Publish,
+    Subscribe,
+    SubscribeOk,
+    SubscribeTime,
+    decode,
+    encode,
+)
+
+__all__ = ["RULES", "SUPPORTED_VERSIONS", "Connection", "Role", "State"]
+
+Role = Literal["client", "broker"]
+State = Literal["AWAIT_ATTACH", "ATTACHING", "ATTACHED", "DETACHING", "CLOSED"]
+Direction = Literal["send", "receive"]
+SUPPORTED_VERSIONS = (1, 2)
+
+# What the client may do; the broker's view mirrors it (its "receive" is the client's "send").
+_CLIENT: dict[tuple[State, Direction, type[Command]], State] = {
+    ("AWAIT_ATTACH", "send", Attach): "ATTACHING",
+    ("ATTACHING", "receive", AttachOk): "ATTACHED",
+    ("ATTACHING", "receive", Invalid): "CLOSED",
+    ("ATTACHED", "send", Subscribe): "ATTACHED",
+    ("ATTACHED", "send", SubscribeTime): "ATTACHED",
+    ("ATTACHED", "receive", SubscribeOk): "ATTACHED",
+    ("ATTACHED", "send", Credit): "ATTACHED",
+    ("ATTACHED", "send", Publish): "ATTACHED",
+    ("ATTACHED", "receive", Deliver): "ATTACHED",
+    ("ATTACHED", "receive", DeliverTs): "ATTACHED",
+    ("ATTACHED", "send", Ping): "ATTACHED",
+    ("ATTACHED", "receive", PingOk): "ATTACHED",
+    ("ATTACHED", "receive", Ping): "ATTACHED",  # heartbeats go both ways
+    ("ATTACHED", "send", PingOk): "ATTACHED",
+    ("ATTACHED", "receive", Invalid): "ATTACHED",  # e.g. a refused subscription; the peering lives on
+    ("ATTACHED", "send", Detach): "DETACHING",
+    ("ATTACHED", "receive", Detach): "CLOSED",  # close-stream = C:DETACH / S:DETACH
+    ("DETACHING", "receive", DetachOk): "CLOSED",
+    ("DETACHING", "receive", Deliver): "DETACHING",  # in flight before the broker saw DETACH
+    ("DETACHING", "receive", DeliverTs): "DETACHING",
+    ("DETACHING", "receive", Ping): "DETACHING",
+    ("DETACHING", "receive", PingOk): "DETACHING",
+    ("DETACHING", "receive", Invalid): "DETACHING",
+}
+_FLIP: dict[Direction, Direction] = {"send": "receive", "receive": "send"}
+_BROKER = {(state, _FLIP[d], cmd): nxt for (state, d, cmd), nxt in _CLIENT.items()}
+_BROKER[("ATTACHED", "receive", Detach)] = "CLOSED"  # the broker answers DETACH-OK and forgets the peer
+_BROKER[("ATTACHED", "send", DetachOk)] = "CLOSED"
+_BROKER[("CLOSED", "send", DetachOk)] = "CLOSED"
+_BROKER[("AWAIT_ATTACH", "receive", Attach)] = "ATTACHING"
+_BROKER[("ATTACHING", "send", AttachOk)] = "ATTACHED"
+_BROKER[("ATTACHING", "send", Invalid)] = "CLOSED"
+_BROKER[("ATTACHED", "send", Invalid)] = "ATTACHED"
+#: (role, state, direction, command class) -> next state; anything absent is a protocol error
+RULES: dict[tuple[Role, State, Direction, type[Command]], State] = {
+    **{("client", s, d, c): n for (s, d, c), n in _CLIENT.items()},
+    **{("broker", s, d, c): n for (s, d, c), n in _BROKER.items()},
+}
+_V2_ONLY = (SubscribeTime, DeliverTs)
+
+
+class Connection:
+    """One side of one ZEPS peering. Holds no socket: frames in, commands out, and back."""
+
+    def __init__(self, role: Role) -> None:
+        self.role: Role = role
+        self.state: State = "AWAIT_ATTACH"
+        self.version = 0  # set by ATTACH
+        self.stream = ""
+
+    def _step(self, direction: Direction, command: Command) -> None:
+        nxt = RULES.get((self.role, self.state, direction, type(command)))
+        error = LocalProtocolError if direction == "send" else RemoteProtocolError
+        if nxt is None:
+            raise error(f"{command.NAME} is not allowed when {self.state.lower().replace('_', ' ')}")
+        if isinstance(command, _V2_ONLY) and self.version < 2:
+            raise error(f"{command.NAME} needs protocol version 2 (this peering attached with version {self.version})")
+        if isinstance(command, Attach):
+            if command.protocol != "ZEPS":
+                raise error(f"ATTACH protocol must be 'ZEPS', not {command.protocol!r}")
+            if command.version not in SUPPORTED_VERSIONS:
+                raise error(f"ATTACH version {command.version} is not supported (use 1 or 2)")
+            self.version, self.stream = command.version, command.stream
+        self.state = nxt
+
+    def send(self, command: Command) -> bytes:
+        """Check that we may send ``command`` now, and return its frame."""
+        frame = encode(command)
+        self._step("send", command)
+        return frame
+
+    def receive(self, frame: bytes) -> Command:
+        """Decode a frame from the peer and check it may come now."""
+        command = decode(frame)
+        self._step("receive", command)
+        return command
