@@ -1,0 +1,140 @@
+"""The journal on a real filesystem: formats, recovery, retention, fsync policies."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from zeps.journal import Journal, JournalConfig, Record
+
+
+def _journal(path: Path, **config: object) -> Journal:
+    return Journal(path, JournalConfig(**config), name="test").open()  # type: ignore[arg-type]
+
+
+def _all(j: Journal) -> list[Record]:
+    out, seq = [], j.first_sequence
+    while batch := j.read(seq, max_records=100):
+        out += batch
+        seq = batch[-1].sequence + 1
+    return out
+
+
+def test_append_read_and_reopen_across_segments(tmp_path: Path) -> None:
+    j = _journal(tmp_path, segment_bytes=1000, fsync="always", index_interval_bytes=200)
+    for i in range(100):
+        assert j.append(f"k.{i % 3}", b"x" * i, timestamp_ms=1000 + i) == i + 1
+    assert len(list(tmp_path.glob("*.log"))) > 3
+    first = _all(j)
+    assert [r.sequence for r in first] == list(range(1, 101))
+    assert first[42] == Record(43, 1042, "k.0", b"x" * 42)
+    j.close()
+    again = _journal(tmp_path, segment_bytes=1000, tail_cache_bytes=0)  # every read from disk
+    assert _all(again) == first
+    assert again.next_sequence == 101
+
+
+def test_readers_see_only_the_durable_tail(tmp_path: Path) -> None:
+    j = _journal(tmp_path, fsync="group", group_commit_ms=10_000)
+    j.append("k", b"1")
+    assert j.written == 1 and j.durable == 0 and j.read(1) == []
+    assert not j.maybe_sync()  # not due yet
+    assert j.maybe_sync(idle=True)  # the writer ran out of work: group commit now
+    assert [r.body for r in j.read(1)] == [b"1"]
+    never = _journal(tmp_path / "never", fsync="never")
+    never.append("k", b"1")
+    assert never.durable == 1
+
+
+def test_torn_tail_is_truncated_with_a_log_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    j = _journal(tmp_path, fsync="always")
+    for i in range(10):
+        j.append("k", b"%d" % i)
+    j.close()
+    segment = next(tmp_path.glob("*.log"))
+    good = segment.stat().st_size
+    with segment.open("ab") as f:
+        f.write(b"\x00\x00\x00\x40\xde\xad")  # half a record: a crash mid-write
+    caplog.set_level(logging.WARNING, logger="zeps.journal.log")
+    again = _journal(tmp_path)
+    assert "torn or corrupt record at offset" in caplog.text and "truncating 6 bytes" in caplog.text
+    assert segment.stat().st_size == good
+    assert again.next_sequence == 11
+    assert again.append("k", b"next") == 11
+
+
+def test_corruption_cuts_at_the_first_bad_record(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    j = _journal(tmp_path, fsync="always")
+    for i in range(10):
+        j.append("k", b"payload-%d" % i)
+    j.close()
+    segment = next(tmp_path.glob("*.log"))
+    data = bytearray(segment.read_bytes())
+    record = len(data) // 10
+    data[record * 6 + 30] ^= 0xFF  # damage the 7th record's body
+    segment.write_bytes(bytes(data))
+    caplog.set_level(logging.WARNING, logger="zeps.journal.log")
+    again = _journal(tmp_path)
+    assert [r.sequence for r in _all(again)] == [1, 2, 3, 4, 5, 6]
+    assert "records from sequence 7 on are dropped" in caplog.text
+    assert again.next_sequence == 7
+
+
+def test_sequences_never_restart_even_when_retention_empties_the_journal(tmp_path: Path) -> None:
+    j = _journal(tmp_path, segment_bytes=200, fsync="always", retention_bytes=1)
+    for i in range(30):
+        j.append("k", b"0123456789" * 3, timestamp_ms=i)
+    removed = j.apply_retention()
+    assert removed and j.first_sequence > 1
+    assert len(list(tmp_path.glob("*.log"))) == 1, "only the active segment stays"
+    j.close()
+    again = _journal(tmp_path)
+    assert again.next_sequence == 31
+    assert again.append("k", b"more") == 31
+
+
+def test_retention_by_age_keeps_young_segments(tmp_path: Path) -> None:
+    j = _journal(tmp_path, segment_bytes=300, fsync="always", retention_ms=1000)
+    for i in range(20):
+        j.append("k", b"x" * 50, timestamp_ms=10_000 + i * 100)
+    j.apply_retention(now_ms=10_000 + 1900 + 500)  # keeps what is younger than 1 s
+    assert all(r.timestamp_ms >= 10_000 + 1900 + 500 - 1000 - 400 for r in _all(j))
+    assert j.first_sequence > 1
+
+
+def test_seek_time_finds_the_first_record_at_or_after(tmp_path: Path) -> None:
+    j = _journal(tmp_path, segment_bytes=500, fsync="always", index_interval_bytes=100)
+    for i in range(50):
+        j.append("k", b"x", timestamp_ms=1000 + 10 * i)
+    assert j.seek_time(0) == 1
+    assert j.seek_time(1205) == 22  # 1210 is the first at or after 1205
+    assert j.seek_time(1210) == 22
+    assert j.seek_time(10**12) == j.next_sequence
+
+
+def test_timestamps_never_go_backwards(tmp_path: Path) -> None:
+    j = _journal(tmp_path, fsync="always")
+    j.append("k", b"", timestamp_ms=5000)
+    j.append("k", b"", timestamp_ms=4000)  # a clock step back
+    assert [r.timestamp_ms for r in _all(j)] == [5000, 5000]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(st.tuples(st.text(alphabet="abc.", max_size=8), st.binary(max_size=300)), max_size=60),
+    st.integers(min_value=200, max_value=5000),
+)
+def test_what_is_written_is_read_back_after_reopen(
+    tmp_path_factory: pytest.TempPathFactory, entries: list[tuple[str, bytes]], segment: int
+) -> None:
+    path = tmp_path_factory.mktemp("j")
+    j = _journal(path, segment_bytes=segment, fsync="always", index_interval_bytes=150)
+    for key, body in entries:
+        j.append(key, body)
+    j.close()
+    again = _journal(path, tail_cache_bytes=0)
+    assert [(r.key, r.body) for r in _all(again)] == entries
