@@ -21,7 +21,10 @@ ACL boundary, and one subtree per resource)::
         batches/data/<name>-<n>       a batch body kept in ZooKeeper (small batches)
         batches/refs/<name>-<n>       a batch kept in a batch store: its URL (large batches)
         processors/<consumer>         seed 003: the last batch id the consumer processed
-    <chroot>/<ns>/streams/<name>/     (ZepsStream issue)
+    <chroot>/<ns>/streams/<name>/
+        spec                          operator-owned JSON of the reconciled spec
+        manifest                      the broker members that should exist (seed 002 manifest)
+        brokers/<member>              ephemeral JSON {endpoint, curvePublicKey, pod, startedAt}
 
 A group (seed 002) is a parent of ephemeral members (JSON metadata) plus, where the design calls
 for one, a persistent manifest of the members that should exist (streams: ``brokers/`` beside
@@ -42,6 +45,7 @@ __all__ = [
     "LAYOUT_VERSION",
     "GroupPaths",
     "QueuePaths",
+    "StreamPaths",
     "TopicPaths",
     "validate_name",
 ]
@@ -187,3 +191,22 @@ class QueuePaths:
 
     def processor(self, consumer: str) -> str:
         return f"{self.processors}/{validate_member_id(consumer)}"
+
+
+@dataclass(frozen=True)
+class StreamPaths:
+    """Paths of one ZepsStream: its brokers as a group with a manifest."""
+
+    root: str
+
+    @classmethod
+    def of(cls, namespace: str, name: str, *, chroot: str = DEFAULT_CHROOT) -> StreamPaths:
+        return cls(f"{_chroot(chroot)}/{validate_name('namespace', namespace)}/streams/{validate_name('stream', name)}")
+
+    @property
+    def spec(self) -> str:
+        return f"{self.root}/spec"
+
+    @property
+    def brokers(self) -> GroupPaths:
+        return GroupPaths(f"{self.root}/brokers", f"{self.root}/manifest")

@@ -1,0 +1,389 @@
+"""The broker's logic without sockets: sessions, streams, routing, credit, replay, heartbeats.
+
+The network adapter (:mod:`zeps.broker.server`) feeds frames in (:meth:`BrokerCore.receive`),
+asks for work (:meth:`BrokerCore.pump`), and sends what comes out — and tells the core when a send
+could not be made (:meth:`BrokerCore.unsent`), which rewinds that subscription as if it had no credit.
+
+Routing. Each subscription has a cursor: the next sequence it will consider. A subscription whose
+cursor is at the journal's durable tail is *live*: newly durable records are routed to it at once
+(a prefix trie, plus the few regular-expression subscriptions). One that is behind — a late joiner,
+or one that ran out of credit — *replays* from the journal with the same filter until it reaches
+the tail, and then is live again. Live delivery is replay at the tail, so the switch is invisible.
+
+Credit. A delivery costs its DELIVER frame's size. With too little credit a subscription stops and
+keeps its cursor; CREDIT resumes it at once. A session's credit is shared by its subscriptions.
+
+Fairness and memory. ``pump`` hands out at most ``pump_budget_bytes`` per call, visiting lagging
+subscriptions round-robin, and never reads more than one journal batch per subscription per visit.
+Sessions, subscriptions per session and pattern sizes are bounded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from zeps.broker.matching import Matcher, PatternError, PrefixTrie, compile_pattern
+from zeps.errors import ProtocolError
+from zeps.journal import Journal, JournalConfig, Record
+from zeps.protocol import (
+    LATEST,
+    Attach,
+    AttachOk,
+    Connection,
+    Credit,
+    Deliver,
+    DeliverTs,
+    Detach,
+    DetachOk,
+    Invalid,
+    Ping,
+    PingOk,
+    Publish,
+    Subscribe,
+    SubscribeOk,
+    SubscribeTime,
+    deliver_size,
+    encode,
+)
+
+__all__ = ["BrokerConfig", "BrokerCore", "Outgoing"]
+
+log = logging.getLogger(__name__)
+
+_STREAM_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    data_dir: Path
+    streams: tuple[str, ...]  #: the streams this broker serves (from its manifest/config)
+    journal: JournalConfig = field(default_factory=JournalConfig)
+    heartbeat_s: float = 5.0  #: PING a peer silent this long
+    ttl_s: float = 30.0  #: forget a peer silent this long (its state is freed)
+    max_sessions: int = 10_000
+    max_subscriptions: int = 64  #: per session
+    pump_budget_bytes: int = 4 * 1024 * 1024  #: delivered per pump() call, across all sessions
+    replay_batch: int = 512  #: records read from the journal per subscription visit
+
+
+@dataclass
+class Outgoing:
+    """One frame to send; deliveries carry what is needed to undo them if the send fails."""
+
+    peer: bytes
+    frame: bytes
+    subscription: _Subscription | None = None
+    sequence: int = 0
+    cost: int = 0
+
+
+@dataclass(eq=False)
+class _Subscription:
+    session: _Session
+    matcher: Matcher
+    cursor: int
+    id: int = 0
+
+    @property
+    def live(self) -> bool:
+        return self in self.session.stream.live_set
+
+
+@dataclass(eq=False)
+class _Stream:
+    name: str
+    journal: Journal
+    trie: PrefixTrie = field(default_factory=PrefixTrie)
+    live_regex: set[_Subscription] = field(default_factory=set)
+    live_set: set[_Subscription] = field(default_factory=set)
+    routed: int = 0  # the durable sequence up to which new records have been routed
+    messages_in: int = 0  # cumulative counters, read by the metrics exporter
+    bytes_in: int = 0
+    messages_out: int = 0
+    bytes_out: int = 0
+
+
+@dataclass(eq=False)
+class _Session:
+    peer: bytes
+    conn: Connection
+    stream: _Stream
+    credit: int = 0
+    subscriptions: list[_Subscription] = field(default_factory=list)
+    last_heard: float = 0.0
+    last_ping: float = 0.0
+    blocked_until: float = 0.0  # the socket refused a send: wait before trying again
+
+    @property
+    def timestamps(self) -> bool:
+        return self.conn.version >= 2
+
+
+class BrokerCore:
+    """All broker state; single-threaded (the adapter's loop owns it)."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.streams: dict[str, _Stream] = {}
+        self.sessions: dict[bytes, _Session] = {}
+        self._pending: deque[Outgoing] = deque()
+        self._lagging: deque[_Subscription] = deque()
+        self._ids = itertools.count(1)
+        self._appends: dict[str, list[tuple[str, bytes]]] = {}
+        self.invalid_frames = 0
+
+    def open(self) -> BrokerCore:
+        for name in self.config.streams:
+            if not _STREAM_NAME.match(name):
+                raise ValueError(f"stream name {name!r} is not valid (lower-case letters, digits, '-', '.')")
+            journal = Journal(self.config.data_dir / name, self.config.journal, name=name).open()
+            self.streams[name] = _Stream(name, journal, routed=journal.durable)
+        return self
+
+    def close(self) -> None:
+        self.flush_appends()
+        for stream in self.streams.values():
+            stream.journal.close()
+
+    # -- input ----------------------------------------------------------------------------------
+    def receive(self, peer: bytes, frame: bytes, now: float | None = None) -> None:
+        """Handle one frame from ``peer``. Bad input gets INVALID; other peers are unaffected."""
+        now = time.monotonic() if now is None else now
+        session = self.sessions.get(peer)
+        conn = session.conn if session else Connection("broker")
+        try:
+            command = conn.receive(frame)
+        except ProtocolError as exc:
+            self.invalid_frames += 1
+            self._invalid(peer, str(exc), forget=session is None)
+            return
+        if session is not None:
+            session.last_heard = now
+        if isinstance(command, Attach):
+            self._attach(peer, conn, command, now)
+            return
+        assert session is not None  # the state machine only allows other commands after ATTACH
+        if isinstance(command, Publish):
+            self._appends.setdefault(session.stream.name, []).append((command.key, command.body))
+            session.stream.messages_in += 1
+            session.stream.bytes_in += len(command.body)
+        elif isinstance(command, Credit):
+            session.credit += command.credit
+            session.blocked_until = 0.0
+            for sub in session.subscriptions:
+                if not sub.live and sub not in self._lagging:
+                    self._lagging.append(sub)
+        elif isinstance(command, Subscribe | SubscribeTime):
+            self._subscribe(session, command)
+        elif isinstance(command, Ping):
+            self._send(peer, conn.send(PingOk()))
+        elif isinstance(command, Detach):
+            self._send(peer, conn.send(DetachOk()))
+            self._forget(session)
+
+    def _invalid(self, peer: bytes, reason: str, *, forget: bool) -> None:
+        text = "".join(c if 0x20 <= ord(c) <= 0x7E else "?" for c in reason)[:255]
+        self._send(peer, encode(Invalid(reason=text)))  # not through a Connection: the peer may have none
+        if forget:
+            self.sessions.pop(peer, None)
+
+    def _attach(self, peer: bytes, conn: Connection, command: Attach, now: float) -> None:
+        stream = self.streams.get(command.stream)
+        if stream is None:
+            self._invalid(peer, f"stream {command.stream!r} is not served by this broker", forget=True)
+            return
+        if len(self.sessions) >= self.config.max_sessions:
+            self._invalid(peer, "broker is at its session limit; try again later", forget=True)
+            return
+        self.sessions[peer] = _Session(peer, conn, stream, last_heard=now, last_ping=now)
+        self._send(peer, conn.send(AttachOk()))
+
+    def _subscribe(self, session: _Session, command: Subscribe | SubscribeTime) -> None:
+        if len(session.subscriptions) >= self.config.max_subscriptions:
+            self._invalid(
+                session.peer, f"at most {self.config.max_subscriptions} subscriptions per peering", forget=False
+            )
+            return
+        try:
+            matcher = compile_pattern(command.pattern)
+        except PatternError as exc:
+            self._invalid(session.peer, str(exc), forget=False)
+            return
+        journal = session.stream.journal
+        if isinstance(command, SubscribeTime):
+            cursor = journal.seek_time(command.since)
+        elif command.latest == LATEST:
+            cursor = session.stream.routed + 1
+        else:
+            cursor = max(command.latest + 1, journal.first_sequence)
+        sub = _Subscription(session, matcher, cursor, next(self._ids))
+        session.subscriptions.append(sub)
+        self._send(session.peer, session.conn.send(SubscribeOk()))
+        if cursor > session.stream.routed:
+            self._go_live(sub)
+        else:
+            self._lagging.append(sub)
+
+    # -- routing --------------------------------------------------------------------------------
+    def _go_live(self, sub: _Subscription) -> None:
+        stream = sub.session.stream
+        stream.live_set.add(sub)
+        if sub.matcher.prefix is not None:
+            stream.trie.add(sub.matcher.prefix, sub)
+        else:
+            stream.live_regex.add(sub)
+
+    def _leave_live(self, sub: _Subscription, cursor: int) -> None:
+        stream = sub.session.stream
+        if sub in stream.live_set:
+            stream.live_set.discard(sub)
+            if sub.matcher.prefix is not None:
+                stream.trie.remove(sub.matcher.prefix, sub)
+            else:
+                stream.live_regex.discard(sub)
+        sub.cursor = cursor
+        if sub not in self._lagging:
+            self._lagging.append(sub)
+
+    def flush_appends(self, *, idle: bool = True) -> None:
+        """Write buffered publishes to the journals, apply the fsync policy, and route what became
+        durable to live subscriptions."""
+        for name, entries in self._appends.items():
+            if entries:
+                self.streams[name].journal.append_many(entries)
+        self._appends.clear()
+        for stream in self.streams.values():
+            stream.journal.maybe_sync(idle=idle)
+            self._route(stream)
+
+    def _route(self, stream: _Stream) -> None:
+        durable = stream.journal.durable
+        while stream.routed < durable:
+            records = stream.journal.read(stream.routed + 1, max_records=1024, max_bytes=8 << 20)
+            if not records:
+                break
+            for record in records:
+                targets = set(stream.trie.match(record.key))
+                targets.update(s for s in stream.live_regex if s.matcher.matches(record.key))
+                for sub in targets:
+                    assert isinstance(sub, _Subscription)
+                    if not self._deliver(sub, record):
+                        self._leave_live(sub, record.sequence)
+                stream.routed = record.sequence
+        for sub in stream.live_set:
+            sub.cursor = stream.routed + 1
+
+    def _deliver(self, sub: _Subscription, record: Record) -> bool:
+        session = sub.session
+        cost = deliver_size(record.sequence, record.key, len(record.body), timestamps=session.timestamps)
+        if session.credit < cost or session.blocked_until:
+            return False
+        if session.timestamps:
+            command: Deliver | DeliverTs = DeliverTs(sequence=record.sequence, timestamp=record.timestamp_ms,
+                                                    key=record.key, body=record.body)  # fmt: skip
+        else:
+            command = Deliver(sequence=record.sequence, key=record.key, body=record.body)
+        frame = session.conn.send(command)
+        session.credit -= cost
+        session.stream.messages_out += 1
+        session.stream.bytes_out += cost
+        sub.cursor = record.sequence + 1
+        self._pending.append(Outgoing(session.peer, frame, sub, record.sequence, cost))
+        return True
+
+    def pump(self, now: float | None = None) -> list[Outgoing]:
+        """Replay for lagging subscriptions (fairly, within the budget) and return everything to send."""
+        now = time.monotonic() if now is None else now
+        budget = self.config.pump_budget_bytes
+        for _ in range(len(self._lagging)):
+            if budget <= 0:
+                break
+            sub = self._lagging.popleft()
+            session = sub.session
+            if session.peer not in self.sessions or sub not in session.subscriptions:
+                continue  # gone
+            if session.blocked_until > now:
+                self._lagging.append(sub)
+                continue
+            session.blocked_until = 0.0
+            stream = session.stream
+            records = stream.journal.read(sub.cursor, max_records=self.config.replay_batch, max_bytes=budget)
+            stalled = False
+            for record in records:
+                if record.sequence > stream.routed:
+                    break  # not routed yet: the live path takes it from here
+                if sub.matcher.matches(record.key):
+                    if not self._deliver(sub, record):
+                        stalled = True
+                        break
+                    budget -= self._pending[-1].cost
+                else:
+                    sub.cursor = record.sequence + 1
+            sub.cursor = max(sub.cursor, stream.journal.first_sequence)  # retention removed what it missed
+            if stalled:
+                continue  # out of credit: CREDIT puts it back in line
+            if sub.cursor > stream.routed:
+                self._go_live(sub)
+            else:
+                self._lagging.append(sub)
+        out = list(self._pending)
+        self._pending.clear()
+        return out
+
+    def unsent(self, item: Outgoing, now: float | None = None) -> None:
+        """The adapter could not send ``item`` (the peer's queue is full): undo the delivery."""
+        sub = item.subscription
+        if sub is None:
+            return
+        session = sub.session
+        session.credit += item.cost
+        session.stream.messages_out -= 1  # it was counted when queued; undo it
+        session.stream.bytes_out -= item.cost
+        session.blocked_until = (time.monotonic() if now is None else now) + 0.01
+        if sub.cursor > item.sequence:
+            self._leave_live(sub, item.sequence)
+
+    def _send(self, peer: bytes, frame: bytes) -> None:
+        self._pending.append(Outgoing(peer, frame))
+
+    # -- time -----------------------------------------------------------------------------------
+    def tick(self, now: float | None = None) -> None:
+        """Heartbeats: PING peers silent for heartbeat_s; forget those silent for ttl_s."""
+        now = time.monotonic() if now is None else now
+        for session in list(self.sessions.values()):
+            silent = now - session.last_heard
+            if silent > self.config.ttl_s:
+                log.info("peer %s silent for %.0fs: forgetting it", session.peer.hex(), silent)
+                self._forget(session)
+            elif silent > self.config.heartbeat_s and now - session.last_ping > self.config.heartbeat_s:
+                session.last_ping = now
+                self._send(session.peer, session.conn.send(Ping()))
+        for stream in self.streams.values():
+            stream.journal.apply_retention()
+
+    def _forget(self, session: _Session) -> None:
+        for sub in session.subscriptions:
+            self._leave_live(sub, sub.cursor)
+        session.subscriptions.clear()
+        self.sessions.pop(session.peer, None)
+
+    def disconnected(self, peer: bytes) -> None:
+        """The adapter learnt the peer is gone (unroutable): free its state now."""
+        session = self.sessions.get(peer)
+        if session is not None:
+            self._forget(session)
+
+    # -- facts ----------------------------------------------------------------------------------
+    def lag(self) -> dict[tuple[str, int], int]:
+        """Per subscription (peer hex, id): records between its cursor and the durable tail."""
+        out = {}
+        for session in self.sessions.values():
+            for sub in session.subscriptions:
+                out[(session.peer.hex(), sub.id)] = max(0, session.stream.journal.durable + 1 - sub.cursor)
+        return out

@@ -1,0 +1,253 @@
+"""The broker on the network: a ZeroMQ ROUTER socket around :class:`~zeps.broker.core.BrokerCore`.
+
+* One command per frame; clients are DEALERs. ``ROUTER_MANDATORY`` is on and every send is
+  non-blocking: a full peer queue (EAGAIN) is treated as no credit — the delivery is undone and
+  replayed later — and an unroutable peer (EHOSTUNREACH) is forgotten. ZeroMQ never drops silently.
+* Publishers are read in bounded batches per loop, so a flood cannot starve deliveries; when the
+  broker is behind, ZeroMQ's receive high-water mark pushes back on publishers (they block).
+* Optional CURVE: the broker's secret key from a certificate file; with a directory of allowed
+  client public keys, pyzmq's authenticator admits only those clients.
+* Optional registration in ZooKeeper: the broker joins ``streams/<name>/brokers/<member>`` with its
+  endpoint and public key, and honours the manifest: a member that the manifest does not list
+  refuses to serve (a rogue broker stops at once).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.auth
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from zmq.auth.thread import ThreadAuthenticator
+
+from zeps.broker.core import BrokerConfig, BrokerCore
+from zeps.errors import ConfigError
+
+__all__ = ["BrokerServer", "CurveConfig", "Registration"]
+
+log = logging.getLogger(__name__)
+
+_READ_BATCH = 2000  # frames read per loop before the broker writes, routes and sends
+
+
+@dataclass(frozen=True)
+class CurveConfig:
+    secret_key_file: Path  #: a zmq certificate file with the broker's secret key
+    clients_dir: Path | None = None  #: allowed client public keys; None: any client (encryption only)
+
+
+@dataclass(frozen=True)
+class Registration:
+    """Where the broker registers itself (seed 002 group with a manifest)."""
+
+    zookeeper: str
+    namespace: str
+    member: str
+    chroot: str = "/zeps"
+    advertise: str | None = None  #: the endpoint clients should use (default: the bound one)
+
+
+class BrokerServer:
+    """Runs the broker loop on a thread. ``start()`` binds and registers; ``stop()`` undoes both."""
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        *,
+        bind: str = "tcp://127.0.0.1:*",
+        curve: CurveConfig | None = None,
+        metrics_port: int | None = None,
+        registration: Registration | None = None,
+    ) -> None:
+        self.config = config
+        self.bind = bind
+        self.curve = curve
+        self.metrics_port = metrics_port
+        self.registration = registration
+        self.core = BrokerCore(config)
+        self.endpoint = ""
+        self.public_key = ""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ctx: zmq.Context[Any] | None = None
+        self._auth: ThreadAuthenticator | None = None
+        self._zk: Any = None
+        self.registry = CollectorRegistry()
+        self._messages_in = Counter("zeps_broker_messages_in", "Messages published", ["stream"], registry=self.registry)
+        self._messages_out = Counter(
+            "zeps_broker_messages_out", "Messages delivered", ["stream"], registry=self.registry
+        )
+        self._bytes_out = Counter("zeps_broker_bytes_out", "DELIVER bytes sent", ["stream"], registry=self.registry)
+        self._journal_bytes = Gauge("zeps_broker_journal_bytes", "Journal size", ["stream"], registry=self.registry)
+        self._last_seq = Gauge("zeps_broker_last_sequence", "Last durable sequence", ["stream"], registry=self.registry)
+        self._lag = Gauge("zeps_broker_subscriber_lag", "Records a subscription is behind", ["peer", "sub"],
+                          registry=self.registry)  # fmt: skip
+        self._exported: dict[tuple[int, str], int] = {}  # counter values already exported
+        self.refused: str | None = None  #: why the broker stopped serving (not in the manifest…)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> BrokerServer:
+        self.core.open()
+        ctx: zmq.Context[Any] = zmq.Context()
+        self._ctx = ctx
+        sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 10_000)
+        sock.setsockopt(zmq.RCVHWM, 10_000)
+        if self.curve is not None:
+            self._setup_curve(ctx, sock)
+        sock.bind(self.bind)
+        self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._sock = sock
+        if self.metrics_port is not None:
+            start_http_server(self.metrics_port, addr="127.0.0.1", registry=self.registry)
+        if self.registration is not None:
+            self._register(self.registration)
+        self._thread = threading.Thread(target=self._loop, name="zeps-broker", daemon=True)
+        self._thread.start()
+        log.info("broker serving %s at %s", ", ".join(self.config.streams), self.endpoint)
+        return self
+
+    def _setup_curve(self, ctx: zmq.Context[Any], sock: zmq.Socket[Any]) -> None:
+        assert self.curve is not None
+        public, secret = zmq.auth.load_certificate(str(self.curve.secret_key_file))
+        if secret is None:
+            raise ConfigError(f"{self.curve.secret_key_file} holds no secret key; use the .key_secret certificate")
+        self._auth = ThreadAuthenticator(ctx)
+        self._auth.start()
+        if self.curve.clients_dir is not None:
+            self._auth.configure_curve(domain="*", location=str(self.curve.clients_dir))
+        else:
+            self._auth.configure_curve(domain="*", location=zmq.auth.CURVE_ALLOW_ANY)
+        sock.setsockopt(zmq.CURVE_SERVER, 1)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, secret)
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, public)
+        self.public_key = public.decode()
+
+    def _register(self, reg: Registration) -> None:
+        from zeps.coordination import Group, connect  # noqa: PLC0415 — ZooKeeper only when registering
+        from zeps.paths import StreamPaths  # noqa: PLC0415
+
+        self._zk = connect(reg.zookeeper)
+        metadata = {
+            "endpoint": reg.advertise or self.endpoint,
+            "curvePublicKey": self.public_key,
+            "pod": os.environ.get("POD_NAME", socket.gethostname()),
+            "startedAt": int(time.time()),
+            "streams": list(self.config.streams),
+        }
+        for name in self.config.streams:
+            group = Group(self._zk, StreamPaths.of(reg.namespace, name, chroot=reg.chroot).brokers)
+            manifest = group.manifest()
+            if manifest is not None and reg.member not in manifest:
+                self.refused = (
+                    f"broker member {reg.member!r} is not in the manifest of stream {name!r} "
+                    f"({', '.join(sorted(manifest)) or 'empty'}): refusing to serve"
+                )
+                raise ConfigError(self.refused)
+            group.join(reg.member, metadata)
+
+            def on_status(status: Any, name: str = name) -> None:
+                if status.manifest is not None and reg.member not in status.manifest:
+                    self.refused = f"broker member {reg.member!r} was removed from the manifest of {name!r}"
+                    log.error("%s: stopping", self.refused)
+                    self._stop.set()
+
+            group.watch(on_status=on_status)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+        if self._zk is not None:
+            self._zk.stop()
+            self._zk.close()
+        if self._auth is not None:
+            self._auth.stop()
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the broker stops; True if it did."""
+        if self._thread is None:
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    # -- the loop -------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        core, sock = self.core, self._sock
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        last_tick = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                busy = bool(core._lagging) or bool(core._appends)
+                events = dict(poller.poll(1 if busy else 50))
+                received = 0
+                if sock in events:
+                    while received < _READ_BATCH:
+                        try:
+                            peer, frame = sock.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        except ValueError:
+                            continue  # a multipart message of another shape: not ZEPS
+                        core.receive(peer, frame)
+                        received += 1
+                core.flush_appends(idle=received < _READ_BATCH)
+                self._send(core.pump())
+                now = time.monotonic()
+                if now - last_tick >= 1.0:
+                    last_tick = now
+                    core.tick(now)
+                    self._send(core.pump())
+                    self._update_metrics()
+        except Exception:
+            log.exception("broker loop failed")
+            raise
+        finally:
+            core.close()
+            sock.close(linger=0)
+
+    def _send(self, outgoing: list[Any]) -> None:
+        blocked: set[bytes] = set()
+        for item in outgoing:
+            if item.peer in blocked:
+                self.core.unsent(item)
+                continue
+            try:
+                self._sock.send_multipart([item.peer, item.frame], zmq.NOBLOCK)
+            except zmq.Again:  # the peer's queue is full: as if it had no credit
+                blocked.add(item.peer)
+                self.core.unsent(item)
+            except zmq.ZMQError as exc:
+                if exc.errno == zmq.EHOSTUNREACH:  # the peer is gone
+                    blocked.add(item.peer)
+                    self.core.unsent(item)
+                    self.core.disconnected(item.peer)
+                else:
+                    raise
+
+    def _update_metrics(self) -> None:
+        for name, stream in self.core.streams.items():
+            self._journal_bytes.labels(name).set(stream.journal.size_bytes)
+            self._last_seq.labels(name).set(stream.journal.durable)
+            for counter, value in ((self._messages_in, stream.messages_in), (self._messages_out, stream.messages_out),
+                                   (self._bytes_out, stream.bytes_out)):  # fmt: skip
+                seen = self._exported.get((id(counter), name), 0)
+                if value > seen:
+                    counter.labels(name).inc(value - seen)
+                    self._exported[(id(counter), name)] = value
+        self._lag.clear()
+        for (peer, sub), lag in self.core.lag().items():
+            self._lag.labels(peer, str(sub)).set(lag)

@@ -1,0 +1,225 @@
+"""The client side of a ZEPS peering, without sockets: what to send, what arrived, what to resend.
+
+Both :class:`~zeps.client.sync.StreamClient` and :class:`~zeps.client.aio.AsyncStreamClient` drive
+this object; they only move frames.
+
+* **Attach.** Version 2 first (time replay, timestamps); a broker that refuses it is attached with
+  version 1, and time replay then raises.
+* **Credit.** The session grants ``credit_window`` bytes at subscribe and tops it up whenever half of
+  it was consumed by deliveries.
+* **Resume.** Each delivered sequence is remembered; after a reconnect every subscription is sent
+  again with ``latest`` = the last sequence received: no gap, no duplicate.
+* **Publishes survive a broker crash.** ZEPS has no publish acknowledgement, so the session puts a
+  PING after publishes as a barrier: the broker answers in order, so a PING-OK confirms every
+  publish before it. Publishes not yet confirmed are resent after a reconnect (at-least-once:
+  one the broker had written before it died may appear twice).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from zeps.errors import RemoteProtocolError
+from zeps.protocol import (
+    LATEST,
+    Attach,
+    AttachOk,
+    Connection,
+    Credit,
+    Deliver,
+    DeliverTs,
+    Detach,
+    DetachOk,
+    Invalid,
+    Ping,
+    PingOk,
+    Publish,
+    Subscribe,
+    SubscribeOk,
+    SubscribeTime,
+    deliver_size,
+    encode,
+)
+
+__all__ = ["ClientSession", "Message", "Seq", "Since", "Time"]
+
+
+@dataclass(frozen=True)
+class Seq:
+    """Start after this sequence: Seq(0) is everything retained, Seq(n) resumes after n."""
+
+    after: int
+
+
+@dataclass(frozen=True)
+class Time:
+    """Start at the first message at or after this moment (needs a version-2 broker)."""
+
+    at: datetime | float  # a datetime, or seconds since the epoch
+
+    @property
+    def ms(self) -> int:
+        seconds = self.at.timestamp() if isinstance(self.at, datetime) else self.at
+        return int(seconds * 1000)
+
+
+Since = Seq | Time | Literal["earliest", "latest"]
+
+
+@dataclass(frozen=True)
+class Message:
+    sequence: int
+    key: str
+    body: bytes
+    timestamp_ms: int | None  #: the broker's time (None from a version-1 broker)
+
+
+@dataclass
+class _Sub:
+    pattern: str
+    since: Since
+
+
+class ClientSession:
+    """Client protocol state for one stream; produces frames and consumes frames."""
+
+    def __init__(self, stream: str, *, credit_window: int = 4 << 20, confirm_every: int = 1000) -> None:
+        self.stream = stream
+        self.credit_window = credit_window
+        self.confirm_every = confirm_every
+        self.version = 2
+        self.conn = Connection("client")
+        self.attached = False
+        self.refused: str | None = None
+        self.last_sequence: int | None = None  # the last delivery received on any subscription
+        self.subscriptions: list[_Sub] = []
+        self.inbox: deque[Message] = deque()
+        self.errors: deque[str] = deque()
+        self._consumed = 0
+        self._unconfirmed: deque[bytes] = deque()  # PUBLISH frames sent since the last barrier
+        self._barriers: deque[int] = deque()  # unconfirmed count at each PING sent
+        self._since_barrier = 0
+        self.last_heard = time.monotonic()
+
+    # -- attaching ------------------------------------------------------------------------------
+    def attach(self) -> bytes:
+        self.conn = Connection("client")
+        self.attached = False
+        return self.conn.send(Attach(stream=self.stream, version=self.version))
+
+    def on_attached(self) -> list[bytes]:
+        """After ATTACH-OK: re-subscribe (resuming) and resend unconfirmed publishes."""
+        frames = []
+        for sub in self.subscriptions:
+            frames += self._subscribe_frames(sub)
+        frames += list(self._unconfirmed)
+        if self._unconfirmed:
+            frames.append(self._barrier())
+        return frames
+
+    # -- commands -------------------------------------------------------------------------------
+    def subscribe(self, pattern: str, since: Since) -> list[bytes]:
+        sub = _Sub(pattern, since)
+        self.subscriptions.append(sub)
+        return self._subscribe_frames(sub) if self.attached else []
+
+    def _subscribe_frames(self, sub: _Sub) -> list[bytes]:
+        if self.last_sequence is not None:  # resuming: continue right after what we have
+            command: Subscribe | SubscribeTime = Subscribe(pattern=sub.pattern, latest=self.last_sequence)
+        elif isinstance(sub.since, Time):
+            if self.conn.version < 2:
+                raise RemoteProtocolError("the broker speaks ZEPS version 1, which cannot replay from a time")
+            command = SubscribeTime(pattern=sub.pattern, since=sub.since.ms)
+        elif isinstance(sub.since, Seq):
+            command = Subscribe(pattern=sub.pattern, latest=sub.since.after)
+        else:
+            command = Subscribe(pattern=sub.pattern, latest=0 if sub.since == "earliest" else LATEST)
+        self._consumed = 0
+        return [self.conn.send(command), self.conn.send(Credit(credit=self.credit_window))]
+
+    def publish(self, key: str, body: bytes) -> list[bytes]:
+        command = Publish(key=key, body=body)
+        # while detached the frame waits for ATTACH-OK (on_attached resends it), so it is encoded
+        # outside the state machine; it is checked like any other once it is sent
+        frame = self.conn.send(command) if self.attached else encode(command)
+        self._unconfirmed.append(frame)
+        self._since_barrier += 1
+        frames = [frame] if self.attached else []
+        if self.attached and self._since_barrier >= self.confirm_every:
+            frames.append(self._barrier())
+        return frames
+
+    def _barrier(self) -> bytes:
+        self._since_barrier = 0
+        self._barriers.append(len(self._unconfirmed))
+        return self.conn.send(Ping())
+
+    def ping(self) -> bytes:
+        """A heartbeat; it doubles as a barrier for the publishes before it."""
+        return self._barrier()
+
+    def confirm(self) -> list[bytes]:
+        """A barrier for the publishes not yet covered by one (call when idle, or before closing)."""
+        if self.attached and self._since_barrier:
+            return [self._barrier()]
+        return []
+
+    @property
+    def unconfirmed(self) -> int:
+        return len(self._unconfirmed)
+
+    def detach(self) -> bytes | None:
+        return self.conn.send(Detach()) if self.attached else None
+
+    # -- input ----------------------------------------------------------------------------------
+    def receive(self, frame: bytes) -> list[bytes]:
+        """Handle one frame from the broker; returns frames to send in answer."""
+        self.last_heard = time.monotonic()
+        command = self.conn.receive(frame)
+        if isinstance(command, AttachOk):
+            self.attached = True
+            return self.on_attached()
+        if isinstance(command, Deliver | DeliverTs):
+            ts = command.timestamp if isinstance(command, DeliverTs) else None
+            if self.last_sequence is None or command.sequence > self.last_sequence:
+                self.inbox.append(Message(command.sequence, command.key, command.body, ts))
+                self.last_sequence = command.sequence
+            self._consumed += deliver_size(command.sequence, command.key, len(command.body),
+                                           timestamps=ts is not None)  # fmt: skip
+            if self._consumed >= self.credit_window // 2:
+                grant, self._consumed = self._consumed, 0
+                return [self.conn.send(Credit(credit=grant))]
+            return []
+        if isinstance(command, Ping):
+            return [self.conn.send(PingOk())]
+        if isinstance(command, PingOk):
+            if self._barriers:
+                covered = self._barriers.popleft()
+                for _ in range(min(covered, len(self._unconfirmed))):
+                    self._unconfirmed.popleft()
+                self._barriers = deque(b - covered for b in self._barriers)
+            return []
+        if isinstance(command, Invalid):
+            if not self.attached:
+                if self.version == 2 and "version" in command.reason:
+                    self.version = 1  # an older broker: attach again with version 1
+                    return [self.attach()]
+                self.refused = command.reason
+            else:
+                self.errors.append(command.reason)
+            return []
+        if isinstance(command, Detach | DetachOk | SubscribeOk):
+            if isinstance(command, Detach | DetachOk):
+                self.attached = False
+            return []
+        return []
+
+    def disconnected(self) -> None:
+        """The transport dropped: everything since the last barrier will be resent on re-attach."""
+        self.attached = False
+        self._barriers.clear()
+        self._since_barrier = 0

@@ -1,0 +1,256 @@
+"""The blocking ZEPS client (a DEALER socket); :mod:`zeps.client.aio` mirrors it for asyncio.
+
+::
+
+    with StreamClient("tcp://127.0.0.1:5555", "prices") as client:
+        client.publish("eu.fr.cac40", b"7345.2")
+        for message in client.subscribe("eu.", since=Seq(1000)):   # replay, then live
+            ...
+
+Heartbeats are answered and sent while the client is used; a broker silent for ``ttl`` seconds, or
+a dropped connection, makes the client reconnect, re-attach, resume its subscriptions after the
+last sequence it received, and resend publishes the broker had not confirmed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from zeps.client.session import ClientSession, Message, Since
+from zeps.errors import ConfigError, ProtocolError, ZepsError
+
+__all__ = ["BrokerUnavailableError", "StreamClient", "discover"]
+
+
+class BrokerUnavailableError(ZepsError):
+    """No broker answered in time, or the broker refused this stream."""
+
+
+def discover(zookeeper: str, namespace: str, stream: str, *, chroot: str = "/zeps") -> tuple[str, str]:
+    """The (endpoint, CURVE public key) of the live broker of ``stream``, from its ZooKeeper group."""
+    from zeps.coordination import Group, connect  # noqa: PLC0415 — ZooKeeper only for discovery
+    from zeps.paths import StreamPaths  # noqa: PLC0415
+
+    client = connect(zookeeper)
+    try:
+        group = Group(client, StreamPaths.of(namespace, stream, chroot=chroot).brokers)
+        status = group.status()
+        members = group.members()
+    finally:
+        client.stop()
+        client.close()
+    usable = [m for name, m in sorted(members.items()) if status.manifest is None or name in status.manifest]
+    if not usable:
+        raise BrokerUnavailableError(f"no live broker is registered for stream {namespace}/{stream}")
+    meta = usable[0].metadata
+    return str(meta["endpoint"]), str(meta.get("curvePublicKey", ""))
+
+
+class StreamClient:
+    """One peering with a broker for one stream. Not thread-safe: one thread uses it."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        stream: str,
+        *,
+        credit_window: int = 4 << 20,
+        heartbeat: float = 2.0,
+        ttl: float = 10.0,
+        timeout: float = 10.0,
+        server_public_key: str | None = None,
+        client_keys: tuple[str, str] | None = None,
+    ) -> None:
+        if not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
+            raise ConfigError(f"broker endpoint {endpoint!r} must look like tcp://host:port")
+        self.endpoint = endpoint
+        self.session = ClientSession(stream, credit_window=credit_window)
+        self.heartbeat, self.ttl, self.timeout = heartbeat, ttl, timeout
+        self.server_public_key = server_public_key
+        self.client_keys = client_keys
+        self._ctx: zmq.Context[Any] = zmq.Context()
+        self._sock: zmq.Socket[Any] | None = None
+        self._monitor: zmq.Socket[Any] | None = None
+        self._last_ping = 0.0
+        self.reconnects = 0
+
+    # -- connection -----------------------------------------------------------------------------
+    def connect(self) -> StreamClient:
+        self._open_socket()
+        self._attach()
+        return self
+
+    def _open_socket(self) -> None:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.setsockopt(zmq.IMMEDIATE, 1)  # never queue for a peer that is not connected
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.setsockopt(zmq.SNDHWM, 100_000)
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        if self.server_public_key:
+            public, secret = self.client_keys or zmq.curve_keypair()
+            sock.setsockopt(zmq.CURVE_SERVERKEY, self.server_public_key.encode())
+            sock.setsockopt(zmq.CURVE_PUBLICKEY, public if isinstance(public, bytes) else public.encode())
+            sock.setsockopt(zmq.CURVE_SECRETKEY, secret if isinstance(secret, bytes) else secret.encode())
+        self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        sock.connect(self.endpoint)
+        self._sock = sock
+
+    def _attach(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        self._send_all([self.session.attach()], deadline)
+        while not self.session.attached:
+            if self.session.refused:
+                raise BrokerUnavailableError(f"broker at {self.endpoint} refused: {self.session.refused}")
+            if not self._pump(deadline - time.monotonic()) and time.monotonic() >= deadline:
+                raise BrokerUnavailableError(f"no broker answered at {self.endpoint} within {self.timeout:.0f}s")
+        self.session.last_heard = time.monotonic()
+
+    def _reconnect(self) -> None:
+        """Drop the socket and attach again (resuming subscriptions, resending unconfirmed publishes)."""
+        self.reconnects += 1
+        self.session.disconnected()
+        self._close_socket()
+        deadline = time.monotonic() + max(self.timeout, 60)
+        while True:
+            self._open_socket()
+            try:
+                self._attach()
+                return
+            except BrokerUnavailableError:
+                if self.session.refused or time.monotonic() >= deadline:
+                    raise
+            self._close_socket()
+
+    def _close_socket(self) -> None:
+        if self._sock is not None:
+            self._sock.disable_monitor()
+            if self._monitor is not None:
+                self._monitor.close(linger=0)
+            self._sock.close(linger=0)
+            self._sock = self._monitor = None
+
+    def close(self) -> None:
+        """Confirm outstanding publishes (bounded by ``timeout``), detach, close."""
+        if self._sock is not None:
+            try:
+                self.flush()
+                frame = self.session.detach()
+                if frame:
+                    self._sock.send(frame, zmq.NOBLOCK)
+            except (zmq.ZMQError, ZepsError):
+                pass
+            self._close_socket()
+        self._ctx.term()
+
+    def __enter__(self) -> StreamClient:
+        return self.connect()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- I/O ------------------------------------------------------------------------------------
+    def _send_all(self, frames: list[bytes], deadline: float) -> None:
+        assert self._sock is not None
+        for frame in frames:
+            while True:
+                try:
+                    self._sock.send(frame, zmq.NOBLOCK)
+                    break
+                except zmq.Again:  # no connection yet, or the broker pushes back: wait, keep reading
+                    if time.monotonic() >= deadline:
+                        raise BrokerUnavailableError(f"broker at {self.endpoint} did not accept data in time") from None
+                    self._pump(0.01, reading_only=True)
+
+    def _pump(self, wait: float, *, reading_only: bool = False) -> bool:
+        """Wait up to ``wait`` seconds for input and handle all of it; True if anything arrived."""
+        assert self._sock is not None and self._monitor is not None
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
+        events = dict(poller.poll(max(0, int(wait * 1000))))
+        got = False
+        if self._monitor in events:
+            event = recv_monitor_message(self._monitor)
+            if event["event"] == zmq.EVENT_DISCONNECTED and self.session.attached and not reading_only:
+                self._reconnect()
+                return True
+        if self._sock in events:
+            answers: list[bytes] = []
+            while True:
+                try:
+                    frame = self._sock.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                got = True
+                try:
+                    answers += self.session.receive(frame)
+                except ProtocolError as exc:
+                    self.session.errors.append(str(exc))
+            if answers:
+                for frame in answers:
+                    self._sock.send(frame)
+        if not reading_only:
+            self._keepalive()
+        return got
+
+    def _keepalive(self) -> None:
+        now = time.monotonic()
+        silent = now - self.session.last_heard
+        if self.session.attached and silent > self.ttl:
+            self._reconnect()
+        elif self.session.attached and silent > self.heartbeat and now - self._last_ping > self.heartbeat:
+            self._last_ping = now
+            self._send_all([self.session.ping()], now + self.timeout)
+
+    # -- the API --------------------------------------------------------------------------------
+    def publish(self, key: str, body: bytes) -> None:
+        """Send a message (asynchronous, as ZEPS is); blocks only while the broker pushes back."""
+        self._pump(0)
+        if not self.session.attached:
+            self._reconnect()
+        self._send_all(self.session.publish(key, body), time.monotonic() + self.timeout)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until the broker confirmed every publish so far (a PING barrier)."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        self._send_all(self.session.confirm(), deadline)
+        while self.session.unconfirmed:
+            if time.monotonic() >= deadline:
+                raise BrokerUnavailableError(f"{self.session.unconfirmed} publishes unconfirmed after the timeout")
+            self._pump(0.05)
+
+    def subscribe(self, pattern: str = "", *, since: Since = "latest") -> Iterator[Message]:
+        """Messages whose key matches ``pattern`` (a prefix, or ``~regex``), from ``since`` on, forever."""
+        self._send_all(self.session.subscribe(pattern, since), time.monotonic() + self.timeout)
+        while True:
+            while self.session.inbox:
+                yield self.session.inbox.popleft()
+            if self.session.errors:
+                raise ProtocolError(f"broker refused: {self.session.errors.popleft()}")
+            self._pump(0.1)
+
+    def receive(self, timeout: float) -> Message | None:
+        """The next delivered message within ``timeout`` seconds, else None."""
+        deadline = time.monotonic() + timeout
+        while not self.session.inbox:
+            if self.session.errors:
+                raise ProtocolError(f"broker refused: {self.session.errors.popleft()}")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            self._pump(min(remaining, 0.1))
+        return self.session.inbox.popleft()
+
+    def start(self, pattern: str = "", *, since: Since = "latest") -> None:
+        """Subscribe without iterating (use :meth:`receive`)."""
+        self._send_all(self.session.subscribe(pattern, since), time.monotonic() + self.timeout)
