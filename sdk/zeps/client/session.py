@@ -95,6 +95,7 @@ class ClientSession:
         self.conn = Connection("client")
         self.attached = False
         self.refused: str | None = None
+        self.forgotten = False  # the broker answered as if we had never attached
         self.last_sequence: int | None = None  # the last delivery received on any subscription
         self.subscriptions: list[_Sub] = []
         self.inbox: deque[Message] = deque()
@@ -209,6 +210,9 @@ class ClientSession:
                     self.version = 1  # an older broker: attach again with version 1
                     return [self.attach()]
                 self.refused = command.reason
+            elif "when await attach" in command.reason:
+                # the broker does not know us (it expired our session, or restarted): attach again
+                self.forgotten = True
             else:
                 self.errors.append(command.reason)
             return []
@@ -221,5 +225,6 @@ class ClientSession:
     def disconnected(self) -> None:
         """The transport dropped: everything since the last barrier will be resent on re-attach."""
         self.attached = False
+        self.forgotten = False
         self._barriers.clear()
         self._since_barrier = 0

@@ -7,9 +7,10 @@
         for message in client.subscribe("eu.", since=Seq(1000)):   # replay, then live
             ...
 
-Heartbeats are answered and sent while the client is used; a broker silent for ``ttl`` seconds, or
-a dropped connection, makes the client reconnect, re-attach, resume its subscriptions after the
-last sequence it received, and resend publishes the broker had not confirmed.
+Heartbeats are answered and sent while the client is used (waiting in ``receive`` or iterating a
+subscription counts). A broker silent for ``ttl`` seconds, a dropped connection, or a broker that
+forgot this client makes it reconnect in the background, re-attach, resume its subscriptions after
+the last sequence it received, and resend publishes the broker had not confirmed.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class StreamClient:
         timeout: float = 10.0,
         server_public_key: str | None = None,
         client_keys: tuple[str, str] | None = None,
+        max_unconfirmed: int = 100_000,
     ) -> None:
         if not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
             raise ConfigError(f"broker endpoint {endpoint!r} must look like tcp://host:port")
@@ -74,6 +76,7 @@ class StreamClient:
         self.heartbeat, self.ttl, self.timeout = heartbeat, ttl, timeout
         self.server_public_key = server_public_key
         self.client_keys = client_keys
+        self.max_unconfirmed = max_unconfirmed
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._sock: zmq.Socket[Any] | None = None
         self._monitor: zmq.Socket[Any] | None = None
@@ -89,7 +92,6 @@ class StreamClient:
     def _open_socket(self) -> None:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 1000)
-        sock.setsockopt(zmq.IMMEDIATE, 1)  # never queue for a peer that is not connected
         sock.setsockopt(zmq.RCVHWM, 100_000)
         sock.setsockopt(zmq.SNDHWM, 100_000)
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
@@ -104,8 +106,10 @@ class StreamClient:
         self._sock = sock
 
     def _attach(self) -> None:
+        """The first attach: wait for the answer (a refusal or silence is an error)."""
+        assert self._sock is not None
         deadline = time.monotonic() + self.timeout
-        self._send_all([self.session.attach()], deadline)
+        self._sock.send(self.session.attach())  # ZeroMQ sends it as soon as the connection is up
         while not self.session.attached:
             if self.session.refused:
                 raise BrokerUnavailableError(f"broker at {self.endpoint} refused: {self.session.refused}")
@@ -114,20 +118,15 @@ class StreamClient:
         self.session.last_heard = time.monotonic()
 
     def _reconnect(self) -> None:
-        """Drop the socket and attach again (resuming subscriptions, resending unconfirmed publishes)."""
+        """Start over on a fresh socket, without waiting: ATTACH is queued and sent once the broker is
+        reachable; its ATTACH-OK resumes the subscriptions and resends unconfirmed publishes."""
         self.reconnects += 1
         self.session.disconnected()
         self._close_socket()
-        deadline = time.monotonic() + max(self.timeout, 60)
-        while True:
-            self._open_socket()
-            try:
-                self._attach()
-                return
-            except BrokerUnavailableError:
-                if self.session.refused or time.monotonic() >= deadline:
-                    raise
-            self._close_socket()
+        self._open_socket()
+        assert self._sock is not None
+        self._sock.send(self.session.attach())
+        self.session.last_heard = time.monotonic()
 
     def _close_socket(self) -> None:
         if self._sock is not None:
@@ -200,12 +199,17 @@ class StreamClient:
                 for frame in answers:
                     self._sock.send(frame)
         if not reading_only:
+            if self.session.forgotten:
+                self._reconnect()
+                return True
             self._keepalive()
         return got
 
     def _keepalive(self) -> None:
         now = time.monotonic()
         silent = now - self.session.last_heard
+        if self.session.refused:
+            raise BrokerUnavailableError(f"broker at {self.endpoint} refused: {self.session.refused}")
         if self.session.attached and silent > self.ttl:
             self._reconnect()
         elif self.session.attached and silent > self.heartbeat and now - self._last_ping > self.heartbeat:
@@ -214,11 +218,17 @@ class StreamClient:
 
     # -- the API --------------------------------------------------------------------------------
     def publish(self, key: str, body: bytes) -> None:
-        """Send a message (asynchronous, as ZEPS is); blocks only while the broker pushes back."""
+        """Send a message (asynchronous, as ZEPS is). Blocks only while the broker pushes back, or
+        while it is unreachable and ``max_unconfirmed`` messages already wait to be confirmed."""
         self._pump(0)
-        if not self.session.attached:
-            self._reconnect()
-        self._send_all(self.session.publish(key, body), time.monotonic() + self.timeout)
+        deadline = time.monotonic() + self.timeout
+        while self.session.unconfirmed >= self.max_unconfirmed:
+            if time.monotonic() >= deadline:
+                raise BrokerUnavailableError(
+                    f"broker at {self.endpoint} has not confirmed {self.session.unconfirmed} messages in time"
+                )
+            self._pump(0.05)
+        self._send_all(self.session.publish(key, body), deadline)
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until the broker confirmed every publish so far (a PING barrier)."""

@@ -1,0 +1,100 @@
+"""``zeps-broker``: run a ZEPS broker for one or more streams until SIGTERM/SIGINT.
+
+Every flag has an environment variable (what the operator's Deployment sets), e.g.::
+
+    zeps-broker --stream prices --data-dir /var/lib/zeps --bind tcp://0.0.0.0:5555 \\
+        --zookeeper zk:2181 --namespace shop --member prices-0 --fsync group
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from zeps.broker.core import BrokerConfig
+from zeps.broker.server import BrokerServer, CurveConfig, Registration
+from zeps.errors import ZepsError
+from zeps.journal import JournalConfig
+
+__all__ = ["main", "parse_args"]
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"ZEPS_BROKER_{name}", default)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="zeps-broker", description="Run a ZEPS broker (journalled pub/sub over ZeroMQ).")
+    streams = _env("STREAMS")
+    p.add_argument("--stream", action="append", default=streams.split(",") if streams else None,
+                   help="a stream to serve (repeat for several) [ZEPS_BROKER_STREAMS, comma-separated]")  # fmt: skip
+    p.add_argument("--data-dir", default=_env("DATA_DIR"), help="journal directory [ZEPS_BROKER_DATA_DIR]")
+    p.add_argument("--bind", default=_env("BIND", "tcp://127.0.0.1:5555"), help="ZeroMQ endpoint [ZEPS_BROKER_BIND]")
+    p.add_argument("--fsync", choices=["always", "group", "interval", "never"], default=_env("FSYNC", "group"))
+    p.add_argument("--segment-bytes", type=int, default=int(_env("SEGMENT_BYTES", str(64 << 20)) or 0))
+    p.add_argument("--retention-ms", type=int, default=int(v) if (v := _env("RETENTION_MS")) else None)
+    p.add_argument("--retention-bytes", type=int, default=int(v) if (v := _env("RETENTION_BYTES")) else None)
+    p.add_argument("--heartbeat", type=float, default=float(_env("HEARTBEAT", "5") or 5))
+    p.add_argument("--ttl", type=float, default=float(_env("TTL", "30") or 30))
+    p.add_argument("--curve-secret-key", default=_env("CURVE_SECRET_KEY"), help="zmq certificate with the secret key")
+    p.add_argument("--curve-clients-dir", default=_env("CURVE_CLIENTS_DIR"), help="allowed client public keys")
+    p.add_argument("--metrics-port", type=int, default=int(v) if (v := _env("METRICS_PORT")) else None)
+    p.add_argument("--zookeeper", default=_env("ZOOKEEPER"), help="register in ZooKeeper (host:port,…)")
+    p.add_argument("--namespace", default=_env("NAMESPACE", "default"))
+    p.add_argument("--chroot", default=_env("CHROOT", "/zeps"))
+    p.add_argument("--member", default=_env("MEMBER"), help="this broker's member id in the group")
+    p.add_argument("--advertise", default=_env("ADVERTISE"), help="the endpoint clients should use")
+    p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
+    args = p.parse_args(argv)
+    if not args.stream:
+        p.error("at least one --stream is needed (or ZEPS_BROKER_STREAMS)")
+    if not args.data_dir:
+        p.error("--data-dir is needed (or ZEPS_BROKER_DATA_DIR): the journal lives there")
+    if args.zookeeper and not args.member:
+        p.error("--member is needed with --zookeeper: it names this broker in the stream's group")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    journal = JournalConfig(segment_bytes=args.segment_bytes, fsync=args.fsync, retention_ms=args.retention_ms,
+                            retention_bytes=args.retention_bytes)  # fmt: skip
+    config = BrokerConfig(Path(args.data_dir), tuple(args.stream), journal=journal, heartbeat_s=args.heartbeat,
+                          ttl_s=args.ttl)  # fmt: skip
+    curve = None
+    if args.curve_secret_key:
+        clients = Path(args.curve_clients_dir) if args.curve_clients_dir else None
+        curve = CurveConfig(Path(args.curve_secret_key), clients)
+    registration = None
+    if args.zookeeper:
+        registration = Registration(args.zookeeper, args.namespace, args.member, args.chroot, args.advertise)
+    server = BrokerServer(config, bind=args.bind, curve=curve, metrics_port=args.metrics_port,
+                          registration=registration)  # fmt: skip
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        server.start()
+    except (ZepsError, OSError, ValueError) as exc:
+        print(f"zeps-broker: {exc}", file=sys.stderr)
+        return 2
+    print(f"zeps-broker: serving {', '.join(args.stream)} at {server.endpoint}", flush=True)
+    while not stop.wait(0.2):
+        if not server.wait(0):
+            continue
+        break  # the loop ended by itself (removed from the manifest, or failed)
+    server.stop()
+    if server.refused:
+        print(f"zeps-broker: {server.refused}", file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

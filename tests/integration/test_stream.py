@@ -1,0 +1,386 @@
+"""ZEPS broker and clients over real ZeroMQ sockets on 127.0.0.1 (and a real ZooKeeper for groups)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+import zmq.auth
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harness import ZooKeeperHarness
+from zeps.broker import BrokerConfig, BrokerServer, CurveConfig, Registration
+from zeps.client import BrokerUnavailableError, Seq, StreamClient, Time, discover
+from zeps.coordination import Group
+from zeps.dev.process import free_port, wait_until
+from zeps.errors import ConfigError, ProtocolError
+from zeps.journal import JournalConfig
+from zeps.paths import StreamPaths
+from zeps.protocol import (
+    LATEST,
+    Attach,
+    AttachOk,
+    Credit,
+    Deliver,
+    Invalid,
+    Publish,
+    Subscribe,
+    SubscribeTime,
+    decode,
+    encode,
+)
+
+BrokerFactory = Callable[..., BrokerServer]
+
+
+@pytest.fixture
+def broker_factory(tmp_path: Path) -> Iterator[BrokerFactory]:
+    made: list[BrokerServer] = []
+
+    def make(*streams: str, journal: JournalConfig | None = None, **kwargs: Any) -> BrokerServer:
+        settings_ = {k: kwargs.pop(k) for k in ("heartbeat_s", "ttl_s", "pump_budget_bytes") if k in kwargs}
+        config = BrokerConfig(tmp_path / f"broker-{len(made)}", streams or ("prices",),
+                              journal=journal or JournalConfig(fsync="group"), **settings_)  # fmt: skip
+        server = BrokerServer(config, **kwargs).start()
+        made.append(server)
+        return server
+
+    yield make
+    for server in made:
+        server.stop()
+
+
+def _publish(endpoint: str, n: int, *, key: str = "eu.fr.cac40", start: int = 0, stream: str = "prices") -> None:
+    with StreamClient(endpoint, stream) as pub:
+        for i in range(start, start + n):
+            pub.publish(key if "{" not in key else key.format(i=i), b"%d" % i)
+        pub.flush()
+
+
+def _collect(client: StreamClient, n: int, timeout: float = 30) -> list[Any]:
+    out = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n and time.monotonic() < deadline:
+        message = client.receive(0.5)
+        if message is not None:
+            out.append(message)
+    return out
+
+
+def _assert_contiguous(sequences: list[int], first: int = 1) -> None:
+    assert sequences == list(range(first, first + len(sequences))), "gap or duplicate in sequences"
+
+
+def test_late_joiner_replays_history_then_continues_live_with_no_gap(broker_factory: BrokerFactory) -> None:
+    broker = broker_factory()
+    _publish(broker.endpoint, 3000)
+    with StreamClient(broker.endpoint, "prices") as late:
+        late.start("", since="earliest")
+        feeder = threading.Thread(target=_publish, args=(broker.endpoint, 2000), kwargs={"start": 3000})
+        feeder.start()  # live traffic while it replays
+        got = _collect(late, 5000)
+        feeder.join()
+    _assert_contiguous([m.sequence for m in got])
+    assert [m.body for m in got] == [b"%d" % i for i in range(5000)]
+    assert all(m.timestamp_ms for m in got)
+
+
+def test_slow_consumer_falls_back_to_the_journal_and_catches_up(broker_factory: BrokerFactory) -> None:
+    broker = broker_factory()
+    with StreamClient(broker.endpoint, "prices", credit_window=4096) as slow:  # ~30 messages of credit
+        slow.start("")
+        _publish(broker.endpoint, 2000)  # arrives far faster than the credit allows
+        first = _collect(slow, 100)
+        time.sleep(0.5)  # fall behind: the broker keeps the cursor, sends nothing without credit
+        rest = _collect(slow, 1900)
+    _assert_contiguous([m.sequence for m in first + rest])
+
+
+def test_retention_removes_old_segments(broker_factory: BrokerFactory, tmp_path: Path) -> None:
+    journal = JournalConfig(fsync="always", segment_bytes=4096, retention_bytes=16384)
+    broker = broker_factory(journal=journal)
+    _publish(broker.endpoint, 2000)
+    wait_until(lambda: len(list((tmp_path / "broker-0" / "prices").glob("*.log"))) <= 5, timeout=10,
+               what="retention to remove segments")  # fmt: skip
+    with StreamClient(broker.endpoint, "prices") as late:
+        late.start("", since="earliest")
+        got = _collect(late, 2000, timeout=3)
+    assert got and got[0].sequence > 1, "the oldest records are gone"
+    _assert_contiguous([m.sequence for m in got], first=got[0].sequence)
+    assert got[-1].sequence == 2000
+
+
+def test_prefix_regex_and_resume_from_a_sequence(broker_factory: BrokerFactory) -> None:
+    broker = broker_factory()
+    _publish(broker.endpoint, 300, key="eu.{i}")
+    with StreamClient(broker.endpoint, "prices") as c:
+        c.start("~^eu\\.1[0-9]$", since="earliest")
+        got = _collect(c, 10)
+    assert [m.key for m in got] == [f"eu.{i}" for i in range(10, 20)]
+    with StreamClient(broker.endpoint, "prices") as c:
+        c.start("eu.29", since=Seq(250))
+        got = _collect(c, 9, timeout=5)
+    assert [m.key for m in got] == [f"eu.{i}" for i in range(290, 299)]
+
+
+def test_replay_from_a_time(broker_factory: BrokerFactory) -> None:
+    broker = broker_factory()
+    _publish(broker.endpoint, 100)
+    time.sleep(0.05)
+    middle = time.time()
+    time.sleep(0.05)
+    _publish(broker.endpoint, 50, start=100)
+    with StreamClient(broker.endpoint, "prices") as c:
+        c.start("", since=Time(middle))
+        got = _collect(c, 50)
+    assert got[0].sequence == 101 and len(got) == 50
+    assert all(m.timestamp_ms >= middle * 1000 for m in got)  # type: ignore[operator]
+
+
+def test_bad_patterns_and_unknown_streams_are_refused(broker_factory: BrokerFactory) -> None:
+    broker = broker_factory()
+    with StreamClient(broker.endpoint, "prices") as c:
+        c.start("~(a+)+$")
+        with pytest.raises(ProtocolError, match="backtrack catastrophically"):
+            c.receive(2)
+    with pytest.raises(BrokerUnavailableError, match="not served by this broker"):
+        StreamClient(broker.endpoint, "nope", timeout=3).connect()
+    with pytest.raises(ConfigError, match="tcp://host:port"):
+        StreamClient("localhost:5555", "prices")
+
+
+class RawPeer:
+    """A DEALER speaking raw frames, like a peer built from the grammar alone."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.ctx: zmq.Context[Any] = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+
+    def send(self, frame: bytes) -> None:
+        self.sock.send(frame)
+
+    def recv(self, timeout: float = 2.0) -> Any:
+        if not self.sock.poll(int(timeout * 1000)):
+            return None
+        return decode(self.sock.recv())
+
+    def drain(self, timeout: float = 0.3) -> list[Any]:
+        out = []
+        while (cmd := self.recv(timeout)) is not None:
+            out.append(cmd)
+        return out
+
+    def close(self) -> None:
+        self.sock.close()
+        self.ctx.term()
+
+
+def test_version_1_peer_gets_plain_deliver_and_never_the_extension(broker_factory: BrokerFactory) -> None:
+    broker = broker_factory()
+    _publish(broker.endpoint, 3)
+    peer = RawPeer(broker.endpoint)
+    try:
+        peer.send(encode(Attach(stream="prices", version=1)))
+        assert peer.recv() == AttachOk()
+        peer.send(encode(Subscribe(pattern="", latest=0)))
+        peer.send(encode(Credit(credit=1 << 20)))
+        got = peer.drain()
+        assert [type(c) for c in got[1:]] == [Deliver, Deliver, Deliver]
+        peer.send(encode(SubscribeTime(pattern="", since=0)))
+        refusal = peer.recv()
+        assert isinstance(refusal, Invalid) and "needs protocol version 2" in refusal.reason
+    finally:
+        peer.close()
+
+
+def test_zero_credit_stops_delivery_and_credit_resumes_it(broker_factory: BrokerFactory) -> None:
+    broker = broker_factory()
+    _publish(broker.endpoint, 100)
+    peer = RawPeer(broker.endpoint)
+    try:
+        peer.send(encode(Attach(stream="prices", version=1)))
+        peer.recv()
+        one = len(encode(Deliver(sequence=1, key="eu.fr.cac40", body=b"0")))
+        peer.send(encode(Subscribe(pattern="", latest=0)))
+        peer.send(encode(Credit(credit=one * 5)))
+        got = [c for c in peer.drain() if isinstance(c, Deliver)]
+        assert [c.sequence for c in got] == [1, 2, 3, 4, 5], "exactly the credit's worth"
+        peer.send(encode(Credit(credit=one * 1000)))
+        more = [c for c in peer.drain() if isinstance(c, Deliver)]
+        assert [c.sequence for c in more][:3] == [6, 7, 8] and more[-1].sequence == 100
+    finally:
+        peer.close()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(frames=st.lists(st.one_of(st.binary(max_size=40), st.binary(max_size=6).map(lambda b: b"\xaa\xa5" + b)),
+                       min_size=1, max_size=8))  # fmt: skip
+def test_fuzzed_frames_get_invalid_and_others_keep_being_served(
+    broker_factory: BrokerFactory, frames: list[bytes]
+) -> None:
+    broker = getattr(test_fuzzed_frames_get_invalid_and_others_keep_being_served, "_broker", None)
+    if broker is None:
+        broker = broker_factory()
+        test_fuzzed_frames_get_invalid_and_others_keep_being_served._broker = broker  # type: ignore[attr-defined]
+    attacker = RawPeer(broker.endpoint)
+    try:
+        for frame in frames:
+            attacker.send(frame)
+        answers = attacker.drain(0.1)
+        assert all(not isinstance(a, Deliver) for a in answers)
+        assert broker.core.invalid_frames >= 0
+    finally:
+        attacker.close()
+    with StreamClient(broker.endpoint, "prices", timeout=5) as honest:  # the broker still serves
+        honest.publish("k", b"v")
+        honest.flush()
+
+
+def test_fuzz_answers_are_invalid_with_reasons(broker_factory: BrokerFactory) -> None:
+    broker = broker_factory()
+    peer = RawPeer(broker.endpoint)
+    try:
+        for frame in (b"junk", b"\xaa\xa5\x63", b"\xaa\xa5\x06\x05ab", encode(Publish(key="k", body=b"x"))):
+            peer.send(frame)
+            answer = peer.recv()
+            assert isinstance(answer, Invalid), frame
+        assert broker.core.invalid_frames == 4
+    finally:
+        peer.close()
+
+
+def test_silent_peers_expire_and_their_state_is_freed(broker_factory: BrokerFactory) -> None:
+    broker = broker_factory(heartbeat_s=0.2, ttl_s=1.0)
+    peer = RawPeer(broker.endpoint)
+    try:
+        peer.send(encode(Attach(stream="prices", version=1)))
+        peer.recv()
+        peer.send(encode(Subscribe(pattern="", latest=LATEST)))
+        wait_until(lambda: len(broker.core.sessions) == 1, timeout=5, what="the session")
+        wait_until(lambda: not broker.core.sessions, timeout=10, what="the silent peer to expire")
+    finally:
+        peer.close()
+    with StreamClient(broker.endpoint, "prices", heartbeat=0.2, ttl=5) as alive:
+        alive.start("")
+        assert alive.receive(2.0) is None  # waiting for messages, it answers and sends heartbeats
+        _publish(broker.endpoint, 1)
+        assert alive.receive(5) is not None, "a heartbeating client must stay attached"
+        assert alive.reconnects == 0
+        time.sleep(2.0)  # not used for longer than the broker's ttl: the broker forgets it
+        wait_until(lambda: len(broker.core.sessions) == 0, timeout=5, what="the broker to forget the idle client")
+        _publish(broker.endpoint, 1, start=1)
+        message = alive.receive(5)  # on its next use it attaches again and resumes: nothing missed
+        assert message is not None and message.body == b"1" and alive.reconnects == 1
+
+
+def test_kill9_broker_during_10000_publishes_then_restart(tmp_path: Path) -> None:
+    """The journal recovers, synced records survive, sequences continue, and a subscriber resumes
+    with no gap or duplicate. The publisher resends what the broker had not confirmed."""
+    port = free_port()
+    endpoint = f"tcp://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "zeps.broker.main", "--stream", "prices", "--data-dir", str(tmp_path / "data"),
+            "--bind", endpoint, "--fsync", "always", "--segment-bytes", "65536"]  # fmt: skip
+
+    def start() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert proc.stdout is not None and b"serving" in proc.stdout.readline()
+        return proc
+
+    broker = start()
+    seen: list[int] = []
+    bodies: set[bytes] = set()
+    sub = StreamClient(endpoint, "prices", heartbeat=0.5, ttl=3, timeout=30)
+    sub.connect()
+    sub.start("", since="earliest")
+    pub = StreamClient(endpoint, "prices", timeout=60)
+    pub.connect()
+    try:
+        for i in range(10_000):
+            pub.publish("k", b"%d" % i)
+            if i == 4000:
+                broker.send_signal(signal.SIGKILL)  # mid-publish
+                broker.wait()
+                while (m := sub.receive(0.05)) is not None:  # the subscriber notices, keeps its place
+                    seen.append(m.sequence)
+                    bodies.add(m.body)
+                pub.publish("k", b"while down")  # waits in the client until a broker confirms it
+                broker = start()
+        pub.flush(timeout=60)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            m = sub.receive(1)
+            if m is None and seen and seen[-1] >= 10_000:
+                break
+            if m is not None:
+                seen.append(m.sequence)
+                bodies.add(m.body)
+        _assert_contiguous(seen)
+        missing = ({b"%d" % i for i in range(10_000)} | {b"while down"}) - bodies
+        assert not missing, f"lost {len(missing)} published messages, e.g. {sorted(missing)[:3]}"
+        assert seen[-1] >= 10_001, "every message published arrived (resends may add a few)"
+        assert sub.reconnects >= 1 and pub.reconnects >= 1
+    finally:
+        pub.close()
+        sub.close()
+        broker.send_signal(signal.SIGTERM)
+        broker.wait(30)
+
+
+def test_registration_discovery_and_manifest(zookeeper: ZooKeeperHarness, broker_factory: BrokerFactory) -> None:
+    reg = Registration(zookeeper.connect_string, "shop", "prices-0", chroot=zookeeper.root)
+    broker = broker_factory(registration=reg)
+    endpoint, key = discover(zookeeper.connect_string, "shop", "prices", chroot=zookeeper.root)
+    assert endpoint == broker.endpoint and key == ""
+    group = Group(zookeeper.client(), StreamPaths.of("shop", "prices", chroot=zookeeper.root).brokers)
+    assert group.members()["prices-0"].metadata["streams"] == ["prices"]
+    group.set_manifest(["prices-1"])  # prices-0 is now rogue: it stops serving
+    wait_until(lambda: broker.refused is not None, timeout=10, what="the rogue broker to stop")
+    assert "removed from the manifest" in (broker.refused or "")
+    with pytest.raises(ConfigError, match="not in the manifest"):
+        broker_factory(registration=Registration(zookeeper.connect_string, "shop", "prices-9", chroot=zookeeper.root))
+
+
+def test_curve_encrypts_and_admits_only_known_clients(broker_factory: BrokerFactory, tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    clients = tmp_path / "clients"
+    keys.mkdir()
+    clients.mkdir()
+    server_public, server_secret = zmq.auth.create_certificates(str(keys), "server")
+    _, client_secret = zmq.auth.create_certificates(str(clients), "client")
+    broker = broker_factory(curve=CurveConfig(Path(server_secret), clients))
+    server_key = zmq.auth.load_certificate(server_public)[0].decode()
+    good = zmq.auth.load_certificate(client_secret)
+    assert good[1] is not None
+    client_keys = (good[0], good[1])
+    with StreamClient(broker.endpoint, "prices", server_public_key=server_key, client_keys=client_keys) as c:
+        c.publish("k", b"secret")
+        c.flush()
+    stranger = StreamClient(broker.endpoint, "prices", server_public_key=server_key, timeout=2)  # random keys
+    with pytest.raises(BrokerUnavailableError):
+        stranger.connect()
+    stranger.close()
+
+
+def test_metrics_endpoint(broker_factory: BrokerFactory) -> None:
+    port = free_port()
+    broker = broker_factory(metrics_port=port)
+    _publish(broker.endpoint, 10)
+
+    def exported() -> bytes:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read()  # type: ignore[no-any-return]
+
+    wait_until(lambda: b'zeps_broker_messages_in_total{stream="prices"} 10.0' in exported(), timeout=10, what="metrics")
+    text = exported().decode()
+    assert 'zeps_broker_last_sequence{stream="prices"} 10.0' in text
