@@ -384,3 +384,29 @@ def test_metrics_endpoint(broker_factory: BrokerFactory) -> None:
     wait_until(lambda: b'zeps_broker_messages_in_total{stream="prices"} 10.0' in exported(), timeout=10, what="metrics")
     text = exported().decode()
     assert 'zeps_broker_last_sequence{stream="prices"} 10.0' in text
+
+
+def test_async_client_has_the_same_methods_and_works(broker_factory: BrokerFactory) -> None:
+    import asyncio  # noqa: PLC0415
+
+    from zeps.client import AsyncStreamClient  # noqa: PLC0415
+
+    sync_api = {n for n in dir(StreamClient) if not n.startswith("_")}
+    async_api = {n for n in dir(AsyncStreamClient) if not n.startswith("_")}
+    assert {"connect", "publish", "flush", "subscribe", "start", "receive", "close"} <= sync_api & async_api
+    broker = broker_factory()
+
+    async def scenario() -> list[int]:
+        async with AsyncStreamClient(broker.endpoint, "prices") as pub:
+            for i in range(500):
+                await pub.publish("k", b"%d" % i)
+            await pub.flush()
+        got = []
+        async with AsyncStreamClient(broker.endpoint, "prices") as sub:
+            async for message in sub.subscribe("", since=Seq(100)):
+                got.append(message.sequence)
+                if len(got) == 400:
+                    break
+        return got
+
+    assert asyncio.run(scenario()) == list(range(101, 501))

@@ -1,0 +1,194 @@
+"""The asyncio ZEPS client: :class:`AsyncStreamClient` has the blocking client's method names, awaited.
+
+::
+
+    async with AsyncStreamClient("tcp://127.0.0.1:5555", "prices") as client:
+        await client.publish("eu.fr.cac40", b"7345.2")
+        async for message in client.subscribe("eu.", since=Seq(1000)):
+            ...
+
+The protocol logic (credit, resume, resends) is :class:`~zeps.client.session.ClientSession`, shared
+with the blocking client; this module only moves frames with ``zmq.asyncio``. A background task
+reads the socket, so heartbeats are answered however the application awaits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from types import TracebackType
+
+import zmq
+import zmq.asyncio
+
+from zeps.client.session import ClientSession, Message, Since
+from zeps.client.sync import BrokerUnavailableError
+from zeps.errors import ConfigError, ProtocolError
+
+__all__ = ["AsyncStreamClient"]
+
+
+class AsyncStreamClient:
+    """One peering with a broker for one stream, for asyncio programs."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        stream: str,
+        *,
+        credit_window: int = 4 << 20,
+        heartbeat: float = 2.0,
+        ttl: float = 10.0,
+        timeout: float = 10.0,
+        max_unconfirmed: int = 100_000,
+    ) -> None:
+        if not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
+            raise ConfigError(f"broker endpoint {endpoint!r} must look like tcp://host:port")
+        self.endpoint = endpoint
+        self.session = ClientSession(stream, credit_window=credit_window)
+        self.heartbeat, self.ttl, self.timeout = heartbeat, ttl, timeout
+        self.max_unconfirmed = max_unconfirmed
+        self._ctx = zmq.asyncio.Context()
+        self._sock: zmq.asyncio.Socket | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._arrived = asyncio.Event()
+        self._last_ping = 0.0
+        self.reconnects = 0
+
+    # -- connection -----------------------------------------------------------------------------
+    async def connect(self) -> AsyncStreamClient:
+        self._open_socket()
+        self._reader = asyncio.create_task(self._read_loop())
+        deadline = time.monotonic() + self.timeout
+        while not self.session.attached:
+            if self.session.refused:
+                raise BrokerUnavailableError(f"broker at {self.endpoint} refused: {self.session.refused}")
+            if time.monotonic() >= deadline:
+                raise BrokerUnavailableError(f"no broker answered at {self.endpoint} within {self.timeout:.0f}s")
+            await self._wait(0.05)
+        return self
+
+    def _open_socket(self) -> None:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.setsockopt(zmq.SNDHWM, 100_000)
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        sock.connect(self.endpoint)
+        sock.send(self.session.attach())  # queued until the connection is up
+        self._sock = sock
+        self.session.last_heard = time.monotonic()
+
+    async def _reconnect(self) -> None:
+        self.reconnects += 1
+        self.session.disconnected()
+        if self._sock is not None:
+            self._sock.close(linger=0)
+        self._open_socket()
+
+    async def _read_loop(self) -> None:
+        while True:
+            sock = self._sock
+            assert sock is not None
+            try:
+                if await sock.poll(100):
+                    answers: list[bytes] = []
+                    while True:
+                        try:
+                            frame = await sock.recv(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        try:
+                            answers += self.session.receive(frame)
+                        except ProtocolError as exc:
+                            self.session.errors.append(str(exc))
+                    for frame in answers:
+                        await sock.send(frame)
+                    self._arrived.set()
+                await self._keepalive()
+            except zmq.ZMQError:
+                if sock is self._sock:  # not a socket we replaced on purpose
+                    raise
+
+    async def _keepalive(self) -> None:
+        now = time.monotonic()
+        silent = now - self.session.last_heard
+        if self.session.forgotten or (self.session.attached and silent > self.ttl):
+            await self._reconnect()
+        elif self.session.attached and silent > self.heartbeat and now - self._last_ping > self.heartbeat:
+            self._last_ping = now
+            await self._send([self.session.ping()])
+
+    async def _wait(self, timeout: float) -> None:
+        self._arrived.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._arrived.wait(), timeout)
+
+    async def _send(self, frames: list[bytes]) -> None:
+        assert self._sock is not None
+        for frame in frames:
+            await self._sock.send(frame)
+
+    async def close(self) -> None:
+        try:
+            await self.flush()
+            frame = self.session.detach()
+            if frame and self._sock is not None:
+                await self._send([frame])
+        except (BrokerUnavailableError, zmq.ZMQError):
+            pass
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, zmq.ZMQError):
+                await self._reader
+        if self._sock is not None:
+            self._sock.close(linger=0)
+        self._ctx.term()
+
+    async def __aenter__(self) -> AsyncStreamClient:
+        return await self.connect()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # -- the API --------------------------------------------------------------------------------
+    async def publish(self, key: str, body: bytes) -> None:
+        deadline = time.monotonic() + self.timeout
+        while self.session.unconfirmed >= self.max_unconfirmed:
+            if time.monotonic() >= deadline:
+                raise BrokerUnavailableError(f"broker at {self.endpoint} has not confirmed messages in time")
+            await self._wait(0.05)
+        await self._send(self.session.publish(key, body))
+
+    async def flush(self, timeout: float | None = None) -> None:
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        await self._send(self.session.confirm())
+        while self.session.unconfirmed:
+            if time.monotonic() >= deadline:
+                raise BrokerUnavailableError(f"{self.session.unconfirmed} publishes unconfirmed after the timeout")
+            await self._wait(0.05)
+
+    async def start(self, pattern: str = "", *, since: Since = "latest") -> None:
+        await self._send(self.session.subscribe(pattern, since))
+
+    async def receive(self, timeout: float) -> Message | None:
+        deadline = time.monotonic() + timeout
+        while not self.session.inbox:
+            if self.session.errors:
+                raise ProtocolError(f"broker refused: {self.session.errors.popleft()}")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            await self._wait(min(remaining, 0.1))
+        return self.session.inbox.popleft()
+
+    async def subscribe(self, pattern: str = "", *, since: Since = "latest") -> AsyncIterator[Message]:
+        await self.start(pattern, since=since)
+        while True:
+            message = await self.receive(1.0)
+            if message is not None:
+                yield message
