@@ -25,7 +25,8 @@ demo:             ## run the main job on an embedded default
 	@tools/setup.sh python zookeeper
 	@$(WITH_ENV) $(PY) -m zeps.demo
 
-bench-%: setup    ## side-by-side benchmarks, e.g. `make bench-topic`; each prints one JSON line last
+bench-%: setup    ## side-by-side benchmarks: bench-topic, bench-queue, bench-stream; each prints one JSON line last
+	@tools/setup.sh bench
 	@$(WITH_ENV) $(PY) benchmarks/bench_$*.py
 
 clean:            ## remove the virtualenv (the shared cache in ~/.cache/zeps stays)

@@ -4,6 +4,7 @@
 #   zookeeper  — the pinned ZooKeeper server jars (tools/zookeeper/), needs Java 17 + Maven
 #   testbin    — etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm
 #                built from pinned Go modules (tools/testbin/), needs Go
+#   bench      — what only the benchmarks need: Debian's nats-server (bench-stream's baseline)
 # Writes .zeps-env (git-ignored): the environment variables that point the harness at the cache.
 # Every step says what it does; a missing tool stops setup with one line naming it and the fix.
 set -euo pipefail
@@ -38,7 +39,7 @@ setup_python() {
   fi
   rm -f .venv/.installed
   say "python: installing pinned dependencies into .venv (first time takes a few minutes: PySpark is large)"
-  if ! .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[operator,spark,dev]' >.venv/pip.log 2>&1; then
+  if ! .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[operator,spark,dev,bench]' >.venv/pip.log 2>&1; then
     tail -n 15 .venv/pip.log >&2
     fail "pip install failed; full log in .venv/pip.log"
   fi
@@ -58,11 +59,24 @@ setup_testbin() {
   set_env ZEPS_TESTBIN "$bin"
 }
 
+setup_bench() {
+  if command -v nats-server >/dev/null 2>&1; then
+    say "bench: nats-server present ($(nats-server --version 2>&1))"
+    return
+  fi
+  command -v apt-get >/dev/null 2>&1 || fail "nats-server is missing and apt-get is not available; install nats-server 2.9+"
+  say "bench: installing Debian's nats-server"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nats-server; } >/tmp/zeps-apt.log 2>&1 \
+    || fail "apt-get install nats-server failed (see /tmp/zeps-apt.log); as root: apt-get install nats-server"
+  pkill -x nats-server 2>/dev/null || true  # the package may start a service; the benchmark runs its own
+}
+
 for c in $components; do
   case "$c" in
     python) setup_python ;;
     zookeeper) setup_zookeeper ;;
     testbin) setup_testbin ;;
-    *) fail "unknown setup component '$c' (python, zookeeper, testbin)" ;;
+    bench) setup_bench ;;
+    *) fail "unknown setup component '$c' (python, zookeeper, testbin, bench)" ;;
   esac
 done

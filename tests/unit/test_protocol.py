@@ -31,6 +31,7 @@ from zeps.protocol import (
     decode,
     deliver_size,
     encode,
+    encode_deliver,
 )
 
 SIG = b"\xaa\xa5"
@@ -93,6 +94,12 @@ commands = st.one_of(
     st.builds(DeliverTs, sequence=u64, timestamp=u64, key=vchar, body=st.binary(max_size=100)),
     st.sampled_from([AttachOk(), SubscribeOk(), Ping(), PingOk(), Detach(), DetachOk()]),
 )
+
+
+@given(u64, u64, vchar, st.binary(max_size=200))
+def test_fast_deliver_encoder_matches_the_generic_codec(seq: int, ts: int, key: str, body: bytes) -> None:
+    assert encode_deliver(seq, key, body) == encode(Deliver(sequence=seq, key=key, body=body))
+    assert encode_deliver(seq, key, body, ts) == encode(DeliverTs(sequence=seq, timestamp=ts, key=key, body=body))
 
 
 @given(commands)

@@ -81,6 +81,8 @@ class StreamClient:
         self._sock: zmq.Socket[Any] | None = None
         self._monitor: zmq.Socket[Any] | None = None
         self._last_ping = 0.0
+        self._last_pump = 0.0
+        self._poller = zmq.Poller()
         self.reconnects = 0
 
     # -- connection -----------------------------------------------------------------------------
@@ -104,6 +106,9 @@ class StreamClient:
         self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
         sock.connect(self.endpoint)
         self._sock = sock
+        self._poller = zmq.Poller()
+        self._poller.register(sock, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
 
     def _attach(self) -> None:
         """The first attach: wait for the answer (a refusal or silence is an error)."""
@@ -173,10 +178,8 @@ class StreamClient:
     def _pump(self, wait: float, *, reading_only: bool = False) -> bool:
         """Wait up to ``wait`` seconds for input and handle all of it; True if anything arrived."""
         assert self._sock is not None and self._monitor is not None
-        poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
-        poller.register(self._monitor, zmq.POLLIN)
-        events = dict(poller.poll(max(0, int(wait * 1000))))
+        self._last_pump = time.monotonic()
+        events = dict(self._poller.poll(max(0, int(wait * 1000))))
         got = False
         if self._monitor in events:
             event = recv_monitor_message(self._monitor)

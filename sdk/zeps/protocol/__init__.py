@@ -24,6 +24,7 @@ from zeps.protocol.commands import (
     decode,
     deliver_size,
     encode,
+    encode_deliver,
 )
 from zeps.protocol.connection import Connection
 
@@ -48,4 +49,5 @@ __all__ = [
     "decode",
     "deliver_size",
     "encode",
+    "encode_deliver",
 ]

@@ -1,0 +1,259 @@
+"""make bench-stream: the zeps broker side by side with NATS JetStream, and raw pyzmq as the ceiling.
+
+One run, one machine, 100-byte messages, every server and subscriber in its own process on
+127.0.0.1, the publisher in this process:
+
+* zeps: ``zeps-broker`` (fsync=group, the default) with the blocking Python client;
+* JetStream: Debian's ``nats-server -js`` (file storage) with nats-py, pull consumers fetching 1,000 at
+  a time, publishing with core NATS publish into the stream's subject (no per-message ack: the same
+  asynchronous publishing ZEPS does);
+* raw pyzmq PUB/SUB between two processes: no broker, no journal — the physical ceiling.
+
+Scenarios: (a) 1 publisher -> 10 subscribers, deliveries/s; (b) replay of 100,000 messages to a late
+joiner, msgs/s; (c) publish->deliver latency p50/p99 at 1,000 msgs/s; plus 1->1 throughput of the
+broker against raw pyzmq. Prints one JSON line last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from zeps.client import StreamClient
+from zeps.dev.process import free_port, wait_until
+
+HERE = Path(__file__).parent
+BODY = b"x" * 100
+FANOUT, FANOUT_COUNT = 10, 20_000
+ONE_TO_ONE_COUNT = 100_000
+REPLAY_COUNT = 100_000
+RAW_COUNT = 500_000
+LATENCY_RATE, LATENCY_COUNT = 1000, 3000
+
+
+def _spawn(role: str, endpoint: str, count: int, n: int = 1, *extra: str) -> list[subprocess.Popen[str]]:
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(HERE / "stream_worker.py"),
+                role,
+                "--endpoint",
+                endpoint,
+                "--count",
+                str(count),
+                "--name",
+                f"sub{i}-{time.monotonic_ns()}",
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(n)
+    ]
+    for p in procs:
+        assert p.stdout is not None
+        line = p.stdout.readline().strip()
+        if line != "ready":
+            raise SystemExit(f"{role} subscriber failed to start: {line!r}")
+    return procs
+
+
+def _finish(procs: list[subprocess.Popen[str]]) -> list[list[float]]:
+    results = []
+    for p in procs:
+        out, _ = p.communicate(timeout=600)
+        fields = out.split()
+        if not fields or fields[0] != "done":
+            raise SystemExit(f"subscriber failed: {out!r}")
+        results.append([float(f) for f in fields[1:]])
+    return results
+
+
+# -- zeps ---------------------------------------------------------------------------------------
+class Zeps:
+    def __init__(self, tmp: Path) -> None:
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "zeps.broker.main", "--stream", "bench", "--data-dir", str(tmp / "zeps"),
+             "--bind", self.endpoint, "--fsync", "group", "--log-level", "WARNING"],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert self.proc.stdout is not None and "serving" in self.proc.stdout.readline()
+
+    def publish(self, count: int, rate: float | None = None) -> float:
+        with StreamClient(self.endpoint, "bench", timeout=120) as client:
+            start = time.time()
+            for i in range(count):
+                if rate:
+                    _pace(start, i, rate)
+                    client.publish("bench.k", _stamped())
+                else:
+                    client.publish("bench.k", BODY)
+            client.flush(timeout=120)
+        return start
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+# -- JetStream ----------------------------------------------------------------------------------
+class JetStream:
+    def __init__(self, tmp: Path) -> None:
+        port = free_port()
+        self.endpoint = f"nats://127.0.0.1:{port}"
+        self.proc = subprocess.Popen(
+            ["nats-server", "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(tmp / "nats")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_until(lambda: _listening(port), timeout=20, what="nats-server")
+        asyncio.run(self._reset())
+
+    async def _reset(self) -> None:
+        import nats  # noqa: PLC0415
+
+        nc = await nats.connect(self.endpoint)
+        js = nc.jetstream()
+        with contextlib.suppress(Exception):  # not there yet
+            await js.delete_stream("bench")
+        await js.add_stream(name="bench", subjects=["bench.>"], storage="file")
+        await nc.close()
+
+    def reset(self) -> None:
+        asyncio.run(self._reset())
+
+    def publish(self, count: int, rate: float | None = None) -> float:
+        return asyncio.run(self._publish(count, rate))
+
+    async def _publish(self, count: int, rate: float | None) -> float:
+        import nats  # noqa: PLC0415
+
+        nc = await nats.connect(self.endpoint, pending_size=64 << 20)
+        start = time.time()
+        for i in range(count):
+            if rate:
+                await asyncio.sleep(max(0.0, start + i / rate - time.time()))
+                await nc.publish("bench.k", _stamped())
+            else:
+                await nc.publish("bench.k", BODY)
+        await nc.flush(timeout=120)
+        await nc.close()
+        return start
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+def _listening(port: int) -> bool:
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _stamped() -> bytes:
+    return str(time.time_ns()).encode().ljust(100, b"x")
+
+
+def _pace(start: float, i: int, rate: float) -> None:
+    delay = start + i / rate - time.time()
+    if delay > 0:
+        time.sleep(delay)
+
+
+# -- scenarios ----------------------------------------------------------------------------------
+def fanout(system: Any, role: str) -> float:
+    subs = _spawn(role, system.endpoint, FANOUT_COUNT, FANOUT)
+    start = system.publish(FANOUT_COUNT)
+    end = max(r[0] for r in _finish(subs))
+    return FANOUT * FANOUT_COUNT / (end - start)
+
+
+def one_to_one(system: Any, role: str) -> float:
+    subs = _spawn(role, system.endpoint, ONE_TO_ONE_COUNT)
+    start = system.publish(ONE_TO_ONE_COUNT)
+    end = _finish(subs)[0][0]
+    return ONE_TO_ONE_COUNT / (end - start)
+
+
+def replay(system: Any, role: str) -> float:
+    system.publish(REPLAY_COUNT)
+    [result] = _finish(_spawn(role, system.endpoint, REPLAY_COUNT, 1, "--replay"))
+    return REPLAY_COUNT / (result[0] - result[1])
+
+
+def latency(system: Any, role: str) -> tuple[float, float]:
+    subs = _spawn(role, system.endpoint, LATENCY_COUNT, 1, "--latency")
+    system.publish(LATENCY_COUNT, rate=LATENCY_RATE)
+    [result] = _finish(subs)
+    return result[2], result[3]
+
+
+def raw_zmq() -> float:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.SNDHWM, 0)
+    pub.bind(endpoint)
+    subs = _spawn("zmq", endpoint, RAW_COUNT)
+    start = time.time()
+    for _ in range(RAW_COUNT):
+        pub.send(BODY)
+    end = _finish(subs)[0][0]
+    pub.close()
+    ctx.term()
+    return RAW_COUNT / (end - start)
+
+
+def main() -> None:
+    if shutil.which("nats-server") is None:
+        raise SystemExit("nats-server is missing: run `tools/setup.sh bench` (apt-get install nats-server)")
+    results: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="zeps-bench-stream-") as tmp_name:
+        tmp = Path(tmp_name)
+        results["raw_zmq_per_s"] = raw_zmq()
+        for name, factory, role in (("zeps", Zeps, "zeps"), ("jetstream", JetStream, "jetstream")):
+            system = factory(tmp / name)
+            try:
+                results[f"{name}_deliveries_per_s"] = fanout(system, role)
+                results[f"{name}_1to1_per_s"] = one_to_one(system, role)
+                results[f"{name}_p50_ms"], results[f"{name}_p99_ms"] = latency(system, role)
+                if name == "jetstream":
+                    system.reset()  # an empty stream: the replay reads exactly REPLAY_COUNT
+                results[f"{name}_replay_per_s"] = replay(system, role)
+            finally:
+                system.stop()
+            mine = {k: round(v, 2) for k, v in results.items() if k.startswith(name)}
+            print(json.dumps({"scenario": "stream", "system": name, **mine}), flush=True)
+    zeps, js = results["zeps_deliveries_per_s"], results["jetstream_deliveries_per_s"]
+    print(json.dumps({
+        "scenario": "stream",
+        "zeps_deliveries_per_s": round(zeps, 1),
+        "jetstream_deliveries_per_s": round(js, 1),
+        "ratio": round(zeps / js, 2),
+        "zeps_replay_per_s": round(results["zeps_replay_per_s"], 1),
+        "jetstream_replay_per_s": round(results["jetstream_replay_per_s"], 1),
+        "replay_ratio": round(results["zeps_replay_per_s"] / results["jetstream_replay_per_s"], 2),
+        "raw_zmq_per_s": round(results["raw_zmq_per_s"], 1),
+        "zeps_1to1_per_s": round(results["zeps_1to1_per_s"], 1),
+        "zeps_1to1_vs_raw_zmq": round(results["zeps_1to1_per_s"] / results["raw_zmq_per_s"], 3),
+        "p50_ms": round(results["zeps_p50_ms"], 3),
+        "p99_ms": round(results["zeps_p99_ms"], 3),
+        "jetstream_p99_ms": round(results["jetstream_p99_ms"], 3),
+    }))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Subscriber processes for bench_stream.py.
+
+Roles: ``zeps`` (live, or ``--replay`` from the start), ``jetstream`` (pull consumer), ``zmq`` (raw
+SUB). Each prints ``ready`` when subscribed, then ``done <unix time> [p50_ms p99_ms]`` after --count
+messages (latencies from a send time in the body, with --latency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+
+import zmq
+
+from zeps.client import Seq, StreamClient
+
+
+def _report(latencies: list[float]) -> str:
+    if not latencies:
+        return ""
+    q = statistics.quantiles(latencies, n=100)
+    return f" {q[49]:.3f} {q[98]:.3f}"
+
+
+def _latency(body: bytes, out: list[float]) -> None:
+    out.append((time.time_ns() - int(body[:19])) / 1e6)
+
+
+def run_zeps(args: argparse.Namespace) -> None:
+    latencies: list[float] = []
+    with StreamClient(args.endpoint, "bench", credit_window=16 << 20) as client:
+        client.start("", since=Seq(0) if args.replay else "latest")
+        print("ready", flush=True)
+        n = 0
+        start = time.time()
+        while n < args.count:
+            message = client.receive(30)
+            if message is None:
+                break
+            n += 1
+            if args.latency:
+                _latency(message.body, latencies)
+    print(f"done {time.time():.6f} {start:.6f}{_report(latencies)}", flush=True)
+
+
+async def run_jetstream(args: argparse.Namespace) -> None:
+    import nats  # noqa: PLC0415 — only the benchmark needs it
+    from nats.js.api import ConsumerConfig, DeliverPolicy  # noqa: PLC0415
+
+    nc = await nats.connect(args.endpoint)
+    js = nc.jetstream()
+    policy = DeliverPolicy.ALL if args.replay else DeliverPolicy.NEW
+    sub = await js.pull_subscribe("bench.>", durable=args.name, stream="bench",
+                                  config=ConsumerConfig(deliver_policy=policy, max_ack_pending=-1))  # fmt: skip
+    print("ready", flush=True)
+    latencies: list[float] = []
+    n = 0
+    start = time.time()
+    while n < args.count:
+        try:
+            batch = await sub.fetch(1000, timeout=5)
+        except TimeoutError:
+            continue
+        for message in batch:
+            n += 1
+            if args.latency:
+                _latency(message.data, latencies)
+        await batch[-1].ack()  # AckAll policy would ack all; explicit ack of the last is enough here
+    print(f"done {time.time():.6f} {start:.6f}{_report(latencies)}", flush=True)
+    await nc.close()
+
+
+def run_zmq(args: argparse.Namespace) -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.SUB)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.connect(args.endpoint)
+    time.sleep(0.5)  # PUB/SUB joins late: give the subscription time to reach the publisher
+    print("ready", flush=True)
+    n = 0
+    start = time.time()
+    while n < args.count:
+        sock.recv()
+        n += 1
+    print(f"done {time.time():.6f} {start:.6f}", flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("role", choices=["zeps", "jetstream", "zmq"])
+    parser.add_argument("--endpoint", required=True)
+    parser.add_argument("--count", type=int, required=True)
+    parser.add_argument("--name", default="sub")
+    parser.add_argument("--replay", action="store_true")
+    parser.add_argument("--latency", action="store_true")
+    args = parser.parse_args()
+    if args.role == "zeps":
+        run_zeps(args)
+    elif args.role == "jetstream":
+        asyncio.run(run_jetstream(args))
+    else:
+        run_zmq(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
