@@ -1,0 +1,192 @@
+"""The custom resources' typed models: the one source of the CRDs (``python -m zeps_operator.crdgen``).
+
+Spec fields that tune SDK behaviour are built from the SDK's option models (``zeps.options``), so a
+default, a bound or a description is written once. Field names are camelCase, as Kubernetes
+expects. A field marked immutable gets a CEL rule (``self == oldSelf``) in the generated schema, so
+the API server itself refuses to change it — no webhook.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic.alias_generators import to_camel
+
+from zeps.options import BatchOptions, QueueOptions, TopicOptions
+
+__all__ = [
+    "GROUP",
+    "KINDS",
+    "VERSION",
+    "Condition",
+    "QueueSpec",
+    "ResourceKind",
+    "StreamSpec",
+    "TopicSpec",
+]
+
+GROUP = "zeps.dev"
+VERSION = "v1alpha1"
+IMMUTABLE: dict[str, Any] = {"x-zeps-immutable": True}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+def _from_options(options: type[BaseModel], *, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The option model's fields, as field definitions for create_model (defaults and bounds kept)."""
+    return {name: (f.annotation, f) for name, f in options.model_fields.items() if name not in skip}
+
+
+DeletionPolicy = Literal["Delete", "Retain"]
+_DELETION: Any = Field(
+    "Delete",
+    description="What deleting the resource does to its data: Delete removes it (ZooKeeper paths, journal "
+    "volume); Retain keeps it for a resource created again with the same name.",
+)
+
+
+class _TopicFields(_Model):
+    deletion_policy: DeletionPolicy = _DELETION
+
+
+TopicSpec: type[_Model] = create_model(
+    "TopicSpec",
+    __base__=_TopicFields,
+    __doc__="Broadcast pub/sub over ZooKeeper: every live subscriber gets every message.",
+    **_from_options(TopicOptions),
+)
+
+
+class BatchSpec(_Model):
+    """Replayable batches (mode: batches)."""
+
+    inline_max_bytes: int = BatchOptions.model_fields["inline_max_bytes"]  # type: ignore[assignment]
+    store_url: str | None = BatchOptions.model_fields["store_url"]  # type: ignore[assignment]
+    retention_seconds: float = BatchOptions.model_fields["retention_seconds"]  # type: ignore[assignment]
+
+
+class _QueueFields(_Model):
+    mode: Literal["work", "batches"] = Field(
+        "work", description="work: items done once each; batches: replayable batches.", json_schema_extra=IMMUTABLE
+    )
+    dead_letter: bool = Field(True, description="Move items taken maxAttempts times without an ack aside.")
+    batches: BatchSpec = Field(default_factory=BatchSpec, description="Batch mode settings.")
+    deletion_policy: DeletionPolicy = _DELETION
+
+
+QueueSpec: type[_Model] = create_model(
+    "QueueSpec",
+    __base__=_QueueFields,
+    __doc__="A ZooKeeper work queue with per-item locks, or a replayable batch queue.",
+    **_from_options(QueueOptions),
+)
+
+
+class Resources(_Model):
+    """Kubernetes resource requests and limits (quantities such as "500m", "256Mi")."""
+
+    requests: dict[str, str] = Field(default_factory=lambda: {"cpu": "100m", "memory": "256Mi"})
+    limits: dict[str, str] = Field(default_factory=lambda: {"memory": "1Gi"})
+
+
+class Storage(_Model):
+    size: str = Field("10Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$", description="Journal volume size.")
+    storage_class_name: str | None = Field(
+        None, description="StorageClass of the journal volume (cluster default if unset).", json_schema_extra=IMMUTABLE
+    )
+
+
+class Retention(_Model):
+    age_seconds: int | None = Field(None, ge=1, description="Remove journal segments older than this.")
+    bytes: int | None = Field(None, ge=1_048_576, description="Keep the journal under this size.")
+
+
+class StreamSpec(_Model):
+    """A ZEPS broker with a journal: journalled high-rate pub/sub with replay."""
+
+    image: str = Field("ghcr.io/zeps-dev/zeps:0.1.0", description="Image with zeps-broker.")
+    resources: Resources = Field(default_factory=Resources)
+    storage: Storage = Field(default_factory=Storage)
+    retention: Retention = Field(default_factory=Retention)
+    fsync: Literal["always", "group", "interval", "never"] = Field(
+        "group", description="Journal fsync policy; see the README for each one's loss window."
+    )
+    matching: Literal["prefix", "prefix-and-regex"] = Field(
+        "prefix-and-regex", description="Subscription patterns the broker accepts."
+    )
+    curve: bool = Field(False, description="Encrypt and authenticate with CURVE (a key pair in a Secret).")
+    service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field("ClusterIP")
+    port: int = Field(5555, ge=1024, le=65535, description="The broker's ZeroMQ port.")
+    deletion_policy: DeletionPolicy = _DELETION
+
+
+class Condition(_Model):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    last_transition_time: str = ""
+    observed_generation: int = 0
+
+
+class ResourceKind(BaseModel):
+    """How one kind is named, printed and validated."""
+
+    kind: str
+    plural: str
+    short_names: list[str]
+    spec: type[BaseModel]
+    #: status facts: name -> (JSON type, description); Ready condition and observedGeneration are common
+    status: dict[str, tuple[str, str]]
+    columns: list[tuple[str, str, str]]  #: (name, type, jsonPath) besides Ready and Age
+
+
+KINDS = [
+    ResourceKind(
+        kind="Topic",
+        plural="topics",
+        short_names=["zt"],
+        spec=TopicSpec,
+        status={
+            "subscribers": ("integer", "Live subscribers."),
+            "cleanerHolder": ("string", "Who runs the topic's cleaner now."),
+            "zookeeper": ("string", "ZooKeeper connect string the SDK should use."),
+            "path": ("string", "The topic's ZooKeeper path."),
+        },
+        columns=[("Subscribers", "integer", ".status.subscribers")],
+    ),
+    ResourceKind(
+        kind="Queue",
+        plural="queues",
+        short_names=["zq"],
+        spec=QueueSpec,
+        status={
+            "depth": ("integer", "Items waiting, taken ones included."),
+            "inFlight": ("integer", "Items taken and not acked."),
+            "deadLettered": ("integer", "Dead-lettered items."),
+            "consumerLag": ("object", "Batches each batch consumer still has to process."),
+            "zookeeper": ("string", "ZooKeeper connect string the SDK should use."),
+            "path": ("string", "The queue's ZooKeeper path."),
+        },
+        columns=[("Mode", "string", ".spec.mode"), ("Depth", "integer", ".status.depth")],
+    ),
+    ResourceKind(
+        kind="ZepsStream",
+        plural="zepsstreams",
+        short_names=["zs"],
+        spec=StreamSpec,
+        status={
+            "endpoint": ("string", "The broker's ZeroMQ endpoint."),
+            "curvePublicKey": ("string", "The broker's CURVE public key (with curve: true)."),
+            "journalBytes": ("integer", "Journal size."),
+            "lastSequence": ("integer", "Last durable sequence."),
+            "brokerReady": ("boolean", "The broker is available and registered."),
+            "zookeeper": ("string", "ZooKeeper connect string."),
+            "path": ("string", "The stream's ZooKeeper path."),
+        },
+        columns=[("Endpoint", "string", ".status.endpoint"), ("Last-Seq", "integer", ".status.lastSequence")],
+    ),
+]

@@ -1,0 +1,71 @@
+"""The generated CRDs on the real API server: served, defaulted, and validated by the server itself."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from zeps.dev import ControlPlane
+from zeps.errors import SetupError
+
+CRDS = Path(__file__).resolve().parents[2] / "crds"
+
+
+@pytest.fixture(scope="module")
+def crds(control_plane: ControlPlane) -> ControlPlane:
+    control_plane.kubectl("apply", "-f", str(CRDS))
+    for name in ("topics", "queues", "zepsstreams"):
+        control_plane.kubectl("wait", "--for=condition=Established", f"crd/{name}.zeps.dev", "--timeout=60s")
+    return control_plane
+
+
+def _apply(plane: ControlPlane, namespace: str, body: dict[str, Any]) -> str:
+    return plane.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
+
+
+def _rejected(plane: ControlPlane, namespace: str, body: dict[str, Any]) -> str:
+    with pytest.raises(SetupError) as err:
+        _apply(plane, namespace, body)
+    return str(err.value)
+
+
+def test_kubectl_applies_the_crds_and_defaults_fill_in(crds: ControlPlane, namespace: str) -> None:
+    _apply(crds, namespace, {"apiVersion": "zeps.dev/v1alpha1", "kind": "Topic", "metadata": {"name": "cache"}})
+    spec = json.loads(crds.kubectl("get", "topic", "cache", "-n", namespace, "-o", "json"))["spec"]
+    assert spec["maxQueueDepth"] == 10_000 and spec["fullQueuePolicy"] == "block" and spec["deletionPolicy"] == "Delete"
+    table = crds.kubectl("get", "zt", "-n", namespace)
+    assert table.split()[:4] == ["NAME", "READY", "SUBSCRIBERS", "AGE"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "spec", "field"),
+    [
+        ("Topic", {"maxQueueDepth": 0}, "spec.maxQueueDepth"),
+        ("Topic", {"fullQueuePolicy": "sometimes"}, "spec.fullQueuePolicy"),
+        ("Topic", {"colour": "blue"}, 'unknown field "spec.colour"'),
+        ("Queue", {"mode": "stack"}, "spec.mode"),
+        ("ZepsStream", {"storage": {"size": "lots"}}, "spec.storage.size"),
+        ("ZepsStream", {"fsync": "sometimes"}, "spec.fsync"),
+    ],
+)
+def test_invalid_specs_are_rejected_naming_the_field(
+    crds: ControlPlane, namespace: str, kind: str, spec: dict[str, Any], field: str
+) -> None:
+    body = {"apiVersion": "zeps.dev/v1alpha1", "kind": kind, "metadata": {"name": "bad"}, "spec": spec}
+    assert field in _rejected(crds, namespace, body)
+
+
+def test_immutable_fields_cannot_change(crds: ControlPlane, namespace: str) -> None:
+    queue = {"apiVersion": "zeps.dev/v1alpha1", "kind": "Queue", "metadata": {"name": "jobs"}, "spec": {"mode": "work"}}
+    _apply(crds, namespace, queue)
+    queue["spec"] = {"mode": "batches"}
+    assert "spec.mode: Invalid value" in _rejected(crds, namespace, queue)
+    assert "is immutable" in _rejected(crds, namespace, queue)
+    stream = {"apiVersion": "zeps.dev/v1alpha1", "kind": "ZepsStream", "metadata": {"name": "prices"},
+              "spec": {"storage": {"storageClassName": "fast"}}}  # fmt: skip
+    _apply(crds, namespace, stream)
+    stream["spec"] = {"storage": {"storageClassName": "slow"}}
+    assert "spec.storage.storageClassName" in _rejected(crds, namespace, stream)
