@@ -1,0 +1,316 @@
+"""kopf handlers: thin wiring from Kubernetes events to the planner and the adapters.
+
+Run with ``kopf run -m zeps_operator.handlers --all-namespaces`` (the chart does), with
+``ZEPS_ZOOKEEPER`` set. Every handler: typed spec -> :mod:`zeps_operator.plan` -> apply (ZooKeeper
+through :mod:`zeps.coordination.admin`, Kubernetes objects by server-side apply) -> status.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import time
+from typing import Any
+
+import kopf
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+from prometheus_client import Counter, start_http_server
+from pydantic import BaseModel
+
+from zeps.coordination import Group, Topic, connect
+from zeps.coordination.admin import (
+    PathConflictError,
+    count_children,
+    delete_resource,
+    ensure_resource,
+    read_spec_node,
+)
+from zeps.options import TopicOptions
+from zeps.paths import QueuePaths, StreamPaths, TopicPaths
+from zeps_operator.models import GROUP, VERSION, QueueSpec, StreamSpec, TopicSpec
+from zeps_operator.plan import Settings, condition, stream_member, stream_objects, zookeeper_layout
+
+log = logging.getLogger(__name__)
+
+SPECS: dict[str, type[BaseModel]] = {"Topic": TopicSpec, "Queue": QueueSpec, "ZepsStream": StreamSpec}
+RECONCILES = Counter("zeps_operator_reconciles", "Reconciliations", ["kind", "outcome"])
+
+
+class _State:
+    settings: Settings
+    zk: Any = None
+    api: k8s.ApiClient | None = None
+    dynamic: DynamicClient | None = None
+    last_event = 0.0
+
+
+state = _State()
+
+
+@kopf.on.startup()
+def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    state.settings = Settings.from_env()
+    settings.persistence.finalizer = f"{GROUP}/cleanup"
+    settings.watching.server_timeout = 120  # reconnect watches regularly: a stalled one cannot linger
+    settings.watching.client_timeout = 150
+    settings.posting.level = logging.INFO
+    state.zk = connect(state.settings.zookeeper)
+    try:
+        k8s_config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except k8s_config.ConfigException:
+        k8s_config.load_kube_config()  # type: ignore[no-untyped-call]
+    state.api = k8s.ApiClient()
+    state.dynamic = DynamicClient(state.api)  # type: ignore[no-untyped-call]
+    port = int(os.environ.get("ZEPS_OPERATOR_METRICS_PORT", "0"))
+    if port:
+        start_http_server(port, addr=os.environ.get("ZEPS_OPERATOR_METRICS_ADDR", "127.0.0.1"))
+
+
+@kopf.on.cleanup()
+def cleanup(**_: Any) -> None:
+    if state.zk is not None:
+        state.zk.stop()
+        state.zk.close()
+
+
+@kopf.on.probe(id="zookeeper")
+def probe_zookeeper(**_: Any) -> bool:
+    return bool(state.zk is not None and state.zk.connected)
+
+
+@kopf.on.probe(id="last_event_age_s")
+def probe_events(**_: Any) -> float:
+    return round(time.monotonic() - state.last_event, 1) if state.last_event else -1.0
+
+
+# -- the common path: ZooKeeper layout + spec node + Ready ----------------------------------------
+def _reconcile(kind: str, body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, *, quiet: bool) -> str:
+    state.last_event = time.monotonic()
+    meta = body["metadata"]
+    namespace, name, generation = meta["namespace"], meta["name"], meta.get("generation", 1)
+    typed = SPECS[kind].model_validate(dict(spec))  # the schema validated it; defaults filled in
+    root, children = zookeeper_layout(kind, namespace, name, state.settings.chroot)
+    owner = f"{state.settings.cluster}/{meta['uid']}"
+    previous = (body.get("status") or {}).get("conditions")
+    try:
+        repaired = ensure_resource(
+            state.zk,
+            root,
+            children,
+            owner=owner,
+            generation=generation,
+            spec=typed.model_dump(by_alias=True),
+            adopt=_same_cluster_owner(root),
+        )
+    except PathConflictError as exc:
+        patch.status["conditions"] = condition(
+            previous, ready=False, reason="Conflict", message=str(exc), generation=generation
+        )
+        kopf.warn(body, reason="Conflict", message=str(exc))
+        RECONCILES.labels(kind, "conflict").inc()
+        return "conflict"
+    if repaired and quiet:
+        kopf.warn(body, reason="DriftRepaired", message=f"restored {', '.join(repaired)}")
+    patch.status["observedGeneration"] = generation
+    patch.status["zookeeper"] = state.settings.zookeeper
+    patch.status["path"] = root
+    RECONCILES.labels(kind, "ok").inc()
+    return "ok"
+
+
+def _same_cluster_owner(root: str) -> bool:
+    current = read_spec_node(state.zk, root) or {}
+    return str(current.get("owner", "")).startswith(f"{state.settings.cluster}/")
+
+
+def _ready(body: kopf.Body, patch: kopf.Patch, ready: bool, reason: str, message: str) -> None:
+    previous = (body.get("status") or {}).get("conditions")
+    generation = body["metadata"].get("generation", 1)
+    patch.status["conditions"] = condition(previous, ready=ready, reason=reason, message=message, generation=generation)
+
+
+# -- Topic ---------------------------------------------------------------------------------------
+@kopf.on.create(GROUP, VERSION, "topics")
+@kopf.on.update(GROUP, VERSION, "topics")
+@kopf.on.resume(GROUP, VERSION, "topics")
+def topic_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
+    if _reconcile("Topic", body, spec, patch, quiet=False) == "ok":
+        _topic_facts(body, patch)
+        _ready(body, patch, True, "Reconciled", "ZooKeeper paths and spec are in place")
+        kopf.info(body, reason="Reconciled", message=f"generation {body['metadata'].get('generation')}")
+
+
+@kopf.timer(GROUP, VERSION, "topics", interval=30.0, idle=5.0)
+def topic_timer(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
+    if _reconcile("Topic", body, spec, patch, quiet=True) == "ok":
+        _run_cleaner(body, spec)
+        _topic_facts(body, patch)
+        _ready(body, patch, True, "Reconciled", "ZooKeeper paths and spec are in place")
+
+
+def _topic_facts(body: kopf.Body, patch: kopf.Patch) -> None:
+    meta = body["metadata"]
+    topic = TopicPaths.of(meta["namespace"], meta["name"], chroot=state.settings.chroot)
+    patch.status["subscribers"] = count_children(state.zk, topic.subscribers.members)
+
+
+def _run_cleaner(body: kopf.Body, spec: kopf.Spec) -> None:
+    """Hold the topic's cleaner Lease (coordination.k8s.io/v1) and, while holding it, clean."""
+    meta = body["metadata"]
+    holder = _hold_lease(meta["namespace"], f"{meta['name']}-cleaner")
+    k8s.CustomObjectsApi(state.api).patch_namespaced_custom_object_status(
+        GROUP, VERSION, meta["namespace"], "topics", meta["name"], {"status": {"cleanerHolder": holder}}
+    )
+    if holder == state.settings.identity:
+        fields = TopicSpec.model_validate(dict(spec)).model_dump(exclude={"deletion_policy"})
+        topic = Topic(
+            state.zk,
+            meta["name"],
+            namespace=meta["namespace"],
+            chroot=state.settings.chroot,
+            options=TopicOptions.make(**fields),
+        )
+        removed = topic.cleaner(identifier=state.settings.identity).clean_once()
+        if removed:
+            kopf.info(body, reason="Cleaned", message=f"removed the queues of vanished consumers {removed}")
+
+
+def _hold_lease(namespace: str, name: str, duration: int = 45) -> str:
+    """Acquire or renew the Lease; returns its holder (us, or the replica that holds it)."""
+    api = k8s.CoordinationV1Api(state.api)
+    now = dt.datetime.now(dt.UTC)
+    me = state.settings.identity
+    try:
+        lease = api.read_namespaced_lease(name, namespace)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        body = k8s.V1Lease(
+            metadata=k8s.V1ObjectMeta(name=name, labels={"app.kubernetes.io/managed-by": "zeps-operator"}),
+            spec=k8s.V1LeaseSpec(holder_identity=me, lease_duration_seconds=duration, acquire_time=now, renew_time=now),
+        )
+        try:
+            api.create_namespaced_lease(namespace, body)
+            return me
+        except ApiException as again:
+            if again.status != 409:
+                raise
+            lease = api.read_namespaced_lease(name, namespace)
+    spec = lease.spec or k8s.V1LeaseSpec()
+    lease.spec = spec
+    renewed = spec.renew_time
+    duration_s = spec.lease_duration_seconds or duration
+    expired = renewed is None or renewed + dt.timedelta(seconds=duration_s) < now
+    if spec.holder_identity == me or expired or not spec.holder_identity:
+        if spec.holder_identity != me:
+            spec.acquire_time = now
+        spec.holder_identity, spec.renew_time, spec.lease_duration_seconds = me, now, duration
+        try:
+            api.replace_namespaced_lease(name, namespace, lease)  # resourceVersion makes this a compare-and-set
+            return me
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            current = api.read_namespaced_lease(name, namespace).spec
+            return str(current.holder_identity if current else "")
+    return str(spec.holder_identity)
+
+
+# -- Queue ---------------------------------------------------------------------------------------
+@kopf.on.create(GROUP, VERSION, "queues")
+@kopf.on.update(GROUP, VERSION, "queues")
+@kopf.on.resume(GROUP, VERSION, "queues")
+def queue_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
+    if _reconcile("Queue", body, spec, patch, quiet=False) == "ok":
+        _queue_facts(body, patch)
+        _ready(body, patch, True, "Reconciled", "ZooKeeper paths and spec are in place")
+        kopf.info(body, reason="Reconciled", message=f"generation {body['metadata'].get('generation')}")
+
+
+@kopf.timer(GROUP, VERSION, "queues", interval=30.0, idle=5.0)
+def queue_timer(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
+    if _reconcile("Queue", body, spec, patch, quiet=True) == "ok":
+        _queue_facts(body, patch)
+        _ready(body, patch, True, "Reconciled", "ZooKeeper paths and spec are in place")
+
+
+def _queue_facts(body: kopf.Body, patch: kopf.Patch) -> None:
+    paths = QueuePaths.of(body["metadata"]["namespace"], body["metadata"]["name"], chroot=state.settings.chroot)
+    patch.status["depth"] = count_children(state.zk, paths.items)
+    patch.status["inFlight"] = count_children(state.zk, paths.taken)
+    patch.status["deadLettered"] = count_children(state.zk, paths.dead)
+
+
+# -- ZepsStream ----------------------------------------------------------------------------------
+@kopf.on.create(GROUP, VERSION, "zepsstreams")
+@kopf.on.update(GROUP, VERSION, "zepsstreams")
+@kopf.on.resume(GROUP, VERSION, "zepsstreams")
+@kopf.timer(GROUP, VERSION, "zepsstreams", interval=10.0, idle=2.0)
+def stream_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
+    if _reconcile("ZepsStream", body, spec, patch, quiet=True) != "ok":
+        return
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    group = Group(state.zk, StreamPaths.of(namespace, name, chroot=state.settings.chroot).brokers)
+    member = stream_member(name)
+    if group.manifest() != frozenset({member}):
+        group.set_manifest([member])
+    for obj in stream_objects(namespace, name, dict(spec), state.settings):
+        kopf.adopt(obj, owner=body)
+        _apply(obj)
+    deployment = k8s.AppsV1Api(state.api).read_namespaced_deployment(f"{name}-broker", namespace)
+    available = deployment.status is not None and (deployment.status.available_replicas or 0) >= 1
+    members = group.members()
+    registered = member in members
+    patch.status["brokerReady"] = available and registered
+    if registered:
+        patch.status["endpoint"] = members[member].metadata.get("endpoint", "")
+        patch.status["curvePublicKey"] = members[member].metadata.get("curvePublicKey", "")
+    if available and registered:
+        _ready(body, patch, True, "BrokerReady", "the broker is available and registered")
+    else:
+        why = "the broker Deployment is not available" if not available else "the broker has not registered yet"
+        _ready(body, patch, False, "BrokerNotReady", why)
+        raise kopf.TemporaryError(why, delay=5)
+
+
+def _apply(obj: dict[str, Any]) -> None:
+    assert state.dynamic is not None
+    resource = state.dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+    resource.server_side_apply(
+        body=obj,
+        name=obj["metadata"]["name"],
+        namespace=obj["metadata"]["namespace"],
+        field_manager="zeps-operator",
+        force_conflicts=True,
+    )
+
+
+# -- deletion ------------------------------------------------------------------------------------
+@kopf.on.delete(GROUP, VERSION, "topics")
+@kopf.on.delete(GROUP, VERSION, "queues")
+@kopf.on.delete(GROUP, VERSION, "zepsstreams")
+def deleted(body: kopf.Body, spec: kopf.Spec, retry: int, **_: Any) -> None:
+    """deletionPolicy Delete removes the ZooKeeper subtree; Retain keeps it. With ZooKeeper
+    unreachable: bounded retries, an event, then the finalizer is released (never a deadlock)."""
+    kind, meta = body["kind"], body["metadata"]
+    policy = dict(spec).get("deletionPolicy", "Delete")
+    if policy == "Retain":
+        kopf.info(body, reason="Retained", message="deletionPolicy Retain: ZooKeeper data kept")
+        return
+    if state.zk is None or not state.zk.connected:
+        if retry < state.settings.delete_retries:
+            raise kopf.TemporaryError("ZooKeeper is unreachable; will retry", delay=2)
+        kopf.warn(
+            body,
+            reason="CleanupSkipped",
+            message=f"ZooKeeper unreachable after {retry} tries: released without deleting its data",
+        )
+        return
+    target, _children = zookeeper_layout(kind, meta["namespace"], meta["name"], state.settings.chroot)
+    delete_resource(state.zk, target)
+    kopf.info(body, reason="Deleted", message=f"removed {target}")

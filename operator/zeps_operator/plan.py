@@ -1,0 +1,208 @@
+"""Pure planning: what should exist for a resource — ZooKeeper paths, Kubernetes objects, status.
+
+Nothing here does I/O, so every rule is a plain function with a unit test. The kopf handlers
+(:mod:`zeps_operator.handlers`) read the world, call these, apply the result through adapters.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from zeps.paths import DEFAULT_CHROOT, QueuePaths, StreamPaths, TopicPaths
+
+__all__ = ["BROKER_DATA", "Settings", "condition", "stream_member", "stream_objects", "zookeeper_layout"]
+
+BROKER_DATA = "/var/lib/zeps"
+METRICS_PORT = 9102
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The operator's own settings, from its environment (the Helm chart sets them)."""
+
+    zookeeper: str
+    chroot: str = DEFAULT_CHROOT
+    cluster: str = "default"  #: names this Kubernetes cluster in spec nodes (conflicts across clusters)
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}")
+    resync_seconds: float = 30.0
+    delete_retries: int = 5  #: finalizer attempts while ZooKeeper is unreachable, then release
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        zookeeper = os.environ.get("ZEPS_ZOOKEEPER", "")
+        if not zookeeper:
+            raise SystemExit("ZEPS_ZOOKEEPER is not set: the operator needs the ZooKeeper connect string (host:port,…)")
+        return cls(
+            zookeeper=zookeeper,
+            chroot=os.environ.get("ZEPS_CHROOT", DEFAULT_CHROOT),
+            cluster=os.environ.get("ZEPS_CLUSTER", "default"),
+            identity=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}",
+            resync_seconds=float(os.environ.get("ZEPS_RESYNC_SECONDS", "30")),
+            delete_retries=int(os.environ.get("ZEPS_DELETE_RETRIES", "5")),
+        )
+
+
+def zookeeper_layout(kind: str, namespace: str, name: str, chroot: str) -> tuple[str, list[str]]:
+    """(root, children) a resource needs in ZooKeeper."""
+    if kind == "Topic":
+        topic = TopicPaths.of(namespace, name, chroot=chroot)
+        return topic.root, ["clients", "subscribers", "messages", "parked"]
+    if kind == "Queue":
+        queue = QueuePaths.of(namespace, name, chroot=chroot)
+        return queue.root, [
+            "items",
+            "taken",
+            "waiters",
+            "workers",
+            "dead",
+            "batches/data",
+            "batches/refs",
+            "batches/lock",
+            "processors",
+        ]
+    if kind == "ZepsStream":
+        return StreamPaths.of(namespace, name, chroot=chroot).root, ["brokers"]
+    raise ValueError(f"unknown kind {kind!r}")
+
+
+def condition(
+    previous: list[dict[str, Any]] | None, *, ready: bool, reason: str, message: str, generation: int
+) -> list[dict[str, Any]]:
+    """The conditions list with Ready set; lastTransitionTime moves only when the status changes."""
+    status = "True" if ready else "False"
+    old = next((c for c in previous or [] if c.get("type") == "Ready"), None)
+    changed = old is None or old.get("status") != status
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    ready_condition = {
+        "type": "Ready",
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now if changed else old.get("lastTransitionTime", now),  # type: ignore[union-attr]
+        "observedGeneration": generation,
+    }
+    return [c for c in previous or [] if c.get("type") != "Ready"] + [ready_condition]
+
+
+def stream_member(name: str) -> str:
+    """The broker member id of a stream (one broker per stream: ``<name>-0``)."""
+    return f"{name}-0"
+
+
+def _labels(name: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "zeps-broker",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/managed-by": "zeps-operator",
+    }
+
+
+def stream_objects(namespace: str, name: str, spec: dict[str, Any], settings: Settings) -> list[dict[str, Any]]:
+    """ConfigMap, PersistentVolumeClaim, Deployment and Service of a ZepsStream's broker."""
+    labels = _labels(name)
+    port = int(spec.get("port", 5555))
+    service = f"{name}-broker"
+    retention = spec.get("retention") or {}
+    env = {
+        "ZEPS_BROKER_STREAMS": name,
+        "ZEPS_BROKER_DATA_DIR": BROKER_DATA,
+        "ZEPS_BROKER_BIND": f"tcp://0.0.0.0:{port}",
+        "ZEPS_BROKER_ADVERTISE": f"tcp://{service}.{namespace}.svc:{port}",
+        "ZEPS_BROKER_FSYNC": spec.get("fsync", "group"),
+        "ZEPS_BROKER_ZOOKEEPER": settings.zookeeper,
+        "ZEPS_BROKER_NAMESPACE": namespace,
+        "ZEPS_BROKER_CHROOT": settings.chroot,
+        "ZEPS_BROKER_MEMBER": stream_member(name),
+        "ZEPS_BROKER_METRICS_PORT": str(METRICS_PORT),
+    }
+    if retention.get("ageSeconds"):
+        env["ZEPS_BROKER_RETENTION_MS"] = str(int(retention["ageSeconds"]) * 1000)
+    if retention.get("bytes"):
+        env["ZEPS_BROKER_RETENTION_BYTES"] = str(int(retention["bytes"]))
+    if spec.get("curve"):
+        env["ZEPS_BROKER_CURVE_SECRET_KEY"] = "/etc/zeps/curve/broker.key_secret"
+    storage = spec.get("storage") or {}
+    pvc: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": f"{name}-journal", "namespace": namespace, "labels": labels},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": storage.get("size", "10Gi")}}},
+    }
+    if storage.get("storageClassName"):
+        pvc["spec"]["storageClassName"] = storage["storageClassName"]
+    volumes: list[dict[str, Any]] = [
+        {"name": "journal", "persistentVolumeClaim": {"claimName": f"{name}-journal"}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    mounts: list[dict[str, Any]] = [{"name": "journal", "mountPath": BROKER_DATA}, {"name": "tmp", "mountPath": "/tmp"}]
+    if spec.get("curve"):
+        volumes.append({"name": "curve", "secret": {"secretName": f"{name}-curve"}})
+        mounts.append({"name": "curve", "mountPath": "/etc/zeps/curve", "readOnly": True})
+    probe = {"tcpSocket": {"port": "zeps"}, "periodSeconds": 10}
+    resources = spec.get("resources") or {}
+    container = {
+        "name": "broker",
+        "image": spec.get("image", "ghcr.io/zeps-dev/zeps:0.1.0"),
+        "command": ["zeps-broker"],
+        "envFrom": [{"configMapRef": {"name": f"{name}-broker"}}],
+        "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        "ports": [{"name": "zeps", "containerPort": port}, {"name": "metrics", "containerPort": METRICS_PORT}],
+        "volumeMounts": mounts,
+        "readinessProbe": {**probe, "initialDelaySeconds": 2},
+        "livenessProbe": {**probe, "initialDelaySeconds": 10, "failureThreshold": 6},
+        "resources": {"requests": resources.get("requests", {}), "limits": resources.get("limits", {})},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": f"{name}-broker", "namespace": namespace, "labels": labels},
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},  # one writer per journal: never two brokers at once
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": 10001,
+                        "fsGroup": 10001,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [container],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": f"{name}-broker", "namespace": namespace, "labels": labels},
+            "data": env,
+        },
+        pvc,
+        deployment,
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": service, "namespace": namespace, "labels": labels},
+            "spec": {
+                "type": spec.get("serviceType", "ClusterIP"),
+                "selector": labels,
+                "ports": [{"name": "zeps", "port": port, "targetPort": "zeps"}],
+            },
+        },
+    ]
