@@ -36,6 +36,7 @@ from zeps_operator.plan import Settings, condition, stream_member, stream_object
 
 log = logging.getLogger(__name__)
 
+RESYNC = float(os.environ.get("ZEPS_RESYNC_SECONDS", "30"))  # timers need it when handlers are declared
 SPECS: dict[str, type[BaseModel]] = {"Topic": TopicSpec, "Queue": QueueSpec, "ZepsStream": StreamSpec}
 RECONCILES = Counter("zeps_operator_reconciles", "Reconciliations", ["kind", "outcome"])
 
@@ -96,6 +97,17 @@ def _reconcile(kind: str, body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, *
     root, children = zookeeper_layout(kind, namespace, name, state.settings.chroot)
     owner = f"{state.settings.cluster}/{meta['uid']}"
     previous = (body.get("status") or {}).get("conditions")
+    if state.zk is None or not state.zk.connected:
+        # fail fast: a handler waiting out a ZooKeeper outage would hold up this object's other
+        # handlers (kopf runs them one at a time per object), the finalizer included
+        patch.status["conditions"] = condition(
+            previous,
+            ready=False,
+            reason="ZooKeeperUnavailable",
+            message="ZooKeeper is not reachable",
+            generation=generation,
+        )
+        raise kopf.TemporaryError("ZooKeeper is not reachable", delay=5)
     try:
         repaired = ensure_resource(
             state.zk,
@@ -144,7 +156,7 @@ def topic_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any)
         kopf.info(body, reason="Reconciled", message=f"generation {body['metadata'].get('generation')}")
 
 
-@kopf.timer(GROUP, VERSION, "topics", interval=30.0, idle=5.0)
+@kopf.timer(GROUP, VERSION, "topics", interval=RESYNC, idle=RESYNC / 6)
 def topic_timer(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
     if _reconcile("Topic", body, spec, patch, quiet=True) == "ok":
         _run_cleaner(body, spec)
@@ -231,7 +243,7 @@ def queue_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any)
         kopf.info(body, reason="Reconciled", message=f"generation {body['metadata'].get('generation')}")
 
 
-@kopf.timer(GROUP, VERSION, "queues", interval=30.0, idle=5.0)
+@kopf.timer(GROUP, VERSION, "queues", interval=RESYNC, idle=RESYNC / 6)
 def queue_timer(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
     if _reconcile("Queue", body, spec, patch, quiet=True) == "ok":
         _queue_facts(body, patch)
@@ -249,7 +261,7 @@ def _queue_facts(body: kopf.Body, patch: kopf.Patch) -> None:
 @kopf.on.create(GROUP, VERSION, "zepsstreams")
 @kopf.on.update(GROUP, VERSION, "zepsstreams")
 @kopf.on.resume(GROUP, VERSION, "zepsstreams")
-@kopf.timer(GROUP, VERSION, "zepsstreams", interval=10.0, idle=2.0)
+@kopf.timer(GROUP, VERSION, "zepsstreams", interval=RESYNC / 3, idle=RESYNC / 15)
 def stream_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
     if _reconcile("ZepsStream", body, spec, patch, quiet=True) != "ok":
         return

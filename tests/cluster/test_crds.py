@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from zeps.dev import ControlPlane
 from zeps.errors import SetupError
-
-CRDS = Path(__file__).resolve().parents[2] / "crds"
-
-
-@pytest.fixture(scope="module")
-def crds(control_plane: ControlPlane) -> ControlPlane:
-    control_plane.kubectl("apply", "-f", str(CRDS))
-    for name in ("topics", "queues", "zepsstreams"):
-        control_plane.kubectl("wait", "--for=condition=Established", f"crd/{name}.zeps.dev", "--timeout=60s")
-    return control_plane
 
 
 def _apply(plane: ControlPlane, namespace: str, body: dict[str, Any]) -> str:

@@ -1,0 +1,160 @@
+"""The operator (kopf) reconciling real resources on the real API server, into a real ZooKeeper.
+
+There is no kubelet: kwok reports the broker's pod Running, and the broker itself is started here
+from the Deployment's own pod template (command and environment) as a local process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from kazoo.client import KazooClient
+from kubernetes import client
+
+from harness import ZooKeeperHarness
+from zeps.client import StreamClient
+from zeps.dev import ControlPlane
+from zeps.dev.process import ManagedProcess, free_port, wait_until
+from zeps.dev.zookeeper import ZooKeeperServer
+
+CHROOT = "/operator-tests"
+
+
+def _apply(plane: ControlPlane, namespace: str, kind: str, name: str, spec: dict[str, Any] | None = None) -> None:
+    body = {"apiVersion": "zeps.dev/v1alpha1", "kind": kind, "metadata": {"name": name}, "spec": spec or {}}
+    plane.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
+
+
+def _get(plane: ControlPlane, namespace: str, kind: str, name: str) -> dict[str, Any]:
+    return json.loads(plane.kubectl("get", kind, name, "-n", namespace, "-o", "json"))  # type: ignore[no-any-return]
+
+
+def _wait_ready(plane: ControlPlane, namespace: str, kind: str, name: str, timeout: int = 60) -> None:
+    plane.kubectl("wait", "--for=condition=Ready", f"{kind}/{name}", "-n", namespace, f"--timeout={timeout}s")
+
+
+def _zk(zookeeper: ZooKeeperHarness) -> KazooClient:
+    return zookeeper.client()
+
+
+def test_topic_lifecycle_ready_update_drift_and_delete(
+    operator: ManagedProcess, crds: ControlPlane, namespace: str, zookeeper: ZooKeeperHarness
+) -> None:
+    zk = _zk(zookeeper)
+    root = f"{CHROOT}/{namespace}/topics/cache"
+    _apply(crds, namespace, "Topic", "cache", {"maxQueueDepth": 500})
+    _wait_ready(crds, namespace, "topic", "cache")
+    for child in ("clients", "subscribers", "messages"):
+        assert zk.exists(f"{root}/{child}") is not None
+    spec_node = json.loads(zk.get(f"{root}/spec")[0])
+    assert spec_node["spec"]["maxQueueDepth"] == 500 and spec_node["formatVersion"] == 1
+    status = _get(crds, namespace, "topic", "cache")["status"]
+    assert status["observedGeneration"] == 1 and status["path"] == root
+    wait_until(lambda: _get(crds, namespace, "topic", "cache")["status"].get("cleanerHolder") == "zeps-operator-test",
+               timeout=30, what="the cleaner Lease to be held")  # fmt: skip
+    lease = client.CoordinationV1Api(client.ApiClient(_kube(crds))).read_namespaced_lease("cache-cleaner", namespace)
+    assert lease.spec is not None and lease.spec.holder_identity == "zeps-operator-test"
+
+    _apply(crds, namespace, "Topic", "cache", {"maxQueueDepth": 900})  # update
+    wait_until(lambda: _get(crds, namespace, "topic", "cache")["status"].get("observedGeneration") == 2,
+               timeout=30, what="observedGeneration to follow")  # fmt: skip
+    assert json.loads(zk.get(f"{root}/spec")[0])["spec"]["maxQueueDepth"] == 900
+
+    zk.delete(f"{root}/messages", recursive=True)  # drift behind the operator's back
+    wait_until(lambda: zk.exists(f"{root}/messages") is not None, timeout=30, what="the path to be restored")
+
+    crds.kubectl("delete", "topic", "cache", "-n", namespace, "--timeout=60s")
+    assert zk.exists(root) is None, "deletionPolicy Delete removes the subtree"
+
+
+def test_retain_keeps_the_data(operator: ManagedProcess, crds: ControlPlane, namespace: str,
+                               zookeeper: ZooKeeperHarness) -> None:  # fmt: skip
+    zk = _zk(zookeeper)
+    _apply(crds, namespace, "Queue", "jobs", {"deletionPolicy": "Retain", "maxAttempts": 3})
+    _wait_ready(crds, namespace, "queue", "jobs")
+    root = f"{CHROOT}/{namespace}/queues/jobs"
+    zk.create(f"{root}/items/i-100-x-", b"work", sequence=True)
+    wait_until(lambda: _get(crds, namespace, "queue", "jobs")["status"].get("depth") == 1, timeout=30,
+               what="queue depth in status")  # fmt: skip
+    crds.kubectl("delete", "queue", "jobs", "-n", namespace, "--timeout=60s")
+    assert zk.get_children(f"{root}/items"), "deletionPolicy Retain keeps the items"
+    _apply(crds, namespace, "Queue", "jobs", {"maxAttempts": 3})  # the same name again adopts the data
+    _wait_ready(crds, namespace, "queue", "jobs")
+    assert len(zk.get_children(f"{root}/items")) == 1
+
+
+def test_finalizer_is_released_when_zookeeper_is_down(
+    operator: ManagedProcess, crds: ControlPlane, namespace: str, zookeeper_server: ZooKeeperServer
+) -> None:
+    _apply(crds, namespace, "Topic", "doomed")
+    _wait_ready(crds, namespace, "topic", "doomed")
+    zookeeper_server.stop()
+    try:
+        crds.kubectl("delete", "topic", "doomed", "-n", namespace, "--timeout=90s")  # returns once released
+        events = crds.kubectl("get", "events", "-n", namespace, "--field-selector", "reason=CleanupSkipped")
+        assert "doomed" in events or "CleanupSkipped" in events
+    finally:
+        zookeeper_server.start()
+
+
+def test_zepsstream_broker_objects_and_a_runnable_pod_template(
+    operator: ManagedProcess, crds: ControlPlane, namespace: str, tmp_path: Path
+) -> None:
+    core = client.CoreV1Api(client.ApiClient(_kube(crds)))
+    pv = client.V1PersistentVolume(  # no provisioner without kubelet: offer a volume to bind
+        metadata=client.V1ObjectMeta(name=f"journal-{namespace}"),
+        spec=client.V1PersistentVolumeSpec(capacity={"storage": "1Gi"}, access_modes=["ReadWriteOnce"],
+                                           host_path=client.V1HostPathVolumeSource(path=str(tmp_path / "pv")),
+                                           storage_class_name=""),
+    )  # fmt: skip
+    core.create_persistent_volume(pv)
+    try:
+        _apply(crds, namespace, "ZepsStream", "prices", {"storage": {"size": "1Gi", "storageClassName": ""},
+                                                         "fsync": "always"})  # fmt: skip
+        apps = client.AppsV1Api(client.ApiClient(_kube(crds)))
+        wait_until(lambda: bool(apps.list_namespaced_deployment(namespace).items), timeout=60, what="the Deployment")
+        deployment = apps.read_namespaced_deployment("prices-broker", namespace)
+        assert deployment.spec is not None and deployment.spec.strategy is not None
+        assert deployment.spec.strategy.type == "Recreate" and deployment.spec.replicas == 1
+        pod = deployment.spec.template.spec
+        assert pod is not None and pod.security_context is not None and pod.security_context.run_as_non_root
+        container = pod.containers[0]
+        assert container.security_context is not None and container.security_context.read_only_root_filesystem
+        assert container.readiness_probe is not None and container.liveness_probe is not None
+        assert deployment.metadata is not None and deployment.metadata.owner_references
+        assert core.read_namespaced_service("prices-broker", namespace).spec is not None
+
+        # The pod template, run as a local process: its command, and its environment from the ConfigMap.
+        config = core.read_namespaced_config_map("prices-broker", namespace).data or {}
+        port = free_port()
+        env = {**os.environ, **config, "ZEPS_BROKER_BIND": f"tcp://127.0.0.1:{port}",
+               "ZEPS_BROKER_ADVERTISE": f"tcp://127.0.0.1:{port}", "ZEPS_BROKER_DATA_DIR": str(tmp_path / "journal"),
+               "ZEPS_BROKER_METRICS_PORT": str(free_port()), "POD_NAME": "prices-broker-0"}  # fmt: skip
+        command = [os.path.join(os.path.dirname(os.sys.executable), container.command[0]), *(container.args or [])]  # type: ignore[attr-defined, index]
+        broker = ManagedProcess("broker-from-pod-template", command, log_path=tmp_path / "broker.log", env=env)
+        broker.start()
+        try:
+            _wait_ready(crds, namespace, "zepsstream", "prices", timeout=90)
+            status = _get(crds, namespace, "zepsstream", "prices")["status"]
+            assert status["brokerReady"] is True and status["endpoint"] == f"tcp://127.0.0.1:{port}"
+            with StreamClient(status["endpoint"], "prices") as c:
+                c.start("", since="earliest")
+                c.publish("eu.fr", b"through the operator's broker")
+                message = c.receive(10)
+            assert message is not None and message.body == b"through the operator's broker"
+        finally:
+            broker.stop()
+    finally:
+        crds.kubectl("delete", "zepsstream", "prices", "-n", namespace, "--timeout=60s", check=False)
+        core.delete_persistent_volume(f"journal-{namespace}")
+
+
+def _kube(plane: ControlPlane) -> client.Configuration:
+    from kubernetes import config  # noqa: PLC0415
+
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=str(plane.kubeconfig), client_configuration=configuration)
+    return configuration
