@@ -8,9 +8,6 @@ watches — is the real Kubernetes code at the pinned version (tools/testbin/k8s
 from __future__ import annotations
 
 import itertools
-import os
-import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,8 +15,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from zeps.dev import ControlPlane, ZooKeeperServer
-from zeps.dev.process import ManagedProcess, free_port, wait_until
+from zeps.dev import ControlPlane, OperatorProcess, ZooKeeperServer
+from zeps.dev.process import wait_until
 
 CRDS = Path(__file__).resolve().parents[2] / "crds"
 
@@ -62,22 +59,19 @@ def crds(control_plane: ControlPlane) -> ControlPlane:
 @pytest.fixture(scope="session")
 def operator(
     crds: ControlPlane, zookeeper_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ManagedProcess]:
-    """The zeps operator run by kopf (``kopf run -m zeps_operator.handlers``) against the control
-    plane and the real ZooKeeper, as the chart runs it; resync every 3 s so drift repair is quick."""
-    port = free_port()
-    env = {**os.environ, "KUBECONFIG": str(crds.kubeconfig), "ZEPS_ZOOKEEPER": zookeeper_server.connect_string,
-           "ZEPS_CHROOT": "/operator-tests", "ZEPS_RESYNC_SECONDS": "3", "ZEPS_DELETE_RETRIES": "3",
-           "POD_NAME": "zeps-operator-test"}  # fmt: skip
-    proc = ManagedProcess(
-        "zeps-operator",
-        [sys.executable, "-m", "kopf", "run", "--standalone", "--all-namespaces", "-m", "zeps_operator.handlers",
-         f"--liveness=http://127.0.0.1:{port}/healthz"],
-        log_path=tmp_path_factory.mktemp("operator") / "operator.log", env=env,
-    )  # fmt: skip
+) -> Iterator[OperatorProcess]:
+    """The zeps operator run by kopf against the control plane and the real ZooKeeper, as the chart
+    runs it; resync every 3 s so drift repair is quick."""
+    proc = OperatorProcess(
+        tmp_path_factory.mktemp("operator"),
+        kubeconfig=crds.kubeconfig,
+        zookeeper=zookeeper_server.connect_string,
+        chroot="/operator-tests",
+        resync_seconds=3,
+        delete_retries=3,
+        identity="zeps-operator-test",
+    )
     proc.start()
-    proc.wait_ready(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).status == 200,
-                    timeout=60)  # fmt: skip
     try:
         yield proc
     finally:

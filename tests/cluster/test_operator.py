@@ -16,7 +16,7 @@ from kubernetes import client
 
 from harness import ZooKeeperHarness
 from zeps.client import StreamClient
-from zeps.dev import ControlPlane
+from zeps.dev import ControlPlane, OperatorProcess
 from zeps.dev.process import ManagedProcess, free_port, wait_until
 from zeps.dev.zookeeper import ZooKeeperServer
 
@@ -41,7 +41,7 @@ def _zk(zookeeper: ZooKeeperHarness) -> KazooClient:
 
 
 def test_topic_lifecycle_ready_update_drift_and_delete(
-    operator: ManagedProcess, crds: ControlPlane, namespace: str, zookeeper: ZooKeeperHarness
+    operator: OperatorProcess, crds: ControlPlane, namespace: str, zookeeper: ZooKeeperHarness
 ) -> None:
     zk = _zk(zookeeper)
     root = f"{CHROOT}/{namespace}/topics/cache"
@@ -70,7 +70,7 @@ def test_topic_lifecycle_ready_update_drift_and_delete(
     assert zk.exists(root) is None, "deletionPolicy Delete removes the subtree"
 
 
-def test_retain_keeps_the_data(operator: ManagedProcess, crds: ControlPlane, namespace: str,
+def test_retain_keeps_the_data(operator: OperatorProcess, crds: ControlPlane, namespace: str,
                                zookeeper: ZooKeeperHarness) -> None:  # fmt: skip
     zk = _zk(zookeeper)
     _apply(crds, namespace, "Queue", "jobs", {"deletionPolicy": "Retain", "maxAttempts": 3})
@@ -87,7 +87,7 @@ def test_retain_keeps_the_data(operator: ManagedProcess, crds: ControlPlane, nam
 
 
 def test_finalizer_is_released_when_zookeeper_is_down(
-    operator: ManagedProcess, crds: ControlPlane, namespace: str, zookeeper_server: ZooKeeperServer
+    operator: OperatorProcess, crds: ControlPlane, namespace: str, zookeeper_server: ZooKeeperServer
 ) -> None:
     _apply(crds, namespace, "Topic", "doomed")
     _wait_ready(crds, namespace, "topic", "doomed")
@@ -101,7 +101,7 @@ def test_finalizer_is_released_when_zookeeper_is_down(
 
 
 def test_zepsstream_broker_objects_and_a_runnable_pod_template(
-    operator: ManagedProcess, crds: ControlPlane, namespace: str, tmp_path: Path
+    operator: OperatorProcess, crds: ControlPlane, namespace: str, tmp_path: Path
 ) -> None:
     core = client.CoreV1Api(client.ApiClient(_kube(crds)))
     pv = client.V1PersistentVolume(  # no provisioner without kubelet: offer a volume to bind

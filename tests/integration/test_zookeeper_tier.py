@@ -86,3 +86,16 @@ def test_four_letter_metrics(zookeeper: ZooKeeperHarness) -> None:
 def test_server_binds_loopback_only(zookeeper_server: ZooKeeperServer) -> None:
     config = (zookeeper_server.workdir / "zoo.cfg").read_text()
     assert "clientPortAddress=127.0.0.1" in config
+
+
+def test_delete_tree_removes_nested_subtrees(zookeeper: ZooKeeperHarness) -> None:
+    from zeps.coordination._util import delete_tree  # noqa: PLC0415
+
+    client = zookeeper.client()
+    root = f"{zookeeper.root}/deep"
+    for path in ("a/b/c", "a/b/d", "e", "f/g"):
+        client.create(f"{root}/{path}", makepath=True)
+    for i in range(600):  # more than one transaction's worth at one level
+        client.create(f"{root}/many/n{i}", makepath=True)
+    delete_tree(client, root)
+    assert client.exists(root) is None

@@ -29,8 +29,24 @@ declare -A targets=(
   [helm]="helm.sh/helm/v3/cmd/helm"
 )
 
+# Version stamps, as the projects' own release builds set them (from the pins above, not repeated):
+# without them kube-apiserver reports v0.0.0-master and helm renders charts for Kubernetes 1.20.
+k8s_version=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$here/k8s/go.mod")
+helm_version=$(awk '$1 == "require" && $2 == "helm.sh/helm/v3" {print $3}' "$here/helm/go.mod")
+k8s_major=$(echo "$k8s_version" | cut -d. -f1 | tr -d v)
+k8s_minor=$(echo "$k8s_version" | cut -d. -f2)
+stamp() { for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  printf -- '-X %s.gitVersion=%s -X %s.gitMajor=%s -X %s.gitMinor=%s -X %s.gitTreeState=clean ' \
+    "$pkg" "$k8s_version" "$pkg" "$k8s_major" "$pkg" "$k8s_minor" "$pkg"; done; }
+declare -A ldflags=(
+  [etcd]=""
+  [k8s]="$(stamp)"
+  [kwok]=""
+  [helm]="-X helm.sh/helm/v3/internal/version.version=$helm_version -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=$k8s_major -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$k8s_minor"
+)
+
 for mod in etcd k8s kwok helm; do
-  key=$(cat "$here/$mod/go.mod" "$here/$mod/go.sum" <(echo "$goversion ${targets[$mod]}") | sha256sum | cut -c1-16)
+  key=$(cat "$here/$mod/go.mod" "$here/$mod/go.sum" <(echo "$goversion ${targets[$mod]} ${ldflags[$mod]}") | sha256sum | cut -c1-16)
   out="$cache/testbin/$mod-$key"
   if [ -f "$out/.complete" ]; then
     say "$mod: up to date ($out)"
@@ -40,7 +56,7 @@ for mod in etcd k8s kwok helm; do
     start=$(date +%s)
     # GOSUMDB=off: the checksum database is not reachable here; go.sum (committed) still verifies every module.
     if ! (cd "$here/$mod" && GOSUMDB=off GOFLAGS=-mod=readonly CGO_ENABLED=0 \
-          go build -trimpath -ldflags='-s -w' -o "$out/" ${targets[$mod]} >"$out.log" 2>&1); then
+          go build -trimpath -ldflags="-s -w ${ldflags[$mod]}" -o "$out/" ${targets[$mod]} >"$out.log" 2>&1); then
       echo "setup: building $mod failed; see $out.log (last lines below)" >&2
       tail -n 15 "$out.log" >&2
       rm -rf "$out"

@@ -50,8 +50,9 @@ def failures(outcome: list[Any]) -> list[Exception]:
 
 
 def delete_tree(client: KazooClient, path: str, *, attempts: int = 20) -> None:
-    """Delete ``path`` and its children in transactions of DELETE_CHUNK, even while writers keep
-    adding children (bounded by ``attempts`` passes)."""
+    """Delete ``path`` and everything below it, in transactions of DELETE_CHUNK, even while writers
+    keep adding children (bounded by ``attempts`` passes). Children that have children of their own
+    are emptied first, recursively."""
     retry = bounded_retry()
     for _ in range(attempts):
         try:
@@ -60,9 +61,10 @@ def delete_tree(client: KazooClient, path: str, *, attempts: int = 20) -> None:
             return
         for start in range(0, len(children), DELETE_CHUNK):
             chunk = children[start : start + DELETE_CHUNK]
-            # a fresh transaction per attempt; a child removed meanwhile fails the chunk, and the
-            # next pass lists again
-            retry(lambda chunk=chunk: commit(client, [("delete", f"{path}/{c}") for c in chunk]))
+            outcome = retry(lambda chunk=chunk: commit(client, [("delete", f"{path}/{c}") for c in chunk]))
+            for child, result in zip(chunk, outcome, strict=False):
+                if isinstance(result, NotEmptyError):  # a subtree: empty it, then it goes on the next pass
+                    delete_tree(client, f"{path}/{child}", attempts=attempts)
         try:
             retry(client.delete, path)
             return

@@ -11,7 +11,8 @@ interpreter exit, and (by default) when the process that started it dies.
 """
 
 from zeps.dev.controlplane import ControlPlane
+from zeps.dev.operator import OperatorProcess
 from zeps.dev.process import ManagedProcess, free_port
 from zeps.dev.zookeeper import ZooKeeperServer
 
-__all__ = ["ControlPlane", "ManagedProcess", "ZooKeeperServer", "free_port"]
+__all__ = ["ControlPlane", "ManagedProcess", "OperatorProcess", "ZooKeeperServer", "free_port"]
