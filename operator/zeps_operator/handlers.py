@@ -21,6 +21,7 @@ from kubernetes.dynamic import DynamicClient
 from prometheus_client import Counter, start_http_server
 from pydantic import BaseModel
 
+from zeps.broker.server import make_curve_certificate
 from zeps.coordination import Group, Topic, connect
 from zeps.coordination.admin import (
     PathConflictError,
@@ -29,6 +30,7 @@ from zeps.coordination.admin import (
     ensure_resource,
     read_spec_node,
 )
+from zeps.coordination.batches import BatchQueue
 from zeps.options import TopicOptions
 from zeps.paths import QueuePaths, StreamPaths, TopicPaths
 from zeps_operator.models import GROUP, VERSION, QueueSpec, StreamSpec, TopicSpec
@@ -251,7 +253,11 @@ def queue_timer(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -
 
 
 def _queue_facts(body: kopf.Body, patch: kopf.Patch) -> None:
-    paths = QueuePaths.of(body["metadata"]["namespace"], body["metadata"]["name"], chroot=state.settings.chroot)
+    meta = body["metadata"]
+    paths = QueuePaths.of(meta["namespace"], meta["name"], chroot=state.settings.chroot)
+    if (body.get("spec") or {}).get("mode") == "batches":
+        batches = BatchQueue(state.zk, meta["name"], namespace=meta["namespace"], chroot=state.settings.chroot)
+        patch.status["consumerLag"] = batches.lag()
     patch.status["depth"] = count_children(state.zk, paths.items)
     patch.status["inFlight"] = count_children(state.zk, paths.taken)
     patch.status["deadLettered"] = count_children(state.zk, paths.dead)
@@ -271,6 +277,8 @@ def stream_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any
     member = stream_member(name)
     if group.manifest() != frozenset({member}):
         group.set_manifest([member])
+    if dict(spec).get("curve"):
+        _ensure_curve_secret(body, namespace, name)
     for obj in stream_objects(namespace, name, dict(spec), state.settings):
         kopf.adopt(obj, owner=body)
         _apply(obj)
@@ -280,14 +288,43 @@ def stream_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any
     registered = member in members
     patch.status["brokerReady"] = available and registered
     if registered:
-        patch.status["endpoint"] = members[member].metadata.get("endpoint", "")
-        patch.status["curvePublicKey"] = members[member].metadata.get("curvePublicKey", "")
+        facts = members[member].metadata
+        patch.status["endpoint"] = facts.get("endpoint", "")
+        patch.status["curvePublicKey"] = facts.get("curvePublicKey", "")
+        for key in ("lastSequence", "journalBytes"):
+            if key in facts:
+                patch.status[key] = facts[key]
     if available and registered:
         _ready(body, patch, True, "BrokerReady", "the broker is available and registered")
     else:
         why = "the broker Deployment is not available" if not available else "the broker has not registered yet"
         _ready(body, patch, False, "BrokerNotReady", why)
         raise kopf.TemporaryError(why, delay=5)
+
+
+def _ensure_curve_secret(body: kopf.Body, namespace: str, name: str) -> None:
+    """The broker's CURVE key pair, made once and kept in a Secret (never rotated behind its back)."""
+    core = k8s.CoreV1Api(state.api)
+    try:
+        core.read_namespaced_secret(f"{name}-curve", namespace)
+        return
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    public, secret_text = make_curve_certificate()
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": f"{name}-curve",
+            "namespace": namespace,
+            "annotations": {"zeps.dev/curve-public-key": public},
+        },
+        "stringData": {"broker.key_secret": secret_text},
+    }
+    kopf.adopt(secret, owner=body)
+    _apply(secret)
+    kopf.info(body, reason="CurveKeys", message="created the broker's CURVE key pair")
 
 
 def _apply(obj: dict[str, Any]) -> None:
@@ -324,5 +361,9 @@ def deleted(body: kopf.Body, spec: kopf.Spec, retry: int, **_: Any) -> None:
         )
         return
     target, _children = zookeeper_layout(kind, meta["namespace"], meta["name"], state.settings.chroot)
+    owner = str((read_spec_node(state.zk, target) or {}).get("owner", ""))
+    if owner and owner != f"{state.settings.cluster}/{meta['uid']}":
+        kopf.warn(body, reason="NotOwner", message=f"{target} belongs to {owner}: left in place")
+        return
     delete_resource(state.zk, target)
     kopf.info(body, reason="Deleted", message=f"removed {target}")

@@ -53,14 +53,20 @@ def test_topic_lifecycle_ready_update_drift_and_delete(
     assert spec_node["spec"]["maxQueueDepth"] == 500 and spec_node["formatVersion"] == 1
     status = _get(crds, namespace, "topic", "cache")["status"]
     assert status["observedGeneration"] == 1 and status["path"] == root
-    wait_until(lambda: _get(crds, namespace, "topic", "cache")["status"].get("cleanerHolder") == "zeps-operator-test",
-               timeout=30, what="the cleaner Lease to be held")  # fmt: skip
+    wait_until(
+        lambda: _get(crds, namespace, "topic", "cache")["status"].get("cleanerHolder") == "zeps-operator-test",
+        timeout=30,
+        what="the cleaner Lease to be held",
+    )
     lease = client.CoordinationV1Api(client.ApiClient(_kube(crds))).read_namespaced_lease("cache-cleaner", namespace)
     assert lease.spec is not None and lease.spec.holder_identity == "zeps-operator-test"
 
     _apply(crds, namespace, "Topic", "cache", {"maxQueueDepth": 900})  # update
-    wait_until(lambda: _get(crds, namespace, "topic", "cache")["status"].get("observedGeneration") == 2,
-               timeout=30, what="observedGeneration to follow")  # fmt: skip
+    wait_until(
+        lambda: _get(crds, namespace, "topic", "cache")["status"].get("observedGeneration") == 2,
+        timeout=30,
+        what="observedGeneration to follow",
+    )
     assert json.loads(zk.get(f"{root}/spec")[0])["spec"]["maxQueueDepth"] == 900
 
     zk.delete(f"{root}/messages", recursive=True)  # drift behind the operator's back
@@ -70,15 +76,19 @@ def test_topic_lifecycle_ready_update_drift_and_delete(
     assert zk.exists(root) is None, "deletionPolicy Delete removes the subtree"
 
 
-def test_retain_keeps_the_data(operator: OperatorProcess, crds: ControlPlane, namespace: str,
-                               zookeeper: ZooKeeperHarness) -> None:  # fmt: skip
+def test_retain_keeps_the_data(
+    operator: OperatorProcess, crds: ControlPlane, namespace: str, zookeeper: ZooKeeperHarness
+) -> None:
     zk = _zk(zookeeper)
     _apply(crds, namespace, "Queue", "jobs", {"deletionPolicy": "Retain", "maxAttempts": 3})
     _wait_ready(crds, namespace, "queue", "jobs")
     root = f"{CHROOT}/{namespace}/queues/jobs"
     zk.create(f"{root}/items/i-100-x-", b"work", sequence=True)
-    wait_until(lambda: _get(crds, namespace, "queue", "jobs")["status"].get("depth") == 1, timeout=30,
-               what="queue depth in status")  # fmt: skip
+    wait_until(
+        lambda: _get(crds, namespace, "queue", "jobs")["status"].get("depth") == 1,
+        timeout=30,
+        what="queue depth in status",
+    )
     crds.kubectl("delete", "queue", "jobs", "-n", namespace, "--timeout=60s")
     assert zk.get_children(f"{root}/items"), "deletionPolicy Retain keeps the items"
     _apply(crds, namespace, "Queue", "jobs", {"maxAttempts": 3})  # the same name again adopts the data
@@ -106,14 +116,22 @@ def test_zepsstream_broker_objects_and_a_runnable_pod_template(
     core = client.CoreV1Api(client.ApiClient(_kube(crds)))
     pv = client.V1PersistentVolume(  # no provisioner without kubelet: offer a volume to bind
         metadata=client.V1ObjectMeta(name=f"journal-{namespace}"),
-        spec=client.V1PersistentVolumeSpec(capacity={"storage": "1Gi"}, access_modes=["ReadWriteOnce"],
-                                           host_path=client.V1HostPathVolumeSource(path=str(tmp_path / "pv")),
-                                           storage_class_name=""),
-    )  # fmt: skip
+        spec=client.V1PersistentVolumeSpec(
+            capacity={"storage": "1Gi"},
+            access_modes=["ReadWriteOnce"],
+            host_path=client.V1HostPathVolumeSource(path=str(tmp_path / "pv")),
+            storage_class_name="",
+        ),
+    )
     core.create_persistent_volume(pv)
     try:
-        _apply(crds, namespace, "ZepsStream", "prices", {"storage": {"size": "1Gi", "storageClassName": ""},
-                                                         "fsync": "always"})  # fmt: skip
+        _apply(
+            crds,
+            namespace,
+            "ZepsStream",
+            "prices",
+            {"storage": {"size": "1Gi", "storageClassName": ""}, "fsync": "always"},
+        )
         apps = client.AppsV1Api(client.ApiClient(_kube(crds)))
         wait_until(lambda: bool(apps.list_namespaced_deployment(namespace).items), timeout=60, what="the Deployment")
         deployment = apps.read_namespaced_deployment("prices-broker", namespace)
@@ -130,9 +148,15 @@ def test_zepsstream_broker_objects_and_a_runnable_pod_template(
         # The pod template, run as a local process: its command, and its environment from the ConfigMap.
         config = core.read_namespaced_config_map("prices-broker", namespace).data or {}
         port = free_port()
-        env = {**os.environ, **config, "ZEPS_BROKER_BIND": f"tcp://127.0.0.1:{port}",
-               "ZEPS_BROKER_ADVERTISE": f"tcp://127.0.0.1:{port}", "ZEPS_BROKER_DATA_DIR": str(tmp_path / "journal"),
-               "ZEPS_BROKER_METRICS_PORT": str(free_port()), "POD_NAME": "prices-broker-0"}  # fmt: skip
+        env = {
+            **os.environ,
+            **config,
+            "ZEPS_BROKER_BIND": f"tcp://127.0.0.1:{port}",
+            "ZEPS_BROKER_ADVERTISE": f"tcp://127.0.0.1:{port}",
+            "ZEPS_BROKER_DATA_DIR": str(tmp_path / "journal"),
+            "ZEPS_BROKER_METRICS_PORT": str(free_port()),
+            "POD_NAME": "prices-broker-0",
+        }
         command = [os.path.join(os.path.dirname(os.sys.executable), container.command[0]), *(container.args or [])]  # type: ignore[attr-defined, index]
         broker = ManagedProcess("broker-from-pod-template", command, log_path=tmp_path / "broker.log", env=env)
         broker.start()
@@ -145,6 +169,12 @@ def test_zepsstream_broker_objects_and_a_runnable_pod_template(
                 c.publish("eu.fr", b"through the operator's broker")
                 message = c.receive(10)
             assert message is not None and message.body == b"through the operator's broker"
+            wait_until(
+                lambda: _get(crds, namespace, "zepsstream", "prices")["status"].get("lastSequence") == 1,
+                timeout=40,
+                what="the broker's live facts in status",
+            )
+            assert _get(crds, namespace, "zepsstream", "prices")["status"]["journalBytes"] > 0
         finally:
             broker.stop()
     finally:
@@ -158,3 +188,55 @@ def _kube(plane: ControlPlane) -> client.Configuration:
     configuration = client.Configuration()
     config.load_kube_config(config_file=str(plane.kubeconfig), client_configuration=configuration)
     return configuration
+
+
+def test_curve_keys_live_in_a_secret(operator: OperatorProcess, crds: ControlPlane, namespace: str) -> None:
+    _apply(crds, namespace, "ZepsStream", "secure", {"curve": True})
+    core = client.CoreV1Api(client.ApiClient(_kube(crds)))
+
+    def secret() -> Any:
+        return core.read_namespaced_secret("secure-curve", namespace)
+
+    wait_until(lambda: secret() is not None, timeout=30, what="the CURVE Secret")
+    made = secret()
+    assert made.metadata.annotations["zeps.dev/curve-public-key"] and "broker.key_secret" in made.data
+    assert made.metadata.owner_references[0].name == "secure"
+    config = core.read_namespaced_config_map("secure-broker", namespace).data or {}
+    assert config["ZEPS_BROKER_CURVE_SECRET_KEY"] == "/etc/zeps/curve/broker.key_secret"
+
+
+def test_batch_queue_lag_in_status(
+    operator: OperatorProcess, crds: ControlPlane, namespace: str, zookeeper: ZooKeeperHarness
+) -> None:
+    from zeps.coordination.batches import BatchQueue  # noqa: PLC0415
+
+    _apply(crds, namespace, "Queue", "orders", {"mode": "batches"})
+    _wait_ready(crds, namespace, "queue", "orders")
+    batches = BatchQueue(_zk(zookeeper), "orders", namespace=namespace, chroot=CHROOT)
+    batches.consumer("billing")
+    batches.publish([b"order 11", b"order 13"])
+    wait_until(
+        lambda: _get(crds, namespace, "queue", "orders")["status"].get("consumerLag") == {"billing": 1},
+        timeout=30,
+        what="consumer lag in status",
+    )
+
+
+def test_a_path_owned_by_another_cluster_is_a_conflict(
+    operator: OperatorProcess, crds: ControlPlane, namespace: str, zookeeper: ZooKeeperHarness
+) -> None:
+    zk = _zk(zookeeper)
+    root = f"{CHROOT}/{namespace}/topics/shared"
+    foreign = {"formatVersion": 1, "owner": "other-cluster/1234", "generation": 1, "spec": {}}
+    zk.create(f"{root}/spec", json.dumps(foreign).encode(), makepath=True)
+    _apply(crds, namespace, "Topic", "shared")
+
+    def ready_condition() -> dict[str, Any]:
+        conditions = _get(crds, namespace, "topic", "shared").get("status", {}).get("conditions", [])
+        return next((c for c in conditions if c["type"] == "Ready"), {})
+
+    wait_until(lambda: ready_condition().get("reason") == "Conflict", timeout=30, what="a Conflict condition")
+    assert ready_condition()["status"] == "False" and "other-cluster/1234" in ready_condition()["message"]
+    assert json.loads(zk.get(f"{root}/spec")[0])["owner"] == "other-cluster/1234", "the other owner keeps the path"
+    crds.kubectl("delete", "topic", "shared", "-n", namespace, "--timeout=60s")
+    assert json.loads(zk.get(f"{root}/spec")[0])["owner"] == "other-cluster/1234", "deleting ours leaves theirs"

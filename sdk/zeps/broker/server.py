@@ -31,11 +31,22 @@ from zmq.auth.thread import ThreadAuthenticator
 from zeps.broker.core import BrokerConfig, BrokerCore
 from zeps.errors import ConfigError
 
-__all__ = ["BrokerServer", "CurveConfig", "Registration"]
+__all__ = ["BrokerServer", "CurveConfig", "Registration", "make_curve_certificate"]
 
 log = logging.getLogger(__name__)
 
 _READ_BATCH = 2000  # frames read per loop before the broker writes, routes and sends
+
+
+def make_curve_certificate() -> tuple[str, str]:
+    """A new CURVE key pair as (public key, the secret certificate file's text) — what the operator
+    puts in a stream's Secret; the broker reads the file with ``--curve-secret-key``."""
+    import tempfile  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory() as tmp:
+        public_file, secret_file = zmq.auth.create_certificates(tmp, "broker")
+        public, _ = zmq.auth.load_certificate(public_file)
+        return public.decode(), Path(secret_file).read_text()
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,8 @@ class BrokerServer:
         self._lag = Gauge("zeps_broker_subscriber_lag", "Records a subscription is behind", ["peer", "sub"],
                           registry=self.registry)  # fmt: skip
         self._exported: dict[tuple[int, str], int] = {}  # counter values already exported
+        self._memberships: list[Any] = []
+        self._last_facts = 0.0
         self.refused: str | None = None  #: why the broker stopped serving (not in the manifest…)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -113,6 +126,7 @@ class BrokerServer:
         if self.registration is not None:
             self._register(self.registration)
         self._thread = threading.Thread(target=self._loop, name="zeps-broker", daemon=True)
+        self._last_facts = time.monotonic() - 9  # first facts a second after start
         self._thread.start()
         log.info("broker serving %s at %s", ", ".join(self.config.streams), self.endpoint)
         return self
@@ -154,7 +168,7 @@ class BrokerServer:
                     f"({', '.join(sorted(manifest)) or 'empty'}): refusing to serve"
                 )
                 raise ConfigError(self.refused)
-            group.join(reg.member, metadata)
+            self._memberships.append(group.join(reg.member, metadata))
 
             def on_status(status: Any, name: str = name) -> None:
                 if status.manifest is not None and reg.member not in status.manifest:
@@ -251,3 +265,14 @@ class BrokerServer:
         self._lag.clear()
         for (peer, sub), lag in self.core.lag().items():
             self._lag.labels(peer, str(sub)).set(lag)
+        now = time.monotonic()
+        if self._memberships and now - self._last_facts >= 10:  # live facts for the operator's status
+            self._last_facts = now
+            for membership in self._memberships:
+                served = self.core.streams.get(membership.group.paths.members.rsplit("/", 2)[-2])
+                if served is not None:
+                    facts = {"lastSequence": served.journal.durable, "journalBytes": served.journal.size_bytes}
+                    try:
+                        membership.update({**membership.metadata, **facts})
+                    except Exception as exc:  # facts are best effort; serving is not
+                        log.warning("could not publish broker facts to ZooKeeper: %r", exc)
