@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kazoo.security import make_digest_acl_credential
 from kubernetes import config
 from pyspark.sql import SparkSession
 
-from harness import ZooKeeperHarness
+from harness import OPERATOR_AUTH, ZooKeeperHarness
 from zeps.dev import ControlPlane, ZooKeeperServer
 
 _counter = itertools.count()
@@ -26,7 +27,11 @@ _counter = itertools.count()
 @pytest.fixture(scope="session")
 def zookeeper_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
     """One ZooKeeper server for the whole test session (each test gets its own root path)."""
-    server = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper"))
+    super_digest = make_digest_acl_credential(*OPERATOR_AUTH)
+    server = ZooKeeperServer(
+        tmp_path_factory.mktemp("zookeeper"),
+        jvm_flags=[f"-Dzookeeper.DigestAuthenticationProvider.superDigest={super_digest}"],
+    )
     server.start()
     try:
         yield server

@@ -70,6 +70,8 @@ class ZooKeeperHarness:
 
 
 WORKERS = Path(__file__).parent / "workers"
+#: the operator's ZooKeeper identity in tests; the session server trusts it as super user
+OPERATOR_AUTH = ("zeps-operator", "operator-secret")
 
 
 class WorkerProcess:

@@ -7,6 +7,7 @@ through :mod:`zeps.coordination.admin`, Kubernetes objects by server-side apply)
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import logging
 import os
@@ -22,7 +23,7 @@ from prometheus_client import Counter, start_http_server
 from pydantic import BaseModel
 
 from zeps.broker.server import make_curve_certificate
-from zeps.coordination import Group, Topic, connect
+from zeps.coordination import Group, Topic, connect, digest_acl
 from zeps.coordination.admin import (
     PathConflictError,
     count_children,
@@ -34,7 +35,14 @@ from zeps.coordination.batches import BatchQueue
 from zeps.options import TopicOptions
 from zeps.paths import QueuePaths, StreamPaths, TopicPaths
 from zeps_operator.models import GROUP, VERSION, QueueSpec, StreamSpec, TopicSpec
-from zeps_operator.plan import Settings, condition, stream_member, stream_objects, zookeeper_layout
+from zeps_operator.plan import (
+    NAMESPACE_AUTH_SECRET,
+    Settings,
+    condition,
+    stream_member,
+    stream_objects,
+    zookeeper_layout,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +69,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 120  # reconnect watches regularly: a stalled one cannot linger
     settings.watching.client_timeout = 150
     settings.posting.level = logging.INFO
-    state.zk = connect(state.settings.zookeeper)
+    state.zk = connect(state.settings.zookeeper, auth=state.settings.zookeeper_auth, acl_from_auth=False)
     try:
         k8s_config.load_incluster_config()  # type: ignore[no-untyped-call]
     except k8s_config.ConfigException:
@@ -119,6 +127,8 @@ def _reconcile(kind: str, body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, *
             generation=generation,
             spec=typed.model_dump(by_alias=True),
             adopt=_same_cluster_owner(root),
+            acl=_namespace_acl(namespace),
+            boundary=f"{state.settings.chroot}/{namespace}",
         )
     except PathConflictError as exc:
         patch.status["conditions"] = condition(
@@ -134,6 +144,20 @@ def _reconcile(kind: str, body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, *
     patch.status["path"] = root
     RECONCILES.labels(kind, "ok").inc()
     return "ok"
+
+
+def _namespace_acl(namespace: str) -> list[Any] | None:
+    """The namespace's ZooKeeper ACL: its digest user from the zeps-zookeeper-auth Secret, if any."""
+    try:
+        secret = k8s.CoreV1Api(state.api).read_namespaced_secret(NAMESPACE_AUTH_SECRET, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    data = {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+    if not data.get("user") or not data.get("password"):
+        raise kopf.PermanentError(f"Secret {NAMESPACE_AUTH_SECRET} needs the keys user and password")
+    return digest_acl(data["user"], data["password"])
 
 
 def _same_cluster_owner(root: str) -> bool:

@@ -15,7 +15,15 @@ from typing import Any
 
 from zeps.paths import DEFAULT_CHROOT, QueuePaths, StreamPaths, TopicPaths
 
-__all__ = ["BROKER_DATA", "Settings", "condition", "stream_member", "stream_objects", "zookeeper_layout"]
+__all__ = [
+    "BROKER_DATA",
+    "NAMESPACE_AUTH_SECRET",
+    "Settings",
+    "condition",
+    "stream_member",
+    "stream_objects",
+    "zookeeper_layout",
+]
 
 BROKER_DATA = "/var/lib/zeps"
 METRICS_PORT = 9102
@@ -31,6 +39,8 @@ class Settings:
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}")
     resync_seconds: float = 30.0
     delete_retries: int = 5  #: finalizer attempts while ZooKeeper is unreachable, then release
+    #: the operator's ZooKeeper digest identity ("user:password"; a superDigest user on the servers)
+    zookeeper_auth: tuple[str, str] | None = None
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -44,7 +54,21 @@ class Settings:
             identity=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}",
             resync_seconds=float(os.environ.get("ZEPS_RESYNC_SECONDS", "30")),
             delete_retries=int(os.environ.get("ZEPS_DELETE_RETRIES", "5")),
+            zookeeper_auth=_auth(os.environ.get("ZEPS_ZOOKEEPER_AUTH", "")),
         )
+
+
+def _auth(value: str) -> tuple[str, str] | None:
+    if not value:
+        return None
+    user, sep, password = value.partition(":")
+    if not sep or not user or not password:
+        raise SystemExit("ZEPS_ZOOKEEPER_AUTH must look like user:password (a ZooKeeper digest identity)")
+    return user, password
+
+
+#: the Secret (keys ``user`` and ``password``) whose digest identity owns a namespace's subtree
+NAMESPACE_AUTH_SECRET = "zeps-zookeeper-auth"
 
 
 def zookeeper_layout(kind: str, namespace: str, name: str, chroot: str) -> tuple[str, list[str]]:

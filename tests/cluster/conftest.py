@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from harness import OPERATOR_AUTH
 from zeps.dev import ControlPlane, OperatorProcess, ZooKeeperServer
 from zeps.dev.process import wait_until
 
@@ -70,6 +71,7 @@ def operator(
         resync_seconds=3,
         delete_retries=3,
         identity="zeps-operator-test",
+        zookeeper_auth=":".join(OPERATOR_AUTH),
     )
     proc.start()
     try:

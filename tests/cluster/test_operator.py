@@ -240,3 +240,42 @@ def test_a_path_owned_by_another_cluster_is_a_conflict(
     assert json.loads(zk.get(f"{root}/spec")[0])["owner"] == "other-cluster/1234", "the other owner keeps the path"
     crds.kubectl("delete", "topic", "shared", "-n", namespace, "--timeout=60s")
     assert json.loads(zk.get(f"{root}/spec")[0])["owner"] == "other-cluster/1234", "deleting ours leaves theirs"
+
+
+def test_namespace_credentials_put_acls_on_the_namespace_subtree(
+    operator: OperatorProcess, crds: ControlPlane, namespace: str, zookeeper: ZooKeeperHarness
+) -> None:
+    from kazoo.exceptions import NoAuthError  # noqa: PLC0415
+
+    from zeps.coordination import Topic, connect  # noqa: PLC0415
+
+    core = client.CoreV1Api(client.ApiClient(_kube(crds)))
+    core.create_namespaced_secret(
+        namespace,
+        client.V1Secret(
+            metadata=client.V1ObjectMeta(name="zeps-zookeeper-auth"), string_data={"user": "shop", "password": "pw"}
+        ),
+    )
+    _apply(crds, namespace, "Topic", "private")
+    _wait_ready(crds, namespace, "topic", "private")
+    owner = connect(zookeeper.connect_string, auth=("shop", "pw"))
+    try:
+        root = f"{CHROOT}/{namespace}"
+        walk = [root]
+        while walk:  # every node of the namespace's subtree belongs to the namespace's user
+            path = walk.pop()
+            acl, _ = owner.get_acls(path)
+            assert [(a.id.scheme, a.id.id.split(":")[0]) for a in acl] == [("digest", "shop")], path
+            walk += [f"{path}/{child}" for child in owner.get_children(path)]
+        with __import__("pytest").raises(NoAuthError):
+            _zk(zookeeper).get_children(f"{root}/topics/private")
+        topic = Topic(owner, "private", namespace=namespace, chroot=CHROOT)
+        got: list[bytes] = []
+        with topic.subscribe(lambda m: got.append(m.body), consumer_id="web-1"):
+            topic.publish(b"only for shop")
+            wait_until(lambda: got == [b"only for shop"], timeout=10, what="delivery with namespace credentials")
+    finally:
+        owner.stop()
+        owner.close()
+    crds.kubectl("delete", "topic", "private", "-n", namespace, "--timeout=60s")  # the operator is super user
+    assert _zk(zookeeper).exists(f"{CHROOT}/{namespace}/topics/private") is None

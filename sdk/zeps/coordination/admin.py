@@ -8,6 +8,7 @@ resource recreated gets a new UID) is refused with :class:`PathConflictError`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable
 from typing import Any
@@ -47,16 +48,25 @@ def ensure_resource(
     generation: int,
     spec: dict[str, Any],
     adopt: bool = False,
+    acl: list[Any] | None = None,
+    boundary: str | None = None,
 ) -> list[str]:
     """Create missing paths and (re)write the spec node; returns what was repaired or written.
 
     ``adopt``: take over a spec node left by an object of the same name with another UID (the
-    previous resource was deleted with deletionPolicy: Retain)."""
+    previous resource was deleted with deletionPolicy: Retain). ``acl``: the ACL of every node
+    created below ``boundary`` (the namespace's node); nodes above it stay open."""
     retry = bounded_retry()
     repaired = []
+    if boundary is not None and retry(client.exists, boundary) is None:
+        parent = boundary.rsplit("/", 1)[0]
+        if parent:
+            retry(client.ensure_path, parent)
+        with contextlib.suppress(NodeExistsError):
+            retry(client.create, boundary, acl=acl)
     for child in (root, *(f"{root}/{c}" for c in children)):
         if retry(client.exists, child) is None:
-            retry(client.ensure_path, child)
+            retry(client.ensure_path, child, acl=acl)
             repaired.append(child)
     current = read_spec_node(client, root)
     if current and current.get("owner") not in (None, owner) and not adopt:
@@ -65,7 +75,7 @@ def ensure_resource(
     if current != wanted:
         data = json.dumps(wanted, sort_keys=True).encode()
         try:
-            retry(client.create, f"{root}/spec", data)
+            retry(client.create, f"{root}/spec", data, acl=acl)
         except NodeExistsError:
             retry(client.set, f"{root}/spec", data)
         repaired.append(f"{root}/spec")

@@ -19,6 +19,7 @@ def connect(
     timeout: float = 15.0,
     session_timeout: float = 10.0,
     auth: tuple[str, str] | None = None,
+    acl_from_auth: bool = True,
 ) -> KazooClient:
     """Start a kazoo client for ``hosts`` (``"host:port[,host:port…][/chroot]"``) and return it connected.
 
@@ -26,10 +27,11 @@ def connect(
     node this client creates — by zeps recipes and by kazoo's own (elections, locks) — gets the ACL
     that limits it to that user (:func:`digest_acl`). Raises
     :class:`CoordinationError` naming the address when no server answers within ``timeout``. The
-    caller owns the client: ``client.stop(); client.close()`` when done.
+    caller owns the client: ``client.stop(); client.close()`` when done. ``acl_from_auth=False``
+    authenticates without that default ACL (the operator, a super user, sets ACLs per namespace).
     """
     auth_data = [("digest", f"{auth[0]}:{auth[1]}")] if auth else None
-    default_acl = digest_acl(*auth) if auth else None
+    default_acl = digest_acl(*auth) if auth and acl_from_auth else None
     client = KazooClient(hosts=hosts, timeout=session_timeout, auth_data=auth_data, default_acl=default_acl)
     try:
         client.start(timeout=timeout)

@@ -26,6 +26,7 @@ class OperatorProcess(LocalServer):
         resync_seconds: float = 30.0,
         delete_retries: int = 5,
         identity: str = "zeps-operator-local",
+        zookeeper_auth: str = "",
     ) -> None:
         self.workdir = workdir
         self.port = free_port()
@@ -37,6 +38,7 @@ class OperatorProcess(LocalServer):
             "ZEPS_RESYNC_SECONDS": str(resync_seconds),
             "ZEPS_DELETE_RETRIES": str(delete_retries),
             "POD_NAME": identity,
+            "ZEPS_ZOOKEEPER_AUTH": zookeeper_auth,
         }
         argv = [
             sys.executable,

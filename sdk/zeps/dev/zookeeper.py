@@ -47,6 +47,7 @@ class ZooKeeperServer(LocalServer):
         force_sync: bool = True,
         heap_mb: int = 512,
         extra_config: dict[str, str] | None = None,
+        jvm_flags: list[str] | None = None,
     ) -> None:
         self.workdir = workdir
         self.home = home
@@ -55,6 +56,7 @@ class ZooKeeperServer(LocalServer):
         self.force_sync = force_sync
         self.heap_mb = heap_mb
         self.extra_config = dict(extra_config or {})
+        self.jvm_flags = list(jvm_flags or [])  # e.g. -Dzookeeper.DigestAuthenticationProvider.superDigest=…
         self._process: ManagedProcess | None = None
 
     # -- addresses --------------------------------------------------------------------------------
@@ -112,6 +114,7 @@ class ZooKeeperServer(LocalServer):
             "-Dzookeeper.jmx.log4j.disable=true",
             "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
             "-Dorg.slf4j.simpleLogger.showDateTime=true",
+            *self.jvm_flags,
             "-cp",
             f"{home / 'lib'}/*",
             "org.apache.zookeeper.server.ZooKeeperServerMain",
