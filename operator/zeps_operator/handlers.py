@@ -12,6 +12,7 @@ import datetime as dt
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -171,23 +172,38 @@ def _ready(body: kopf.Body, patch: kopf.Patch, ready: bool, reason: str, message
     patch.status["conditions"] = condition(previous, ready=ready, reason=reason, message=message, generation=generation)
 
 
+def _zookeeper_resource(
+    kind: str,
+    body: kopf.Body,
+    spec: kopf.Spec,
+    patch: kopf.Patch,
+    facts: Callable[[kopf.Body, kopf.Patch], None],
+    *,
+    timer: bool,
+) -> bool:
+    """Topic and Queue: reconcile the ZooKeeper side, fill in the facts, mark Ready. A change
+    (not a timer's resync) is also reported as an event. True when reconciled."""
+    if _reconcile(kind, body, spec, patch, quiet=timer) != "ok":
+        return False
+    facts(body, patch)
+    _ready(body, patch, True, "Reconciled", "ZooKeeper paths and spec are in place")
+    if not timer:
+        kopf.info(body, reason="Reconciled", message=f"generation {body['metadata'].get('generation')}")
+    return True
+
+
 # -- Topic ---------------------------------------------------------------------------------------
 @kopf.on.create(GROUP, VERSION, "topics")
 @kopf.on.update(GROUP, VERSION, "topics")
 @kopf.on.resume(GROUP, VERSION, "topics")
 def topic_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
-    if _reconcile("Topic", body, spec, patch, quiet=False) == "ok":
-        _topic_facts(body, patch)
-        _ready(body, patch, True, "Reconciled", "ZooKeeper paths and spec are in place")
-        kopf.info(body, reason="Reconciled", message=f"generation {body['metadata'].get('generation')}")
+    _zookeeper_resource("Topic", body, spec, patch, _topic_facts, timer=False)
 
 
 @kopf.timer(GROUP, VERSION, "topics", interval=RESYNC, idle=RESYNC / 6)
 def topic_timer(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
-    if _reconcile("Topic", body, spec, patch, quiet=True) == "ok":
+    if _zookeeper_resource("Topic", body, spec, patch, _topic_facts, timer=True):
         _run_cleaner(body, spec)
-        _topic_facts(body, patch)
-        _ready(body, patch, True, "Reconciled", "ZooKeeper paths and spec are in place")
 
 
 def _topic_facts(body: kopf.Body, patch: kopf.Patch) -> None:
@@ -263,17 +279,12 @@ def _hold_lease(namespace: str, name: str, duration: int = 45) -> str:
 @kopf.on.update(GROUP, VERSION, "queues")
 @kopf.on.resume(GROUP, VERSION, "queues")
 def queue_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
-    if _reconcile("Queue", body, spec, patch, quiet=False) == "ok":
-        _queue_facts(body, patch)
-        _ready(body, patch, True, "Reconciled", "ZooKeeper paths and spec are in place")
-        kopf.info(body, reason="Reconciled", message=f"generation {body['metadata'].get('generation')}")
+    _zookeeper_resource("Queue", body, spec, patch, _queue_facts, timer=False)
 
 
 @kopf.timer(GROUP, VERSION, "queues", interval=RESYNC, idle=RESYNC / 6)
 def queue_timer(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
-    if _reconcile("Queue", body, spec, patch, quiet=True) == "ok":
-        _queue_facts(body, patch)
-        _ready(body, patch, True, "Reconciled", "ZooKeeper paths and spec are in place")
+    _zookeeper_resource("Queue", body, spec, patch, _queue_facts, timer=True)
 
 
 def _queue_facts(body: kopf.Body, patch: kopf.Patch) -> None:
