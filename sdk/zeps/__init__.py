@@ -28,6 +28,7 @@ from zeps.errors import (
     SetupError,
     ZepsError,
 )
+from zeps.handles import batches, queue, stream, topic
 from zeps.options import TopicOptions
 
 __version__ = _version("zeps")  # one source of truth: pyproject.toml
@@ -53,4 +54,8 @@ __all__ = [
     "TopicOptions",
     "ZepsError",
     "__version__",
+    "batches",
+    "queue",
+    "stream",
+    "topic",
 ]

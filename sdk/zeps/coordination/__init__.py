@@ -5,7 +5,7 @@
 * :func:`connect` — the one place a kazoo client is made.
 """
 
-from zeps.coordination.client import connect, digest_acl
+from zeps.coordination.client import connect, digest_acl, shared_client
 from zeps.coordination.group import Group, GroupStatus, GroupWatch, Member, Membership
 from zeps.coordination.topic import (
     Message,
@@ -30,4 +30,5 @@ __all__ = [
     "TopicCleaner",
     "connect",
     "digest_acl",
+    "shared_client",
 ]

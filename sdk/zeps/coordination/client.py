@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import os
+import threading
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -10,7 +14,7 @@ from kazoo.security import make_digest_acl
 
 from zeps.errors import CoordinationError
 
-__all__ = ["connect", "digest_acl"]
+__all__ = ["connect", "digest_acl", "shared_client"]
 
 
 def connect(
@@ -44,3 +48,31 @@ def connect(
 def digest_acl(user: str, password: str) -> list[Any]:
     """The ACL for nodes only ``user`` (authenticated by digest) may read, write or delete."""
     return [make_digest_acl(user, password, all=True)]
+
+
+_shared: dict[tuple[int, str, tuple[str, str] | None], KazooClient] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_client(hosts: str, *, auth: tuple[str, str] | None = None) -> KazooClient:
+    """The process's one client for ``hosts`` (and identity), made on first use.
+
+    Keyed by process id: a forked child (a Spark worker, a multiprocessing pool) never reuses its
+    parent's client, whose threads did not survive the fork. Clients are closed at interpreter exit.
+    """
+    key = (os.getpid(), hosts, auth)
+    with _shared_lock:
+        client = _shared.get(key)
+        if client is None or (not client.connected and client.state == "LOST"):
+            client = connect(hosts, auth=auth)
+            _shared[key] = client
+        return client
+
+
+@atexit.register
+def _close_shared() -> None:
+    for (pid, _, _), client in list(_shared.items()):
+        if pid == os.getpid():
+            with contextlib.suppress(Exception):
+                client.stop()
+                client.close()

@@ -1,0 +1,110 @@
+"""Where a handle's connection settings come from: explicit arguments, then the environment, then
+the custom resource's status read through the Kubernetes API (:mod:`zeps.config.resolver`).
+
+Environment variables (what a pod gets; the operator's status shows the same values):
+
+======================================  ===============================================================
+``ZEPS_ZOOKEEPER``                      ZooKeeper connect string, ``host:port[,host:port…]``
+``ZEPS_CHROOT``                         the installation's root path (default ``/zeps``)
+``ZEPS_NAMESPACE``                      the resources' namespace (default: ``POD_NAMESPACE``, the pod's
+                                        own namespace, or ``default``)
+``ZEPS_ZOOKEEPER_USER`` / ``_PASSWORD``   the namespace's ZooKeeper digest identity, when ACLs are on
+``ZEPS_STREAM_<NAME>_ENDPOINT``         a stream's broker endpoint (``<NAME>`` upper-case, ``-`` → ``_``)
+``ZEPS_STREAM_<NAME>_PUBLIC_KEY``       its CURVE public key, when CURVE is on
+======================================  ===============================================================
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from zeps.errors import ConfigError
+from zeps.paths import DEFAULT_CHROOT, validate_name
+
+__all__ = ["Resolved", "resolve"]
+
+Kind = Literal["Topic", "Queue", "ZepsStream"]
+_PLURAL = {"Topic": "topics", "Queue": "queues", "ZepsStream": "zepsstreams"}
+_SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+class Resolved(BaseModel):
+    """Everything a handle needs, and nothing that needs Kubernetes: what Spark ships to executors."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Kind
+    name: str
+    namespace: str
+    zookeeper: str = ""
+    chroot: str = DEFAULT_CHROOT
+    auth: tuple[str, str] | None = None
+    endpoint: str = ""
+    public_key: str = ""
+    spec: dict[str, Any] = {}
+
+
+def _namespace(explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    for var in ("ZEPS_NAMESPACE", "POD_NAMESPACE"):
+        if os.environ.get(var):
+            return os.environ[var]
+    if _SA_NAMESPACE.exists():
+        return _SA_NAMESPACE.read_text().strip()
+    return "default"
+
+
+def _env_auth() -> tuple[str, str] | None:
+    user, password = os.environ.get("ZEPS_ZOOKEEPER_USER", ""), os.environ.get("ZEPS_ZOOKEEPER_PASSWORD", "")
+    if bool(user) != bool(password):
+        raise ConfigError("set both ZEPS_ZOOKEEPER_USER and ZEPS_ZOOKEEPER_PASSWORD, or neither")
+    return (user, password) if user else None
+
+
+def resolve(
+    kind: Kind,
+    name: str,
+    *,
+    namespace: str | None = None,
+    zookeeper: str | None = None,
+    chroot: str | None = None,
+    auth: tuple[str, str] | None = None,
+    endpoint: str | None = None,
+    public_key: str | None = None,
+) -> Resolved:
+    """Settings for one resource: explicit arguments, then environment, then the resource's status."""
+    validate_name(kind.lower(), name)
+    ns = validate_name("namespace", _namespace(namespace))
+    env_key = name.upper().replace("-", "_")
+    found: dict[str, Any] = {
+        "zookeeper": zookeeper or os.environ.get("ZEPS_ZOOKEEPER", ""),
+        "chroot": chroot or os.environ.get("ZEPS_CHROOT", ""),
+        "auth": auth or _env_auth(),
+        "endpoint": endpoint or os.environ.get(f"ZEPS_STREAM_{env_key}_ENDPOINT", ""),
+        "public_key": public_key or os.environ.get(f"ZEPS_STREAM_{env_key}_PUBLIC_KEY", ""),
+        "spec": {},
+    }
+    needed = ("endpoint",) if kind == "ZepsStream" else ("zookeeper",)
+    if not all(found[k] for k in needed):
+        from zeps.config.resolver import read_resource  # noqa: PLC0415 — Kubernetes only when needed
+
+        resource = read_resource(_PLURAL[kind], kind, name, ns)
+        status, spec = resource.get("status") or {}, resource.get("spec") or {}
+        found["spec"] = spec
+        found["zookeeper"] = found["zookeeper"] or status.get("zookeeper", "")
+        found["endpoint"] = found["endpoint"] or status.get("endpoint", "")
+        found["public_key"] = found["public_key"] or status.get("curvePublicKey", "")
+        path = status.get("path", "")
+        suffix = f"/{ns}/{_PLURAL[kind] if kind != 'ZepsStream' else 'streams'}/{name}"
+        if not found["chroot"] and path.endswith(suffix):
+            found["chroot"] = path[: -len(suffix)]
+    found["chroot"] = found["chroot"] or DEFAULT_CHROOT
+    if not all(found[k] for k in needed):
+        what = "a broker endpoint" if kind == "ZepsStream" else "a ZooKeeper connect string"
+        raise ConfigError(f"{kind} {ns}/{name}: no {what} in arguments, environment or the resource's status")
+    return Resolved(kind=kind, name=name, namespace=ns, **found)

@@ -1,0 +1,61 @@
+"""Reading a zeps custom resource through the Kubernetes API: the SDK's only Kubernetes import.
+
+In a pod it uses the in-cluster ServiceAccount; elsewhere the kubeconfig (``KUBECONFIG`` or
+``~/.kube/config``). Every failure is one ConfigError naming the resource and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from zeps.errors import ConfigError
+
+__all__ = ["read_resource"]
+
+
+def read_resource(plural: str, kind: str, name: str, namespace: str) -> dict[str, Any]:
+    """The resource, which must exist and be Ready."""
+    try:
+        from kubernetes import client, config  # noqa: PLC0415 — the operator extra is optional
+        from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+    except ImportError:
+        raise ConfigError(
+            f"{kind} {namespace}/{name}: settings were not given and the kubernetes package is missing; "
+            "install zeps[operator], or set ZEPS_ZOOKEEPER (and ZEPS_STREAM_<NAME>_ENDPOINT for streams)"
+        ) from None
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        try:
+            # the client reads KUBECONFIG once, at import; read it now, as the user expects
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)  # type: ignore[no-untyped-call]
+        except (config.ConfigException, OSError) as exc:
+            raise ConfigError(
+                f"{kind} {namespace}/{name}: no Kubernetes access to read it ({exc}); run in a pod, set KUBECONFIG, "
+                "or pass the settings explicitly"
+            ) from None
+    api = client.CustomObjectsApi()
+    try:
+        found = api.get_namespaced_custom_object("zeps.dev", "v1alpha1", namespace, plural, name)
+    except ApiException as exc:
+        if exc.status == 404:
+            raise ConfigError(
+                f"{kind} {namespace}/{name} does not exist: create it (kubectl apply -f …) or check the name "
+                "and namespace"
+            ) from None
+        if exc.status == 403:
+            raise ConfigError(
+                f"no permission to read {plural}.zeps.dev in namespace {namespace}: grant get on {plural}.zeps.dev "
+                "to this pod's ServiceAccount, or set the settings in the environment (ZEPS_ZOOKEEPER, …)"
+            ) from None
+        raise ConfigError(f"{kind} {namespace}/{name}: the Kubernetes API answered {exc.status} {exc.reason}") from None
+    if not isinstance(found, dict):
+        raise ConfigError(f"{kind} {namespace}/{name}: the Kubernetes API returned something unexpected")
+    resource: dict[str, Any] = found
+    conditions = (resource.get("status") or {}).get("conditions") or []
+    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+    if ready is None or ready.get("status") != "True":
+        why = f"{ready.get('reason')}: {ready.get('message')}" if ready else "the operator has not reconciled it yet"
+        raise ConfigError(f"{kind} {namespace}/{name} is not Ready ({why}); see kubectl describe {plural} {name}")
+    return resource

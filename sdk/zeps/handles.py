@@ -1,0 +1,150 @@
+"""Ready-to-use handles configured from the custom resources: ``zeps.topic("cache")`` and friends.
+
+A handle holds only its resolved settings (:class:`zeps.config.Resolved`), so it pickles: Spark's
+driver resolves once and ships handles to executors, which need no Kubernetes access. The ZooKeeper
+client or broker connection behind it is made lazily, once per process (keyed by pid: kazoo threads
+and ZeroMQ contexts do not survive a fork).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from zeps.client import StreamClient
+from zeps.config import Resolved, resolve
+from zeps.coordination import Topic, shared_client
+from zeps.coordination.batches import BatchQueue
+from zeps.coordination.queue import WorkQueue
+from zeps.options import BatchOptions, QueueOptions, TopicOptions
+
+__all__ = ["BatchesHandle", "QueueHandle", "StreamHandle", "TopicHandle", "batches", "queue", "stream", "topic"]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _options(model: type[M], spec: dict[str, Any]) -> M:
+    """SDK options from a resource spec (camelCase fields; the ones the model does not know are skipped)."""
+    snake = {re.sub(r"(?<!^)(?=[A-Z])", "_", k).lower(): v for k, v in spec.items()}
+    return model.model_validate({k: v for k, v in snake.items() if k in model.model_fields})
+
+
+class _Handle:
+    def __init__(self, settings: Resolved) -> None:
+        self.settings = settings
+        self._per_pid: dict[int, Any] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"settings": self.settings.model_dump()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(Resolved(**state["settings"]))  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        s = self.settings
+        return f"{type(self).__name__}({s.namespace}/{s.name})"
+
+    def _make(self) -> Any:
+        raise NotImplementedError
+
+    def _recipe(self) -> Any:
+        pid = os.getpid()
+        if pid not in self._per_pid:
+            self._per_pid = {pid: self._make()}  # drop whatever a parent process left behind
+        return self._per_pid[pid]
+
+    def _zookeeper(self) -> Any:
+        return shared_client(self.settings.zookeeper, auth=self.settings.auth)
+
+
+class TopicHandle(_Handle):
+    """``zeps.topic(name)``: broadcast to every live subscriber (see :class:`zeps.coordination.Topic`)."""
+
+    def _make(self) -> Topic:
+        s = self.settings
+        return Topic(
+            self._zookeeper(), s.name, namespace=s.namespace, chroot=s.chroot, options=_options(TopicOptions, s.spec)
+        )
+
+    def publish(self, body: bytes, **kwargs: Any) -> str:
+        return str(self._recipe().publish(body, **kwargs))
+
+    def publish_many(self, bodies: list[bytes], **kwargs: Any) -> list[str]:
+        return list(self._recipe().publish_many(bodies, **kwargs))
+
+    def publish_async(self, body: bytes, **kwargs: Any) -> Any:
+        return self._recipe().publish_async(body, **kwargs)
+
+    def flush(self, timeout: float | None = None) -> None:
+        self._recipe().flush(timeout)
+
+    def subscribe(self, callback: Any, **kwargs: Any) -> Any:
+        return self._recipe().subscribe(callback, **kwargs)
+
+
+class QueueHandle(_Handle):
+    """``zeps.queue(name)``: a work queue (see :class:`zeps.coordination.queue.WorkQueue`)."""
+
+    def _make(self) -> WorkQueue:
+        s = self.settings
+        return WorkQueue(
+            self._zookeeper(), s.name, namespace=s.namespace, chroot=s.chroot, options=_options(QueueOptions, s.spec)
+        )
+
+    def __getattr__(self, name: str) -> Any:  # put, put_all, take, take_many, ack_all, stats, …
+        if name.startswith("_") or name == "settings":
+            raise AttributeError(name)
+        return getattr(self._recipe(), name)
+
+
+class BatchesHandle(_Handle):
+    """``zeps.batches(name)``: a replayable batch queue (see :class:`zeps.coordination.batches.BatchQueue`)."""
+
+    def _make(self) -> BatchQueue:
+        s = self.settings
+        batch_spec = s.spec.get("batches") or {}
+        return BatchQueue(
+            self._zookeeper(),
+            s.name,
+            namespace=s.namespace,
+            chroot=s.chroot,
+            options=_options(BatchOptions, batch_spec),
+        )
+
+    def __getattr__(self, name: str) -> Any:  # publish, consumer, lag, latest, read, prune
+        if name.startswith("_") or name == "settings":
+            raise AttributeError(name)
+        return getattr(self._recipe(), name)
+
+
+class StreamHandle(_Handle):
+    """``zeps.stream(name)``: a ZepsStream peering (see :class:`zeps.client.StreamClient`)."""
+
+    def _make(self) -> StreamClient:
+        s = self.settings
+        return StreamClient(s.endpoint, s.name, server_public_key=s.public_key or None).connect()
+
+    def __getattr__(self, name: str) -> Any:  # publish, flush, subscribe, start, receive, close
+        if name.startswith("_") or name == "settings":
+            raise AttributeError(name)
+        return getattr(self._recipe(), name)
+
+
+def topic(name: str, namespace: str | None = None, **settings: Any) -> TopicHandle:
+    """A Topic handle; settings resolve from arguments, then the environment, then the resource."""
+    return TopicHandle(resolve("Topic", name, namespace=namespace, **settings))
+
+
+def queue(name: str, namespace: str | None = None, **settings: Any) -> QueueHandle:
+    return QueueHandle(resolve("Queue", name, namespace=namespace, **settings))
+
+
+def batches(name: str, namespace: str | None = None, **settings: Any) -> BatchesHandle:
+    return BatchesHandle(resolve("Queue", name, namespace=namespace, **settings))
+
+
+def stream(name: str, namespace: str | None = None, **settings: Any) -> StreamHandle:
+    return StreamHandle(resolve("ZepsStream", name, namespace=namespace, **settings))

@@ -1,0 +1,129 @@
+"""SDK handles resolved from the resources on the real API server, with the operator and ZooKeeper."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+import zeps
+from harness import ZooKeeperHarness
+from zeps.dev import ControlPlane, OperatorProcess
+from zeps.dev.process import wait_until
+from zeps.errors import ConfigError
+
+CHROOT = "/operator-tests"
+
+
+def _apply(plane: ControlPlane, namespace: str, kind: str, name: str, spec: dict[str, Any] | None = None) -> None:
+    body = {"apiVersion": "zeps.dev/v1alpha1", "kind": kind, "metadata": {"name": name}, "spec": spec or {}}
+    plane.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
+    plane.kubectl("wait", "--for=condition=Ready", f"{kind.lower()}/{name}", "-n", namespace, "--timeout=60s")
+
+
+@pytest.fixture
+def kubeconfig(crds: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for var in ("ZEPS_ZOOKEEPER", "ZEPS_CHROOT", "ZEPS_NAMESPACE", "KUBERNETES_SERVICE_HOST"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(crds.kubeconfig))
+    return crds.kubeconfig
+
+
+def test_topic_and_queue_handles_resolve_from_status(
+    operator: OperatorProcess, crds: ControlPlane, namespace: str, kubeconfig: Path
+) -> None:
+    _apply(crds, namespace, "Topic", "news", {"maxQueueDepth": 50})
+    _apply(crds, namespace, "Queue", "work", {"maxAttempts": 2})
+    news = zeps.topic("news", namespace=namespace)
+    assert news.settings.chroot == CHROOT and news.settings.spec["maxQueueDepth"] == 50
+    got: list[bytes] = []
+    done = threading.Event()
+    with news.subscribe(lambda m: (got.append(m.body), done.set()), consumer_id="reader"):
+        news.publish(b"resolved from the Topic's status")
+        assert done.wait(10)
+    assert got == [b"resolved from the Topic's status"]
+    work = zeps.queue("work", namespace=namespace)
+    work.put(b"job")
+    item = work.take(timeout=5)
+    assert item is not None and item.body == b"job"
+    item.ack()
+    assert work.options.max_attempts == 2
+
+
+def test_clear_errors_for_missing_not_ready_and_forbidden(  # noqa: PLR0917 — pytest fixtures
+    operator: OperatorProcess,
+    crds: ControlPlane,
+    namespace: str,
+    kubeconfig: Path,
+    zookeeper: ZooKeeperHarness,
+    kube_api: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with pytest.raises(ConfigError, match=f"Topic {namespace}/nope does not exist: create it"):
+        zeps.topic("nope", namespace=namespace)
+
+    zk = zookeeper.client()
+    foreign = {"formatVersion": 1, "owner": "elsewhere/1", "generation": 1, "spec": {}}
+    zk.create(f"{CHROOT}/{namespace}/topics/taken/spec", json.dumps(foreign).encode(), makepath=True)
+    crds.kubectl(
+        "apply",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=json.dumps({"apiVersion": "zeps.dev/v1alpha1", "kind": "Topic", "metadata": {"name": "taken"}}),
+    )
+    wait_until(
+        lambda: "Conflict" in crds.kubectl("get", "topic", "taken", "-n", namespace, "-o", "json"),
+        timeout=30,
+        what="the Conflict condition",
+    )
+    with pytest.raises(ConfigError, match=f"Topic {namespace}/taken is not Ready \\(Conflict"):
+        zeps.topic("taken", namespace=namespace)
+
+    core = client.CoreV1Api(kube_api)
+    core.create_namespaced_service_account(namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="app")))
+    token = core.create_namespaced_service_account_token(
+        "app", namespace, client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[]))
+    ).status.token
+    config = json.loads(json.dumps(__import__("yaml").safe_load(Path(crds.kubeconfig).read_text())))
+    config["users"] = [{"name": "admin", "user": {"token": token}}]
+    config["contexts"][0]["context"]["user"] = "admin"
+    limited = tmp_path / "app.kubeconfig"
+    limited.write_text(json.dumps(config))
+    monkeypatch.setenv("KUBECONFIG", str(limited))
+    with pytest.raises(ConfigError, match=f"no permission to read topics.zeps.dev in namespace {namespace}: grant get"):
+        zeps.topic("taken", namespace=namespace)
+
+
+def test_a_pickled_handle_works_where_there_is_no_kubernetes(
+    operator: OperatorProcess, crds: ControlPlane, namespace: str, kubeconfig: Path
+) -> None:
+    """What Spark does: the driver resolves and pickles; an executor (no KUBECONFIG) publishes."""
+    _apply(crds, namespace, "Queue", "shipped")
+    driver_side = zeps.queue("shipped", namespace=namespace)
+    code = (
+        "import pickle, sys; h = pickle.loads(sys.stdin.buffer.read()); h.put(b'from the executor'); "
+        "print(h.stats().depth)"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k != "KUBECONFIG"}
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        input=pickle.dumps(driver_side),
+        capture_output=True,
+        env=env,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert out.strip() == b"1"
+    item = driver_side.take(timeout=5)
+    assert item is not None and item.body == b"from the executor"
+    item.ack()

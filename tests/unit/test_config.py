@@ -1,0 +1,70 @@
+"""Settings resolution without a cluster: arguments and environment; handles pickle as settings."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import zeps
+from zeps.config import resolve
+from zeps.errors import ConfigError
+from zeps.handles import _options
+from zeps.options import TopicOptions
+
+
+def test_environment_and_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZEPS_ZOOKEEPER", "zk-0:2181,zk-1:2181")
+    monkeypatch.setenv("ZEPS_NAMESPACE", "shop")
+    monkeypatch.setenv("ZEPS_ZOOKEEPER_USER", "shop")
+    monkeypatch.setenv("ZEPS_ZOOKEEPER_PASSWORD", "pw")
+    settings = resolve("Topic", "cache")
+    assert (settings.zookeeper, settings.namespace, settings.chroot, settings.auth) == (
+        "zk-0:2181,zk-1:2181",
+        "shop",
+        "/zeps",
+        ("shop", "pw"),
+    )
+    explicit = resolve("Topic", "cache", namespace="other", zookeeper="local:2181", chroot="/z")
+    assert (explicit.zookeeper, explicit.namespace, explicit.chroot) == ("local:2181", "other", "/z")
+    monkeypatch.setenv("ZEPS_STREAM_EU_PRICES_ENDPOINT", "tcp://broker:5555")
+    assert resolve("ZepsStream", "eu-prices").endpoint == "tcp://broker:5555"
+
+
+def test_half_an_identity_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZEPS_ZOOKEEPER", "zk:2181")
+    monkeypatch.setenv("ZEPS_ZOOKEEPER_USER", "shop")
+    with pytest.raises(ConfigError, match="set both ZEPS_ZOOKEEPER_USER and ZEPS_ZOOKEEPER_PASSWORD"):
+        resolve("Topic", "cache")
+
+
+def test_without_settings_or_cluster_access_the_error_says_what_to_do(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for var in ("ZEPS_ZOOKEEPER", "KUBERNETES_SERVICE_HOST"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match=r"no Kubernetes access .* set KUBECONFIG, or pass the settings"):
+        resolve("Topic", "cache", namespace="shop")
+    with pytest.raises(ConfigError, match="'Bad_Name' is not a valid name"):
+        resolve("Topic", "Bad_Name")
+
+
+def test_spec_fields_become_options() -> None:
+    options = _options(TopicOptions, {"maxQueueDepth": 7, "fullQueuePolicy": "fail", "deletionPolicy": "Delete"})
+    assert (options.max_queue_depth, options.full_queue_policy) == (7, "fail")
+
+
+def test_handles_pickle_as_their_settings() -> None:
+    handle = zeps.topic("cache", namespace="shop", zookeeper="zk:2181")
+    copy = pickle.loads(pickle.dumps(handle))
+    assert copy.settings == handle.settings and repr(copy) == "TopicHandle(shop/cache)"
+    assert len(pickle.dumps(handle)) < 1000, "no client or thread travels with it"
+
+
+def test_import_zeps_does_not_import_kubernetes() -> None:
+    code = "import sys, zeps; assert 'kubernetes' not in sys.modules, 'kubernetes imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
