@@ -8,7 +8,9 @@ that ``make setup`` fills (``ZEPS_ZOOKEEPER_HOME``, ``ZEPS_TESTBIN``).
 from __future__ import annotations
 
 import itertools
+import os
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -77,6 +79,8 @@ def kube_api(control_plane: ControlPlane) -> Iterator[Any]:
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A local[2] SparkSession bound to 127.0.0.1, UI off; stopped at the end of the session."""
     warehouse: Path = tmp_path_factory.mktemp("spark-warehouse")
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # Python workers run this interpreter (and its zeps)
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     session = (
         SparkSession.builder.master("local[2]")
         .appName("zeps-tests")
@@ -85,6 +89,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.warehouse.dir", str(warehouse))
+        .config("spark.pyspark.python", sys.executable)
         .getOrCreate()
     )
     try:

@@ -266,7 +266,7 @@ class BrokerServer:
         for (peer, sub), lag in self.core.lag().items():
             self._lag.labels(peer, str(sub)).set(lag)
         now = time.monotonic()
-        if self._memberships and now - self._last_facts >= 10:  # live facts for the operator's status
+        if self._memberships and now - self._last_facts >= 1:  # live facts: operator status, Spark offsets
             self._last_facts = now
             for membership in self._memberships:
                 served = self.core.streams.get(membership.group.paths.members.rsplit("/", 2)[-2])

@@ -1,0 +1,12 @@
+"""Spark integration: the ``zeps`` data source (stream and batch, read and write) and sinks.
+
+``pyspark`` is imported only here (import-linter contract). Register the source once per session::
+
+    from zeps.spark import ZepsDataSource
+    spark.dataSource.register(ZepsDataSource)
+"""
+
+from zeps.spark.sinks import queue_sink, topic_sink
+from zeps.spark.source import DataLossError, ZepsDataSource
+
+__all__ = ["DataLossError", "ZepsDataSource", "queue_sink", "topic_sink"]

@@ -1,0 +1,335 @@
+"""The ``zeps`` Spark data source (PySpark 4 Python Data Source API).
+
+Register once, then read and write::
+
+    spark.dataSource.register(ZepsDataSource)
+    df = (spark.readStream.format("zeps").option("stream", "prices")
+          .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", 100000).load())
+    df.writeStream.format("zeps").option("stream", "prices-out").option("checkpointLocation", ...).start()
+
+Where code runs. ``ZepsDataSource`` and the readers' ``initialOffset``/``latestOffset``/``partitions``
+run on the **driver**: they resolve the resource's settings once (arguments in options, then the
+environment, then the resource's status through the Kubernetes API) and keep only the result, which
+is pickled to the **executors** running ``read``/``write`` — executors never need Kubernetes.
+
+Streams. Offsets are ``{"<stream>": <sequence>}``: a micro-batch covers sequences (start, end]. The
+driver learns the durable tail from the broker's ZooKeeper group metadata (published every second).
+A partition is a sequence range; ``read`` replays exactly that range from the broker's journal with
+pattern "" and filters by ``pattern`` itself, so a partition always yields the same rows: restarting
+a query from its checkpoint gives exactly-once output into an idempotent sink. ``failOnDataLoss``
+says what to do when retention removed part of a range: fail, or skip what is gone.
+
+Batch queues (option ``queue``): offsets are batch numbers ``{"<queue>": n}``; batches are immutable,
+so this source is exactly-once too.
+
+Options: ``stream`` or ``queue`` (the resource name), ``namespace``, ``endpoint``, ``zookeeper``,
+``chroot`` (explicit settings), ``pattern`` (prefix, or ``~regex``), ``startingOffsets``
+(``earliest`` | ``latest`` | JSON ``{"prices": 1000}`` | epoch milliseconds), ``maxOffsetsPerTrigger``,
+``failOnDataLoss`` (true/false, default true), ``partitionSize`` (sequences per partition, default
+100000), ``startSequence``/``endSequence`` (batch reads). Written rows need ``key`` (string) and
+``body`` (binary or string) columns; writes are at-least-once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.types import StructType
+
+from zeps.broker.matching import compile_pattern
+from zeps.client import Seq, StreamClient, Time
+from zeps.config import Resolved, resolve
+from zeps.coordination import Group, shared_client
+from zeps.coordination.batches import BatchQueue
+from zeps.errors import ConfigError
+from zeps.paths import StreamPaths
+
+__all__ = ["DataLossError", "ZepsDataSource"]
+
+STREAM_SCHEMA = "sequence long, key string, body binary, timestamp timestamp"
+QUEUE_SCHEMA = "batch long, batch_id string, record binary"
+_ARROW_STREAM = pa.schema(
+    [("sequence", pa.int64()), ("key", pa.string()), ("body", pa.binary()), ("timestamp", pa.timestamp("us", tz="UTC"))]
+)
+_ARROW_QUEUE = pa.schema([("batch", pa.int64()), ("batch_id", pa.string()), ("record", pa.binary())])
+
+
+class DataLossError(ConfigError):
+    """Retention removed sequences the query needs (and failOnDataLoss is true)."""
+
+
+def _normalised(options: Any) -> dict[str, str]:
+    """Option names are case-insensitive in Spark (and arrive lower-cased): look them up lower-cased."""
+    return {str(k).lower(): str(v) for k, v in dict(options).items()}
+
+
+def _bool(value: str | None, default: bool) -> bool:
+    if value is None:
+        return default
+    if value.lower() not in ("true", "false"):
+        raise ConfigError(f"option value {value!r} must be true or false")
+    return value.lower() == "true"
+
+
+def _settings(options: dict[str, str]) -> Resolved:
+    """Resolve once, on the driver: explicit options, then environment, then the resource's status."""
+    kind = "Queue" if "queue" in options else "ZepsStream"
+    name = options.get("queue") or options.get("stream")
+    if not name:
+        raise ConfigError("the zeps source needs option stream=<ZepsStream name> (or queue=<Queue name>)")
+    explicit = {k: options[k] for k in ("zookeeper", "chroot", "endpoint") if options.get(k)}
+    return resolve(kind, name, namespace=options.get("namespace"), **explicit)  # type: ignore[arg-type]
+
+
+def _durable_tail(settings: Resolved) -> tuple[int, str]:
+    """(last durable sequence, broker endpoint) from the stream's broker group in ZooKeeper."""
+    if not settings.zookeeper:
+        raise ConfigError(
+            f"stream {settings.name}: the zeps source needs ZooKeeper (option zookeeper=host:port) "
+            "to learn the broker's durable tail"
+        )
+    group = Group(
+        shared_client(settings.zookeeper, auth=settings.auth),
+        StreamPaths.of(settings.namespace, settings.name, chroot=settings.chroot).brokers,
+    )
+    members = group.members()
+    manifest = group.manifest()
+    live = [m for name, m in sorted(members.items()) if manifest is None or name in manifest]
+    if not live:
+        raise ConfigError(f"stream {settings.namespace}/{settings.name}: no broker is registered")
+    meta = live[0].metadata
+    return int(meta.get("lastSequence", 0)), str(meta.get("endpoint", settings.endpoint))
+
+
+@dataclass(frozen=True)
+class _Range(InputPartition):
+    start: int  # exclusive
+    end: int  # inclusive
+
+
+def _ranges(start: int, end: int, size: int) -> list[_Range]:
+    return [_Range(s, min(s + size, end)) for s in range(start, end, size)]
+
+
+class _StreamRead:
+    """Reading (start, end] of a stream on an executor, deterministically."""
+
+    def __init__(self, settings: Resolved, options: dict[str, str]) -> None:
+        self.settings = settings
+        self.pattern = options.get("pattern", "")
+        self.fail_on_data_loss = _bool(options.get("failondataloss"), True)
+        self.partition_size = int(options.get("partitionsize", "100000"))
+
+    def read_range(self, part: _Range) -> Iterator[pa.RecordBatch]:
+        if part.end <= part.start:
+            return
+        matcher = compile_pattern(self.pattern)
+        columns: dict[str, list[Any]] = {"sequence": [], "key": [], "body": [], "timestamp": []}
+        s = self.settings
+        with StreamClient(s.endpoint, s.name, server_public_key=s.public_key or None, credit_window=32 << 20) as c:
+            c.start("", since=Seq(part.start))
+            expected = part.start + 1
+            while expected <= part.end:
+                message = c.receive(60)
+                if message is None:
+                    raise ConfigError(
+                        f"stream {s.name}: the broker sent nothing for 60 s while replaying {expected}..{part.end}"
+                    )
+                if message.sequence > expected and self.fail_on_data_loss:
+                    raise DataLossError(
+                        f"stream {s.name}: sequences {expected}..{min(message.sequence - 1, part.end)} were "
+                        "removed by retention; set failOnDataLoss=false to skip them"
+                    )
+                expected = message.sequence + 1
+                if message.sequence > part.end:
+                    break
+                if matcher.matches(message.key):
+                    columns["sequence"].append(message.sequence)
+                    columns["key"].append(message.key)
+                    columns["body"].append(message.body)
+                    columns["timestamp"].append((message.timestamp_ms or 0) * 1000)
+                if len(columns["sequence"]) >= 8192:
+                    yield pa.RecordBatch.from_pydict(columns, schema=_ARROW_STREAM)
+                    columns = {k: [] for k in columns}
+        if columns["sequence"]:
+            yield pa.RecordBatch.from_pydict(columns, schema=_ARROW_STREAM)
+
+
+class ZepsStreamReader(DataSourceStreamReader, _StreamRead):
+    """Structured Streaming over a ZepsStream (or a batch Queue, see ZepsBatchQueueReader)."""
+
+    def __init__(self, settings: Resolved, options: dict[str, str]) -> None:
+        _StreamRead.__init__(self, settings, options)
+        self.starting = options.get("startingoffsets", "latest")
+        self.max_per_trigger = int(options["maxoffsetspertrigger"]) if options.get("maxoffsetspertrigger") else None
+
+    def initialOffset(self) -> dict[str, int]:  # noqa: N802 — the Spark API's names
+        name, starting = self.settings.name, self.starting
+        if starting == "earliest":
+            return {name: 0}
+        if starting == "latest":
+            return {name: _durable_tail(self.settings)[0]}
+        if starting.lstrip().startswith("{"):
+            return {name: int(json.loads(starting)[name])}
+        if starting.isdigit():  # epoch milliseconds: start before the first message at or after it
+            s = self.settings
+            with StreamClient(s.endpoint, s.name, server_public_key=s.public_key or None) as c:
+                c.start("", since=Time(int(starting) / 1000))
+                first = c.receive(5)
+            return {name: (first.sequence - 1) if first else _durable_tail(self.settings)[0]}
+        raise ConfigError(f"startingOffsets {starting!r}: use earliest, latest, a JSON offset or epoch milliseconds")
+
+    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
+        return ReadMaxRows(self.max_per_trigger) if self.max_per_trigger else ReadAllAvailable()
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:  # noqa: N802
+        tail, _ = _durable_tail(self.settings)
+        begin = start[self.settings.name]
+        if isinstance(limit, ReadMaxRows):
+            tail = min(tail, begin + limit.max_rows)
+        return {self.settings.name: max(begin, tail)}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[_Range]:
+        return _ranges(start[self.settings.name], end[self.settings.name], self.partition_size)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, _Range)
+        return self.read_range(partition)
+
+    def commit(self, end: dict[str, int]) -> None:
+        pass  # the broker's retention decides what it keeps; offsets live in Spark's checkpoint
+
+
+class ZepsBatchReader(DataSourceReader, _StreamRead):
+    """A batch read of a sequence range (startSequence exclusive of nothing: first sequence read)."""
+
+    def __init__(self, settings: Resolved, options: dict[str, str]) -> None:
+        _StreamRead.__init__(self, settings, options)
+        self.first = int(options.get("startsequence", "1"))
+        self.last = int(options["endsequence"]) if options.get("endsequence") else _durable_tail(settings)[0]
+
+    def partitions(self) -> list[_Range]:
+        return _ranges(self.first - 1, self.last, self.partition_size)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, _Range)
+        return self.read_range(partition)
+
+
+class ZepsBatchQueueReader(DataSourceStreamReader):
+    """Structured Streaming over a replayable batch Queue: offsets are batch numbers."""
+
+    def __init__(self, settings: Resolved, options: dict[str, str]) -> None:
+        self.settings = settings
+        self.starting = options.get("startingoffsets", "earliest")
+
+    def _queue(self) -> BatchQueue:
+        s = self.settings
+        return BatchQueue(shared_client(s.zookeeper, auth=s.auth), s.name, namespace=s.namespace, chroot=s.chroot)
+
+    def initialOffset(self) -> dict[str, int]:  # noqa: N802
+        queue = self._queue()
+        return {self.settings.name: queue.latest() if self.starting == "latest" else queue.first_retained() - 1}
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:  # noqa: N802
+        return {self.settings.name: self._queue().latest()}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[_Range]:
+        return _ranges(start[self.settings.name], end[self.settings.name], 1)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, _Range)
+        queue = self._queue()
+        for number in range(partition.start + 1, partition.end + 1):
+            batch = queue.read(number)
+            yield pa.RecordBatch.from_pydict(
+                {
+                    "batch": [number] * len(batch.records),
+                    "batch_id": [batch.id] * len(batch.records),
+                    "record": batch.records,
+                },
+                schema=_ARROW_QUEUE,
+            )
+
+    def commit(self, end: dict[str, int]) -> None:
+        pass
+
+
+class _Count(WriterCommitMessage):
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+
+def _publish_rows(settings: Resolved, rows: Iterator[Any]) -> _Count:
+    count = 0
+    with StreamClient(settings.endpoint, settings.name, server_public_key=settings.public_key or None) as client:
+        for row in rows:
+            body = row["body"]
+            client.publish(str(row["key"]), body.encode() if isinstance(body, str) else bytes(body))
+            count += 1
+        client.flush(timeout=120)  # the broker confirmed every row before the task reports success
+    return _Count(count)
+
+
+class ZepsWriter(DataSourceWriter):
+    def __init__(self, settings: Resolved) -> None:
+        self.settings = settings
+
+    def write(self, iterator: Iterator[Any]) -> _Count:
+        return _publish_rows(self.settings, iterator)
+
+
+class ZepsStreamWriter(DataSourceStreamWriter):
+    def __init__(self, settings: Resolved) -> None:
+        self.settings = settings
+
+    def write(self, iterator: Iterator[Any]) -> _Count:
+        return _publish_rows(self.settings, iterator)
+
+    def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
+        pass
+
+    def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
+        pass
+
+
+class ZepsDataSource(DataSource):
+    """``format("zeps")``; see the module docstring for options."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "zeps"
+
+    def schema(self) -> str:
+        return QUEUE_SCHEMA if "queue" in _normalised(self.options) else STREAM_SCHEMA
+
+    def _resolved(self) -> Resolved:
+        return _settings(_normalised(self.options))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
+        if "queue" in _normalised(self.options):
+            return ZepsBatchQueueReader(self._resolved(), _normalised(self.options))
+        return ZepsStreamReader(self._resolved(), _normalised(self.options))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return ZepsBatchReader(self._resolved(), _normalised(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return ZepsWriter(self._resolved())
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:  # noqa: N802
+        return ZepsStreamWriter(self._resolved())

@@ -1,0 +1,224 @@
+"""The zeps Spark data source on a local[2] SparkSession, with a real broker and a real ZooKeeper."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import zeps
+from harness import ZooKeeperHarness
+from zeps.broker import BrokerConfig, BrokerServer, Registration
+from zeps.client import Seq, StreamClient
+from zeps.coordination.batches import BatchQueue
+from zeps.dev.process import wait_until
+from zeps.journal import JournalConfig
+from zeps.spark import ZepsDataSource, queue_sink, topic_sink
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture
+def broker(zookeeper: ZooKeeperHarness, tmp_path: Path) -> Iterator[BrokerServer]:
+    journal = JournalConfig(fsync="group", segment_bytes=8192, retention_bytes=None)
+    server = BrokerServer(
+        BrokerConfig(tmp_path / "journal", ("prices", "out"), journal=journal),
+        registration=Registration(zookeeper.connect_string, "spark", "prices-0", chroot=zookeeper.root),
+    ).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _options(zookeeper: ZooKeeperHarness, broker: BrokerServer, stream: str = "prices") -> dict[str, str]:
+    return {
+        "stream": stream,
+        "namespace": "spark",
+        "zookeeper": zookeeper.connect_string,
+        "chroot": zookeeper.root,
+        "endpoint": broker.endpoint,
+    }
+
+
+def _publish(broker: BrokerServer, n: int, start: int = 0, stream: str = "prices") -> None:
+    with StreamClient(broker.endpoint, stream) as c:
+        for i in range(start, start + n):
+            c.publish(f"eu.{i % 3}", b"%d" % i)
+        c.flush()
+
+
+def _tail_published(broker: BrokerServer, n: int) -> None:
+    """The durable tail reaches ZooKeeper within a second (the driver's source of latestOffset)."""
+    members = broker._memberships
+    wait_until(
+        lambda: all(m.metadata.get("lastSequence", 0) >= n for m in members[:1]),
+        timeout=15,
+        what=f"the broker to publish lastSequence {n}",
+    )
+
+
+def _reader(spark: Any, options: dict[str, str], **extra: str) -> Any:
+    spark.dataSource.register(ZepsDataSource)
+    reader = spark.readStream.format("zeps")
+    for k, v in {**options, **extra}.items():
+        reader = reader.option(k, v)
+    return reader.load()
+
+
+def test_stream_into_files_exactly_once_across_a_restart(
+    spark: Any, zookeeper: ZooKeeperHarness, broker: BrokerServer, tmp_path: Path
+) -> None:
+    _publish(broker, 3000)
+    _tail_published(broker, 3000)
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+
+    def start() -> Any:
+        df = _reader(
+            spark,
+            _options(zookeeper, broker),
+            startingOffsets="earliest",
+            maxOffsetsPerTrigger="700",
+            partitionSize="400",
+        )
+        return (
+            df.select("sequence", "key", "body")
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime="200 milliseconds")
+            .start()
+        )
+
+    query = start()
+    wait_until(lambda: len(query.recentProgress) >= 2, timeout=120, what="two micro-batches")
+    query.stop()  # killed mid-way
+    assert spark.read.parquet(str(out)).count() < 3000, "the first run should not have finished"
+    _publish(broker, 1000, start=3000)
+    _tail_published(broker, 4000)
+    query = start()  # resumes from its checkpoint
+    wait_until(lambda: spark.read.parquet(str(out)).count() >= 4000, timeout=180, what="all 4000 rows")
+    query.processAllAvailable()
+    query.stop()
+    rows = spark.read.parquet(str(out)).orderBy("sequence").collect()
+    assert [r["sequence"] for r in rows] == list(range(1, 4001)), "every message exactly once"
+    assert rows[41]["body"] == b"41" and rows[41]["key"] == "eu.2"
+
+
+def test_starting_offsets_and_patterns(spark: Any, zookeeper: ZooKeeperHarness, broker: BrokerServer) -> None:
+    _publish(broker, 60)
+    _tail_published(broker, 60)
+
+    def run(name: str, **extra: str) -> list[int]:
+        df = _reader(spark, _options(zookeeper, broker), **extra)
+        query = df.writeStream.format("memory").queryName(name).start()
+        query.processAllAvailable()
+        if name == "q_latest":  # started at the tail: only what comes after
+            _publish(broker, 5, start=60)
+            _tail_published(broker, 65)
+            query.processAllAvailable()
+        query.stop()
+        return [r["sequence"] for r in spark.sql(f"select sequence from {name} order by sequence").collect()]
+
+    assert run("q_earliest", startingOffsets="earliest") == list(range(1, 61))
+    assert run("q_json", startingOffsets=json.dumps({"prices": 50})) == list(range(51, 61))
+    assert run("q_latest", startingOffsets="latest") == list(range(61, 66))
+    assert run("q_pattern", startingOffsets="earliest", pattern="eu.1") == [s for s in range(1, 66) if (s - 1) % 3 == 1]
+    ts = int(time.time() * 1000)
+    time.sleep(0.05)
+    _publish(broker, 3, start=65)
+    _tail_published(broker, 68)
+    assert run("q_time", startingOffsets=str(ts)) == [66, 67, 68]
+
+
+def test_fail_on_data_loss_both_ways(spark: Any, zookeeper: ZooKeeperHarness, tmp_path: Path) -> None:
+    journal = JournalConfig(fsync="group", segment_bytes=2048, retention_bytes=4096)  # keeps ~4 KB
+    registration = Registration(zookeeper.connect_string, "spark", "prices-0", chroot=zookeeper.root)
+    broker = BrokerServer(BrokerConfig(tmp_path / "j", ("prices",), journal=journal), registration=registration).start()
+    try:
+        _publish(broker, 400)
+        _tail_published(broker, 400)
+        journal_now = broker.core.streams["prices"].journal
+        wait_until(lambda: journal_now.first_sequence > 1, timeout=10, what="retention to remove old segments")
+        first = journal_now.first_sequence
+
+        df = _reader(spark, _options(zookeeper, broker), startingOffsets="earliest")
+        query = df.writeStream.format("memory").queryName("lossy_fail").start()
+        with pytest.raises(Exception, match="removed by retention"):
+            query.processAllAvailable()
+        query.stop()
+
+        df = _reader(spark, _options(zookeeper, broker), startingOffsets="earliest", failOnDataLoss="false")
+        query = df.writeStream.format("memory").queryName("lossy_skip").start()
+        query.processAllAvailable()
+        query.stop()
+        got = [r["sequence"] for r in spark.sql("select sequence from lossy_skip order by sequence").collect()]
+        assert got[0] >= first and got == list(range(got[0], 401))
+    finally:
+        broker.stop()
+
+
+def test_writer_round_trip(spark: Any, zookeeper: ZooKeeperHarness, broker: BrokerServer) -> None:
+    spark.dataSource.register(ZepsDataSource)
+    df = spark.createDataFrame([(f"k.{i}", f"v{i}".encode()) for i in range(500)], "key string, body binary")
+    writer = df.write.format("zeps").mode("append")
+    for k, v in _options(zookeeper, broker, stream="out").items():
+        writer = writer.option(k, v)
+    writer.save()
+    with StreamClient(broker.endpoint, "out") as c:
+        c.start("", since=Seq(0))
+        got = [c.receive(10) for _ in range(500)]
+    assert sorted(m.body for m in got if m) == sorted(f"v{i}".encode() for i in range(500))
+
+
+def test_batch_queue_source_exactly_once_across_a_restart(
+    spark: Any, zookeeper: ZooKeeperHarness, tmp_path: Path
+) -> None:
+    batches = BatchQueue(zookeeper.client(), "orders", namespace="spark", chroot=zookeeper.root)
+    for n in range(5):
+        batches.publish([b"order-%d-%d" % (n, i) for i in range(3)])
+    out, checkpoint = tmp_path / "orders", tmp_path / "orders-checkpoint"
+    options = {"queue": "orders", "namespace": "spark", "zookeeper": zookeeper.connect_string, "chroot": zookeeper.root}
+
+    def run() -> None:
+        df = _reader(spark, options, startingOffsets="earliest")
+        query = (
+            df.writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .start()
+        )
+        query.processAllAvailable()
+        query.stop()
+
+    run()
+    for n in range(5, 8):
+        batches.publish([b"order-%d-%d" % (n, i) for i in range(3)])
+    run()
+    records = sorted(r["record"] for r in spark.read.parquet(str(out)).collect())
+    assert records == sorted(b"order-%d-%d" % (n, i) for n in range(8) for i in range(3))
+
+
+def test_topic_and_queue_sinks_deliver(spark: Any, zookeeper: ZooKeeperHarness) -> None:
+    topic = zeps.topic("alerts", namespace="spark", zookeeper=zookeeper.connect_string, chroot=zookeeper.root)
+    work = zeps.queue("jobs", namespace="spark", zookeeper=zookeeper.connect_string, chroot=zookeeper.root)
+    got: list[bytes] = []
+    seen = threading.Event()
+
+    def collect(message: Any) -> None:
+        got.append(message.body)
+        if len(got) == 40:
+            seen.set()
+
+    df = spark.createDataFrame([(f"item-{i}",) for i in range(40)], "body string").repartition(4)
+    with topic.subscribe(collect, consumer_id="driver-side"):
+        df.foreachPartition(topic_sink(topic))
+        assert seen.wait(30), f"only {len(got)} of 40 broadcasts arrived"
+    assert sorted(got) == sorted(f"item-{i}".encode() for i in range(40))
+    df.foreachPartition(queue_sink(work))
+    assert work.stats().depth == 40
