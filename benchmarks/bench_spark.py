@@ -1,0 +1,99 @@
+"""make bench-spark: reading N messages with the zeps source vs Spark's json source, same session.
+
+The same N = 1,000,000 100-byte messages are published to a broker and written as JSON-lines files
+(key, body as string); each side is read in full by a batch query that touches every row
+(count plus the sum of body lengths). rows/s from the start of the read to its result. Prints one
+JSON line last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as sf
+
+from zeps.broker import BrokerConfig, BrokerServer, Registration
+from zeps.client import StreamClient
+from zeps.dev import ZooKeeperServer
+from zeps.journal import JournalConfig
+from zeps.spark import ZepsDataSource
+
+N = int(os.environ.get("ZEPS_BENCH_SPARK_N", "1000000"))
+BODY = "x" * 100
+
+
+def main() -> None:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    with tempfile.TemporaryDirectory(prefix="zeps-bench-spark-") as tmp_name:
+        tmp = Path(tmp_name)
+        with ZooKeeperServer(tmp / "zk") as zk:
+            broker = BrokerServer(
+                BrokerConfig(tmp / "journal", ("bench",), journal=JournalConfig(fsync="never")),
+                registration=Registration(zk.connect_string, "bench", "bench-0"),
+            ).start()
+            try:
+                with StreamClient(broker.endpoint, "bench", timeout=300) as client:
+                    for i in range(N):
+                        client.publish(f"k.{i % 10}", BODY.encode())
+                    client.flush(timeout=300)
+                (tmp / "json").mkdir()
+                per_file = N // 8
+                for f in range(8):
+                    with open(tmp / "json" / f"part-{f}.json", "w") as out:
+                        for i in range(f * per_file, (f + 1) * per_file):
+                            out.write(json.dumps({"key": f"k.{i % 10}", "body": BODY}) + "\n")
+                spark = (
+                    SparkSession.builder.master("local[2]")
+                    .config("spark.ui.enabled", "false")
+                    .config("spark.driver.host", "127.0.0.1")
+                    .config("spark.driver.memory", "4g")
+                    .getOrCreate()
+                )
+                spark.sparkContext.setLogLevel("ERROR")
+                spark.dataSource.register(ZepsDataSource)
+
+                def timed(df: object) -> tuple[float, int]:
+                    start = time.monotonic()
+                    row = df.agg(sf.count("*").alias("n"), sf.sum(sf.length("body")).alias("b")).collect()[0]  # type: ignore[attr-defined]
+                    return time.monotonic() - start, int(row["n"])
+
+                zeps_df = (
+                    spark.read.format("zeps")
+                    .option("stream", "bench")
+                    .option("namespace", "bench")
+                    .option("zookeeper", zk.connect_string)
+                    .option("endpoint", broker.endpoint)
+                    .option("endSequence", str(N))
+                    .option("partitionSize", str(N // 4))
+                    .load()
+                )
+                json_df = spark.read.schema("key string, body string").json(str(tmp / "json"))
+                timed(json_df)  # warm the JVM once, for both
+                json_s, json_n = timed(json_df)
+                zeps_s, zeps_n = timed(zeps_df)
+                spark.stop()
+            finally:
+                broker.stop()
+    assert zeps_n == N and json_n == per_file * 8, (zeps_n, json_n)
+    print(
+        json.dumps(
+            {
+                "scenario": "spark",
+                "rows": N,
+                "zeps_rows_per_s": round(zeps_n / zeps_s, 1),
+                "json_rows_per_s": round(json_n / json_s, 1),
+                "ratio": round((zeps_n / zeps_s) / (json_n / json_s), 3),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
