@@ -24,8 +24,8 @@ import zmq
 import zmq.asyncio
 
 from zeps.client.session import ClientSession, Message, Since
-from zeps.client.sync import BrokerUnavailableError
-from zeps.errors import ConfigError, ProtocolError
+from zeps.client.sync import BrokerUnavailableError, check_endpoint, configure_dealer
+from zeps.errors import ProtocolError
 
 __all__ = ["AsyncStreamClient"]
 
@@ -44,9 +44,7 @@ class AsyncStreamClient:
         timeout: float = 10.0,
         max_unconfirmed: int = 100_000,
     ) -> None:
-        if not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
-            raise ConfigError(f"broker endpoint {endpoint!r} must look like tcp://host:port")
-        self.endpoint = endpoint
+        self.endpoint = check_endpoint(endpoint)
         self.session = ClientSession(stream, credit_window=credit_window)
         self.heartbeat, self.ttl, self.timeout = heartbeat, ttl, timeout
         self.max_unconfirmed = max_unconfirmed
@@ -72,10 +70,7 @@ class AsyncStreamClient:
 
     def _open_socket(self) -> None:
         sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 1000)
-        sock.setsockopt(zmq.RCVHWM, 100_000)
-        sock.setsockopt(zmq.SNDHWM, 100_000)
-        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        configure_dealer(sock)
         sock.connect(self.endpoint)
         sock.send(self.session.attach())  # queued until the connection is up
         self._sock = sock

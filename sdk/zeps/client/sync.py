@@ -53,6 +53,21 @@ def discover(zookeeper: str, namespace: str, stream: str, *, chroot: str = "/zep
     return str(meta["endpoint"]), str(meta.get("curvePublicKey", ""))
 
 
+def check_endpoint(endpoint: str) -> str:
+    if not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
+        raise ConfigError(f"broker endpoint {endpoint!r} must look like tcp://host:port")
+    return endpoint
+
+
+def configure_dealer(sock: Any) -> None:
+    """The DEALER options both clients use: bounded queues, quick reconnects, a short linger."""
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.setsockopt(zmq.RCVHWM, 100_000)
+    sock.setsockopt(zmq.SNDHWM, 100_000)
+    sock.setsockopt(zmq.RECONNECT_IVL, 100)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+
+
 class StreamClient:
     """One peering with a broker for one stream. Not thread-safe: one thread uses it."""
 
@@ -69,9 +84,7 @@ class StreamClient:
         client_keys: tuple[str, str] | None = None,
         max_unconfirmed: int = 100_000,
     ) -> None:
-        if not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
-            raise ConfigError(f"broker endpoint {endpoint!r} must look like tcp://host:port")
-        self.endpoint = endpoint
+        self.endpoint = check_endpoint(endpoint)
         self.session = ClientSession(stream, credit_window=credit_window)
         self.heartbeat, self.ttl, self.timeout = heartbeat, ttl, timeout
         self.server_public_key = server_public_key
@@ -93,11 +106,7 @@ class StreamClient:
 
     def _open_socket(self) -> None:
         sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 1000)
-        sock.setsockopt(zmq.RCVHWM, 100_000)
-        sock.setsockopt(zmq.SNDHWM, 100_000)
-        sock.setsockopt(zmq.RECONNECT_IVL, 100)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        configure_dealer(sock)
         if self.server_public_key:
             public, secret = self.client_keys or zmq.curve_keypair()
             sock.setsockopt(zmq.CURVE_SERVERKEY, self.server_public_key.encode())
