@@ -1,0 +1,399 @@
+"""The ``zeps`` command: publish, consume and inspect Topics, Queues, batch queues and streams.
+
+Settings resolve like the SDK's handles: ``--zookeeper``/``--chroot``/``--endpoint`` flags, then the
+environment (``ZEPS_ZOOKEEPER``…), then the resource's status through the Kubernetes API.
+
+Output is for people by default; ``--json`` prints one JSON document per line for scripts.
+Exit codes scripts can trust: 0 done; 1 nothing to do within the timeout (empty queue, no message);
+2 usage error; 3 configuration or resource error (the message says what to fix); 4 ZooKeeper or
+broker unreachable or refusing.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+import click
+
+from zeps.errors import ConfigError, CoordinationError, ProtocolError, SetupError, ZepsError
+
+__all__ = ["main"]
+
+EXIT_EMPTY, EXIT_CONFIG, EXIT_UNAVAILABLE = 1, 3, 4
+
+
+def _emit(ctx: click.Context, human: str, data: dict[str, Any]) -> None:
+    click.echo(json.dumps(data, sort_keys=True, default=str) if ctx.obj["json"] else human)
+
+
+def _errors(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn zeps errors into one line on stderr and the documented exit code."""
+
+    @wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except (ConfigError, SetupError) as exc:
+            click.echo(f"zeps: {exc}", err=True)
+            sys.exit(EXIT_CONFIG)
+        except (CoordinationError, ProtocolError, ZepsError) as exc:
+            click.echo(f"zeps: {exc}", err=True)
+            sys.exit(EXIT_UNAVAILABLE)
+
+    return wrapper
+
+
+def _settings(ctx: click.Context) -> dict[str, Any]:
+    o = ctx.obj
+    out = {k: o[k] for k in ("zookeeper", "chroot", "endpoint") if o.get(k)}
+    if o.get("user"):
+        out["auth"] = (o["user"], o["password"] or "")
+    return out
+
+
+@click.group()
+@click.option("--namespace", "-n", default=None, help="Namespace of the resources (default: ZEPS_NAMESPACE…).")
+@click.option("--zookeeper", default=None, help="ZooKeeper connect string (default: ZEPS_ZOOKEEPER or the status).")
+@click.option("--chroot", default=None, help="The installation's ZooKeeper root (default /zeps).")
+@click.option("--endpoint", default=None, help="Broker endpoint for stream commands (default: the status).")
+@click.option("--user", default=None, help="ZooKeeper digest user, when ACLs are on.")
+@click.option("--password", default=None, help="ZooKeeper digest password.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines for scripts.")
+@click.version_option(package_name="zeps")
+@click.pass_context
+def cli(
+    ctx: click.Context,
+    *,
+    namespace: str | None,
+    zookeeper: str | None,
+    chroot: str | None,
+    endpoint: str | None,
+    user: str | None,
+    password: str | None,
+    as_json: bool,
+) -> None:
+    """zeps: ZooKeeper-coordinated messaging — Topics, Queues and ZepsStreams."""
+    ctx.obj = {
+        "namespace": namespace,
+        "zookeeper": zookeeper,
+        "chroot": chroot,
+        "endpoint": endpoint,
+        "user": user,
+        "password": password,
+        "json": as_json,
+    }
+
+
+# -- topic ------------------------------------------------------------------------------------------
+@cli.group()
+def topic() -> None:
+    """Broadcast messages to every live subscriber."""
+
+
+@topic.command("publish")
+@click.argument("name")
+@click.argument("messages", nargs=-1, required=True)
+@click.pass_context
+@_errors
+def topic_publish(ctx: click.Context, name: str, messages: tuple[str, ...]) -> None:
+    """Publish MESSAGES (one per argument) to topic NAME."""
+    from zeps.handles import topic as topic_handle  # noqa: PLC0415 — keep `zeps --help` fast
+
+    ids = topic_handle(name, ctx.obj["namespace"], **_settings(ctx)).publish_many([m.encode() for m in messages])
+    _emit(ctx, "\n".join(ids), {"published": ids})
+
+
+@topic.command("subscribe")
+@click.argument("name")
+@click.option("--consumer-id", default=None, help="Durable subscriber id (default: a random one).")
+@click.option("--count", type=int, default=0, help="Stop after this many messages (0: until the timeout).")
+@click.option("--timeout", type=float, default=10.0, help="Seconds to wait for messages.")
+@click.pass_context
+@_errors
+def topic_subscribe(ctx: click.Context, name: str, consumer_id: str | None, count: int, timeout: float) -> None:
+    """Print messages of topic NAME as they arrive."""
+    import queue as queue_mod  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    from zeps.handles import topic as topic_handle  # noqa: PLC0415
+
+    inbox: queue_mod.Queue[Any] = queue_mod.Queue()
+    seen = 0
+    deadline = time.monotonic() + timeout
+    with topic_handle(name, ctx.obj["namespace"], **_settings(ctx)).subscribe(inbox.put, consumer_id=consumer_id):
+        while (not count or seen < count) and time.monotonic() < deadline:
+            try:
+                m = inbox.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue_mod.Empty:
+                break
+            seen += 1
+            _emit(
+                ctx,
+                m.body.decode(errors="replace"),
+                {"id": m.id, "body": m.body.decode(errors="replace"), "publisher": m.publisher, "headers": m.headers},
+            )
+    if seen == 0:
+        sys.exit(EXIT_EMPTY)
+
+
+# -- queue ------------------------------------------------------------------------------------------
+@cli.group()
+def queue() -> None:
+    """Work items, each done by one worker."""
+
+
+@queue.command("put")
+@click.argument("name")
+@click.argument("items", nargs=-1, required=True)
+@click.option("--priority", type=click.IntRange(0, 999), default=None, help="Lower runs first.")
+@click.pass_context
+@_errors
+def queue_put(ctx: click.Context, name: str, items: tuple[str, ...], priority: int | None) -> None:
+    """Add ITEMS (one per argument) to queue NAME."""
+    from zeps.handles import queue as queue_handle  # noqa: PLC0415
+
+    ids = queue_handle(name, ctx.obj["namespace"], **_settings(ctx)).put_all(
+        [i.encode() for i in items], priority=priority
+    )
+    _emit(ctx, "\n".join(ids), {"put": ids})
+
+
+@queue.command("take")
+@click.argument("name")
+@click.option("--count", type=int, default=1, help="How many items to take.")
+@click.option("--timeout", type=float, default=5.0, help="Seconds to wait for the first item.")
+@click.option("--ack/--release", default=True, help="Ack what was taken (default), or give it back.")
+@click.pass_context
+@_errors
+def queue_take(ctx: click.Context, name: str, count: int, timeout: float, ack: bool) -> None:
+    """Take items from queue NAME, print them, and ack them."""
+    from zeps.handles import queue as queue_handle  # noqa: PLC0415
+
+    handle = queue_handle(name, ctx.obj["namespace"], **_settings(ctx))
+    items = handle.take_many(count, timeout=timeout)
+    for item in items:
+        _emit(
+            ctx,
+            item.body.decode(errors="replace"),
+            {"id": item.id, "body": item.body.decode(errors="replace"), "attempt": item.attempt},
+        )
+        item.ack() if ack else item.release()
+    if not items:
+        sys.exit(EXIT_EMPTY)
+
+
+@queue.command("stats")
+@click.argument("name")
+@click.pass_context
+@_errors
+def queue_stats(ctx: click.Context, name: str) -> None:
+    """Depth, in-flight, dead-lettered, waiting workers and oldest age of queue NAME."""
+    from zeps.handles import queue as queue_handle  # noqa: PLC0415
+
+    stats = queue_handle(name, ctx.obj["namespace"], **_settings(ctx)).stats()
+    data = dict(stats.__dict__)
+    _emit(ctx, "  ".join(f"{k}={v}" for k, v in data.items()), data)
+
+
+@queue.command("dead-letter")
+@click.argument("name")
+@click.option("--redrive", is_flag=True, help="Put every dead-lettered item back in the queue.")
+@click.pass_context
+@_errors
+def queue_dead_letter(ctx: click.Context, name: str, redrive: bool) -> None:
+    """List the dead letters of queue NAME (or re-drive them)."""
+    from zeps.handles import queue as queue_handle  # noqa: PLC0415
+
+    handle = queue_handle(name, ctx.obj["namespace"], **_settings(ctx))
+    if redrive:
+        moved = handle.redrive()
+        _emit(ctx, f"re-drove {moved} items", {"redriven": moved})
+        return
+    for d in handle.dead_letters():
+        _emit(
+            ctx,
+            f"{d.id}  attempts={d.attempts}  {d.reason}  {d.body.decode(errors='replace')}",
+            {"id": d.id, "attempts": d.attempts, "reason": d.reason, "body": d.body.decode(errors="replace")},
+        )
+
+
+# -- batches ----------------------------------------------------------------------------------------
+@cli.group()
+def batches() -> None:
+    """Replayable batch queues: every consumer at its own pace."""
+
+
+def _batches(ctx: click.Context, name: str) -> Any:
+    from zeps.handles import batches as batches_handle  # noqa: PLC0415
+
+    return batches_handle(name, ctx.obj["namespace"], **_settings(ctx))
+
+
+@batches.command("publish")
+@click.argument("name")
+@click.argument("records", nargs=-1, required=True)
+@click.pass_context
+@_errors
+def batches_publish(ctx: click.Context, name: str, records: tuple[str, ...]) -> None:
+    """Publish one batch of RECORDS to batch queue NAME."""
+    batch_id = _batches(ctx, name).publish([r.encode() for r in records])
+    _emit(ctx, batch_id, {"batch": batch_id})
+
+
+@batches.command("consume")
+@click.argument("name")
+@click.option("--consumer", required=True, help="The consumer's name (its position is kept in ZooKeeper).")
+@click.option("--max", "limit", type=int, default=None, help="Process at most this many batches.")
+@click.option("--start", type=click.Choice(["earliest", "latest"]), default="earliest", help="For a new consumer.")
+@click.pass_context
+@_errors
+def batches_consume(ctx: click.Context, name: str, consumer: str, limit: int | None, start: str) -> None:
+    """Print the batches CONSUMER has not processed yet, and advance its position."""
+    processed = (
+        _batches(ctx, name)
+        .consumer(consumer, start=start)
+        .process_available(
+            lambda b: _emit(
+                ctx,
+                f"{b.id}: " + " ".join(r.decode(errors="replace") for r in b.records),
+                {"batch": b.id, "records": [r.decode(errors="replace") for r in b.records]},
+            ),
+            limit=limit,
+        )
+    )
+    if processed == 0:
+        sys.exit(EXIT_EMPTY)
+
+
+@batches.command("lag")
+@click.argument("name")
+@click.pass_context
+@_errors
+def batches_lag(ctx: click.Context, name: str) -> None:
+    """Batches each consumer of NAME still has to process."""
+    lag = _batches(ctx, name).lag()
+    _emit(ctx, "\n".join(f"{c}: {n}" for c, n in sorted(lag.items())) or "no consumers", {"lag": lag})
+
+
+@batches.command("reset")
+@click.argument("name")
+@click.option("--consumer", required=True)
+@click.option("--to", "to", type=int, required=True, help="The batch number to process next (replay).")
+@click.pass_context
+@_errors
+def batches_reset(ctx: click.Context, name: str, consumer: str, to: int) -> None:
+    """Replay: make batch --to the next one CONSUMER processes."""
+    _batches(ctx, name).consumer(consumer).reset(to)
+    _emit(ctx, f"{consumer} will process batch {to} next", {"consumer": consumer, "next": to})
+
+
+# -- stream -----------------------------------------------------------------------------------------
+@cli.group()
+def stream() -> None:
+    """Journalled pub/sub through a ZEPS broker."""
+
+
+def _stream_client(ctx: click.Context, name: str) -> Any:
+    from zeps.client import StreamClient  # noqa: PLC0415
+    from zeps.config import resolve  # noqa: PLC0415
+
+    s = resolve("ZepsStream", name, namespace=ctx.obj["namespace"], **_settings(ctx))
+    return StreamClient(s.endpoint, s.name, server_public_key=s.public_key or None)
+
+
+@stream.command("publish")
+@click.argument("name")
+@click.argument("key")
+@click.argument("bodies", nargs=-1, required=True)
+@click.pass_context
+@_errors
+def stream_publish(ctx: click.Context, *, name: str, key: str, bodies: tuple[str, ...]) -> None:
+    """Publish BODIES under routing KEY to stream NAME (confirmed by the broker before exiting)."""
+    with _stream_client(ctx, name) as client:
+        for body in bodies:
+            client.publish(key, body.encode())
+        client.flush()
+    _emit(ctx, f"published {len(bodies)}", {"published": len(bodies)})
+
+
+def _print_messages(ctx: click.Context, name: str, *, pattern: str, since: Any, count: int, timeout: float) -> None:
+    seen = 0
+    with _stream_client(ctx, name) as client:
+        client.start(pattern, since=since)
+        while not count or seen < count:
+            m = client.receive(timeout)
+            if m is None:
+                break
+            seen += 1
+            _emit(
+                ctx,
+                f"{m.sequence}  {m.key}  {m.body.decode(errors='replace')}",
+                {
+                    "sequence": m.sequence,
+                    "key": m.key,
+                    "body": m.body.decode(errors="replace"),
+                    "timestamp_ms": m.timestamp_ms,
+                },
+            )
+    if seen == 0:
+        sys.exit(EXIT_EMPTY)
+
+
+@stream.command("tail")
+@click.argument("name")
+@click.option("--pattern", default="", help="Key prefix, or ~regex.")
+@click.option("--count", type=int, default=0, help="Stop after this many (0: until quiet for --timeout).")
+@click.option("--timeout", type=float, default=10.0)
+@click.pass_context
+@_errors
+def stream_tail(ctx: click.Context, name: str, pattern: str, count: int, timeout: float) -> None:
+    """Print new messages of stream NAME as they arrive."""
+    _print_messages(ctx, name, pattern=pattern, since="latest", count=count, timeout=timeout)
+
+
+@stream.command("replay")
+@click.argument("name")
+@click.option("--since", required=True, help="A sequence (replay after it) or an ISO time (2026-11-21T10:00:00Z).")
+@click.option("--pattern", default="")
+@click.option("--count", type=int, default=0)
+@click.option("--timeout", type=float, default=3.0, help="Stop when nothing arrives for this long.")
+@click.pass_context
+@_errors
+def stream_replay(ctx: click.Context, *, name: str, since: str, pattern: str, count: int, timeout: float) -> None:
+    """Print messages of stream NAME from --since on."""
+    from datetime import datetime  # noqa: PLC0415
+
+    from zeps.client import Seq, Time  # noqa: PLC0415
+
+    if since.isdigit():
+        start: Any = Seq(int(since))
+    else:
+        try:
+            start = Time(datetime.fromisoformat(since.replace("Z", "+00:00")))
+        except ValueError:
+            raise ConfigError(
+                f"--since {since!r}: give a sequence number or an ISO time like 2026-11-21T10:00:00Z"
+            ) from None
+    _print_messages(ctx, name, pattern=pattern, since=start, count=count, timeout=timeout)
+
+
+# -- broker -----------------------------------------------------------------------------------------
+@cli.command("broker", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def broker(ctx: click.Context) -> None:
+    """Run a ZEPS broker (the same as zeps-broker; see `zeps broker --help`)."""
+    from zeps.broker.main import main as broker_main  # noqa: PLC0415
+
+    sys.exit(broker_main(ctx.args))
+
+
+def main() -> None:
+    cli(prog_name="zeps")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""The `zeps` command against a real ZooKeeper and broker: output, JSON and exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from harness import ZooKeeperHarness
+from zeps.broker import BrokerConfig, BrokerServer
+from zeps.coordination.queue import WorkQueue
+from zeps.dev.process import free_port
+from zeps.options import QueueOptions
+
+Zeps = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def zeps(zookeeper: ZooKeeperHarness, tmp_path: Path) -> Zeps:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ZEPS_", "KUBE"))}
+    env["KUBECONFIG"] = str(tmp_path / "no-cluster")  # settings must come from flags here
+
+    def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        argv = [
+            sys.executable,
+            "-m",
+            "zeps.cli",
+            "-n",
+            "cli",
+            "--zookeeper",
+            zookeeper.connect_string,
+            "--chroot",
+            zookeeper.root,
+            *args,
+        ]
+        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, check=False)
+
+    return run
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[BrokerServer]:
+    server = BrokerServer(BrokerConfig(tmp_path / "journal", ("prices",))).start()
+    yield server
+    server.stop()
+
+
+def test_topic_publish_and_subscribe(zeps: Zeps, zookeeper: ZooKeeperHarness) -> None:
+    argv = [
+        sys.executable,
+        "-m",
+        "zeps.cli",
+        "-n",
+        "cli",
+        "--zookeeper",
+        zookeeper.connect_string,
+        "--chroot",
+        zookeeper.root,
+        "--json",
+        "topic",
+        "subscribe",
+        "news",
+        "--consumer-id",
+        "cli-1",
+        "--count",
+        "2",
+        "--timeout",
+        "30",
+    ]
+    subscriber = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while zeps("topic", "publish", "news", "warm-up").returncode != 0:  # until the subscriber is registered
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    published = zeps("--json", "topic", "publish", "news", "hello")
+    assert published.returncode == 0 and len(json.loads(published.stdout)["published"]) == 1
+    out, _ = subscriber.communicate(timeout=40)
+    bodies = [json.loads(line)["body"] for line in out.splitlines()]
+    assert subscriber.returncode == 0 and bodies[-1] == "hello"
+    nobody = zeps("topic", "publish", "silence", "x")
+    assert nobody.returncode == 4 and "has no subscribers" in nobody.stderr
+    quiet = zeps("topic", "subscribe", "silence", "--timeout", "1")
+    assert quiet.returncode == 1
+
+
+def test_queue_put_take_stats_dead_letter(zeps: Zeps, zookeeper: ZooKeeperHarness) -> None:
+    assert zeps("queue", "put", "jobs", "a", "b").returncode == 0
+    stats = json.loads(zeps("--json", "queue", "stats", "jobs").stdout)
+    assert stats["depth"] == 2 and stats["in_flight"] == 0
+    taken = zeps("--json", "queue", "take", "jobs", "--count", "2")
+    assert taken.returncode == 0 and sorted(json.loads(line)["body"] for line in taken.stdout.splitlines()) == [
+        "a",
+        "b",
+    ]
+    assert zeps("queue", "take", "jobs", "--timeout", "0.5").returncode == 1, "empty queue: exit 1"
+    worker = WorkQueue(
+        zookeeper.client(), "jobs", namespace="cli", chroot=zookeeper.root, options=QueueOptions.make(max_attempts=1)
+    )
+    worker.put(b"poison")
+    item = worker.take(timeout=5)
+    assert item is not None
+    item.release()  # its only attempt: dead-lettered
+    dead = zeps("--json", "queue", "dead-letter", "jobs")
+    assert json.loads(dead.stdout)["body"] == "poison"
+    assert json.loads(zeps("--json", "queue", "dead-letter", "jobs", "--redrive").stdout) == {"redriven": 1}
+    assert zeps("queue", "put", "jobs", "x", "--priority", "1000").returncode == 2, "usage error"
+
+
+def test_batches_publish_consume_lag_reset(zeps: Zeps) -> None:
+    assert zeps("batches", "publish", "orders", "o1", "o2").stdout.strip() == "orders-1"
+    assert zeps("batches", "publish", "orders", "o3").stdout.strip() == "orders-2"
+    first = zeps("--json", "batches", "consume", "orders", "--consumer", "billing")
+    assert [json.loads(line)["batch"] for line in first.stdout.splitlines()] == ["orders-1", "orders-2"]
+    assert zeps("batches", "consume", "orders", "--consumer", "billing").returncode == 1, "nothing new"
+    assert json.loads(zeps("--json", "batches", "lag", "orders").stdout) == {"lag": {"billing": 0}}
+    assert zeps("batches", "reset", "orders", "--consumer", "billing", "--to", "2").returncode == 0
+    again = zeps("--json", "batches", "consume", "orders", "--consumer", "billing")
+    assert [json.loads(line)["records"] for line in again.stdout.splitlines()] == [["o3"]]
+
+
+def test_stream_publish_replay_tail(zeps: Zeps, broker: BrokerServer) -> None:
+    ep = ["--endpoint", broker.endpoint]
+    assert zeps(*ep, "stream", "publish", "prices", "eu.fr", "1", "2", "3").returncode == 0
+    replay = zeps(*ep, "--json", "stream", "replay", "prices", "--since", "1", "--timeout", "1")
+    assert [json.loads(line)["sequence"] for line in replay.stdout.splitlines()] == [2, 3]
+    by_time = zeps(*ep, "stream", "replay", "prices", "--since", "2000-01-01T00:00:00Z", "--count", "3")
+    assert by_time.returncode == 0 and len(by_time.stdout.splitlines()) == 3
+    bad = zeps(*ep, "stream", "replay", "prices", "--since", "yesterday")
+    assert bad.returncode == 3 and "give a sequence number or an ISO time" in bad.stderr
+    assert zeps(*ep, "stream", "tail", "prices", "--timeout", "1").returncode == 1, "nothing new: exit 1"
+
+
+def test_errors_say_what_to_do(zeps: Zeps, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ZEPS_", "KUBE"))}
+    env["KUBECONFIG"] = str(tmp_path / "nothing")
+    missing = subprocess.run(
+        [sys.executable, "-m", "zeps.cli", "queue", "stats", "jobs"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert missing.returncode == 3 and "set KUBECONFIG, or pass the settings" in missing.stderr
+    unreachable = zeps("--endpoint", f"tcp://127.0.0.1:{free_port()}", "stream", "publish", "prices", "k", "v")
+    assert unreachable.returncode == 4 and "no broker answered" in unreachable.stderr
