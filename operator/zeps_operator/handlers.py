@@ -27,6 +27,7 @@ from zeps.broker.server import make_curve_certificate
 from zeps.coordination import Group, Topic, connect, digest_acl
 from zeps.coordination.admin import (
     PathConflictError,
+    ZooKeeperUnavailableError,
     count_children,
     delete_resource,
     ensure_resource,
@@ -47,7 +48,10 @@ from zeps_operator.plan import (
 
 log = logging.getLogger(__name__)
 
-RESYNC = float(os.environ.get("ZEPS_RESYNC_SECONDS", "30"))  # timers need it when handlers are declared
+RESYNC = float(os.environ.get("ZEPS_RESYNC_SECONDS", "30"))
+# ZooKeeper calls give up after this: a handler waiting out an outage holds up every other handler
+# of its object (kopf runs them one at a time), the finalizer included
+ZK_DEADLINE = 10.0  # timers need it when handlers are declared
 SPECS: dict[str, type[BaseModel]] = {"Topic": TopicSpec, "Queue": QueueSpec, "ZepsStream": StreamSpec}
 RECONCILES = Counter("zeps_operator_reconciles", "Reconciliations", ["kind", "outcome"])
 
@@ -130,7 +134,11 @@ def _reconcile(kind: str, body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, *
             adopt=_same_cluster_owner(root),
             acl=_namespace_acl(namespace),
             boundary=f"{state.settings.chroot}/{namespace}",
+            deadline=ZK_DEADLINE,
         )
+    except ZooKeeperUnavailableError:
+        _ready(body, patch, False, "ZooKeeperUnavailable", "ZooKeeper did not answer in time")
+        raise kopf.TemporaryError("ZooKeeper did not answer in time", delay=5) from None
     except PathConflictError as exc:
         patch.status["conditions"] = condition(
             previous, ready=False, reason="Conflict", message=str(exc), generation=generation
@@ -162,7 +170,7 @@ def _namespace_acl(namespace: str) -> list[Any] | None:
 
 
 def _same_cluster_owner(root: str) -> bool:
-    current = read_spec_node(state.zk, root) or {}
+    current = read_spec_node(state.zk, root, deadline=ZK_DEADLINE) or {}
     return str(current.get("owner", "")).startswith(f"{state.settings.cluster}/")
 
 
@@ -209,7 +217,7 @@ def topic_timer(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -
 def _topic_facts(body: kopf.Body, patch: kopf.Patch) -> None:
     meta = body["metadata"]
     topic = TopicPaths.of(meta["namespace"], meta["name"], chroot=state.settings.chroot)
-    patch.status["subscribers"] = count_children(state.zk, topic.subscribers.members)
+    patch.status["subscribers"] = count_children(state.zk, topic.subscribers.members, deadline=ZK_DEADLINE)
 
 
 def _run_cleaner(body: kopf.Body, spec: kopf.Spec) -> None:
@@ -293,9 +301,9 @@ def _queue_facts(body: kopf.Body, patch: kopf.Patch) -> None:
     if (body.get("spec") or {}).get("mode") == "batches":
         batches = BatchQueue(state.zk, meta["name"], namespace=meta["namespace"], chroot=state.settings.chroot)
         patch.status["consumerLag"] = batches.lag()
-    patch.status["depth"] = count_children(state.zk, paths.items)
-    patch.status["inFlight"] = count_children(state.zk, paths.taken)
-    patch.status["deadLettered"] = count_children(state.zk, paths.dead)
+    patch.status["depth"] = count_children(state.zk, paths.items, deadline=ZK_DEADLINE)
+    patch.status["inFlight"] = count_children(state.zk, paths.taken, deadline=ZK_DEADLINE)
+    patch.status["deadLettered"] = count_children(state.zk, paths.dead, deadline=ZK_DEADLINE)
 
 
 # -- ZepsStream ----------------------------------------------------------------------------------
@@ -396,9 +404,12 @@ def deleted(body: kopf.Body, spec: kopf.Spec, retry: int, **_: Any) -> None:
         )
         return
     target, _children = zookeeper_layout(kind, meta["namespace"], meta["name"], state.settings.chroot)
-    owner = str((read_spec_node(state.zk, target) or {}).get("owner", ""))
+    try:
+        owner = str((read_spec_node(state.zk, target, deadline=ZK_DEADLINE) or {}).get("owner", ""))
+    except ZooKeeperUnavailableError:
+        raise kopf.TemporaryError("ZooKeeper did not answer in time", delay=2) from None
     if owner and owner != f"{state.settings.cluster}/{meta['uid']}":
         kopf.warn(body, reason="NotOwner", message=f"{target} belongs to {owner}: left in place")
         return
-    delete_resource(state.zk, target)
+    delete_resource(state.zk, target, deadline=ZK_DEADLINE)
     kopf.info(body, reason="Deleted", message=f"removed {target}")

@@ -13,10 +13,11 @@ from zeps.errors import CoordinationError
 DELETE_CHUNK = 500  # deletes per transaction when emptying a node
 
 
-def bounded_retry() -> KazooRetry:
+def bounded_retry(deadline: float = 120.0) -> KazooRetry:
     """Retry through ConnectionLoss and session expiry (a reconnect, a ZooKeeper restart) for up to
-    two minutes, never forever. A fresh object per call: KazooRetry keeps per-call state."""
-    return KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0, deadline=120, ignore_expire=True)
+    ``deadline`` seconds (two minutes by default), never forever. A fresh object per call:
+    KazooRetry keeps per-call state."""
+    return KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0, deadline=deadline, ignore_expire=True)
 
 
 Op = tuple[Any, ...]
@@ -49,11 +50,11 @@ def failures(outcome: list[Any]) -> list[Exception]:
     return [r for r in outcome if isinstance(r, Exception) and not isinstance(r, RolledBackError)]
 
 
-def delete_tree(client: KazooClient, path: str, *, attempts: int = 20) -> None:
+def delete_tree(client: KazooClient, path: str, *, attempts: int = 20, deadline: float = 120.0) -> None:
     """Delete ``path`` and everything below it, in transactions of DELETE_CHUNK, even while writers
     keep adding children (bounded by ``attempts`` passes). Children that have children of their own
     are emptied first, recursively."""
-    retry = bounded_retry()
+    retry = bounded_retry(deadline)
     for _ in range(attempts):
         try:
             children = retry(client.get_children, path)
@@ -64,7 +65,7 @@ def delete_tree(client: KazooClient, path: str, *, attempts: int = 20) -> None:
             outcome = retry(lambda chunk=chunk: commit(client, [("delete", f"{path}/{c}") for c in chunk]))
             for child, result in zip(chunk, outcome, strict=False):
                 if isinstance(result, NotEmptyError):  # a subtree: empty it, then it goes on the next pass
-                    delete_tree(client, f"{path}/{child}", attempts=attempts)
+                    delete_tree(client, f"{path}/{child}", attempts=attempts, deadline=deadline)
         try:
             retry(client.delete, path)
             return

@@ -9,27 +9,56 @@ resource recreated gets a new UID) is refused with :class:`PathConflictError`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.retry import RetryFailedError
 
 from zeps.coordination._util import bounded_retry, delete_tree
 from zeps.errors import CoordinationError
 from zeps.paths import LAYOUT_VERSION
 
-__all__ = ["PathConflictError", "count_children", "delete_resource", "ensure_resource", "read_spec_node"]
+__all__ = [
+    "PathConflictError",
+    "ZooKeeperUnavailableError",
+    "count_children",
+    "delete_resource",
+    "ensure_resource",
+    "read_spec_node",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class PathConflictError(CoordinationError):
     """The path belongs to another object (a different UID)."""
 
 
-def read_spec_node(client: KazooClient, root: str) -> dict[str, Any] | None:
+class ZooKeeperUnavailableError(CoordinationError):
+    """ZooKeeper did not answer within the call's deadline."""
+
+
+def _bounded(func: F) -> F:
+    """Report an exhausted retry deadline as ZooKeeperUnavailableError (callers need no kazoo)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except RetryFailedError as exc:
+            raise ZooKeeperUnavailableError(f"ZooKeeper did not answer in time ({exc})") from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+@_bounded
+def read_spec_node(client: KazooClient, root: str, *, deadline: float = 120.0) -> dict[str, Any] | None:
     try:
-        data, _ = bounded_retry()(client.get, f"{root}/spec")
+        data, _ = bounded_retry(deadline)(client.get, f"{root}/spec")
     except NoNodeError:
         return None
     try:
@@ -39,6 +68,7 @@ def read_spec_node(client: KazooClient, root: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else {}
 
 
+@_bounded
 def ensure_resource(
     client: KazooClient,
     root: str,
@@ -50,13 +80,15 @@ def ensure_resource(
     adopt: bool = False,
     acl: list[Any] | None = None,
     boundary: str | None = None,
+    deadline: float = 120.0,
 ) -> list[str]:
     """Create missing paths and (re)write the spec node; returns what was repaired or written.
 
     ``adopt``: take over a spec node left by an object of the same name with another UID (the
     previous resource was deleted with deletionPolicy: Retain). ``acl``: the ACL of every node
-    created below ``boundary`` (the namespace's node); nodes above it stay open."""
-    retry = bounded_retry()
+    created below ``boundary`` (the namespace's node); nodes above it stay open. ``deadline``
+    bounds the retries through a ZooKeeper outage (the operator keeps it short)."""
+    retry = bounded_retry(deadline)
     repaired = []
     if boundary is not None and retry(client.exists, boundary) is None:
         parent = boundary.rsplit("/", 1)[0]
@@ -68,7 +100,7 @@ def ensure_resource(
         if retry(client.exists, child) is None:
             retry(client.ensure_path, child, acl=acl)
             repaired.append(child)
-    current = read_spec_node(client, root)
+    current = read_spec_node(client, root, deadline=deadline)
     if current and current.get("owner") not in (None, owner) and not adopt:
         raise PathConflictError(f"{root} belongs to another object (uid {current.get('owner')})")
     wanted = {"formatVersion": LAYOUT_VERSION, "owner": owner, "generation": generation, "spec": spec}
@@ -82,10 +114,12 @@ def ensure_resource(
     return repaired
 
 
-def delete_resource(client: KazooClient, root: str) -> None:
-    delete_tree(client, root)
+@_bounded
+def delete_resource(client: KazooClient, root: str, *, deadline: float = 120.0) -> None:
+    delete_tree(client, root, deadline=deadline)
 
 
-def count_children(client: KazooClient, path: str) -> int:
-    stat = bounded_retry()(client.exists, path)
+@_bounded
+def count_children(client: KazooClient, path: str, *, deadline: float = 120.0) -> int:
+    stat = bounded_retry(deadline)(client.exists, path)
     return int(stat.numChildren) if stat is not None else 0
