@@ -381,6 +381,51 @@ def stream_replay(ctx: click.Context, *, name: str, since: str, pattern: str, co
     _print_messages(ctx, name, pattern=pattern, since=start, count=count, timeout=timeout)
 
 
+# -- status -----------------------------------------------------------------------------------------
+_FACTS = {
+    "Topic": ("subscribers", "cleanerHolder"),
+    "Queue": ("depth", "inFlight", "deadLettered"),
+    "ZepsStream": ("endpoint", "lastSequence", "journalBytes"),
+}
+
+
+@cli.command("status")
+@click.option("--all-namespaces", "-A", is_flag=True, help="Every namespace, not just --namespace.")
+@click.pass_context
+@_errors
+def status(ctx: click.Context, all_namespaces: bool) -> None:
+    """Every Topic, Queue and ZepsStream with its Ready condition and live facts (via Kubernetes)."""
+    from zeps.config import default_namespace  # noqa: PLC0415
+    from zeps.config.resolver import list_resources  # noqa: PLC0415
+
+    items = list_resources(None if all_namespaces else default_namespace(ctx.obj["namespace"]))
+    not_ready = 0
+    for item in items:
+        meta, st = item["metadata"], item.get("status") or {}
+        ready: dict[str, Any] = next((c for c in st.get("conditions", []) if c.get("type") == "Ready"), {})
+        facts = {k: st[k] for k in _FACTS[item["kind"]] if k in st}
+        not_ready += ready.get("status") != "True"
+        human = (
+            f"{item['kind']:<11} {meta['namespace']}/{meta['name']:<24} Ready={ready.get('status', 'Unknown'):<7}"
+            f" {ready.get('reason', '')}  " + "  ".join(f"{k}={v}" for k, v in facts.items())
+        )
+        _emit(
+            ctx,
+            human,
+            {
+                "kind": item["kind"],
+                "namespace": meta["namespace"],
+                "name": meta["name"],
+                "ready": ready.get("status", "Unknown"),
+                "reason": ready.get("reason", ""),
+                **facts,
+            },
+        )
+    if not items:
+        _emit(ctx, "no zeps resources", {"resources": 0})
+    sys.exit(EXIT_EMPTY if not_ready else 0)
+
+
 # -- broker -----------------------------------------------------------------------------------------
 @cli.command("broker", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.pass_context

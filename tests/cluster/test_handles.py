@@ -127,3 +127,37 @@ def test_a_pickled_handle_works_where_there_is_no_kubernetes(
     item = driver_side.take(timeout=5)
     assert item is not None and item.body == b"from the executor"
     item.ack()
+
+
+def test_zeps_status_lists_resources_with_ready_and_facts(
+    operator: OperatorProcess, crds: ControlPlane, namespace: str, kubeconfig: Path, zookeeper: ZooKeeperHarness
+) -> None:
+    import os  # noqa: PLC0415
+
+    _apply(crds, namespace, "Topic", "seen")
+    _apply(crds, namespace, "Queue", "jobs", {"maxAttempts": 2})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZEPS_")}
+    run = [sys.executable, "-m", "zeps.cli", "-n", namespace]
+    out = subprocess.run([*run, "--json", "status"], capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    rows = {(r["kind"], r["name"]): r for r in map(json.loads, out.stdout.splitlines())}
+    assert rows[("Topic", "seen")]["ready"] == "True" and rows[("Topic", "seen")]["subscribers"] == 0
+    assert rows[("Queue", "jobs")]["depth"] == 0
+    zk = zookeeper.client()  # a resource that is not Ready makes status exit 1
+    foreign = {"formatVersion": 1, "owner": "elsewhere/2", "generation": 1, "spec": {}}
+    zk.create(f"{CHROOT}/{namespace}/topics/blocked/spec", json.dumps(foreign).encode(), makepath=True)
+    crds.kubectl(
+        "apply",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=json.dumps({"apiVersion": "zeps.dev/v1alpha1", "kind": "Topic", "metadata": {"name": "blocked"}}),
+    )
+    wait_until(
+        lambda: "Conflict" in crds.kubectl("get", "topic", "blocked", "-n", namespace, "-o", "json"),
+        timeout=30,
+        what="the Conflict condition",
+    )
+    human = subprocess.run([*run, "status"], capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert human.returncode == 1 and "blocked" in human.stdout and "Conflict" in human.stdout

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from zeps.errors import ConfigError
 from zeps.paths import DEFAULT_CHROOT, validate_name
 
-__all__ = ["Resolved", "resolve"]
+__all__ = ["Resolved", "default_namespace", "resolve"]
 
 Kind = Literal["Topic", "Queue", "ZepsStream"]
 _PLURAL = {"Topic": "topics", "Queue": "queues", "ZepsStream": "zepsstreams"}
@@ -48,7 +48,8 @@ class Resolved(BaseModel):
     spec: dict[str, Any] = {}
 
 
-def _namespace(explicit: str | None) -> str:
+def default_namespace(explicit: str | None) -> str:
+    """The explicit namespace, else ZEPS_NAMESPACE, POD_NAMESPACE, the pod's own, or "default"."""
     if explicit:
         return explicit
     for var in ("ZEPS_NAMESPACE", "POD_NAMESPACE"):
@@ -79,7 +80,7 @@ def resolve(
 ) -> Resolved:
     """Settings for one resource: explicit arguments, then environment, then the resource's status."""
     validate_name(kind.lower(), name)
-    ns = validate_name("namespace", _namespace(namespace))
+    ns = validate_name("namespace", default_namespace(namespace))
     env_key = name.upper().replace("-", "_")
     found: dict[str, Any] = {
         "zookeeper": zookeeper or os.environ.get("ZEPS_ZOOKEEPER", ""),

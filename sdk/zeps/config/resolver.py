@@ -11,17 +11,16 @@ from typing import Any
 
 from zeps.errors import ConfigError
 
-__all__ = ["read_resource"]
+__all__ = ["list_resources", "read_resource"]
 
 
-def read_resource(plural: str, kind: str, name: str, namespace: str) -> dict[str, Any]:
-    """The resource, which must exist and be Ready."""
+def _api(what: str) -> Any:
+    """A CustomObjectsApi from in-cluster config or the kubeconfig; ConfigError naming ``what``."""
     try:
         from kubernetes import client, config  # noqa: PLC0415 — the operator extra is optional
-        from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
     except ImportError:
         raise ConfigError(
-            f"{kind} {namespace}/{name}: settings were not given and the kubernetes package is missing; "
+            f"{what}: settings were not given and the kubernetes package is missing; "
             "install zeps[operator], or set ZEPS_ZOOKEEPER (and ZEPS_STREAM_<NAME>_ENDPOINT for streams)"
         ) from None
     try:
@@ -32,10 +31,17 @@ def read_resource(plural: str, kind: str, name: str, namespace: str) -> dict[str
             config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)  # type: ignore[no-untyped-call]
         except (config.ConfigException, OSError) as exc:
             raise ConfigError(
-                f"{kind} {namespace}/{name}: no Kubernetes access to read it ({exc}); run in a pod, set KUBECONFIG, "
+                f"{what}: no Kubernetes access to read it ({exc}); run in a pod, set KUBECONFIG, "
                 "or pass the settings explicitly"
             ) from None
-    api = client.CustomObjectsApi()
+    return client.CustomObjectsApi()
+
+
+def read_resource(plural: str, kind: str, name: str, namespace: str) -> dict[str, Any]:
+    """The resource, which must exist and be Ready."""
+    from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+
+    api = _api(f"{kind} {namespace}/{name}")
     try:
         found = api.get_namespaced_custom_object("zeps.dev", "v1alpha1", namespace, plural, name)
     except ApiException as exc:
@@ -59,3 +65,27 @@ def read_resource(plural: str, kind: str, name: str, namespace: str) -> dict[str
         why = f"{ready.get('reason')}: {ready.get('message')}" if ready else "the operator has not reconciled it yet"
         raise ConfigError(f"{kind} {namespace}/{name} is not Ready ({why}); see kubectl describe {plural} {name}")
     return resource
+
+
+def list_resources(namespace: str | None) -> list[dict[str, Any]]:
+    """Every Topic, Queue and ZepsStream in ``namespace`` (all namespaces when None)."""
+    from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+
+    api = _api("zeps status")
+    out: list[dict[str, Any]] = []
+    for plural in ("topics", "queues", "zepsstreams"):
+        try:
+            if namespace:
+                found = api.list_namespaced_custom_object("zeps.dev", "v1alpha1", namespace, plural)
+            else:
+                found = api.list_cluster_custom_object("zeps.dev", "v1alpha1", plural)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise ConfigError("the zeps CRDs are not installed: kubectl apply -f crds/ (or helm install)") from None
+            if exc.status == 403:
+                raise ConfigError(
+                    f"no permission to list {plural}.zeps.dev: grant list on it, or name a namespace"
+                ) from None
+            raise
+        out.extend(found.get("items", []) if isinstance(found, dict) else [])
+    return out
