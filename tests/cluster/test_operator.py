@@ -133,7 +133,14 @@ def test_zepsstream_broker_objects_and_a_runnable_pod_template(
             {"storage": {"size": "1Gi", "storageClassName": ""}, "fsync": "always"},
         )
         apps = client.AppsV1Api(client.ApiClient(_kube(crds)))
-        wait_until(lambda: bool(apps.list_namespaced_deployment(namespace).items), timeout=60, what="the Deployment")
+        wait_until(
+            lambda: (
+                bool(apps.list_namespaced_deployment(namespace).items)
+                and bool(core.list_namespaced_service(namespace).items)
+            ),
+            timeout=60,
+            what="the Deployment and the Service",
+        )  # applied one after the other
         deployment = apps.read_namespaced_deployment("prices-broker", namespace)
         assert deployment.spec is not None and deployment.spec.strategy is not None
         assert deployment.spec.strategy.type == "Recreate" and deployment.spec.replicas == 1
