@@ -131,7 +131,7 @@ def _reconcile(kind: str, body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, *
             owner=owner,
             generation=generation,
             spec=typed.model_dump(by_alias=True),
-            adopt=_same_cluster_owner(root),
+            adopt_prefix=f"{state.settings.cluster}/",
             acl=_namespace_acl(namespace),
             boundary=f"{state.settings.chroot}/{namespace}",
             deadline=ZK_DEADLINE,
@@ -167,11 +167,6 @@ def _namespace_acl(namespace: str) -> list[Any] | None:
     if not data.get("user") or not data.get("password"):
         raise kopf.PermanentError(f"Secret {NAMESPACE_AUTH_SECRET} needs the keys user and password")
     return digest_acl(data["user"], data["password"])
-
-
-def _same_cluster_owner(root: str) -> bool:
-    current = read_spec_node(state.zk, root, deadline=ZK_DEADLINE) or {}
-    return str(current.get("owner", "")).startswith(f"{state.settings.cluster}/")
 
 
 def _ready(body: kopf.Body, patch: kopf.Patch, ready: bool, reason: str, message: str) -> None:

@@ -60,6 +60,15 @@ class _Handle:
         return shared_client(self.settings.zookeeper, auth=self.settings.auth)
 
 
+class _Forwarding(_Handle):
+    """A handle whose public methods are its recipe's (made lazily, per process)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name == "settings":
+            raise AttributeError(name)
+        return getattr(self._recipe(), name)
+
+
 class TopicHandle(_Handle):
     """``zeps.topic(name)``: broadcast to every live subscriber (see :class:`zeps.coordination.Topic`)."""
 
@@ -85,7 +94,7 @@ class TopicHandle(_Handle):
         return self._recipe().subscribe(callback, **kwargs)
 
 
-class QueueHandle(_Handle):
+class QueueHandle(_Forwarding):
     """``zeps.queue(name)``: a work queue (see :class:`zeps.coordination.queue.WorkQueue`)."""
 
     def _make(self) -> WorkQueue:
@@ -94,13 +103,8 @@ class QueueHandle(_Handle):
             self._zookeeper(), s.name, namespace=s.namespace, chroot=s.chroot, options=_options(QueueOptions, s.spec)
         )
 
-    def __getattr__(self, name: str) -> Any:  # put, put_all, take, take_many, ack_all, stats, …
-        if name.startswith("_") or name == "settings":
-            raise AttributeError(name)
-        return getattr(self._recipe(), name)
 
-
-class BatchesHandle(_Handle):
+class BatchesHandle(_Forwarding):
     """``zeps.batches(name)``: a replayable batch queue (see :class:`zeps.coordination.batches.BatchQueue`)."""
 
     def _make(self) -> BatchQueue:
@@ -114,23 +118,13 @@ class BatchesHandle(_Handle):
             options=_options(BatchOptions, batch_spec),
         )
 
-    def __getattr__(self, name: str) -> Any:  # publish, consumer, lag, latest, read, prune
-        if name.startswith("_") or name == "settings":
-            raise AttributeError(name)
-        return getattr(self._recipe(), name)
 
-
-class StreamHandle(_Handle):
+class StreamHandle(_Forwarding):
     """``zeps.stream(name)``: a ZepsStream peering (see :class:`zeps.client.StreamClient`)."""
 
     def _make(self) -> StreamClient:
         s = self.settings
         return StreamClient(s.endpoint, s.name, server_public_key=s.public_key or None).connect()
-
-    def __getattr__(self, name: str) -> Any:  # publish, flush, subscribe, start, receive, close
-        if name.startswith("_") or name == "settings":
-            raise AttributeError(name)
-        return getattr(self._recipe(), name)
 
 
 def topic(name: str, namespace: str | None = None, **settings: Any) -> TopicHandle:

@@ -41,7 +41,7 @@ def _zk(zookeeper: ZooKeeperHarness) -> KazooClient:
 
 
 def test_topic_lifecycle_ready_update_drift_and_delete(
-    operator: OperatorProcess, crds: ControlPlane, namespace: str, zookeeper: ZooKeeperHarness
+    operator: OperatorProcess, crds: ControlPlane, namespace: str, zookeeper: ZooKeeperHarness, kube_api: Any
 ) -> None:
     zk = _zk(zookeeper)
     root = f"{CHROOT}/{namespace}/topics/cache"
@@ -58,7 +58,7 @@ def test_topic_lifecycle_ready_update_drift_and_delete(
         timeout=30,
         what="the cleaner Lease to be held",
     )
-    lease = client.CoordinationV1Api(client.ApiClient(_kube(crds))).read_namespaced_lease("cache-cleaner", namespace)
+    lease = client.CoordinationV1Api(kube_api).read_namespaced_lease("cache-cleaner", namespace)
     assert lease.spec is not None and lease.spec.holder_identity == "zeps-operator-test"
 
     _apply(crds, namespace, "Topic", "cache", {"maxQueueDepth": 900})  # update
@@ -111,9 +111,9 @@ def test_finalizer_is_released_when_zookeeper_is_down(
 
 
 def test_zepsstream_broker_objects_and_a_runnable_pod_template(
-    operator: OperatorProcess, crds: ControlPlane, namespace: str, tmp_path: Path
+    operator: OperatorProcess, crds: ControlPlane, namespace: str, tmp_path: Path, kube_api: Any
 ) -> None:
-    core = client.CoreV1Api(client.ApiClient(_kube(crds)))
+    core = client.CoreV1Api(kube_api)
     pv = client.V1PersistentVolume(  # no provisioner without kubelet: offer a volume to bind
         metadata=client.V1ObjectMeta(name=f"journal-{namespace}"),
         spec=client.V1PersistentVolumeSpec(
@@ -132,7 +132,7 @@ def test_zepsstream_broker_objects_and_a_runnable_pod_template(
             "prices",
             {"storage": {"size": "1Gi", "storageClassName": ""}, "fsync": "always"},
         )
-        apps = client.AppsV1Api(client.ApiClient(_kube(crds)))
+        apps = client.AppsV1Api(kube_api)
         wait_until(
             lambda: (
                 bool(apps.list_namespaced_deployment(namespace).items)
@@ -189,17 +189,11 @@ def test_zepsstream_broker_objects_and_a_runnable_pod_template(
         core.delete_persistent_volume(f"journal-{namespace}")
 
 
-def _kube(plane: ControlPlane) -> client.Configuration:
-    from kubernetes import config  # noqa: PLC0415
-
-    configuration = client.Configuration()
-    config.load_kube_config(config_file=str(plane.kubeconfig), client_configuration=configuration)
-    return configuration
-
-
-def test_curve_keys_live_in_a_secret(operator: OperatorProcess, crds: ControlPlane, namespace: str) -> None:
+def test_curve_keys_live_in_a_secret(
+    operator: OperatorProcess, crds: ControlPlane, namespace: str, kube_api: Any
+) -> None:
     _apply(crds, namespace, "ZepsStream", "secure", {"curve": True})
-    core = client.CoreV1Api(client.ApiClient(_kube(crds)))
+    core = client.CoreV1Api(kube_api)
 
     def secret() -> Any:
         return core.read_namespaced_secret("secure-curve", namespace)
@@ -250,13 +244,13 @@ def test_a_path_owned_by_another_cluster_is_a_conflict(
 
 
 def test_namespace_credentials_put_acls_on_the_namespace_subtree(
-    operator: OperatorProcess, crds: ControlPlane, namespace: str, zookeeper: ZooKeeperHarness
+    operator: OperatorProcess, crds: ControlPlane, namespace: str, zookeeper: ZooKeeperHarness, kube_api: Any
 ) -> None:
     from kazoo.exceptions import NoAuthError  # noqa: PLC0415
 
     from zeps.coordination import Topic, connect  # noqa: PLC0415
 
-    core = client.CoreV1Api(client.ApiClient(_kube(crds)))
+    core = client.CoreV1Api(kube_api)
     core.create_namespaced_secret(
         namespace,
         client.V1Secret(

@@ -77,16 +77,17 @@ def ensure_resource(
     owner: str,
     generation: int,
     spec: dict[str, Any],
-    adopt: bool = False,
+    adopt_prefix: str | None = None,
     acl: list[Any] | None = None,
     boundary: str | None = None,
     deadline: float = 120.0,
 ) -> list[str]:
     """Create missing paths and (re)write the spec node; returns what was repaired or written.
 
-    ``adopt``: take over a spec node left by an object of the same name with another UID (the
-    previous resource was deleted with deletionPolicy: Retain). ``acl``: the ACL of every node
-    created below ``boundary`` (the namespace's node); nodes above it stay open. ``deadline``
+    ``adopt_prefix``: take over a spec node whose owner starts with it — an object of the same name
+    and cluster with another UID (the previous resource was deleted with deletionPolicy: Retain).
+    ``acl``: the ACL of every node created below ``boundary`` (the namespace's node); nodes above
+    it stay open. ``deadline``
     bounds the retries through a ZooKeeper outage (the operator keeps it short)."""
     retry = bounded_retry(deadline)
     repaired = []
@@ -101,8 +102,9 @@ def ensure_resource(
             retry(client.ensure_path, child, acl=acl)
             repaired.append(child)
     current = read_spec_node(client, root, deadline=deadline)
-    if current and current.get("owner") not in (None, owner) and not adopt:
-        raise PathConflictError(f"{root} belongs to another object (uid {current.get('owner')})")
+    holder = str((current or {}).get("owner") or "")
+    if holder and holder != owner and not (adopt_prefix and holder.startswith(adopt_prefix)):
+        raise PathConflictError(f"{root} belongs to another object (uid {holder})")
     wanted = {"formatVersion": LAYOUT_VERSION, "owner": owner, "generation": generation, "spec": spec}
     if current != wanted:
         data = json.dumps(wanted, sort_keys=True).encode()

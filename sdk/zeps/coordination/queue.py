@@ -728,16 +728,6 @@ class WorkQueue:
             depth=depth, in_flight=in_flight, dead_lettered=dead, waiting_workers=waiting, oldest_age_s=oldest
         )
 
-    # -- convenience ----------------------------------------------------------------------------
-    def items_in_flight_by_owner(self) -> dict[str, str]:
-        """Which owner holds which item now (for operators and tests)."""
-        out: dict[str, str] = {}
-        for name in self._call(self.client.get_children, self.paths.taken):
-            with contextlib.suppress(NoNodeError):
-                data, _ = self._call(self.client.get, f"{self.paths.taken}/{name}")
-                out[name] = data.decode()
-        return out
-
 
 def now_deadline(deadline: float | None, seconds: float) -> float:
     """The earlier of ``deadline`` and ``seconds`` from now (monotonic clock)."""
