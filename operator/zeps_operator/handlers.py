@@ -53,6 +53,7 @@ RESYNC = float(os.environ.get("ZEPS_RESYNC_SECONDS", "30"))
 # of its object (kopf runs them one at a time), the finalizer included
 ZK_DEADLINE = 10.0  # timers need it when handlers are declared
 SPECS: dict[str, type[BaseModel]] = {"Topic": TopicSpec, "Queue": QueueSpec, "ZepsStream": StreamSpec}
+FINALIZER = f"{GROUP}/cleanup"
 RECONCILES = Counter("zeps_operator_reconciles", "Reconciliations", ["kind", "outcome"])
 
 
@@ -70,7 +71,7 @@ state = _State()
 @kopf.on.startup()
 def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     state.settings = Settings.from_env()
-    settings.persistence.finalizer = f"{GROUP}/cleanup"
+    settings.persistence.finalizer = FINALIZER
     settings.watching.server_timeout = 120  # reconnect watches regularly: a stalled one cannot linger
     settings.watching.client_timeout = 150
     settings.posting.level = logging.INFO
@@ -396,6 +397,13 @@ def deleted(body: kopf.Body, spec: kopf.Spec, retry: int, **_: Any) -> None:
             body,
             reason="CleanupSkipped",
             message=f"ZooKeeper unreachable after {retry} tries: released without deleting its data",
+        )
+        # Release it ourselves as well: kopf drops its finalizer only once every handler and timer of
+        # the object has settled, which was seen to wait for ZooKeeper's return (idempotent if kopf did)
+        plural = {"Topic": "topics", "Queue": "queues", "ZepsStream": "zepsstreams"}[kind]
+        remaining = [f for f in meta.get("finalizers", []) if f != FINALIZER]
+        k8s.CustomObjectsApi(state.api).patch_namespaced_custom_object(
+            GROUP, VERSION, meta["namespace"], plural, meta["name"], {"metadata": {"finalizers": remaining}}
         )
         return
     target, _children = zookeeper_layout(kind, meta["namespace"], meta["name"], state.settings.chroot)
