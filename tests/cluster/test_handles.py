@@ -28,6 +28,19 @@ def _apply(plane: ControlPlane, namespace: str, kind: str, name: str, spec: dict
     plane.kubectl("wait", "--for=condition=Ready", f"{kind.lower()}/{name}", "-n", namespace, "--timeout=60s")
 
 
+def _conflicting_topic(crds: ControlPlane, zk: Any, namespace: str, name: str) -> None:
+    """A Topic whose ZooKeeper path another cluster owns: the operator marks it Ready=False, Conflict."""
+    foreign = {"formatVersion": 1, "owner": "elsewhere/1", "generation": 1, "spec": {}}
+    zk.create(f"{CHROOT}/{namespace}/topics/{name}/spec", json.dumps(foreign).encode(), makepath=True)
+    topic = {"apiVersion": "zeps.dev/v1alpha1", "kind": "Topic", "metadata": {"name": name}}
+    crds.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(topic))
+    wait_until(
+        lambda: "Conflict" in crds.kubectl("get", "topic", name, "-n", namespace, "-o", "json"),
+        timeout=30,
+        what="the Conflict condition",
+    )
+
+
 @pytest.fixture
 def kubeconfig(crds: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> Path:
     for var in ("ZEPS_ZOOKEEPER", "ZEPS_CHROOT", "ZEPS_NAMESPACE", "KUBERNETES_SERVICE_HOST"):
@@ -71,21 +84,7 @@ def test_clear_errors_for_missing_not_ready_and_forbidden(  # noqa: PLR0917 — 
         zeps.topic("nope", namespace=namespace)
 
     zk = zookeeper.client()
-    foreign = {"formatVersion": 1, "owner": "elsewhere/1", "generation": 1, "spec": {}}
-    zk.create(f"{CHROOT}/{namespace}/topics/taken/spec", json.dumps(foreign).encode(), makepath=True)
-    crds.kubectl(
-        "apply",
-        "-n",
-        namespace,
-        "-f",
-        "-",
-        input=json.dumps({"apiVersion": "zeps.dev/v1alpha1", "kind": "Topic", "metadata": {"name": "taken"}}),
-    )
-    wait_until(
-        lambda: "Conflict" in crds.kubectl("get", "topic", "taken", "-n", namespace, "-o", "json"),
-        timeout=30,
-        what="the Conflict condition",
-    )
+    _conflicting_topic(crds, zk, namespace, "taken")
     with pytest.raises(ConfigError, match=f"Topic {namespace}/taken is not Ready \\(Conflict"):
         zeps.topic("taken", namespace=namespace)
 
@@ -144,20 +143,6 @@ def test_zeps_status_lists_resources_with_ready_and_facts(
     assert rows[("Topic", "seen")]["ready"] == "True" and rows[("Topic", "seen")]["subscribers"] == 0
     assert rows[("Queue", "jobs")]["depth"] == 0
     zk = zookeeper.client()  # a resource that is not Ready makes status exit 1
-    foreign = {"formatVersion": 1, "owner": "elsewhere/2", "generation": 1, "spec": {}}
-    zk.create(f"{CHROOT}/{namespace}/topics/blocked/spec", json.dumps(foreign).encode(), makepath=True)
-    crds.kubectl(
-        "apply",
-        "-n",
-        namespace,
-        "-f",
-        "-",
-        input=json.dumps({"apiVersion": "zeps.dev/v1alpha1", "kind": "Topic", "metadata": {"name": "blocked"}}),
-    )
-    wait_until(
-        lambda: "Conflict" in crds.kubectl("get", "topic", "blocked", "-n", namespace, "-o", "json"),
-        timeout=30,
-        what="the Conflict condition",
-    )
+    _conflicting_topic(crds, zk, namespace, "blocked")
     human = subprocess.run([*run, "status"], capture_output=True, text=True, env=env, timeout=60, check=False)
     assert human.returncode == 1 and "blocked" in human.stdout and "Conflict" in human.stdout
