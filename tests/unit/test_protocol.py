@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from zeps._records import encode_record
 from zeps.errors import LocalProtocolError, RemoteProtocolError
 from zeps.protocol import (
     LATEST,
@@ -18,6 +19,7 @@ from zeps.protocol import (
     Connection,
     Credit,
     Deliver,
+    DeliverBatch,
     DeliverTs,
     Detach,
     DetachOk,
@@ -25,6 +27,7 @@ from zeps.protocol import (
     Ping,
     PingOk,
     Publish,
+    PublishBatch,
     Subscribe,
     SubscribeOk,
     SubscribeTime,
@@ -32,6 +35,8 @@ from zeps.protocol import (
     deliver_size,
     encode,
     encode_deliver,
+    encode_deliver_batch,
+    encode_publish_batch,
 )
 
 SIG = b"\xaa\xa5"
@@ -64,7 +69,19 @@ GOLDEN = [
         DeliverTs(sequence=1, timestamp=2, key="a", body=b"x"),
         SIG + b"\x0e" + struct.pack("!QQ", 1, 2) + s("a") + chunk(b"x"),
     ),
+    (
+        PublishBatch(entries=s("a") + chunk(b"1") + s("bc") + chunk(b"")),
+        SIG + b"\x0f" + chunk(s("a") + chunk(b"1") + s("bc") + chunk(b"")),
+    ),
+    (DeliverBatch(records=encode_record(7, 9, b"k", b"v")), SIG + b"\x10" + chunk(encode_record(7, 9, b"k", b"v"))),
 ]
+
+
+def test_a_journal_record_is_laid_out_as_documented() -> None:
+    body = struct.pack("!QQ", 7, 9) + s("k") + b"v"
+    import crc32c  # noqa: PLC0415
+
+    assert encode_record(7, 9, b"k", b"v") == struct.pack("!II", len(body) + 4, crc32c.crc32c(body)) + body
 
 
 @pytest.mark.parametrize(("command", "frame"), GOLDEN, ids=[c.NAME for c, _ in GOLDEN])
@@ -92,6 +109,16 @@ commands = st.one_of(
     st.builds(Invalid, reason=printable),
     st.builds(SubscribeTime, pattern=vchar, since=u64),
     st.builds(DeliverTs, sequence=u64, timestamp=u64, key=vchar, body=st.binary(max_size=100)),
+    st.lists(st.tuples(vchar, st.binary(max_size=50)), min_size=1, max_size=5).map(
+        lambda items: decode(encode_publish_batch(items))
+    ),
+    st.lists(st.tuples(u64, vchar, st.binary(max_size=50)), min_size=1, max_size=5).map(
+        lambda items: decode(
+            encode_deliver_batch(
+                b"".join(encode_record(n, ts, key.encode(), body) for n, (ts, key, body) in enumerate(items))
+            )
+        )
+    ),
     st.sampled_from([AttachOk(), SubscribeOk(), Ping(), PingOk(), Detach(), DetachOk()]),
 )
 
@@ -201,8 +228,47 @@ def test_version_2_commands_need_version_2() -> None:
         broker.send(DeliverTs(sequence=1, timestamp=1, key="k", body=b""))
 
 
+def test_version_3_batches_need_version_3() -> None:
+    broker = Connection("broker")
+    broker.receive(encode(Attach(stream="s", version=2)))
+    broker.send(AttachOk())
+    with pytest.raises(RemoteProtocolError, match="needs protocol version 3"):
+        broker.receive(encode_publish_batch([("k", b"")]))
+    with pytest.raises(LocalProtocolError, match="needs protocol version 3"):
+        broker.send(DeliverBatch(records=encode_record(1, 1, b"k", b"")))
+
+
+@given(st.lists(st.tuples(vchar, st.binary(max_size=200)), min_size=1, max_size=20))
+def test_publish_batch_carries_exactly_its_entries(items: list[tuple[str, bytes]]) -> None:
+    decoded = decode(encode_publish_batch(items))
+    assert isinstance(decoded, PublishBatch) and list(decoded.items) == items
+
+
+@pytest.mark.parametrize(
+    ("frame", "reason"),
+    [
+        (SIG + b"\x0f" + chunk(b""), "PUBLISH-BATCH is empty"),
+        (SIG + b"\x0f" + chunk(s("k") + b"\x00\x00\x00\x09ab"), "entry 0 body claims 9 bytes"),
+        (SIG + b"\x0f" + chunk(s("k") + chunk(b"") + s("a b") + chunk(b"")), "entry 1 key is not printable"),
+        (SIG + b"\x10" + chunk(encode_record(1, 1, b"k", b"v")[:-1] + b"w"), "fails its CRC32C"),
+        (SIG + b"\x10" + chunk(encode_record(2, 1, b"k", b"") + encode_record(2, 1, b"k", b"")), "sequence 2"),
+        (SIG + b"\x10" + chunk(encode_record(1, 1, b"k", b"v")[:-3]), "truncated"),
+        (SIG + b"\x10" + chunk(encode_record(1, 1, b"key", b"body")[:-3]), "claims 28 bytes; 25 follow"),
+        (SIG + b"\x10\x00\x00\x00\x09", "claims 9 bytes, 0 follow"),
+    ],
+)
+def test_malformed_batches_say_why(frame: bytes, reason: str) -> None:
+    with pytest.raises(RemoteProtocolError, match=reason):
+        decode(frame)
+
+
+def test_we_cannot_batch_a_key_publish_could_not_carry() -> None:
+    with pytest.raises(LocalProtocolError, match="printable ASCII without spaces"):
+        encode_publish_batch([("ok", b""), ("not ok", b"")])
+
+
 def test_unsupported_versions_and_protocols_are_refused() -> None:
-    with pytest.raises(RemoteProtocolError, match="version 3 is not supported"):
-        Connection("broker").receive(encode(Attach(stream="s", version=3)))
+    with pytest.raises(RemoteProtocolError, match="version 4 is not supported"):
+        Connection("broker").receive(encode(Attach(stream="s", version=4)))
     with pytest.raises(RemoteProtocolError, match="protocol must be 'ZEPS'"):
         Connection("broker").receive(encode(Attach(stream="s", protocol="AMQP")))

@@ -10,7 +10,12 @@ cursor is at the journal's durable tail is *live*: newly durable records are rou
 or one that ran out of credit — *replays* from the journal with the same filter until it reaches
 the tail, and then is live again. Live delivery is replay at the tail, so the switch is invisible.
 
-Credit. A delivery costs its DELIVER frame's size. With too little credit a subscription stops and
+Frames. Routing and replay work on journal chunks (runs of records as stored), not single records.
+A version 3 session gets each run it matches as one DELIVER-BATCH — the journal's bytes as they are,
+or the matching records cut out of them — so a message costs the broker almost nothing beyond its
+journal write; older sessions get one DELIVER (-TS) per record from the same chunks.
+
+Credit. A delivery costs its frame's size. With too little credit a subscription stops and
 keeps its cursor; CREDIT resumes it at once. A session's credit is shared by its subscriptions.
 
 Fairness and memory. ``pump`` hands out at most ``pump_budget_bytes`` per call, visiting lagging
@@ -20,6 +25,7 @@ Sessions, subscriptions per session and pattern sizes are bounded.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import logging
 import re
@@ -30,7 +36,7 @@ from pathlib import Path
 
 from zeps.broker.matching import Matcher, PatternError, PrefixTrie, compile_pattern
 from zeps.errors import ProtocolError
-from zeps.journal import Journal, JournalConfig, Record
+from zeps.journal import Chunk, Journal, JournalConfig
 from zeps.protocol import (
     LATEST,
     Attach,
@@ -43,12 +49,13 @@ from zeps.protocol import (
     Ping,
     PingOk,
     Publish,
+    PublishBatch,
     Subscribe,
     SubscribeOk,
     SubscribeTime,
-    deliver_size,
     encode,
     encode_deliver,
+    encode_deliver_batch,
 )
 
 __all__ = ["BrokerConfig", "BrokerCore", "Outgoing"]
@@ -68,7 +75,8 @@ class BrokerConfig:
     max_sessions: int = 10_000
     max_subscriptions: int = 64  #: per session
     pump_budget_bytes: int = 4 * 1024 * 1024  #: delivered per pump() call, across all sessions
-    replay_batch: int = 512  #: records read from the journal per subscription visit
+    replay_batch: int = 512  #: records read from the journal per subscription visit (older sessions)
+    batch_bytes: int = 256 * 1024  #: the largest DELIVER-BATCH (a record larger than this goes alone)
 
 
 @dataclass
@@ -78,8 +86,9 @@ class Outgoing:
     peer: bytes
     frame: bytes
     subscription: _Subscription | None = None
-    sequence: int = 0
+    sequence: int = 0  #: the first sequence it delivers
     cost: int = 0
+    count: int = 0  #: messages it delivers
 
 
 @dataclass(eq=False)
@@ -123,6 +132,10 @@ class _Session:
     def timestamps(self) -> bool:
         return self.conn.version >= 2
 
+    @property
+    def batches(self) -> bool:
+        return self.conn.version >= 3
+
 
 class BrokerCore:
     """All broker state; single-threaded (the adapter's loop owns it)."""
@@ -135,6 +148,7 @@ class BrokerCore:
         self._lagging: deque[_Subscription] = deque()
         self._ids = itertools.count(1)
         self._appends: dict[str, list[tuple[str, bytes]]] = {}
+        self._queued_bytes = 0  # delivery bytes queued, ever: pump() measures its budget with it
         self.invalid_frames = 0
 
     def open(self) -> BrokerCore:
@@ -172,6 +186,10 @@ class BrokerCore:
             self._appends.setdefault(session.stream.name, []).append((command.key, command.body))
             session.stream.messages_in += 1
             session.stream.bytes_in += len(command.body)
+        elif isinstance(command, PublishBatch):
+            self._appends.setdefault(session.stream.name, []).extend(command.items)
+            session.stream.messages_in += len(command.items)
+            session.stream.bytes_in += len(command.entries)
         elif isinstance(command, Credit):
             session.credit += command.credit
             session.blocked_until = 0.0
@@ -262,37 +280,90 @@ class BrokerCore:
             self._route(stream)
 
     def _route(self, stream: _Stream) -> None:
-        durable = stream.journal.durable
-        while stream.routed < durable:
-            records = stream.journal.read(stream.routed + 1, max_records=1024, max_bytes=8 << 20)
-            if not records:
+        journal = stream.journal
+        while stream.routed < journal.durable:
+            chunk = journal.read_chunk(stream.routed + 1, max_bytes=self.config.batch_bytes)
+            if chunk is None:
                 break
-            for record in records:
-                targets = set(stream.trie.match(record.key))
-                targets.update(s for s in stream.live_regex if s.matcher.matches(record.key))
-                for sub in targets:
-                    assert isinstance(sub, _Subscription)
-                    if not self._deliver(sub, record):
-                        self._leave_live(sub, record.sequence)
-                stream.routed = record.sequence
+            for sub, picks in self._targets(stream, chunk).items():
+                stop = self._deliver(sub, chunk, picks)
+                if stop is not None:
+                    self._leave_live(sub, stop)
+            stream.routed = chunk.last
         for sub in stream.live_set:
             sub.cursor = stream.routed + 1
 
-    def _deliver(self, sub: _Subscription, record: Record) -> bool:
+    @staticmethod
+    def _targets(stream: _Stream, chunk: Chunk) -> dict[_Subscription, list[int] | None]:
+        """Which live subscriptions get which records of ``chunk`` (None: all of them)."""
+        if not stream.live_set:
+            return {}
+        by_key: dict[str, frozenset[_Subscription]] = {}
+        for key in set(chunk.keys):
+            targets = {s for s in stream.trie.match(key) if isinstance(s, _Subscription)}
+            targets.update(s for s in stream.live_regex if s.matcher.matches(key))
+            by_key[key] = frozenset(targets)
+        if len(set(by_key.values())) == 1:  # every record goes to the same subscriptions (the usual case)
+            return dict.fromkeys(next(iter(by_key.values())))
+        picks: dict[_Subscription, list[int] | None] = {}
+        for i, key in enumerate(chunk.keys):
+            for sub in by_key[key]:
+                picks.setdefault(sub, []).append(i)  # type: ignore[union-attr]
+        return picks
+
+    def _deliver(self, sub: _Subscription, chunk: Chunk, picks: list[int] | None) -> int | None:
+        """Queue the records of ``chunk`` that ``sub`` takes (``picks``, or all) as far as its credit
+        goes. Returns None when all went, else the sequence of the first one that did not."""
         session = sub.session
-        cost = deliver_size(record.sequence, record.key, len(record.body), timestamps=session.timestamps)
-        if session.credit < cost or session.blocked_until:
-            return False
-        # the session is attached (it has subscriptions), so DELIVER is allowed: the fast encoder
-        # skips the state machine and the generic codec on this, the hottest path
-        frame = encode_deliver(record.sequence, record.key, record.body,
-                               record.timestamp_ms if session.timestamps else None)  # fmt: skip
+        if session.blocked_until:
+            return chunk.first + (picks[0] if picks else 0)
+        if session.batches:
+            return self._deliver_batch(sub, chunk, picks)
+        timestamps = session.timestamps
+        for i in range(len(chunk)) if picks is None else picks:
+            r = chunk.record(i)
+            # the session is attached (it has subscriptions), so DELIVER is allowed: the fast encoder
+            # skips the state machine and the generic codec on this, the hottest path of older sessions
+            frame = encode_deliver(r.sequence, r.key, r.body, r.timestamp_ms if timestamps else None)
+            if session.credit < len(frame):
+                return r.sequence
+            self._queue(sub, frame, r.sequence, 1)
+        sub.cursor = chunk.last + 1
+        return None
+
+    def _deliver_batch(self, sub: _Subscription, chunk: Chunk, picks: list[int] | None) -> int | None:
+        session, offsets = sub.session, chunk.offsets
+        room = session.credit - 7  # DELIVER-BATCH adds 7 bytes to its records
+        if picks is None:  # a run: the journal's bytes as they are, as far as credit goes
+            fits = bisect.bisect_right(offsets, room) - 1
+            if fits > 0:
+                self._queue(sub, encode_deliver_batch(chunk.data[: offsets[fits]]), chunk.first, fits)
+            if fits < len(chunk):
+                return chunk.first + max(fits, 0)
+        else:
+            size, taken = 0, 0
+            for i in picks:
+                size += offsets[i + 1] - offsets[i]
+                if size > room:
+                    break
+                taken += 1
+            if taken:
+                data = chunk.data
+                frame = b"".join(data[offsets[i] : offsets[i + 1]] for i in picks[:taken])
+                self._queue(sub, encode_deliver_batch(frame), chunk.first + picks[0], taken)
+            if taken < len(picks):
+                return chunk.first + picks[taken]
+        sub.cursor = chunk.last + 1
+        return None
+
+    def _queue(self, sub: _Subscription, frame: bytes, first: int, count: int) -> None:
+        session = sub.session
+        cost = len(frame)
+        self._queued_bytes += cost
         session.credit -= cost
-        session.stream.messages_out += 1
+        session.stream.messages_out += count
         session.stream.bytes_out += cost
-        sub.cursor = record.sequence + 1
-        self._pending.append(Outgoing(session.peer, frame, sub, record.sequence, cost))
-        return True
+        self._pending.append(Outgoing(session.peer, frame, sub, first, cost, count))
 
     def pump(self, now: float | None = None) -> list[Outgoing]:
         """Replay for lagging subscriptions (fairly, within the budget) and return everything to send."""
@@ -310,18 +381,24 @@ class BrokerCore:
                 continue
             session.blocked_until = 0.0
             stream = session.stream
-            records = stream.journal.read(sub.cursor, max_records=self.config.replay_batch, max_bytes=budget)
+            chunk = stream.journal.read_chunk(
+                sub.cursor,
+                max_bytes=min(budget, self.config.batch_bytes),
+                max_records=self.config.replay_batch if not session.batches else 1 << 30,
+                end=stream.routed,
+            )
             stalled = False
-            for record in records:
-                if record.sequence > stream.routed:
-                    break  # not routed yet: the live path takes it from here
-                if sub.matcher.matches(record.key):
-                    if not self._deliver(sub, record):
-                        stalled = True
-                        break
-                    budget -= self._pending[-1].cost
+            if chunk is not None:
+                matches = sub.matcher.matches
+                picks = None if sub.matcher.prefix == "" else [i for i, k in enumerate(chunk.keys) if matches(k)]
+                before = self._queued_bytes
+                if picks == []:
+                    sub.cursor = chunk.last + 1
                 else:
-                    sub.cursor = record.sequence + 1
+                    stop = self._deliver(sub, chunk, picks)
+                    if stop is not None:
+                        sub.cursor, stalled = stop, True
+                budget -= max(self._queued_bytes - before, 1)
             sub.cursor = max(sub.cursor, stream.journal.first_sequence)  # retention removed what it missed
             if stalled:
                 continue  # out of credit: CREDIT puts it back in line
@@ -340,7 +417,7 @@ class BrokerCore:
             return
         session = sub.session
         session.credit += item.cost
-        session.stream.messages_out -= 1  # it was counted when queued; undo it
+        session.stream.messages_out -= item.count  # they were counted when queued; undo it
         session.stream.bytes_out -= item.cost
         session.blocked_until = (time.monotonic() if now is None else now) + 0.01
         if sub.cursor > item.sequence:

@@ -17,14 +17,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from types import TracebackType
 
 import zmq
 import zmq.asyncio
 
 from zeps.client.session import ClientSession, Message, Since
-from zeps.client.sync import BrokerUnavailableError, check_endpoint, configure_dealer
+from zeps.client.sync import _GROUP, BrokerUnavailableError, batched, check_endpoint, configure_dealer
 from zeps.errors import ProtocolError
 
 __all__ = ["AsyncStreamClient"]
@@ -152,12 +152,22 @@ class AsyncStreamClient:
 
     # -- the API --------------------------------------------------------------------------------
     async def publish(self, key: str, body: bytes) -> None:
+        await self._room()
+        await self._send(self.session.publish(key, body))
+
+    async def publish_many(self, items: Iterable[tuple[str, bytes]]) -> None:
+        """Publish ``items`` (key, body) in order, many per frame (see StreamClient.publish_many)."""
+        for group in batched(items, _GROUP):
+            await self._room()
+            await self._send(self.session.publish_many(group))
+
+    async def _room(self) -> None:
+        """Wait while max_unconfirmed messages wait for the broker's confirmation."""
         deadline = time.monotonic() + self.timeout
         while self.session.unconfirmed >= self.max_unconfirmed:
             if time.monotonic() >= deadline:
                 raise BrokerUnavailableError(f"broker at {self.endpoint} has not confirmed messages in time")
             await self._wait(0.05)
-        await self._send(self.session.publish(key, body))
 
     async def flush(self, timeout: float | None = None) -> None:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)

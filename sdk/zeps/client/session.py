@@ -1,10 +1,13 @@
-"""The client side of a ZEPS peering, without sockets: what to send, what arrived, what to resend.
+r"""The client side of a ZEPS peering, without sockets: what to send, what arrived, what to resend.
 
 Both :class:`~zeps.client.sync.StreamClient` and :class:`~zeps.client.aio.AsyncStreamClient` drive
 this object; they only move frames.
 
-* **Attach.** Version 2 first (time replay, timestamps); a broker that refuses it is attached with
-  version 1, and time replay then raises.
+* **Attach.** Version 3 first (batches), then 2 (time replay, timestamps), then 1: a broker that
+  refuses a version is attached with the next lower one; time replay raises on version 1.
+* **Batches.** :meth:`ClientSession.publish_many` sends PUBLISH-BATCH frames (version 3; one PUBLISH
+  per message on older brokers); a version 3 broker delivers DELIVER-BATCH, unpacked here into the
+  same :class:`Message`\ s.
 * **Credit.** The session grants ``credit_window`` bytes at subscribe and tops it up whenever half of
   it was consumed by deliveries.
 * **Resume.** Each delivered sequence is remembered; after a reconnect every subscription is sent
@@ -31,6 +34,7 @@ from zeps.protocol import (
     Connection,
     Credit,
     Deliver,
+    DeliverBatch,
     DeliverTs,
     Detach,
     DetachOk,
@@ -38,11 +42,14 @@ from zeps.protocol import (
     Ping,
     PingOk,
     Publish,
+    PublishBatch,
     Subscribe,
     SubscribeOk,
     SubscribeTime,
+    decode,
     deliver_size,
     encode,
+    encode_publish_batch,
 )
 
 __all__ = ["ClientSession", "Message", "Seq", "Since", "Time"]
@@ -91,7 +98,7 @@ class ClientSession:
         self.stream = stream
         self.credit_window = credit_window
         self.confirm_every = confirm_every
-        self.version = 2
+        self.version = 3
         self.conn = Connection("client")
         self.attached = False
         self.refused: str | None = None
@@ -101,7 +108,8 @@ class ClientSession:
         self.inbox: deque[Message] = deque()
         self.errors: deque[str] = deque()
         self._consumed = 0
-        self._unconfirmed: deque[bytes] = deque()  # PUBLISH frames sent since the last barrier
+        self._unconfirmed: deque[tuple[bytes, int]] = deque()  # (publish frame, messages in it) not confirmed
+        self._unconfirmed_messages = 0
         self._barriers: deque[int] = deque()  # unconfirmed count at each PING sent
         self._since_barrier = 0
         self.last_heard = time.monotonic()
@@ -117,7 +125,13 @@ class ClientSession:
         frames = []
         for sub in self.subscriptions:
             frames += self._subscribe_frames(sub)
-        frames += list(self._unconfirmed)
+        for frame, _ in self._unconfirmed:
+            if frame[2] == PublishBatch.ID and self.conn.version < 3:  # the broker is older now: one by one
+                batch = decode(frame)
+                assert isinstance(batch, PublishBatch)
+                frames += [encode(Publish(key=key, body=body)) for key, body in batch.items]
+            else:
+                frames.append(frame)
         if self._unconfirmed:
             frames.append(self._barrier())
         return frames
@@ -146,9 +160,32 @@ class ClientSession:
         command = Publish(key=key, body=body)
         # while detached the frame waits for ATTACH-OK (on_attached resends it), so it is encoded
         # outside the state machine; it is checked like any other once it is sent
-        frame = self.conn.send(command) if self.attached else encode(command)
-        self._unconfirmed.append(frame)
-        self._since_barrier += 1
+        if self.attached:
+            self.conn.sent(command)
+        return self._remember(encode(command), 1)
+
+    def publish_many(self, items: list[tuple[str, bytes]], *, batch_bytes: int = 256 * 1024) -> list[bytes]:
+        """Frames publishing ``items`` in order: PUBLISH-BATCHes of up to ``batch_bytes`` on a
+        version 3 peering, one PUBLISH per message otherwise."""
+        if self.attached and self.conn.version < 3:
+            return [f for key, body in items for f in self.publish(key, body)]
+        frames: list[bytes] = []
+        start, size = 0, 0
+        for i, (key, body) in enumerate(items):
+            size += len(key) + len(body) + 5
+            if size >= batch_bytes or i == len(items) - 1:
+                frame = encode_publish_batch(items[start : i + 1])
+                if self.attached:
+                    self.conn.sent(PublishBatch(entries=b""))
+                frames += self._remember(frame, i + 1 - start)
+                start, size = i + 1, 0
+        return frames
+
+    def _remember(self, frame: bytes, count: int) -> list[bytes]:
+        """Keep a publish frame until a barrier confirms it; returns the frames to send now."""
+        self._unconfirmed.append((frame, count))
+        self._unconfirmed_messages += count
+        self._since_barrier += count
         frames = [frame] if self.attached else []
         if self.attached and self._since_barrier >= self.confirm_every:
             frames.append(self._barrier())
@@ -171,7 +208,8 @@ class ClientSession:
 
     @property
     def unconfirmed(self) -> int:
-        return len(self._unconfirmed)
+        """Messages published and not yet confirmed by the broker."""
+        return self._unconfirmed_messages
 
     def detach(self) -> bytes | None:
         return self.conn.send(Detach()) if self.attached else None
@@ -184,6 +222,15 @@ class ClientSession:
         if isinstance(command, AttachOk):
             self.attached = True
             return self.on_attached()
+        if isinstance(command, DeliverBatch):
+            last = -1 if self.last_sequence is None else self.last_sequence
+            self.inbox.extend(Message(seq, key, body, ts) for seq, ts, key, body in command.items if seq > last)
+            self.last_sequence = max(last, command.items[-1][0])
+            self._consumed += len(frame)
+            if self._consumed >= self.credit_window // 2:
+                grant, self._consumed = self._consumed, 0
+                return [self.conn.send(Credit(credit=grant))]
+            return []
         if isinstance(command, Deliver | DeliverTs):
             ts = command.timestamp if isinstance(command, DeliverTs) else None
             if self.last_sequence is None or command.sequence > self.last_sequence:
@@ -201,13 +248,13 @@ class ClientSession:
             if self._barriers:
                 covered = self._barriers.popleft()
                 for _ in range(min(covered, len(self._unconfirmed))):
-                    self._unconfirmed.popleft()
+                    self._unconfirmed_messages -= self._unconfirmed.popleft()[1]
                 self._barriers = deque(b - covered for b in self._barriers)
             return []
         if isinstance(command, Invalid):
             if not self.attached:
-                if self.version == 2 and "version" in command.reason:
-                    self.version = 1  # an older broker: attach again with version 1
+                if self.version > 1 and "version" in command.reason:
+                    self.version -= 1  # an older broker: attach again with the version below
                     return [self.attach()]
                 self.refused = command.reason
             elif "when await attach" in command.reason:

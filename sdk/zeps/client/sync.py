@@ -16,7 +16,8 @@ the last sequence it received, and resend publishes the broker had not confirmed
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from itertools import islice
 from types import TracebackType
 from typing import Any
 
@@ -27,6 +28,15 @@ from zeps.client.session import ClientSession, Message, Since
 from zeps.errors import ConfigError, ProtocolError, ZepsError
 
 __all__ = ["BrokerUnavailableError", "StreamClient", "discover"]
+
+_GROUP = 4096  # messages handed to the session at once by publish_many (back-pressure is checked per group)
+
+
+def batched(items: Iterable[tuple[str, bytes]], size: int) -> Iterator[list[tuple[str, bytes]]]:
+    """Lists of up to ``size`` items (itertools.batched arrives in Python 3.12)."""
+    iterator = iter(items)
+    while group := list(islice(iterator, size)):
+        yield group
 
 
 class BrokerUnavailableError(ZepsError):
@@ -232,15 +242,29 @@ class StreamClient:
     def publish(self, key: str, body: bytes) -> None:
         """Send a message (asynchronous, as ZEPS is). Blocks only while the broker pushes back, or
         while it is unreachable and ``max_unconfirmed`` messages already wait to be confirmed."""
-        self._pump(0)
-        deadline = time.monotonic() + self.timeout
+        self._send_all(self.session.publish(key, body), self._room())
+
+    def publish_many(self, items: Iterable[tuple[str, bytes]]) -> None:
+        """Publish ``items`` (key, body) in order, many per frame: PUBLISH-BATCH on a version 3 broker
+        (one PUBLISH each on older ones). The fast way to publish a burst; same guarantees as
+        :meth:`publish`."""
+        for group in batched(items, _GROUP):
+            self._send_all(self.session.publish_many(group), self._room())
+
+    def _room(self) -> float:
+        """Read what arrived (at most every millisecond), wait while ``max_unconfirmed`` messages wait
+        for confirmation; returns the deadline for sending."""
+        now = time.monotonic()
+        if now - self._last_pump > 0.001:
+            self._pump(0)
+        deadline = now + self.timeout
         while self.session.unconfirmed >= self.max_unconfirmed:
             if time.monotonic() >= deadline:
                 raise BrokerUnavailableError(
                     f"broker at {self.endpoint} has not confirmed {self.session.unconfirmed} messages in time"
                 )
             self._pump(0.05)
-        self._send_all(self.session.publish(key, body), deadline)
+        return deadline
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until the broker confirmed every publish so far (a PING barrier)."""

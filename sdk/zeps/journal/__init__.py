@@ -1,5 +1,5 @@
 """The per-stream journal (seed 004): segment files, sparse indexes, recovery, retention. No sockets."""
 
-from zeps.journal.log import FsyncPolicy, Journal, JournalConfig, JournalError, Record
+from zeps.journal.log import Chunk, FsyncPolicy, Journal, JournalConfig, JournalError, Record
 
-__all__ = ["FsyncPolicy", "Journal", "JournalConfig", "JournalError", "Record"]
+__all__ = ["Chunk", "FsyncPolicy", "Journal", "JournalConfig", "JournalError", "Record"]

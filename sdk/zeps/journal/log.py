@@ -5,16 +5,12 @@ Files in the stream's directory::
     00000000000000000001.log    a segment, named by the sequence of its first record (20 digits)
     00000000000000000001.idx    its sparse index: every ~index_interval_bytes, (sequence, time, offset)
 
-Record layout (all numbers network byte order)::
+Record layout: :mod:`zeps._records` (length, CRC32C, sequence, timestamp, key, body) — the same bytes
+a version-3 client receives in DELIVER-BATCH. Timestamps never decrease within a stream.
 
-    offset  size  field
-    0       4     length L of everything after this field
-    4       4     CRC32C of bytes 8 .. 4+L
-    8       8     sequence
-    16      8     timestamp, milliseconds since the epoch (never decreases within a stream)
-    24      1     key length K
-    25      K     key (ASCII)
-    25+K    …     body
+Reading hands out chunks (:class:`Chunk`): a run of consecutive records as the bytes on disk plus their
+boundaries and keys, so the broker can route and send them without taking each record apart. A tail
+cache keeps the most recent chunks in memory for live delivery.
 
 Recovery (``open``): the last segment is scanned; at the first record that is torn (short), fails
 its CRC, or breaks the sequence, the file is truncated there and a warning says how many bytes
@@ -42,7 +38,6 @@ import logging
 import os
 import struct
 import time
-from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,15 +45,16 @@ from typing import Literal
 
 import crc32c
 
+from zeps._records import HEAD as _HEAD
+from zeps._records import META as _META
+from zeps._records import OVERHEAD, encode_record
 from zeps.errors import ZepsError
 
-__all__ = ["FsyncPolicy", "Journal", "JournalConfig", "JournalError", "Record"]
+__all__ = ["Chunk", "FsyncPolicy", "Journal", "JournalConfig", "JournalError", "Record"]
 
 log = logging.getLogger(__name__)
 
 FsyncPolicy = Literal["always", "group", "interval", "never"]
-_HEAD = struct.Struct("!II")  # length, crc
-_META = struct.Struct("!QQB")  # sequence, timestamp, key length
 _INDEX = struct.Struct("!QQI")  # sequence, timestamp, offset
 _NAME_DIGITS = 20
 
@@ -76,7 +72,41 @@ class Record:
 
     @property
     def size(self) -> int:
-        return _HEAD.size + _META.size + len(self.key) + len(self.body)
+        return OVERHEAD + len(self.key) + len(self.body)
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Consecutive records ``first .. last`` as stored: ``data[offsets[i]:offsets[i + 1]]`` is the
+    record with sequence ``first + i`` and key ``keys[i]``."""
+
+    first: int
+    data: bytes
+    offsets: list[int]  # len(keys) + 1 boundaries, offsets[0] == 0
+    keys: list[str]
+
+    @property
+    def last(self) -> int:
+        return self.first + len(self.keys) - 1
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def record(self, i: int) -> Record:
+        start, end = self.offsets[i], self.offsets[i + 1]
+        seq, ts, klen = _META.unpack_from(self.data, start + _HEAD.size)
+        return Record(seq, ts, self.keys[i], self.data[start + OVERHEAD + klen : end])
+
+    def records(self) -> list[Record]:
+        return [self.record(i) for i in range(len(self.keys))]
+
+    def part(self, begin: int, end: int) -> Chunk:
+        """Records ``begin .. end - 1`` (indexes) as a chunk of their own."""
+        if begin == 0 and end == len(self.keys):
+            return self
+        base = self.offsets[begin]
+        return Chunk(self.first + begin, self.data[base : self.offsets[end]],
+                     [o - base for o in self.offsets[begin : end + 1]], self.keys[begin:end])  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -99,12 +129,6 @@ class _Segment:
     last_seq: int = 0  # base - 1 when empty
     last_ts: int = 0
     index: list[tuple[int, int, int]] = field(default_factory=list)  # (seq, ts, offset)
-
-
-def _encode(seq: int, ts: int, key: str, body: bytes) -> bytes:
-    raw_key = key.encode("ascii")
-    payload = _META.pack(seq, ts, len(raw_key)) + raw_key + body
-    return _HEAD.pack(len(payload) + 4, crc32c.crc32c(payload)) + payload
 
 
 def _scan(data: bytes, start: int, expect_seq: int) -> Iterator[tuple[int, Record]]:
@@ -141,7 +165,7 @@ class Journal:
         self._last_ts = 0
         self._unsynced_since: float | None = None
         self._last_sync = time.monotonic()
-        self._cache: deque[Record] = deque()
+        self._cache: list[Chunk] = []  # recent chunks, consecutive, oldest first
         self._cache_bytes = 0
         self._since_index = 0
 
@@ -240,38 +264,52 @@ class Journal:
         now = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
         ts = max(now, self._last_ts)
         seg = self._segments[-1]
-        chunks: list[bytes] = []
-        offset = seg.size
+        first, raws, keys = self._next, list[bytes](), list[str]()
+        offsets = [0]
+        written = total = 0  # bytes of raws already written (segment rolls), and in all
+        seq, offset, since_index = self._next, seg.size, self._since_index
         for key, body in entries:
-            if offset >= self.config.segment_bytes and offset > 0:
-                self._flush(chunks)
-                chunks = []
+            if offset >= self.config.segment_bytes:
+                self._write(raws, written, total)
+                written = total
+                self._next = seq
                 seg = self._roll()
-                offset = 0
-            raw = _encode(self._next, ts, key, body)
-            if self._since_index >= self.config.index_interval_bytes or not seg.index:
-                entry = (self._next, ts, offset)
+                offset, since_index = 0, self._since_index
+            raw = encode_record(seq, ts, key.encode("ascii"), body)
+            if since_index >= self.config.index_interval_bytes or not seg.index:
+                entry = (seq, ts, offset)
                 seg.index.append(entry)
                 with open(seg.path.with_suffix(".idx"), "ab") as idx:
                     idx.write(_INDEX.pack(*entry))
-                self._since_index = 0
-            chunks.append(raw)
-            offset += len(raw)
-            self._since_index += len(raw)
+                since_index = 0
+            raws.append(raw)
+            keys.append(key)
+            size = len(raw)
+            offset += size
+            since_index += size
+            total += size
+            offsets.append(total)
             seg.size = offset
-            seg.last_seq, seg.last_ts = self._next, ts
-            self._cache_add(Record(self._next, ts, key, body))
-            self._next += 1
-        self._flush(chunks)
-        self._last_ts = ts
+            seg.last_seq, seg.last_ts = seq, ts
+            seq += 1
+        if not keys:
+            return self._next - 1
+        data = self._write(raws, written, total)
+        self._next, self._since_index, self._last_ts = seq, since_index, ts
+        self._cache_add(Chunk(first, data, offsets, keys))
         if self._unsynced_since is None:
             self._unsynced_since = time.monotonic()
         if self.config.fsync == "always":
             self.sync()
         return self._next - 1
 
-    def _flush(self, chunks: list[bytes]) -> None:
-        data = b"".join(chunks)
+    def _write(self, raws: list[bytes], start: int, end: int) -> bytes:
+        """Write bytes ``start .. end`` of the joined ``raws`` to the active segment; returns the join."""
+        data = b"".join(raws)
+        self._flush(memoryview(data)[start:end])
+        return data
+
+    def _flush(self, data: memoryview) -> None:
         while data:
             written = os.write(self._fd, data)
             data = data[written:]
@@ -309,32 +347,53 @@ class Journal:
         return due
 
     # -- reading --------------------------------------------------------------------------------
-    def _cache_add(self, record: Record) -> None:
-        self._cache.append(record)
-        self._cache_bytes += record.size
-        while self._cache_bytes > self.config.tail_cache_bytes and len(self._cache) > 1:
-            self._cache_bytes -= self._cache.popleft().size
+    def _cache_add(self, chunk: Chunk) -> None:
+        self._cache.append(chunk)
+        self._cache_bytes += len(chunk.data)
+        drop = 0
+        while self._cache_bytes > self.config.tail_cache_bytes and drop < len(self._cache) - 1:
+            self._cache_bytes -= len(self._cache[drop].data)
+            drop += 1
+        if drop:
+            del self._cache[:drop]
 
     def read(self, start: int, *, max_records: int = 1000, max_bytes: int = 1 << 20) -> list[Record]:
         """Durable records from sequence ``start`` on (fewer if limits apply; [] at the tail)."""
+        chunk = self.read_chunk(start, max_bytes=max_bytes, max_records=max_records)
+        return chunk.records() if chunk else []
+
+    def read_chunk(
+        self, start: int, *, max_bytes: int = 1 << 20, max_records: int = 1 << 30, end: int | None = None
+    ) -> Chunk | None:
+        """Durable records from sequence ``start`` (or the oldest retained, if that is later) up to
+        ``end`` (default: the durable tail), within ``max_bytes`` — but at least one record; None when
+        there is nothing to read."""
         start = max(start, self.first_sequence)
-        end = self.durable
+        end = self.durable if end is None else min(end, self.durable)
         if start > end:
-            return []
-        out: list[Record] = []
-        budget = max_bytes
-        if self._cache and start >= self._cache[0].sequence:
-            first = self._cache[0].sequence
-            for i in range(start - first, len(self._cache)):
-                record = self._cache[i]
-                if record.sequence > end or len(out) >= max_records or (out and record.size > budget):
+            return None
+        cache = self._cache
+        if cache and start >= cache[0].first:
+            i = bisect.bisect_right(cache, start, key=lambda c: c.first) - 1
+            parts: list[Chunk] = []
+            size = count = 0
+            while i < len(cache) and size < max_bytes and count < max_records:
+                chunk = cache[i]
+                begin = max(start, chunk.first) - chunk.first
+                stop = _fit(chunk, begin, min(end, chunk.last) - chunk.first + 1, max_bytes - size, max_records - count,
+                            force=not parts)  # fmt: skip
+                if stop <= begin:
                     break
-                out.append(record)
-                budget -= record.size
-            return out
+                parts.append(chunk.part(begin, stop))
+                size += chunk.offsets[stop] - chunk.offsets[begin]
+                count += stop - begin
+                if stop < len(chunk) or chunk.last >= end:
+                    break
+                i += 1
+            return parts[0] if len(parts) == 1 else _join(parts)
         return self._read_disk(start, end, max_records, max_bytes)
 
-    def _read_disk(self, start: int, end: int, max_records: int, max_bytes: int) -> list[Record]:
+    def _read_disk(self, start: int, end: int, max_records: int, max_bytes: int) -> Chunk:
         i = bisect.bisect_right([s.base for s in self._segments], start) - 1
         seg = self._segments[max(i, 0)]
         positions = [e[0] for e in seg.index]
@@ -342,19 +401,29 @@ class Journal:
         offset, expect = (seg.index[j][2], seg.index[j][0]) if j >= 0 else (0, seg.base)
         with open(seg.path, "rb") as f:
             f.seek(offset)
-            data = f.read(min(seg.size - offset, max_bytes + (start - expect + 1) * 64 + 65536))
-        out: list[Record] = []
-        budget = max_bytes
-        for _, record in _scan(data, 0, expect):
-            if record.sequence < start:
-                continue
-            if record.sequence > end or len(out) >= max_records or (out and record.size > budget):
+            data = f.read(min(seg.size - offset, max_bytes + self.config.index_interval_bytes + 65536))
+        # walk the record boundaries (the CRCs were checked when the segment was opened)
+        pos, size, seq, first_at, last_stop = 0, len(data), expect, -1, 0
+        offsets: list[int] = []
+        keys: list[str] = []
+        while pos + OVERHEAD <= size and seq <= end:
+            stop = pos + 4 + _HEAD.unpack_from(data, pos)[0]
+            if stop > size:
                 break
-            out.append(record)
-            budget -= record.size
-        if not out and seg.last_seq >= start:
+            if seq >= start:
+                if first_at < 0:
+                    first_at = pos
+                elif stop - first_at > max_bytes or len(keys) >= max_records:
+                    break
+                klen = data[pos + OVERHEAD - 1]
+                keys.append(data[pos + OVERHEAD : pos + OVERHEAD + klen].decode("ascii", "replace"))
+                offsets.append(pos - first_at)
+                last_stop = stop
+            pos, seq = stop, seq + 1
+        if not keys:
             raise JournalError(f"journal {self.name}: cannot read sequence {start} from {seg.path.name}")
-        return out
+        offsets.append(last_stop - first_at)
+        return Chunk(start, data[first_at:last_stop], offsets, keys)
 
     def seek_time(self, timestamp_ms: int) -> int:
         """The sequence of the first retained record at or after ``timestamp_ms`` (next if none)."""
@@ -365,7 +434,7 @@ class Journal:
             j = max(bisect.bisect_left(times, timestamp_ms) - 1, 0)
             seq = seg.index[j][0] if seg.index else seg.base
             while seq <= seg.last_seq:
-                batch = self._read_disk(seq, seg.last_seq, 1000, 1 << 20)
+                batch = self._read_disk(seq, seg.last_seq, 1000, 1 << 20).records()
                 for record in batch:
                     if record.timestamp_ms >= timestamp_ms:
                         return record.sequence
@@ -395,3 +464,21 @@ class Journal:
             self.sync()
             os.close(self._fd)
             self._fd = -1
+
+
+def _fit(chunk: Chunk, begin: int, stop: int, max_bytes: int, max_records: int, *, force: bool) -> int:
+    """How far from ``begin`` (towards ``stop``) the chunk fits the limits; at least one record if
+    ``force``."""
+    stop = min(stop, begin + max(max_records, 0))
+    limit = chunk.offsets[begin] + max_bytes
+    fits = bisect.bisect_right(chunk.offsets, limit, begin, stop + 1) - 1
+    return max(fits, begin + 1) if force and stop > begin else max(fits, begin)
+
+
+def _join(parts: list[Chunk]) -> Chunk:
+    offsets, keys, base = [0], [], 0
+    for part in parts:
+        offsets += [o + base for o in part.offsets[1:]]
+        keys += part.keys
+        base += len(part.data)
+    return Chunk(parts[0].first, b"".join(p.data for p in parts), offsets, keys)

@@ -11,6 +11,7 @@ from zeps.protocol.commands import (
     Command,
     Credit,
     Deliver,
+    DeliverBatch,
     DeliverTs,
     Detach,
     DetachOk,
@@ -18,6 +19,7 @@ from zeps.protocol.commands import (
     Ping,
     PingOk,
     Publish,
+    PublishBatch,
     Subscribe,
     SubscribeOk,
     SubscribeTime,
@@ -25,6 +27,8 @@ from zeps.protocol.commands import (
     deliver_size,
     encode,
     encode_deliver,
+    encode_deliver_batch,
+    encode_publish_batch,
 )
 from zeps.protocol.connection import Connection
 
@@ -36,6 +40,7 @@ __all__ = [
     "Connection",
     "Credit",
     "Deliver",
+    "DeliverBatch",
     "DeliverTs",
     "Detach",
     "DetachOk",
@@ -43,6 +48,7 @@ __all__ = [
     "Ping",
     "PingOk",
     "Publish",
+    "PublishBatch",
     "Subscribe",
     "SubscribeOk",
     "SubscribeTime",
@@ -50,4 +56,6 @@ __all__ = [
     "deliver_size",
     "encode",
     "encode_deliver",
+    "encode_deliver_batch",
+    "encode_publish_batch",
 ]

@@ -18,6 +18,16 @@ the client may attach again with version 1):
   ``key`` string, ``body`` chunk — DELIVER plus the broker's timestamp. A version 2 session gets
   DELIVER-TS instead of DELIVER.
 
+**Version 3 extension** (negotiated the same way; a broker answers an unsupported version with
+INVALID and the client tries the next lower one): many messages per frame, for throughput.
+
+* ``PUBLISH-BATCH`` (id 15, client → broker): ``entries`` chunk — one or more ``key`` string +
+  ``body`` chunk pairs, exactly PUBLISH's two fields repeated. The broker journals them in order.
+* ``DELIVER-BATCH`` (id 16, broker → client): ``records`` chunk — one or more journal records in the
+  journal's own layout (:mod:`zeps._records`: length, CRC32C, sequence, timestamp, key, body),
+  increasing sequences. The client checks every CRC. A version 3 session gets DELIVER-BATCH instead
+  of DELIVER / DELIVER-TS; credit is charged at the frame's size as for any delivery.
+
 Conventions zeps adds on top of the grammar (all within its bytes):
 
 * SUBSCRIBE ``latest`` is the last sequence the client has: delivery starts after it. 0 means
@@ -31,9 +41,10 @@ Conventions zeps adds on top of the grammar (all within its bytes):
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
+from zeps._records import RecordFormatError, unpack_records
 from zeps.errors import LocalProtocolError, RemoteProtocolError
 
 __all__ = [
@@ -45,6 +56,7 @@ __all__ = [
     "Command",
     "Credit",
     "Deliver",
+    "DeliverBatch",
     "DeliverTs",
     "Detach",
     "DetachOk",
@@ -52,12 +64,15 @@ __all__ = [
     "Ping",
     "PingOk",
     "Publish",
+    "PublishBatch",
     "Subscribe",
     "SubscribeOk",
     "SubscribeTime",
     "decode",
     "encode",
     "encode_deliver",
+    "encode_deliver_batch",
+    "encode_publish_batch",
 ]
 
 SIGNATURE = b"\xaa\xa5"
@@ -188,10 +203,32 @@ class DeliverTs(Command):
     body: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class PublishBatch(Command):
+    """Version 3 extension: several PUBLISHes in one frame."""
+
+    ID = 15
+    NAME = "PUBLISH-BATCH"
+    FIELDS = (("entries", "chunk"),)
+    entries: bytes  #: (key string, body chunk) repeated
+    items: tuple[tuple[str, bytes], ...] = field(default=(), compare=False)  #: the entries, decoded
+
+
+@dataclass(frozen=True, slots=True)
+class DeliverBatch(Command):
+    """Version 3 extension: several deliveries in one frame, as journal records."""
+
+    ID = 16
+    NAME = "DELIVER-BATCH"
+    FIELDS = (("records", "chunk"),)
+    records: bytes  #: journal records (zeps._records layout)
+    items: tuple[tuple[int, int, str, bytes], ...] = field(default=(), compare=False)  #: (seq, ts, key, body)
+
+
 COMMANDS: dict[int, type[Command]] = {
     c.ID: c
     for c in (Attach, AttachOk, Subscribe, SubscribeOk, Credit, Publish, Deliver, Ping, PingOk, Detach, DetachOk,
-              Invalid, SubscribeTime, DeliverTs)
+              Invalid, SubscribeTime, DeliverTs, PublishBatch, DeliverBatch)
 }  # fmt: skip
 _NUMBERS = {"number-2": (_U16, 0xFFFF), "number-8": (_U64, 2**64 - 1)}
 
@@ -260,6 +297,69 @@ def _decode_publish(frame: bytes) -> Publish:
 
 
 _PUBLISH_HEAD = struct.Struct("!2sBB")  # signature, id, key length
+_BATCH_HEAD = struct.Struct("!2sBI")  # signature, id, chunk length
+
+
+def encode_publish_batch(items: list[tuple[str, bytes]]) -> bytes:
+    """PUBLISH-BATCH for ``items`` (key, body); LocalProtocolError for a key PUBLISH could not carry."""
+    parts: list[bytes] = []
+    pack_len, pack_u8 = _U32.pack, _U8.pack
+    checked: set[str] = set()
+    for key, body in items:
+        if key not in checked:
+            if not (_is_vchar(key) and len(key) < 256):
+                raise LocalProtocolError(f"PUBLISH-BATCH key must be printable ASCII without spaces, < 256: {key!r}")
+            checked.add(key)
+        parts += (pack_u8(len(key)), key.encode("ascii"), pack_len(len(body)), body)
+    entries = b"".join(parts)
+    return _BATCH_HEAD.pack(SIGNATURE, PublishBatch.ID, len(entries)) + entries
+
+
+def encode_deliver_batch(records: bytes) -> bytes:
+    """DELIVER-BATCH carrying ``records``, journal records exactly as stored."""
+    return _BATCH_HEAD.pack(SIGNATURE, DeliverBatch.ID, len(records)) + records
+
+
+def _batch_body(frame: bytes, name: str) -> bytes:
+    if len(frame) < _BATCH_HEAD.size:
+        raise RemoteProtocolError(f"{name} truncated")
+    (length,) = _U32.unpack_from(frame, 3)
+    if _BATCH_HEAD.size + length != len(frame):
+        raise RemoteProtocolError(f"{name} claims {length} bytes, {len(frame) - _BATCH_HEAD.size} follow")
+    if not length:
+        raise RemoteProtocolError(f"{name} is empty")
+    return frame[_BATCH_HEAD.size :]
+
+
+def _decode_publish_batch(frame: bytes) -> PublishBatch:
+    entries = _batch_body(frame, "PUBLISH-BATCH")
+    items: list[tuple[str, bytes]] = []
+    offset, size, checked = 0, len(entries), set[str]()
+    while offset < size:
+        klen = entries[offset]
+        end = offset + 1 + klen
+        if end + 4 > size:
+            raise RemoteProtocolError(f"PUBLISH-BATCH entry {len(items)} is truncated")
+        key = entries[offset + 1 : end].decode("latin-1")
+        if key not in checked:
+            if not _is_vchar(key):
+                raise RemoteProtocolError(f"PUBLISH-BATCH entry {len(items)} key is not printable ASCII")
+            checked.add(key)
+        (length,) = _U32.unpack_from(entries, end)
+        offset = end + 4 + length
+        if offset > size:
+            raise RemoteProtocolError(f"PUBLISH-BATCH entry {len(items)} body claims {length} bytes")
+        items.append((key, entries[end + 4 : offset]))
+    return PublishBatch(entries=entries, items=tuple(items))
+
+
+def _decode_deliver_batch(frame: bytes) -> DeliverBatch:
+    records = _batch_body(frame, "DELIVER-BATCH")
+    try:
+        items = unpack_records(records)
+    except RecordFormatError as exc:
+        raise RemoteProtocolError(f"DELIVER-BATCH {exc}") from None
+    return DeliverBatch(records=records, items=tuple(items))
 
 
 def encode(command: Command) -> bytes:
@@ -301,6 +401,10 @@ def decode(frame: bytes) -> Command:
         return _decode_publish(frame)
     if frame[2] in (Deliver.ID, DeliverTs.ID):
         return _decode_deliver(frame)
+    if frame[2] == DeliverBatch.ID:
+        return _decode_deliver_batch(frame)
+    if frame[2] == PublishBatch.ID:
+        return _decode_publish_batch(frame)
     cls = COMMANDS.get(frame[2])
     if cls is None:
         raise RemoteProtocolError(f"unknown command id {frame[2]}")
