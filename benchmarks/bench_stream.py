@@ -3,7 +3,10 @@
 One run, one machine, 100-byte messages, every server and subscriber in its own process on
 127.0.0.1, the publisher in this process:
 
-* zeps: ``zeps-broker`` (fsync=group, the default) with the blocking Python client;
+* zeps: ``zeps-broker`` (fsync=group, the default) with the blocking Python client speaking ZEPS
+  version 3: throughput scenarios publish with ``publish_many`` (PUBLISH-BATCH, the way nats-py
+  buffers its publishes) and subscribers receive DELIVER-BATCH; the latency scenario publishes one
+  message at a time; 1->1 is measured both ways;
 * JetStream: Debian's ``nats-server -js`` (file storage) with nats-py, pull consumers fetching 1,000 at
   a time, publishing with core NATS publish into the stream's subject (no per-message ack: the same
   asynchronous publishing ZEPS does);
@@ -35,7 +38,7 @@ from zeps.dev.process import free_port, wait_until
 HERE = Path(__file__).parent
 BODY = b"x" * 100
 FANOUT, FANOUT_COUNT = 10, 20_000
-ONE_TO_ONE_COUNT = 100_000
+ONE_TO_ONE_COUNT = 300_000
 REPLAY_COUNT = 100_000
 RAW_COUNT = 500_000
 LATENCY_RATE, LATENCY_COUNT = 1000, 3000
@@ -91,15 +94,19 @@ class Zeps:
         )  # fmt: skip
         assert self.proc.stdout is not None and "serving" in self.proc.stdout.readline()
 
-    def publish(self, count: int, rate: float | None = None) -> float:
+    def publish(self, count: int, rate: float | None = None, *, single: bool = False) -> float:
         with StreamClient(self.endpoint, "bench", timeout=120) as client:
             start = time.time()
-            for i in range(count):
-                if rate:
-                    _pace(start, i, rate)
-                    client.publish("bench.k", _stamped())
-                else:
-                    client.publish("bench.k", BODY)
+            if rate or single:
+                for i in range(count):
+                    if rate:
+                        _pace(start, i, rate)
+                    client.publish("bench.k", _stamped() if rate else BODY)
+            else:
+                burst = [("bench.k", BODY)] * 1000
+                for _ in range(count // len(burst)):
+                    client.publish_many(burst)
+                client.publish_many(burst[: count % len(burst)])
             client.flush(timeout=120)
         return start
 
@@ -181,9 +188,9 @@ def fanout(system: Any, role: str) -> float:
     return FANOUT * FANOUT_COUNT / (end - start)
 
 
-def one_to_one(system: Any, role: str) -> float:
+def one_to_one(system: Any, role: str, **how: bool) -> float:
     subs = _spawn(role, system.endpoint, ONE_TO_ONE_COUNT)
-    start = system.publish(ONE_TO_ONE_COUNT)
+    start = system.publish(ONE_TO_ONE_COUNT, **how)
     end = _finish(subs)[0][0]
     return ONE_TO_ONE_COUNT / (end - start)
 
@@ -229,6 +236,8 @@ def main() -> None:
             try:
                 results[f"{name}_deliveries_per_s"] = fanout(system, role)
                 results[f"{name}_1to1_per_s"] = one_to_one(system, role)
+                if name == "zeps":
+                    results["zeps_1to1_single_per_s"] = one_to_one(system, role, single=True)
                 results[f"{name}_p50_ms"], results[f"{name}_p99_ms"] = latency(system, role)
                 if name == "jetstream":
                     system.reset()  # an empty stream: the replay reads exactly REPLAY_COUNT
@@ -249,6 +258,8 @@ def main() -> None:
         "raw_zmq_per_s": round(results["raw_zmq_per_s"], 1),
         "zeps_1to1_per_s": round(results["zeps_1to1_per_s"], 1),
         "zeps_1to1_vs_raw_zmq": round(results["zeps_1to1_per_s"] / results["raw_zmq_per_s"], 3),
+        "zeps_1to1_single_per_s": round(results["zeps_1to1_single_per_s"], 1),
+        "zeps_1to1_single_vs_raw_zmq": round(results["zeps_1to1_single_per_s"] / results["raw_zmq_per_s"], 3),
         "p50_ms": round(results["zeps_p50_ms"], 3),
         "p99_ms": round(results["zeps_p99_ms"], 3),
         "jetstream_p99_ms": round(results["jetstream_p99_ms"], 3),

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness import ZooKeeperHarness
+from zeps._records import encode_record
 from zeps.broker import BrokerConfig, BrokerServer, CurveConfig, Registration
 from zeps.client import BrokerUnavailableError, Seq, StreamClient, Time, discover
 from zeps.coordination import Group
@@ -32,12 +33,15 @@ from zeps.protocol import (
     AttachOk,
     Credit,
     Deliver,
+    DeliverBatch,
     Invalid,
     Publish,
+    PublishBatch,
     Subscribe,
     SubscribeTime,
     decode,
     encode,
+    encode_publish_batch,
 )
 
 BrokerFactory = Callable[..., BrokerServer]
@@ -393,13 +397,16 @@ def test_async_client_has_the_same_methods_and_works(broker_factory: BrokerFacto
 
     sync_api = {n for n in dir(StreamClient) if not n.startswith("_")}
     async_api = {n for n in dir(AsyncStreamClient) if not n.startswith("_")}
-    assert {"connect", "publish", "flush", "subscribe", "start", "receive", "close"} <= sync_api & async_api
+    assert {"connect", "publish", "publish_many", "flush", "subscribe", "start", "receive", "close"} <= (
+        sync_api & async_api
+    )
     broker = broker_factory()
 
     async def scenario() -> list[int]:
         async with AsyncStreamClient(broker.endpoint, "prices") as pub:
-            for i in range(500):
+            for i in range(250):
                 await pub.publish("k", b"%d" % i)
+            await pub.publish_many(("k", b"%d" % i) for i in range(250, 500))
             await pub.flush()
         got = []
         async with AsyncStreamClient(broker.endpoint, "prices") as sub:
@@ -410,3 +417,122 @@ def test_async_client_has_the_same_methods_and_works(broker_factory: BrokerFacto
         return got
 
     assert asyncio.run(scenario()) == list(range(101, 501))
+
+
+def test_version_3_batches_are_journal_records_cut_to_pattern_and_credit(broker_factory: BrokerFactory) -> None:
+    broker = broker_factory()
+    peer = RawPeer(broker.endpoint)
+    try:
+        peer.send(encode(Attach(stream="prices", version=3)))
+        assert peer.recv() == AttachOk()
+        keys = ["eu.fr", "us.ny", "eu.de"]
+        peer.send(encode_publish_batch([(keys[i % 3], b"%d" % i) for i in range(300)]))
+        wait_until(lambda: broker.core.streams["prices"].journal.durable == 300, timeout=10, what="300 journalled")
+        peer.send(encode(Subscribe(pattern="eu.", latest=0)))
+        record = 25 + len("eu.fr") + 1  # a journal record of a one-digit body
+        peer.send(encode(Credit(credit=7 + 3 * record)))  # one DELIVER-BATCH header and three records
+        got = [c for c in peer.drain() if isinstance(c, DeliverBatch)]
+        assert [seq for c in got for seq, *_ in c.items] == [1, 3, 4], "exactly the credit's worth, eu. only"
+        peer.send(encode(Credit(credit=1 << 20)))
+        rest = [item for c in peer.drain() if isinstance(c, DeliverBatch) for item in c.items]
+        assert [seq for seq, *_ in rest] == [n for n in range(5, 301) if (n - 1) % 3 != 1]
+        assert all(key.startswith("eu.") and body == b"%d" % (seq - 1) for seq, _, key, body in rest)
+        # live: a new batch reaches the (now live) subscription as a batch
+        peer.send(encode_publish_batch([("eu.fr", b"live-1"), ("us.ny", b"no"), ("eu.de", b"live-2")]))
+        live = [item for c in peer.drain() if isinstance(c, DeliverBatch) for item in c.items]
+        assert [(seq, body) for seq, _, _, body in live] == [(301, b"live-1"), (303, b"live-2")]
+    finally:
+        peer.close()
+
+
+@pytest.mark.parametrize(
+    ("frame", "reason"),
+    [
+        (b"\xaa\xa5\x0f\x00\x00\x00\x00", "PUBLISH-BATCH is empty"),
+        (b"\xaa\xa5\x0f\x00\x00\x00\x03\x01k\x00", "entry 0 is truncated"),
+        (encode_publish_batch([("k", b"v")])[:-1], "claims 7 bytes, 6 follow"),
+        (encode(DeliverBatch(records=encode_record(1, 1, b"k", b"v"))), "DELIVER-BATCH is not allowed"),
+    ],
+)
+def test_malformed_batches_get_invalid_and_the_peering_goes_on(
+    broker_factory: BrokerFactory, frame: bytes, reason: str
+) -> None:
+    broker = broker_factory()
+    peer = RawPeer(broker.endpoint)
+    try:
+        peer.send(encode(Attach(stream="prices", version=3)))
+        assert peer.recv() == AttachOk()
+        peer.send(frame)
+        answer = peer.recv()
+        assert isinstance(answer, Invalid) and reason in answer.reason, answer
+        peer.send(encode_publish_batch([("k", b"after")]))  # the same peering still publishes
+        wait_until(lambda: broker.core.streams["prices"].journal.durable == 1, timeout=10, what="the good batch")
+    finally:
+        peer.close()
+    v2 = RawPeer(broker.endpoint)
+    try:
+        v2.send(encode(Attach(stream="prices", version=2)))
+        assert v2.recv() == AttachOk()
+        v2.send(encode_publish_batch([("k", b"v")]))
+        refusal = v2.recv()
+        assert isinstance(refusal, Invalid) and "needs protocol version 3" in refusal.reason
+    finally:
+        v2.close()
+
+
+def test_client_attaches_with_a_lower_version_when_the_broker_is_older() -> None:
+    """A broker that only speaks versions 1 and 2 is played by a ROUTER socket in this test (every
+    zeps broker speaks version 3): the client falls back to version 2 and publish_many sends plain
+    PUBLISH frames, one per message."""
+    ctx: zmq.Context[Any] = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    seen: list[Any] = []
+
+    def old_broker() -> None:
+        while router.poll(3000):
+            peer, frame = router.recv_multipart()
+            command = decode(frame)
+            seen.append(command)
+            if isinstance(command, Attach) and command.version > 2:
+                refusal = Invalid(reason=f"ATTACH version {command.version} is not supported")
+                router.send_multipart([peer, encode(refusal)])
+            elif isinstance(command, Attach):
+                router.send_multipart([peer, encode(AttachOk())])
+            elif type(command).__name__ == "Ping":
+                router.send_multipart([peer, b"\xaa\xa5\x09"])  # PING-OK
+
+    thread = threading.Thread(target=old_broker, daemon=True)
+    thread.start()
+    try:
+        with StreamClient(f"tcp://127.0.0.1:{port}", "prices", timeout=5) as client:
+            assert client.session.conn.version == 2
+            client.publish_many([("k", b"1"), ("k", b"2")])
+            client.flush()
+    finally:
+        thread.join(10)
+        router.close()
+        ctx.term()
+    assert [c.version for c in seen if isinstance(c, Attach)] == [3, 2]
+    assert [c.body for c in seen if isinstance(c, Publish)] == [b"1", b"2"]
+    assert not any(isinstance(c, PublishBatch) for c in seen)
+
+
+def test_publish_many_with_live_and_replaying_pattern_subscribers(broker_factory: BrokerFactory) -> None:
+    broker = broker_factory()
+    keys = ["eu.fr", "us.ny", "eu.de"]
+    with StreamClient(broker.endpoint, "prices") as live, StreamClient(broker.endpoint, "prices") as pub:
+        live.start("eu.", since="latest")
+        time.sleep(0.2)
+        pub.publish_many((keys[i % 3], b"%d" % i) for i in range(6000))
+        pub.publish("eu.fr", b"single")
+        pub.flush()
+        got = _collect(live, 4001)
+        assert [m.sequence for m in got] == [n for n in range(1, 6002) if (n - 1) % 3 != 1]
+        assert got[-1].body == b"single" and all(m.key.startswith("eu.") for m in got)
+    with StreamClient(broker.endpoint, "prices") as late:
+        late.start("~\\.de$", since="earliest")
+        replayed = _collect(late, 2000)
+        assert [m.sequence for m in replayed] == list(range(3, 6001, 3))
+        assert all(m.body == b"%d" % (m.sequence - 1) for m in replayed)

@@ -138,3 +138,36 @@ def test_what_is_written_is_read_back_after_reopen(
     j.close()
     again = _journal(path, tail_cache_bytes=0)
     assert [(r.key, r.body) for r in _all(again)] == entries
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(st.lists(st.tuples(st.sampled_from(["a", "b.c"]), st.binary(max_size=80)), min_size=1, max_size=20),
+             min_size=1, max_size=10),
+    st.integers(min_value=1, max_value=400),
+    st.data(),
+)  # fmt: skip
+def test_chunks_from_the_tail_cache_and_from_disk_are_the_same_bytes(
+    tmp_path_factory: pytest.TempPathFactory,
+    appends: list[list[tuple[str, bytes]]],
+    max_bytes: int,
+    data: st.DataObject,
+) -> None:
+    path = tmp_path_factory.mktemp("chunks")
+    cached = _journal(path, segment_bytes=1500, fsync="always", index_interval_bytes=100)
+    for entries in appends:  # several appends: a read may span several cached chunks
+        cached.append_many(entries, timestamp_ms=7)
+    disk = _journal(path, segment_bytes=1500, tail_cache_bytes=0)
+    total = cached.durable
+    start = data.draw(st.integers(1, total))
+    end = data.draw(st.integers(start, total))
+    a = cached.read_chunk(start, max_bytes=max_bytes, end=end)
+    b = disk.read_chunk(start, max_bytes=max_bytes, end=end)
+    assert a is not None and b is not None
+    assert (a.first, a.data, list(a.offsets), a.keys) == (b.first, b.data, list(b.offsets), b.keys)
+    assert a.first == start and a.last <= end
+    assert len(a.data) <= max_bytes or len(a) == 1, "within max_bytes, or the one record that does not fit"
+    flat = [e for entries in appends for e in entries]
+    assert [(r.key, r.body) for r in a.records()] == flat[start - 1 : a.last]
+    assert a.offsets[-1] == len(a.data)
+    assert cached.read_chunk(total + 1) is None

@@ -34,6 +34,7 @@ Readers only see records up to :attr:`Journal.durable` — the synced tail (or t
 from __future__ import annotations
 
 import bisect
+from array import array
 import logging
 import os
 import struct
@@ -82,7 +83,7 @@ class Chunk:
 
     first: int
     data: bytes
-    offsets: list[int]  # len(keys) + 1 boundaries, offsets[0] == 0
+    offsets: array[int]  # len(keys) + 1 boundaries, offsets[0] == 0 (an array: cheap to free)
     keys: list[str]
 
     @property
@@ -106,7 +107,7 @@ class Chunk:
             return self
         base = self.offsets[begin]
         return Chunk(self.first + begin, self.data[base : self.offsets[end]],
-                     [o - base for o in self.offsets[begin : end + 1]], self.keys[begin:end])  # fmt: skip
+                     array("I", [o - base for o in self.offsets[begin : end + 1]]), self.keys[begin:end])  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -265,22 +266,26 @@ class Journal:
         ts = max(now, self._last_ts)
         seg = self._segments[-1]
         first, raws, keys = self._next, list[bytes](), list[str]()
-        offsets = [0]
+        offsets = array("I", [0])
         written = total = 0  # bytes of raws already written (segment rolls), and in all
         seq, offset, since_index = self._next, seg.size, self._since_index
+        index: list[tuple[int, int, int]] = []  # new index entries of the current segment
+        segment_bytes, interval = self.config.segment_bytes, self.config.index_interval_bytes
+        raw_keys: dict[str, bytes] = {}
         for key, body in entries:
-            if offset >= self.config.segment_bytes:
+            if offset >= segment_bytes:
                 self._write(raws, written, total)
-                written = total
+                self._index(seg, index, seq - 1, ts, offset)
+                written, index = total, []
                 self._next = seq
                 seg = self._roll()
                 offset, since_index = 0, self._since_index
-            raw = encode_record(seq, ts, key.encode("ascii"), body)
-            if since_index >= self.config.index_interval_bytes or not seg.index:
-                entry = (seq, ts, offset)
-                seg.index.append(entry)
-                with open(seg.path.with_suffix(".idx"), "ab") as idx:
-                    idx.write(_INDEX.pack(*entry))
+            raw_key = raw_keys.get(key)
+            if raw_key is None:
+                raw_key = raw_keys[key] = key.encode("ascii")
+            raw = encode_record(seq, ts, raw_key, body)
+            if since_index >= interval or (not seg.index and not index):
+                index.append((seq, ts, offset))
                 since_index = 0
             raws.append(raw)
             keys.append(key)
@@ -289,9 +294,8 @@ class Journal:
             since_index += size
             total += size
             offsets.append(total)
-            seg.size = offset
-            seg.last_seq, seg.last_ts = seq, ts
             seq += 1
+        self._index(seg, index, seq - 1, ts, offset)
         if not keys:
             return self._next - 1
         data = self._write(raws, written, total)
@@ -302,6 +306,16 @@ class Journal:
         if self.config.fsync == "always":
             self.sync()
         return self._next - 1
+
+    @staticmethod
+    def _index(seg: _Segment, entries: list[tuple[int, int, int]], last_seq: int, ts: int, size: int) -> None:
+        """Record what an append added to ``seg``: its size, last record, and new index entries."""
+        if last_seq >= seg.base:
+            seg.size, seg.last_seq, seg.last_ts = size, last_seq, ts
+        if entries:
+            seg.index += entries
+            with open(seg.path.with_suffix(".idx"), "ab") as idx:
+                idx.write(b"".join(_INDEX.pack(*e) for e in entries))
 
     def _write(self, raws: list[bytes], start: int, end: int) -> bytes:
         """Write bytes ``start .. end`` of the joined ``raws`` to the active segment; returns the join."""
@@ -404,7 +418,7 @@ class Journal:
             data = f.read(min(seg.size - offset, max_bytes + self.config.index_interval_bytes + 65536))
         # walk the record boundaries (the CRCs were checked when the segment was opened)
         pos, size, seq, first_at, last_stop = 0, len(data), expect, -1, 0
-        offsets: list[int] = []
+        offsets = array("I")
         keys: list[str] = []
         while pos + OVERHEAD <= size and seq <= end:
             stop = pos + 4 + _HEAD.unpack_from(data, pos)[0]
@@ -476,9 +490,9 @@ def _fit(chunk: Chunk, begin: int, stop: int, max_bytes: int, max_records: int, 
 
 
 def _join(parts: list[Chunk]) -> Chunk:
-    offsets, keys, base = [0], [], 0
+    offsets, keys, base = array("I", [0]), list[str](), 0
     for part in parts:
-        offsets += [o + base for o in part.offsets[1:]]
+        offsets.extend(o + base for o in part.offsets[1:])
         keys += part.keys
         base += len(part.data)
     return Chunk(parts[0].first, b"".join(p.data for p in parts), offsets, keys)
