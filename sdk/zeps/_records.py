@@ -23,6 +23,7 @@ import crc32c
 HEAD = struct.Struct("!II")  # length, crc
 META = struct.Struct("!QQB")  # sequence, timestamp, key length
 OVERHEAD = HEAD.size + META.size  # bytes a record adds to its key and body
+_RECORD = struct.Struct("!IIQQB")  # HEAD then META, read in one call
 
 
 class RecordFormatError(ValueError):
@@ -34,27 +35,25 @@ def encode_record(sequence: int, timestamp_ms: int, raw_key: bytes, body: bytes)
     return HEAD.pack(len(payload) + 4, crc32c.crc32c(payload)) + payload
 
 
-def unpack_records(data: bytes) -> list[tuple[int, int, str, bytes]]:
-    """(sequence, timestamp, key, body) of every record in ``data``, which must hold whole, intact
+def unpack_records(data: bytes) -> list[tuple[int, str, bytes, int]]:
+    """(sequence, key, body, timestamp) of every record in ``data``, which must hold whole, intact
     records with increasing sequences; RecordFormatError otherwise."""
-    out: list[tuple[int, int, str, bytes]] = []
+    out: list[tuple[int, str, bytes, int]] = []
+    append, unpack, crc = out.append, _RECORD.unpack_from, crc32c.crc32c
     offset, size, last = 0, len(data), -1
     view = memoryview(data)
-    unpack_head, unpack_meta, crc = HEAD.unpack_from, META.unpack_from, crc32c.crc32c
     while offset < size:
         if offset + OVERHEAD > size:
             raise RecordFormatError(f"record at byte {offset} is truncated ({size - offset} bytes left)")
-        length, checksum = unpack_head(data, offset)
+        length, checksum, sequence, timestamp, klen = unpack(data, offset)
         end = offset + 4 + length
         if length < 4 + META.size or end > size:
             raise RecordFormatError(f"record at byte {offset} claims {length} bytes; {size - offset - 4} follow")
         if crc(view[offset + 8 : end]) != checksum:
             raise RecordFormatError(f"record at byte {offset} fails its CRC32C")
-        sequence, timestamp, klen = unpack_meta(data, offset + 8)
         body_at = offset + OVERHEAD + klen
         if body_at > end or sequence <= last:
             raise RecordFormatError(f"record at byte {offset} has a bad key length or sequence {sequence}")
-        key = data[offset + OVERHEAD : body_at].decode("latin-1")
-        out.append((sequence, timestamp, key, data[body_at:end]))
+        append((sequence, data[offset + OVERHEAD : body_at].decode("latin-1"), data[body_at:end], timestamp))
         last, offset = sequence, end
     return out

@@ -436,11 +436,11 @@ def test_version_3_batches_are_journal_records_cut_to_pattern_and_credit(broker_
         peer.send(encode(Credit(credit=1 << 20)))
         rest = [item for c in peer.drain() if isinstance(c, DeliverBatch) for item in c.items]
         assert [seq for seq, *_ in rest] == [n for n in range(5, 301) if (n - 1) % 3 != 1]
-        assert all(key.startswith("eu.") and body == b"%d" % (seq - 1) for seq, _, key, body in rest)
+        assert all(key.startswith("eu.") and body == b"%d" % (seq - 1) for seq, key, body, _ in rest)
         # live: a new batch reaches the (now live) subscription as a batch
         peer.send(encode_publish_batch([("eu.fr", b"live-1"), ("us.ny", b"no"), ("eu.de", b"live-2")]))
         live = [item for c in peer.drain() if isinstance(c, DeliverBatch) for item in c.items]
-        assert [(seq, body) for seq, _, _, body in live] == [(301, b"live-1"), (303, b"live-2")]
+        assert [(seq, body) for seq, _, body, _ in live] == [(301, b"live-1"), (303, b"live-2")]
     finally:
         peer.close()
 

@@ -24,7 +24,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from zeps.errors import RemoteProtocolError
 from zeps.protocol import (
@@ -52,7 +52,7 @@ from zeps.protocol import (
     encode_publish_batch,
 )
 
-__all__ = ["ClientSession", "Message", "Seq", "Since", "Time"]
+__all__ = ["ClientSession", "Message", "Row", "Seq", "Since", "Time"]
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,12 @@ class Time:
 Since = Seq | Time | Literal["earliest", "latest"]
 
 
-@dataclass(frozen=True)
-class Message:
+Row = tuple[int, str, bytes, int | None]  #: a delivered message as a plain tuple, in Message's field order
+
+
+class Message(NamedTuple):
+    """A delivered message (a named tuple: cheap to make by the million)."""
+
     sequence: int
     key: str
     body: bytes
@@ -105,7 +109,7 @@ class ClientSession:
         self.forgotten = False  # the broker answered as if we had never attached
         self.last_sequence: int | None = None  # the last delivery received on any subscription
         self.subscriptions: list[_Sub] = []
-        self.inbox: deque[Message] = deque()
+        self.inbox: deque[Row] = deque()  # delivered, not yet handed out (plain tuples: cheap in bulk)
         self.errors: deque[str] = deque()
         self._consumed = 0
         self._unconfirmed: deque[tuple[bytes, int]] = deque()  # (publish frame, messages in it) not confirmed
@@ -206,6 +210,15 @@ class ClientSession:
             return [self._barrier()]
         return []
 
+    def take(self, most: int) -> list[Row]:
+        """Up to ``most`` delivered rows from the inbox, oldest first."""
+        inbox = self.inbox
+        if len(inbox) <= most:
+            out = list(inbox)
+            inbox.clear()
+            return out
+        return [inbox.popleft() for _ in range(most)]
+
     @property
     def unconfirmed(self) -> int:
         """Messages published and not yet confirmed by the broker."""
@@ -224,8 +237,9 @@ class ClientSession:
             return self.on_attached()
         if isinstance(command, DeliverBatch):
             last = -1 if self.last_sequence is None else self.last_sequence
-            self.inbox.extend(Message(seq, key, body, ts) for seq, ts, key, body in command.items if seq > last)
-            self.last_sequence = max(last, command.items[-1][0])
+            items = command.items
+            self.inbox.extend(items if items[0][0] > last else (i for i in items if i[0] > last))
+            self.last_sequence = max(last, items[-1][0])
             self._consumed += len(frame)
             if self._consumed >= self.credit_window // 2:
                 grant, self._consumed = self._consumed, 0
@@ -234,7 +248,7 @@ class ClientSession:
         if isinstance(command, Deliver | DeliverTs):
             ts = command.timestamp if isinstance(command, DeliverTs) else None
             if self.last_sequence is None or command.sequence > self.last_sequence:
-                self.inbox.append(Message(command.sequence, command.key, command.body, ts))
+                self.inbox.append((command.sequence, command.key, command.body, ts))
                 self.last_sequence = command.sequence
             self._consumed += deliver_size(command.sequence, command.key, len(command.body),
                                            timestamps=ts is not None)  # fmt: skip

@@ -34,11 +34,11 @@ Readers only see records up to :attr:`Journal.durable` — the synced tail (or t
 from __future__ import annotations
 
 import bisect
-from array import array
 import logging
 import os
 import struct
 import time
+from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 
 FsyncPolicy = Literal["always", "group", "interval", "never"]
 _INDEX = struct.Struct("!QQI")  # sequence, timestamp, offset
+_LENGTH = struct.Struct("!I")
 _NAME_DIGITS = 20
 
 
@@ -76,22 +77,30 @@ class Record:
         return OVERHEAD + len(self.key) + len(self.body)
 
 
-@dataclass(frozen=True, slots=True)
 class Chunk:
     """Consecutive records ``first .. last`` as stored: ``data[offsets[i]:offsets[i + 1]]`` is the
-    record with sequence ``first + i`` and key ``keys[i]``."""
+    record with sequence ``first + i`` and key ``keys[i]`` (keys are read from the data when first
+    asked for: a replay to a subscription that takes every key never needs them)."""
 
-    first: int
-    data: bytes
-    offsets: array[int]  # len(keys) + 1 boundaries, offsets[0] == 0 (an array: cheap to free)
-    keys: list[str]
+    __slots__ = ("_keys", "data", "first", "offsets")
+
+    def __init__(self, first: int, data: bytes, offsets: array[int], keys: list[str] | None = None) -> None:
+        self.first, self.data, self.offsets, self._keys = first, data, offsets, keys
+
+    @property
+    def keys(self) -> list[str]:
+        if self._keys is None:
+            data, at = self.data, OVERHEAD - 1
+            self._keys = [data[o + at + 1 : o + at + 1 + data[o + at]].decode("ascii", "replace")
+                          for o in self.offsets[:-1]]  # fmt: skip
+        return self._keys
 
     @property
     def last(self) -> int:
-        return self.first + len(self.keys) - 1
+        return self.first + len(self.offsets) - 2
 
     def __len__(self) -> int:
-        return len(self.keys)
+        return len(self.offsets) - 1
 
     def record(self, i: int) -> Record:
         start, end = self.offsets[i], self.offsets[i + 1]
@@ -99,15 +108,16 @@ class Chunk:
         return Record(seq, ts, self.keys[i], self.data[start + OVERHEAD + klen : end])
 
     def records(self) -> list[Record]:
-        return [self.record(i) for i in range(len(self.keys))]
+        return [self.record(i) for i in range(len(self))]
 
     def part(self, begin: int, end: int) -> Chunk:
         """Records ``begin .. end - 1`` (indexes) as a chunk of their own."""
-        if begin == 0 and end == len(self.keys):
+        if begin == 0 and end == len(self):
             return self
         base = self.offsets[begin]
+        keys = None if self._keys is None else self._keys[begin:end]
         return Chunk(self.first + begin, self.data[base : self.offsets[end]],
-                     array("I", [o - base for o in self.offsets[begin : end + 1]]), self.keys[begin:end])  # fmt: skip
+                     array("I", [o - base for o in self.offsets[begin : end + 1]]), keys)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -413,31 +423,30 @@ class Journal:
         positions = [e[0] for e in seg.index]
         j = bisect.bisect_right(positions, start) - 1
         offset, expect = (seg.index[j][2], seg.index[j][0]) if j >= 0 else (0, seg.base)
-        with open(seg.path, "rb") as f:
-            f.seek(offset)
-            data = f.read(min(seg.size - offset, max_bytes + self.config.index_interval_bytes + 65536))
-        # walk the record boundaries (the CRCs were checked when the segment was opened)
-        pos, size, seq, first_at, last_stop = 0, len(data), expect, -1, 0
-        offsets = array("I")
-        keys: list[str] = []
-        while pos + OVERHEAD <= size and seq <= end:
-            stop = pos + 4 + _HEAD.unpack_from(data, pos)[0]
-            if stop > size:
-                break
-            if seq >= start:
-                if first_at < 0:
-                    first_at = pos
-                elif stop - first_at > max_bytes or len(keys) >= max_records:
+        want = max_bytes + self.config.index_interval_bytes + 65536
+        while True:
+            with open(seg.path, "rb") as f:
+                f.seek(offset)
+                data = f.read(min(seg.size - offset, want))
+            # walk the record boundaries (the CRCs were checked when the segment was opened)
+            pos, size, seq = 0, len(data), expect
+            starts = array("I")  # where each record starts in data
+            length = _LENGTH.unpack_from
+            while pos + OVERHEAD <= size and seq < start:  # from the index entry to the start
+                pos, seq = pos + 4 + length(data, pos)[0], seq + 1
+            first_at, limit = pos, pos + max_bytes
+            while pos + OVERHEAD <= size and seq <= end and len(starts) < max_records:
+                stop = pos + 4 + length(data, pos)[0]
+                if stop > size or (stop > limit and starts):
                     break
-                klen = data[pos + OVERHEAD - 1]
-                keys.append(data[pos + OVERHEAD : pos + OVERHEAD + klen].decode("ascii", "replace"))
-                offsets.append(pos - first_at)
-                last_stop = stop
-            pos, seq = stop, seq + 1
-        if not keys:
-            raise JournalError(f"journal {self.name}: cannot read sequence {start} from {seg.path.name}")
-        offsets.append(last_stop - first_at)
-        return Chunk(start, data[first_at:last_stop], offsets, keys)
+                starts.append(pos - first_at)
+                pos, seq = stop, seq + 1
+            if starts and seq > start:
+                starts.append(pos - first_at)
+                return Chunk(start, data[first_at:pos], starts)
+            if size >= seg.size - offset:
+                raise JournalError(f"journal {self.name}: cannot read sequence {start} from {seg.path.name}")
+            want *= 4  # a record larger than what was read: read more
 
     def seek_time(self, timestamp_ms: int) -> int:
         """The sequence of the first retained record at or after ``timestamp_ms`` (next if none)."""
@@ -490,9 +499,8 @@ def _fit(chunk: Chunk, begin: int, stop: int, max_bytes: int, max_records: int, 
 
 
 def _join(parts: list[Chunk]) -> Chunk:
-    offsets, keys, base = array("I", [0]), list[str](), 0
+    offsets, base = array("I", [0]), 0
     for part in parts:
         offsets.extend(o + base for o in part.offsets[1:])
-        keys += part.keys
         base += len(part.data)
-    return Chunk(parts[0].first, b"".join(p.data for p in parts), offsets, keys)
+    return Chunk(parts[0].first, b"".join(p.data for p in parts), offsets, [k for p in parts for k in p.keys])

@@ -222,7 +222,7 @@ class DeliverBatch(Command):
     NAME = "DELIVER-BATCH"
     FIELDS = (("records", "chunk"),)
     records: bytes  #: journal records (zeps._records layout)
-    items: tuple[tuple[int, int, str, bytes], ...] = field(default=(), compare=False)  #: (seq, ts, key, body)
+    items: tuple[tuple[int, str, bytes, int], ...] = field(default=(), compare=False)  #: (seq, key, body, ts)
 
 
 COMMANDS: dict[int, type[Command]] = {

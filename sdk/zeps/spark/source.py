@@ -52,6 +52,7 @@ from pyspark.sql.types import StructType
 
 from zeps.broker.matching import compile_pattern
 from zeps.client import Seq, StreamClient, Time
+from zeps.client.session import Row
 from zeps.config import Resolved, resolve
 from zeps.coordination import Group, shared_client
 from zeps.coordination.batches import BatchQueue
@@ -65,6 +66,7 @@ QUEUE_SCHEMA = "batch long, batch_id string, record binary"
 _ARROW_STREAM = pa.schema(
     [("sequence", pa.int64()), ("key", pa.string()), ("body", pa.binary()), ("timestamp", pa.timestamp("us", tz="UTC"))]
 )
+_ARROW_ROWS = 10_000  # rows per Arrow batch handed to Spark (its default spark.sql.execution.arrow.maxRecordsPerBatch)
 _ARROW_QUEUE = pa.schema([("batch", pa.int64()), ("batch_id", pa.string()), ("record", pa.binary())])
 
 
@@ -138,35 +140,54 @@ class _StreamRead:
         if part.end <= part.start:
             return
         matcher = compile_pattern(self.pattern)
-        columns: dict[str, list[Any]] = {"sequence": [], "key": [], "body": [], "timestamp": []}
         s = self.settings
         with StreamClient(s.endpoint, s.name, server_public_key=s.public_key or None, credit_window=32 << 20) as c:
             c.start("", since=Seq(part.start))
             expected = part.start + 1
+            pending: list[Row] = []  # rows are handed to Spark in Arrow batches of about _ARROW_ROWS
             while expected <= part.end:
-                message = c.receive(60)
-                if message is None:
+                rows = c.receive_rows(60)
+                if not rows:
                     raise ConfigError(
                         f"stream {s.name}: the broker sent nothing for 60 s while replaying {expected}..{part.end}"
                     )
-                if message.sequence > expected and self.fail_on_data_loss:
-                    raise DataLossError(
-                        f"stream {s.name}: sequences {expected}..{min(message.sequence - 1, part.end)} were "
-                        "removed by retention; set failOnDataLoss=false to skip them"
-                    )
-                expected = message.sequence + 1
-                if message.sequence > part.end:
-                    break
-                if matcher.matches(message.key):
-                    columns["sequence"].append(message.sequence)
-                    columns["key"].append(message.key)
-                    columns["body"].append(message.body)
-                    columns["timestamp"].append((message.timestamp_ms or 0) * 1000)
-                if len(columns["sequence"]) >= 8192:
-                    yield pa.RecordBatch.from_pydict(columns, schema=_ARROW_STREAM)
-                    columns = {k: [] for k in columns}
-        if columns["sequence"]:
-            yield pa.RecordBatch.from_pydict(columns, schema=_ARROW_STREAM)
+                last = rows[-1][0]
+                if rows[0][0] != expected or last - expected + 1 != len(rows):
+                    self._check_gaps(rows, expected, part.end)
+                if last > part.end:
+                    rows = [m for m in rows if m[0] <= part.end]
+                expected = last + 1
+                if self.pattern:
+                    rows = [m for m in rows if matcher.matches(m[1])]
+                pending += rows
+                if len(pending) >= _ARROW_ROWS:
+                    yield self._batch(pending)
+                    pending = []
+        if pending:
+            yield self._batch(pending)
+
+    def _check_gaps(self, rows: list[Row], expected: int, end: int) -> None:
+        """Retention removed sequences this range needs: fail, or (failOnDataLoss=false) skip them."""
+        for sequence, *_ in rows:
+            if sequence > expected and self.fail_on_data_loss:
+                raise DataLossError(
+                    f"stream {self.settings.name}: sequences {expected}..{min(sequence - 1, end)} were "
+                    "removed by retention; set failOnDataLoss=false to skip them"
+                )
+            expected = sequence + 1
+
+    @staticmethod
+    def _batch(rows: list[Row]) -> pa.RecordBatch:
+        sequences, keys, bodies, times = zip(*rows, strict=True)
+        return pa.RecordBatch.from_arrays(
+            [
+                pa.array(sequences, pa.int64()),
+                pa.array(keys, pa.string()),
+                pa.array(bodies, pa.binary()),
+                pa.array([(t or 0) * 1000 for t in times], pa.timestamp("us", tz="UTC")),
+            ],
+            schema=_ARROW_STREAM,
+        )
 
 
 class ZepsStreamReader(DataSourceStreamReader, _StreamRead):
