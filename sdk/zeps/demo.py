@@ -1,73 +1,246 @@
-"""``make demo``: run zeps on an embedded default and show what happens.
+"""``make demo``: the whole system on an embedded default, with a summary at the end.
 
-Today it proves the foundation with a real round trip: start a local ZooKeeper server, write a
-znode, watch it from a second session, see the change arrive, clean up, stop the server. The full
-demo (operator, Topic/Queue/ZepsStream, broker and a Spark pipeline) replaces this as those parts land.
+1. The local stack (:class:`zeps.dev.stack.LocalStack`): ZooKeeper, the Kubernetes control plane,
+   the chart installed with helm, the operator.
+2. A Topic, a Queue and a ZepsStream applied with ``kubectl apply -f examples/…`` and waited for
+   Ready; the stream's broker started from its Deployment's pod template (no kubelet here).
+3. Traffic, through the SDK handles resolved from the resources as a pod would: a cache-invalidation
+   broadcast to several subscribers over the Topic; workers taking crawl links from the Queue; a
+   Spark pipeline (``examples/demo/orders_pipeline.py``) publishing order events into the stream
+   and aggregating them with a streaming query.
+4. A summary table — published/delivered per primitive, lag, resources and their status — and a
+   consistency check: every published message delivered, every queue item processed, the Spark
+   figures equal to the generator's. Everything started is stopped at the end, also on Ctrl-C.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from zeps.coordination import connect
-from zeps.dev import ZooKeeperServer
+import zeps
+from zeps.coordination import close_shared
+from zeps.dev.stack import REPOSITORY, LocalStack
 from zeps.errors import ZepsError
 
-__all__ = ["main"]
+__all__ = ["Summary", "main", "run"]
+
+NAMESPACE = "zeps-demo"
+EXAMPLES = REPOSITORY / "examples"
+MANIFESTS = [EXAMPLES / "demo" / "local-volume.yaml", EXAMPLES / "topic.yaml", EXAMPLES / "queue.yaml",
+             EXAMPLES / "demo" / "orders-stream.yaml"]  # fmt: skip
 
 
 def _step(text: str) -> None:
     print(f"[demo] {text}", flush=True)
 
 
-def run(workdir: Path) -> None:
+@dataclass
+class Line:
+    primitive: str
+    resource: str
+    published: int
+    delivered: int
+    lag: int  #: messages still waiting for a consumer at the end
+    detail: str
+    expected_deliveries: int  #: what "every message delivered" means for this primitive
+
+
+@dataclass
+class Summary:
+    lines: list[Line] = field(default_factory=list)
+    resources: dict[str, str] = field(default_factory=dict)  #: kind/name -> Ready condition
+    spark: dict[str, object] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def problems(self) -> list[str]:
+        out = [f"{line.resource}: {line.delivered} delivered, {line.expected_deliveries} expected"
+               for line in self.lines if line.delivered != line.expected_deliveries]  # fmt: skip
+        out += [f"{line.resource}: {line.lag} messages still waiting" for line in self.lines if line.lag]
+        out += [f"{name} is not Ready ({ready})" for name, ready in self.resources.items() if ready != "True"]
+        if self.spark.get("mismatch"):
+            out.append(f"Spark figures differ from the generator: {self.spark['mismatch']}")
+        return out
+
+    def table(self) -> str:
+        rows = [("primitive", "resource", "published", "delivered", "lag", "detail")]
+        rows += [(x.primitive, x.resource, str(x.published), str(x.delivered), str(x.lag), x.detail)
+                 for x in self.lines]  # fmt: skip
+        widths = [max(len(r[i]) for r in rows) for i in range(6)]
+        text = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+        text.insert(1, "  ".join("-" * w for w in widths))
+        text.append("")
+        text += [f"{name}: Ready={ready}" for name, ready in sorted(self.resources.items())]
+        problems = self.problems()
+        text.append("consistent: every message delivered, every item processed" if not problems
+                    else "INCONSISTENT: " + "; ".join(problems))  # fmt: skip
+        return "\n".join(text)
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _broadcast(invalidations: int, subscribers: int) -> Line:
+    topic = zeps.topic("cache-invalidation", namespace=NAMESPACE)
+    received = [0] * subscribers
+    done = threading.Event()
+    lock = threading.Lock()
+
+    def on_message(i: int) -> Callable[[object], None]:
+        def take(_message: object) -> None:
+            with lock:
+                received[i] += 1
+                if sum(received) == invalidations * subscribers:
+                    done.set()
+
+        return take
+
+    subs = [topic.subscribe(on_message(i), consumer_id=f"cache-node-{i}") for i in range(subscribers)]
+    try:
+        deadline = time.monotonic() + 30
+        while len(topic.queues()) < subscribers and time.monotonic() < deadline:
+            time.sleep(0.05)  # the publisher sees new subscribers through a watch
+        topic.publish_many([json.dumps({"invalidate": f"product:{n}"}).encode() for n in range(invalidations)])
+        topic.flush()
+        done.wait(60)
+    finally:
+        for sub in subs:
+            sub.close()
+    detail = f"{subscribers} subscribers got {', '.join(map(str, received))}"
+    lag = invalidations * subscribers - sum(received)
+    return Line("Topic", "cache-invalidation", invalidations, sum(received), lag, detail, invalidations * subscribers)
+
+
+def _work(links: int, workers: int) -> Line:
+    queue = zeps.queue("crawl-links", namespace=NAMESPACE)
+    queue.put_all([f"https://shop.example/p/{n}".encode() for n in range(links)])
+    done = [0] * workers
+
+    def worker(i: int) -> None:
+        mine = zeps.queue("crawl-links", namespace=NAMESPACE)
+        while (item := mine.take(timeout=1.0)) is not None:
+            with item:  # leaving the block acks it
+                done[i] += 1
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    stats = queue.stats()
+    detail = f"{workers} workers took {', '.join(map(str, done))}; {stats.dead_lettered} dead-lettered"
+    return Line("Queue", "crawl-links", links, sum(done), stats.depth, detail, links)
+
+
+def _spark(stack: LocalStack, orders: int, workdir: Path) -> tuple[Line, dict[str, object]]:
+    sys.path.insert(0, str(EXAMPLES / "demo"))
+    try:
+        from orders_pipeline import expected  # type: ignore[import-not-found]  # noqa: PLC0415 — the example's generator
+    finally:
+        sys.path.pop(0)
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "demo" / "orders_pipeline.py"), "--orders", str(orders),
+         "--namespace", NAMESPACE, "--out", str(workdir / "revenue")],
+        capture_output=True, text=True, timeout=600, check=False, env={**os.environ, **stack.env()},
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise ZepsError(f"the Spark pipeline failed:\n{result.stderr[-3000:]}")
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    want = {c: {"orders": n, "revenue": round(r, 2)} for c, (n, r) in expected(orders).items()}
+    got = figures["countries"]
+    mismatch = {
+        c: (got.get(c), w)
+        for c, w in want.items()
+        if got.get(c, {}).get("orders") != w["orders"] or abs(got[c]["revenue"] - w["revenue"]) > 0.01
+    }
+    status = stack.get("zepsstream", "orders").get("status", {})
+    revenue = sum(v["revenue"] for v in got.values())
+    lag = max(0, int(status.get("lastSequence", 0)) - int(figures["read"]))
+    line = Line("ZepsStream", "orders", figures["published"], figures["read"], lag,
+                f"Spark: {len(got)} countries, revenue {revenue:,.2f}; journal last sequence "
+                f"{status.get('lastSequence', '?')}, {status.get('journalBytes', '?')} bytes", orders)  # fmt: skip
+    return line, {"countries": got, "mismatch": mismatch}
+
+
+def _statuses(stack: LocalStack) -> dict[str, str]:
+    out = {}
+    for kind in ("topics", "queues", "zepsstreams"):
+        for item in json.loads(stack.kubectl("get", kind, "-n", NAMESPACE, "-o", "json"))["items"]:
+            conditions = item.get("status", {}).get("conditions", [])
+            ready = next((c["status"] for c in conditions if c["type"] == "Ready"), "?")
+            out[f"{item['kind']}/{item['metadata']['name']}"] = ready
+    return out
+
+
+def run(workdir: Path, *, orders: int = 20_000, links: int = 200, invalidations: int = 20, subscribers: int = 3,
+        workers: int = 3, progress: Callable[[str], None] = _step) -> Summary:  # fmt: skip
     started = time.monotonic()
-    _step("starting a local ZooKeeper server (127.0.0.1, pinned jars from the zeps cache)")
-    with ZooKeeperServer(workdir / "zookeeper") as server:
-        _step(f"ZooKeeper serving at {server.connect_string}")
-        writer, watcher = connect(server.connect_string), connect(server.connect_string)
-        try:
-            path = "/zeps/demo/greeting"
-            writer.create(path, b"hello", makepath=True)
-            changed = threading.Event()
-            seen: list[bytes] = []
-
-            def on_change(data: bytes | None, _stat: object) -> None:
-                if data is not None:
-                    seen.append(data)
-                    if data == b"hello, zeps":
-                        changed.set()
-
-            watcher.DataWatch(path, on_change)
-            writer.set(path, b"hello, zeps")
-            if not changed.wait(10):
-                raise ZepsError("the watching session never saw the change")
-            _step(f"watch delivered across sessions: {[s.decode() for s in seen]}")
-            writer.delete("/zeps", recursive=True)
-            _step("cleaned up /zeps")
-        finally:
-            for client in (writer, watcher):
-                client.stop()
-                client.close()
-    _step(f"stopped ZooKeeper; round trip done in {time.monotonic() - started:.1f}s")
-    _step("coming next: Topic broadcast, work Queue, ZepsStream broker, the operator and a Spark pipeline")
+    summary = Summary()
+    with LocalStack(workdir, namespace=NAMESPACE, progress=progress) as stack:
+        for manifest in MANIFESTS:
+            progress(f"kubectl apply -f {manifest.relative_to(REPOSITORY)}")
+            stack.kubectl("apply", "-n", NAMESPACE, "-f", str(manifest))
+        stack.wait_ready("topic", "cache-invalidation")
+        stack.wait_ready("queue", "crawl-links")
+        progress("Topic and Queue Ready; starting the orders broker from its Deployment's pod template "
+                 "(no kubelet here: it runs as a local process)")  # fmt: skip
+        stack.run_broker("orders")
+        stack.wait_ready("zepsstream", "orders", timeout=120)
+        progress("ZepsStream orders Ready")
+        with _environment(stack.env()):  # the SDK resolves the resources as a pod would
+            progress(f"broadcasting {invalidations} cache invalidations to {subscribers} subscribers")
+            summary.lines.append(_broadcast(invalidations, subscribers))
+            progress(f"{workers} workers processing {links} crawl links from the Queue")
+            summary.lines.append(_work(links, workers))
+            progress(f"Spark: publishing {orders} order events, then a streaming query aggregating them")
+            line, summary.spark = _spark(stack, orders, workdir)
+            summary.lines.append(line)
+            close_shared()  # the handles' ZooKeeper sessions end before ZooKeeper does
+        summary.resources = _statuses(stack)
+        progress("stopping everything the demo started")
+    summary.seconds = time.monotonic() - started
+    return summary
 
 
 def main() -> int:
+    if os.environ.get("CLUSTER", "local") not in ("", "local"):
+        cluster = os.environ["CLUSTER"]
+        print(f"demo: CLUSTER={cluster} is not supported by this entry point; CLUSTER=kind runs "
+              "e2e/run-kind.sh (needs docker and kind)", file=sys.stderr)  # fmt: skip
+        return 2
     try:
         with tempfile.TemporaryDirectory(prefix="zeps-demo-") as tmp:
-            run(Path(tmp))
+            summary = run(Path(tmp))
     except ZepsError as exc:
         print(f"demo failed: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("demo interrupted; everything it started was stopped", file=sys.stderr)
         return 130
-    return 0
+    print()
+    print(summary.table())
+    print(f"\ndone in {summary.seconds:.0f}s")
+    return 0 if not summary.problems() else 1
 
 
 if __name__ == "__main__":

@@ -93,6 +93,10 @@ class TopicHandle(_Handle):
     def subscribe(self, callback: Any, **kwargs: Any) -> Any:
         return self._recipe().subscribe(callback, **kwargs)
 
+    def queues(self) -> frozenset[str]:
+        """The consumers a publish reaches now."""
+        return frozenset(self._recipe().queues())
+
 
 class QueueHandle(_Forwarding):
     """``zeps.queue(name)``: a work queue (see :class:`zeps.coordination.queue.WorkQueue`)."""

@@ -5,7 +5,7 @@
 * :func:`connect` — the one place a kazoo client is made.
 """
 
-from zeps.coordination.client import connect, digest_acl, shared_client
+from zeps.coordination.client import close_shared, connect, digest_acl, shared_client
 from zeps.coordination.group import Group, GroupStatus, GroupWatch, Member, Membership
 from zeps.coordination.topic import (
     Message,
@@ -28,6 +28,7 @@ __all__ = [
     "Subscription",
     "Topic",
     "TopicCleaner",
+    "close_shared",
     "connect",
     "digest_acl",
     "shared_client",

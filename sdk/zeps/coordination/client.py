@@ -69,10 +69,15 @@ def shared_client(hosts: str, *, auth: tuple[str, str] | None = None) -> KazooCl
         return client
 
 
-@atexit.register
-def _close_shared() -> None:
-    for (pid, _, _), client in list(_shared.items()):
-        if pid == os.getpid():
+def close_shared(hosts: str | None = None) -> None:
+    """Close this process's shared clients (of ``hosts``, or all): before stopping a ZooKeeper they
+    talk to, or at exit."""
+    with _shared_lock:
+        for key in [k for k in _shared if k[0] == os.getpid() and hosts in (None, k[1])]:
+            client = _shared.pop(key)
             with contextlib.suppress(Exception):
                 client.stop()
                 client.close()
+
+
+atexit.register(close_shared)
