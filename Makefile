@@ -21,9 +21,10 @@ lint: setup-python  ## ruff, mypy --strict, import-linter
 test: setup lint  ## the whole suite: unit, integration (ZooKeeper, Spark), cluster (API server)
 	@$(WITH_ENV) $(PY) -m pytest
 
-demo:             ## run the main job on an embedded default
-	@tools/setup.sh python zookeeper
-	@$(WITH_ENV) $(PY) -m zeps.demo
+CLUSTER ?= local
+demo:             ## the whole system on the local stack, with a summary (CLUSTER=kind: see README)
+	@tools/setup.sh python zookeeper testbin
+	@$(WITH_ENV) CLUSTER=$(CLUSTER) $(PY) -m zeps.demo
 
 bench-%: setup    ## side-by-side benchmarks: bench-topic, bench-queue, bench-stream; each prints one JSON line last
 	@tools/setup.sh bench

@@ -449,7 +449,9 @@ def _dev_state(workdir: str | None) -> Any:
 
 
 def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (an exited process its parent has not reaped yet — a zombie — does not)."""
     import os  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
 
     try:
         os.kill(pid, 0)
@@ -457,7 +459,11 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
 
 
 @cli.group()

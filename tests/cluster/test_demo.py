@@ -1,0 +1,89 @@
+"""`make demo` end to end (its entry point, zeps.demo.run) and `zeps dev up|down`.
+
+Both start a stack of their own — ZooKeeper, a control plane, the chart, the operator — beside the
+session's, and stop it; the Spark pipeline runs as a subprocess (local[2]), as the demo runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from kazoo.client import KazooClient
+
+from zeps.demo import run
+from zeps.dev.controlplane import binaries_dir
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "demo"))
+from orders_pipeline import COUNTRIES, expected  # type: ignore[import-not-found]
+
+ZEPS = str(Path(sys.executable).parent / "zeps")
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline and int(pid) != os.getpid():
+            found.append(cmdline)
+    return found
+
+
+def test_demo_summary_is_consistent_and_everything_stops(tmp_path: Path) -> None:
+    lines: list[str] = []
+    summary = run(tmp_path / "demo", orders=3000, links=60, invalidations=12, subscribers=3, workers=3,
+                  progress=lines.append)  # fmt: skip
+    assert summary.problems() == [], summary.table()
+    by_primitive = {line.primitive: line for line in summary.lines}
+    assert by_primitive["Topic"].published == 12 and by_primitive["Topic"].delivered == 36
+    assert by_primitive["Queue"].published == by_primitive["Queue"].delivered == 60
+    assert by_primitive["Queue"].lag == 0
+    assert by_primitive["ZepsStream"].published == by_primitive["ZepsStream"].delivered == 3000
+    want = {c: {"orders": n, "revenue": round(r, 2)} for c, (n, r) in expected(3000).items()}
+    assert summary.spark["countries"] == want and set(want) == set(COUNTRIES)
+    assert summary.resources == {"Topic/cache-invalidation": "True", "Queue/crawl-links": "True",
+                                 "ZepsStream/orders": "True"}  # fmt: skip
+    assert "consistent: every message delivered" in summary.table()
+    assert any("pod template" in line for line in lines) and any("kubectl apply -f examples/" in line for line in lines)
+    assert _processes_mentioning(str(tmp_path / "demo")) == [], "the demo left servers running"
+
+
+def test_zeps_dev_up_and_down(tmp_path: Path) -> None:
+    workdir = tmp_path / "dev"
+    env = {**os.environ, "ZEPS_TESTBIN": str(binaries_dir())}
+    up = subprocess.Popen([ZEPS, "--json", "dev", "up", "--workdir", str(workdir)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    try:
+        assert up.stdout is not None
+        started = json.loads(up.stdout.readline())
+        stack_env = started["env"]
+        crds = subprocess.run(
+            [str(binaries_dir() / "kubectl"), f"--kubeconfig={stack_env['KUBECONFIG']}", "get", "crd", "-o", "name"],
+            capture_output=True, text=True, check=True, timeout=60,
+        ).stdout  # fmt: skip
+        assert "zepsstreams.zeps.dev" in crds
+        zk = KazooClient(hosts=stack_env["ZEPS_ZOOKEEPER"], timeout=10)
+        zk.start(timeout=10)
+        zk.stop()
+        zk.close()
+        again = subprocess.run([ZEPS, "dev", "up", "--workdir", str(workdir)], capture_output=True, text=True,
+                               env=env, timeout=60, check=False)  # fmt: skip
+        assert again.returncode == 3 and "already running" in again.stderr
+        down = subprocess.run([ZEPS, "dev", "down", "--workdir", str(workdir)], capture_output=True, text=True,
+                              env=env, timeout=120, check=False)  # fmt: skip
+        assert down.returncode == 0 and "stopped the local stack" in down.stdout, down.stderr
+        assert up.wait(60) == 0
+        assert _processes_mentioning(str(workdir)) == []
+        none = subprocess.run([ZEPS, "dev", "down", "--workdir", str(workdir)], capture_output=True, text=True,
+                              env=env, timeout=60, check=False)  # fmt: skip
+        assert none.returncode == 1 and "no local stack is running" in none.stdout
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait(30)
