@@ -314,6 +314,8 @@ class BrokerCore:
     def _deliver(self, sub: _Subscription, chunk: Chunk, picks: list[int] | None) -> int | None:
         """Queue the records of ``chunk`` that ``sub`` takes (``picks``, or all) as far as its credit
         goes. Returns None when all went, else the sequence of the first one that did not."""
+        if picks is not None and len(picks) == len(chunk):
+            picks = None  # every record: a version 3 session gets the run's bytes as they are, uncut
         session = sub.session
         if session.blocked_until:
             return chunk.first + (picks[0] if picks else 0)
