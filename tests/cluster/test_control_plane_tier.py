@@ -136,6 +136,25 @@ def test_deployment_gets_a_running_pod_on_the_kwok_node(kube_api: Any, namespace
     )
 
 
+def test_kwok_renews_the_fake_nodes_lease(kube_api: Any) -> None:
+    """The node heartbeat is a Lease kwok renews; without it the node-lifecycle controller calls the
+    node unreachable after its grace period (50 s) and marks every pod on it not Ready, so a
+    Deployment that was available stops being so halfway through a slow test."""
+    leases = client.CoordinationV1Api(kube_api)
+
+    def renew_time() -> Any:
+        try:
+            return leases.read_namespaced_lease(FAKE_NODE, "kube-node-lease").spec.renew_time
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    _wait(lambda: renew_time() is not None, 30, f"kwok to create the Lease of {FAKE_NODE}")
+    first = renew_time()
+    _wait(lambda: renew_time() != first, 40, f"kwok to renew the Lease of {FAKE_NODE}")
+
+
 def test_rbac_is_enforced_for_service_accounts(kube_api: Any, namespace: str) -> None:
     core = client.CoreV1Api(kube_api)
     core.create_namespaced_service_account(

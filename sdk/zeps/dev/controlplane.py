@@ -217,6 +217,8 @@ class ControlPlane(LocalServer):
             self._bin("kwok"), f"--kubeconfig={self.workdir / 'kwok.kubeconfig'}",
             "--manage-all-nodes=false", "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
             "--cidr=10.244.0.0/16", "--node-ip=127.0.0.1", f"--server-address=127.0.0.1:{free_port()}",
+            # heartbeat by Lease: without it the node is declared unreachable every ~50 s and its pods not Ready
+            "--node-lease-duration-seconds=40",
         ])  # fmt: skip
 
     def _add_fake_node(self, timeout: float) -> None:
