@@ -21,6 +21,7 @@ from kubernetes import config
 from pyspark.sql import SparkSession
 
 from harness import OPERATOR_AUTH, ZooKeeperHarness
+from zeps.coordination import close_shared
 from zeps.dev import ControlPlane, ZooKeeperServer
 
 _counter = itertools.count()
@@ -38,6 +39,7 @@ def zookeeper_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKe
     try:
         yield server
     finally:
+        close_shared()  # handles' shared sessions end before the server does (no retry noise at exit)
         server.stop()
 
 

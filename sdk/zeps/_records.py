@@ -17,6 +17,7 @@ the broker's disk to the subscriber. All numbers are network byte order::
 from __future__ import annotations
 
 import struct
+from array import array
 
 import crc32c
 
@@ -24,6 +25,7 @@ HEAD = struct.Struct("!II")  # length, crc
 META = struct.Struct("!QQB")  # sequence, timestamp, key length
 OVERHEAD = HEAD.size + META.size  # bytes a record adds to its key and body
 _RECORD = struct.Struct("!IIQQB")  # HEAD then META, read in one call
+_SEQUENCE = struct.Struct("!Q")
 
 
 class RecordFormatError(ValueError):
@@ -35,25 +37,89 @@ def encode_record(sequence: int, timestamp_ms: int, raw_key: bytes, body: bytes)
     return HEAD.pack(len(payload) + 4, crc32c.crc32c(payload)) + payload
 
 
-def unpack_records(data: bytes) -> list[tuple[int, str, bytes, int]]:
-    """(sequence, key, body, timestamp) of every record in ``data``, which must hold whole, intact
-    records with increasing sequences; RecordFormatError otherwise."""
-    out: list[tuple[int, str, bytes, int]] = []
-    append, unpack, crc = out.append, _RECORD.unpack_from, crc32c.crc32c
+class Records:
+    """A run of whole, intact records with increasing sequences, as one DELIVER-BATCH carries them:
+    record ``i`` is ``data[offsets[i]:offsets[i + 1]]`` (``offsets`` has one entry more than there
+    are records; the last is ``len(data)``). Sequences need not be consecutive (a subscription with
+    a pattern gets only the records it matches).
+
+    ``Records(data)`` checks every record (length, CRC32C, key length, sequence order) and raises
+    RecordFormatError naming the first bad one; decoding is left to :meth:`rows` or to a columnar
+    reader working on ``data`` and ``offsets`` directly (the Spark source).
+    """
+
+    __slots__ = ("data", "offsets")
+
+    def __init__(self, data: bytes, offsets: array[int] | None = None) -> None:
+        self.data = data
+        self.offsets = _checked_offsets(data) if offsets is None else offsets
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def sequence(self, i: int) -> int:
+        """The sequence of record ``i`` (negative ``i`` counts from the end)."""
+        return int(_SEQUENCE.unpack_from(self.data, self.offsets[i % len(self)] + HEAD.size)[0])
+
+    def row(self, i: int) -> tuple[int, str, bytes, int]:
+        """(sequence, key, body, timestamp) of record ``i``."""
+        data, at = self.data, self.offsets[i]
+        sequence, timestamp, klen = META.unpack_from(data, at + HEAD.size)
+        body_at = at + OVERHEAD + klen
+        return sequence, data[at + OVERHEAD : body_at].decode("latin-1"), data[body_at : self.offsets[i + 1]], timestamp
+
+    def rows(self, begin: int = 0, end: int | None = None) -> list[tuple[int, str, bytes, int]]:
+        """(sequence, key, body, timestamp) of records ``begin .. end - 1``."""
+        data, offsets, unpack = self.data, self.offsets, META.unpack_from
+        stop = len(self) if end is None else end
+        out = []
+        for i in range(begin, stop):
+            at = offsets[i]
+            sequence, timestamp, klen = unpack(data, at + HEAD.size)
+            body_at = at + OVERHEAD + klen
+            out.append((sequence, data[at + OVERHEAD : body_at].decode("latin-1"), data[body_at : offsets[i + 1]],
+                        timestamp))  # fmt: skip
+        return out
+
+    def part(self, begin: int, end: int | None = None) -> Records:
+        """Records ``begin .. end - 1`` as a run of their own (copies their bytes)."""
+        stop = len(self) if end is None else end
+        if begin == 0 and stop == len(self):
+            return self
+        base = self.offsets[begin]
+        offsets = array("I", [o - base for o in self.offsets[begin : stop + 1]])
+        return Records(self.data[base : self.offsets[stop]], offsets)
+
+    def after(self, sequence: int) -> Records:
+        """The records with a sequence above ``sequence``."""
+        lo, hi = 0, len(self)
+        while lo < hi:  # sequences increase: bisect
+            mid = (lo + hi) // 2
+            if self.sequence(mid) <= sequence:
+                lo = mid + 1
+            else:
+                hi = mid
+        return self.part(lo)
+
+
+def _checked_offsets(data: bytes) -> array[int]:
+    """Where each record starts (and ``len(data)`` last), checking every record on the way."""
+    offsets = array("I")
+    append, unpack, crc = offsets.append, _RECORD.unpack_from, crc32c.crc32c
     offset, size, last = 0, len(data), -1
     view = memoryview(data)
     while offset < size:
         if offset + OVERHEAD > size:
             raise RecordFormatError(f"record at byte {offset} is truncated ({size - offset} bytes left)")
-        length, checksum, sequence, timestamp, klen = unpack(data, offset)
+        length, checksum, sequence, _, klen = unpack(data, offset)
         end = offset + 4 + length
         if length < 4 + META.size or end > size:
             raise RecordFormatError(f"record at byte {offset} claims {length} bytes; {size - offset - 4} follow")
         if crc(view[offset + 8 : end]) != checksum:
             raise RecordFormatError(f"record at byte {offset} fails its CRC32C")
-        body_at = offset + OVERHEAD + klen
-        if body_at > end or sequence <= last:
+        if offset + OVERHEAD + klen > end or sequence <= last:
             raise RecordFormatError(f"record at byte {offset} has a bad key length or sequence {sequence}")
-        append((sequence, data[offset + OVERHEAD : body_at].decode("latin-1"), data[body_at:end], timestamp))
+        append(offset)
         last, offset = sequence, end
-    return out
+    append(size)
+    return offsets

@@ -23,7 +23,7 @@ from types import TracebackType
 import zmq
 import zmq.asyncio
 
-from zeps.client.session import ClientSession, Message, Row, Since
+from zeps.client.session import ClientSession, Message, Records, Row, Since
 from zeps.client.sync import _GROUP, BrokerUnavailableError, batched, check_endpoint, configure_dealer
 from zeps.errors import ProtocolError
 
@@ -181,13 +181,16 @@ class AsyncStreamClient:
         await self._send(self.session.subscribe(pattern, since))
 
     async def receive(self, timeout: float) -> Message | None:
-        return Message._make(self.session.inbox.popleft()) if await self._wait_for_messages(timeout) else None
+        return Message._make(self.session.take_one()) if await self._wait_for_messages(timeout) else None
 
     async def receive_many(self, timeout: float, max_messages: int = 100_000) -> list[Message]:
         return list(map(Message._make, await self.receive_rows(timeout, max_messages)))
 
     async def receive_rows(self, timeout: float, max_messages: int = 100_000) -> list[Row]:
         return self.session.take(max_messages) if await self._wait_for_messages(timeout) else []
+
+    async def receive_records(self, timeout: float) -> list[Records]:
+        return self.session.take_records() if await self._wait_for_messages(timeout) else []
 
     async def _wait_for_messages(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

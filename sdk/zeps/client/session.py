@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, NamedTuple
 
+from zeps._records import Records, encode_record
 from zeps.errors import RemoteProtocolError
 from zeps.protocol import (
     LATEST,
@@ -52,7 +53,7 @@ from zeps.protocol import (
     encode_publish_batch,
 )
 
-__all__ = ["ClientSession", "Message", "Row", "Seq", "Since", "Time"]
+__all__ = ["ClientSession", "Message", "Records", "Row", "Seq", "Since", "Time"]
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,10 @@ class ClientSession:
         self.forgotten = False  # the broker answered as if we had never attached
         self.last_sequence: int | None = None  # the last delivery received on any subscription
         self.subscriptions: list[_Sub] = []
-        self.inbox: deque[Row] = deque()  # delivered, not yet handed out (plain tuples: cheap in bulk)
+        #: delivered, not yet handed out: runs of records (DELIVER-BATCH, decoded when taken) or
+        #: single rows (DELIVER from an older broker)
+        self.inbox: deque[Records | Row] = deque()
+        self._head = 0  # records of inbox[0] already handed out, when it is a run
         self.errors: deque[str] = deque()
         self._consumed = 0
         self._unconfirmed: deque[tuple[bytes, int]] = deque()  # (publish frame, messages in it) not confirmed
@@ -212,12 +216,49 @@ class ClientSession:
 
     def take(self, most: int) -> list[Row]:
         """Up to ``most`` delivered rows from the inbox, oldest first."""
+        out: list[Row] = []
         inbox = self.inbox
-        if len(inbox) <= most:
-            out = list(inbox)
-            inbox.clear()
-            return out
-        return [inbox.popleft() for _ in range(most)]
+        while inbox and len(out) < most:
+            entry = inbox[0]
+            if isinstance(entry, Records):
+                end = min(len(entry), self._head + most - len(out))
+                out += entry.rows(self._head, end)
+                if end == len(entry):
+                    inbox.popleft()
+                    end = 0
+                self._head = end
+            else:
+                inbox.popleft()
+                out.append(entry)
+        return out
+
+    def take_one(self) -> Row:
+        """The oldest delivered row (the inbox must not be empty)."""
+        entry = self.inbox[0]
+        if not isinstance(entry, Records):
+            self.inbox.popleft()
+            return entry
+        row = entry.row(self._head)
+        self._head += 1
+        if self._head == len(entry):
+            self.inbox.popleft()
+            self._head = 0
+        return row
+
+    def take_records(self) -> list[Records]:
+        """Everything in the inbox as runs of records, oldest first, undecoded (a row from an older
+        broker becomes a run of one, its unknown timestamp 0)."""
+        out = []
+        inbox = self.inbox
+        while inbox:
+            entry = inbox.popleft()
+            if isinstance(entry, Records):
+                out.append(entry.part(self._head))
+                self._head = 0
+            else:
+                sequence, key, body, timestamp = entry
+                out.append(Records(encode_record(sequence, timestamp or 0, key.encode("latin-1"), body)))
+        return out
 
     @property
     def unconfirmed(self) -> int:
@@ -236,10 +277,12 @@ class ClientSession:
             self.attached = True
             return self.on_attached()
         if isinstance(command, DeliverBatch):
-            last = -1 if self.last_sequence is None else self.last_sequence
-            items = command.items
-            self.inbox.extend(items if items[0][0] > last else (i for i in items if i[0] > last))
-            self.last_sequence = max(last, items[-1][0])
+            run = command.run or Records(command.records)
+            if self.last_sequence is not None and run.sequence(0) <= self.last_sequence:
+                run = run.after(self.last_sequence)  # sent again after a re-attach: keep only what is new
+            if len(run):
+                self.inbox.append(run)
+                self.last_sequence = run.sequence(-1)
             self._consumed += len(frame)
             if self._consumed >= self.credit_window // 2:
                 grant, self._consumed = self._consumed, 0

@@ -24,7 +24,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from zeps.client.session import ClientSession, Message, Row, Since
+from zeps.client.session import ClientSession, Message, Records, Row, Since
 from zeps.errors import ConfigError, ProtocolError, ZepsError
 
 __all__ = ["BrokerUnavailableError", "StreamClient", "discover"]
@@ -280,14 +280,14 @@ class StreamClient:
         self._send_all(self.session.subscribe(pattern, since), time.monotonic() + self.timeout)
         while True:
             while self.session.inbox:
-                yield Message._make(self.session.inbox.popleft())
+                yield Message._make(self.session.take_one())
             if self.session.errors:
                 raise ProtocolError(f"broker refused: {self.session.errors.popleft()}")
             self._pump(0.1)
 
     def receive(self, timeout: float) -> Message | None:
         """The next delivered message within ``timeout`` seconds, else None."""
-        return Message._make(self.session.inbox.popleft()) if self._wait_for_messages(timeout) else None
+        return Message._make(self.session.take_one()) if self._wait_for_messages(timeout) else None
 
     def receive_many(self, timeout: float, max_messages: int = 100_000) -> list[Message]:
         """The messages delivered so far, up to ``max_messages``, waiting up to ``timeout`` seconds
@@ -298,6 +298,11 @@ class StreamClient:
         """As :meth:`receive_many`, as plain ``(sequence, key, body, timestamp_ms)`` tuples (Message's
         field order) — the cheapest way to consume a replay in bulk (the Spark source uses it)."""
         return self.session.take(max_messages) if self._wait_for_messages(timeout) else []
+
+    def receive_records(self, timeout: float) -> list[Records]:
+        """As :meth:`receive_rows`, undecoded: every run of records delivered so far (each checked:
+        lengths, CRC32C, sequence order), for a reader that decodes them column by column."""
+        return self.session.take_records() if self._wait_for_messages(timeout) else []
 
     def _wait_for_messages(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

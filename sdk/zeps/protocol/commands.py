@@ -44,7 +44,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from zeps._records import RecordFormatError, unpack_records
+from zeps._records import RecordFormatError, Records
 from zeps.errors import LocalProtocolError, RemoteProtocolError
 
 __all__ = [
@@ -222,7 +222,12 @@ class DeliverBatch(Command):
     NAME = "DELIVER-BATCH"
     FIELDS = (("records", "chunk"),)
     records: bytes  #: journal records (zeps._records layout)
-    items: tuple[tuple[int, str, bytes, int], ...] = field(default=(), compare=False)  #: (seq, key, body, ts)
+    run: Records | None = field(default=None, compare=False)  #: the records, checked (set when decoded)
+
+    @property
+    def items(self) -> list[tuple[int, str, bytes, int]]:
+        """(sequence, key, body, timestamp) of every record."""
+        return (self.run or Records(self.records)).rows()
 
 
 COMMANDS: dict[int, type[Command]] = {
@@ -356,10 +361,10 @@ def _decode_publish_batch(frame: bytes) -> PublishBatch:
 def _decode_deliver_batch(frame: bytes) -> DeliverBatch:
     records = _batch_body(frame, "DELIVER-BATCH")
     try:
-        items = unpack_records(records)
+        run = Records(records)
     except RecordFormatError as exc:
         raise RemoteProtocolError(f"DELIVER-BATCH {exc}") from None
-    return DeliverBatch(records=records, items=tuple(items))
+    return DeliverBatch(records=records, run=run)
 
 
 def encode(command: Command) -> bytes:

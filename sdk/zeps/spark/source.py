@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
@@ -50,23 +51,21 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
-from zeps.broker.matching import compile_pattern
-from zeps.client import Seq, StreamClient, Time
-from zeps.client.session import Row
+from zeps.broker.matching import Matcher, compile_pattern
+from zeps.client import Records, Seq, StreamClient, Time
 from zeps.config import Resolved, resolve
 from zeps.coordination import Group, shared_client
 from zeps.coordination.batches import BatchQueue
 from zeps.errors import ConfigError
 from zeps.paths import StreamPaths
+from zeps.spark.columns import arrow_batch
 
 __all__ = ["DataLossError", "ZepsDataSource"]
 
 STREAM_SCHEMA = "sequence long, key string, body binary, timestamp timestamp"
 QUEUE_SCHEMA = "batch long, batch_id string, record binary"
-_ARROW_STREAM = pa.schema(
-    [("sequence", pa.int64()), ("key", pa.string()), ("body", pa.binary()), ("timestamp", pa.timestamp("us", tz="UTC"))]
-)
 _ARROW_ROWS = 10_000  # rows per Arrow batch handed to Spark (its default spark.sql.execution.arrow.maxRecordsPerBatch)
+_ARROW_BYTES = 64 << 20  # ... or fewer, when they are large
 _ARROW_QUEUE = pa.schema([("batch", pa.int64()), ("batch_id", pa.string()), ("record", pa.binary())])
 
 
@@ -139,55 +138,54 @@ class _StreamRead:
     def read_range(self, part: _Range) -> Iterator[pa.RecordBatch]:
         if part.end <= part.start:
             return
-        matcher = compile_pattern(self.pattern)
         s = self.settings
+        matcher = compile_pattern(self.pattern) if self.pattern else None
         with StreamClient(s.endpoint, s.name, server_public_key=s.public_key or None, credit_window=32 << 20) as c:
             c.start("", since=Seq(part.start))
-            expected = part.start + 1
-            pending: list[Row] = []  # rows are handed to Spark in Arrow batches of about _ARROW_ROWS
+            expected = part.start + 1  # the next sequence the range needs
+            pending: list[Records] = []  # handed to Spark in Arrow batches of about _ARROW_ROWS rows
+            pending_rows = pending_bytes = 0
+            pending_from = expected  # the first sequence the pending runs should hold
             while expected <= part.end:
-                rows = c.receive_rows(60)
-                if not rows:
+                runs = c.receive_records(60)
+                if not runs:
                     raise ConfigError(
                         f"stream {s.name}: the broker sent nothing for 60 s while replaying {expected}..{part.end}"
                     )
-                last = rows[-1][0]
-                if rows[0][0] != expected or last - expected + 1 != len(rows):
-                    self._check_gaps(rows, expected, part.end)
-                if last > part.end:
-                    rows = [m for m in rows if m[0] <= part.end]
-                expected = last + 1
-                if self.pattern:
-                    rows = [m for m in rows if matcher.matches(m[1])]
-                pending += rows
-                if len(pending) >= _ARROW_ROWS:
-                    yield self._batch(pending)
-                    pending = []
-        if pending:
-            yield self._batch(pending)
+                for run in runs:
+                    if run.sequence(0) > part.end:
+                        break
+                    pending.append(run)
+                    pending_rows, pending_bytes = pending_rows + len(run), pending_bytes + len(run.data)
+                    expected = run.sequence(-1) + 1
+                if pending_rows >= _ARROW_ROWS or pending_bytes >= _ARROW_BYTES or expected > part.end:
+                    batch = self._batch(pending, pending_from, part.end, matcher)
+                    pending, pending_rows, pending_bytes, pending_from = [], 0, 0, expected
+                    if batch.num_rows:
+                        yield batch
 
-    def _check_gaps(self, rows: list[Row], expected: int, end: int) -> None:
+    def _batch(self, runs: list[Records], expected: int, end: int, matcher: Matcher | None) -> pa.RecordBatch:
+        """The rows of ``runs`` up to ``end`` that match, as Arrow; the runs should start at ``expected``
+        and leave no gap (retention may have made one: see _check_gaps)."""
+        sequences, batch = arrow_batch(runs)
+        first, last = int(sequences[0]), int(sequences[-1])
+        if first != expected or last - first != len(sequences) - 1:  # sequences only increase
+            self._check_gaps(sequences.tolist(), expected, end)
+        if last > end:
+            batch = batch.slice(0, int(np.searchsorted(sequences, end, side="right")))
+        if matcher is not None:
+            batch = batch.filter(pa.array([matcher.matches(k) for k in batch.column(1).to_pylist()], pa.bool_()))
+        return batch
+
+    def _check_gaps(self, sequences: list[int], expected: int, end: int) -> None:
         """Retention removed sequences this range needs: fail, or (failOnDataLoss=false) skip them."""
-        for sequence, *_ in rows:
+        for sequence in sequences:
             if sequence > expected and self.fail_on_data_loss:
                 raise DataLossError(
                     f"stream {self.settings.name}: sequences {expected}..{min(sequence - 1, end)} were "
                     "removed by retention; set failOnDataLoss=false to skip them"
                 )
             expected = sequence + 1
-
-    @staticmethod
-    def _batch(rows: list[Row]) -> pa.RecordBatch:
-        sequences, keys, bodies, times = zip(*rows, strict=True)
-        return pa.RecordBatch.from_arrays(
-            [
-                pa.array(sequences, pa.int64()),
-                pa.array(keys, pa.string()),
-                pa.array(bodies, pa.binary()),
-                pa.array([(t or 0) * 1000 for t in times], pa.timestamp("us", tz="UTC")),
-            ],
-            schema=_ARROW_STREAM,
-        )
 
 
 class ZepsStreamReader(DataSourceStreamReader, _StreamRead):
