@@ -52,6 +52,7 @@ def main() -> None:
                 spark = (
                     SparkSession.builder.master("local[2]")
                     .config("spark.ui.enabled", "false")
+                    .config("spark.ui.showConsoleProgress", "false")
                     .config("spark.driver.host", "127.0.0.1")
                     .config("spark.driver.memory", "4g")
                     .getOrCreate()
