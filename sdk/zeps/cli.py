@@ -381,6 +381,44 @@ def stream_replay(ctx: click.Context, *, name: str, since: str, pattern: str, co
     _print_messages(ctx, name, pattern=pattern, since=start, count=count, timeout=timeout)
 
 
+@stream.command("lag")
+@click.argument("name")
+@click.option("--position", type=int, default=None,
+              help="A consumer's last processed sequence (say, a Spark checkpoint's offset).")  # fmt: skip
+@click.pass_context
+@_errors
+def stream_lag(ctx: click.Context, *, name: str, position: int | None) -> None:
+    """How far behind the durable tail of stream NAME its subscriptions are, from the facts the
+    broker publishes in ZooKeeper every second (the furthest behind first)."""
+    from zeps.client.sync import broker_metadata  # noqa: PLC0415
+    from zeps.config import resolve  # noqa: PLC0415
+    from zeps.coordination import connect  # noqa: PLC0415
+
+    s = resolve("ZepsStream", name, namespace=ctx.obj["namespace"], needs=("zookeeper",), **_settings(ctx))
+    client = connect(s.zookeeper, auth=s.auth)
+    try:
+        meta = broker_metadata(client, s.namespace, s.name, chroot=s.chroot)
+    finally:
+        client.stop()
+        client.close()
+    if "lastSequence" not in meta:
+        click.echo(f"zeps: the broker of {name} has not published its facts yet; try again in a second", err=True)
+        sys.exit(EXIT_EMPTY)
+    last, subs = int(meta["lastSequence"]), list(meta.get("subscriptions", []))
+    data: dict[str, Any] = {
+        "stream": name, "lastSequence": last, "journalBytes": meta.get("journalBytes", 0),
+        "subscriptionCount": meta.get("subscriptionCount", len(subs)), "subscriptions": subs,
+    }  # fmt: skip
+    lines = [f"stream {s.namespace}/{name}: last sequence {last}, {data['journalBytes']} journal bytes, "
+             f"{data['subscriptionCount']} subscriptions"]  # fmt: skip
+    lines += [f"  {sub['peer'][:8]}#{sub['id']}  pattern {sub['pattern']!r}  lag {sub['lag']}"
+              f"{'  (live)' if sub['live'] else '  (replaying)'}" for sub in subs]  # fmt: skip
+    if position is not None:
+        data["positionLag"] = max(0, last - position)
+        lines.append(f"position {position}: {data['positionLag']} behind")
+    _emit(ctx, "\n".join(lines), data)
+
+
 # -- status -----------------------------------------------------------------------------------------
 _FACTS = {
     "Topic": ("subscribers", "cleanerHolder"),

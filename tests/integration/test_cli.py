@@ -9,13 +9,15 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from harness import ZooKeeperHarness
 from zeps.broker import BrokerConfig, BrokerServer
+from zeps.client import Seq, StreamClient
 from zeps.coordination.queue import WorkQueue
-from zeps.dev.process import free_port
+from zeps.dev.process import ManagedProcess, free_port, wait_until
 from zeps.options import QueueOptions
 
 Zeps = Callable[..., subprocess.CompletedProcess[str]]
@@ -150,3 +152,40 @@ def test_errors_say_what_to_do(zeps: Zeps, tmp_path: Path) -> None:
     assert missing.returncode == 3 and "set KUBECONFIG, or pass the settings" in missing.stderr
     unreachable = zeps("--endpoint", f"tcp://127.0.0.1:{free_port()}", "stream", "publish", "prices", "k", "v")
     assert unreachable.returncode == 4 and "no broker answered" in unreachable.stderr
+
+
+def test_broker_command_and_stream_lag(zeps: Zeps, zookeeper: ZooKeeperHarness, tmp_path: Path) -> None:
+    """`zeps broker` serves a stream and joins its ZooKeeper group; `zeps stream lag` reads the facts
+    it publishes there every second: the tail, and how far behind a subscription or a position is."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    broker = ManagedProcess(
+        "zeps-broker-command",
+        [sys.executable, "-m", "zeps.cli", "broker", "--stream", "prices", "--data-dir", str(tmp_path / "journal"),
+         "--bind", endpoint, "--zookeeper", zookeeper.connect_string, "--chroot", zookeeper.root,
+         "--namespace", "cli", "--member", "prices-0", "--metrics-port", str(free_port())],
+        log_path=tmp_path / "broker.log",
+    )  # fmt: skip
+    broker.start()
+    try:
+        assert zeps("--endpoint", endpoint, "stream", "publish", "prices", "eu.fr", "1", "2", "3").returncode == 0
+        slow = StreamClient(endpoint, "prices", credit_window=1)  # no credit for even one message
+        with slow:
+            slow.start("eu.", since=Seq(0))
+
+            def lag() -> dict[str, Any]:
+                out = zeps("--json", "stream", "lag", "prices", "--position", "1")
+                assert out.returncode in (0, 1), out.stderr  # 1: no facts published yet
+                return json.loads(out.stdout) if out.returncode == 0 else {}
+
+            wait_until(lambda: lag().get("subscriptionCount") == 1, timeout=30, what="the broker's facts")
+            facts = lag()
+            assert facts["lastSequence"] == 3 and facts["positionLag"] == 2
+            (sub,) = facts["subscriptions"]
+            assert sub["pattern"] == "eu." and sub["lag"] == 3 and not sub["live"]
+            human = zeps("stream", "lag", "prices")
+            assert human.returncode == 0 and "last sequence 3" in human.stdout and "pattern 'eu.'" in human.stdout
+    finally:
+        broker.stop()
+    gone = zeps("stream", "lag", "prices")
+    assert gone.returncode == 4 and "no live broker is registered for stream cli/prices" in gone.stderr
+    assert zeps("broker", "--fsync", "sometimes").returncode == 2, "argparse's usage error"

@@ -32,6 +32,8 @@ def test_environment_and_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (explicit.zookeeper, explicit.namespace, explicit.chroot) == ("local:2181", "other", "/z")
     monkeypatch.setenv("ZEPS_STREAM_EU_PRICES_ENDPOINT", "tcp://broker:5555")
     assert resolve("ZepsStream", "eu-prices").endpoint == "tcp://broker:5555"
+    # what must be found is the caller's: `zeps stream lag` needs ZooKeeper, not the endpoint
+    assert resolve("ZepsStream", "us-prices", needs=("zookeeper",)).zookeeper == "zk-0:2181,zk-1:2181"
 
 
 def test_half_an_identity_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -463,3 +463,16 @@ class BrokerCore:
             for sub in session.subscriptions:
                 out[(session.peer.hex(), sub.id)] = max(0, session.stream.journal.durable + 1 - sub.cursor)
         return out
+
+    def subscriptions(self, stream: str, most: int = 20) -> tuple[int, list[dict[str, object]]]:
+        """(how many subscriptions ``stream`` has, the ``most`` furthest behind): peer, subscription
+        id, pattern, lag (records between its cursor and the durable tail) and whether it is live."""
+        durable = self.streams[stream].journal.durable
+        subs = sorted(
+            ((max(0, durable + 1 - sub.cursor), session.peer.hex(), sub) for session in self.sessions.values()
+             if session.stream.name == stream for sub in session.subscriptions),
+            key=lambda t: (-t[0], t[1], t[2].id),
+        )  # fmt: skip
+        furthest = [{"peer": peer, "id": sub.id, "pattern": sub.matcher.pattern, "lag": lag, "live": sub.live}
+                    for lag, peer, sub in subs[:most]]  # fmt: skip
+        return len(subs), furthest

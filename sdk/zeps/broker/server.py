@@ -271,7 +271,9 @@ class BrokerServer:
             for membership in self._memberships:
                 served = self.core.streams.get(membership.group.paths.members.rsplit("/", 2)[-2])
                 if served is not None:
-                    facts = {"lastSequence": served.journal.durable, "journalBytes": served.journal.size_bytes}
+                    count, furthest = self.core.subscriptions(served.name)
+                    facts = {"lastSequence": served.journal.durable, "journalBytes": served.journal.size_bytes,
+                             "subscriptionCount": count, "subscriptions": furthest}  # fmt: skip
                     try:
                         membership.update({**membership.metadata, **facts})
                     except Exception as exc:  # facts are best effort; serving is not

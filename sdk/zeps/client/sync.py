@@ -43,23 +43,31 @@ class BrokerUnavailableError(ZepsError):
     """No broker answered in time, or the broker refused this stream."""
 
 
+def broker_metadata(client: Any, namespace: str, stream: str, *, chroot: str = "/zeps") -> dict[str, Any]:
+    """What the live broker of ``stream`` publishes in its ZooKeeper group (``client``, a started
+    kazoo client): ``endpoint`` and ``curvePublicKey`` when it joins; ``lastSequence``,
+    ``journalBytes``, ``subscriptionCount`` and the furthest-behind ``subscriptions`` every second."""
+    from zeps.coordination import Group  # noqa: PLC0415 — ZooKeeper only for discovery
+    from zeps.paths import StreamPaths  # noqa: PLC0415
+
+    group = Group(client, StreamPaths.of(namespace, stream, chroot=chroot).brokers)
+    manifest = group.status().manifest
+    usable = [m for name, m in sorted(group.members().items()) if manifest is None or name in manifest]
+    if not usable:
+        raise BrokerUnavailableError(f"no live broker is registered for stream {namespace}/{stream}")
+    return dict(usable[0].metadata)
+
+
 def discover(zookeeper: str, namespace: str, stream: str, *, chroot: str = "/zeps") -> tuple[str, str]:
     """The (endpoint, CURVE public key) of the live broker of ``stream``, from its ZooKeeper group."""
-    from zeps.coordination import Group, connect  # noqa: PLC0415 — ZooKeeper only for discovery
-    from zeps.paths import StreamPaths  # noqa: PLC0415
+    from zeps.coordination import connect  # noqa: PLC0415 — ZooKeeper only for discovery
 
     client = connect(zookeeper)
     try:
-        group = Group(client, StreamPaths.of(namespace, stream, chroot=chroot).brokers)
-        status = group.status()
-        members = group.members()
+        meta = broker_metadata(client, namespace, stream, chroot=chroot)
     finally:
         client.stop()
         client.close()
-    usable = [m for name, m in sorted(members.items()) if status.manifest is None or name in status.manifest]
-    if not usable:
-        raise BrokerUnavailableError(f"no live broker is registered for stream {namespace}/{stream}")
-    meta = usable[0].metadata
     return str(meta["endpoint"]), str(meta.get("curvePublicKey", ""))
 
 

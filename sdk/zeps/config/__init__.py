@@ -77,8 +77,13 @@ def resolve(
     auth: tuple[str, str] | None = None,
     endpoint: str | None = None,
     public_key: str | None = None,
+    needs: tuple[Literal["zookeeper", "endpoint"], ...] | None = None,
 ) -> Resolved:
-    """Settings for one resource: explicit arguments, then environment, then the resource's status."""
+    """Settings for one resource: explicit arguments, then environment, then the resource's status.
+
+    ``needs`` names the settings that must be found (the status is read only when one is missing);
+    by default what the kind's handle needs: a stream's broker endpoint, else a ZooKeeper connect string.
+    """
     validate_name(kind.lower(), name)
     ns = validate_name("namespace", default_namespace(namespace))
     env_key = name.upper().replace("-", "_")
@@ -90,7 +95,7 @@ def resolve(
         "public_key": public_key or os.environ.get(f"ZEPS_STREAM_{env_key}_PUBLIC_KEY", ""),
         "spec": {},
     }
-    needed = ("endpoint",) if kind == "ZepsStream" else ("zookeeper",)
+    needed = needs or (("endpoint",) if kind == "ZepsStream" else ("zookeeper",))
     if not all(found[k] for k in needed):
         from zeps.config.resolver import read_resource  # noqa: PLC0415 — Kubernetes only when needed
 
@@ -106,6 +111,7 @@ def resolve(
             found["chroot"] = path[: -len(suffix)]
     found["chroot"] = found["chroot"] or DEFAULT_CHROOT
     if not all(found[k] for k in needed):
-        what = "a broker endpoint" if kind == "ZepsStream" else "a ZooKeeper connect string"
+        what = " and ".join({"endpoint": "broker endpoint", "zookeeper": "ZooKeeper connect string"}[k]
+                            for k in needed if not found[k])  # fmt: skip
         raise ConfigError(f"{kind} {ns}/{name}: no {what} in arguments, environment or the resource's status")
     return Resolved(kind=kind, name=name, namespace=ns, **found)

@@ -52,12 +52,12 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from zeps.broker.matching import Matcher, compile_pattern
-from zeps.client import Records, Seq, StreamClient, Time
+from zeps.client import BrokerUnavailableError, Records, Seq, StreamClient, Time
+from zeps.client.sync import broker_metadata
 from zeps.config import Resolved, resolve
-from zeps.coordination import Group, shared_client
+from zeps.coordination import shared_client
 from zeps.coordination.batches import BatchQueue
 from zeps.errors import ConfigError
-from zeps.paths import StreamPaths
 from zeps.spark.columns import arrow_batch
 
 __all__ = ["DataLossError", "ZepsDataSource"]
@@ -103,16 +103,11 @@ def _durable_tail(settings: Resolved) -> tuple[int, str]:
             f"stream {settings.name}: the zeps source needs ZooKeeper (option zookeeper=host:port) "
             "to learn the broker's durable tail"
         )
-    group = Group(
-        shared_client(settings.zookeeper, auth=settings.auth),
-        StreamPaths.of(settings.namespace, settings.name, chroot=settings.chroot).brokers,
-    )
-    members = group.members()
-    manifest = group.manifest()
-    live = [m for name, m in sorted(members.items()) if manifest is None or name in manifest]
-    if not live:
-        raise ConfigError(f"stream {settings.namespace}/{settings.name}: no broker is registered")
-    meta = live[0].metadata
+    try:
+        meta = broker_metadata(shared_client(settings.zookeeper, auth=settings.auth), settings.namespace,
+                               settings.name, chroot=settings.chroot)  # fmt: skip
+    except BrokerUnavailableError:
+        raise ConfigError(f"stream {settings.namespace}/{settings.name}: no broker is registered") from None
     return int(meta.get("lastSequence", 0)), str(meta.get("endpoint", settings.endpoint))
 
 
