@@ -26,7 +26,7 @@ demo:             ## the whole system on the local stack, with a summary (CLUSTE
 	@tools/setup.sh python zookeeper testbin
 	@$(WITH_ENV) CLUSTER=$(CLUSTER) $(PY) -m zeps.demo
 
-bench-%: setup    ## side-by-side benchmarks: bench-topic, bench-queue, bench-stream; each prints one JSON line last
+bench-%: setup    ## side-by-side benchmarks: bench-topic, -queue, -stream, -spark, -operator; each prints one JSON line last
 	@tools/setup.sh bench
 	@$(WITH_ENV) $(PY) benchmarks/bench_$*.py
 
