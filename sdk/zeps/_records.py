@@ -103,23 +103,39 @@ class Records:
 
 
 def _checked_offsets(data: bytes) -> array[int]:
-    """Where each record starts (and ``len(data)`` last), checking every record on the way."""
+    """Where each record starts (and ``len(data)`` last); RecordFormatError at the first bad one."""
+    offsets, problem = walk(data)
+    if problem is not None:
+        raise RecordFormatError(problem)
+    return offsets
+
+
+def walk(data: bytes) -> tuple[array[int], str | None]:
+    """(offsets, problem): where each whole, intact record at the start of ``data`` begins, plus the
+    end of the last one; and why the walk stopped before the end of ``data`` (None if it did not).
+    Intact means: its length fits, its CRC32C matches, its key fits, its sequence is above the one
+    before. The journal's recovery keeps this prefix; a DELIVER-BATCH must be all of it."""
     offsets = array("I")
     append, unpack, crc = offsets.append, _RECORD.unpack_from, crc32c.crc32c
     offset, size, last = 0, len(data), -1
     view = memoryview(data)
+    problem = None
     while offset < size:
         if offset + OVERHEAD > size:
-            raise RecordFormatError(f"record at byte {offset} is truncated ({size - offset} bytes left)")
+            problem = f"record at byte {offset} is truncated ({size - offset} bytes left)"
+            break
         length, checksum, sequence, _, klen = unpack(data, offset)
         end = offset + 4 + length
         if length < 4 + META.size or end > size:
-            raise RecordFormatError(f"record at byte {offset} claims {length} bytes; {size - offset - 4} follow")
+            problem = f"record at byte {offset} claims {length} bytes; {size - offset - 4} follow"
+            break
         if crc(view[offset + 8 : end]) != checksum:
-            raise RecordFormatError(f"record at byte {offset} fails its CRC32C")
+            problem = f"record at byte {offset} fails its CRC32C"
+            break
         if offset + OVERHEAD + klen > end or sequence <= last:
-            raise RecordFormatError(f"record at byte {offset} has a bad key length or sequence {sequence}")
+            problem = f"record at byte {offset} has a bad key length or sequence {sequence}"
+            break
         append(offset)
         last, offset = sequence, end
-    append(size)
-    return offsets
+    append(offset)
+    return offsets, problem

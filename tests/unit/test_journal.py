@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from zeps._records import encode_record
 from zeps.journal import Journal, JournalConfig, Record
 
 
@@ -82,6 +83,21 @@ def test_corruption_cuts_at_the_first_bad_record(tmp_path: Path, caplog: pytest.
     assert [r.sequence for r in _all(again)] == [1, 2, 3, 4, 5, 6]
     assert "records from sequence 7 on are dropped" in caplog.text
     assert again.next_sequence == 7
+
+
+def test_an_intact_record_out_of_sequence_ends_the_segment(tmp_path: Path) -> None:
+    """A record whose CRC is right but whose sequence does not continue the segment (a stray write,
+    a file pieced together by hand) is cut like a corrupt one: sequences stay base, base + 1, …"""
+    j = _journal(tmp_path, fsync="always")
+    for i in range(3):
+        j.append("k", b"%d" % i, timestamp_ms=5)
+    j.close()
+    segment = next(tmp_path.glob("*.log"))
+    with segment.open("ab") as f:
+        f.write(encode_record(9, 5, b"k", b"stray") + encode_record(10, 5, b"k", b"stray"))
+    again = _journal(tmp_path)
+    assert [r.sequence for r in _all(again)] == [1, 2, 3]
+    assert again.append("k", b"next") == 4
 
 
 def test_sequences_never_restart_even_when_retention_empties_the_journal(tmp_path: Path) -> None:

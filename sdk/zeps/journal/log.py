@@ -39,16 +39,14 @@ import os
 import struct
 import time
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import crc32c
-
 from zeps._records import HEAD as _HEAD
 from zeps._records import META as _META
-from zeps._records import OVERHEAD, encode_record
+from zeps._records import OVERHEAD, encode_record, walk
 from zeps.errors import ZepsError
 
 __all__ = ["Chunk", "FsyncPolicy", "Journal", "JournalConfig", "JournalError", "Record"]
@@ -142,26 +140,6 @@ class _Segment:
     index: list[tuple[int, int, int]] = field(default_factory=list)  # (seq, ts, offset)
 
 
-def _scan(data: bytes, start: int, expect_seq: int) -> Iterator[tuple[int, Record]]:
-    """Yield (offset, record) for every intact record from ``start``; stop at the first bad one."""
-    offset = start
-    while offset + _HEAD.size <= len(data):
-        length, crc = _HEAD.unpack_from(data, offset)
-        end = offset + 4 + length
-        if length < 4 + _META.size or end > len(data):
-            return
-        payload = data[offset + _HEAD.size : end]
-        if crc32c.crc32c(payload) != crc:
-            return
-        seq, ts, klen = _META.unpack_from(payload)
-        if seq != expect_seq or _META.size + klen > len(payload):
-            return
-        key = payload[_META.size : _META.size + klen].decode("ascii", "replace")
-        yield offset, Record(seq, ts, key, payload[_META.size + klen :])
-        expect_seq += 1
-        offset = end
-
-
 class Journal:
     """One stream's journal. The broker's single writer calls ``append``; readers call ``read``."""
 
@@ -234,16 +212,19 @@ class Journal:
         path = self._log_path(base)
         seg = _Segment(base, path, last_seq=base - 1)
         data = path.read_bytes()
-        good_end = 0
+        offsets, _ = walk(data)  # the intact records; what follows the first bad one is dropped
         since_index = self.config.index_interval_bytes  # index the first record
-        for offset, record in _scan(data, 0, base):
+        kept = 0
+        for i in range(len(offsets) - 1):
+            sequence, timestamp, _ = _META.unpack_from(data, offsets[i] + _HEAD.size)
+            if sequence != base + i:  # a segment holds base, base + 1, … (its name says base)
+                break
             if since_index >= self.config.index_interval_bytes:
-                seg.index.append((record.sequence, record.timestamp_ms, offset))
+                seg.index.append((sequence, timestamp, offsets[i]))
                 since_index = 0
-            size = record.size
-            since_index += size
-            good_end = offset + size
-            seg.last_seq, seg.last_ts = record.sequence, record.timestamp_ms
+            since_index += offsets[i + 1] - offsets[i]
+            seg.last_seq, seg.last_ts, kept = sequence, timestamp, i + 1
+        good_end = offsets[kept]
         if good_end < len(data):
             log.warning(
                 "journal %s: segment %s has a torn or corrupt record at offset %d; truncating %d bytes "
