@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
 from kazoo.client import KazooClient
 
 from zeps.demo import run
@@ -87,3 +90,31 @@ def test_zeps_dev_up_and_down(tmp_path: Path) -> None:
         if up.poll() is None:
             up.kill()
             up.wait(30)
+
+
+def test_ctrl_c_stops_everything_the_demo_started(tmp_path: Path) -> None:
+    """Ctrl-C reaches the demo's whole process group (as a terminal sends it) while the Spark job
+    runs: the demo says so, exits 130 and leaves no server behind (its workdir is under TMPDIR)."""
+    env = {**os.environ, "TMPDIR": str(tmp_path), "ZEPS_TESTBIN": str(binaries_dir())}
+    env.pop("CLUSTER", None)
+    demo = subprocess.Popen([sys.executable, "-m", "zeps.demo"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, start_new_session=True)  # fmt: skip
+    try:
+        assert demo.stdout is not None
+        seen = []
+        for line in demo.stdout:  # bounded: the demo prints a dozen progress lines, then a summary
+            seen.append(line)
+            if "Spark: publishing" in line:
+                break
+        if not any("Spark: publishing" in line for line in seen):
+            pytest.fail("the demo ended early:\n" + "".join(seen) + (demo.stderr.read() if demo.stderr else ""))
+        time.sleep(3)  # the Spark job is starting its JVM
+        os.killpg(demo.pid, signal.SIGINT)
+        _, err = demo.communicate(timeout=120)
+        assert demo.returncode == 130, err[-2000:]
+        assert "demo interrupted; everything it started was stopped" in err
+        assert _processes_mentioning(str(tmp_path)) == [], "Ctrl-C left servers running"
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+            demo.wait(30)
