@@ -15,10 +15,12 @@ import zeps
 from harness import ZooKeeperHarness
 from zeps.broker import BrokerConfig, BrokerServer, Registration
 from zeps.client import Seq, StreamClient
+from zeps.config import Resolved
 from zeps.coordination.batches import BatchQueue
 from zeps.dev.process import wait_until
 from zeps.journal import JournalConfig
 from zeps.spark import ZepsDataSource, queue_sink, topic_sink
+from zeps.spark.source import DataLossError, _Range, _StreamRead
 
 pytestmark = pytest.mark.spark
 
@@ -159,6 +161,32 @@ def test_fail_on_data_loss_both_ways(spark: Any, zookeeper: ZooKeeperHarness, tm
         query.stop()
         got = [r["sequence"] for r in spark.sql("select sequence from lossy_skip order by sequence").collect()]
         assert got[0] >= first and got == list(range(got[0], 401))
+    finally:
+        broker.stop()
+
+
+def test_a_range_retention_removed_whole_or_in_part(tmp_path: Path) -> None:
+    """A partition's read straight from the executor side (no Spark needed): a range wholly removed
+    fails or yields nothing; one half removed fails or yields exactly what is left of it."""
+    journal = JournalConfig(fsync="group", segment_bytes=2048, retention_bytes=4096)
+    broker = BrokerServer(BrokerConfig(tmp_path / "j", ("prices",), journal=journal)).start()
+    try:
+        _publish(broker, 400)
+        stream_journal = broker.core.streams["prices"].journal
+        wait_until(lambda: stream_journal.first_sequence > 20, timeout=10, what="retention to remove old segments")
+        first = stream_journal.first_sequence
+        settings = Resolved(kind="ZepsStream", name="prices", namespace="spark", endpoint=broker.endpoint)
+
+        def read(part: _Range, fail: str) -> list[int]:
+            reader = _StreamRead(settings, {"failondataloss": fail})
+            return [s for batch in reader.read_range(part) for s in batch.column(0).to_pylist()]
+
+        with pytest.raises(DataLossError, match=f"sequences 1..{first - 10} were removed by retention"):
+            read(_Range(0, first - 10), "true")
+        assert read(_Range(0, first - 10), "false") == []
+        with pytest.raises(DataLossError, match=f"sequences 11..{first - 1} were removed"):
+            read(_Range(10, first + 9), "true")
+        assert read(_Range(10, first + 9), "false") == list(range(first, first + 10))
     finally:
         broker.stop()
 

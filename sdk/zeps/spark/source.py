@@ -148,12 +148,17 @@ class _StreamRead:
                         f"stream {s.name}: the broker sent nothing for 60 s while replaying {expected}..{part.end}"
                     )
                 for run in runs:
-                    if run.sequence(0) > part.end:
+                    if expected > part.end:  # the range is complete; the rest is beyond it
+                        break
+                    if run.sequence(0) > part.end:  # the rest of the range is gone (retention)
+                        self._check_gaps([run.sequence(0)], expected, part.end)
+                        expected = part.end + 1
                         break
                     pending.append(run)
                     pending_rows, pending_bytes = pending_rows + len(run), pending_bytes + len(run.data)
                     expected = run.sequence(-1) + 1
-                if pending_rows >= _ARROW_ROWS or pending_bytes >= _ARROW_BYTES or expected > part.end:
+                full = pending_rows >= _ARROW_ROWS or pending_bytes >= _ARROW_BYTES
+                if pending and (full or expected > part.end):
                     batch = self._batch(pending, pending_from, part.end, matcher)
                     pending, pending_rows, pending_bytes, pending_from = [], 0, 0, expected
                     if batch.num_rows:
