@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -342,7 +344,9 @@ def test_kill9_broker_during_10000_publishes_then_restart(tmp_path: Path) -> Non
         broker.wait(30)
 
 
-def test_registration_discovery_and_manifest(zookeeper: ZooKeeperHarness, broker_factory: BrokerFactory) -> None:
+def test_registration_discovery_and_manifest(
+    zookeeper: ZooKeeperHarness, broker_factory: BrokerFactory, tmp_path: Path
+) -> None:
     reg = Registration(zookeeper.connect_string, "shop", "prices-0", chroot=zookeeper.root)
     broker = broker_factory(registration=reg)
     endpoint, key = discover(zookeeper.connect_string, "shop", "prices", chroot=zookeeper.root)
@@ -352,8 +356,36 @@ def test_registration_discovery_and_manifest(zookeeper: ZooKeeperHarness, broker
     group.set_manifest(["prices-1"])  # prices-0 is now rogue: it stops serving
     wait_until(lambda: broker.refused is not None, timeout=10, what="the rogue broker to stop")
     assert "removed from the manifest" in (broker.refused or "")
+    # a broker refused at start closes what it had opened: its ports, its ZooKeeper session, its journal
+    port, metrics = free_port(), free_port()
+    refused = BrokerServer(
+        BrokerConfig(tmp_path / "refused", ("prices",)), bind=f"tcp://127.0.0.1:{port}", metrics_port=metrics,
+        registration=Registration(zookeeper.connect_string, "shop", "prices-9", chroot=zookeeper.root),
+    )  # fmt: skip
     with pytest.raises(ConfigError, match="not in the manifest"):
-        broker_factory(registration=Registration(zookeeper.connect_string, "shop", "prices-9", chroot=zookeeper.root))
+        refused.start()
+    for taken in (port, metrics):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", taken))  # free again
+    assert refused._zk is None and refused.core.streams["prices"].journal._fd < 0
+
+
+def test_live_facts_are_written_to_zookeeper_only_when_they_change(
+    zookeeper: ZooKeeperHarness, broker_factory: BrokerFactory
+) -> None:
+    reg = Registration(zookeeper.connect_string, "shop", "prices-0", chroot=zookeeper.root)
+    broker = broker_factory(registration=reg)
+    node = f"{StreamPaths.of('shop', 'prices', chroot=zookeeper.root).brokers.members}/prices-0"
+    zk = zookeeper.client()
+    wait_until(lambda: b"lastSequence" in zk.get(node)[0], timeout=10, what="the first facts")
+    version = zk.get(node)[1].version
+    time.sleep(2.5)  # two or three fact ticks with nothing new
+    assert zk.get(node)[1].version == version
+    with StreamClient(broker.endpoint, "prices") as c:
+        c.publish("k", b"v")
+        c.flush()
+    wait_until(lambda: zk.get(node)[1].version > version, timeout=10, what="the new last sequence")
+    assert json.loads(zk.get(node)[0])["lastSequence"] == 1
 
 
 def test_curve_encrypts_and_admits_only_known_clients(broker_factory: BrokerFactory, tmp_path: Path) -> None:

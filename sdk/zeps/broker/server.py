@@ -91,6 +91,7 @@ class BrokerServer:
         self._ctx: zmq.Context[Any] | None = None
         self._auth: ThreadAuthenticator | None = None
         self._zk: Any = None
+        self._metrics: Any = None  # the metrics HTTP server, when serving metrics
         self.registry = CollectorRegistry()
         self._messages_in = Counter("zeps_broker_messages_in", "Messages published", ["stream"], registry=self.registry)
         self._messages_out = Counter(
@@ -108,6 +109,17 @@ class BrokerServer:
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> BrokerServer:
+        """Bind, register and serve; if any step fails (a port taken, not in the manifest, ZooKeeper
+        unreachable), what the earlier steps opened is closed again before the error propagates."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        log.info("broker serving %s at %s", ", ".join(self.config.streams), self.endpoint)
+        return self
+
+    def _start(self) -> None:
         self.core.open()
         ctx: zmq.Context[Any] = zmq.Context()
         self._ctx = ctx
@@ -122,14 +134,12 @@ class BrokerServer:
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._sock = sock
         if self.metrics_port is not None:
-            start_http_server(self.metrics_port, addr="127.0.0.1", registry=self.registry)
+            self._metrics, _ = start_http_server(self.metrics_port, addr="127.0.0.1", registry=self.registry)
         if self.registration is not None:
             self._register(self.registration)
         self._thread = threading.Thread(target=self._loop, name="zeps-broker", daemon=True)
         self._last_facts = time.monotonic() - 9  # first facts a second after start
         self._thread.start()
-        log.info("broker serving %s at %s", ", ".join(self.config.streams), self.endpoint)
-        return self
 
     def _setup_curve(self, ctx: zmq.Context[Any], sock: zmq.Socket[Any]) -> None:
         assert self.curve is not None
@@ -181,14 +191,23 @@ class BrokerServer:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(30)
+            self._thread.join(30)  # the loop closes the journals and the socket when it ends
+        else:
+            self.core.close()  # start() failed before the loop ran
+        if self._metrics is not None:
+            self._metrics.shutdown()
+            self._metrics.server_close()
+            self._metrics = None
         if self._zk is not None:
             self._zk.stop()
             self._zk.close()
+            self._zk = None
         if self._auth is not None:
             self._auth.stop()
+            self._auth = None
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
+            self._ctx = None
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the broker stops; True if it did."""
@@ -274,6 +293,8 @@ class BrokerServer:
                     count, furthest = self.core.subscriptions(served.name)
                     facts = {"lastSequence": served.journal.durable, "journalBytes": served.journal.size_bytes,
                              "subscriptionCount": count, "subscriptions": furthest}  # fmt: skip
+                    if all(membership.metadata.get(k) == v for k, v in facts.items()):
+                        continue  # nothing new: no ZooKeeper write
                     try:
                         membership.update({**membership.metadata, **facts})
                     except Exception as exc:  # facts are best effort; serving is not

@@ -279,10 +279,11 @@ class Membership:
             self._joined.set()
 
     def update(self, metadata: Mapping[str, Any]) -> None:
-        """Replace this member's metadata (watchers see a change)."""
+        """Replace this member's metadata (watchers see a change); kept here once ZooKeeper has it."""
         with self._lock:
-            self._metadata = dict(metadata)
-            self.client.retry(self.client.set, self.path, _encode(self._metadata))
+            data = dict(metadata)
+            self.client.retry(self.client.set, self.path, _encode(data))
+            self._metadata = data
 
     def leave(self) -> None:
         """Delete the member node; the membership is over (no rejoin)."""
