@@ -390,17 +390,11 @@ def stream_replay(ctx: click.Context, *, name: str, since: str, pattern: str, co
 def stream_lag(ctx: click.Context, *, name: str, position: int | None) -> None:
     """How far behind the durable tail of stream NAME its subscriptions are, from the facts the
     broker publishes in ZooKeeper every second (the furthest behind first)."""
-    from zeps.client.sync import broker_metadata  # noqa: PLC0415
+    from zeps.client.sync import read_broker_metadata  # noqa: PLC0415
     from zeps.config import resolve  # noqa: PLC0415
-    from zeps.coordination import connect  # noqa: PLC0415
 
     s = resolve("ZepsStream", name, namespace=ctx.obj["namespace"], needs=("zookeeper",), **_settings(ctx))
-    client = connect(s.zookeeper, auth=s.auth)
-    try:
-        meta = broker_metadata(client, s.namespace, s.name, chroot=s.chroot)
-    finally:
-        client.stop()
-        client.close()
+    meta = read_broker_metadata(s.zookeeper, s.namespace, s.name, chroot=s.chroot, auth=s.auth)
     if "lastSequence" not in meta:
         click.echo(f"zeps: the broker of {name} has not published its facts yet; try again in a second", err=True)
         sys.exit(EXIT_EMPTY)

@@ -102,6 +102,11 @@ class _Subscription:
     def live(self) -> bool:
         return self in self.session.stream.live_set
 
+    @property
+    def lag(self) -> int:
+        """Records between the cursor and the durable tail."""
+        return max(0, self.session.stream.journal.durable + 1 - self.cursor)
+
 
 @dataclass(eq=False)
 class _Stream:
@@ -461,15 +466,14 @@ class BrokerCore:
         out = {}
         for session in self.sessions.values():
             for sub in session.subscriptions:
-                out[(session.peer.hex(), sub.id)] = max(0, session.stream.journal.durable + 1 - sub.cursor)
+                out[(session.peer.hex(), sub.id)] = sub.lag
         return out
 
     def subscriptions(self, stream: str, most: int = 20) -> tuple[int, list[dict[str, object]]]:
         """(how many subscriptions ``stream`` has, the ``most`` furthest behind): peer, subscription
         id, pattern, lag (records between its cursor and the durable tail) and whether it is live."""
-        durable = self.streams[stream].journal.durable
         subs = sorted(
-            ((max(0, durable + 1 - sub.cursor), session.peer.hex(), sub) for session in self.sessions.values()
+            ((sub.lag, session.peer.hex(), sub) for session in self.sessions.values()
              if session.stream.name == stream for sub in session.subscriptions),
             key=lambda t: (-t[0], t[1], t[2].id),
         )  # fmt: skip

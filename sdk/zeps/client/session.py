@@ -277,7 +277,8 @@ class ClientSession:
             self.attached = True
             return self.on_attached()
         if isinstance(command, DeliverBatch):
-            run = command.run or Records(command.records)
+            run = command.run
+            assert run is not None  # decode() checks the records and sets it
             if self.last_sequence is not None and run.sequence(0) <= self.last_sequence:
                 run = run.after(self.last_sequence)  # sent again after a re-attach: keep only what is new
             if len(run):

@@ -58,16 +58,23 @@ def broker_metadata(client: Any, namespace: str, stream: str, *, chroot: str = "
     return dict(usable[0].metadata)
 
 
-def discover(zookeeper: str, namespace: str, stream: str, *, chroot: str = "/zeps") -> tuple[str, str]:
-    """The (endpoint, CURVE public key) of the live broker of ``stream``, from its ZooKeeper group."""
+def read_broker_metadata(
+    zookeeper: str, namespace: str, stream: str, *, chroot: str = "/zeps", auth: tuple[str, str] | None = None
+) -> dict[str, Any]:
+    """:func:`broker_metadata` through a ZooKeeper session of its own, closed before returning."""
     from zeps.coordination import connect  # noqa: PLC0415 — ZooKeeper only for discovery
 
-    client = connect(zookeeper)
+    client = connect(zookeeper, auth=auth)
     try:
-        meta = broker_metadata(client, namespace, stream, chroot=chroot)
+        return broker_metadata(client, namespace, stream, chroot=chroot)
     finally:
         client.stop()
         client.close()
+
+
+def discover(zookeeper: str, namespace: str, stream: str, *, chroot: str = "/zeps") -> tuple[str, str]:
+    """The (endpoint, CURVE public key) of the live broker of ``stream``, from its ZooKeeper group."""
+    meta = read_broker_metadata(zookeeper, namespace, stream, chroot=chroot)
     return str(meta["endpoint"]), str(meta.get("curvePublicKey", ""))
 
 
