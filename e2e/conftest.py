@@ -1,44 +1,81 @@
-"""The e2e suite's cluster: kind (ZEPS_E2E_KUBECONFIG set by e2e/run-kind.sh, operator installed by
-the chart) or, everywhere else, the local control plane with ZooKeeper and the operator process.
-The tests themselves are the same for both."""
+"""The e2e suite's cluster.
+
+* On kind (``make e2e``: ``ZEPS_E2E_KUBECONFIG`` is set by ``python -m zeps.dev.kind e2e``): real nodes,
+  the chart installed with helm (operator and a 3-server ZooKeeper ensemble in pods), the images
+  built here. Every test here runs, ``e2e/kind/`` included: pods, Services, PVCs and RBAC are real.
+* Everywhere else (``make test``): the local control plane with ZooKeeper and the operator as local
+  processes. ``e2e/kind/`` is not collected there — its tests need containers that really run.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from zeps.dev import ControlPlane, OperatorProcess, ZooKeeperServer
 
 ROOT = Path(__file__).resolve().parents[1]
+KIND = bool(os.environ.get("ZEPS_E2E_KUBECONFIG"))
+
+collect_ignore = [] if KIND else ["kind"]
 
 
 class Cluster:
-    def __init__(self, kubectl: ControlPlane | None, kubeconfig: Path) -> None:
-        self.plane = kubectl
-        self.kubeconfig = kubeconfig
+    """kubectl (the pinned one) against the cluster under test, with a few waits tests share."""
 
-    def kubectl(self, *args: str) -> str:
-        if self.plane is not None:
-            return self.plane.kubectl(*args)
-        import subprocess  # noqa: PLC0415 — kind: the user's kubectl
+    def __init__(self, kubectl: list[str], *, plane: ControlPlane | None = None) -> None:
+        self._kubectl = kubectl
+        self.plane = plane
 
-        return subprocess.run(
-            ["kubectl", f"--kubeconfig={self.kubeconfig}", *args],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=300,
-        ).stdout
+    def kubectl(self, *args: str, input: str | None = None, timeout: float = 300, check: bool = True) -> str:
+        result = subprocess.run(
+            [*self._kubectl, *args], capture_output=True, text=True, input=input, timeout=timeout, check=False
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+        return result.stdout
+
+    def apply(self, manifest: str, namespace: str) -> None:
+        self.kubectl("apply", "-n", namespace, "-f", "-", input=manifest)
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", *args, "-o", "json"))
+
+    def wait_for(self, what: str, check: Any, *, timeout: float = 180, interval: float = 1.0) -> Any:
+        """Poll ``check()`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            try:
+                last = check()
+            except AssertionError as exc:  # kubectl said no (not found yet, …)
+                last = exc
+            else:
+                if last:
+                    return last
+            time.sleep(interval)
+        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def _pinned_kubectl() -> str:
+    for var in ("ZEPS_KINDBIN", "ZEPS_TESTBIN"):
+        folder = os.environ.get(var)
+        if folder and (Path(folder) / "kubectl").exists():
+            return str(Path(folder) / "kubectl")
+    raise RuntimeError("no pinned kubectl: run `make e2e` (ZEPS_KINDBIN) or `make setup` (ZEPS_TESTBIN)")
 
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    external = os.environ.get("ZEPS_E2E_KUBECONFIG")
-    if external:
-        yield Cluster(None, Path(external))
+    if KIND:
+        yield Cluster([_pinned_kubectl(), f"--kubeconfig={os.environ['ZEPS_E2E_KUBECONFIG']}"])
         return
     work = tmp_path_factory.mktemp("e2e")
     with ZooKeeperServer(work / "zookeeper") as zk, ControlPlane(work / "control-plane") as plane:
@@ -48,4 +85,4 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         with OperatorProcess(
             work / "operator", kubeconfig=plane.kubeconfig, zookeeper=zk.connect_string, resync_seconds=5
         ):
-            yield Cluster(plane, plane.kubeconfig)
+            yield Cluster([_pinned_kubectl(), f"--kubeconfig={plane.kubeconfig}"], plane=plane)

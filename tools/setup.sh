@@ -4,6 +4,8 @@
 #   zookeeper  — the pinned ZooKeeper server jars (tools/zookeeper/), needs Java 17 + Maven
 #   testbin    — etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm
 #                built from pinned Go modules (tools/testbin/), needs Go
+#   kind       — what `make e2e` adds: kind, kubelet, kubeadm, kube-proxy and CoreDNS from pinned Go
+#                modules (tools/testbin/build.sh kind); Docker itself is set up by `make e2e`
 #   bench      — what only the benchmarks need: Debian's nats-server (bench-stream's baseline)
 # Writes .zeps-env (git-ignored): the environment variables that point the harness at the cache.
 # Every step says what it does; a missing tool stops setup with one line naming it and the fix.
@@ -59,6 +61,12 @@ setup_testbin() {
   set_env ZEPS_TESTBIN "$bin"
 }
 
+setup_kind() {
+  local bin
+  bin=$(tools/testbin/build.sh kind)
+  set_env ZEPS_KINDBIN "$bin"
+}
+
 setup_bench() {
   if command -v nats-server >/dev/null 2>&1; then
     say "bench: nats-server present ($(nats-server --version 2>&1))"
@@ -76,7 +84,8 @@ for c in $components; do
     python) setup_python ;;
     zookeeper) setup_zookeeper ;;
     testbin) setup_testbin ;;
+    kind) setup_kind ;;
     bench) setup_bench ;;
-    *) fail "unknown setup component '$c' (python, zookeeper, testbin, bench)" ;;
+    *) fail "unknown setup component '$c' (python, zookeeper, testbin, kind, bench)" ;;
   esac
 done

@@ -107,7 +107,10 @@ class Retention(_Model):
 class StreamSpec(_Model):
     """A ZEPS broker with a journal: journalled high-rate pub/sub with replay."""
 
-    image: str = Field("ghcr.io/zeps-dev/zeps:0.1.0", description="Image with zeps-broker.")
+    image: str | None = Field(
+        None,
+        description="Image with zeps-broker; unset: the operator's own image (the chart's image values).",
+    )
     resources: Resources = Field(default_factory=Resources)
     storage: Storage = Field(default_factory=Storage)
     retention: Retention = Field(default_factory=Retention)

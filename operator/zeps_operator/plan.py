@@ -27,6 +27,8 @@ __all__ = [
 
 BROKER_DATA = "/var/lib/zeps"
 METRICS_PORT = 9102
+#: the broker image when neither the ZepsStream nor the operator's environment names one
+DEFAULT_BROKER_IMAGE = "ghcr.io/zeps-dev/zeps:0.1.0"
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,9 @@ class Settings:
     delete_retries: int = 5  #: finalizer attempts while ZooKeeper is unreachable, then release
     #: the operator's ZooKeeper digest identity ("user:password"; a superDigest user on the servers)
     zookeeper_auth: tuple[str, str] | None = None
+    #: the broker image of a ZepsStream without spec.image: the operator's own (the chart sets both)
+    broker_image: str = DEFAULT_BROKER_IMAGE
+    broker_image_pull_policy: str = "IfNotPresent"
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -55,6 +60,8 @@ class Settings:
             resync_seconds=float(os.environ.get("ZEPS_RESYNC_SECONDS", "30")),
             delete_retries=int(os.environ.get("ZEPS_DELETE_RETRIES", "5")),
             zookeeper_auth=_auth(os.environ.get("ZEPS_ZOOKEEPER_AUTH", "")),
+            broker_image=os.environ.get("ZEPS_BROKER_IMAGE") or DEFAULT_BROKER_IMAGE,
+            broker_image_pull_policy=os.environ.get("ZEPS_BROKER_IMAGE_PULL_POLICY") or "IfNotPresent",
         )
 
 
@@ -171,7 +178,8 @@ def stream_objects(namespace: str, name: str, spec: dict[str, Any], settings: Se
     resources = spec.get("resources") or {}
     container = {
         "name": "broker",
-        "image": spec.get("image", "ghcr.io/zeps-dev/zeps:0.1.0"),
+        "image": spec.get("image") or settings.broker_image,
+        "imagePullPolicy": settings.broker_image_pull_policy,
         "command": ["zeps-broker"],
         "envFrom": [{"configMapRef": {"name": f"{name}-broker"}}],
         "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],

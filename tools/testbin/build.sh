@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Build the cluster-tier binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
-# kubectl, kwok, helm) from the pinned Go modules beside this script into a cache directory outside
-# the repository.
+# Build binaries from the pinned Go modules beside this script into a cache directory outside the
+# repository. Two sets:
+#   test (default)  the cluster tier of `make test`: etcd, kube-apiserver, kube-controller-manager,
+#                   kube-scheduler, kubectl, kwok, helm
+#   kind            what `make e2e` adds for a kind cluster built here: kind, kubelet, kubeadm,
+#                   kube-proxy, CoreDNS and local-path-provisioner (the node image and its images)
 #
 # Each module is rebuilt only when its go.mod/go.sum, its target list or the Go version change: the
 # output folder is named by a hash of those, and a binary set is trusted only once the ".complete"
@@ -10,6 +13,7 @@
 #
 # Prints the directory holding the binaries on its last line.
 set -euo pipefail
+set_name=${1:-test}
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${ZEPS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/zeps}
 say() { printf '[testbin] %s\n' "$*" >&2; }
@@ -21,13 +25,23 @@ command -v go >/dev/null 2>&1 || {
 goversion=$(go env GOVERSION)
 keys=""
 
-# module directory -> the packages it builds
+# build name -> the module directory beside this script, and the packages it builds from it
+declare -A module=([etcd]=etcd [k8s]=k8s [kwok]=kwok [helm]=helm [k8s-node]=k8s [kind]=kind [coredns]=coredns [local-path]=local-path)
 declare -A targets=(
   [etcd]="."
   [k8s]="k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl"
   [kwok]="sigs.k8s.io/kwok/cmd/kwok"
   [helm]="helm.sh/helm/v3/cmd/helm"
+  [k8s-node]="k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubeadm k8s.io/kubernetes/cmd/kube-proxy"
+  [kind]="sigs.k8s.io/kind"
+  [coredns]="github.com/coredns/coredns"
+  [local-path]="github.com/rancher/local-path-provisioner"
 )
+case "$set_name" in
+  test) builds="etcd k8s kwok helm" ;;
+  kind) builds="etcd k8s kwok helm k8s-node kind coredns local-path" ;;
+  *) echo "setup: unknown binary set '$set_name' (test, kind)" >&2; exit 2 ;;
+esac
 
 # Version stamps, as the projects' own release builds set them (from the pins above, not repeated):
 # without them kube-apiserver reports v0.0.0-master and helm renders charts for Kubernetes 1.20.
@@ -41,12 +55,17 @@ stamp() { for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version;
 declare -A ldflags=(
   [etcd]=""
   [k8s]="$(stamp)"
+  [k8s-node]="$(stamp)"
+  [kind]=""
+  [coredns]=""
+  [local-path]=""
   [kwok]=""
   [helm]="-X helm.sh/helm/v3/internal/version.version=$helm_version -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=$k8s_major -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$k8s_minor"
 )
 
-for mod in etcd k8s kwok helm; do
-  key=$(cat "$here/$mod/go.mod" "$here/$mod/go.sum" <(echo "$goversion ${targets[$mod]} ${ldflags[$mod]}") | sha256sum | cut -c1-16)
+for mod in $builds; do
+  dir="$here/${module[$mod]}"
+  key=$(cat "$dir/go.mod" "$dir/go.sum" <(echo "$goversion ${targets[$mod]} ${ldflags[$mod]}") | sha256sum | cut -c1-16)
   out="$cache/testbin/$mod-$key"
   if [ -f "$out/.complete" ]; then
     say "$mod: up to date ($out)"
@@ -55,7 +74,7 @@ for mod in etcd k8s kwok helm; do
     rm -rf "$out" && mkdir -p "$out"
     start=$(date +%s)
     # GOSUMDB=off: the checksum database is not reachable here; go.sum (committed) still verifies every module.
-    if ! (cd "$here/$mod" && GOSUMDB=off GOFLAGS=-mod=readonly CGO_ENABLED=0 \
+    if ! (cd "$dir" && GOSUMDB=off GOFLAGS=-mod=readonly CGO_ENABLED=0 \
           go build -trimpath -ldflags="-s -w ${ldflags[$mod]}" -o "$out/" ${targets[$mod]} >"$out.log" 2>&1); then
       echo "setup: building $mod failed; see $out.log (last lines below)" >&2
       tail -n 15 "$out.log" >&2

@@ -1,0 +1,481 @@
+"""Images for ``make e2e``, built here from Debian packages and pinned Go modules — no registry.
+
+What is built, each cached by a hash of what goes into it (an image whose tag exists is reused):
+
+* Debian rootfs images (:data:`ROOTFS`): ``debootstrap --variant=minbase bookworm`` with a package
+  list, then ``docker import``. The mirror is the machine's own apt source.
+* the node-side component images kubeadm asks for (``kubeadm config images list``): kube-apiserver,
+  kube-controller-manager, kube-scheduler, kube-proxy, etcd, CoreDNS, pause — binaries from
+  ``tools/testbin/build.sh kind`` (pause: ``pause.c`` from the pinned Kubernetes module, gcc -static).
+* the kind node image (``images/kind-node/Dockerfile``): the node rootfs, kind's node files from the
+  pinned kind module, kubelet/kubeadm/kubectl, the component images preloaded into containerd.
+  Also kept as a ``docker save`` archive in the cache, so an engine without it loads it in seconds.
+* the project's images: ``images/zeps/Dockerfile`` (operator, broker, SDK, CLI) and
+  ``images/zookeeper/Dockerfile`` (the chart's ensemble).
+
+Every ``docker build`` runs with ``--network none``: nothing inside a build reaches any address.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from zeps.dev.docker import DockerEngine, image_exists
+from zeps.errors import SetupError
+
+__all__ = ["ROOTFS", "ImageBuilder", "Pins", "go_module_dir", "project_image_tag"]
+
+REPOSITORY = Path(__file__).resolve().parents[3]  # sdk/zeps/dev/images.py -> the checkout
+TESTBIN_SOURCES = REPOSITORY / "tools" / "testbin"
+IMAGES = REPOSITORY / "images"
+SUITE = "bookworm"
+
+# Debian rootfs images: name -> packages added to debootstrap's minbase. One place for each list.
+# fmt: off
+ROOTFS: Mapping[str, tuple[str, ...]] = {
+    # kind's node: the packages of kind's base image, with Debian's containerd, runc and CNI plugins
+    "node": (
+        "systemd", "systemd-sysv", "dbus", "containerd", "runc", "containernetworking-plugins",
+        "iproute2", "iptables", "nftables", "conntrack", "ethtool", "util-linux", "mount", "kmod",
+        "libseccomp2", "pigz", "bash", "ca-certificates", "jq", "procps",
+    ),
+    "kube-proxy": ("iptables", "nftables", "conntrack"),
+    "python": ("python3", "ca-certificates"),
+    "python-build": ("python3", "python3-venv", "python3-pip"),
+    "java": ("openjdk-17-jre-headless", "bash"),
+}
+# fmt: on
+
+# How each image kubeadm lists is made: the binary's name in the build output and the rootfs under it
+# (None: FROM scratch, a static binary), and the entrypoint where kubeadm's manifests give no command.
+_COMPONENTS: Mapping[str, tuple[str, str | None, str | None]] = {
+    "kube-apiserver": ("kube-apiserver", None, None),
+    "kube-controller-manager": ("kube-controller-manager", None, None),
+    "kube-scheduler": ("kube-scheduler", None, None),
+    "kube-proxy": ("kube-proxy", "kube-proxy", None),
+    "etcd": ("etcd", None, None),
+    "coredns": ("coredns", None, "/usr/local/bin/coredns"),
+    "pause": ("pause", None, "/usr/local/bin/pause"),
+    "local-path-provisioner": ("local-path-provisioner", None, None),
+}
+# The node's default StorageClass; its helper pod needs a shell: kube-proxy's image (Debian) has one.
+PROVISIONER = "zeps.local/local-path-provisioner"
+STORAGE_HELPER = "kube-proxy"
+
+
+def _go_mod_version(module_dir: str, module: str) -> str:
+    text = (TESTBIN_SOURCES / module_dir / "go.mod").read_text()
+    match = re.search(rf"^(?:require\s+)?\s*{re.escape(module)}\s+(v\S+)", text, re.MULTILINE)
+    if match is None:
+        raise SetupError(f"tools/testbin/{module_dir}/go.mod does not require {module}")
+    return match.group(1)
+
+
+def _hash(*parts: str | bytes) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part.encode() if isinstance(part, str) else part)
+        digest.update(b"\0")
+    return digest.hexdigest()[:12]
+
+
+def _tree_hash(root: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def project_image_tag(*extra: str) -> str:
+    """``<version>-<hash>``: the package version plus a hash of everything the zeps image holds."""
+    version = re.search(r'^version = "([^"]+)"', (REPOSITORY / "pyproject.toml").read_text(), re.MULTILINE)
+    if version is None:
+        raise SetupError("pyproject.toml has no version")
+    digest = hashlib.sha256()
+    for rel in ("pyproject.toml", "constraints.txt", "sdk", "operator", "images/zeps"):
+        path = REPOSITORY / rel
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        for f in files:
+            if "__pycache__" in f.parts:
+                continue
+            digest.update(str(f.relative_to(REPOSITORY)).encode())
+            digest.update(f.read_bytes())
+    for part in extra:
+        digest.update(part.encode())
+    return f"{version.group(1)}-{digest.hexdigest()[:10]}"
+
+
+@dataclass(frozen=True)
+class Pins:
+    """The versions the images are built from, read from the pinned Go modules (one source)."""
+
+    kubernetes: str
+    etcd: str
+    coredns: str
+    kind: str
+    local_path: str
+
+    @classmethod
+    def read(cls) -> Pins:
+        return cls(
+            kubernetes=_go_mod_version("k8s", "k8s.io/kubernetes"),
+            etcd=_go_mod_version("etcd", "go.etcd.io/etcd/server/v3"),
+            coredns=_go_mod_version("coredns", "github.com/coredns/coredns"),
+            kind=_go_mod_version("kind", "sigs.k8s.io/kind"),
+            local_path=_go_mod_version("local-path", "github.com/rancher/local-path-provisioner"),
+        )
+
+
+class ImageBuilder:
+    """Builds (or finds cached) every image ``make e2e`` needs, in ``engine``.
+
+    ``binaries`` is the folder ``tools/testbin/build.sh kind`` printed; ``cache`` the zeps cache.
+    """
+
+    def __init__(
+        self,
+        engine: DockerEngine,
+        *,
+        binaries: Path,
+        cache: Path,
+        zookeeper_home: Path,
+        say: Callable[[str], None] = lambda line: None,
+    ) -> None:
+        self.engine = engine
+        self.binaries = binaries
+        self.cache = cache / "kind"
+        self.zookeeper_home = zookeeper_home
+        self.say = say
+        self.pins = Pins.read()
+
+    # -- Debian rootfs ---------------------------------------------------------------------------
+    def rootfs(self, name: str) -> str:
+        packages = ROOTFS[name]
+        tag = f"zeps-rootfs-{name}:{SUITE}-{_hash(SUITE, *packages)}"
+        if image_exists(self.engine, tag):
+            return tag
+        if shutil.which("debootstrap") is None:
+            self._apt_install("debootstrap")
+        mirror = _debian_mirror()
+        work = Path(tempfile.mkdtemp(prefix=f"rootfs-{name}-", dir=self._scratch()))
+        debs = self.cache / "debs"
+        debs.mkdir(parents=True, exist_ok=True)
+        self.say(f"images: debootstrap {SUITE} minbase + {len(packages)} packages for {tag} (about 2 min)")
+        log = self.cache / f"debootstrap-{name}.log"
+        try:
+            with log.open("wb") as out:
+                result = subprocess.run(
+                    [
+                        "debootstrap",
+                        "--variant=minbase",
+                        f"--cache-dir={debs}",
+                        f"--include={','.join(packages)}",
+                        SUITE,
+                        str(work / "root"),
+                        mirror,
+                    ],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    check=False,
+                    timeout=1800,
+                )
+            if result.returncode != 0:
+                raise SetupError(f"debootstrap for {tag} failed; see {log}")
+            root = work / "root"
+            for junk in ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man"):
+                shutil.rmtree(root / junk, ignore_errors=True)
+                (root / junk).mkdir(parents=True, exist_ok=True)
+            tar = subprocess.Popen(["tar", "-C", str(root), "--numeric-owner", "-c", "."], stdout=subprocess.PIPE)
+            imported = subprocess.run(
+                ["docker", "import", "-", tag], stdin=tar.stdout, env=self.engine.env, capture_output=True, check=False
+            )
+            tar.wait()
+            if imported.returncode != 0 or tar.returncode != 0:
+                raise SetupError(f"docker import of {tag} failed: {imported.stderr.decode(errors='replace')}")
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return tag
+
+    def _scratch(self) -> Path:
+        path = self.cache / "tmp"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _apt_install(self, *packages: str) -> None:
+        if shutil.which("apt-get") is None:
+            raise SetupError(f"{' '.join(packages)} missing and apt-get is not available: install {' '.join(packages)}")
+        self.say(f"images: installing Debian's {' '.join(packages)}")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *packages]):
+            if subprocess.run(argv, capture_output=True, env=env, check=False).returncode != 0:
+                raise SetupError(f"{' '.join(argv)} failed; as root: apt-get install {' '.join(packages)}")
+
+    # -- docker build ----------------------------------------------------------------------------
+    def build(self, tag: str, context: Path, *, dockerfile: Path | str, args: Mapping[str, str] | None = None) -> None:
+        """``docker build --network none`` of ``dockerfile`` (a path, or the text itself) in ``context``."""
+        argv = ["build", "--network", "none", "--quiet", "-t", tag]
+        for key, value in (args or {}).items():
+            argv += ["--build-arg", f"{key}={value}"]
+        text = None
+        if isinstance(dockerfile, Path):
+            argv += ["-f", str(dockerfile)]
+        else:
+            argv += ["-f", "-"]
+            text = dockerfile.encode()
+        argv.append(str(context))
+        env = {**self.engine.env, "DOCKER_BUILDKIT": "0"}
+        result = subprocess.run(["docker", *argv], input=text, env=env, capture_output=True, check=False, timeout=1800)
+        if result.returncode != 0:
+            out = (result.stdout + result.stderr).decode(errors="replace").strip().splitlines()
+            raise SetupError(f"docker build of {tag} failed:\n" + "\n".join(out[-25:]))
+
+    # -- the component images kubeadm asks for ---------------------------------------------------
+    def kubeadm_images(self) -> list[str]:
+        result = subprocess.run(
+            [str(self.binaries / "kubeadm"), "config", "images", "list", "--kubernetes-version", self.pins.kubernetes],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        if result.returncode != 0:
+            raise SetupError(f"kubeadm config images list failed: {result.stderr.strip()}")
+        images = [line.strip() for line in result.stdout.splitlines() if line.strip()]
+        self._check_pins(images)
+        return images
+
+    def _check_pins(self, images: Iterable[str]) -> None:
+        for ref in images:
+            name, tag = ref.rsplit("/", 1)[-1].split(":")
+            pinned = {"etcd": self.pins.etcd, "coredns": self.pins.coredns}.get(name)
+            if pinned is not None and not tag.startswith(pinned.lstrip("v")) and tag != pinned:
+                module = "etcd" if name == "etcd" else "coredns"
+                raise SetupError(
+                    f"kubeadm {self.pins.kubernetes} deploys {ref}, but tools/testbin/{module}/go.mod pins "
+                    f"{pinned}: bump the pin to the version kubeadm lists"
+                )
+
+    def node_images(self) -> list[str]:
+        """What the node preloads: every image kubeadm lists (tagged as kubeadm names them) and the
+        storage provisioner's."""
+        return [*self.kubeadm_images(), f"{PROVISIONER}:{self.pins.local_path}"]
+
+    def component_images(self) -> list[str]:
+        """Build every image of :meth:`node_images` that the engine lacks; return their refs."""
+        refs = self.node_images()
+        for ref in refs:
+            if image_exists(self.engine, ref):
+                continue
+            name, tag = ref.rsplit("/", 1)[-1].split(":")
+            if name not in _COMPONENTS:
+                raise SetupError(f"kubeadm asks for {ref}, which zeps does not know how to build")
+            binary_name, rootfs, entrypoint = _COMPONENTS[name]
+            with tempfile.TemporaryDirectory(dir=self._scratch()) as tmp:
+                context = Path(tmp)
+                binary = context / binary_name
+                if name == "pause":
+                    self._compile_pause(tag, binary)
+                else:
+                    shutil.copy2(self.binaries / binary_name, binary)
+                base = self.rootfs(rootfs) if rootfs else "scratch"
+                lines = [f"FROM {base}", f"COPY {binary_name} /usr/local/bin/{binary_name}"]
+                if entrypoint:
+                    lines.append(f'ENTRYPOINT ["{entrypoint}"]')
+                self.say(f"images: {ref} from {'pause.c' if name == 'pause' else binary_name} ({base})")
+                self.build(ref, context, dockerfile="\n".join(lines) + "\n")
+        return refs
+
+    def _compile_pause(self, tag: str, out: Path) -> None:
+        source = go_module_dir(TESTBIN_SOURCES / "k8s", "k8s.io/kubernetes") / "build" / "pause" / "linux" / "pause.c"
+        if shutil.which("gcc") is None:
+            raise SetupError("gcc is missing; install it (apt-get install gcc) — it compiles the pause image")
+        result = subprocess.run(
+            ["gcc", "-Os", "-static", "-Wall", "-Werror", f"-DVERSION={tag}", "-o", str(out), str(source)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise SetupError(f"compiling pause.c failed (static glibc: apt-get install libc6-dev): {result.stderr}")
+
+    # -- the kind node image ---------------------------------------------------------------------
+    def node_image(self) -> str:
+        """The node image's tag, built or loaded from its ``docker save`` archive when missing."""
+        kind_files = go_module_dir(TESTBIN_SOURCES / "kind", "sigs.k8s.io/kind") / "images" / "base" / "files"
+        components = self.node_images()
+        binaries = [self.binaries / b for b in ("kubelet", "kubeadm", "kubectl")]
+        key = _hash(
+            self.pins.kubernetes,
+            _tree_hash(IMAGES / "kind-node"),
+            _tree_hash(kind_files),
+            *ROOTFS["node"],
+            *components,
+            *(hashlib.sha256(b.read_bytes()).hexdigest() for b in binaries),
+            *(self._component_key(ref) for ref in components),
+        )
+        tag = f"zeps/kind-node:{self.pins.kubernetes}-{key}"
+        archive = self.cache / f"kind-node-{self.pins.kubernetes}-{key}.tar"
+        if image_exists(self.engine, tag):
+            self.say(f"images: node image {tag} (cached)")
+            return tag
+        if archive.exists():
+            self.say(f"images: loading node image {tag} from {archive}")
+            with archive.open("rb") as f:
+                self.engine.docker("load", "-q", input=f.read())
+            if image_exists(self.engine, tag):
+                return tag
+        refs = self.component_images()
+        base = self.rootfs("node")
+        self.say(f"images: building node image {tag}")
+        with tempfile.TemporaryDirectory(dir=self._scratch()) as tmp:
+            context = Path(tmp)
+            shutil.copytree(IMAGES / "kind-node", context, dirs_exist_ok=True)
+            shutil.copytree(kind_files, context / "kind-base")
+            for path in (context / "kind-base").rglob("*"):
+                path.chmod(0o755 if path.is_dir() or path.suffix == ".sh" or "bin" in path.parts else 0o644)
+            (context / "bin").mkdir()
+            for b in binaries:
+                shutil.copy2(b, context / "bin" / b.name)
+            (context / "version").write_text(self.pins.kubernetes + "\n")
+            helper = next(r for r in refs if r.rsplit("/", 1)[-1].startswith(f"{STORAGE_HELPER}:"))
+            storage = (IMAGES / "kind-node" / "default-storage.yaml").read_text()
+            storage = storage.replace("${PROVISIONER_IMAGE}", f"{PROVISIONER}:{self.pins.local_path}")
+            (context / "default-storage.yaml").write_text(storage.replace("${HELPER_IMAGE}", helper))
+            with (context / "images.tar").open("wb") as out:
+                saved = subprocess.run(["docker", "save", *refs], stdout=out, env=self.engine.env, check=False)
+            if saved.returncode != 0:
+                raise SetupError("docker save of the component images failed")
+            self.build(tag, context, dockerfile=context / "Dockerfile", args={"BASE": base})
+        self.say(f"images: saving {tag} to {archive} (a later run loads it in seconds)")
+        for stale in self.cache.glob("kind-node-*.tar"):
+            stale.unlink()
+        partial = archive.with_suffix(".partial")
+        self.engine.docker("save", "-o", str(partial), tag, timeout=900)
+        partial.rename(archive)
+        return tag
+
+    def _component_key(self, ref: str) -> str:
+        name = ref.rsplit("/", 1)[-1].split(":", maxsplit=1)[0]
+        binary_name, rootfs, _ = _COMPONENTS.get(name, (name, None, None))
+        path = self.binaries / binary_name
+        content = path.read_bytes() if path.exists() else name.encode()
+        return _hash(ref, content, *(ROOTFS[rootfs] if rootfs else ()))
+
+    # -- the project's images --------------------------------------------------------------------
+    def zeps_image(self, venv_python: Path) -> str:
+        """``zeps:<version>-<hash>`` from images/zeps/Dockerfile, wheels made here with pip."""
+        tag = f"zeps:{project_image_tag()}"
+        if image_exists(self.engine, tag):
+            self.say(f"images: {tag} (cached)")
+            return tag
+        self.say(f"images: building {tag} (wheels with pip, then images/zeps/Dockerfile)")
+        with tempfile.TemporaryDirectory(dir=self._scratch()) as tmp:
+            context = Path(tmp)
+            pip = [str(venv_python), "-m", "pip", "wheel", "-q", "--disable-pip-version-check"]
+            result = subprocess.run(
+                [
+                    *pip,
+                    "-c",
+                    str(REPOSITORY / "constraints.txt"),
+                    "-w",
+                    str(context / "wheels"),
+                    f"{REPOSITORY}[operator]",
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=900,
+            )
+            if result.returncode != 0:
+                raise SetupError(f"pip wheel for the zeps image failed:\n{result.stderr[-2000:]}")
+            self.build(
+                tag,
+                context,
+                dockerfile=IMAGES / "zeps" / "Dockerfile",
+                args={"BUILD_BASE": self.rootfs("python-build"), "RUNTIME_BASE": self.rootfs("python")},
+            )
+        return tag
+
+    def zookeeper_image(self) -> str:
+        """``zeps-zookeeper:<version>-<hash>``: a JRE, the pinned jars and images/zookeeper's launcher."""
+        jars = sorted((self.zookeeper_home / "lib").glob("*.jar"))
+        version = next((j.stem.split("-", 1)[1] for j in jars if re.fullmatch(r"zookeeper-\d[\d.]*", j.stem)), None)
+        if version is None:
+            raise SetupError(f"no zookeeper-<version>.jar in {self.zookeeper_home / 'lib'}")
+        key = _hash(_tree_hash(IMAGES / "zookeeper"), *(j.name for j in jars), *ROOTFS["java"])
+        tag = f"zeps-zookeeper:{version}-{key}"
+        if image_exists(self.engine, tag):
+            self.say(f"images: {tag} (cached)")
+            return tag
+        self.say(f"images: building {tag}")
+        with tempfile.TemporaryDirectory(dir=self._scratch()) as tmp:
+            context = Path(tmp)
+            shutil.copytree(IMAGES / "zookeeper", context, dirs_exist_ok=True)
+            (context / "lib").mkdir()
+            for jar in jars:
+                shutil.copy2(jar, context / "lib" / jar.name)
+            self.build(tag, context, dockerfile=context / "Dockerfile", args={"JAVA_BASE": self.rootfs("java")})
+        return tag
+
+
+def go_module_dir(module_dir: Path, module: str) -> Path:
+    """Where the Go module cache holds ``module`` at the version ``module_dir``'s go.mod pins."""
+    result = subprocess.run(
+        ["go", "list", "-m", "-json", module],
+        cwd=module_dir,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "GOFLAGS": "-mod=readonly", "GOSUMDB": "off"},
+    )
+    if result.returncode != 0:
+        raise SetupError(f"go list -m {module} failed in {module_dir}: {result.stderr.strip()}")
+    info = json.loads(result.stdout)
+    folder = info.get("Dir")
+    if not folder:
+        subprocess.run(["go", "mod", "download", module], cwd=module_dir, check=False, capture_output=True)
+        result = subprocess.run(
+            ["go", "list", "-m", "-json", module], cwd=module_dir, capture_output=True, text=True, check=False
+        )
+        folder = json.loads(result.stdout).get("Dir")
+    if not folder:
+        raise SetupError(f"{module} is not in the Go module cache; run tools/testbin/build.sh kind")
+    return Path(folder)
+
+
+def _debian_mirror() -> str:
+    """The Debian mirror this machine's apt uses (deb822 or one-line sources), for debootstrap."""
+    override = os.environ.get("ZEPS_DEBIAN_MIRROR")
+    if override:
+        return override
+    sources = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
+    for path in sources:
+        try:
+            text = path.read_text()
+        except OSError:
+            continue
+        if path.suffix == ".sources":
+            for block in text.split("\n\n"):
+                uris = re.search(r"^URIs:\s*(\S+)", block, re.MULTILINE)
+                suites = re.search(r"^Suites:\s*(.+)$", block, re.MULTILINE)
+                if uris and suites and SUITE in suites.group(1).split() and "security" not in uris.group(1):
+                    return uris.group(1)
+        else:
+            for line in text.splitlines():
+                parts = line.split()
+                if len(parts) >= 3 and parts[0] == "deb" and parts[2] == SUITE:
+                    return parts[1]
+    raise SetupError(
+        f"found no Debian {SUITE} mirror in /etc/apt/sources.list(.d); "
+        "set ZEPS_DEBIAN_MIRROR to one (debootstrap uses it)"
+    )

@@ -1,0 +1,380 @@
+"""A kind cluster with real nodes, built and run here: what ``make e2e`` and ``make demo CLUSTER=kind`` use.
+
+``KindStack`` puts the pieces together, each in its own module:
+
+* :class:`~zeps.dev.docker.DockerEngine` — the user's engine, or a dockerd of zeps;
+* :class:`~zeps.dev.images.ImageBuilder` — the node image and the project's images, no registry;
+* :class:`KindCluster` — ``kind create cluster`` with that node image (kubeconfig in the zeps cache,
+  never the user's ``~/.kube/config``), images loaded with ``kind load``, CoreDNS answering only
+  for the cluster (no upstream forwarding: nothing in the cluster tries any address outside it);
+* the chart installed with helm: the operator and a 3-server ZooKeeper ensemble in pods.
+
+Stopping (also on Ctrl-C or an exception) deletes the cluster (unless ``ZEPS_KEEP_CLUSTER=1``) and
+stops the dockerd of zeps, if one was started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from zeps.dev.docker import DockerEngine
+from zeps.dev.images import REPOSITORY, TESTBIN_SOURCES, ImageBuilder, go_module_dir
+from zeps.dev.process import LocalServer
+from zeps.errors import SetupError
+
+__all__ = ["KindCluster", "KindStack", "cache_dir"]
+
+CHART = REPOSITORY / "charts" / "zeps"
+DEFAULT_CLUSTER = "zeps-e2e"
+RELEASE = "zeps"
+OPERATOR_NAMESPACE = "zeps-system"
+
+
+def upstream_node_image() -> str:
+    """The node image the pinned kind release defaults to, pinned by digest (read from kind's source,
+    ``pkg/apis/config/defaults/image.go``): for users who can pull from a registry."""
+    kind = go_module_dir(TESTBIN_SOURCES / "kind", "sigs.k8s.io/kind")
+    source = kind / "pkg" / "apis" / "config" / "defaults" / "image.go"
+    match = re.search(r'const Image = "([^"]+@sha256:[0-9a-f]{64})"', source.read_text())
+    if match is None:
+        raise SetupError(f"no pinned default image in {source}")
+    return match.group(1)
+
+
+def cache_dir() -> Path:
+    """The zeps cache, as tools/setup.sh finds it: ZEPS_CACHE_DIR, else $XDG_CACHE_HOME/zeps or ~/.cache/zeps."""
+    if os.environ.get("ZEPS_CACHE_DIR"):
+        return Path(os.environ["ZEPS_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "zeps"
+
+
+def _say(line: str) -> None:
+    print(f"[e2e] {line}", flush=True)
+
+
+class KindCluster(LocalServer):
+    """One kind cluster in ``engine``; ``kubectl()`` and ``helm()`` talk to it with its own kubeconfig."""
+
+    def __init__(
+        self,
+        engine: DockerEngine,
+        *,
+        name: str,
+        node_image: str,
+        binaries: Path,
+        workdir: Path,
+        api_port: int = 0,
+        say: Callable[[str], None] = _say,
+    ) -> None:
+        self.engine = engine
+        self.name = name
+        self.node_image = node_image
+        self.binaries = binaries
+        self.workdir = workdir
+        self.api_port = api_port
+        self.say = say
+        self.kubeconfig = workdir / "kubeconfig"
+        self.created = False
+
+    # -- commands --------------------------------------------------------------------------------
+    def _run(self, argv: Sequence[str], *, timeout: float = 600, input: str | None = None) -> str:
+        result = subprocess.run(
+            list(argv), env=self.engine.env, capture_output=True, text=True, timeout=timeout, input=input, check=False
+        )
+        if result.returncode != 0:
+            output = (result.stderr or result.stdout).strip()[-3000:]
+            raise SetupError(f"{Path(argv[0]).name} {' '.join(argv[1:4])} failed: {output}")
+        return result.stdout
+
+    def kind(self, *args: str, timeout: float = 600) -> str:
+        return self._run([str(self.binaries / "kind"), *args], timeout=timeout)
+
+    def kubectl(self, *args: str, timeout: float = 300, input: str | None = None) -> str:
+        return self._run(
+            [str(self.binaries / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args], timeout=timeout, input=input
+        )
+
+    def helm(self, *args: str, timeout: float = 900) -> str:
+        return self._run([str(self.binaries / "helm"), f"--kubeconfig={self.kubeconfig}", *args], timeout=timeout)
+
+    def exists(self) -> bool:
+        return self.name in self.kind("get", "clusters").split()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.exists():
+            if not self.engine.owned:
+                raise SetupError(
+                    f"a kind cluster named {self.name!r} already exists in your Docker engine and zeps did not "
+                    f"create it: set ZEPS_KIND_CLUSTER to another name (or delete it yourself: "
+                    f"kind delete cluster --name {self.name})"
+                )
+            self.say(f"kind: deleting cluster {self.name} left by an earlier run (in the dockerd of zeps)")
+            self.kind("delete", "cluster", "--name", self.name, "--kubeconfig", str(self.kubeconfig))
+        if self.api_port:
+            _check_port_free(self.api_port)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config = self.workdir / "kind.yaml"
+        config.write_text(_kind_config(self.api_port))
+        self.say(f"kind: creating cluster {self.name} (node image {self.node_image})")
+        started = time.monotonic()
+        self.created = True  # from here on, stop() deletes whatever kind made
+        self.kind(
+            "create", "cluster", "--name", self.name, "--image", self.node_image, "--config", str(config),
+            "--kubeconfig", str(self.kubeconfig), "--wait", "0s", "--retain",
+            timeout=900,
+        )  # fmt: skip
+        self._cluster_dns_only()
+        self.kubectl("wait", "--for=condition=Ready", "node", "--all", "--timeout=300s", timeout=330)
+        self.kubectl(
+            "-n", "kube-system", "rollout", "status", "deployment/coredns", "--timeout=300s", timeout=330
+        )  # fmt: skip
+        self.say(f"kind: cluster {self.name} ready in {time.monotonic() - started:.0f}s (kubeconfig {self.kubeconfig})")
+
+    def _cluster_dns_only(self) -> None:
+        """CoreDNS without its ``forward`` to the node's resolv.conf: names outside the cluster are
+        not resolved, so nothing in the cluster sends a DNS query past this machine."""
+        cm = json.loads(self.kubectl("-n", "kube-system", "get", "configmap", "coredns", "-o", "json"))
+        corefile = cm["data"]["Corefile"]
+        patched = re.sub(r"\n\s*forward \. [^\n{]*(\{[^}]*\})?", "", corefile)
+        patched = re.sub(r"\n\s*loop\b", "", patched)
+        if patched != corefile:
+            cm["data"]["Corefile"] = patched
+            self.kubectl("replace", "-f", "-", input=json.dumps(cm))
+            self.kubectl("-n", "kube-system", "rollout", "restart", "deployment/coredns")
+
+    def load(self, *images: str) -> None:
+        self.say(f"kind: loading {', '.join(images)}")
+        self.kind("load", "docker-image", "--name", self.name, *images, timeout=900)
+
+    def stop(self) -> None:
+        if not self.created:
+            return
+        self.say(f"kind: deleting cluster {self.name}")
+        with contextlib.suppress(SetupError, subprocess.TimeoutExpired):
+            self.kind("delete", "cluster", "--name", self.name, "--kubeconfig", str(self.kubeconfig), timeout=300)
+        self.created = False
+
+
+def _kind_config(api_port: int) -> str:
+    return (
+        "# written by zeps.dev.kind for make e2e\n"
+        "kind: Cluster\n"
+        "apiVersion: kind.x-k8s.io/v1alpha4\n"
+        "networking:\n"
+        "  apiServerAddress: 127.0.0.1\n"
+        f"  apiServerPort: {api_port}\n"
+        "  disableDefaultCNI: true  # the node image carries a static ptp network for its one node\n"
+        "nodes:\n"
+        "  - role: control-plane\n"
+    )
+
+
+def _check_port_free(port: int) -> None:
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            raise SetupError(
+                f"port {port} on 127.0.0.1 is taken (ZEPS_KIND_API_PORT): "
+                "choose a free one, or unset it for a random port"
+            ) from None
+
+
+class KindStack(LocalServer):
+    """Engine, images, cluster and chart: everything in pods, on real nodes."""
+
+    def __init__(
+        self,
+        *,
+        binaries: Path,
+        zookeeper_home: Path,
+        venv_python: Path,
+        cluster_name: str = DEFAULT_CLUSTER,
+        keep: bool = False,
+        say: Callable[[str], None] = _say,
+    ) -> None:
+        self.say = say
+        self.keep = keep
+        self.binaries = binaries
+        self.cache = cache_dir()
+        self.engine = DockerEngine(self.cache / "docker", say=say, detached=keep)
+        self.builder = ImageBuilder(
+            self.engine, binaries=binaries, cache=self.cache, zookeeper_home=zookeeper_home, say=say
+        )
+        self.venv_python = venv_python
+        self.cluster_name = cluster_name
+        self.cluster: KindCluster | None = None
+        self.zeps_image = ""
+        self.zookeeper_image = ""
+        self.timings: dict[str, float] = {}
+
+    def start(self) -> None:
+        t0 = time.monotonic()
+        try:
+            self.engine.start()
+            node_image = self._node_image()
+            self.zeps_image = self.builder.zeps_image(self.venv_python)
+            self.zookeeper_image = self.builder.zookeeper_image()
+            self.timings["images_s"] = time.monotonic() - t0
+            t1 = time.monotonic()
+            self.cluster = KindCluster(
+                self.engine,
+                name=self.cluster_name,
+                node_image=node_image,
+                binaries=self.binaries,
+                workdir=self.cache / "kind" / "clusters" / self.cluster_name,
+                api_port=int(os.environ.get("ZEPS_KIND_API_PORT", "0")),
+                say=self.say,
+            )
+            self.cluster.start()
+            self.timings["cluster_create_s"] = time.monotonic() - t1
+            self.cluster.load(self.zeps_image, self.zookeeper_image)
+            self.install_chart()
+            self.timings["ready_s"] = time.monotonic() - t0
+        except BaseException:
+            self.stop()
+            raise
+
+    def _node_image(self) -> str:
+        choice = os.environ.get("ZEPS_KIND_NODE_IMAGE", "")
+        if choice == "upstream":
+            image = upstream_node_image()
+            self.say(f"images: using kind's own default node image {image} (pulled by kind; needs a registry)")
+            return image
+        if choice:
+            self.say(f"images: using the node image ZEPS_KIND_NODE_IMAGE={choice}")
+            return choice
+        return self.builder.node_image()
+
+    def chart_values(self) -> list[str]:
+        repository, tag = self.zeps_image.split(":")
+        zk_repository, zk_tag = self.zookeeper_image.split(":")
+        return [
+            f"image.repository={repository}",
+            f"image.tag={tag}",
+            "image.pullPolicy=Never",
+            "zookeeper.ensemble.enabled=true",
+            f"zookeeper.ensemble.image.repository={zk_repository}",
+            f"zookeeper.ensemble.image.tag={zk_tag}",
+            "zookeeper.ensemble.image.pullPolicy=Never",
+            "operator.resyncSeconds=10",
+        ]
+
+    def install_chart(self, *, upgrade: bool = False, extra: Sequence[str] = ()) -> None:
+        assert self.cluster is not None
+        verb = "upgrade" if upgrade else "install"
+        self.say(f"helm: {verb} {RELEASE} (operator + 3 ZooKeeper servers) into {OPERATOR_NAMESPACE}")
+        args = [
+            verb, RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE,
+            "--create-namespace", "--wait", "--timeout", "10m",
+        ]  # fmt: skip
+        for value in [*self.chart_values(), *extra]:
+            args += ["--set", value]
+        self.cluster.helm(*args, timeout=660)
+
+    def env(self) -> dict[str, str]:
+        """What the e2e suite needs to find this stack."""
+        assert self.cluster is not None
+        return {
+            "ZEPS_E2E_KUBECONFIG": str(self.cluster.kubeconfig),
+            "ZEPS_E2E_IMAGE": self.zeps_image,
+            "ZEPS_E2E_ZOOKEEPER_IMAGE": self.zookeeper_image,
+            "ZEPS_E2E_RELEASE": RELEASE,
+            "ZEPS_E2E_NAMESPACE": OPERATOR_NAMESPACE,
+            "ZEPS_E2E_CHART_VALUES": ",".join(self.chart_values()),
+            "ZEPS_E2E_KIND_CLUSTER": self.cluster_name,
+            **{k: v for k, v in self.engine.env.items() if k == "DOCKER_HOST"},
+        }
+
+    def stop(self) -> None:
+        if self.keep and self.cluster is not None and self.cluster.created:
+            self.say(
+                f"ZEPS_KEEP_CLUSTER=1: cluster {self.cluster_name} kept; reach it with "
+                f"KUBECONFIG={self.cluster.kubeconfig}"
+                + (f" and DOCKER_HOST={self.engine.env['DOCKER_HOST']}" if self.engine.owned else "")
+                + "; remove it with `python -m zeps.dev.kind down`"
+            )
+            return
+        try:
+            if self.cluster is not None:
+                self.cluster.stop()
+        finally:
+            self.engine.stop()
+
+
+def run_e2e(pytest_args: Sequence[str]) -> int:
+    """``make e2e``: the stack up, the e2e suite on it, everything down again. Returns pytest's code."""
+    from zeps.dev.controlplane import ENV_TESTBIN  # noqa: PLC0415
+    from zeps.dev.zookeeper import zookeeper_home  # noqa: PLC0415
+
+    kindbin = os.environ.get("ZEPS_KINDBIN")
+    if not kindbin:
+        raise SetupError(
+            f"ZEPS_KINDBIN is not set; run `make e2e` (or tools/setup.sh kind): {ENV_TESTBIN} is not enough"
+        )
+    started = time.monotonic()
+    stack = KindStack(
+        binaries=Path(kindbin),
+        zookeeper_home=zookeeper_home(),
+        venv_python=REPOSITORY / ".venv" / "bin" / "python",
+        cluster_name=os.environ.get("ZEPS_KIND_CLUSTER", DEFAULT_CLUSTER),
+        keep=os.environ.get("ZEPS_KEEP_CLUSTER") == "1",
+    )
+    with stack:
+        _say(f"stack ready in {stack.timings['ready_s']:.0f}s; running the e2e suite")
+        env = {**os.environ, **stack.env()}
+        code = subprocess.run(
+            [str(REPOSITORY / ".venv" / "bin" / "python"), "-m", "pytest", "e2e", *pytest_args],
+            env=env,
+            cwd=REPOSITORY,
+            check=False,
+        ).returncode
+    timings = {k: round(v, 1) for k, v in stack.timings.items()}
+    _say(f"done in {time.monotonic() - started:.0f}s: {json.dumps(timings)}")
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import sys  # noqa: PLC0415
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    command = args.pop(0) if args else "e2e"
+    try:
+        if command == "e2e":
+            return run_e2e(args)
+        if command == "down":
+            engine = DockerEngine(cache_dir() / "docker", say=_say)
+            engine.start()  # adopts the dockerd a ZEPS_KEEP_CLUSTER=1 run kept
+            cluster = KindCluster(
+                engine,
+                name=os.environ.get("ZEPS_KIND_CLUSTER", DEFAULT_CLUSTER),
+                node_image="",
+                binaries=Path(os.environ["ZEPS_KINDBIN"]),
+                workdir=cache_dir() / "kind" / "clusters" / os.environ.get("ZEPS_KIND_CLUSTER", DEFAULT_CLUSTER),
+            )
+            cluster.created = cluster.exists()
+            cluster.stop()
+            engine.stop()
+            return 0
+    except SetupError as exc:
+        print(f"e2e: {exc}", flush=True)
+        return 3
+    except KeyboardInterrupt:
+        print("e2e: interrupted", flush=True)
+        return 130
+    print(f"usage: python -m zeps.dev.kind [e2e [PYTEST ARGS] | down] (got {command!r})")
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
