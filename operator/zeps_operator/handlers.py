@@ -219,7 +219,8 @@ def _topic_facts(body: kopf.Body, patch: kopf.Patch) -> None:
 def _run_cleaner(body: kopf.Body, spec: kopf.Spec) -> None:
     """Hold the topic's cleaner Lease (coordination.k8s.io/v1) and, while holding it, clean."""
     meta = body["metadata"]
-    holder = _hold_lease(meta["namespace"], f"{meta['name']}-cleaner")
+    owner = k8s.V1OwnerReference(api_version=f"{GROUP}/{VERSION}", kind="Topic", name=meta["name"], uid=meta["uid"])
+    holder = _hold_lease(meta["namespace"], f"{meta['name']}-cleaner", owner=owner)
     k8s.CustomObjectsApi(state.api).patch_namespaced_custom_object_status(
         GROUP, VERSION, meta["namespace"], "topics", meta["name"], {"status": {"cleanerHolder": holder}}
     )
@@ -237,8 +238,9 @@ def _run_cleaner(body: kopf.Body, spec: kopf.Spec) -> None:
             kopf.info(body, reason="Cleaned", message=f"removed the queues of vanished consumers {removed}")
 
 
-def _hold_lease(namespace: str, name: str, duration: int = 45) -> str:
-    """Acquire or renew the Lease; returns its holder (us, or the replica that holds it)."""
+def _hold_lease(namespace: str, name: str, *, owner: k8s.V1OwnerReference, duration: int = 45) -> str:
+    """Acquire or renew the Lease; returns its holder (us, or the replica that holds it). The Lease is
+    owned by its Topic, so Kubernetes deletes it with the Topic (nothing is left after an uninstall)."""
     api = k8s.CoordinationV1Api(state.api)
     now = dt.datetime.now(dt.UTC)
     me = state.settings.identity
@@ -248,7 +250,9 @@ def _hold_lease(namespace: str, name: str, duration: int = 45) -> str:
         if exc.status != 404:
             raise
         body = k8s.V1Lease(
-            metadata=k8s.V1ObjectMeta(name=name, labels={"app.kubernetes.io/managed-by": "zeps-operator"}),
+            metadata=k8s.V1ObjectMeta(
+                name=name, labels={"app.kubernetes.io/managed-by": "zeps-operator"}, owner_references=[owner]
+            ),
             spec=k8s.V1LeaseSpec(holder_identity=me, lease_duration_seconds=duration, acquire_time=now, renew_time=now),
         )
         try:
@@ -267,6 +271,8 @@ def _hold_lease(namespace: str, name: str, duration: int = 45) -> str:
         if spec.holder_identity != me:
             spec.acquire_time = now
         spec.holder_identity, spec.renew_time, spec.lease_duration_seconds = me, now, duration
+        if lease.metadata is not None and not lease.metadata.owner_references:
+            lease.metadata.owner_references = [owner]  # a Lease made before Leases had an owner
         try:
             api.replace_namespaced_lease(name, namespace, lease)  # resourceVersion makes this a compare-and-set
             return me

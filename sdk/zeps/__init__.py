@@ -9,6 +9,7 @@ from importlib.metadata import version as _version
 from zeps.coordination import (
     Group,
     GroupStatus,
+    LockLostError,
     Member,
     Membership,
     Message,
@@ -40,6 +41,7 @@ __all__ = [
     "Group",
     "GroupStatus",
     "LocalProtocolError",
+    "LockLostError",
     "Member",
     "Membership",
     "Message",

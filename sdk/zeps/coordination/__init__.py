@@ -7,6 +7,7 @@
 
 from zeps.coordination.client import close_shared, connect, digest_acl, shared_client
 from zeps.coordination.group import Group, GroupStatus, GroupWatch, Member, Membership
+from zeps.coordination.queue import LockLostError
 from zeps.coordination.topic import (
     Message,
     NoSubscribersError,
@@ -20,6 +21,7 @@ __all__ = [
     "Group",
     "GroupStatus",
     "GroupWatch",
+    "LockLostError",
     "Member",
     "Membership",
     "Message",

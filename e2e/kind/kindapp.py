@@ -1,0 +1,156 @@
+"""What the kind tests share: an application namespace and the pods a test runs there (the zeps image:
+the SDK and the ``zeps`` CLI, as the examples' ``zeps-client`` ServiceAccount), and ZooKeeper's own
+shell inside the chart's ensemble. The fixtures are in conftest.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGE = os.environ.get("ZEPS_E2E_IMAGE", "")
+OPERATOR_NAMESPACE = os.environ.get("ZEPS_E2E_NAMESPACE", "zeps-system")
+RELEASE = os.environ.get("ZEPS_E2E_RELEASE", "zeps")
+CHROOT = "/zeps"  # the chart's default zookeeper.chroot
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    """The JSON lines (``zeps --json``, the test workers) in a pod's log."""
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+class App:
+    """One application namespace on the kind cluster, and the pods a test runs there."""
+
+    def __init__(self, cluster: Any, namespace: str) -> None:
+        self.cluster = cluster
+        self.ns = namespace
+
+    # -- manifests -------------------------------------------------------------------------------
+    @staticmethod
+    def container(command: str) -> dict[str, Any]:
+        """A container running ``sh -c command`` in the zeps image: non-root, read-only root."""
+        return {
+            "name": "app",
+            "image": IMAGE,
+            "imagePullPolicy": "Never",
+            "command": ["sh", "-c", command],
+            "env": [{"name": "ZEPS_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
+            "securityContext": {
+                "readOnlyRootFilesystem": True,
+                "allowPrivilegeEscalation": False,
+                "capabilities": {"drop": ["ALL"]},
+            },
+        }
+
+    @classmethod
+    def pod_spec(cls, command: str, *, restart: str = "Never") -> dict[str, Any]:
+        return {
+            "serviceAccountName": "zeps-client",
+            "restartPolicy": restart,
+            "terminationGracePeriodSeconds": 5,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [cls.container(command)],
+        }
+
+    def run_pod(self, name: str, command: str) -> None:
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": self.pod_spec(command)}
+        self.apply(pod)
+
+    def deployment(self, name: str, command: str, *, replicas: int) -> None:
+        spec = self.pod_spec(command, restart="Always")
+        self.apply(
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": name},
+                "spec": {
+                    "replicas": replicas,
+                    "selector": {"matchLabels": {"app": name}},
+                    "template": {"metadata": {"labels": {"app": name}}, "spec": spec},
+                },
+            }
+        )
+        self.cluster.kubectl("rollout", "status", f"deployment/{name}", "-n", self.ns, "--timeout=180s", timeout=210)
+
+    def apply(self, manifest: dict[str, Any] | str) -> None:
+        text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+        self.cluster.kubectl("apply", "-n", self.ns, "-f", "-", input=text)
+
+    def apply_example(self, name: str, **replace: str) -> None:
+        text = (ROOT / "examples" / name).read_text()
+        for old, new in replace.items():
+            text = text.replace(old, new)
+        self.apply(text)
+
+    # -- reading ---------------------------------------------------------------------------------
+    def get(self, *args: str) -> Any:
+        return self.cluster.json(*args, "-n", self.ns)
+
+    def ready(self, kind: str, name: str, timeout: int = 180) -> dict[str, Any]:
+        self.cluster.kubectl(
+            "wait", "--for=condition=Ready", f"{kind}/{name}", "-n", self.ns, f"--timeout={timeout}s",
+            timeout=timeout + 30,
+        )  # fmt: skip
+        return dict(self.get(kind, name))
+
+    def logs(self, pod: str, *, previous: bool = False) -> str:
+        args = ["logs", pod, "-n", self.ns] + (["--previous"] if previous else [])
+        return str(self.cluster.kubectl(*args, check=not previous))
+
+    def pods(self, app: str) -> list[dict[str, Any]]:
+        return list(self.get("pods", "-l", f"app={app}")["items"])
+
+    def wait_succeeded(self, pod: str, timeout: float = 240) -> str:
+        """Wait for a pod to succeed and return its log; a failed pod fails the test with its log."""
+
+        def done() -> bool:
+            phase = self.get("pod", pod)["status"].get("phase", "")
+            if phase == "Failed":
+                raise AssertionError(f"pod {pod} failed:\n{self.logs(pod)}")
+            return bool(phase == "Succeeded")
+
+        self.cluster.wait_for(f"pod {self.ns}/{pod} to succeed", done, timeout=timeout)
+        return self.logs(pod)
+
+
+class ZooKeeperShell:
+    """ZooKeeper's own command-line client (``org.apache.zookeeper.ZooKeeperMain``), run inside a
+    server pod of the chart's ensemble: how a test looks at, or damages, what the operator keeps there."""
+
+    def __init__(self, cluster: Any) -> None:
+        self.cluster = cluster
+
+    def run(self, *command: str, server: int = 0) -> str:
+        line = " ".join(command)
+        script = f"java -cp '/opt/zookeeper/lib/*' org.apache.zookeeper.ZooKeeperMain -server 127.0.0.1:2181 {line}"
+        return str(
+            self.cluster.kubectl(
+                "exec", "-n", OPERATOR_NAMESPACE, f"{RELEASE}-zookeeper-{server}", "--", "bash", "-c", script,
+                timeout=60, check=False,
+            )
+        )  # fmt: skip
+
+    def exists(self, path: str) -> bool:
+        return "cZxid" in self.run("stat", path)
+
+    def modes(self) -> dict[int, str]:
+        """Each server's role: leader, follower (or "" while it is not serving)."""
+        out = {}
+        for i in range(3):
+            text = self.cluster.kubectl(
+                "exec", "-n", OPERATOR_NAMESPACE, f"{RELEASE}-zookeeper-{i}", "--", "bash", "-c",
+                "exec 3<>/dev/tcp/127.0.0.1/2181; printf srvr >&3; cat <&3", check=False,
+            )  # fmt: skip
+            out[i] = text.split("Mode: ")[1].split()[0] if "Mode: " in text else ""
+        return out
+
+
+def wait_seconds(cluster: Any, what: str, check: Any, *, timeout: float = 180) -> float:
+    """``cluster.wait_for`` that returns how long the wait took (the fault figures)."""
+    started = time.monotonic()
+    cluster.wait_for(what, check, timeout=timeout, interval=0.5)
+    return time.monotonic() - started

@@ -1,0 +1,100 @@
+"""Lifecycle on kind, as the README's operations section tells users to do it: deletion policies,
+``kubectl apply -f crds/`` + ``helm upgrade --reuse-values`` with resources staying Ready, and
+``helm uninstall`` leaving no pod, Lease or RBAC behind (the chart is installed again afterwards, so
+the tests after this file still have it)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from kindapp import CHROOT, OPERATOR_NAMESPACE, RELEASE, ROOT, App, ZooKeeperShell
+
+OPERATOR_PODS = ("pods", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/name=zeps-operator")
+
+
+def _helm(*args: str) -> str:
+    helm = Path(os.environ["ZEPS_KINDBIN"]) / "helm"
+    result = subprocess.run(
+        [str(helm), f"--kubeconfig={os.environ['ZEPS_E2E_KUBECONFIG']}", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert result.returncode == 0, f"helm {' '.join(args[:2])} failed: {result.stderr}"
+    return result.stdout
+
+
+def _topic(name: str, policy: str) -> str:
+    return (
+        f"apiVersion: zeps.dev/v1alpha1\nkind: Topic\nmetadata: {{name: {name}}}\nspec: {{deletionPolicy: {policy}}}\n"
+    )
+
+
+def test_deletion_policy_delete_and_retain(cluster: Any, app: App, zk: ZooKeeperShell) -> None:
+    app.apply(_topic("kept", "Retain"))
+    app.apply(_topic("gone", "Delete"))
+    for name in ("kept", "gone"):
+        app.ready("topic", name)
+        assert zk.exists(f"{CHROOT}/{app.ns}/topics/{name}")
+    cluster.kubectl("delete", "topic", "kept", "gone", "-n", app.ns, "--timeout=120s", timeout=150)
+    assert zk.exists(f"{CHROOT}/{app.ns}/topics/kept/subscribers")
+    assert not zk.exists(f"{CHROOT}/{app.ns}/topics/gone")
+
+
+def test_helm_upgrade_keeps_resources_ready(cluster: Any, app: App) -> None:
+    app.apply_example("topic.yaml")
+    before = app.ready("topic", "cache-invalidation")["status"]["conditions"]
+    old_pods = {p["metadata"]["name"] for p in cluster.json(*OPERATOR_PODS)["items"]}
+    cluster.kubectl("apply", "-f", str(ROOT / "crds"))  # the README's upgrade steps, in order
+    _helm("upgrade", RELEASE, str(ROOT / "charts" / "zeps"), "--namespace", OPERATOR_NAMESPACE, "--reuse-values",
+          "--set", "operator.resyncSeconds=12", "--wait", "--timeout", "5m")  # fmt: skip
+    cluster.wait_for(
+        "the upgraded operator's pod to replace the old one",
+        lambda: {p["metadata"]["name"] for p in cluster.json(*OPERATOR_PODS)["items"]}.isdisjoint(old_pods),
+        timeout=180,
+    )
+    env = cluster.json("deployment", f"{RELEASE}-operator", "-n", OPERATOR_NAMESPACE)["spec"]["template"]["spec"][
+        "containers"
+    ][0]["env"]
+    assert {"name": "ZEPS_RESYNC_SECONDS", "value": "12"} in env
+    after = app.ready("topic", "cache-invalidation")["status"]["conditions"]
+    ready = next(c for c in after if c["type"] == "Ready")
+    assert ready["status"] == "True"
+    # Ready never dropped: the condition's transition time is the one from before the upgrade
+    assert ready["lastTransitionTime"] == next(c for c in before if c["type"] == "Ready")["lastTransitionTime"]
+
+
+def test_helm_uninstall_leaves_no_pod_lease_or_rbac(cluster: Any, app: App) -> None:
+    app.apply_example("topic.yaml")
+    app.ready("topic", "cache-invalidation")
+    cluster.wait_for(
+        "the Topic's cleaner Lease",
+        lambda: cluster.kubectl("get", "lease", "cache-invalidation-cleaner", "-n", app.ns, check=False),
+        timeout=120,
+    )
+    cluster.kubectl("delete", "topic", "cache-invalidation", "-n", app.ns, "--timeout=120s", timeout=150)
+    _helm("uninstall", RELEASE, "--namespace", OPERATOR_NAMESPACE, "--wait", "--timeout", "5m")
+    try:
+        cluster.wait_for(
+            "no pod left in the release's namespace",
+            lambda: not cluster.json("pods", "-n", OPERATOR_NAMESPACE)["items"],
+            timeout=180,
+        )
+        leases = cluster.json("leases", "-A", "-l", "app.kubernetes.io/managed-by=zeps-operator")["items"]
+        cluster.wait_for(
+            "the Topic's Lease to be collected with it",
+            lambda: not cluster.json("leases", "-A", "-l", "app.kubernetes.io/managed-by=zeps-operator")["items"],
+            timeout=120,
+        )
+        rbac = cluster.kubectl("get", "clusterroles,clusterrolebindings", "-o", "name")
+        assert f"{RELEASE}-operator" not in rbac, f"RBAC left behind (leases before: {len(leases)})"
+        accounts = cluster.kubectl("get", "serviceaccounts", "-n", OPERATOR_NAMESPACE, "-o", "name")
+        assert f"{RELEASE}-operator" not in accounts
+    finally:  # the chart back, as make e2e installed it, for whatever runs after
+        sets = [arg for value in os.environ["ZEPS_E2E_CHART_VALUES"].split(",") for arg in ("--set", value)]
+        _helm("install", RELEASE, str(ROOT / "charts" / "zeps"), "--namespace", OPERATOR_NAMESPACE, *sets,
+              "--wait", "--timeout", "10m")  # fmt: skip
