@@ -154,11 +154,7 @@ def test_zookeeper_leader_pod_deleted_under_busy_workers(cluster: Any, app: App,
         cluster, "a new ZooKeeper leader", lambda: "leader" in {m for i, m in zk.modes().items() if i != leader}
     )
 
-    def drained() -> bool:
-        status = app.get("queue", "crawl-links")["status"]
-        return bool(status.get("depth") == 0 and status.get("inFlight", 0) == 0)
-
-    cluster.wait_for("the queue to drain", drained, timeout=300, interval=2)
+    cluster.wait_for("every item acked", lambda: acked() >= len(items), timeout=300, interval=2)
     lines = []
     restarts = 0
     for pod in app.pods("workers"):

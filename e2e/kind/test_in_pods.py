@@ -61,18 +61,20 @@ def test_queue_drained_by_a_three_replica_worker_deployment(cluster: Any, app: A
         "workers", "while true; do zeps --json queue take crawl-links --count 3 --timeout 5 || true; done", replicas=3
     )
 
-    def drained() -> bool:
-        status = app.get("queue", "crawl-links")["status"]
-        return bool(status.get("depth") == 0 and status.get("inFlight", 0) == 0)
+    def taken() -> Counter[str]:
+        done: Counter[str] = Counter()
+        for pod in app.pods("workers"):
+            done.update(m["body"] for m in json_lines(app.logs(pod["metadata"]["name"])))
+        return done
 
-    cluster.wait_for("the Queue's status to show it drained", drained, timeout=240, interval=2)
-    done: Counter[str] = Counter()
-    per_pod = {}
-    for pod in app.pods("workers"):
-        name = pod["metadata"]["name"]
-        taken = [m["body"] for m in json_lines(app.logs(name))]
-        per_pod[name] = len(taken)
-        done.update(taken)
+    cluster.wait_for("the workers to take every item", lambda: set(taken()) >= set(items), timeout=240, interval=2)
+    cluster.wait_for(
+        "the Queue's status to show it drained",
+        lambda: app.get("queue", "crawl-links")["status"].get("depth") == 0,
+        timeout=60,
+    )
+    per_pod = {p["metadata"]["name"]: len(json_lines(app.logs(p["metadata"]["name"]))) for p in app.pods("workers")}
+    done = taken()
     assert set(done) == set(items), f"missing: {sorted(set(items) - set(done))[:5]}"
     assert max(done.values()) == 1, f"done twice: {[i for i, n in done.items() if n > 1][:5]}"
     assert len(per_pod) == 3 and sum(per_pod.values()) == len(items)

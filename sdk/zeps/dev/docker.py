@@ -316,6 +316,21 @@ class DockerEngine(LocalServer):
                     pids.append(int(entry.name))
         return pids
 
+    def _remove_networks(self) -> list[str]:
+        """Remove our engine's own bridge networks (kind's), so no host bridge outlives it; their
+        host interface names (``br-<id>``) for a last check."""
+        if not self.answers():
+            return []
+        listed = self.docker("network", "ls", "--filter", "driver=bridge", "--format", "{{.ID}} {{.Name}}", check=False)
+        bridges = []
+        for line in listed.stdout.decode().split("\n"):
+            if not line.strip():
+                continue
+            network_id, name = line.split()
+            bridges.append(f"br-{network_id[:12]}")
+            self.docker("network", "rm", name, check=False)
+        return bridges
+
     def _leftover_pid(self) -> int | None:
         """The pid of a dockerd of ours still running (its pidfile, and our folder in its command line)."""
         with contextlib.suppress(OSError, ValueError):
@@ -353,6 +368,7 @@ class DockerEngine(LocalServer):
         """Stop an engine of ours (its containers first); an engine we did not start is left alone."""
         pid = self._pid
         if pid is not None:
+            bridges = self._remove_networks()
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)  # dockerd alone: it stops its containers, then its containerd
             if self._proc is not None:
@@ -368,7 +384,13 @@ class DockerEngine(LocalServer):
             self._proc = None
             self._pid = None
             self._kill_strays()  # a shim or containerd that outlived dockerd
-            self.say("docker: dockerd of zeps stopped")
+            for bridge in bridges:  # a host interface of one of our networks that dockerd left
+                if Path("/sys/class/net", bridge).exists():
+                    subprocess.run(["ip", "link", "delete", bridge], capture_output=True, check=False)
+            left = [str(p) for p in self._own_processes()] + [b for b in bridges if Path("/sys/class/net", b).exists()]
+            if left:
+                raise SetupError(f"the dockerd of zeps left {', '.join(left)} behind")
+            self.say("docker: dockerd of zeps stopped (no process, container or network of it left)")
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None

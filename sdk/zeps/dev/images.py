@@ -298,7 +298,7 @@ class ImageBuilder:
     def _compile_pause(self, tag: str, out: Path) -> None:
         source = go_module_dir(TESTBIN_SOURCES / "k8s", "k8s.io/kubernetes") / "build" / "pause" / "linux" / "pause.c"
         if shutil.which("gcc") is None:
-            raise SetupError("gcc is missing; install it (apt-get install gcc) — it compiles the pause image")
+            self._apt_install("gcc", "libc6-dev")  # pause is a static C program
         result = subprocess.run(
             ["gcc", "-Os", "-static", "-Wall", "-Werror", f"-DVERSION={tag}", "-o", str(out), str(source)],
             capture_output=True,

@@ -154,12 +154,30 @@ class KindCluster(LocalServer):
         self.say(f"kind: loading {', '.join(images)}")
         self.kind("load", "docker-image", "--name", self.name, *images, timeout=900)
 
+    def containers(self) -> list[str]:
+        """The engine's containers of this cluster (kind labels each node with the cluster's name)."""
+        listed = self.engine.docker("ps", "-a", "-q", "--filter", f"label=io.x-k8s.kind.cluster={self.name}")
+        return listed.stdout.decode().split()
+
     def stop(self) -> None:
+        """Delete the cluster, and make sure no node container of it is left: a Ctrl-C during
+        ``kind create`` can leave the engine finishing a node container after kind listed them."""
         if not self.created:
             return
         self.say(f"kind: deleting cluster {self.name}")
         with contextlib.suppress(SetupError, subprocess.TimeoutExpired):
             self.kind("delete", "cluster", "--name", self.name, "--kubeconfig", str(self.kubeconfig), timeout=300)
+        empty_checks = 0
+        for _ in range(40):
+            left = self.containers()
+            empty_checks = 0 if left else empty_checks + 1
+            if empty_checks == 2:  # twice, a second apart: no container is still being made
+                break
+            if left:
+                self.engine.docker("rm", "-f", *left, check=False)
+            time.sleep(1)
+        else:
+            raise SetupError(f"could not remove the node containers of kind cluster {self.name}: {self.containers()}")
         self.created = False
 
 

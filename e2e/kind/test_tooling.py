@@ -1,0 +1,90 @@
+"""``make e2e``'s driver against an engine it did not start: the suite's own engine, which a child
+run reaches through ``DOCKER_HOST`` and so treats as the user's. A name or port already taken is
+refused with one line and touches nothing; Ctrl-C in the middle of ``kind create`` leaves no container
+behind and the engine (and the cluster already in it) as they were."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER = os.environ.get("ZEPS_E2E_KIND_CLUSTER", "zeps-e2e")
+
+
+def _driver(**env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "zeps.dev.kind", "e2e", "--co", "-q"],  # collect only, if it got that far
+        env={**os.environ, **env},
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _docker(*args: str) -> str:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, check=True, timeout=60).stdout
+
+
+def _cluster_containers(name: str) -> list[str]:
+    return _docker("ps", "-a", "-q", "--filter", f"label=io.x-k8s.kind.cluster={name}").split()
+
+
+def _the_suites_cluster_is_untouched(cluster: Any) -> None:
+    assert len(_cluster_containers(CLUSTER)) == 1
+    nodes = cluster.json("nodes")["items"]
+    assert [c["status"] for n in nodes for c in n["status"]["conditions"] if c["type"] == "Ready"] == ["True"]
+
+
+def test_a_cluster_name_already_taken_is_refused_and_left_alone(cluster: Any) -> None:
+    proc = _driver(ZEPS_KIND_CLUSTER=CLUSTER)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 3, out
+    refusal = [line for line in out.splitlines() if line.startswith("e2e:")]
+    assert len(refusal) == 1 and f"named {CLUSTER!r} already exists" in refusal[0], out
+    _the_suites_cluster_is_untouched(cluster)
+
+
+def test_an_api_port_already_taken_is_named(cluster: Any) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = _driver(ZEPS_KIND_CLUSTER="zeps-port-taken", ZEPS_KIND_API_PORT=str(port))
+        out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 3, out
+    assert f"e2e: port {port} on 127.0.0.1 is taken" in out
+    assert not _cluster_containers("zeps-port-taken")
+    _the_suites_cluster_is_untouched(cluster)
+
+
+def test_ctrl_c_during_kind_create_leaves_no_container(cluster: Any) -> None:
+    name = "zeps-interrupted"
+    proc = _driver(ZEPS_KIND_CLUSTER=name)
+    assert proc.stdout is not None
+    seen = []
+    deadline = time.monotonic() + 600
+    for line in proc.stdout:
+        seen.append(line)
+        if "kind: creating cluster" in line or time.monotonic() > deadline:
+            break
+    # Ctrl-C once kind has made the node container (what a terminal sends: SIGINT to the group)
+    for _ in range(300):
+        if _cluster_containers(name):
+            break
+        time.sleep(0.1)
+    assert _cluster_containers(name), "kind never created the node container: " + "".join(seen)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 130, "".join(seen) + out
+    assert not _cluster_containers(name), "the interrupted run left its node container"
+    assert name not in _docker("ps", "-a", "--format", "{{.Names}}")
+    _the_suites_cluster_is_untouched(cluster)

@@ -1,0 +1,98 @@
+"""The kind tooling's own failure paths and its runtime shim, without a Docker engine: what a user
+sees when something is missing or taken, and that the shim really drops what the kernel lacks.
+
+(The tooling's behaviour with a real engine — an interrupted run, a cluster name or port already
+taken in an engine zeps did not start — is tested on kind by ``make e2e``: e2e/kind/test_tooling.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zeps.dev.docker import CAPABILITIES, SHIM, missing_capabilities
+from zeps.dev.kind import _check_port_free
+from zeps.errors import SetupError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_missing_capabilities_reads_the_bounding_set(tmp_path: Path) -> None:
+    status = tmp_path / "status"
+    status.write_text("Name:\tx\nCapBnd:\t000001fffeffffff\n")  # what this project's VMs show
+    assert missing_capabilities(status) == ["CAP_SYS_RESOURCE"]
+    status.write_text("CapBnd:\t000001ffffffffff\n")
+    assert missing_capabilities(status) == []
+
+
+def _shim(tmp_path: Path, bounding: int) -> tuple[Path, Path]:
+    """The shim as dockerd runs it, with a fake runc that records the spec it was handed."""
+    shim = tmp_path / "runc-shim"
+    text = SHIM.format(python=sys.executable, names=CAPABILITIES)
+    # the shim reads its own bounding set; give it a fixed one for the test
+    text = text.replace('open("/proc/self/status")', f"open({str(tmp_path / 'status')!r})")
+    shim.write_text(text)
+    shim.chmod(0o755)
+    (tmp_path / "status").write_text(f"CapBnd:\t{bounding:016x}\n")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    runc = fake / "runc"
+    runc.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/runc-args\n')
+    runc.chmod(0o755)
+    return shim, fake
+
+
+def test_the_runtime_shim_drops_missing_capabilities_then_runs_runc(tmp_path: Path) -> None:
+    everything_but_sys_resource = ((1 << len(CAPABILITIES)) - 1) & ~(1 << CAPABILITIES.index("SYS_RESOURCE"))
+    shim, fake = _shim(tmp_path, everything_but_sys_resource)
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    caps = ["CAP_CHOWN", "CAP_SYS_RESOURCE", "CAP_SYS_ADMIN"]
+    spec = {"process": {"capabilities": {k: caps for k in ("bounding", "effective", "permitted")}}}
+    (bundle / "config.json").write_text(json.dumps(spec))
+    process = tmp_path / "process.json"
+    process.write_text(json.dumps({"capabilities": {"bounding": caps}, "args": ["sh"]}))
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+    for argv in (["create", "--bundle", str(bundle), "id1"], ["exec", "--process", str(process), "id1"]):
+        result = subprocess.run(
+            [str(shim), "--root", "/x", *argv], env=env, capture_output=True, text=True, check=False
+        )
+        assert result.returncode == 0, result.stderr
+        assert (tmp_path / "runc-args").read_text().split() == ["--root", "/x", *argv]  # runc got the same call
+    kept = ["CAP_CHOWN", "CAP_SYS_ADMIN"]
+    assert json.loads((bundle / "config.json").read_text())["process"]["capabilities"]["effective"] == kept
+    assert json.loads(process.read_text())["capabilities"]["bounding"] == kept
+
+
+def test_a_port_already_taken_is_named() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        with pytest.raises(SetupError, match=f"port {port} on 127.0.0.1 is taken"):
+            _check_port_free(port)
+
+
+def test_no_engine_and_no_apt_says_what_to_install_in_one_line(tmp_path: Path) -> None:
+    """No docker, no dockerd, no apt-get on PATH: `make e2e`'s driver exits 3 with one line."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    env = {
+        "PATH": str(bin_dir),
+        "HOME": str(tmp_path),
+        "ZEPS_CACHE_DIR": str(tmp_path / "cache"),
+        "ZEPS_KINDBIN": str(tmp_path / "kindbin"),
+        "ZEPS_ZOOKEEPER_HOME": os.environ.get("ZEPS_ZOOKEEPER_HOME", str(tmp_path)),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "zeps.dev.kind", "e2e"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 3, result.stdout + result.stderr
+    lines = [line for line in result.stdout.splitlines() if line.startswith("e2e:")]
+    assert len(lines) == 1 and "apt-get install docker.io" in lines[0], result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
