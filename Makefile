@@ -26,8 +26,8 @@ e2e: setup      ## the e2e suite on a kind cluster with real nodes, images built
 	@$(WITH_ENV) $(PY) -m zeps.dev.kind e2e $(PYTEST_ARGS)
 
 CLUSTER ?= local
-demo:             ## the whole system on the local stack, with a summary (CLUSTER=kind: see README)
-	@tools/setup.sh python zookeeper testbin
+demo:             ## the whole system on the local stack, with a summary (CLUSTER=kind: everything in pods)
+	@tools/setup.sh python zookeeper testbin $(if $(filter kind,$(CLUSTER)),kind,)
 	@$(WITH_ENV) CLUSTER=$(CLUSTER) $(PY) -m zeps.demo
 
 bench-%: setup    ## side-by-side benchmarks: bench-topic, -queue, -stream, -spark, -operator; each prints one JSON line last

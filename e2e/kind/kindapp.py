@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from zeps.dev.kind import client_pod_spec
+
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("ZEPS_E2E_IMAGE", "")
 OPERATOR_NAMESPACE = os.environ.get("ZEPS_E2E_NAMESPACE", "zeps-system")
@@ -31,30 +33,9 @@ class App:
 
     # -- manifests -------------------------------------------------------------------------------
     @staticmethod
-    def container(command: str) -> dict[str, Any]:
-        """A container running ``sh -c command`` in the zeps image: non-root, read-only root."""
-        return {
-            "name": "app",
-            "image": IMAGE,
-            "imagePullPolicy": "Never",
-            "command": ["sh", "-c", command],
-            "env": [{"name": "ZEPS_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
-            "securityContext": {
-                "readOnlyRootFilesystem": True,
-                "allowPrivilegeEscalation": False,
-                "capabilities": {"drop": ["ALL"]},
-            },
-        }
-
-    @classmethod
-    def pod_spec(cls, command: str, *, restart: str = "Never") -> dict[str, Any]:
-        return {
-            "serviceAccountName": "zeps-client",
-            "restartPolicy": restart,
-            "terminationGracePeriodSeconds": 5,
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [cls.container(command)],
-        }
+    def pod_spec(command: str, *, restart: str = "Never") -> dict[str, Any]:
+        """``sh -c command`` in the zeps image as the examples' zeps-client ServiceAccount."""
+        return client_pod_spec(IMAGE, command, restart=restart)
 
     def run_pod(self, name: str, command: str) -> None:
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": self.pod_spec(command)}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zeps._records import RecordFormatError, Records, encode_record
@@ -50,6 +50,7 @@ def test_a_run_gives_back_its_rows_whole_and_in_parts(rows: list[Row], data: st.
     assert run.after(cut).rows() == [r for r in rows if r[0] > cut]
 
 
+@settings(deadline=None)  # the first example pays Arrow's first-use set-up (~300 ms on 2 busy cores)
 @given(records, st.data())
 def test_columns_hold_exactly_the_rows_however_the_runs_are_split(rows: list[Row], data: st.DataObject) -> None:
     cuts = sorted(data.draw(st.sets(st.integers(1, len(rows) - 1), max_size=4)) if len(rows) > 1 else set())

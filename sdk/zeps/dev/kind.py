@@ -23,13 +23,14 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from zeps.dev.docker import DockerEngine
 from zeps.dev.images import REPOSITORY, TESTBIN_SOURCES, ImageBuilder, go_module_dir
 from zeps.dev.process import LocalServer
 from zeps.errors import SetupError
 
-__all__ = ["KindCluster", "KindStack", "cache_dir"]
+__all__ = ["KindCluster", "KindStack", "cache_dir", "client_pod_spec", "kind_stack_from_env"]
 
 CHART = REPOSITORY / "charts" / "zeps"
 DEFAULT_CLUSTER = "zeps-e2e"
@@ -181,6 +182,31 @@ class KindCluster(LocalServer):
         self.created = False
 
 
+def client_pod_spec(image: str, command: str, *, restart: str = "Never") -> dict[str, Any]:
+    """A pod spec running ``sh -c command`` in the zeps image as an SDK client: the ServiceAccount of
+    ``examples/client-rbac.yaml``, its namespace in ``ZEPS_NAMESPACE``, non-root, read-only root."""
+    return {
+        "serviceAccountName": "zeps-client",
+        "restartPolicy": restart,
+        "terminationGracePeriodSeconds": 5,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [
+            {
+                "name": "app",
+                "image": image,
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", command],
+                "env": [{"name": "ZEPS_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
+                "securityContext": {
+                    "readOnlyRootFilesystem": True,
+                    "allowPrivilegeEscalation": False,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+            }
+        ],
+    }
+
+
 def _kind_config(api_port: int) -> str:
     return (
         "# written by zeps.dev.kind for make e2e\n"
@@ -330,8 +356,8 @@ class KindStack(LocalServer):
             self.engine.stop()
 
 
-def run_e2e(pytest_args: Sequence[str]) -> int:
-    """``make e2e``: the stack up, the e2e suite on it, everything down again. Returns pytest's code."""
+def kind_stack_from_env(*, cluster_name: str | None = None) -> KindStack:
+    """A KindStack with what ``tools/setup.sh`` wrote to .zeps-env (``make e2e``, ``make demo CLUSTER=kind``)."""
     from zeps.dev.controlplane import ENV_TESTBIN  # noqa: PLC0415
     from zeps.dev.zookeeper import zookeeper_home  # noqa: PLC0415
 
@@ -340,14 +366,19 @@ def run_e2e(pytest_args: Sequence[str]) -> int:
         raise SetupError(
             f"ZEPS_KINDBIN is not set; run `make e2e` (or tools/setup.sh kind): {ENV_TESTBIN} is not enough"
         )
-    started = time.monotonic()
-    stack = KindStack(
+    return KindStack(
         binaries=Path(kindbin),
         zookeeper_home=zookeeper_home(),
         venv_python=REPOSITORY / ".venv" / "bin" / "python",
-        cluster_name=os.environ.get("ZEPS_KIND_CLUSTER", DEFAULT_CLUSTER),
+        cluster_name=cluster_name or os.environ.get("ZEPS_KIND_CLUSTER", DEFAULT_CLUSTER),
         keep=os.environ.get("ZEPS_KEEP_CLUSTER") == "1",
     )
+
+
+def run_e2e(pytest_args: Sequence[str]) -> int:
+    """``make e2e``: the stack up, the e2e suite on it, everything down again. Returns pytest's code."""
+    started = time.monotonic()
+    stack = kind_stack_from_env()
     with stack:
         _say(f"stack ready in {stack.timings['ready_s']:.0f}s; running the e2e suite")
         env = {**os.environ, **stack.env()}
