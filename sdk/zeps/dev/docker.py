@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from zeps.dev.process import LocalServer, wait_until
+from zeps.dev.process import LocalServer, apt_install, wait_until
 from zeps.errors import SetupError
 
 __all__ = ["CAPABILITIES", "DockerEngine", "missing_capabilities"]
@@ -214,17 +214,8 @@ class DockerEngine(LocalServer):
     def _install_docker(self) -> bool:
         if not self.install or shutil.which("apt-get") is None:
             return False
-        self.say("docker: installing Debian's docker.io (apt-get; its service is not started)")
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        log = self.root / "apt.log"
-        self.root.mkdir(parents=True, exist_ok=True)
-        with log.open("wb") as out:
-            for argv in (
-                ["apt-get", "update", "-qq"],
-                ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "docker.io", "iptables"],
-            ):
-                if subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=env, check=False).returncode:
-                    raise SetupError(f"{' '.join(argv[:2])} failed (log: {log}); as root: apt-get install docker.io")
+        self.say("docker: installing Debian's docker.io with apt-get")
+        apt_install("docker.io", "iptables", log=self.root / "apt.log")
         return shutil.which("docker") is not None
 
     def _start_own(self) -> None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zeps.dev.docker import DockerEngine, image_exists
+from zeps.dev.process import apt_install, run_tool
 from zeps.errors import SetupError
 
 __all__ = ["ROOTFS", "ImageBuilder", "Pins", "go_module_dir", "project_image_tag"]
@@ -212,13 +213,8 @@ class ImageBuilder:
         return path
 
     def _apt_install(self, *packages: str) -> None:
-        if shutil.which("apt-get") is None:
-            raise SetupError(f"{' '.join(packages)} missing and apt-get is not available: install {' '.join(packages)}")
-        self.say(f"images: installing Debian's {' '.join(packages)}")
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *packages]):
-            if subprocess.run(argv, capture_output=True, env=env, check=False).returncode != 0:
-                raise SetupError(f"{' '.join(argv)} failed; as root: apt-get install {' '.join(packages)}")
+        self.say(f"images: installing Debian's {' '.join(packages)} with apt-get")
+        apt_install(*packages, log=self.cache / "apt.log")
 
     # -- docker build ----------------------------------------------------------------------------
     def build(self, tag: str, context: Path, *, dockerfile: Path | str, args: Mapping[str, str] | None = None) -> None:
@@ -241,16 +237,9 @@ class ImageBuilder:
 
     # -- the component images kubeadm asks for ---------------------------------------------------
     def kubeadm_images(self) -> list[str]:
-        result = subprocess.run(
-            [str(self.binaries / "kubeadm"), "config", "images", "list", "--kubernetes-version", self.pins.kubernetes],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=60,
-        )
-        if result.returncode != 0:
-            raise SetupError(f"kubeadm config images list failed: {result.stderr.strip()}")
-        images = [line.strip() for line in result.stdout.splitlines() if line.strip()]
+        kubeadm = [str(self.binaries / "kubeadm"), "config", "images", "list"]
+        listed = run_tool([*kubeadm, "--kubernetes-version", self.pins.kubernetes], timeout=60)
+        images = [line.strip() for line in listed.splitlines() if line.strip()]
         self._check_pins(images)
         return images
 
@@ -299,14 +288,10 @@ class ImageBuilder:
         source = go_module_dir(TESTBIN_SOURCES / "k8s", "k8s.io/kubernetes") / "build" / "pause" / "linux" / "pause.c"
         if shutil.which("gcc") is None:
             self._apt_install("gcc", "libc6-dev")  # pause is a static C program
-        result = subprocess.run(
+        run_tool(
             ["gcc", "-Os", "-static", "-Wall", "-Werror", f"-DVERSION={tag}", "-o", str(out), str(source)],
-            capture_output=True,
-            text=True,
-            check=False,
+            hint=" (a static binary needs glibc's static library: apt-get install libc6-dev)",
         )
-        if result.returncode != 0:
-            raise SetupError(f"compiling pause.c failed (static glibc: apt-get install libc6-dev): {result.stderr}")
 
     # -- the kind node image ---------------------------------------------------------------------
     def node_image(self) -> str:
@@ -382,22 +367,8 @@ class ImageBuilder:
         with tempfile.TemporaryDirectory(dir=self._scratch()) as tmp:
             context = Path(tmp)
             pip = [str(venv_python), "-m", "pip", "wheel", "-q", "--disable-pip-version-check"]
-            result = subprocess.run(
-                [
-                    *pip,
-                    "-c",
-                    str(REPOSITORY / "constraints.txt"),
-                    "-w",
-                    str(context / "wheels"),
-                    f"{REPOSITORY}[operator]",
-                ],
-                capture_output=True,
-                text=True,
-                check=False,
-                timeout=900,
-            )
-            if result.returncode != 0:
-                raise SetupError(f"pip wheel for the zeps image failed:\n{result.stderr[-2000:]}")
+            constraints, wheels = str(REPOSITORY / "constraints.txt"), str(context / "wheels")
+            run_tool([*pip, "-c", constraints, "-w", wheels, f"{REPOSITORY}[operator]"], timeout=900)
             self.build(
                 tag,
                 context,
@@ -430,24 +401,11 @@ class ImageBuilder:
 
 def go_module_dir(module_dir: Path, module: str) -> Path:
     """Where the Go module cache holds ``module`` at the version ``module_dir``'s go.mod pins."""
-    result = subprocess.run(
-        ["go", "list", "-m", "-json", module],
-        cwd=module_dir,
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, "GOFLAGS": "-mod=readonly", "GOSUMDB": "off"},
-    )
-    if result.returncode != 0:
-        raise SetupError(f"go list -m {module} failed in {module_dir}: {result.stderr.strip()}")
-    info = json.loads(result.stdout)
-    folder = info.get("Dir")
-    if not folder:
-        subprocess.run(["go", "mod", "download", module], cwd=module_dir, check=False, capture_output=True)
-        result = subprocess.run(
-            ["go", "list", "-m", "-json", module], cwd=module_dir, capture_output=True, text=True, check=False
-        )
-        folder = json.loads(result.stdout).get("Dir")
+    env = {**os.environ, "GOFLAGS": "-mod=readonly", "GOSUMDB": "off"}
+    folder = json.loads(run_tool(["go", "list", "-m", "-json", module], cwd=module_dir, env=env)).get("Dir")
+    if not folder:  # pinned, but not downloaded yet
+        run_tool(["go", "mod", "download", module], cwd=module_dir, env=env, timeout=900)
+        folder = json.loads(run_tool(["go", "list", "-m", "-json", module], cwd=module_dir, env=env)).get("Dir")
     if not folder:
         raise SetupError(f"{module} is not in the Go module cache; run tools/testbin/build.sh kind")
     return Path(folder)

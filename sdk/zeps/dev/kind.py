@@ -27,7 +27,7 @@ from typing import Any
 
 from zeps.dev.docker import DockerEngine
 from zeps.dev.images import REPOSITORY, TESTBIN_SOURCES, ImageBuilder, go_module_dir
-from zeps.dev.process import LocalServer
+from zeps.dev.process import LocalServer, run_tool
 from zeps.errors import SetupError
 
 __all__ = ["KindCluster", "KindStack", "cache_dir", "client_pod_spec", "kind_stack_from_env"]
@@ -86,13 +86,7 @@ class KindCluster(LocalServer):
 
     # -- commands --------------------------------------------------------------------------------
     def _run(self, argv: Sequence[str], *, timeout: float = 600, input: str | None = None) -> str:
-        result = subprocess.run(
-            list(argv), env=self.engine.env, capture_output=True, text=True, timeout=timeout, input=input, check=False
-        )
-        if result.returncode != 0:
-            output = (result.stderr or result.stdout).strip()[-3000:]
-            raise SetupError(f"{Path(argv[0]).name} {' '.join(argv[1:4])} failed: {output}")
-        return result.stdout
+        return run_tool(argv, env=self.engine.env, timeout=timeout, input=input)
 
     def kind(self, *args: str, timeout: float = 600) -> str:
         return self._run([str(self.binaries / "kind"), *args], timeout=timeout)

@@ -7,6 +7,7 @@ import atexit
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,7 +20,7 @@ from typing import Self
 
 from zeps.errors import SetupError
 
-__all__ = ["LocalServer", "ManagedProcess", "free_port", "wait_until"]
+__all__ = ["LocalServer", "ManagedProcess", "apt_install", "free_port", "run_tool", "wait_until"]
 
 _PR_SET_PDEATHSIG = 1
 _live: set[ManagedProcess] = set()
@@ -52,6 +53,43 @@ def wait_until(check: Callable[[], bool], *, timeout: float, interval: float = 0
         if time.monotonic() >= deadline:
             raise SetupError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
+
+
+def run_tool(
+    argv: Sequence[str],
+    *,
+    timeout: float = 600,
+    input: str | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    hint: str = "",
+) -> str:
+    """Run a command line tool to completion; its stdout, or :class:`SetupError` with the command,
+    the tail of what it said, and ``hint`` (what to do about it)."""
+    result = subprocess.run(
+        list(argv), input=input, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if result.returncode != 0:
+        said = (result.stderr or result.stdout).strip()[-3000:]
+        raise SetupError(f"{Path(argv[0]).name} {' '.join(argv[1:4])} failed (exit {result.returncode}){hint}: {said}")
+    return result.stdout
+
+
+def apt_install(*packages: str, log: Path) -> None:
+    """``apt-get update`` then ``apt-get install`` of Debian ``packages`` (no recommends), output in
+    ``log``; :class:`SetupError` naming the command to run by hand when it fails or apt-get is absent."""
+    by_hand = f"apt-get install {' '.join(packages)}"
+    if shutil.which("apt-get") is None:
+        raise SetupError(f"{' '.join(packages)} missing and apt-get is not available: install them ({by_hand})")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        for argv in (
+            ["apt-get", "update", "-qq"],
+            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages],
+        ):
+            if subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=env, check=False).returncode:
+                raise SetupError(f"{' '.join(argv[:2])} failed (log: {log}); as root: {by_hand}")
 
 
 class LocalServer(abc.ABC):
