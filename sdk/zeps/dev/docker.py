@@ -308,8 +308,8 @@ class DockerEngine(LocalServer):
         return pids
 
     def _remove_networks(self) -> list[str]:
-        """Remove our engine's own bridge networks (kind's), so no host bridge outlives it; their
-        host interface names (``br-<id>``) for a last check."""
+        """Remove our engine's own bridge networks (kind's), so no host bridge outlives it, and volumes
+        no container uses; the networks' host interface names (``br-<id>``) for a last check."""
         if not self.answers():
             return []
         listed = self.docker("network", "ls", "--filter", "driver=bridge", "--format", "{{.ID}} {{.Name}}", check=False)
@@ -320,6 +320,7 @@ class DockerEngine(LocalServer):
             network_id, name = line.split()
             bridges.append(f"br-{network_id[:12]}")
             self.docker("network", "rm", name, check=False)
+        self.docker("volume", "prune", "-f", check=False)  # a node's /var volume that an interrupted kind left
         return bridges
 
     def _leftover_pid(self) -> int | None:

@@ -235,6 +235,19 @@ class ImageBuilder:
             out = (result.stdout + result.stderr).decode(errors="replace").strip().splitlines()
             raise SetupError(f"docker build of {tag} failed:\n" + "\n".join(out[-25:]))
 
+    def forget_older(self, tag: str) -> None:
+        """In a dockerd of zeps, remove the other tags of ``tag``'s repository and dangling layers: each
+        change of the sources makes a new tag, and the cache must not grow with every run. (An
+        engine zeps did not start is left as it is.)"""
+        if not self.engine.owned:
+            return
+        repository = tag.rsplit(":", 1)[0]
+        listed = self.engine.text("images", repository, "--format", "{{.Repository}}:{{.Tag}}").split()
+        older = [ref for ref in listed if ref != tag]
+        if older:
+            self.engine.docker("rmi", *older, check=False)
+        self.engine.docker("image", "prune", "-f", check=False)
+
     # -- the component images kubeadm asks for ---------------------------------------------------
     def kubeadm_images(self) -> list[str]:
         kubeadm = [str(self.binaries / "kubeadm"), "config", "images", "list"]
@@ -341,6 +354,7 @@ class ImageBuilder:
             if saved.returncode != 0:
                 raise SetupError("docker save of the component images failed")
             self.build(tag, context, dockerfile=context / "Dockerfile", args={"BASE": base})
+        self.forget_older(tag)
         self.say(f"images: saving {tag} to {archive} (a later run loads it in seconds)")
         for stale in self.cache.glob("kind-node-*.tar"):
             stale.unlink()
@@ -375,6 +389,7 @@ class ImageBuilder:
                 dockerfile=IMAGES / "zeps" / "Dockerfile",
                 args={"BUILD_BASE": self.rootfs("python-build"), "RUNTIME_BASE": self.rootfs("python")},
             )
+        self.forget_older(tag)
         return tag
 
     def zookeeper_image(self) -> str:
@@ -396,6 +411,7 @@ class ImageBuilder:
             for jar in jars:
                 shutil.copy2(jar, context / "lib" / jar.name)
             self.build(tag, context, dockerfile=context / "Dockerfile", args={"JAVA_BASE": self.rootfs("java")})
+        self.forget_older(tag)
         return tag
 
 
