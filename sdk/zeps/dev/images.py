@@ -336,8 +336,8 @@ class ImageBuilder:
         base = self.rootfs("node")
         self.say(f"images: building node image {tag}")
         with tempfile.TemporaryDirectory(dir=self._scratch()) as tmp:
-            context = Path(tmp)
-            shutil.copytree(IMAGES / "kind-node", context, dirs_exist_ok=True)
+            context = Path(tmp) / "context"
+            shutil.copytree(IMAGES / "kind-node", context)
             shutil.copytree(kind_files, context / "kind-base")
             for path in (context / "kind-base").rglob("*"):
                 path.chmod(0o755 if path.is_dir() or path.suffix == ".sh" or "bin" in path.parts else 0o644)
@@ -349,11 +349,14 @@ class ImageBuilder:
             storage = (IMAGES / "kind-node" / "default-storage.yaml").read_text()
             storage = storage.replace("${PROVISIONER_IMAGE}", f"{PROVISIONER}:{self.pins.local_path}")
             (context / "default-storage.yaml").write_text(storage.replace("${HELPER_IMAGE}", helper))
-            with (context / "images.tar").open("wb") as out:
+            archive_tar = Path(tmp) / "images.tar"  # not in the build context: it is never a layer
+            with archive_tar.open("wb") as out:
                 saved = subprocess.run(["docker", "save", *refs], stdout=out, env=self.engine.env, check=False)
             if saved.returncode != 0:
                 raise SetupError("docker save of the component images failed")
-            self.build(tag, context, dockerfile=context / "Dockerfile", args={"BASE": base})
+            stage = f"{tag}-stage"
+            self.build(stage, context, dockerfile=context / "Dockerfile", args={"BASE": base})
+            self._preload(stage, archive_tar, tag)
         self.forget_older(tag)
         self.say(f"images: saving {tag} to {archive} (a later run loads it in seconds)")
         for stale in self.cache.glob("kind-node-*.tar"):
@@ -362,6 +365,23 @@ class ImageBuilder:
         self.engine.docker("save", "-o", str(partial), tag, timeout=900)
         partial.rename(archive)
         return tag
+
+    def _preload(self, stage: str, archive_tar: Path, tag: str) -> None:
+        """``tag`` = ``stage`` with the images of ``archive_tar`` in its containerd: run the node image's
+        preload-images.sh with the archive bind-mounted (no network), commit, restore the entrypoint."""
+        container = f"zeps-preload-{os.getpid()}"
+        try:
+            self.engine.docker(
+                "run", "--name", container, "--network", "none", "--entrypoint", "/kind/bin/preload-images.sh",
+                "-v", f"{archive_tar}:/kind/images.tar:ro", stage, "/kind/images.tar", timeout=900,
+            )  # fmt: skip
+            self.engine.docker(
+                "commit", "--change", 'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]', "--change", "CMD []",
+                container, tag,
+            )  # fmt: skip
+        finally:
+            self.engine.docker("rm", "-f", container, check=False)
+            self.engine.docker("rmi", stage, check=False)
 
     def _component_key(self, ref: str) -> str:
         name = ref.rsplit("/", 1)[-1].split(":", maxsplit=1)[0]
