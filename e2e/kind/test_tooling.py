@@ -1,15 +1,18 @@
-"""``make e2e``'s driver against an engine it did not start: the suite's own engine, which a child
-run reaches through ``DOCKER_HOST`` and so treats as the user's. A name or port already taken is
-refused with one line and touches nothing; Ctrl-C in the middle of ``kind create`` leaves no container
-behind and the engine (and the cluster already in it) as they were."""
+"""``make e2e``'s driver, run as a child of the suite. Against an engine it did not start (the suite's
+own, reached through ``DOCKER_HOST``, so the child treats it as the user's): a name or port already
+taken is refused with one line and touches nothing; Ctrl-C in the middle of ``kind create`` leaves no
+container behind and the engine (and the cluster already in it) as they were. With no engine at all:
+Ctrl-C while its own dockerd runs leaves no dockerd, process or bridge behind."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -88,3 +91,35 @@ def test_ctrl_c_during_kind_create_leaves_no_container(cluster: Any) -> None:
     assert not _cluster_containers(name), "the interrupted run left its node container"
     assert name not in _docker("ps", "-a", "--format", "{{.Names}}")
     _the_suites_cluster_is_untouched(cluster)
+
+
+def test_ctrl_c_while_a_dockerd_of_zeps_runs_leaves_no_dockerd(tmp_path: Path) -> None:
+    """No engine answers (DOCKER_HOST names nothing), so the driver starts a dockerd of its own, in a
+    root of this test's; Ctrl-C once it serves: no process of that root is left, no host bridge."""
+    root = Path(tempfile.mkdtemp(prefix="zd-", dir="/tmp"))  # short: dockerd's sockets live below it
+    bridges_before = set(os.listdir("/sys/class/net"))
+    try:
+        proc = _driver(DOCKER_HOST=f"unix://{tmp_path}/nothing.sock", ZEPS_DOCKER_ROOT=str(root))
+        assert proc.stdout is not None
+        seen = []
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith("[e2e] images:") or len(seen) > 50:
+                break
+        assert any("starting dockerd of zeps" in line for line in seen), "".join(seen)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 130, "".join(seen) + out
+        assert "no process, container or network of it left" in out, out
+        ours = [p for p in os.listdir("/proc") if p.isdigit() and _cmdline_has(p, str(root))]
+        assert not ours, f"processes of the interrupted run's dockerd are still running: {ours}"
+        assert set(os.listdir("/sys/class/net")) <= bridges_before
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _cmdline_has(pid: str, text: str) -> bool:
+    try:
+        return text.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False

@@ -56,6 +56,12 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "zeps"
 
 
+def docker_root() -> Path:
+    """Where a dockerd of zeps keeps its socket, data and exec roots: ``<cache>/docker``, or
+    ``ZEPS_DOCKER_ROOT`` (a short path: the engine's sockets live below it)."""
+    return Path(os.environ.get("ZEPS_DOCKER_ROOT") or cache_dir() / "docker")
+
+
 def _say(line: str) -> None:
     print(f"[e2e] {line}", flush=True)
 
@@ -245,7 +251,7 @@ class KindStack(LocalServer):
         self.keep = keep
         self.binaries = binaries
         self.cache = cache_dir()
-        self.engine = DockerEngine(self.cache / "docker", say=say, detached=keep)
+        self.engine = DockerEngine(docker_root(), say=say, detached=keep)
         self.builder = ImageBuilder(
             self.engine, binaries=binaries, cache=self.cache, zookeeper_home=zookeeper_home, say=say
         )
@@ -396,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command == "e2e":
             return run_e2e(args)
         if command == "down":
-            engine = DockerEngine(cache_dir() / "docker", say=_say)
+            engine = DockerEngine(docker_root(), say=_say)
             engine.start()  # adopts the dockerd a ZEPS_KEEP_CLUSTER=1 run kept
             cluster = KindCluster(
                 engine,
