@@ -20,6 +20,8 @@ def test_operator_and_zookeeper_run_in_pods_with_the_charts_service_account(clus
     assert pod_spec["containers"][0]["image"] == IMAGE
     pods = cluster.json("pods", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/name=zeps-operator")["items"]
     assert [p["status"]["phase"] for p in pods] == ["Running"]
+    # it waited for the ZooKeeper ensemble to form instead of being restarted (the chart's startupProbe)
+    assert [c["restartCount"] for p in pods for c in p["status"]["containerStatuses"]] == [0]
     # the operator's pod may do what the chart's ClusterRole grants, and nothing else
     sa = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{RELEASE}-operator"
     assert cluster.kubectl("auth", "can-i", "patch", "topics.zeps.dev/status", "--as", sa).strip() == "yes"
