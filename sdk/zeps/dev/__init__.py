@@ -1,4 +1,6 @@
-"""Local servers for development, tests and ``make demo``: ZooKeeper and a Kubernetes control plane.
+"""Local servers for development, tests and ``make demo``: ZooKeeper and a Kubernetes control plane;
+and, in :mod:`zeps.dev.kind` (with :mod:`~zeps.dev.docker` and :mod:`~zeps.dev.images`), the kind
+cluster with real nodes that ``make e2e`` and ``make demo CLUSTER=kind`` build and run.
 
 Nothing here talks ZooKeeper or Kubernetes protocols; it only starts, checks and stops processes
 from the pinned binaries that ``make setup`` places in the zeps cache:

@@ -22,20 +22,19 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
-import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 from zeps.dev.process import LocalServer, apt_install, wait_until
 from zeps.errors import SetupError
 
-__all__ = ["CAPABILITIES", "DockerEngine", "missing_capabilities"]
+__all__ = ["CAPABILITIES", "SHIM", "DockerEngine", "image_exists", "missing_capabilities"]
 
 # Linux capability numbers (include/uapi/linux/capability.h), the names OCI specs use.
 CAPABILITIES = (
@@ -387,19 +386,6 @@ class DockerEngine(LocalServer):
             os.close(self._lock)
             self._lock = None
 
-    def environment(self) -> Mapping[str, str]:
-        """Environment for child processes (kind, tests) that must reach this engine."""
-        return self.env
-
-    def run_quiet(self, argv: Sequence[str], *, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        """Run a command that talks to this engine (kind), capturing its output."""
-        return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
-
 
 def image_exists(engine: DockerEngine, ref: str) -> bool:
     return engine.docker("image", "inspect", ref, "--format", "{{.Id}}", check=False).returncode == 0
-
-
-def image_size_mb(engine: DockerEngine, ref: str) -> float:
-    info = json.loads(engine.text("image", "inspect", ref))
-    return float(info[0]["Size"]) / 1e6

@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import re
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -222,8 +223,6 @@ def _kind_config(api_port: int) -> str:
 
 
 def _check_port_free(port: int) -> None:
-    import socket  # noqa: PLC0415
-
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", port))
