@@ -391,13 +391,19 @@ class ImageBuilder:
         return _hash(ref, content, *(ROOTFS[rootfs] if rootfs else ()))
 
     # -- the project's images --------------------------------------------------------------------
+    def _cached(self, tag: str, *, building: str) -> bool:
+        """Whether the engine has ``tag`` already; says which it is."""
+        if image_exists(self.engine, tag):
+            self.say(f"images: {tag} (cached)")
+            return True
+        self.say(f"images: building {tag} ({building})")
+        return False
+
     def zeps_image(self, venv_python: Path) -> str:
         """``zeps:<version>-<hash>`` from images/zeps/Dockerfile, wheels made here with pip."""
         tag = f"zeps:{project_image_tag()}"
-        if image_exists(self.engine, tag):
-            self.say(f"images: {tag} (cached)")
+        if self._cached(tag, building="wheels with pip, then images/zeps/Dockerfile"):
             return tag
-        self.say(f"images: building {tag} (wheels with pip, then images/zeps/Dockerfile)")
         with tempfile.TemporaryDirectory(dir=self._scratch()) as tmp:
             context = Path(tmp)
             pip = [str(venv_python), "-m", "pip", "wheel", "-q", "--disable-pip-version-check"]
@@ -420,10 +426,8 @@ class ImageBuilder:
             raise SetupError(f"no zookeeper-<version>.jar in {self.zookeeper_home / 'lib'}")
         key = _hash(_tree_hash(IMAGES / "zookeeper"), *(j.name for j in jars), *ROOTFS["java"])
         tag = f"zeps-zookeeper:{version}-{key}"
-        if image_exists(self.engine, tag):
-            self.say(f"images: {tag} (cached)")
+        if self._cached(tag, building="images/zookeeper/Dockerfile"):
             return tag
-        self.say(f"images: building {tag}")
         with tempfile.TemporaryDirectory(dir=self._scratch()) as tmp:
             context = Path(tmp)
             shutil.copytree(IMAGES / "zookeeper", context, dirs_exist_ok=True)
