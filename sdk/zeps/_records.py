@@ -18,9 +18,17 @@ from __future__ import annotations
 
 import bisect
 import struct
+import sys
 from array import array
 
 import crc32c
+
+try:  # the SDK's core needs no numpy; with it (the spark extra) a DELIVER-RUN index is checked in bulk
+    import numpy as np
+
+    HAVE_NUMPY = True
+except ImportError:  # pragma: no cover — the tests run with numpy, and check the fallback by switching it off
+    HAVE_NUMPY = False
 
 HEAD = struct.Struct("!II")  # length, crc
 META = struct.Struct("!QQB")  # sequence, timestamp, key length
@@ -105,11 +113,12 @@ def _checked_offsets(data: bytes) -> array[int]:
     return offsets
 
 
-def walk(data: bytes) -> tuple[array[int], str | None]:
+def walk(data: bytes, *, check_crc: bool = True) -> tuple[array[int], str | None]:
     """(offsets, problem): where each whole, intact record at the start of ``data`` begins, plus the
     end of the last one; and why the walk stopped before the end of ``data`` (None if it did not).
-    Intact means: its length fits, its CRC32C matches, its key fits, its sequence is above the one
-    before. The journal's recovery keeps this prefix; a DELIVER-BATCH must be all of it."""
+    Intact means: its length fits, its CRC32C matches (unless ``check_crc`` is false), its key fits,
+    its sequence is above the one before. The journal's recovery keeps this prefix; a DELIVER-BATCH
+    must be all of it."""
     offsets = array("I")
     append, unpack, crc = offsets.append, _RECORD.unpack_from, crc32c.crc32c
     offset, size, last = 0, len(data), -1
@@ -124,7 +133,7 @@ def walk(data: bytes) -> tuple[array[int], str | None]:
         if length < 4 + META.size or end > size:
             problem = f"record at byte {offset} claims {length} bytes; {size - offset - 4} follow"
             break
-        if crc(view[offset + 8 : end]) != checksum:
+        if check_crc and crc(view[offset + 8 : end]) != checksum:
             problem = f"record at byte {offset} fails its CRC32C"
             break
         if offset + OVERHEAD + klen > end or sequence <= last:
@@ -134,3 +143,56 @@ def walk(data: bytes) -> tuple[array[int], str | None]:
         last, offset = sequence, end
     append(offset)
     return offsets, problem
+
+
+def indexed_run(records: bytes, index: bytes, crc: int) -> Records:
+    """The run a DELIVER-RUN carries, checked once: ``crc`` is the CRC32C of ``index`` then
+    ``records``, and ``index`` (the big-endian 4-byte offset of each record) must agree with the
+    records: the first at 0, each where the one before ends (its length field), keys within their
+    record, sequences increasing. RecordFormatError names the first thing wrong."""
+    if crc32c.crc32c(records, crc32c.crc32c(index)) != crc:
+        raise RecordFormatError(f"run of {len(records)} bytes and its index fail their CRC32C")
+    if not index or len(index) % 4:
+        raise RecordFormatError(f"index of {len(index)} bytes is not one or more 4-byte offsets")
+    offsets = array("I")
+    offsets.frombytes(index)
+    if sys.byteorder == "little":
+        offsets.byteswap()
+    offsets.append(len(records))
+    problem = _index_problem_numpy(records, offsets) if HAVE_NUMPY else _index_problem(records, offsets)
+    if problem is not None:
+        raise RecordFormatError(problem)
+    return Records(records, offsets)
+
+
+def _index_problem(records: bytes, offsets: array[int]) -> str | None:
+    """What is wrong with ``offsets`` as the index of ``records`` (a walk without per-record CRCs)."""
+    walked, problem = walk(records, check_crc=False)
+    if problem is None and walked != offsets:
+        at = next(i for i, (a, b) in enumerate(zip(walked, offsets, strict=False)) if a != b)
+        problem = f"index entry {at} says byte {offsets[at]}, the records say {walked[at]}"
+    return problem
+
+
+def _index_problem_numpy(records: bytes, offsets: array[int]) -> str | None:
+    """:func:`_index_problem` in numpy: the same checks, a few array operations per run."""
+    bounds = np.frombuffer(offsets, np.uint32).astype(np.int64)
+    starts, ends = bounds[:-1], bounds[1:]
+    sizes = ends - starts
+    if starts[0] != 0 or not bool(np.all(sizes >= OVERHEAD)):  # also: every head lies inside the run
+        bad = 0 if starts[0] != 0 else int(np.argmax(sizes < OVERHEAD))
+        return f"index entry {bad} says byte {starts[bad]}, which is not where a whole record starts"
+    size = len(records)
+    u32 = np.ndarray(shape=(size - 3,), dtype=">u4", buffer=records, strides=(1,))  # a number at any byte
+    u64 = np.ndarray(shape=(size - 7,), dtype=">u8", buffer=records, strides=(1,))
+    lengths = u32[starts].astype(np.int64)
+    if not bool(np.all(lengths == sizes - 4)):
+        bad = int(np.argmax(lengths != sizes - 4))
+        return f"record {bad} at byte {starts[bad]} claims {lengths[bad]} bytes; its index gives it {sizes[bad] - 4}"
+    key_ends = starts + OVERHEAD + np.frombuffer(records, np.uint8)[starts + OVERHEAD - 1]
+    sequences = u64[starts + HEAD.size]
+    order = sequences[1:] > sequences[:-1]
+    if not bool(np.all(key_ends <= ends)) or not bool(np.all(order)):
+        bad = int(np.argmax(key_ends > ends)) if not bool(np.all(key_ends <= ends)) else int(np.argmax(~order)) + 1
+        return f"record at byte {starts[bad]} has a bad key length or sequence {sequences[bad]}"
+    return None

@@ -36,10 +36,12 @@ from zeps.protocol import (
     Credit,
     Deliver,
     DeliverBatch,
+    DeliverRun,
     Invalid,
     Publish,
     PublishBatch,
     Subscribe,
+    SubscribeOk,
     SubscribeTime,
     decode,
     encode,
@@ -457,30 +459,45 @@ def test_async_client_has_the_same_methods_and_works(broker_factory: BrokerFacto
     assert asyncio.run(scenario()) == list(range(101, 501)) + list(range(491, 501))
 
 
-def test_version_3_batches_are_journal_records_cut_to_pattern_and_credit(broker_factory: BrokerFactory) -> None:
+@pytest.mark.parametrize("version", [3, 4])
+def test_batches_are_journal_records_cut_to_pattern_and_credit(broker_factory: BrokerFactory, version: int) -> None:
+    """Version 3 gets DELIVER-BATCH, version 4 DELIVER-RUN (the same records, their index and one CRC32C):
+    whole runs and runs cut to a pattern, exactly as far as credit goes, replayed and live."""
     broker = broker_factory()
     peer = RawPeer(broker.endpoint)
+    kind, overhead, per_record = (DeliverBatch, 7, 0) if version == 3 else (DeliverRun, 15, 4)
     try:
-        peer.send(encode(Attach(stream="prices", version=3)))
+        peer.send(encode(Attach(stream="prices", version=version)))
         assert peer.recv() == AttachOk()
         keys = ["eu.fr", "us.ny", "eu.de"]
         peer.send(encode_publish_batch([(keys[i % 3], b"%d" % i) for i in range(300)]))
         wait_until(lambda: broker.core.streams["prices"].journal.durable == 300, timeout=10, what="300 journalled")
         peer.send(encode(Subscribe(pattern="eu.", latest=0)))
         record = 25 + len("eu.fr") + 1  # a journal record of a one-digit body
-        peer.send(encode(Credit(credit=7 + 3 * record)))  # one DELIVER-BATCH header and three records
-        got = [c for c in peer.drain() if isinstance(c, DeliverBatch)]
+        peer.send(encode(Credit(credit=overhead + 3 * (record + per_record))))  # one frame's header, three records
+        got = [c for c in peer.drain() if not isinstance(c, SubscribeOk)]
+        assert {type(c) for c in got} == {kind}
         assert [seq for c in got for seq, *_ in c.items] == [1, 3, 4], "exactly the credit's worth, eu. only"
         peer.send(encode(Credit(credit=1 << 20)))
-        rest = [item for c in peer.drain() if isinstance(c, DeliverBatch) for item in c.items]
+        rest = [item for c in peer.drain() if isinstance(c, kind) for item in c.items]
         assert [seq for seq, *_ in rest] == [n for n in range(5, 301) if (n - 1) % 3 != 1]
         assert all(key.startswith("eu.") and body == b"%d" % (seq - 1) for seq, key, body, _ in rest)
         # live: a new batch reaches the (now live) subscription as a batch
         peer.send(encode_publish_batch([("eu.fr", b"live-1"), ("us.ny", b"no"), ("eu.de", b"live-2")]))
-        live = [item for c in peer.drain() if isinstance(c, DeliverBatch) for item in c.items]
+        live = [item for c in peer.drain() if isinstance(c, kind) for item in c.items]
         assert [(seq, body) for seq, _, body, _ in live] == [(301, b"live-1"), (303, b"live-2")]
     finally:
         peer.close()
+    whole = RawPeer(broker.endpoint)  # everything, uncut, from the start: whole runs, credit permitting
+    try:
+        whole.send(encode(Attach(stream="prices", version=version)))
+        assert whole.recv() == AttachOk()
+        whole.send(encode(Subscribe(pattern="", latest=0)))
+        whole.send(encode(Credit(credit=overhead + 10 * (record + per_record))))
+        runs = [c for c in whole.drain() if isinstance(c, kind)]
+        assert [seq for c in runs for seq, *_ in c.items] == list(range(1, 11))
+    finally:
+        whole.close()
 
 
 @pytest.mark.parametrize(
@@ -520,7 +537,7 @@ def test_malformed_batches_get_invalid_and_the_peering_goes_on(
 
 def test_client_attaches_with_a_lower_version_when_the_broker_is_older() -> None:
     """A broker that only speaks versions 1 and 2 is played by a ROUTER socket in this test (every
-    zeps broker speaks version 3): the client falls back to version 2 and publish_many sends plain
+    zeps broker speaks version 4): the client falls back to version 2 and publish_many sends plain
     PUBLISH frames, one per message."""
     ctx: zmq.Context[Any] = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
@@ -552,7 +569,7 @@ def test_client_attaches_with_a_lower_version_when_the_broker_is_older() -> None
         thread.join(10)
         router.close()
         ctx.term()
-    assert [c.version for c in seen if isinstance(c, Attach)] == [3, 2]
+    assert [c.version for c in seen if isinstance(c, Attach)] == [4, 3, 2]
     assert [c.body for c in seen if isinstance(c, Publish)] == [b"1", b"2"]
     assert not any(isinstance(c, PublishBatch) for c in seen)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import struct
 
+import crc32c
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -20,6 +21,7 @@ from zeps.protocol import (
     Credit,
     Deliver,
     DeliverBatch,
+    DeliverRun,
     DeliverTs,
     Detach,
     DetachOk,
@@ -36,6 +38,7 @@ from zeps.protocol import (
     encode,
     encode_deliver,
     encode_deliver_batch,
+    encode_deliver_run,
     encode_publish_batch,
 )
 
@@ -48,6 +51,9 @@ def s(text: str) -> bytes:  # string = number-1 *VCHAR
 
 def chunk(data: bytes) -> bytes:  # chunk = number-4 *OCTET
     return struct.pack("!I", len(data)) + data
+
+
+_RUN_CRC = crc32c.crc32c(encode_record(7, 9, b"k", b"v"), crc32c.crc32c(b"\0\0\0\0"))  # index then records
 
 
 # Frames written out from the ABNF by hand, field by field.
@@ -74,6 +80,10 @@ GOLDEN = [
         SIG + b"\x0f" + chunk(s("a") + chunk(b"1") + s("bc") + chunk(b"")),
     ),
     (DeliverBatch(records=encode_record(7, 9, b"k", b"v")), SIG + b"\x10" + chunk(encode_record(7, 9, b"k", b"v"))),
+    (
+        DeliverRun(crc=_RUN_CRC, index=b"\0\0\0\0", records=encode_record(7, 9, b"k", b"v")),
+        SIG + b"\x11" + struct.pack("!I", _RUN_CRC) + chunk(b"\0\0\0\0") + chunk(encode_record(7, 9, b"k", b"v")),
+    ),
 ]
 
 
@@ -88,6 +98,11 @@ def test_a_journal_record_is_laid_out_as_documented() -> None:
 def test_frames_match_the_grammar_byte_for_byte(command: Command, frame: bytes) -> None:
     assert encode(command) == frame
     assert decode(frame) == command
+
+
+def test_the_run_encoder_computes_the_crc_the_grammar_asks_for() -> None:
+    golden = next(frame for command, frame in GOLDEN if isinstance(command, DeliverRun))
+    assert encode_deliver_run(encode_record(7, 9, b"k", b"v"), b"\0\0\0\0") == golden
 
 
 def test_deliver_size_is_the_wire_size() -> None:
@@ -116,6 +131,17 @@ commands = st.one_of(
         lambda items: decode(
             encode_deliver_batch(
                 b"".join(encode_record(n, ts, key.encode(), body) for n, (ts, key, body) in enumerate(items))
+            )
+        )
+    ),
+    st.lists(st.tuples(u64, vchar, st.binary(max_size=50)), min_size=1, max_size=5).map(
+        lambda items: decode(
+            encode_deliver_run(
+                b"".join(encode_record(n, ts, key.encode(), body) for n, (ts, key, body) in enumerate(items)),
+                b"".join(
+                    struct.pack("!I", sum(len(key) + len(body) + 25 for _, key, body in items[:i]))
+                    for i in range(len(items))
+                ),
             )
         )
     ),
@@ -268,7 +294,7 @@ def test_we_cannot_batch_a_key_publish_could_not_carry() -> None:
 
 
 def test_unsupported_versions_and_protocols_are_refused() -> None:
-    with pytest.raises(RemoteProtocolError, match="version 4 is not supported"):
-        Connection("broker").receive(encode(Attach(stream="s", version=4)))
+    with pytest.raises(RemoteProtocolError, match="version 5 is not supported"):
+        Connection("broker").receive(encode(Attach(stream="s", version=5)))
     with pytest.raises(RemoteProtocolError, match="protocol must be 'ZEPS'"):
         Connection("broker").receive(encode(Attach(stream="s", protocol="AMQP")))

@@ -1,17 +1,34 @@
-"""Runs of records as DELIVER-BATCH carries them: checked on arrival, handed out as rows or as
-columns, and the client's inbox mixing them with single deliveries from older brokers."""
+"""Runs of records as DELIVER-BATCH and DELIVER-RUN carry them: checked on arrival (record by record,
+or at once with an index and one CRC32C), handed out as rows or as columns, and the client's inbox
+mixing them with single deliveries from older brokers."""
 
 from __future__ import annotations
 
 import itertools
+import struct
+import sys
+from array import array
 
+import crc32c
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zeps._records import RecordFormatError, Records, encode_record
+from zeps import _records
+from zeps._records import RecordFormatError, Records, encode_record, indexed_run
 from zeps.client.session import ClientSession
-from zeps.protocol import AttachOk, Connection, Deliver, Subscribe, SubscribeOk, encode_deliver_batch
+from zeps.errors import RemoteProtocolError
+from zeps.protocol import (
+    AttachOk,
+    Connection,
+    Deliver,
+    DeliverRun,
+    Subscribe,
+    SubscribeOk,
+    decode,
+    encode_deliver_batch,
+    encode_deliver_run,
+)
 from zeps.spark.columns import arrow_batch
 
 Row = tuple[int, str, bytes, int]
@@ -114,3 +131,91 @@ def test_a_delivery_sent_again_after_a_reattach_is_kept_once() -> None:
     session.receive(encode_deliver_batch(_run(rows[:2]).data))  # nothing new at all
     assert session.take(100) == rows
     assert session.last_sequence == 10
+
+
+def _index(run: Records) -> bytes:
+    starts = array("I", run.offsets[:-1])
+    if sys.byteorder == "little":
+        starts.byteswap()
+    return starts.tobytes()
+
+
+@pytest.fixture(params=["numpy", "python"])
+def index_check(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """DELIVER-RUN's index is checked in numpy when it is installed, else by a walk: test both."""
+    monkeypatch.setattr(_records, "HAVE_NUMPY", request.param == "numpy")
+    return str(request.param)
+
+
+def test_every_single_byte_flip_in_a_deliver_run_is_refused(index_check: str) -> None:
+    rows = [(s, f"k.{s % 3}", b"body-%d" % s, 1000 + s) for s in range(1, 9)]
+    run = _run(rows)
+    frame = encode_deliver_run(run.data, _index(run))
+    command = decode(frame)
+    assert isinstance(command, DeliverRun) and command.run is not None and command.run.rows() == rows
+    for at in range(3, len(frame)):  # after the signature and the command id
+        for flip in (0x01, 0x80):
+            damaged = bytearray(frame)
+            damaged[at] ^= flip
+            with pytest.raises(RemoteProtocolError, match="DELIVER-RUN"):
+                decode(bytes(damaged))
+
+
+def _forged(run: Records, index: bytes) -> tuple[bytes, bytes, int]:
+    """A run and an index that pass the CRC (as a broker with a bug would send them)."""
+    return run.data, index, crc32c.crc32c(run.data, crc32c.crc32c(index))
+
+
+@settings(deadline=None)
+@given(records, st.data())
+def test_the_index_is_checked_against_the_records_the_same_way_in_numpy_and_python(
+    rows: list[Row], data: st.DataObject
+) -> None:
+    run = _run(rows)
+    entries = list(struct.unpack(f"!{len(rows)}I", _index(run)))
+    what = data.draw(st.sampled_from(["intact", "moved", "dropped", "extra", "swapped"]))
+    if what == "moved":
+        i = data.draw(st.integers(0, len(entries) - 1))
+        entries[i] = data.draw(st.integers(0, len(run.data) - 1).filter(lambda o: o != entries[i]))
+    elif what == "dropped" and len(entries) > 1:
+        del entries[data.draw(st.integers(0, len(entries) - 1))]
+    elif what == "extra":
+        entries.insert(data.draw(st.integers(0, len(entries))), data.draw(st.integers(0, len(run.data) - 1)))
+    elif what == "swapped" and len(entries) > 1:
+        i = data.draw(st.integers(0, len(entries) - 2))
+        entries[i], entries[i + 1] = entries[i + 1], entries[i]
+    changed = entries != list(struct.unpack(f"!{len(rows)}I", _index(run)))
+    index = struct.pack(f"!{len(entries)}I", *entries)
+    verdicts = []
+    for numpy in (True, False):
+        _records.HAVE_NUMPY = numpy
+        try:
+            verdicts.append(indexed_run(*_forged(run, index)).rows())
+        except RecordFormatError as exc:
+            verdicts.append(type(exc))
+        finally:
+            _records.HAVE_NUMPY = True
+    assert verdicts[0] == verdicts[1]
+    assert verdicts[0] == (RecordFormatError if changed else rows)
+
+
+def test_records_out_of_order_are_refused_even_with_a_true_index(index_check: str) -> None:
+    first, second = encode_record(5, 1, b"k", b"a"), encode_record(4, 1, b"k", b"b")
+    run = Records(first + second, array("I", [0, len(first), len(first) + len(second)]))  # not checked here
+    with pytest.raises(RecordFormatError, match="bad key length or sequence 4"):
+        indexed_run(*_forged(run, _index(run)))
+    with pytest.raises(RecordFormatError, match="not one or more 4-byte offsets"):
+        indexed_run(*_forged(run, b""))
+
+
+def test_a_session_refuses_a_damaged_run_and_keeps_what_it_had() -> None:
+    session, _ = _attached_session()
+    assert session.conn.version == 4
+    first = _run([(s, "k", b"v", s) for s in range(1, 4)])
+    session.receive(encode_deliver_run(first.data, _index(first)))
+    second = _run([(s, "k", b"v", s) for s in range(4, 7)])
+    damaged = bytearray(encode_deliver_run(second.data, _index(second)))
+    damaged[-1] ^= 0xFF  # the last body byte
+    with pytest.raises(RemoteProtocolError, match="fail their CRC32C"):
+        session.receive(bytes(damaged))
+    assert session.take(10) == first.rows() and session.last_sequence == 3

@@ -13,7 +13,9 @@ the tail, and then is live again. Live delivery is replay at the tail, so the sw
 Frames. Routing and replay work on journal chunks (runs of records as stored), not single records.
 A version 3 session gets each run it matches as one DELIVER-BATCH — the journal's bytes as they are,
 or the matching records cut out of them — so a message costs the broker almost nothing beyond its
-journal write; older sessions get one DELIVER (-TS) per record from the same chunks.
+journal write; a version 4 session gets the same bytes as DELIVER-RUN, with the run's index and one
+CRC32C (computed in C per frame), so the client checks a run at once; older sessions get one
+DELIVER (-TS) per record from the same chunks.
 
 Credit. A delivery costs its frame's size. With too little credit a subscription stops and
 keeps its cursor; CREDIT resumes it at once. A session's credit is shared by its subscriptions.
@@ -29,7 +31,9 @@ import bisect
 import itertools
 import logging
 import re
+import sys
 import time
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +60,7 @@ from zeps.protocol import (
     encode,
     encode_deliver,
     encode_deliver_batch,
+    encode_deliver_run,
 )
 
 __all__ = ["BrokerConfig", "BrokerCore", "Outgoing"]
@@ -140,6 +145,11 @@ class _Session:
     @property
     def batches(self) -> bool:
         return self.conn.version >= 3
+
+    @property
+    def indexed(self) -> bool:
+        """DELIVER-RUN (records, their index and one CRC) rather than DELIVER-BATCH."""
+        return self.conn.version >= 4
 
 
 class BrokerCore:
@@ -339,25 +349,35 @@ class BrokerCore:
         return None
 
     def _deliver_batch(self, sub: _Subscription, chunk: Chunk, picks: list[int] | None) -> int | None:
+        """DELIVER-BATCH (version 3) or DELIVER-RUN (version 4: plus a 4-byte index entry per record)."""
         session, offsets = sub.session, chunk.offsets
-        room = session.credit - 7  # DELIVER-BATCH adds 7 bytes to its records
+        indexed = session.indexed
+        per_record, room = (4, session.credit - 15) if indexed else (0, session.credit - 7)  # frame overhead
         if picks is None:  # a run: the journal's bytes as they are, as far as credit goes
-            fits = bisect.bisect_right(offsets, room) - 1
+            fits = bisect.bisect_right(range(len(offsets)), room, key=lambda i: offsets[i] + per_record * i) - 1
             if fits > 0:
-                self._queue(sub, encode_deliver_batch(chunk.data[: offsets[fits]]), chunk.first, fits)
+                data = chunk.data[: offsets[fits]]
+                frame = encode_deliver_run(data, _index(offsets[:fits])) if indexed else encode_deliver_batch(data)
+                self._queue(sub, frame, chunk.first, fits)
             if fits < len(chunk):
                 return chunk.first + max(fits, 0)
         else:
             size, taken = 0, 0
             for i in picks:
-                size += offsets[i + 1] - offsets[i]
+                size += offsets[i + 1] - offsets[i] + per_record
                 if size > room:
                     break
                 taken += 1
             if taken:
-                data = chunk.data
-                frame = b"".join(data[offsets[i] : offsets[i + 1]] for i in picks[:taken])
-                self._queue(sub, encode_deliver_batch(frame), chunk.first + picks[0], taken)
+                data, chosen = chunk.data, picks[:taken]
+                records = b"".join(data[offsets[i] : offsets[i + 1]] for i in chosen)
+                if indexed:
+                    starts = array("I", itertools.accumulate((offsets[i + 1] - offsets[i] for i in chosen[:-1]),
+                                                             initial=0))  # fmt: skip
+                    frame = encode_deliver_run(records, _index(starts))
+                else:
+                    frame = encode_deliver_batch(records)
+                self._queue(sub, frame, chunk.first + picks[0], taken)
             if taken < len(picks):
                 return chunk.first + picks[taken]
         sub.cursor = chunk.last + 1
@@ -480,3 +500,11 @@ class BrokerCore:
         furthest = [{"peer": peer, "id": sub.id, "pattern": sub.matcher.pattern, "lag": lag, "live": sub.live}
                     for lag, peer, sub in subs[:most]]  # fmt: skip
         return len(subs), furthest
+
+
+def _index(starts: array[int]) -> bytes:
+    """DELIVER-RUN's index: each record's offset, 4 bytes in network byte order."""
+    index = array("I", starts)
+    if sys.byteorder == "little":
+        index.byteswap()
+    return index.tobytes()

@@ -3,11 +3,13 @@ r"""The client side of a ZEPS peering, without sockets: what to send, what arriv
 Both :class:`~zeps.client.sync.StreamClient` and :class:`~zeps.client.aio.AsyncStreamClient` drive
 this object; they only move frames.
 
-* **Attach.** Version 3 first (batches), then 2 (time replay, timestamps), then 1: a broker that
-  refuses a version is attached with the next lower one; time replay raises on version 1.
+* **Attach.** Version 4 first (runs checked at once), then 3 (batches), then 2 (time replay,
+  timestamps), then 1: a broker that refuses a version is attached with the next lower one; time
+  replay raises on version 1.
 * **Batches.** :meth:`ClientSession.publish_many` sends PUBLISH-BATCH frames (version 3; one PUBLISH
-  per message on older brokers); a version 3 broker delivers DELIVER-BATCH, unpacked here into the
-  same :class:`Message`\ s.
+  per message on older brokers); a version 3 broker delivers DELIVER-BATCH (a version 4 one
+  DELIVER-RUN: the same records with their index and one CRC32C), unpacked here into the same
+  :class:`Message`\ s.
 * **Credit.** The session grants ``credit_window`` bytes at subscribe and tops it up whenever half of
   it was consumed by deliveries.
 * **Resume.** Each delivered sequence is remembered; after a reconnect every subscription is sent
@@ -36,6 +38,7 @@ from zeps.protocol import (
     Credit,
     Deliver,
     DeliverBatch,
+    DeliverRun,
     DeliverTs,
     Detach,
     DetachOk,
@@ -103,7 +106,7 @@ class ClientSession:
         self.stream = stream
         self.credit_window = credit_window
         self.confirm_every = confirm_every
-        self.version = 3
+        self.version = 4
         self.conn = Connection("client")
         self.attached = False
         self.refused: str | None = None
@@ -276,7 +279,7 @@ class ClientSession:
         if isinstance(command, AttachOk):
             self.attached = True
             return self.on_attached()
-        if isinstance(command, DeliverBatch):
+        if isinstance(command, DeliverBatch | DeliverRun):
             run = command.run
             assert run is not None  # decode() checks the records and sets it
             if self.last_sequence is not None and run.sequence(0) <= self.last_sequence:

@@ -12,6 +12,7 @@ from zeps.protocol.commands import (
     Credit,
     Deliver,
     DeliverBatch,
+    DeliverRun,
     DeliverTs,
     Detach,
     DetachOk,
@@ -28,6 +29,7 @@ from zeps.protocol.commands import (
     encode,
     encode_deliver,
     encode_deliver_batch,
+    encode_deliver_run,
     encode_publish_batch,
 )
 from zeps.protocol.connection import Connection
@@ -41,6 +43,7 @@ __all__ = [
     "Credit",
     "Deliver",
     "DeliverBatch",
+    "DeliverRun",
     "DeliverTs",
     "Detach",
     "DetachOk",
@@ -57,5 +60,6 @@ __all__ = [
     "encode",
     "encode_deliver",
     "encode_deliver_batch",
+    "encode_deliver_run",
     "encode_publish_batch",
 ]

@@ -28,6 +28,16 @@ INVALID and the client tries the next lower one): many messages per frame, for t
   increasing sequences. The client checks every CRC. A version 3 session gets DELIVER-BATCH instead
   of DELIVER / DELIVER-TS; credit is charged at the frame's size as for any delivery.
 
+**Version 4 extension** (negotiated the same way): a run checked once instead of record by record.
+
+* ``DELIVER-RUN`` (id 17, broker → client): ``crc`` number-4, ``index`` chunk, ``records`` chunk —
+  the records of a DELIVER-BATCH, with ``index`` the byte offset of each record in ``records``
+  (number-4 each, in order) and ``crc`` the CRC32C of ``index`` then ``records``. The client checks
+  that one CRC and the index against the records' own lengths, key lengths and sequence order
+  (:func:`zeps._records.indexed_run`), never a per-record CRC: the broker checked those when it
+  opened the journal segment, and this CRC covers the bytes from the broker to the client. A version 4
+  session gets DELIVER-RUN instead of DELIVER-BATCH; credit is charged at the frame's size.
+
 Conventions zeps adds on top of the grammar (all within its bytes):
 
 * SUBSCRIBE ``latest`` is the last sequence the client has: delivery starts after it. 0 means
@@ -44,7 +54,9 @@ import struct
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from zeps._records import RecordFormatError, Records
+from crc32c import crc32c
+
+from zeps._records import RecordFormatError, Records, indexed_run
 from zeps.errors import LocalProtocolError, RemoteProtocolError
 
 __all__ = [
@@ -57,6 +69,7 @@ __all__ = [
     "Credit",
     "Deliver",
     "DeliverBatch",
+    "DeliverRun",
     "DeliverTs",
     "Detach",
     "DetachOk",
@@ -72,6 +85,7 @@ __all__ = [
     "encode",
     "encode_deliver",
     "encode_deliver_batch",
+    "encode_deliver_run",
     "encode_publish_batch",
 ]
 
@@ -230,12 +244,30 @@ class DeliverBatch(Command):
         return (self.run or Records(self.records)).rows()
 
 
+@dataclass(frozen=True, slots=True)
+class DeliverRun(Command):
+    """Version 4 extension: DELIVER-BATCH's records with their index and one CRC32C over both."""
+
+    ID = 17
+    NAME = "DELIVER-RUN"
+    FIELDS = (("crc", "number-4"), ("index", "chunk"), ("records", "chunk"))
+    crc: int
+    index: bytes  #: the offset of each record in ``records``, number-4 each
+    records: bytes  #: journal records (zeps._records layout)
+    run: Records | None = field(default=None, compare=False)  #: the records, checked (set when decoded)
+
+    @property
+    def items(self) -> list[tuple[int, str, bytes, int]]:
+        """(sequence, key, body, timestamp) of every record."""
+        return (self.run or indexed_run(self.records, self.index, self.crc)).rows()
+
+
 COMMANDS: dict[int, type[Command]] = {
     c.ID: c
     for c in (Attach, AttachOk, Subscribe, SubscribeOk, Credit, Publish, Deliver, Ping, PingOk, Detach, DetachOk,
-              Invalid, SubscribeTime, DeliverTs, PublishBatch, DeliverBatch)
+              Invalid, SubscribeTime, DeliverTs, PublishBatch, DeliverBatch, DeliverRun)
 }  # fmt: skip
-_NUMBERS = {"number-2": (_U16, 0xFFFF), "number-8": (_U64, 2**64 - 1)}
+_NUMBERS = {"number-2": (_U16, 0xFFFF), "number-4": (_U32, 0xFFFFFFFF), "number-8": (_U64, 2**64 - 1)}
 
 
 def _is_vchar(text: str) -> bool:
@@ -325,6 +357,36 @@ def encode_deliver_batch(records: bytes) -> bytes:
     return _BATCH_HEAD.pack(SIGNATURE, DeliverBatch.ID, len(records)) + records
 
 
+_RUN_HEAD = struct.Struct("!2sBII")  # signature, id, crc, index length
+
+
+def encode_deliver_run(records: bytes, index: bytes) -> bytes:
+    """DELIVER-RUN carrying ``records`` (journal records as stored) and ``index`` (the offset of each
+    record in ``records``, number-4 each); the CRC32C is computed here."""
+    crc = crc32c(records, crc32c(index))
+    return b"".join(
+        (_RUN_HEAD.pack(SIGNATURE, DeliverRun.ID, crc, len(index)), index, _U32.pack(len(records)), records)
+    )
+
+
+def _decode_deliver_run(frame: bytes) -> DeliverRun:
+    if len(frame) < _RUN_HEAD.size:
+        raise RemoteProtocolError("DELIVER-RUN truncated")
+    _, _, crc, index_length = _RUN_HEAD.unpack_from(frame)
+    records_at = _RUN_HEAD.size + index_length + 4
+    if records_at > len(frame):
+        raise RemoteProtocolError(f"DELIVER-RUN.index claims {index_length} bytes, or the records length is missing")
+    (length,) = _U32.unpack_from(frame, records_at - 4)
+    if records_at + length != len(frame):
+        raise RemoteProtocolError(f"DELIVER-RUN.records claims {length} bytes, {len(frame) - records_at} follow")
+    index, records = frame[_RUN_HEAD.size : records_at - 4], frame[records_at:]
+    try:
+        run = indexed_run(records, index, crc)
+    except RecordFormatError as exc:
+        raise RemoteProtocolError(f"DELIVER-RUN {exc}") from None
+    return DeliverRun(crc=crc, index=index, records=records, run=run)
+
+
 def _batch_body(frame: bytes, name: str) -> bytes:
     if len(frame) < _BATCH_HEAD.size:
         raise RemoteProtocolError(f"{name} truncated")
@@ -410,6 +472,8 @@ def decode(frame: bytes) -> Command:
         return _decode_deliver_batch(frame)
     if frame[2] == PublishBatch.ID:
         return _decode_publish_batch(frame)
+    if frame[2] == DeliverRun.ID:
+        return _decode_deliver_run(frame)
     cls = COMMANDS.get(frame[2])
     if cls is None:
         raise RemoteProtocolError(f"unknown command id {frame[2]}")

@@ -20,6 +20,7 @@ from zeps.protocol.commands import (
     Credit,
     Deliver,
     DeliverBatch,
+    DeliverRun,
     DeliverTs,
     Detach,
     DetachOk,
@@ -40,7 +41,7 @@ __all__ = ["RULES", "SUPPORTED_VERSIONS", "Connection", "Role", "State"]
 Role = Literal["client", "broker"]
 State = Literal["AWAIT_ATTACH", "ATTACHING", "ATTACHED", "DETACHING", "CLOSED"]
 Direction = Literal["send", "receive"]
-SUPPORTED_VERSIONS = (1, 2, 3)
+SUPPORTED_VERSIONS = (1, 2, 3, 4)
 
 # What the client may do; the broker's view mirrors it (its "receive" is the client's "send").
 _CLIENT: dict[tuple[State, Direction, type[Command]], State] = {
@@ -56,6 +57,7 @@ _CLIENT: dict[tuple[State, Direction, type[Command]], State] = {
     ("ATTACHED", "receive", Deliver): "ATTACHED",
     ("ATTACHED", "receive", DeliverTs): "ATTACHED",
     ("ATTACHED", "receive", DeliverBatch): "ATTACHED",
+    ("ATTACHED", "receive", DeliverRun): "ATTACHED",
     ("ATTACHED", "send", Ping): "ATTACHED",
     ("ATTACHED", "receive", PingOk): "ATTACHED",
     ("ATTACHED", "receive", Ping): "ATTACHED",  # heartbeats go both ways
@@ -67,6 +69,7 @@ _CLIENT: dict[tuple[State, Direction, type[Command]], State] = {
     ("DETACHING", "receive", Deliver): "DETACHING",  # in flight before the broker saw DETACH
     ("DETACHING", "receive", DeliverTs): "DETACHING",
     ("DETACHING", "receive", DeliverBatch): "DETACHING",
+    ("DETACHING", "receive", DeliverRun): "DETACHING",
     ("DETACHING", "receive", Ping): "DETACHING",
     ("DETACHING", "receive", PingOk): "DETACHING",
     ("DETACHING", "receive", Invalid): "DETACHING",
@@ -85,7 +88,9 @@ RULES: dict[tuple[Role, State, Direction, type[Command]], State] = {
     **{("client", s, d, c): n for (s, d, c), n in _CLIENT.items()},
     **{("broker", s, d, c): n for (s, d, c), n in _BROKER.items()},
 }
-_SINCE_VERSION: dict[type[Command], int] = {SubscribeTime: 2, DeliverTs: 2, PublishBatch: 3, DeliverBatch: 3}
+_SINCE_VERSION: dict[type[Command], int] = {
+    SubscribeTime: 2, DeliverTs: 2, PublishBatch: 3, DeliverBatch: 3, DeliverRun: 4,
+}  # fmt: skip
 
 
 class Connection:
@@ -110,7 +115,8 @@ class Connection:
             if command.protocol != "ZEPS":
                 raise error(f"ATTACH protocol must be 'ZEPS', not {command.protocol!r}")
             if command.version not in SUPPORTED_VERSIONS:
-                raise error(f"ATTACH version {command.version} is not supported (use 1, 2 or 3)")
+                supported = ", ".join(map(str, SUPPORTED_VERSIONS))
+                raise error(f"ATTACH version {command.version} is not supported (use one of {supported})")
             self.version, self.stream = command.version, command.stream
         self.state = nxt
 
