@@ -186,6 +186,13 @@ class QueuePaths:
         return f"{self.batches}/refs"
 
     @property
+    def batch_writers(self) -> str:
+        return f"{self.batches}/writers"
+
+    def batch_writer(self, writer: str) -> str:
+        return f"{self.batch_writers}/{validate_member_id(writer)}"
+
+    @property
     def processors(self) -> str:
         return f"{self.root}/processors"
 

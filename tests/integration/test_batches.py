@@ -42,6 +42,23 @@ def test_concurrent_publishers_get_unique_linear_ids(zookeeper: ZooKeeperHarness
     assert seen == sorted(b"%d-%d" % (n, i) for n in range(4) for i in range(10))
 
 
+def test_an_idempotent_writer_publishes_each_sequence_once_even_from_two_handles(zookeeper: ZooKeeperHarness) -> None:
+    """A Spark query's sink is such a writer: a micro-batch run again (a retried task set, a restarted
+    driver: a new handle) gets back the batch it made the first time; an older sequence is refused."""
+    q = _queue(zookeeper)
+    q.publish([b"someone else"])
+    assert q.publish([b"a0"], writer="query-1", sequence=0) == "orders-2"
+    assert _queue(zookeeper).publish([b"a0 again"], writer="query-1", sequence=0) == "orders-2"
+    assert q.publish([b"b0"], writer="query-2", sequence=0) == "orders-3"  # another writer: its own sequences
+    assert q.publish([b"a1"], writer="query-1", sequence=1) == "orders-4"
+    with pytest.raises(CoordinationError, match=r"already published sequence 1 \(orders-4\); sequence 0 is older"):
+        q.publish([b"a0 late"], writer="query-1", sequence=0)
+    with pytest.raises(ConfigError, match="writer and sequence together"):
+        q.publish([b"x"], writer="query-1")
+    assert q.latest() == 4
+    assert [q.read(n).records for n in range(1, 5)] == [[b"someone else"], [b"a0"], [b"b0"], [b"a1"]]
+
+
 def test_two_consumers_at_different_positions_each_see_every_batch_once(zookeeper: ZooKeeperHarness) -> None:
     q = _queue(zookeeper)
     for i in range(5):

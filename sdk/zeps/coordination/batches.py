@@ -7,11 +7,15 @@ Layout (:class:`zeps.paths.QueuePaths`)::
     <queue>/batches/lock/           lock of publishers while they assign an id
     <queue>/batches/data/<queue>-<n>   the batch itself, when small (see BatchOptions.inline_max_bytes)
     <queue>/batches/refs/<queue>-<n>   the URL of the batch in the batch store, when large
+    <queue>/batches/writers/<writer>   "<sequence> <queue>-<n>": an idempotent writer's last publish
     <queue>/processors/<consumer>   "<queue>-<k>": the last batch the consumer processed
 
 Publishing takes the lock, reads the latest id, writes the new batch and advances ``latest`` in
 one transaction (a large batch is first written to the store, atomically): ids are unique, linear
-(no gaps) and known in advance, batches immutable. Consumers process every batch from their
+(no gaps) and known in advance, batches immutable. An idempotent writer (``publish(records,
+writer=..., sequence=n)``, e.g. a Spark query publishing micro-batch ``n``) records its sequence in
+the same transaction, so publishing sequence ``n`` again returns the batch it made the first time
+instead of a second copy: exactly-once across retries and restarts. Consumers process every batch from their
 position to the latest, in order, and advance their position with a compare-and-set afterwards:
 a consumer that crashes between processing and committing processes that one batch again.
 """
@@ -92,7 +96,8 @@ class BatchQueue:
     def ensure(self) -> None:
         if self._ensured:
             return
-        for path in (self.paths.batch_data, self.paths.batch_refs, self.paths.batch_lock, self.paths.processors):
+        paths = self.paths
+        for path in (paths.batch_data, paths.batch_refs, paths.batch_lock, paths.batch_writers, paths.processors):
             bounded_retry()(self.client.ensure_path, path)
         self._ensured = True
 
@@ -106,8 +111,14 @@ class BatchQueue:
             return 0
         return self._number(data.decode())
 
-    def publish(self, records: Sequence[bytes]) -> str:
-        """Write an immutable batch and make it the latest; returns its id (``<queue>-<n>``)."""
+    def publish(self, records: Sequence[bytes], *, writer: str | None = None, sequence: int | None = None) -> str:
+        """Write an immutable batch and make it the latest; returns its id (``<queue>-<n>``).
+
+        With ``writer`` and ``sequence`` (both or neither) the publish is idempotent: a writer's
+        sequences must increase, and publishing the last one again returns the batch it made then
+        without writing anything. An older sequence raises CoordinationError (nothing is written)."""
+        if (writer is None) != (sequence is None):
+            raise ConfigError("publish: give writer and sequence together (an idempotent writer), or neither")
         self.ensure()
         body = encode_batch(records)
         inline = len(body) <= self.options.inline_max_bytes
@@ -120,12 +131,33 @@ class BatchQueue:
         if not lock.acquire(timeout=60):
             raise CoordinationError(f"batch queue {self.name}: publisher lock not acquired within 60s")
         try:
-            batch_id: str = bounded_retry()(self._publish_locked, body, inline)
+            batch_id: str = bounded_retry()(self._publish_locked, body, inline, writer, sequence)
             return batch_id
         finally:
             lock.release()
 
-    def _publish_locked(self, body: bytes, inline: bool) -> str:
+    def _written(self, writer: str, sequence: int) -> str | None:
+        """The batch ``writer`` already published as ``sequence``, or None if it is new (under the lock)."""
+        try:
+            data, _ = self.client.get(self.paths.batch_writer(writer))
+        except NoNodeError:
+            return None
+        text: str = data.decode()
+        last, batch_id = text.split(" ", 1)
+        if sequence == int(last):
+            return batch_id
+        if sequence < int(last):
+            raise CoordinationError(
+                f"batch queue {self.name}: writer {writer!r} already published sequence {last} ({batch_id}); "
+                f"sequence {sequence} is older (a second writer with the same name, or an old checkpoint?)"
+            )
+        return None
+
+    def _publish_locked(self, body: bytes, inline: bool, writer: str | None, sequence: int | None) -> str:
+        if writer is not None and sequence is not None:  # also on a retry whose lost commit had applied
+            done = self._written(writer, sequence)
+            if done is not None:
+                return done
         try:
             data, stat = self.client.get(self.paths.latest_batch)
             number, version = self._number(data.decode()) + 1, stat.version
@@ -141,6 +173,10 @@ class BatchQueue:
         latest = batch_id.encode()
         ops.append(("set", self.paths.latest_batch, latest, version) if version >= 0
                    else ("create", self.paths.latest_batch, latest))  # fmt: skip
+        if writer is not None:
+            progress = f"{sequence} {batch_id}".encode()
+            path = self.paths.batch_writer(writer)
+            ops.append(("set", path, progress) if self.client.exists(path) else ("create", path, progress))
         outcome = commit(self.client, ops)
         if errors := failures(outcome):
             if isinstance(errors[0], NodeExistsError) and self.latest() == number:
