@@ -1,15 +1,45 @@
 #!/usr/bin/env bash
-# Submit examples/spark/pipeline.py to Spark on Kubernetes (the image holds pyspark and zeps).
+# Submit a pipeline job from outside the cluster (a laptop, a CI machine) in client mode: the driver
+# runs here, 2 executors run in pods. By default the audit job: revenue per country over the first
+# THROUGH sequences of the ZepsStream `orders` (pipeline.py totals). What it needs:
+#
+#   KUBECONFIG    the cluster; Spark's Kubernetes client reads it, and the driver resolves `orders`
+#                 through it (its user must create pods in NAMESPACE and get zepsstreams)
+#   DRIVER_HOST   an address of this machine that pods can reach; the driver listens there, and the
+#                 executors connect to it. On kind: the gateway of the `kind` Docker network
+#                 (docker network inspect kind -f '{{(index .IPAM.Config 0).Gateway}}')
+#   IMAGE         the zeps Spark image for the executors (`make e2e` builds zeps-spark:<version>-<hash>)
+#   NAMESPACE     where `orders` and the executor pods are (default: default)
+#   THROUGH       the last sequence to read (default 10000)
+#
+# The executors use executor-pod-template.yaml (no ServiceAccount token), which mounts the claim of
+# checkpoints-pvc.yaml: apply it in NAMESPACE first.
+# This machine needs Java 17 and the same Python minor version as the image (3.11), with
+# `pip install 'zeps[spark,kubernetes]'` (PYSPARK_DRIVER_PYTHON names that Python, default python3). The executors get the broker's endpoint (a cluster DNS name)
+# from the driver; the driver itself talks only to the API server.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-spark-submit \
-  --master "k8s://${KUBERNETES_API:-https://kubernetes.default.svc}" \
-  --deploy-mode cluster \
-  --name zeps-pipeline \
-  --conf spark.kubernetes.namespace="${NAMESPACE:-shop}" \
-  --conf spark.kubernetes.container.image=ghcr.io/zeps-dev/zeps-spark:0.1.0 \
-  --conf spark.kubernetes.authenticate.driver.serviceAccountName=spark-driver \
-  --conf spark.kubernetes.driver.podTemplateFile="$here/driver-pod-template.yaml" \
+: "${DRIVER_HOST:?set DRIVER_HOST to an address of this machine that pods can reach}"
+: "${IMAGE:?set IMAGE to the zeps Spark image}"
+namespace=${NAMESPACE:-default}
+api=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')
+export ZEPS_NAMESPACE=$namespace
+exec spark-submit \
+  --master "k8s://$api" \
+  --deploy-mode client \
+  --name zeps-pipeline-totals \
+  --conf spark.kubernetes.namespace="$namespace" \
+  --conf spark.driver.host="$DRIVER_HOST" \
+  --conf spark.driver.bindAddress="$DRIVER_HOST" \
+  --conf spark.kubernetes.container.image="$IMAGE" \
+  --conf spark.kubernetes.container.image.pullPolicy=IfNotPresent \
+  --conf spark.kubernetes.executor.podNamePrefix=zeps-totals \
   --conf spark.kubernetes.executor.podTemplateFile="$here/executor-pod-template.yaml" \
   --conf spark.executor.instances=2 \
-  local:///opt/zeps/examples/spark/pipeline.py
+  --conf spark.executor.cores=1 \
+  --conf spark.executor.memory=768m \
+  --conf spark.kubernetes.executor.request.cores=250m \
+  --conf spark.pyspark.python=/opt/zeps/bin/python \
+  --conf spark.pyspark.driver.python="${PYSPARK_DRIVER_PYTHON:-python3}" \
+  --conf spark.sql.shuffle.partitions=4 \
+  "$here/pipeline.py" totals --through "${THROUGH:-10000}"

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,42 +27,67 @@ pytestmark = pytest.mark.spark
 PIPELINE = Path(__file__).resolve().parents[2] / "examples" / "spark" / "pipeline.py"
 
 
-def test_spark_pipeline_example_totals_revenue_per_country(zookeeper: ZooKeeperHarness, tmp_path: Path) -> None:
-    rng = random.Random(7)
-    sales = [(rng.choice(["fr", "de", "it"]), rng.randint(1, 500) / 4) for _ in range(2000)]
+def _sales(seed: int, n: int) -> list[tuple[str, float]]:
+    rng = random.Random(seed)
+    return [(rng.choice(["fr", "de", "it"]), rng.randint(1, 500) / 4) for _ in range(n)]
+
+
+def _publish(endpoint: str, sales: list[tuple[str, float]]) -> None:
+    with StreamClient(endpoint, "orders") as client:
+        client.publish_many(
+            (f"order.{country}", json.dumps({"country": country, "amount": amount}).encode())
+            for country, amount in sales
+        )
+        client.flush()
+
+
+def _totals(sales: list[tuple[str, float]]) -> dict[str, dict[str, float]]:
     want: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for country, amount in sales:
         want[country][0] += 1
         want[country][1] += amount
+    return {country: {"orders": n, "revenue": round(total, 2)} for country, (n, total) in want.items()}
 
+
+def test_spark_pipeline_example_publishes_revenue_per_country_once_per_micro_batch(
+    zookeeper: ZooKeeperHarness, tmp_path: Path
+) -> None:
+    """``pipeline.py run --once`` twice from one checkpoint (new orders in between), then ``report``:
+    one batch per micro-batch, never one twice, and the last holds the exact totals."""
+    first, second = _sales(7, 2000), _sales(8, 500)
     broker = BrokerServer(
         BrokerConfig(tmp_path / "journal", ("orders",)),
         registration=Registration(zookeeper.connect_string, "shop", "orders-0", chroot=zookeeper.root),
     ).start()
-    try:
-        with StreamClient(broker.endpoint, "orders") as client:
-            client.publish_many(
-                (f"order.{country}", json.dumps({"country": country, "amount": amount}).encode())
-                for country, amount in sales
-            )
-            client.flush()
-        member = broker._memberships[0]
-        wait_until(lambda: member.metadata.get("lastSequence") == len(sales), timeout=15, what="the broker's facts")
-        env = {
-            **os.environ,
-            "ZEPS_STREAM_ORDERS_ENDPOINT": broker.endpoint,
-            "ZEPS_ZOOKEEPER": zookeeper.connect_string,
-            "ZEPS_CHROOT": zookeeper.root,
-            "ZEPS_NAMESPACE": "shop",
-            "PYSPARK_PYTHON": sys.executable,
-            "SPARK_LOCAL_IP": "127.0.0.1",
-        }
+    env = {
+        **os.environ,
+        "ZEPS_STREAM_ORDERS_ENDPOINT": broker.endpoint,
+        "ZEPS_ZOOKEEPER": zookeeper.connect_string,
+        "ZEPS_CHROOT": zookeeper.root,
+        "ZEPS_NAMESPACE": "shop",
+        "PYSPARK_PYTHON": sys.executable,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
+
+    def pipeline(*command: str) -> list[dict[str, Any]]:
         run = subprocess.run(
-            [sys.executable, str(PIPELINE), "--once", "--checkpoint", str(tmp_path / "checkpoint")],
-            capture_output=True, text=True, env=env, timeout=240, check=False,
-        )  # fmt: skip
+            [sys.executable, str(PIPELINE), *command], capture_output=True, text=True, env=env, timeout=240, check=False
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        return [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+
+    try:
+        member = broker._memberships[0]
+        checkpoint = ["--checkpoint", str(tmp_path / "checkpoint"), "--trigger-seconds", "0.5"]
+        for sales, published in ((first, len(first)), (second, len(first) + len(second))):
+            _publish(broker.endpoint, sales)
+            wait_until(lambda n=published: member.metadata.get("lastSequence") == n, timeout=15, what="the facts")
+            progress = pipeline("run", "--once", *checkpoint)
+            assert progress and progress[-1]["orders"] == published
+        report = pipeline("report")
     finally:
         broker.stop()
-    assert run.returncode == 0, run.stderr[-3000:]
-    got = {row["country"]: (row["orders"], row["revenue"]) for row in map(json.loads, run.stdout.splitlines())}
-    assert got == {country: (n, round(total, 2)) for country, (n, total) in want.items()}
+    assert [b["microBatch"] for b in report] == [0, 1], "one batch per micro-batch, none twice"
+    assert [b["batch"] for b in report] == [1, 2]
+    last = {country: totals for country, totals in report[-1].items() if country not in ("batch", "microBatch")}
+    assert last == _totals(first + second)

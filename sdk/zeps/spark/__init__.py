@@ -6,7 +6,7 @@
     spark.dataSource.register(ZepsDataSource)
 """
 
-from zeps.spark.sinks import queue_sink, topic_sink
+from zeps.spark.sinks import batch_queue_sink, queue_sink, topic_sink
 from zeps.spark.source import DataLossError, ZepsDataSource
 
-__all__ = ["DataLossError", "ZepsDataSource", "queue_sink", "topic_sink"]
+__all__ = ["DataLossError", "ZepsDataSource", "batch_queue_sink", "queue_sink", "topic_sink"]

@@ -26,7 +26,8 @@ Options: ``stream`` or ``queue`` (the resource name), ``namespace``, ``endpoint`
 ``chroot`` (explicit settings), ``pattern`` (prefix, or ``~regex``), ``startingOffsets``
 (``earliest`` | ``latest`` | JSON ``{"prices": 1000}`` | epoch milliseconds), ``maxOffsetsPerTrigger``,
 ``failOnDataLoss`` (true/false, default true), ``partitionSize`` (sequences per partition, default
-100000), ``startSequence``/``endSequence`` (batch reads). Written rows need ``key`` (string) and
+100000), ``startSequence``/``endSequence`` (batch reads of a stream), ``startBatch``/``endBatch``
+(batch reads of a batch Queue: by default every retained batch). Written rows need ``key`` (string) and
 ``body`` (binary or string) columns; writes are at-least-once.
 """
 
@@ -249,16 +250,36 @@ class ZepsBatchReader(DataSourceReader, _StreamRead):
         return self.read_range(partition)
 
 
-class ZepsBatchQueueReader(DataSourceStreamReader):
-    """Structured Streaming over a replayable batch Queue: offsets are batch numbers."""
+class _QueueRead:
+    """Reading batches (start, end] of a batch Queue on an executor: one partition per batch."""
 
-    def __init__(self, settings: Resolved, options: dict[str, str]) -> None:
+    def __init__(self, settings: Resolved) -> None:
         self.settings = settings
-        self.starting = options.get("startingoffsets", "earliest")
 
     def _queue(self) -> BatchQueue:
         s = self.settings
         return BatchQueue(shared_client(s.zookeeper, auth=s.auth), s.name, namespace=s.namespace, chroot=s.chroot)
+
+    def read_batches(self, part: _Range) -> Iterator[pa.RecordBatch]:
+        queue = self._queue()
+        for number in range(part.start + 1, part.end + 1):
+            batch = queue.read(number)
+            yield pa.RecordBatch.from_pydict(
+                {
+                    "batch": [number] * len(batch.records),
+                    "batch_id": [batch.id] * len(batch.records),
+                    "record": batch.records,
+                },
+                schema=_ARROW_QUEUE,
+            )
+
+
+class ZepsBatchQueueReader(DataSourceStreamReader, _QueueRead):
+    """Structured Streaming over a replayable batch Queue: offsets are batch numbers."""
+
+    def __init__(self, settings: Resolved, options: dict[str, str]) -> None:
+        _QueueRead.__init__(self, settings)
+        self.starting = options.get("startingoffsets", "earliest")
 
     def initialOffset(self) -> dict[str, int]:  # noqa: N802
         queue = self._queue()
@@ -272,20 +293,27 @@ class ZepsBatchQueueReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, _Range)
-        queue = self._queue()
-        for number in range(partition.start + 1, partition.end + 1):
-            batch = queue.read(number)
-            yield pa.RecordBatch.from_pydict(
-                {
-                    "batch": [number] * len(batch.records),
-                    "batch_id": [batch.id] * len(batch.records),
-                    "record": batch.records,
-                },
-                schema=_ARROW_QUEUE,
-            )
+        return self.read_batches(partition)
 
     def commit(self, end: dict[str, int]) -> None:
         pass
+
+
+class ZepsBatchQueueBatchReader(DataSourceReader, _QueueRead):
+    """A batch read of a batch Queue: every retained batch (``startBatch``..``endBatch`` to narrow it)."""
+
+    def __init__(self, settings: Resolved, options: dict[str, str]) -> None:
+        _QueueRead.__init__(self, settings)
+        queue = self._queue()
+        self.first = int(options["startbatch"]) if options.get("startbatch") else queue.first_retained()
+        self.last = int(options["endbatch"]) if options.get("endbatch") else queue.latest()
+
+    def partitions(self) -> list[_Range]:
+        return _ranges(self.first - 1, self.last, 1)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, _Range)
+        return self.read_batches(partition)
 
 
 class _Count(WriterCommitMessage):
@@ -345,6 +373,8 @@ class ZepsDataSource(DataSource):
         return ZepsStreamReader(self._resolved(), _normalised(self.options))
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        if "queue" in _normalised(self.options):
+            return ZepsBatchQueueBatchReader(self._resolved(), _normalised(self.options))
         return ZepsBatchReader(self._resolved(), _normalised(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
