@@ -14,9 +14,29 @@ from kindapp import ROOT, App, ZooKeeperShell
 _names = itertools.count()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    """Keep each phase's report on the test item: ``app`` dumps its namespace when the test failed."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
+def _dump(cluster: Any, namespace: str) -> None:
+    """What a failed test's namespace held: pods, events and the end of every pod's log."""
+    print(f"\n===== namespace {namespace} after the failure =====")
+    print(cluster.kubectl("get", "pods,pvc", "-n", namespace, "-o", "wide", check=False))
+    print(cluster.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False)[-6000:])
+    pods = cluster.kubectl("get", "pods", "-n", namespace, "-o", "name", check=False).split()
+    for pod in pods:
+        log = cluster.kubectl("logs", pod, "-n", namespace, "--all-containers", "--tail=60", check=False)
+        print(f"----- {pod} (last 60 lines) -----\n{log}")
+
+
 @pytest.fixture
-def app(cluster: Any) -> Iterator[App]:
-    """A fresh namespace with the examples' client RBAC (``examples/client-rbac.yaml``)."""
+def app(request: pytest.FixtureRequest, cluster: Any) -> Iterator[App]:
+    """A fresh namespace with the examples' client RBAC (``examples/client-rbac.yaml``); dumped to the
+    output when the test fails."""
     name = f"e2e-{next(_names)}-{os.getpid() % 1000}"
     cluster.kubectl("create", "namespace", name)
     cluster.wait_for(f"the default SA in {name}", lambda: cluster.kubectl("get", "sa", "default", "-n", name))
@@ -24,6 +44,9 @@ def app(cluster: Any) -> Iterator[App]:
     try:
         yield App(cluster, name)
     finally:
+        report = getattr(request.node, "report_call", None)
+        if report is not None and report.failed:
+            _dump(cluster, name)
         cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 

@@ -15,8 +15,10 @@
 # The executors use executor-pod-template.yaml (no ServiceAccount token), which mounts the claim of
 # checkpoints-pvc.yaml: apply it in NAMESPACE first.
 # This machine needs Java 17 and the same Python minor version as the image (3.11), with
-# `pip install 'zeps[spark,kubernetes]'` (PYSPARK_DRIVER_PYTHON names that Python, default python3). The executors get the broker's endpoint (a cluster DNS name)
-# from the driver; the driver itself talks only to the API server.
+# `pip install 'zeps[spark,kubernetes]'`, as the first `python3` on PATH (an activated venv): Spark
+# starts Python workers by one name on both sides (spark.pyspark.python), the driver's to plan the
+# zeps data source, the executors' (/opt/zeps/bin/python3 in the image) to read. The executors get the
+# broker's endpoint (a cluster DNS name) from the driver; the driver itself talks only to the API server.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 : "${DRIVER_HOST:?set DRIVER_HOST to an address of this machine that pods can reach}"
@@ -39,7 +41,7 @@ exec spark-submit \
   --conf spark.executor.cores=1 \
   --conf spark.executor.memory=768m \
   --conf spark.kubernetes.executor.request.cores=250m \
-  --conf spark.pyspark.python=/opt/zeps/bin/python \
-  --conf spark.pyspark.driver.python="${PYSPARK_DRIVER_PYTHON:-python3}" \
+  --conf spark.pyspark.python=python3 \
+  --conf spark.pyspark.driver.python=python3 \
   --conf spark.sql.shuffle.partitions=4 \
   "$here/pipeline.py" totals --through "${THROUGH:-10000}"

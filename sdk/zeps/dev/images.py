@@ -10,8 +10,9 @@ What is built, each cached by a hash of what goes into it (an image whose tag ex
 * the kind node image (``images/kind-node/Dockerfile``): the node rootfs, kind's node files from the
   pinned kind module, kubelet/kubeadm/kubectl, the component images preloaded into containerd.
   Also kept as a ``docker save`` archive in the cache, so an engine without it loads it in seconds.
-* the project's images: ``images/zeps/Dockerfile`` (operator, broker, SDK, CLI) and
-  ``images/zookeeper/Dockerfile`` (the chart's ensemble).
+* the project's images: ``images/zeps/Dockerfile`` (operator, broker, SDK, CLI),
+  ``images/zookeeper/Dockerfile`` (the chart's ensemble) and ``images/spark/Dockerfile`` (Spark's
+  driver and executors with pyspark and zeps, and ``examples/spark``).
 
 Every ``docker build`` runs with ``--network none``: nothing inside a build reaches any address.
 """
@@ -53,6 +54,8 @@ ROOTFS: Mapping[str, tuple[str, ...]] = {
     "python": ("python3", "ca-certificates"),
     "python-build": ("python3", "python3-venv", "python3-pip"),
     "java": ("openjdk-17-jre-headless", "bash"),
+    # Spark's driver and executors: the JVM, the Python that runs pyspark's workers, tini as PID 1
+    "spark": ("python3", "openjdk-17-jre-headless", "tini", "bash", "procps", "ca-certificates"),
 }
 # fmt: on
 
@@ -91,7 +94,7 @@ def _hash(*parts: str | bytes) -> str:
 
 def _tree_hash(root: Path) -> str:
     digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
@@ -406,14 +409,39 @@ class ImageBuilder:
             return tag
         with tempfile.TemporaryDirectory(dir=self._scratch()) as tmp:
             context = Path(tmp)
-            pip = [str(venv_python), "-m", "pip", "wheel", "-q", "--disable-pip-version-check"]
-            constraints, wheels = str(REPOSITORY / "constraints.txt"), str(context / "wheels")
-            run_tool([*pip, "-c", constraints, "-w", wheels, f"{REPOSITORY}[operator]"], timeout=900)
+            self._wheels(venv_python, "operator", context / "wheels")
             self.build(
                 tag,
                 context,
                 dockerfile=IMAGES / "zeps" / "Dockerfile",
                 args={"BUILD_BASE": self.rootfs("python-build"), "RUNTIME_BASE": self.rootfs("python")},
+            )
+        self.forget_older(tag)
+        return tag
+
+    def _wheels(self, venv_python: Path, extras: str, into: Path) -> None:
+        """The zeps wheel with ``extras`` and every dependency, at the versions of constraints.txt."""
+        pip = [str(venv_python), "-m", "pip", "wheel", "-q", "--disable-pip-version-check"]
+        constraints = str(REPOSITORY / "constraints.txt")
+        run_tool([*pip, "-c", constraints, "-w", str(into), f"{REPOSITORY}[{extras}]"], timeout=1200)
+
+    def spark_image(self, venv_python: Path) -> str:
+        """``zeps-spark:<version>-<hash>`` from images/spark/Dockerfile: a JRE 17, Python 3.11 with pyspark
+        and zeps, tini, the entrypoint for Spark's roles, and examples/spark."""
+        examples = REPOSITORY / "examples" / "spark"
+        tag = f"zeps-spark:{project_image_tag(_tree_hash(IMAGES / 'spark'), _tree_hash(examples), *ROOTFS['spark'])}"
+        if self._cached(tag, building="wheels with pip (pyspark is large), then images/spark/Dockerfile"):
+            return tag
+        with tempfile.TemporaryDirectory(dir=self._scratch()) as tmp:
+            context = Path(tmp)
+            self._wheels(venv_python, "spark,kubernetes", context / "wheels")
+            shutil.copy2(IMAGES / "spark" / "zeps-spark-entrypoint", context / "zeps-spark-entrypoint")
+            shutil.copytree(examples, context / "spark", ignore=shutil.ignore_patterns("__pycache__"))
+            self.build(
+                tag,
+                context,
+                dockerfile=IMAGES / "spark" / "Dockerfile",
+                args={"BUILD_BASE": self.rootfs("python-build"), "RUNTIME_BASE": self.rootfs("spark")},
             )
         self.forget_older(tag)
         return tag

@@ -244,10 +244,12 @@ class KindStack(LocalServer):
         venv_python: Path,
         cluster_name: str = DEFAULT_CLUSTER,
         keep: bool = False,
+        spark: bool = False,
         say: Callable[[str], None] = _say,
     ) -> None:
         self.say = say
         self.keep = keep
+        self.spark = spark  # build and load the Spark image too (the e2e suite's Spark jobs)
         self.binaries = binaries
         self.cache = cache_dir()
         self.engine = DockerEngine(docker_root(), say=say, detached=keep)
@@ -259,6 +261,7 @@ class KindStack(LocalServer):
         self.cluster: KindCluster | None = None
         self.zeps_image = ""
         self.zookeeper_image = ""
+        self.spark_image = ""
         self.timings: dict[str, float] = {}
 
     def start(self) -> None:
@@ -268,6 +271,8 @@ class KindStack(LocalServer):
             node_image = self._node_image()
             self.zeps_image = self.builder.zeps_image(self.venv_python)
             self.zookeeper_image = self.builder.zookeeper_image()
+            if self.spark:
+                self.spark_image = self.builder.spark_image(self.venv_python)
             self.timings["images_s"] = time.monotonic() - t0
             t1 = time.monotonic()
             self.cluster = KindCluster(
@@ -281,7 +286,7 @@ class KindStack(LocalServer):
             )
             self.cluster.start()
             self.timings["cluster_create_s"] = time.monotonic() - t1
-            self.cluster.load(self.zeps_image, self.zookeeper_image)
+            self.cluster.load(*(i for i in (self.zeps_image, self.zookeeper_image, self.spark_image) if i))
             self.install_chart()
             self.timings["ready_s"] = time.monotonic() - t0
         except BaseException:
@@ -332,6 +337,7 @@ class KindStack(LocalServer):
             "ZEPS_E2E_KUBECONFIG": str(self.cluster.kubeconfig),
             "ZEPS_E2E_IMAGE": self.zeps_image,
             "ZEPS_E2E_ZOOKEEPER_IMAGE": self.zookeeper_image,
+            "ZEPS_E2E_SPARK_IMAGE": self.spark_image,
             "ZEPS_E2E_RELEASE": RELEASE,
             "ZEPS_E2E_NAMESPACE": OPERATOR_NAMESPACE,
             "ZEPS_E2E_CHART_VALUES": ",".join(self.chart_values()),
@@ -355,7 +361,7 @@ class KindStack(LocalServer):
             self.engine.stop()
 
 
-def kind_stack_from_env(*, cluster_name: str | None = None) -> KindStack:
+def kind_stack_from_env(*, cluster_name: str | None = None, spark: bool = False) -> KindStack:
     """A KindStack with what ``tools/setup.sh`` wrote to .zeps-env (``make e2e``, ``make demo CLUSTER=kind``)."""
     from zeps.dev.controlplane import ENV_TESTBIN  # noqa: PLC0415
     from zeps.dev.zookeeper import zookeeper_home  # noqa: PLC0415
@@ -371,13 +377,14 @@ def kind_stack_from_env(*, cluster_name: str | None = None) -> KindStack:
         venv_python=REPOSITORY / ".venv" / "bin" / "python",
         cluster_name=cluster_name or os.environ.get("ZEPS_KIND_CLUSTER", DEFAULT_CLUSTER),
         keep=os.environ.get("ZEPS_KEEP_CLUSTER") == "1",
+        spark=spark,
     )
 
 
 def run_e2e(pytest_args: Sequence[str]) -> int:
     """``make e2e``: the stack up, the e2e suite on it, everything down again. Returns pytest's code."""
     started = time.monotonic()
-    stack = kind_stack_from_env()
+    stack = kind_stack_from_env(spark=True)
     with stack:
         _say(f"stack ready in {stack.timings['ready_s']:.0f}s; running the e2e suite")
         env = {**os.environ, **stack.env()}
