@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zeps._records import encode_record
-from zeps.journal import Journal, JournalConfig, Record
+from zeps.journal import Journal, JournalConfig, JournalError, Record
 
 
 def _journal(path: Path, **config: object) -> Journal:
@@ -202,3 +203,47 @@ def test_a_record_larger_than_a_read_comes_back_whole_from_disk(tmp_path: Path) 
     assert chunk is not None and len(chunk) == 1, "one record, though larger than max_bytes"
     assert chunk.record(0).body == b"B" * 300_000
     assert [r.body for r in disk.read(1, max_bytes=10)] == [b"s"]
+
+
+def test_offset_files_are_rebuilt_from_the_records_at_open(tmp_path: Path) -> None:
+    """The .off files (where each record starts) are derived data: a missing, short or garbled one
+    is rewritten from the segment's records when the journal opens, and reads stay exact."""
+    j = _journal(tmp_path, segment_bytes=600, fsync="always")
+    for i in range(60):
+        j.append(f"k.{i % 4}", b"y" * (i % 23), timestamp_ms=i)
+    expected = _all(j)
+    j.close()
+    off = sorted(tmp_path.glob("*.off"))
+    assert len(off) == len(list(tmp_path.glob("*.log"))) > 3
+    off[0].unlink()
+    off[1].write_bytes(off[1].read_bytes()[:6])
+    off[2].write_bytes(b"\xff" * 64)
+    again = _journal(tmp_path, segment_bytes=600, tail_cache_bytes=0)
+    assert _all(again) == expected
+    rebuilt = sorted(tmp_path.glob("*.off"))
+    for path, following in itertools.pairwise(rebuilt):
+        assert path.stat().st_size == 4 * (int(following.stem) - int(path.stem)), f"{path.name}: one entry a record"
+
+
+def test_a_read_skips_what_a_damaged_closed_segment_lost(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    j = _journal(tmp_path, segment_bytes=500, fsync="always")
+    for i in range(40):
+        j.append("k", b"%03d" % i + b"." * 40)
+    j.close()
+    first, second = sorted(tmp_path.glob("*.log"))[:2]
+    data = bytearray(first.read_bytes())
+    data[-10] ^= 0xFF  # the last record of the first (closed) segment
+    first.write_bytes(bytes(data))
+    caplog.set_level(logging.WARNING, logger="zeps.journal.log")
+    again = _journal(tmp_path, segment_bytes=500, tail_cache_bytes=0)
+    assert "a closed segment was damaged" in caplog.text
+    lost = int(second.stem) - 1
+    assert [r.sequence for r in _all(again)] == [s for s in range(1, 41) if s != lost]
+    chunk = again.read_chunk(lost)
+    assert chunk is not None and chunk.first == lost + 1, "the lost record reads as the next one there is"
+
+
+@pytest.mark.parametrize("segment_bytes", [0, -1, (1 << 31) + 1])
+def test_segment_sizes_a_journal_cannot_index_are_refused(segment_bytes: int) -> None:
+    with pytest.raises(JournalError, match=f"segment_bytes={segment_bytes}: must be between 1 and"):
+        JournalConfig(segment_bytes=segment_bytes)

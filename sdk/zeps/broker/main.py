@@ -63,8 +63,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    journal = JournalConfig(segment_bytes=args.segment_bytes, fsync=args.fsync, retention_ms=args.retention_ms,
-                            retention_bytes=args.retention_bytes)  # fmt: skip
+    try:
+        journal = JournalConfig(segment_bytes=args.segment_bytes, fsync=args.fsync, retention_ms=args.retention_ms,
+                                retention_bytes=args.retention_bytes)  # fmt: skip
+    except ZepsError as exc:
+        print(f"zeps-broker: --segment-bytes / ZEPS_BROKER_SEGMENT_BYTES: {exc}", file=sys.stderr)
+        return 2
     config = BrokerConfig(Path(args.data_dir), tuple(args.stream), journal=journal, heartbeat_s=args.heartbeat,
                           ttl_s=args.ttl)  # fmt: skip
     curve = None

@@ -4,6 +4,9 @@ Files in the stream's directory::
 
     00000000000000000001.log    a segment, named by the sequence of its first record (20 digits)
     00000000000000000001.idx    its sparse index: every ~index_interval_bytes, (sequence, time, offset)
+    00000000000000000001.off    where each of its records starts (4 bytes each, native order): a read
+                                of sequences a..b is two preads, never a walk over record boundaries.
+                                Rebuilt from the records at every open, so it never needs an fsync.
 
 Record layout: :mod:`zeps._records` (length, CRC32C, sequence, timestamp, key, body) — the same bytes
 a version-3 client receives in DELIVER-BATCH. Timestamps never decrease within a stream.
@@ -41,6 +44,7 @@ import time
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import Literal
 
@@ -55,8 +59,9 @@ log = logging.getLogger(__name__)
 
 FsyncPolicy = Literal["always", "group", "interval", "never"]
 _INDEX = struct.Struct("!QQI")  # sequence, timestamp, offset
-_LENGTH = struct.Struct("!I")
 _NAME_DIGITS = 20
+_OFFSET = array("I").itemsize  # bytes per entry of a .off file
+_MAX_SEGMENT_BYTES = 1 << 31  # offsets in a .off file are 4 bytes; a record may overshoot segment_bytes
 
 
 class JournalError(ZepsError):
@@ -129,6 +134,12 @@ class JournalConfig:
     retention_bytes: int | None = None  #: remove the oldest closed segments while the journal is larger
     tail_cache_bytes: int = 16 * 1024 * 1024  #: recent records kept in memory for live delivery
 
+    def __post_init__(self) -> None:
+        if not 0 < self.segment_bytes <= _MAX_SEGMENT_BYTES:
+            raise JournalError(
+                f"segment_bytes={self.segment_bytes}: must be between 1 and {_MAX_SEGMENT_BYTES} (2 GiB)"
+            )
+
 
 @dataclass
 class _Segment:
@@ -138,6 +149,10 @@ class _Segment:
     last_seq: int = 0  # base - 1 when empty
     last_ts: int = 0
     index: list[tuple[int, int, int]] = field(default_factory=list)  # (seq, ts, offset)
+
+    @property
+    def offsets_path(self) -> Path:
+        return self.path.with_suffix(".off")
 
 
 class Journal:
@@ -149,6 +164,7 @@ class Journal:
         self.name = name or directory.name
         self._segments: list[_Segment] = []
         self._fd = -1
+        self._off_fd = -1  # the active segment's .off file
         self._next = 1
         self._synced = 0
         self._last_ts = 0
@@ -201,9 +217,13 @@ class Journal:
         self._next = active.last_seq + 1
         self._synced = active.last_seq  # what survived on disk is as durable as it gets
         self._last_ts = max((s.last_ts for s in self._segments), default=0)
-        self._fd = os.open(active.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._open_active(active)
         self._since_index = active.size - (active.index[-1][2] if active.index else 0)
         return self
+
+    def _open_active(self, seg: _Segment) -> None:
+        self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._off_fd = os.open(seg.offsets_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     def _log_path(self, base: int) -> Path:
         return self.directory / f"{base:0{_NAME_DIGITS}d}.log"
@@ -239,6 +259,7 @@ class Journal:
             log.warning("journal %s: a closed segment was damaged; later segments continue from their names", self.name)
         seg.size = good_end
         self._write_index(seg)
+        seg.offsets_path.write_bytes(offsets[:kept].tobytes())
         return seg
 
     def _write_index(self, seg: _Segment) -> None:
@@ -261,13 +282,15 @@ class Journal:
         written = total = 0  # bytes of raws already written (segment rolls), and in all
         seq, offset, since_index = self._next, seg.size, self._since_index
         index: list[tuple[int, int, int]] = []  # new index entries of the current segment
+        starts = array("I")  # where the new records of the current segment start in it (its .off)
         segment_bytes, interval = self.config.segment_bytes, self.config.index_interval_bytes
         raw_keys: dict[str, bytes] = {}
         for key, body in entries:
             if offset >= segment_bytes:
                 self._write(raws, written, total)
+                self._flush(self._off_fd, memoryview(starts.tobytes()))
                 self._index(seg, index, seq - 1, ts, offset)
-                written, index = total, []
+                written, index, starts = total, [], array("I")
                 self._next = seq
                 seg = self._roll()
                 offset, since_index = 0, self._since_index
@@ -279,6 +302,7 @@ class Journal:
                 index.append((seq, ts, offset))
                 since_index = 0
             raws.append(raw)
+            starts.append(offset)
             keys.append(key)
             size = len(raw)
             offset += size
@@ -286,10 +310,11 @@ class Journal:
             total += size
             offsets.append(total)
             seq += 1
-        self._index(seg, index, seq - 1, ts, offset)
         if not keys:
             return self._next - 1
         data = self._write(raws, written, total)
+        self._flush(self._off_fd, memoryview(starts.tobytes()))
+        self._index(seg, index, seq - 1, ts, offset)
         self._next, self._since_index, self._last_ts = seq, since_index, ts
         self._cache_add(Chunk(first, data, offsets, keys))
         if self._unsynced_since is None:
@@ -311,20 +336,22 @@ class Journal:
     def _write(self, raws: list[bytes], start: int, end: int) -> bytes:
         """Write bytes ``start .. end`` of the joined ``raws`` to the active segment; returns the join."""
         data = b"".join(raws)
-        self._flush(memoryview(data)[start:end])
+        self._flush(self._fd, memoryview(data)[start:end])
         return data
 
-    def _flush(self, data: memoryview) -> None:
+    @staticmethod
+    def _flush(fd: int, data: memoryview) -> None:
         while data:
-            written = os.write(self._fd, data)
+            written = os.write(fd, data)
             data = data[written:]
 
     def _roll(self) -> _Segment:
         self.sync()  # a closed segment is fully durable
         os.close(self._fd)
+        os.close(self._off_fd)
         seg = _Segment(self._next, self._log_path(self._next), last_seq=self._next - 1)
         self._segments.append(seg)
-        self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._open_active(seg)
         self._since_index = self.config.index_interval_bytes
         return seg
 
@@ -399,43 +426,44 @@ class Journal:
         return self._read_disk(start, end, max_records, max_bytes)
 
     def _read_disk(self, start: int, end: int, max_records: int, max_bytes: int) -> Chunk:
-        i = bisect.bisect_right([s.base for s in self._segments], start) - 1
+        """Records ``start ..`` (at most to ``end`` and to the end of its segment) from disk: where
+        they start comes from the segment's .off file, so this costs two preads and no Python work
+        per record beyond the slice of offsets. A sequence lost with a damaged closed segment reads
+        as the next segment's first (like a gap retention left)."""
+        i = bisect.bisect_right(self._segments, start, key=attrgetter("base")) - 1
         seg = self._segments[max(i, 0)]
-        positions = [e[0] for e in seg.index]
-        j = bisect.bisect_right(positions, start) - 1
-        offset, expect = (seg.index[j][2], seg.index[j][0]) if j >= 0 else (0, seg.base)
-        want = max_bytes + self.config.index_interval_bytes + 65536
-        while True:
-            with open(seg.path, "rb") as f:
-                f.seek(offset)
-                data = f.read(min(seg.size - offset, want))
-            # walk the record boundaries (the CRCs were checked when the segment was opened)
-            pos, size, seq = 0, len(data), expect
-            starts = array("I")  # where each record starts in data
-            length = _LENGTH.unpack_from
-            while pos + OVERHEAD <= size and seq < start:  # from the index entry to the start
-                pos, seq = pos + 4 + length(data, pos)[0], seq + 1
-            first_at, limit = pos, pos + max_bytes
-            while pos + OVERHEAD <= size and seq <= end and len(starts) < max_records:
-                stop = pos + 4 + length(data, pos)[0]
-                if stop > size or (stop > limit and starts):
-                    break
-                starts.append(pos - first_at)
-                pos, seq = stop, seq + 1
-            if starts and seq > start:
-                starts.append(pos - first_at)
-                return Chunk(start, data[first_at:pos], starts)
-            if size >= seg.size - offset:
-                raise JournalError(f"journal {self.name}: cannot read sequence {start} from {seg.path.name}")
-            want *= 4  # a record larger than what was read: read more
+        while start > seg.last_seq and i + 1 < len(self._segments):
+            i += 1
+            seg = self._segments[i]
+            start = seg.base
+        last = min(end, seg.last_seq, start + max(max_records, 1) - 1)
+        if last < start:
+            raise JournalError(f"journal {self.name}: no sequence {start} in {seg.path.name}")
+        k = start - seg.base
+        starts = array("I")
+        with open(seg.offsets_path, "rb") as f:
+            raw = os.pread(f.fileno(), (last - start + 2) * _OFFSET, k * _OFFSET)
+        starts.frombytes(raw[: len(raw) - len(raw) % _OFFSET])
+        if len(starts) == last - start + 1:
+            starts.append(seg.size)  # the segment's last record ends where the segment does
+        if len(starts) < last - start + 2:
+            raise JournalError(f"journal {self.name}: {seg.offsets_path.name} lacks sequences {start}..{last}")
+        count = max(bisect.bisect_right(starts, starts[0] + max_bytes) - 1, 1)
+        base = starts[0]
+        with open(seg.path, "rb") as f:
+            data = os.pread(f.fileno(), starts[count] - base, base)
+        if base:
+            starts = array("I", [o - base for o in starts[: count + 1]])
+        elif count + 1 < len(starts):
+            del starts[count + 1 :]
+        return Chunk(start, data, starts)
 
     def seek_time(self, timestamp_ms: int) -> int:
         """The sequence of the first retained record at or after ``timestamp_ms`` (next if none)."""
         for seg in self._segments:
             if seg.last_seq < seg.base or seg.last_ts < timestamp_ms:
                 continue
-            times = [e[1] for e in seg.index]
-            j = max(bisect.bisect_left(times, timestamp_ms) - 1, 0)
+            j = max(bisect.bisect_left(seg.index, timestamp_ms, key=itemgetter(1)) - 1, 0)
             seq = seg.index[j][0] if seg.index else seg.base
             while seq <= seg.last_seq:
                 batch = self._read_disk(seq, seg.last_seq, 1000, 1 << 20).records()
@@ -458,6 +486,7 @@ class Journal:
                 break
             oldest.path.unlink(missing_ok=True)
             oldest.path.with_suffix(".idx").unlink(missing_ok=True)
+            oldest.offsets_path.unlink(missing_ok=True)
             self._segments.pop(0)
             removed.append(oldest.base)
             log.info("journal %s: retention removed segment %d..%d", self.name, oldest.base, oldest.last_seq)
@@ -467,7 +496,8 @@ class Journal:
         if self._fd >= 0:
             self.sync()
             os.close(self._fd)
-            self._fd = -1
+            os.close(self._off_fd)
+            self._fd = self._off_fd = -1
 
 
 def _fit(chunk: Chunk, begin: int, stop: int, max_bytes: int, max_records: int, *, force: bool) -> int:
