@@ -2,9 +2,15 @@
 
 The same N = 1,000,000 100-byte messages are published to a broker and written as JSON-lines files
 (key, body as string); each side is read in full by a batch query that touches every row
-(count plus the sum of body lengths). Each side is read once to warm up (the JVM; Spark's Python
+(count plus the sum of body lengths). Each read is done once to warm up (the JVM; Spark's Python
 workers, which start and import zeps on first use and are reused after), then timed three times;
 rows/s of the best run, from the start of the read to its result. Prints one JSON line last.
+
+Two zeps reads: with ``.schema("key string, body binary")`` — the columns the JSON files hold, so
+both sides make the same rows (``ratio``) — and with the source's whole schema (sequence, key, body,
+timestamp: ``ratio_all_columns``); Spark gives Python data sources no column pruning, so each column
+costs. The JSON line also carries the latest figure of spark-submit.sh with 2 executor pods on kind
+(``e2e/kind/test_spark.py`` writes it during ``make e2e``): reported, never compared or asserted.
 """
 
 from __future__ import annotations
@@ -22,11 +28,19 @@ from pyspark.sql import functions as sf
 from zeps.broker import BrokerConfig, BrokerServer, Registration
 from zeps.client import StreamClient
 from zeps.dev import ZooKeeperServer
+from zeps.dev.kind import cache_dir
 from zeps.journal import JournalConfig
 from zeps.spark import ZepsDataSource
 
 N = int(os.environ.get("ZEPS_BENCH_SPARK_N", "1000000"))
 BODY = "x" * 100
+KIND_FIGURE = cache_dir() / "figures" / "spark-kind.json"
+
+
+def _kind_figure() -> dict[str, object]:
+    if not KIND_FIGURE.exists():
+        return {"kind_2_executor_pods": None, "kind_note": "not measured yet: make e2e writes it"}
+    return {"kind_2_executor_pods": json.loads(KIND_FIGURE.read_text())}
 
 
 def main() -> None:
@@ -65,35 +79,44 @@ def main() -> None:
                     row = df.agg(sf.count("*").alias("n"), sf.sum(sf.length("body")).alias("b")).collect()[0]  # type: ignore[attr-defined]
                     return time.monotonic() - start, int(row["n"])
 
-                zeps_df = (
-                    spark.read.format("zeps")
-                    .option("stream", "bench")
-                    .option("namespace", "bench")
-                    .option("zookeeper", zk.connect_string)
-                    .option("endpoint", broker.endpoint)
-                    .option("endSequence", str(N))
-                    .option("partitionSize", str(N // 4))
-                    .load()
-                )
+                def zeps_read(schema: str | None) -> object:
+                    reader = spark.read.format("zeps")
+                    if schema:
+                        reader = reader.schema(schema)
+                    return (
+                        reader.option("stream", "bench")
+                        .option("namespace", "bench")
+                        .option("zookeeper", zk.connect_string)
+                        .option("endpoint", broker.endpoint)
+                        .option("endSequence", str(N))
+                        .option("partitionSize", str(N // 4))
+                        .load()
+                    )
+
+                zeps_df, zeps_all_df = zeps_read("key string, body binary"), zeps_read(None)
                 json_df = spark.read.schema("key string, body string").json(str(tmp / "json"))
-                # each side once to warm up (JVM code paths; Spark's Python workers start and import
+                # each read once to warm up (JVM code paths; Spark's Python workers start and import
                 # zeps and pyarrow on first use and are reused after), then the best of three
-                timed(json_df)
-                timed(zeps_df)
+                for df in (json_df, zeps_df, zeps_all_df):
+                    timed(df)
                 json_s, json_n = min(timed(json_df) for _ in range(3))
                 zeps_s, zeps_n = min(timed(zeps_df) for _ in range(3))
+                all_s, all_n = min(timed(zeps_all_df) for _ in range(3))
                 spark.stop()
             finally:
                 broker.stop()
-    assert zeps_n == N and json_n == per_file * 8, (zeps_n, json_n)
+    assert zeps_n == all_n == N and json_n == per_file * 8, (zeps_n, all_n, json_n)
     print(
         json.dumps(
             {
                 "scenario": "spark",
                 "rows": N,
                 "zeps_rows_per_s": round(zeps_n / zeps_s, 1),
+                "zeps_all_columns_rows_per_s": round(all_n / all_s, 1),
                 "json_rows_per_s": round(json_n / json_s, 1),
                 "ratio": round((zeps_n / zeps_s) / (json_n / json_s), 3),
+                "ratio_all_columns": round((all_n / all_s) / (json_n / json_s), 3),
+                **_kind_figure(),
             }
         )
     )

@@ -138,6 +138,32 @@ def test_starting_offsets_and_patterns(spark: Any, zookeeper: ZooKeeperHarness, 
     assert run("q_time", startingOffsets=str(ts)) == [66, 67, 68]
 
 
+def test_a_schema_naming_fewer_columns_reads_only_those(
+    spark: Any, zookeeper: ZooKeeperHarness, broker: BrokerServer
+) -> None:
+    """Spark gives a Python data source no column pruning; naming the columns in ``.schema()`` is
+    how a query asks for fewer, in any order — with a pattern too, though ``key`` is not among them."""
+    _publish(broker, 90)
+    _tail_published(broker, 90)
+    spark.dataSource.register(ZepsDataSource)
+
+    def read(schema: str, **extra: str) -> Any:
+        reader = spark.read.format("zeps").schema(schema)
+        for k, v in {**_options(zookeeper, broker), "endSequence": "90", "partitionSize": "40", **extra}.items():
+            reader = reader.option(k, v)
+        return reader.load()
+
+    rows = read("body binary, key string").collect()
+    assert [tuple(r) for r in rows] == [(b"%d" % i, f"eu.{i % 3}") for i in range(90)]
+    assert read("sequence long", pattern="eu.2").columns == ["sequence"]
+    assert [r["sequence"] for r in read("sequence long", pattern="eu.2").collect()] == list(range(3, 91, 3))
+    stamps = read("timestamp timestamp, sequence long").orderBy("sequence").collect()
+    assert [r["sequence"] for r in stamps] == list(range(1, 91)) and stamps[0]["timestamp"] <= stamps[-1]["timestamp"]
+    for bad, field in [("body string", "body string"), ("key string, offset long", "offset bigint")]:
+        with pytest.raises(Exception, match=f"schema field {field}: a stream's rows have sequence long"):
+            read(bad).collect()
+
+
 def test_fail_on_data_loss_both_ways(spark: Any, zookeeper: ZooKeeperHarness, tmp_path: Path) -> None:
     journal = JournalConfig(fsync="group", segment_bytes=2048, retention_bytes=4096)  # keeps ~4 KB
     registration = Registration(zookeeper.connect_string, "spark", "prices-0", chroot=zookeeper.root)

@@ -29,6 +29,11 @@ Options: ``stream`` or ``queue`` (the resource name), ``namespace``, ``endpoint`
 100000), ``startSequence``/``endSequence`` (batch reads of a stream), ``startBatch``/``endBatch``
 (batch reads of a batch Queue: by default every retained batch). Written rows need ``key`` (string) and
 ``body`` (binary or string) columns; writes are at-least-once.
+
+Columns: a stream's rows are ``sequence long, key string, body binary, timestamp timestamp``. Spark
+gives Python data sources no column pruning, so a query that needs fewer names them in a schema
+(``spark.read.format("zeps").schema("key string, body binary")``, any order): only those are built,
+and Spark converts only those.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
-from pyspark.sql.types import StructType
+from pyspark.sql.types import BinaryType, DataType, LongType, StringType, StructType, TimestampType
 
 from zeps.broker.matching import Matcher, compile_pattern
 from zeps.client import BrokerUnavailableError, Records, Seq, StreamClient, Time
@@ -59,7 +64,7 @@ from zeps.config import Resolved, resolve
 from zeps.coordination import shared_client
 from zeps.coordination.batches import BatchQueue
 from zeps.errors import ConfigError
-from zeps.spark.columns import arrow_batch
+from zeps.spark.columns import STREAM_COLUMNS, arrow_batch
 
 __all__ = ["DataLossError", "ZepsDataSource"]
 
@@ -67,6 +72,10 @@ STREAM_SCHEMA = "sequence long, key string, body binary, timestamp timestamp"
 QUEUE_SCHEMA = "batch long, batch_id string, record binary"
 _ARROW_ROWS = 10_000  # rows per Arrow batch handed to Spark (its default spark.sql.execution.arrow.maxRecordsPerBatch)
 _ARROW_BYTES = 64 << 20  # ... or fewer, when they are large
+_STREAM_TYPES: dict[str, DataType] = {
+    "sequence": LongType(), "key": StringType(), "body": BinaryType(), "timestamp": TimestampType(),
+}  # STREAM_SCHEMA's  # fmt: skip
+_QUEUE_TYPES: list[tuple[str, DataType]] = [("batch", LongType()), ("batch_id", StringType()), ("record", BinaryType())]
 _ARROW_QUEUE = pa.schema([("batch", pa.int64()), ("batch_id", pa.string()), ("record", pa.binary())])
 
 
@@ -97,6 +106,30 @@ def _settings(options: dict[str, str]) -> Resolved:
     return resolve(kind, name, namespace=options.get("namespace"), **explicit)  # type: ignore[arg-type]
 
 
+def _stream_columns(schema: StructType) -> tuple[str, ...]:
+    """The columns a read of a stream builds: those the query's schema names (Python data sources
+    get no column pruning from Spark, so ``.schema("key string, body binary")`` is how a query
+    asks for fewer). Each must be one of the stream's columns, with its type."""
+    known = _STREAM_TYPES
+    names = [f.name for f in schema.fields]
+    for f in schema.fields:
+        if known.get(f.name) != f.dataType or names.count(f.name) > 1:
+            raise ConfigError(
+                f"schema field {f.name} {f.dataType.simpleString()}: a stream's rows have {STREAM_SCHEMA}; "
+                "give a schema naming some of these, each once and with its type (or none, for all of them)"
+            )
+    if not names:
+        raise ConfigError(f"the schema names no columns; a stream's rows have {STREAM_SCHEMA}")
+    return tuple(names)
+
+
+def _check_queue_schema(schema: StructType) -> None:
+    if [(f.name, f.dataType) for f in schema.fields] != _QUEUE_TYPES:
+        raise ConfigError(
+            f"schema {schema.simpleString()}: a batch queue's rows have {QUEUE_SCHEMA}; give no schema for them"
+        )
+
+
 def _durable_tail(settings: Resolved) -> tuple[int, str]:
     """(last durable sequence, broker endpoint) from the stream's broker group in ZooKeeper."""
     if not settings.zookeeper:
@@ -125,8 +158,9 @@ def _ranges(start: int, end: int, size: int) -> list[_Range]:
 class _StreamRead:
     """Reading (start, end] of a stream on an executor, deterministically."""
 
-    def __init__(self, settings: Resolved, options: dict[str, str]) -> None:
+    def __init__(self, settings: Resolved, options: dict[str, str], columns: tuple[str, ...] = STREAM_COLUMNS) -> None:
         self.settings = settings
+        self.columns = columns  # what the query's schema names: only these are built
         self.pattern = options.get("pattern", "")
         self.fail_on_data_loss = _bool(options.get("failondataloss"), True)
         self.partition_size = int(options.get("partitionsize", "100000"))
@@ -168,14 +202,20 @@ class _StreamRead:
     def _batch(self, runs: list[Records], expected: int, end: int, matcher: Matcher | None) -> pa.RecordBatch:
         """The rows of ``runs`` up to ``end`` that match, as Arrow; the runs should start at ``expected``
         and leave no gap (retention may have made one: see _check_gaps)."""
-        sequences, batch = arrow_batch(runs)
+        columns = self.columns
+        if matcher is not None and "key" not in columns:
+            columns = (*columns, "key")  # to filter by; dropped after
+        sequences, batch = arrow_batch(runs, columns)
         first, last = int(sequences[0]), int(sequences[-1])
         if first != expected or last - first != len(sequences) - 1:  # sequences only increase
             self._check_gaps(sequences.tolist(), expected, end)
         if last > end:
             batch = batch.slice(0, int(np.searchsorted(sequences, end, side="right")))
         if matcher is not None:
-            batch = batch.filter(pa.array([matcher.matches(k) for k in batch.column(1).to_pylist()], pa.bool_()))
+            keys = batch.column(columns.index("key")).to_pylist()
+            batch = batch.filter(pa.array([matcher.matches(k) for k in keys], pa.bool_()))
+            if columns != self.columns:
+                batch = batch.drop_columns(["key"])
         return batch
 
     def _check_gaps(self, sequences: list[int], expected: int, end: int) -> None:
@@ -192,8 +232,8 @@ class _StreamRead:
 class ZepsStreamReader(DataSourceStreamReader, _StreamRead):
     """Structured Streaming over a ZepsStream (or a batch Queue, see ZepsBatchQueueReader)."""
 
-    def __init__(self, settings: Resolved, options: dict[str, str]) -> None:
-        _StreamRead.__init__(self, settings, options)
+    def __init__(self, settings: Resolved, options: dict[str, str], columns: tuple[str, ...] = STREAM_COLUMNS) -> None:
+        _StreamRead.__init__(self, settings, options, columns)
         self.starting = options.get("startingoffsets", "latest")
         self.max_per_trigger = int(options["maxoffsetspertrigger"]) if options.get("maxoffsetspertrigger") else None
 
@@ -237,8 +277,8 @@ class ZepsStreamReader(DataSourceStreamReader, _StreamRead):
 class ZepsBatchReader(DataSourceReader, _StreamRead):
     """A batch read of a sequence range (startSequence exclusive of nothing: first sequence read)."""
 
-    def __init__(self, settings: Resolved, options: dict[str, str]) -> None:
-        _StreamRead.__init__(self, settings, options)
+    def __init__(self, settings: Resolved, options: dict[str, str], columns: tuple[str, ...] = STREAM_COLUMNS) -> None:
+        _StreamRead.__init__(self, settings, options, columns)
         self.first = int(options.get("startsequence", "1"))
         self.last = int(options["endsequence"]) if options.get("endsequence") else _durable_tail(settings)[0]
 
@@ -369,13 +409,15 @@ class ZepsDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
         if "queue" in _normalised(self.options):
+            _check_queue_schema(schema)
             return ZepsBatchQueueReader(self._resolved(), _normalised(self.options))
-        return ZepsStreamReader(self._resolved(), _normalised(self.options))
+        return ZepsStreamReader(self._resolved(), _normalised(self.options), _stream_columns(schema))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         if "queue" in _normalised(self.options):
+            _check_queue_schema(schema)
             return ZepsBatchQueueBatchReader(self._resolved(), _normalised(self.options))
-        return ZepsBatchReader(self._resolved(), _normalised(self.options))
+        return ZepsBatchReader(self._resolved(), _normalised(self.options), _stream_columns(schema))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         return ZepsWriter(self._resolved())
