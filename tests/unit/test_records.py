@@ -82,6 +82,28 @@ def test_columns_hold_exactly_the_rows_however_the_runs_are_split(rows: list[Row
     assert batch.column(3).cast("int64").to_pylist() == [r[3] * 1000 for r in rows]  # broker ms, Spark µs
 
 
+@settings(deadline=None)
+@given(records, st.permutations(["sequence", "key", "body", "timestamp"]), st.integers(1, 4))
+def test_only_the_columns_asked_for_are_built_in_their_order(rows: list[Row], order: list[str], count: int) -> None:
+    columns = order[:count]
+    sequences, batch = arrow_batch([_run(rows)], columns)
+    assert batch.schema.names == columns and sequences.tolist() == [r[0] for r in rows]
+    whole = arrow_batch([_run(rows)])[1]
+    for name in columns:
+        assert batch.column(name).equals(whole.column(name))
+
+
+def test_a_key_that_is_not_ascii_is_refused() -> None:
+    """The broker takes ASCII keys only; bytes a client did not expect there (CRC-intact, from a
+    broker of another make) do not become a string column."""
+    run = Records(encode_record(1, 5, "clé".encode(), b"v"))
+    with pytest.raises(RecordFormatError, match="key is not ASCII"):
+        arrow_batch([run], ["key"])
+    assert arrow_batch([run], ["body"])[1].column(0).to_pylist() == [b"v"]
+    with pytest.raises(ValueError, match="no column 'offset'"):
+        arrow_batch([run], ["offset"])
+
+
 def test_a_run_is_checked_when_made() -> None:
     good = encode_record(1, 5, b"k", b"v")
     with pytest.raises(RecordFormatError, match="fails its CRC32C"):
