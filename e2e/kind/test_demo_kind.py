@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.timeout(1600)  # the demo's own limit is 1500 s; it takes about 5 minutes on 2 cores
 def test_make_demo_on_kind_is_consistent_and_cleans_up() -> None:
     env = {**os.environ, "CLUSTER": "kind"}
     env.pop("ZEPS_KEEP_CLUSTER", None)

@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kindapp import CHROOT, OPERATOR_NAMESPACE, RELEASE, App, ZooKeeperShell, json_lines, wait_seconds
 
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -121,6 +122,7 @@ def test_operator_away_then_back_repairs_drift_made_meanwhile(cluster: Any, app:
     )
 
 
+@pytest.mark.timeout(900)
 def test_zookeeper_leader_pod_deleted_under_busy_workers(cluster: Any, app: App, zk: ZooKeeperShell) -> None:
     app.apply_example("queue.yaml")
     app.ready("queue", "crawl-links")
@@ -144,8 +146,23 @@ def test_zookeeper_leader_pod_deleted_under_busy_workers(cluster: Any, app: App,
         }
     )
 
+    def history() -> tuple[list[dict[str, Any]], int]:
+        """Every worker's log lines, a restarted container's previous log included; and the most
+        restarts of one pod (after two, a log is gone and nothing can be checked)."""
+        lines, most = [], 0
+        for pod in app.pods("workers"):
+            name = pod["metadata"]["name"]
+            restarts = sum(c.get("restartCount", 0) for c in pod["status"].get("containerStatuses", []))
+            most = max(most, restarts)
+            if restarts:
+                lines += json_lines(app.logs(name, previous=True))
+            lines += json_lines(app.logs(name))
+        return lines, most
+
     def acked() -> int:
-        return sum(1 for p in app.pods("workers") for m in json_lines(app.logs(p["metadata"]["name"])) if "acked" in m)
+        lines, most = history()
+        assert most <= 1, "a worker restarted twice: a log is gone, so nothing could be checked"
+        return sum(1 for m in lines if "acked" in m)
 
     cluster.wait_for("workers to ack 40 items", lambda: acked() >= 40, timeout=180)
     leader = next(i for i, mode in zk.modes().items() if mode == "leader")
@@ -155,13 +172,8 @@ def test_zookeeper_leader_pod_deleted_under_busy_workers(cluster: Any, app: App,
     )
 
     cluster.wait_for("every item acked", lambda: acked() >= len(items), timeout=300, interval=2)
-    lines = []
-    restarts = 0
-    for pod in app.pods("workers"):
-        name = pod["metadata"]["name"]
-        restarts += sum(c.get("restartCount", 0) for c in pod["status"].get("containerStatuses", []))
-        lines += json_lines(app.logs(name))
-    assert restarts == 0, "a worker process died: its log is gone with it, so nothing could be checked"
+    lines, most = history()
+    assert most <= 1, "a worker restarted twice: a log is gone, so nothing could be checked"
     acks = Counter(m["acked"] for m in lines if "acked" in m)
     assert set(acks) == set(items), f"lost: {sorted(set(items) - set(acks))[:5]}"
     assert max(acks.values()) == 1, f"acked twice: {[i for i, n in acks.items() if n > 1][:5]}"

@@ -22,9 +22,12 @@ CLUSTER = os.environ.get("ZEPS_E2E_KIND_CLUSTER", "zeps-e2e")
 
 
 def _driver(**env: str) -> subprocess.Popen[str]:
+    """The e2e driver as a user starts it (never with the suite's own ZEPS_KEEP_CLUSTER: a kept
+    cluster is exactly what these tests check is not left behind)."""
+    inherited = {k: v for k, v in os.environ.items() if k != "ZEPS_KEEP_CLUSTER"}
     return subprocess.Popen(
         [sys.executable, "-m", "zeps.dev.kind", "e2e", "--co", "-q"],  # collect only, if it got that far
-        env={**os.environ, **env},
+        env={**inherited, **env},
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -11,6 +11,7 @@
 #   IMAGE         the zeps Spark image for the executors (`make e2e` builds zeps-spark:<version>-<hash>)
 #   NAMESPACE     where `orders` and the executor pods are (default: default)
 #   THROUGH       the last sequence to read (default 10000)
+#   REPEAT        how many times to read the range, with a rate line each (default 1)
 #
 # The executors use executor-pod-template.yaml (no ServiceAccount token), which mounts the claim of
 # checkpoints-pvc.yaml: apply it in NAMESPACE first.
@@ -44,4 +45,4 @@ exec spark-submit \
   --conf spark.pyspark.python=python3 \
   --conf spark.pyspark.driver.python=python3 \
   --conf spark.sql.shuffle.partitions=4 \
-  "$here/pipeline.py" totals --through "${THROUGH:-10000}"
+  "$here/pipeline.py" totals --through "${THROUGH:-10000}" --repeat "${REPEAT:-1}"
