@@ -11,6 +11,10 @@ both sides make the same rows (``ratio``) — and with the source's whole schema
 timestamp: ``ratio_all_columns``); Spark gives Python data sources no column pruning, so each column
 costs. The JSON line also carries the latest figure of spark-submit.sh with 2 executor pods on kind
 (``e2e/kind/test_spark.py`` writes it during ``make e2e``): reported, never compared or asserted.
+
+The zeps reads use 4 partitions of 250,000 sequences (2 per core); ZEPS_BENCH_SPARK_PARTITION sets
+another partitionSize (the source's default, 100,000, makes 10 tasks and reads about 15% slower
+here: each task connects, subscribes and starts its replay).
 """
 
 from __future__ import annotations
@@ -89,7 +93,7 @@ def main() -> None:
                         .option("zookeeper", zk.connect_string)
                         .option("endpoint", broker.endpoint)
                         .option("endSequence", str(N))
-                        .option("partitionSize", str(N // 4))
+                        .option("partitionSize", os.environ.get("ZEPS_BENCH_SPARK_PARTITION", str(N // 4)))
                         .load()
                     )
 

@@ -392,6 +392,11 @@ class BrokerCore:
         session.stream.bytes_out += cost
         self._pending.append(Outgoing(session.peer, frame, sub, first, cost, count))
 
+    def replay_ready(self, now: float) -> bool:
+        """A lagging subscription can be served now (not waiting out a refused send): the loop
+        should pump again at once rather than wait for traffic."""
+        return any(sub.session.blocked_until <= now for sub in self._lagging)
+
     def pump(self, now: float | None = None) -> list[Outgoing]:
         """Replay for lagging subscriptions (fairly, within the budget) and return everything to send."""
         now = time.monotonic() if now is None else now

@@ -224,8 +224,10 @@ class BrokerServer:
         last_tick = time.monotonic()
         try:
             while not self._stop.is_set():
-                busy = bool(core._lagging) or bool(core._appends)
-                events = dict(poller.poll(1 if busy else 50))
+                # replay that can go on: no wait; appends to group or replay waiting out a full
+                # socket queue: 1 ms; nothing to do: until traffic (at most 50 ms, for the tick)
+                wait = 0 if core.replay_ready(time.monotonic()) else 1 if core._lagging or core._appends else 50
+                events = dict(poller.poll(wait))
                 received = 0
                 if sock in events:
                     while received < _READ_BATCH:
