@@ -81,7 +81,7 @@ class BrokerConfig:
     max_subscriptions: int = 64  #: per session
     pump_budget_bytes: int = 4 * 1024 * 1024  #: delivered per pump() call, across all sessions
     replay_batch: int = 512  #: records read from the journal per subscription visit (older sessions)
-    batch_bytes: int = 256 * 1024  #: the largest DELIVER-BATCH (a record larger than this goes alone)
+    batch_bytes: int = 1024 * 1024  #: the largest DELIVER-BATCH (a record larger than this goes alone)
 
 
 @dataclass

@@ -70,7 +70,7 @@ __all__ = ["DataLossError", "ZepsDataSource"]
 
 STREAM_SCHEMA = "sequence long, key string, body binary, timestamp timestamp"
 QUEUE_SCHEMA = "batch long, batch_id string, record binary"
-_ARROW_ROWS = 10_000  # rows per Arrow batch handed to Spark (its default spark.sql.execution.arrow.maxRecordsPerBatch)
+_ARROW_ROWS = 32_768  # rows per Arrow batch handed to Spark
 _ARROW_BYTES = 64 << 20  # ... or fewer, when they are large
 _STREAM_TYPES: dict[str, DataType] = {
     "sequence": LongType(), "key": StringType(), "body": BinaryType(), "timestamp": TimestampType(),
