@@ -214,8 +214,8 @@ class _StreamRead:
         if matcher is not None:
             keys = batch.column(columns.index("key")).to_pylist()
             batch = batch.filter(pa.array([matcher.matches(k) for k in keys], pa.bool_()))
-            if columns != self.columns:
-                batch = batch.drop_columns(["key"])
+            if columns != self.columns:  # the key was added last, to filter by
+                batch = pa.RecordBatch.from_arrays(batch.columns[:-1], schema=batch.schema.remove(len(columns) - 1))
         return batch
 
     def _check_gaps(self, sequences: list[int], expected: int, end: int) -> None:
