@@ -23,7 +23,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def _dump(cluster: Any, namespace: str) -> None:
-    """What a failed test's namespace held: pods, events and the end of every pod's log."""
+    """What a failed test's namespace held: pods, events and the end of every pod's log (and of the
+    run before a restart)."""
     print(f"\n===== namespace {namespace} after the failure =====")
     print(cluster.kubectl("get", "pods,pvc", "-n", namespace, "-o", "wide", check=False))
     print(cluster.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False)[-6000:])
@@ -31,6 +32,10 @@ def _dump(cluster: Any, namespace: str) -> None:
     for pod in pods:
         log = cluster.kubectl("logs", pod, "-n", namespace, "--all-containers", "--tail=60", check=False)
         print(f"----- {pod} (last 60 lines) -----\n{log}")
+        previous = cluster.kubectl("logs", pod, "-n", namespace, "--all-containers", "--previous", "--tail=40",
+                                   check=False)  # fmt: skip
+        if previous.strip():  # the container restarted: how its last run ended
+            print(f"----- {pod}, the run before its last restart (last 40 lines) -----\n{previous}")
 
 
 @pytest.fixture

@@ -278,6 +278,12 @@ class DockerEngine(LocalServer):
         except SetupError:
             self.stop()
             raise
+        # containers an earlier engine of ours left (a run killed before its clean-up): kind's nodes
+        # restart with the engine, and a forgotten cluster would take CPU from this run's
+        left = self.docker("ps", "-a", "-q", check=False).stdout.decode().split()
+        if left:
+            self.say(f"docker: removing {len(left)} container(s) an earlier dockerd of zeps left behind")
+            self.docker("rm", "-f", "-v", *left, check=False, timeout=300)
 
     def _take_lock(self) -> None:
         fd = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -307,10 +313,16 @@ class DockerEngine(LocalServer):
         return pids
 
     def _remove_networks(self) -> list[str]:
-        """Remove our engine's own bridge networks (kind's), so no host bridge outlives it, and volumes
-        no container uses; the networks' host interface names (``br-<id>``) for a last check."""
+        """Remove every container of our engine (zeps made them all: the engine is ours, with its
+        own socket), running or stopped — a cluster a killed run or ZEPS_KEEP_CLUSTER left would
+        otherwise be back with the next start, and keep its network in use — then its own bridge
+        networks (kind's), so no host bridge outlives it, and volumes no container uses; the
+        networks' host interface names (``br-<id>``) for a last check."""
         if not self.answers():
             return []
+        containers = self.docker("ps", "-a", "-q", check=False).stdout.decode().split()
+        if containers:
+            self.docker("rm", "-f", "-v", *containers, check=False, timeout=300)
         listed = self.docker("network", "ls", "--filter", "driver=bridge", "--format", "{{.ID}} {{.Name}}", check=False)
         bridges = []
         for line in listed.stdout.decode().split("\n"):
