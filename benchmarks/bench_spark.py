@@ -33,13 +33,13 @@ from pyspark.sql import functions as sf
 from zeps.broker import BrokerConfig, BrokerServer, Registration
 from zeps.client import StreamClient
 from zeps.dev import ZooKeeperServer
-from zeps.dev.kind import cache_dir
+from zeps.dev.kind import spark_kind_figure
 from zeps.journal import JournalConfig
 from zeps.spark import ZepsDataSource
 
 N = int(os.environ.get("ZEPS_BENCH_SPARK_N", "1000000"))
 BODY = "x" * 100
-KIND_FIGURE = cache_dir() / "figures" / "spark-kind.json"
+KIND_FIGURE = spark_kind_figure()
 
 
 def _kind_figure() -> dict[str, object]:

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from kindapp import ROOT, App, json_lines
 
-from zeps.dev.kind import cache_dir
+from zeps.dev.kind import spark_kind_figure
 
 SPARK_IMAGE = os.environ.get("ZEPS_E2E_SPARK_IMAGE", "")
 EXAMPLES = ROOT / "examples" / "spark"
@@ -31,7 +31,7 @@ DRIVER = "zeps-pipeline-driver"
 
 
 VENV_BIN = ROOT / ".venv" / "bin"
-KIND_FIGURE = cache_dir() / "figures" / "spark-kind.json"  # read by benchmarks/bench_spark.py
+KIND_FIGURE = spark_kind_figure()  # read by benchmarks/bench_spark.py
 
 
 def _figure(**fields: object) -> None:

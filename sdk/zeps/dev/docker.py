@@ -280,10 +280,9 @@ class DockerEngine(LocalServer):
             raise
         # containers an earlier engine of ours left (a run killed before its clean-up): kind's nodes
         # restart with the engine, and a forgotten cluster would take CPU from this run's
-        left = self.docker("ps", "-a", "-q", check=False).stdout.decode().split()
+        left = self._remove_containers()
         if left:
-            self.say(f"docker: removing {len(left)} container(s) an earlier dockerd of zeps left behind")
-            self.docker("rm", "-f", "-v", *left, check=False, timeout=300)
+            self.say(f"docker: removed {left} container(s) an earlier dockerd of zeps left behind")
 
     def _take_lock(self) -> None:
         fd = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -312,6 +311,14 @@ class DockerEngine(LocalServer):
                     pids.append(int(entry.name))
         return pids
 
+    def _remove_containers(self) -> int:
+        """Remove every container of our engine, running or stopped, with its anonymous volumes;
+        how many there were. Only ever called on an engine of ours: zeps made all of them."""
+        containers = self.docker("ps", "-a", "-q", check=False).stdout.decode().split()
+        if containers:
+            self.docker("rm", "-f", "-v", *containers, check=False, timeout=300)
+        return len(containers)
+
     def _remove_networks(self) -> list[str]:
         """Remove every container of our engine (zeps made them all: the engine is ours, with its
         own socket), running or stopped — a cluster a killed run or ZEPS_KEEP_CLUSTER left would
@@ -320,9 +327,7 @@ class DockerEngine(LocalServer):
         networks' host interface names (``br-<id>``) for a last check."""
         if not self.answers():
             return []
-        containers = self.docker("ps", "-a", "-q", check=False).stdout.decode().split()
-        if containers:
-            self.docker("rm", "-f", "-v", *containers, check=False, timeout=300)
+        self._remove_containers()
         listed = self.docker("network", "ls", "--filter", "driver=bridge", "--format", "{{.ID}} {{.Name}}", check=False)
         bridges = []
         for line in listed.stdout.decode().split("\n"):

@@ -57,6 +57,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "zeps"
 
 
+def spark_kind_figure() -> Path:
+    """Where ``e2e/kind/test_spark.py`` leaves its executors-in-pods figure for ``make bench-spark``."""
+    return cache_dir() / "figures" / "spark-kind.json"
+
+
 def docker_root() -> Path:
     """Where a dockerd of zeps keeps its socket, data and exec roots: ``<cache>/docker``, or
     ``ZEPS_DOCKER_ROOT`` (a short path: the engine's sockets live below it)."""
