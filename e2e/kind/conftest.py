@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kindapp import ROOT, App, ZooKeeperShell
+from kindapp import ROOT, STACK_DUMP_LABEL, App, ZooKeeperShell
 
 _names = itertools.count()
 
@@ -29,6 +30,13 @@ def _dump(cluster: Any, namespace: str) -> None:
     print(cluster.kubectl("get", "pods,pvc", "-n", namespace, "-o", "wide", check=False))
     print(cluster.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False)[-6000:])
     pods = cluster.kubectl("get", "pods", "-n", namespace, "-o", "name", check=False).split()
+    # Pods labelled STACK_DUMP_LABEL print every thread's stack on SIGUSR1 (faulthandler): where a
+    # stuck worker is stuck, in the log read below.
+    dumping = cluster.kubectl("get", "pods", "-n", namespace, "-l", STACK_DUMP_LABEL, "-o", "name", check=False).split()
+    for pod in dumping:
+        cluster.kubectl("exec", pod, "-n", namespace, "--", "kill", "-USR1", "1", check=False)
+    if dumping:
+        time.sleep(1)
     for pod in pods:
         log = cluster.kubectl("logs", pod, "-n", namespace, "--all-containers", "--tail=60", check=False)
         print(f"----- {pod} (last 60 lines) -----\n{log}")

@@ -17,6 +17,8 @@ IMAGE = os.environ.get("ZEPS_E2E_IMAGE", "")
 OPERATOR_NAMESPACE = os.environ.get("ZEPS_E2E_NAMESPACE", "zeps-system")
 RELEASE = os.environ.get("ZEPS_E2E_RELEASE", "zeps")
 CHROOT = "/zeps"  # the chart's default zookeeper.chroot
+#: a pod with this label prints its threads' stacks on SIGUSR1 to PID 1; the failure dump asks it to
+STACK_DUMP_LABEL = "zeps-e2e/stack-dump"
 
 
 def json_lines(text: str) -> list[dict[str, Any]]:

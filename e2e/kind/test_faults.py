@@ -11,7 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kindapp import CHROOT, OPERATOR_NAMESPACE, RELEASE, App, ZooKeeperShell, json_lines, wait_seconds
+from kindapp import (
+    CHROOT,
+    OPERATOR_NAMESPACE,
+    RELEASE,
+    STACK_DUMP_LABEL,
+    App,
+    ZooKeeperShell,
+    json_lines,
+    wait_seconds,
+)
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 
@@ -21,7 +30,8 @@ def _figure(**fields: object) -> None:
 
 
 def _worker_script(app: App) -> None:
-    """The long-lived queue worker (workers/queue_worker.py) as a ConfigMap the worker pods mount."""
+    """The long-lived queue worker (workers/queue_worker.py) as a ConfigMap the worker pods mount; label
+    its pods with STACK_DUMP_LABEL (it prints its stacks on SIGUSR1)."""
     source = (WORKERS / "queue_worker.py").read_text()
     app.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "worker"}, "data": {"worker.py": source}})
 
@@ -139,7 +149,7 @@ def test_zookeeper_leader_pod_deleted_under_busy_workers(cluster: Any, app: App,
                 "replicas": 3,
                 "selector": {"matchLabels": {"app": "workers"}},
                 "template": {
-                    "metadata": {"labels": {"app": "workers"}},
+                    "metadata": {"labels": {"app": "workers", STACK_DUMP_LABEL: "usr1"}},
                     "spec": _worker_spec("crawl-links", 0.1, restart="Always"),
                 },
             },
@@ -195,7 +205,8 @@ def test_worker_pod_killed_mid_item_the_item_is_redone(cluster: Any, app: App) -
     app.wait_succeeded("producer")
     _worker_script(app)
     stuck = _worker_spec("crawl-links", -1, restart="Never")
-    app.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "stuck"}, "spec": stuck})
+    app.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "stuck", "labels": {STACK_DUMP_LABEL: "usr1"}},
+               "spec": stuck})  # fmt: skip
     cluster.wait_for("the stuck worker to take the item", lambda: json_lines(app.logs("stuck")), timeout=180)
     assert json_lines(app.logs("stuck"))[0] == {"took": "slow-job", "attempt": 1}
     cluster.kubectl("delete", "pod", "stuck", "-n", app.ns, "--grace-period=0", "--force")

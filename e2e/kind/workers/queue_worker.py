@@ -9,7 +9,9 @@ until its pod is killed). Each item prints {"took": body, "attempt": n} and, onc
 is then someone else's to redo), and any other zeps error prints {"error": ...} and the loop goes on.
 """
 
+import faulthandler
 import json
+import signal
 import sys
 import time
 
@@ -21,6 +23,7 @@ def say(**fields: object) -> None:
 
 
 def main() -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 1`: every thread's stack, to the log
     queue = zeps.queue(sys.argv[1])
     pause = float(sys.argv[2])
     while True:
