@@ -19,11 +19,11 @@ from typing import Any
 
 import click
 
-from zeps.errors import ConfigError, CoordinationError, ProtocolError, SetupError, ZepsError
+from zeps.errors import ConfigError, ZepsError, exit_code
 
 __all__ = ["main"]
 
-EXIT_EMPTY, EXIT_CONFIG, EXIT_UNAVAILABLE = 1, 3, 4
+EXIT_EMPTY = 1  # the other codes follow the error hierarchy: zeps.errors.exit_code
 
 
 def _emit(ctx: click.Context, human: str, data: dict[str, Any]) -> None:
@@ -31,18 +31,15 @@ def _emit(ctx: click.Context, human: str, data: dict[str, Any]) -> None:
 
 
 def _errors(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn zeps errors into one line on stderr and the documented exit code."""
+    """Turn zeps errors into one line on stderr and their category's exit code (:func:`zeps.errors.exit_code`)."""
 
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except (ConfigError, SetupError) as exc:
+        except ZepsError as exc:
             click.echo(f"zeps: {exc}", err=True)
-            sys.exit(EXIT_CONFIG)
-        except (CoordinationError, ProtocolError, ZepsError) as exc:
-            click.echo(f"zeps: {exc}", err=True)
-            sys.exit(EXIT_UNAVAILABLE)
+            sys.exit(exit_code(exc))
 
     return wrapper
 

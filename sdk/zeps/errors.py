@@ -1,26 +1,41 @@
 """The zeps error hierarchy: one root, :class:`ZepsError`, so callers can catch everything zeps raises.
 
-Below it, errors are grouped by who has to act:
+Below it, errors are grouped by who has to act (the CLI's exit code in brackets, :func:`exit_code`):
 
-* :class:`ConfigError` — the settings are wrong; the message names the field and the fix.
-* :class:`SetupError` — a local tool or server (Java, Go, ZooKeeper, the test control plane) is
+* :class:`ConfigError` [3] — the settings are wrong; the message names the field and the fix.
+* :class:`SetupError` [3] — a local tool or server (Java, Go, ZooKeeper, the test control plane) is
   missing or would not start; the message says what to install or where the log is.
-* :class:`CoordinationError` — ZooKeeper said no, or could not be reached in time.
-* :class:`ProtocolError` — a ZEPS conversation broke; ``LocalProtocolError`` means we misused the
+* :class:`UnavailableError` [4] — a server (ZooKeeper, a broker) did not answer in time, went silent,
+  or is not running: nothing is wrong with the request; try again once it serves.
+* :class:`CoordinationError` [4] — ZooKeeper said no (a lost lock, a conflicting owner), or could not
+  be reached in time (:class:`~zeps.coordination.admin.ZooKeeperUnavailableError` is both).
+* :class:`ProtocolError` [4] — a ZEPS conversation broke; ``LocalProtocolError`` means we misused the
   protocol, ``RemoteProtocolError`` means the peer did (h11's split).
+* :class:`DataLossError` [5] — data the request needs is gone (retention removed it): asking again
+  does not help; ask for what still exists, or accept the loss where the API offers that.
+
+Any other :class:`ZepsError` (a corrupt journal, envelope or batch file) exits with 4 as well.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "EXIT_CONFIG",
+    "EXIT_DATA_LOSS",
+    "EXIT_UNAVAILABLE",
     "ConfigError",
     "CoordinationError",
+    "DataLossError",
     "LocalProtocolError",
     "ProtocolError",
     "RemoteProtocolError",
     "SetupError",
+    "UnavailableError",
     "ZepsError",
+    "exit_code",
 ]
+
+EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_DATA_LOSS = 3, 4, 5
 
 
 class ZepsError(Exception):
@@ -33,6 +48,14 @@ class ConfigError(ZepsError, ValueError):
 
 class SetupError(ZepsError, RuntimeError):
     """A local dependency (tool, binary, server) is missing or failed to start."""
+
+
+class UnavailableError(ZepsError):
+    """A server (ZooKeeper, a broker) did not answer in time, went silent, or is not running."""
+
+
+class DataLossError(ZepsError):
+    """Data the request needs was removed (by retention) before it was read."""
 
 
 class CoordinationError(ZepsError):
@@ -49,3 +72,12 @@ class LocalProtocolError(ProtocolError):
 
 class RemoteProtocolError(ProtocolError):
     """The peer sent something the protocol does not allow."""
+
+
+def exit_code(exc: ZepsError) -> int:
+    """The CLI's exit code for ``exc``: its category's, as listed in this module's docstring."""
+    if isinstance(exc, (ConfigError, SetupError)):
+        return EXIT_CONFIG
+    if isinstance(exc, DataLossError):
+        return EXIT_DATA_LOSS
+    return EXIT_UNAVAILABLE

@@ -17,14 +17,14 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from zeps.errors import ZepsError
+from zeps.errors import ConfigError
 
 __all__ = ["Matcher", "PatternError", "PrefixTrie", "compile_pattern"]
 
 REGEX_MARK = "~"
 
 
-class PatternError(ZepsError, ValueError):
+class PatternError(ConfigError):
     """A subscription pattern is refused; the message is fit for INVALID."""
 
 

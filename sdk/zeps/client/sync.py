@@ -25,7 +25,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from zeps.client.session import ClientSession, Message, Records, Row, Since
-from zeps.errors import ConfigError, ProtocolError, ZepsError
+from zeps.errors import ConfigError, ProtocolError, UnavailableError, ZepsError
 
 __all__ = ["BrokerUnavailableError", "StreamClient", "discover"]
 
@@ -39,8 +39,8 @@ def batched(items: Iterable[tuple[str, bytes]], size: int) -> Iterator[list[tupl
         yield group
 
 
-class BrokerUnavailableError(ZepsError):
-    """No broker answered in time, or the broker refused this stream."""
+class BrokerUnavailableError(UnavailableError):
+    """No broker answered in time, went silent, or the broker refused this stream."""
 
 
 def broker_metadata(client: Any, namespace: str, stream: str, *, chroot: str = "/zeps") -> dict[str, Any]:

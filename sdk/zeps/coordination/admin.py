@@ -19,7 +19,7 @@ from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.retry import RetryFailedError
 
 from zeps.coordination._util import bounded_retry, delete_tree
-from zeps.errors import CoordinationError
+from zeps.errors import CoordinationError, UnavailableError
 from zeps.paths import LAYOUT_VERSION
 
 __all__ = [
@@ -38,7 +38,7 @@ class PathConflictError(CoordinationError):
     """The path belongs to another object (a different UID)."""
 
 
-class ZooKeeperUnavailableError(CoordinationError):
+class ZooKeeperUnavailableError(CoordinationError, UnavailableError):
     """ZooKeeper did not answer within the call's deadline."""
 
 

@@ -63,7 +63,7 @@ from zeps.client.sync import broker_metadata
 from zeps.config import Resolved, resolve
 from zeps.coordination import shared_client
 from zeps.coordination.batches import BatchQueue
-from zeps.errors import ConfigError
+from zeps.errors import ConfigError, DataLossError
 from zeps.spark.columns import STREAM_COLUMNS, arrow_batch
 
 __all__ = ["DataLossError", "ZepsDataSource"]
@@ -77,10 +77,6 @@ _STREAM_TYPES: dict[str, DataType] = {
 }  # STREAM_SCHEMA's  # fmt: skip
 _QUEUE_TYPES: list[tuple[str, DataType]] = [("batch", LongType()), ("batch_id", StringType()), ("record", BinaryType())]
 _ARROW_QUEUE = pa.schema([("batch", pa.int64()), ("batch_id", pa.string()), ("record", pa.binary())])
-
-
-class DataLossError(ConfigError):
-    """Retention removed sequences the query needs (and failOnDataLoss is true)."""
 
 
 def _normalised(options: Any) -> dict[str, str]:
@@ -140,8 +136,8 @@ def _durable_tail(settings: Resolved) -> tuple[int, str]:
     try:
         meta = broker_metadata(shared_client(settings.zookeeper, auth=settings.auth), settings.namespace,
                                settings.name, chroot=settings.chroot)  # fmt: skip
-    except BrokerUnavailableError:
-        raise ConfigError(f"stream {settings.namespace}/{settings.name}: no broker is registered") from None
+    except BrokerUnavailableError as exc:
+        raise BrokerUnavailableError(f"the zeps source cannot learn the durable tail: {exc}") from None
     return int(meta.get("lastSequence", 0)), str(meta.get("endpoint", settings.endpoint))
 
 
@@ -179,7 +175,7 @@ class _StreamRead:
             while expected <= part.end:
                 runs = c.receive_records(60)
                 if not runs:
-                    raise ConfigError(
+                    raise BrokerUnavailableError(
                         f"stream {s.name}: the broker sent nothing for 60 s while replaying {expected}..{part.end}"
                     )
                 for run in runs:
@@ -275,7 +271,8 @@ class ZepsStreamReader(DataSourceStreamReader, _StreamRead):
 
 
 class ZepsBatchReader(DataSourceReader, _StreamRead):
-    """A batch read of a sequence range (startSequence exclusive of nothing: first sequence read)."""
+    """A batch read of the sequences ``startSequence`` to ``endSequence``, both included (by default the
+    first sequence to the durable tail)."""
 
     def __init__(self, settings: Resolved, options: dict[str, str], columns: tuple[str, ...] = STREAM_COLUMNS) -> None:
         _StreamRead.__init__(self, settings, options, columns)
