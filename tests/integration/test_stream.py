@@ -104,14 +104,27 @@ def test_late_joiner_replays_history_then_continues_live_with_no_gap(broker_fact
 
 
 def test_slow_consumer_falls_back_to_the_journal_and_catches_up(broker_factory: BrokerFactory) -> None:
+    """A live subscriber with little credit falls behind a fast publisher: the broker stops routing to
+    it live, serves it from the journal as its credit allows, and it ends up live again with every
+    message, in order, none twice."""
     broker = broker_factory()
+    stream = broker.core.streams["prices"]
     with StreamClient(broker.endpoint, "prices", credit_window=4096) as slow:  # ~30 messages of credit
         slow.start("")
+        wait_until(lambda: stream.live_set, timeout=5, what="the subscription to be live")
         _publish(broker.endpoint, 2000)  # arrives far faster than the credit allows
         first = _collect(slow, 100)
         time.sleep(0.5)  # fall behind: the broker keeps the cursor, sends nothing without credit
         rest = _collect(slow, 1900)
-    _assert_contiguous([m.sequence for m in first + rest])
+        got = first + rest
+        assert len(got) == 2000, f"{len(got)} of 2000 messages arrived"
+        _assert_contiguous([m.sequence for m in got])
+        assert [m.body for m in got] == [b"%d" % i for i in range(2000)]
+        # it really fell back to the journal, and caught up: live again, nothing left to replay
+        assert stream.fell_behind >= 1
+        assert stream.messages_replayed >= 1000, f"only {stream.messages_replayed} messages came from the journal"
+        wait_until(lambda: stream.live_set, timeout=5, what="the caught-up subscription to be live again")
+        assert list(broker.core.lag().values()) == [0]
 
 
 def test_retention_removes_old_segments(broker_factory: BrokerFactory, tmp_path: Path) -> None:

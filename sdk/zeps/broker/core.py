@@ -94,6 +94,7 @@ class Outgoing:
     sequence: int = 0  #: the first sequence it delivers
     cost: int = 0
     count: int = 0  #: messages it delivers
+    replayed: bool = False  #: read from the journal for a subscription behind the tail (not live routing)
 
 
 @dataclass(eq=False)
@@ -125,6 +126,8 @@ class _Stream:
     bytes_in: int = 0
     messages_out: int = 0
     bytes_out: int = 0
+    messages_replayed: int = 0  # of messages_out: served from the journal to subscriptions behind the tail
+    fell_behind: int = 0  # times a live subscription lost pace (no credit, a full socket) and went to replay
 
 
 @dataclass(eq=False)
@@ -274,6 +277,7 @@ class BrokerCore:
     def _leave_live(self, sub: _Subscription, cursor: int) -> None:
         stream = sub.session.stream
         if sub in stream.live_set:
+            stream.fell_behind += 1
             stream.live_set.discard(sub)
             if sub.matcher.prefix is not None:
                 stream.trie.remove(sub.matcher.prefix, sub)
@@ -420,6 +424,7 @@ class BrokerCore:
                 end=stream.routed,
             )
             stalled = False
+            queued = len(self._pending)
             if chunk is not None:
                 matches = sub.matcher.matches
                 picks = None if sub.matcher.prefix == "" else [i for i, k in enumerate(chunk.keys) if matches(k)]
@@ -431,6 +436,9 @@ class BrokerCore:
                     if stop is not None:
                         sub.cursor, stalled = stop, True
                 budget -= max(self._queued_bytes - before, 1)
+            for item in itertools.islice(self._pending, queued, None):
+                item.replayed = True
+                stream.messages_replayed += item.count
             sub.cursor = max(sub.cursor, stream.journal.first_sequence)  # retention removed what it missed
             if stalled:
                 continue  # out of credit: CREDIT puts it back in line
@@ -450,6 +458,8 @@ class BrokerCore:
         session = sub.session
         session.credit += item.cost
         session.stream.messages_out -= item.count  # they were counted when queued; undo it
+        if item.replayed:
+            session.stream.messages_replayed -= item.count
         session.stream.bytes_out -= item.cost
         session.blocked_until = (time.monotonic() if now is None else now) + 0.01
         if sub.cursor > item.sequence:

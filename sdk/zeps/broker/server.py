@@ -57,7 +57,7 @@ class CurveConfig:
 
 @dataclass(frozen=True)
 class Registration:
-    """Where the broker registers itself (seed 002 group with a manifest)."""
+    """Where the broker registers itself (a group with a manifest)."""
 
     zookeeper: str
     namespace: str
@@ -98,6 +98,10 @@ class BrokerServer:
             "zeps_broker_messages_out", "Messages delivered", ["stream"], registry=self.registry
         )
         self._bytes_out = Counter("zeps_broker_bytes_out", "DELIVER bytes sent", ["stream"], registry=self.registry)
+        self._replayed = Counter("zeps_broker_messages_replayed", "Messages delivered from the journal to "
+                                 "subscriptions behind the tail", ["stream"], registry=self.registry)  # fmt: skip
+        self._fell_behind = Counter("zeps_broker_fell_behind", "Times a live subscription lost pace and went "
+                                    "to replay", ["stream"], registry=self.registry)  # fmt: skip
         self._journal_bytes = Gauge("zeps_broker_journal_bytes", "Journal size", ["stream"], registry=self.registry)
         self._last_seq = Gauge("zeps_broker_last_sequence", "Last durable sequence", ["stream"], registry=self.registry)
         self._lag = Gauge("zeps_broker_subscriber_lag", "Records a subscription is behind", ["peer", "sub"],
@@ -278,7 +282,8 @@ class BrokerServer:
             self._journal_bytes.labels(name).set(stream.journal.size_bytes)
             self._last_seq.labels(name).set(stream.journal.durable)
             for counter, value in ((self._messages_in, stream.messages_in), (self._messages_out, stream.messages_out),
-                                   (self._bytes_out, stream.bytes_out)):  # fmt: skip
+                                   (self._bytes_out, stream.bytes_out), (self._replayed, stream.messages_replayed),
+                                   (self._fell_behind, stream.fell_behind)):  # fmt: skip
                 seen = self._exported.get((id(counter), name), 0)
                 if value > seen:
                     counter.labels(name).inc(value - seen)
