@@ -1,4 +1,4 @@
-"""make bench-topic: end-to-end broadcast throughput, seed 000 as written vs zeps Topic.
+"""make bench-topic: end-to-end broadcast throughput, the zkms design as written vs zeps Topic.
 
 Both run in this one process against the same ZooKeeper server (same settings: forceSync on,
 tickTime 500), with subscribers in separate processes. Measured: from the first publish until every

@@ -1,4 +1,4 @@
-"""One subscriber process for bench_topic.py: ``--mode baseline`` (seed 000 as written) or ``zeps``.
+"""One subscriber process for bench_topic.py: ``--mode baseline`` (the zkms design as written) or ``zeps``.
 
 Prints ``ready`` once subscribed, then ``done <unix time>`` when it has seen --count messages.
 """

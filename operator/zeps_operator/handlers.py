@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 RESYNC = float(os.environ.get("ZEPS_RESYNC_SECONDS", "30"))
 # ZooKeeper calls give up after this: a handler waiting out an outage holds up every other handler
 # of its object (kopf runs them one at a time), the finalizer included
-ZK_DEADLINE = 10.0  # timers need it when handlers are declared
+ZK_DEADLINE = 10.0  # seconds
 SPECS: dict[str, type[BaseModel]] = {"Topic": TopicSpec, "Queue": QueueSpec, "ZepsStream": StreamSpec}
 FINALIZER = f"{GROUP}/cleanup"
 RECONCILES = Counter("zeps_operator_reconciles", "Reconciliations", ["kind", "outcome"])

@@ -14,7 +14,7 @@ Header keys in version 1: ``id`` (str, unique per message), ``publisher`` (str),
 ``headers`` (object of str → str, the application's own headers). Readers ignore keys they do not
 know; a reader meeting a higher version than it knows raises :class:`EnvelopeError`.
 
-A node whose data does not start with the magic is a plain message (the seed 000 zkms format:
+A node whose data does not start with the magic is a plain message (the zkms format:
 "the node value is the message"): its whole data is the body and it has no headers.
 
 A node may also hold a *pack* of envelopes (a publisher's batch, written as one node per

@@ -32,7 +32,7 @@ class _Options(BaseModel):
 
 
 class TopicOptions(_Options):
-    """How a Topic publishes, delivers and cleans up (seed 000, with bounds)."""
+    """How a Topic publishes, delivers and cleans up (the zkms design, with bounds)."""
 
     max_queue_depth: int = Field(10_000, ge=1, le=1_000_000, description="Messages a subscriber queue may hold.")
     full_queue_policy: FullQueuePolicy = Field(
@@ -67,7 +67,7 @@ class TopicOptions(_Options):
         le=1000,
         description="A publish batch is packed into one node per subscriber, up to this many messages: far "
         "fewer ZooKeeper operations. A consumer that crashes mid-node sees that node's messages again, so this "
-        "bounds redelivery. 1 stores one node per message (seed 000).",
+        "bounds redelivery. 1 stores one node per message, as the zkms design does.",
     )
     max_transaction_bytes: int = Field(
         512 * 1024,
@@ -78,7 +78,7 @@ class TopicOptions(_Options):
 
 
 class QueueOptions(_Options):
-    """How a work Queue hands out items (seed 001)."""
+    """How a work Queue hands out items."""
 
     max_attempts: int = Field(
         5, ge=1, le=1000, description="Takes of one item (crashes and releases count) before it is dead-lettered."
@@ -96,7 +96,7 @@ class QueueOptions(_Options):
 
 
 class BatchOptions(_Options):
-    """How a replayable batch Queue stores batches (seed 003)."""
+    """How a replayable batch Queue stores batches."""
 
     inline_max_bytes: int = Field(
         256 * 1024,

@@ -5,7 +5,7 @@ ACL boundary, and one subtree per resource)::
 
     <chroot>/<ns>/topics/<name>/
         spec                          operator-owned JSON of the reconciled spec
-        clients/<consumer>            ephemeral: a live SDK client of this topic (seed 000 /clients)
+        clients/<consumer>            ephemeral: a live SDK client of this topic (the zkms design's /clients)
         subscribers/<consumer>        ephemeral JSON metadata: a live subscription
         messages/<consumer>/m-…       persistent-sequential, one per message per subscriber queue
         cleaner/                      leader election: exactly one cleaner at a time
@@ -16,17 +16,17 @@ ACL boundary, and one subtree per resource)::
         waiters/w-<owner>-<seq>       ephemeral-sequential: idle workers in line (herd-free wait)
         workers/<owner>               ephemeral: live workers (each takes its own stripe of items)
         dead/<item>                   dead-lettered items, inspectable and re-drivable
-        batches/latest                seed 003: the latest batch id "<name>-<n>"
+        batches/latest                the latest batch id "<name>-<n>"
         batches/lock/                 lock of publishers assigning batch ids
         batches/data/<name>-<n>       a batch body kept in ZooKeeper (small batches)
         batches/refs/<name>-<n>       a batch kept in a batch store: its URL (large batches)
-        processors/<consumer>         seed 003: the last batch id the consumer processed
+        processors/<consumer>         the last batch id the consumer processed
     <chroot>/<ns>/streams/<name>/
         spec                          operator-owned JSON of the reconciled spec
-        manifest                      the broker members that should exist (seed 002 manifest)
+        manifest                      the broker members that should exist (the group's manifest)
         brokers/<member>              ephemeral JSON {endpoint, curvePublicKey, pod, startedAt}
 
-A group (seed 002) is a parent of ephemeral members (JSON metadata) plus, where the design calls
+A group is a parent of ephemeral members (JSON metadata) plus, where the design calls
 for one, a persistent manifest of the members that should exist (streams: ``brokers/`` beside
 ``manifest``).
 
@@ -85,7 +85,7 @@ def _chroot(value: str) -> str:
 
 @dataclass(frozen=True)
 class GroupPaths:
-    """Paths of one group (seed 002): a parent of ephemeral members and, optionally, a manifest."""
+    """Paths of one group: a parent of ephemeral members and, optionally, a manifest."""
 
     members: str
     manifest: str | None = None
@@ -96,7 +96,7 @@ class GroupPaths:
 
 @dataclass(frozen=True)
 class TopicPaths:
-    """Paths of one Topic (seed 000)."""
+    """Paths of one Topic."""
 
     root: str
 
@@ -131,7 +131,7 @@ class TopicPaths:
 
 @dataclass(frozen=True)
 class QueuePaths:
-    """Paths of one Queue: the work queue (seed 001) and its batch mode (seed 003)."""
+    """Paths of one Queue: the work queue and its batch mode."""
 
     root: str
     name: str

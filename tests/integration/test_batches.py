@@ -1,4 +1,4 @@
-"""Replayable batch queue (seed 003) against a real ZooKeeper server and a real directory store."""
+"""Replayable batch queue against a real ZooKeeper server and a real directory store."""
 
 from __future__ import annotations
 

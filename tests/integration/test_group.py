@@ -1,4 +1,4 @@
-"""Group membership with a manifest (seed 002) against a real ZooKeeper server."""
+"""Group membership with a manifest against a real ZooKeeper server."""
 
 from __future__ import annotations
 

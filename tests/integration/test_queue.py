@@ -1,4 +1,4 @@
-"""Work queue (seed 001) against a real ZooKeeper server; chaos with worker processes."""
+"""Work queue against a real ZooKeeper server; chaos with worker processes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Topic (seed 000) against a real ZooKeeper server, with subscribers in separate processes."""
+"""Topic against a real ZooKeeper server, with subscribers in separate processes."""
 
 from __future__ import annotations
 

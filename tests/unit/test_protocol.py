@@ -1,4 +1,4 @@
-"""ZEPS codec and state machine: byte-exact with the seed 004 grammar, robust to any input."""
+"""ZEPS codec and state machine: byte-exact with the ZEPS ABNF grammar, robust to any input."""
 
 from __future__ import annotations
 

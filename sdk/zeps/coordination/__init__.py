@@ -1,7 +1,7 @@
 """ZooKeeper recipes (kazoo): the only package in zeps that imports kazoo.
 
-* :mod:`~zeps.coordination.group` — group membership with a manifest (seed 002);
-* :mod:`~zeps.coordination.topic` — broadcast Topic with an elected cleaner (seed 000);
+* :mod:`~zeps.coordination.group` — group membership with a manifest;
+* :mod:`~zeps.coordination.topic` — broadcast Topic with an elected cleaner;
 * :func:`connect` — the one place a kazoo client is made.
 """
 

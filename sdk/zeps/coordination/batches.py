@@ -1,4 +1,4 @@
-"""Replayable batch queue (seed 003): immutable batches, the latest id in a znode, and every
+"""Replayable batch queue: immutable batches, the latest id in a znode, and every
 consumer tracking its own progress.
 
 Layout (:class:`zeps.paths.QueuePaths`)::

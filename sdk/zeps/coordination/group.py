@@ -1,4 +1,4 @@
-"""Group membership with a manifest (seed 002): who is alive, who should be, and who is rogue.
+"""Group membership with a manifest: who is alive, who should be, and who is rogue.
 
 Layout (see :class:`zeps.paths.GroupPaths`)::
 

@@ -1,11 +1,11 @@
-"""Work queue with per-item locks (seed 001), free of the herd effect.
+"""Work queue with per-item locks, free of the herd effect.
 
 Layout (:class:`zeps.paths.QueuePaths`)::
 
     <queue>/items/i-<prio>-<id>-<seq>   persistent-sequential; data = envelope (body + headers)
     <queue>/taken/<item>                ephemeral lock; data = the owner's id
     <queue>/waiters/w-<owner>-<seq>     ephemeral-sequential: idle workers waiting in line
-    <queue>/workers/<owner>             ephemeral: the live workers (a group, seed 002)
+    <queue>/workers/<owner>             ephemeral: the live workers (a group)
     <queue>/dead/<item>                 dead-lettered items
 
 How it works:

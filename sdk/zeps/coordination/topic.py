@@ -1,4 +1,4 @@
-"""Topic: broadcast pub/sub over ZooKeeper (seed 000, zkms), made fast and safe.
+"""Topic: broadcast pub/sub over ZooKeeper (the zkms design), made fast and safe.
 
 Layout (:class:`zeps.paths.TopicPaths`)::
 
@@ -8,7 +8,7 @@ Layout (:class:`zeps.paths.TopicPaths`)::
     <topic>/parked/<consumer>/…             messages given up on with on_give_up="keep"
     <topic>/cleaner/                        leader election of the one cleaner
 
-What differs from the seed, and why:
+What differs from the zkms design, and why:
 
 * **Publishers write to every queue under messages/**, not to the children of subscribers/. A
   queue exists from subscribe until unsubscribe, or until the cleaner removes it once its client has
@@ -21,7 +21,7 @@ What differs from the seed, and why:
 * **Packed nodes**: a publish batch becomes one node per queue holding up to
   ``max_messages_per_node`` messages (:func:`zeps.envelope.encode_pack`), so the cost per message
   falls by that factor for ZooKeeper and subscribers alike. A single publish is one node, as in
-  the seed; ``max_messages_per_node=1`` always writes one node per message.
+  the zkms design; ``max_messages_per_node=1`` always writes one node per message.
 * **Protected names**: each node name carries its message count and its first message's id
   (``m-<count>-<publisher>.<n>-<seq>``), so after a ConnectionLoss the publisher checks whether a
   transaction applied before resending it — a retry never duplicates a message.
@@ -407,7 +407,7 @@ class Topic:
         """Start delivering this topic's messages to ``callback`` on a background thread.
 
         ``consumer_id`` is the durable identity: restart with the same id to get the messages that
-        arrived meanwhile (within ``cleaner_grace``). It defaults to a random id (seed 000).
+        arrived meanwhile (within ``cleaner_grace``). It defaults to a random id, as in the zkms design.
         """
         self.ensure()
         sub = Subscription(self, callback, consumer_id or uuid.uuid4().hex, metadata or {})

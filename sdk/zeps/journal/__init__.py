@@ -1,4 +1,4 @@
-"""The per-stream journal (seed 004): segment files, sparse indexes, recovery, retention. No sockets."""
+"""The per-stream journal: segment files, sparse indexes, recovery, retention. No sockets."""
 
 from zeps.journal.log import Chunk, FsyncPolicy, Journal, JournalConfig, JournalError, Record
 

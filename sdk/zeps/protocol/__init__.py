@@ -1,4 +1,4 @@
-"""The ZEPS protocol (seed 004), sans-I/O: the command codec and the per-connection state machine.
+"""The ZEPS protocol, sans-I/O: the command codec and the per-connection state machine.
 
 No sockets here: :func:`encode`/:func:`decode` turn commands into frames and back, and
 :class:`Connection` says which command may travel which way in which state.

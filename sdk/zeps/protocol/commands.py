@@ -1,4 +1,4 @@
-"""ZEPS commands and their codec: bytes in, commands out, no sockets (seed 004's ABNF, exactly).
+"""ZEPS commands and their codec: bytes in, commands out, no sockets (the ZEPS ABNF grammar, exactly).
 
 Every frame is one command::
 
