@@ -41,6 +41,7 @@ from zeps_operator.plan import (
     NAMESPACE_AUTH_SECRET,
     Settings,
     condition,
+    retains_data,
     stream_member,
     stream_objects,
     zookeeper_layout,
@@ -392,8 +393,7 @@ def deleted(body: kopf.Body, spec: kopf.Spec, retry: int, **_: Any) -> None:
     """deletionPolicy Delete removes the ZooKeeper subtree; Retain keeps it. With ZooKeeper
     unreachable: bounded retries, an event, then the finalizer is released (never a deadlock)."""
     kind, meta = body["kind"], body["metadata"]
-    policy = dict(spec).get("deletionPolicy", "Delete")
-    if policy == "Retain":
+    if retains_data(dict(spec)):
         kopf.info(body, reason="Retained", message="deletionPolicy Retain: ZooKeeper data kept")
         return
     if state.zk is None or not state.zk.connected:

@@ -72,7 +72,6 @@ class _QueueFields(_Model):
     mode: Literal["work", "batches"] = Field(
         "work", description="work: items done once each; batches: replayable batches.", json_schema_extra=IMMUTABLE
     )
-    dead_letter: bool = Field(True, description="Move items taken maxAttempts times without an ack aside.")
     batches: BatchSpec = Field(default_factory=BatchSpec, description="Batch mode settings.")
     deletion_policy: DeletionPolicy = _DELETION
 
@@ -118,7 +117,9 @@ class StreamSpec(_Model):
         "group", description="Journal fsync policy; see the README for each one's loss window."
     )
     matching: Literal["prefix", "prefix-and-regex"] = Field(
-        "prefix-and-regex", description="Subscription patterns the broker accepts."
+        "prefix-and-regex",
+        description="Subscription patterns the broker accepts: prefix-and-regex takes key prefixes and ~regex "
+        "patterns; prefix refuses a ~regex subscription with INVALID (no regular expression runs in the broker).",
     )
     curve: bool = Field(False, description="Encrypt and authenticate with CURVE (a key pair in a Secret).")
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field("ClusterIP")

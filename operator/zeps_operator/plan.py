@@ -120,6 +120,11 @@ def condition(
     return [c for c in previous or [] if c.get("type") != "Ready"] + [ready_condition]
 
 
+def retains_data(spec: dict[str, Any]) -> bool:
+    """Whether deleting the resource keeps its data (``deletionPolicy: Retain``) rather than removing it."""
+    return bool(spec.get("deletionPolicy", "Delete") == "Retain")
+
+
 def stream_member(name: str) -> str:
     """The broker member id of a stream (one broker per stream: ``<name>-0``)."""
     return f"{name}-0"
@@ -145,6 +150,7 @@ def stream_objects(namespace: str, name: str, spec: dict[str, Any], settings: Se
         "ZEPS_BROKER_BIND": f"tcp://0.0.0.0:{port}",
         "ZEPS_BROKER_ADVERTISE": f"tcp://{service}.{namespace}.svc:{port}",
         "ZEPS_BROKER_FSYNC": spec.get("fsync", "group"),
+        "ZEPS_BROKER_MATCHING": spec.get("matching", "prefix-and-regex"),
         "ZEPS_BROKER_ZOOKEEPER": settings.zookeeper,
         "ZEPS_BROKER_NAMESPACE": namespace,
         "ZEPS_BROKER_CHROOT": settings.chroot,

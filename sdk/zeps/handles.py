@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from zeps.client import StreamClient
-from zeps.config import Resolved, resolve
+from zeps.config import Resolved, require_queue_mode, resolve
 from zeps.coordination import Topic, shared_client
 from zeps.coordination.batches import BatchQueue
 from zeps.coordination.queue import WorkQueue
@@ -137,11 +137,17 @@ def topic(name: str, namespace: str | None = None, **settings: Any) -> TopicHand
 
 
 def queue(name: str, namespace: str | None = None, **settings: Any) -> QueueHandle:
-    return QueueHandle(resolve("Queue", name, namespace=namespace, **settings))
+    """A work Queue handle (a Queue of ``mode: work``)."""
+    resolved = resolve("Queue", name, namespace=namespace, **settings)
+    require_queue_mode(resolved, "work")
+    return QueueHandle(resolved)
 
 
 def batches(name: str, namespace: str | None = None, **settings: Any) -> BatchesHandle:
-    return BatchesHandle(resolve("Queue", name, namespace=namespace, **settings))
+    """A replayable batch Queue handle (a Queue of ``mode: batches``)."""
+    resolved = resolve("Queue", name, namespace=namespace, **settings)
+    require_queue_mode(resolved, "batches")
+    return BatchesHandle(resolved)
 
 
 def stream(name: str, namespace: str | None = None, **settings: Any) -> StreamHandle:

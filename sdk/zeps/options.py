@@ -83,6 +83,12 @@ class QueueOptions(_Options):
     max_attempts: int = Field(
         5, ge=1, le=1000, description="Takes of one item (crashes and releases count) before it is dead-lettered."
     )
+    dead_letter: bool = Field(
+        True,
+        description="Move an item taken max_attempts times without an ack aside (to dead/, for inspection and "
+        "redrive). false: it stays in the queue and is taken again, however often (an unreadable item is "
+        "still moved aside: nobody can process it).",
+    )
     default_priority: int = Field(100, ge=0, le=999, description="Priority of put() without one; lower runs first.")
     max_transaction_bytes: int = Field(
         512 * 1024,

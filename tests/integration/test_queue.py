@@ -105,6 +105,27 @@ def test_dead_letter_after_max_attempts_and_redrive(queue_factory: Callable[...,
     assert q.dead_letters() == []
 
 
+def test_without_dead_letter_an_item_is_retried_past_max_attempts(
+    zookeeper: ZooKeeperHarness, queue_factory: Callable[..., WorkQueue]
+) -> None:
+    """dead_letter=False (the Queue's deadLetter: false): released and crashed takes past max_attempts
+    leave the item in the queue, and it is taken again with the attempt count going on."""
+    q = queue_factory(max_attempts=2, dead_letter=False)
+    q.put(b"flaky")
+    for attempt in (1, 2, 3):  # released: past max_attempts, still here
+        item = q.take(timeout=1)
+        assert item is not None and item.attempt == attempt
+        item.release()
+    crashed = queue_factory(max_attempts=2, dead_letter=False)
+    item = crashed.take(timeout=1)
+    assert item is not None and item.attempt == 4
+    zookeeper.expire_session(crashed.client)  # the worker dies holding it
+    item = q.take(timeout=5)
+    assert item is not None and (item.body, item.attempt) == (b"flaky", 5)
+    item.ack()
+    assert q.dead_letters() == [] and q.stats().dead_lettered == 0 and q.stats().depth == 0
+
+
 def test_release_with_delay(queue_factory: Callable[..., WorkQueue]) -> None:
     q = queue_factory()
     q.put(b"later")

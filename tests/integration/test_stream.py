@@ -56,7 +56,7 @@ def broker_factory(tmp_path: Path) -> Iterator[BrokerFactory]:
     made: list[BrokerServer] = []
 
     def make(*streams: str, journal: JournalConfig | None = None, **kwargs: Any) -> BrokerServer:
-        settings_ = {k: kwargs.pop(k) for k in ("heartbeat_s", "ttl_s", "pump_budget_bytes") if k in kwargs}
+        settings_ = {k: kwargs.pop(k) for k in ("heartbeat_s", "ttl_s", "pump_budget_bytes", "matching") if k in kwargs}
         config = BrokerConfig(tmp_path / f"broker-{len(made)}", streams or ("prices",),
                               journal=journal or JournalConfig(fsync="group"), **settings_)  # fmt: skip
         server = BrokerServer(config, **kwargs).start()
@@ -178,6 +178,26 @@ def test_bad_patterns_and_unknown_streams_are_refused(broker_factory: BrokerFact
         StreamClient(broker.endpoint, "nope", timeout=3).connect()
     with pytest.raises(ConfigError, match="tcp://host:port"):
         StreamClient("localhost:5555", "prices")
+
+
+def test_a_prefix_only_broker_refuses_regex_subscriptions_and_keeps_serving(broker_factory: BrokerFactory) -> None:
+    """matching: prefix (the ZepsStream field, --matching): a ~regex subscription gets INVALID naming
+    the setting; prefix subscriptions on the same broker still work."""
+    broker = broker_factory(matching="prefix")
+    with StreamClient(broker.endpoint, "prices") as c:
+        c.start("~eu\\..*")
+        with pytest.raises(ProtocolError, match=r"accepts key prefixes only \(matching: prefix\)"):
+            c.receive(2)
+    with StreamClient(broker.endpoint, "prices") as c:
+        c.start("eu.")
+        _publish(broker.endpoint, 3, key="us.{i}")
+        _publish(broker.endpoint, 3, key="eu.{i}")
+        assert [m.key for m in _collect(c, 3)] == ["eu.0", "eu.1", "eu.2"]
+    regex_broker = broker_factory()  # the default, prefix-and-regex, takes it
+    _publish(regex_broker.endpoint, 2, key="eu.{i}")
+    with StreamClient(regex_broker.endpoint, "prices") as c:
+        c.start("~eu\\..*", since="earliest")
+        assert len(_collect(c, 2)) == 2
 
 
 class RawPeer:

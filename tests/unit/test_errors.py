@@ -29,7 +29,6 @@ from zeps.errors import (
     ZepsError,
     exit_code,
 )
-from zeps.spark.source import DataLossError as SparkDataLossError
 
 
 def test_the_documented_exit_codes_are_the_ones_used() -> None:
@@ -66,7 +65,6 @@ def test_data_loss_and_availability_are_not_configuration() -> None:
     assert not issubclass(DataLossError, ConfigError)
     assert not issubclass(BrokerUnavailableError, ConfigError)
     assert not issubclass(UnavailableError, ConfigError)
-    assert SparkDataLossError is DataLossError  # the name Spark users import
 
 
 @pytest.mark.parametrize(

@@ -37,6 +37,7 @@ from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from zeps.broker.matching import Matcher, PatternError, PrefixTrie, compile_pattern
 from zeps.errors import ProtocolError
@@ -82,6 +83,8 @@ class BrokerConfig:
     pump_budget_bytes: int = 4 * 1024 * 1024  #: delivered per pump() call, across all sessions
     replay_batch: int = 512  #: records read from the journal per subscription visit (older sessions)
     batch_bytes: int = 1024 * 1024  #: the largest DELIVER-BATCH (a record larger than this goes alone)
+    #: subscription patterns accepted: "prefix" refuses ``~regex`` patterns with INVALID (ZepsStream ``matching``)
+    matching: Literal["prefix", "prefix-and-regex"] = "prefix-and-regex"
 
 
 @dataclass
@@ -246,7 +249,7 @@ class BrokerCore:
             )
             return
         try:
-            matcher = compile_pattern(command.pattern)
+            matcher = compile_pattern(command.pattern, allow_regex=self.config.matching == "prefix-and-regex")
         except PatternError as exc:
             self._invalid(session.peer, str(exc), forget=False)
             return

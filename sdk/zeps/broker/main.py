@@ -21,7 +21,7 @@ from zeps.broker.server import BrokerServer, CurveConfig, Registration
 from zeps.errors import ZepsError
 from zeps.journal import JournalConfig
 
-__all__ = ["main", "parse_args"]
+__all__ = ["main", "parse_args", "settings"]
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -39,6 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--segment-bytes", type=int, default=int(_env("SEGMENT_BYTES", str(64 << 20)) or 0))
     p.add_argument("--retention-ms", type=int, default=int(v) if (v := _env("RETENTION_MS")) else None)
     p.add_argument("--retention-bytes", type=int, default=int(v) if (v := _env("RETENTION_BYTES")) else None)
+    p.add_argument("--matching", choices=["prefix", "prefix-and-regex"], default=_env("MATCHING", "prefix-and-regex"),
+                   help="patterns accepted; prefix refuses ~regex ones [ZEPS_BROKER_MATCHING]")  # fmt: skip
     p.add_argument("--heartbeat", type=float, default=float(_env("HEARTBEAT", "5") or 5))
     p.add_argument("--ttl", type=float, default=float(_env("TTL", "30") or 30))
     p.add_argument("--curve-secret-key", default=_env("CURVE_SECRET_KEY"), help="zmq certificate with the secret key")
@@ -60,17 +62,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        journal = JournalConfig(segment_bytes=args.segment_bytes, fsync=args.fsync, retention_ms=args.retention_ms,
-                                retention_bytes=args.retention_bytes)  # fmt: skip
-    except ZepsError as exc:
-        print(f"zeps-broker: --segment-bytes / ZEPS_BROKER_SEGMENT_BYTES: {exc}", file=sys.stderr)
-        return 2
+def settings(args: argparse.Namespace) -> tuple[BrokerConfig, CurveConfig | None, Registration | None]:
+    """The broker's configuration from its parsed flags (no I/O). Raises ZepsError for a bad journal
+    setting."""
+    journal = JournalConfig(segment_bytes=args.segment_bytes, fsync=args.fsync, retention_ms=args.retention_ms,
+                            retention_bytes=args.retention_bytes)  # fmt: skip
     config = BrokerConfig(Path(args.data_dir), tuple(args.stream), journal=journal, heartbeat_s=args.heartbeat,
-                          ttl_s=args.ttl)  # fmt: skip
+                          ttl_s=args.ttl, matching=args.matching)  # fmt: skip
     curve = None
     if args.curve_secret_key:
         clients = Path(args.curve_clients_dir) if args.curve_clients_dir else None
@@ -78,6 +76,17 @@ def main(argv: list[str] | None = None) -> int:
     registration = None
     if args.zookeeper:
         registration = Registration(args.zookeeper, args.namespace, args.member, args.chroot, args.advertise)
+    return config, curve, registration
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config, curve, registration = settings(args)
+    except ZepsError as exc:
+        print(f"zeps-broker: --segment-bytes / ZEPS_BROKER_SEGMENT_BYTES: {exc}", file=sys.stderr)
+        return 2
     server = BrokerServer(config, bind=args.bind, curve=curve, metrics_port=args.metrics_port,
                           registration=registration)  # fmt: skip
     stop = threading.Event()

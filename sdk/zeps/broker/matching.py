@@ -62,9 +62,16 @@ def _nested_repeat(tree: Any, inside_repeat: bool = False) -> bool:
     return False
 
 
-def compile_pattern(pattern: str) -> Matcher:
+def compile_pattern(pattern: str, *, allow_regex: bool = True) -> Matcher:
+    """A matcher for a subscription pattern: a key prefix, or ``~`` and a regular expression. With
+    ``allow_regex=False`` (a broker whose ZepsStream says ``matching: prefix``) a regular expression is
+    refused with :class:`PatternError`."""
     if not pattern.startswith(REGEX_MARK):
         return Matcher(pattern, pattern, None)
+    if not allow_regex:
+        raise PatternError(
+            f"pattern {pattern!r} is a regular expression; this stream accepts key prefixes only (matching: prefix)"
+        )
     source = pattern[len(REGEX_MARK) :]
     try:
         tree = _sre_parser.parse(source)

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from zeps.errors import ConfigError
 from zeps.paths import DEFAULT_CHROOT, validate_name
 
-__all__ = ["Resolved", "default_namespace", "resolve"]
+__all__ = ["Resolved", "default_namespace", "require_queue_mode", "resolve"]
 
 Kind = Literal["Topic", "Queue", "ZepsStream"]
 _PLURAL = {"Topic": "topics", "Queue": "queues", "ZepsStream": "zepsstreams"}
@@ -46,6 +46,18 @@ class Resolved(BaseModel):
     endpoint: str = ""
     public_key: str = ""
     spec: dict[str, Any] = {}
+
+
+def require_queue_mode(settings: Resolved, mode: Literal["work", "batches"]) -> None:
+    """Refuse a Queue whose ``spec.mode`` is not ``mode`` (a spec read from the resource; settings given
+    only by arguments or the environment carry no spec, and are taken as they are)."""
+    actual = settings.spec.get("mode")
+    if actual and actual != mode:
+        use = {"work": "zeps.queue(name)", "batches": "zeps.batches(name) or the Spark source's queue option"}
+        raise ConfigError(
+            f"Queue {settings.namespace}/{settings.name} has spec.mode {actual!r}, not {mode!r}: "
+            f"use {use.get(str(actual), 'a Queue of mode ' + repr(mode))}"
+        )
 
 
 def default_namespace(explicit: str | None) -> str:

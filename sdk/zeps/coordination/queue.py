@@ -20,7 +20,8 @@ How it works:
   taken since, fails that check: it can never ack an item someone else holds.
 * **Crash ⇒ redelivery**: the lock is ephemeral, so a dead worker's items become available again.
   An item taken ``max_attempts`` times without an ack moves to ``dead/`` (inspect with
-  :meth:`WorkQueue.dead_letters`, re-drive with :meth:`WorkQueue.redrive`).
+  :meth:`WorkQueue.dead_letters`, re-drive with :meth:`WorkQueue.redrive`); with
+  ``dead_letter=False`` it stays and is taken again, however often.
 * **No herd, few races.** Workers join the queue's ``workers/`` group; with W live workers, worker
   number i (in id order) takes the items whose sequence is i modulo W — its stripe — in (priority,
   FIFO) order, and helps with other stripes only when its own is empty. Busy workers therefore
@@ -398,7 +399,8 @@ class WorkQueue:
                 if not_before > now_ms:
                     self._delayed[name] = not_before / 1000
                     continue  # a delayed release still in force
-                if int(env.headers.get(_ATTEMPTS, "0")) + stat.version >= self.options.max_attempts:
+                spent = int(env.headers.get(_ATTEMPTS, "0")) + stat.version >= self.options.max_attempts
+                if spent and self.options.dead_letter:
                     self._dead_letter(name, data, stat, f"taken {self.options.max_attempts} times without an ack")
                     continue
                 ready.append((name, data, stat, env))
@@ -591,13 +593,15 @@ class WorkQueue:
 
     def release(self, item: Item, *, delay: float = 0.0) -> None:
         """Give an item back (nack). After ``delay`` seconds it can be taken again; it then goes to
-        the back of its priority. If it has used up its attempts it is dead-lettered instead."""
+        the back of its priority. If it has used up its attempts it is dead-lettered instead (unless
+        the queue's ``dead_letter`` is off)."""
         if item.done:
             return
         item_path, lock_path = f"{self.paths.items}/{item.name}", f"{self.paths.taken}/{item.name}"
         ops: list[Op] = [("check", item_path, item._version)]
-        moves = item.attempt >= self.options.max_attempts or delay > 0
-        if item.attempt >= self.options.max_attempts:
+        dead = item.attempt >= self.options.max_attempts and self.options.dead_letter
+        moves = dead or delay > 0
+        if dead:
             reason = "released after the last attempt"
             ops += [("create", f"{self.paths.dead}/{item.name}", self._dead_data(item._envelope, item.attempt, reason)),
                     ("delete", item_path)]  # fmt: skip

@@ -60,7 +60,7 @@ from pyspark.sql.types import BinaryType, DataType, LongType, StringType, Struct
 from zeps.broker.matching import Matcher, compile_pattern
 from zeps.client import BrokerUnavailableError, Records, Seq, StreamClient, Time
 from zeps.client.sync import broker_metadata
-from zeps.config import Resolved, resolve
+from zeps.config import Resolved, require_queue_mode, resolve
 from zeps.coordination import shared_client
 from zeps.coordination.batches import BatchQueue
 from zeps.errors import ConfigError, DataLossError
@@ -99,7 +99,10 @@ def _settings(options: dict[str, str]) -> Resolved:
     if not name:
         raise ConfigError("the zeps source needs option stream=<ZepsStream name> (or queue=<Queue name>)")
     explicit = {k: options[k] for k in ("zookeeper", "chroot", "endpoint") if options.get(k)}
-    return resolve(kind, name, namespace=options.get("namespace"), **explicit)  # type: ignore[arg-type]
+    settings = resolve(kind, name, namespace=options.get("namespace"), **explicit)  # type: ignore[arg-type]
+    if kind == "Queue":
+        require_queue_mode(settings, "batches")  # the source reads batches; work items are taken, not read
+    return settings
 
 
 def _stream_columns(schema: StructType) -> tuple[str, ...]:
