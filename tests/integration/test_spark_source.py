@@ -10,17 +10,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.sql.types import StructField, StructType
 
 import zeps
+import zeps.errors
 from harness import ZooKeeperHarness
 from zeps.broker import BrokerConfig, BrokerServer, Registration
 from zeps.client import Seq, StreamClient
 from zeps.config import Resolved
 from zeps.coordination.batches import BatchQueue
 from zeps.dev.process import wait_until
+from zeps.errors import ConfigError
 from zeps.journal import JournalConfig
 from zeps.spark import ZepsDataSource, queue_sink, topic_sink
-from zeps.spark.source import DataLossError, _Range, _StreamRead
+from zeps.spark.source import _QUEUE_TYPES, DataLossError, _Range, _StreamRead
 
 pytestmark = pytest.mark.spark
 
@@ -256,6 +259,35 @@ def test_batch_queue_source_exactly_once_across_a_restart(
     run()
     records = sorted(r["record"] for r in spark.read.parquet(str(out)).collect())
     assert records == sorted(b"order-%d-%d" % (n, i) for n in range(8) for i in range(3))
+
+
+def test_batch_read_of_a_batch_queue(spark: Any, zookeeper: ZooKeeperHarness) -> None:
+    """spark.read (not readStream) of a batch Queue: every retained batch, or startBatch..endBatch."""
+    batches = BatchQueue(zookeeper.client(), "invoices", namespace="spark", chroot=zookeeper.root)
+    for n in range(4):
+        batches.publish([b"invoice-%d-%d" % (n, i) for i in range(2)])
+    spark.dataSource.register(ZepsDataSource)
+
+    def read(**extra: str) -> list[tuple[int, str, bytes]]:
+        reader = spark.read.format("zeps")
+        options = {"queue": "invoices", "namespace": "spark", "zookeeper": zookeeper.connect_string,
+                   "chroot": zookeeper.root, **extra}  # fmt: skip
+        for k, v in options.items():
+            reader = reader.option(k, v)
+        return sorted((r["batch"], r["batch_id"], bytes(r["record"])) for r in reader.load().collect())
+
+    assert read() == [(n + 1, f"invoices-{n + 1}", b"invoice-%d-%d" % (n, i)) for n in range(4) for i in range(2)]
+    assert [row[0] for row in read(startBatch="2", endBatch="3")] == [2, 2, 3, 3]
+
+
+def test_the_source_refuses_a_work_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Queue of mode work holds items to take, not batches to read: the source says so (the spec as
+    the resource's status would give it; resolving through Kubernetes is the cluster tier's)."""
+    work = Resolved(kind="Queue", name="jobs", namespace="spark", zookeeper="zk:2181", spec={"mode": "work"})
+    monkeypatch.setattr("zeps.spark.source.resolve", lambda *_a, **_k: work)
+    with pytest.raises(ConfigError, match=r"has spec\.mode 'work', not 'batches': use zeps\.queue\(name\)"):
+        ZepsDataSource({"queue": "jobs"}).reader(StructType([StructField(n, t) for n, t in _QUEUE_TYPES]))
+    assert DataLossError is zeps.errors.DataLossError  # the name Spark users import from zeps.spark
 
 
 def test_topic_and_queue_sinks_deliver(spark: Any, zookeeper: ZooKeeperHarness) -> None:
