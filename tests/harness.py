@@ -117,6 +117,8 @@ class CuttingProxy:
     the connection is cut before the server's answer reaches the client (the write applied, the
     client sees ConnectionLoss). ``arm("request")``: that request is dropped and the connection cut
     (nothing applied). Small packets (pings) pass untouched either way. One cut per arm.
+    ``refusing = True``: new connections are closed at once (the client cannot reconnect until it is
+    False again), so a test can act while the client is away, e.g. expire its session.
     """
 
     def __init__(self, target: tuple[str, int], *, min_bytes: int = 200) -> None:
@@ -130,6 +132,7 @@ class CuttingProxy:
         self._lock = threading.Lock()
         self._closed = False
         self._conns: list[socket.socket] = []
+        self.refusing = False
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
@@ -154,6 +157,9 @@ class CuttingProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self.refusing:
+                client.close()
+                continue
             try:
                 server = socket.create_connection(self.target)
             except OSError:

@@ -120,6 +120,13 @@ class ZooKeeperShell:
     def exists(self, path: str) -> bool:
         return "cZxid" in self.run("stat", path)
 
+    def children(self, path: str) -> list[str]:
+        """The children of ``path`` (``ls``); raises if the shell printed no list (no such node, no answer)."""
+        out = self.run("ls", path)
+        listing = [line for line in out.splitlines() if line.startswith("[") and line.endswith("]")]
+        assert listing, f"ls {path} printed no list:\n{out}"
+        return [name.strip() for name in listing[-1][1:-1].split(",") if name.strip()]
+
     def modes(self) -> dict[int, str]:
         """Each server's role: leader, follower (or "" while it is not serving)."""
         out = {}

@@ -7,6 +7,7 @@ unless its own docstring says otherwise (``zeps.coordination.testing``, ``zeps.d
 from importlib.metadata import version as _version
 
 from zeps.coordination import (
+    AckUncertainError,
     Group,
     GroupStatus,
     LockLostError,
@@ -35,6 +36,7 @@ from zeps.options import TopicOptions
 __version__ = _version("zeps")  # one source of truth: pyproject.toml
 
 __all__ = [
+    "AckUncertainError",
     "ConfigError",
     "CoordinationError",
     "Envelope",

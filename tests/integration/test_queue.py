@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import WorkerProcess, ZooKeeperHarness
-from zeps.coordination.queue import LockLostError, WorkQueue
+from harness import CuttingProxy, WorkerProcess, ZooKeeperHarness
+from zeps.coordination import connect
+from zeps.coordination.queue import AckUncertainError, LockLostError, WorkQueue
 from zeps.coordination.testing import expire_session_by_id
 from zeps.dev.process import wait_until
 from zeps.errors import ConfigError
@@ -84,6 +85,49 @@ def test_expired_worker_may_still_ack_an_item_nobody_took(
     zookeeper.expire_session(q.client)  # lock gone, but nobody took the item meanwhile
     item.ack()
     assert q.stats().depth == 0
+
+
+def test_an_ack_whose_session_expired_in_flight_is_uncertain_not_lost(zookeeper: ZooKeeperHarness) -> None:
+    """The ack transaction reaches ZooKeeper and applies, the answer is cut, and the session expires
+    before the worker is back (what a ZooKeeper leader change under load did on kind). The item is
+    gone and nobody will redo it: the worker gets AckUncertainError (not claimed, nothing to redo),
+    never the plain LockLostError that means "someone else redoes it"."""
+    host, port = zookeeper.connect_string.split(":")
+    proxy = CuttingProxy((host, int(port)), min_bytes=100)
+    client = connect(proxy.address, session_timeout=4)
+    try:
+        producer = WorkQueue(zookeeper.client(), "uncertain", chroot=zookeeper.root)
+        producer.put(b"job")
+        worker = WorkQueue(client, "uncertain", chroot=zookeeper.root)
+        item = worker.take(timeout=5)
+        assert item is not None
+        session_id, password = client.client_id
+        proxy.refusing = True  # once cut, the worker cannot come back until the session is expired
+        proxy.arm("response")
+        outcome: list[BaseException | None] = []
+
+        def ack() -> None:
+            try:
+                item.ack()
+                outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        acking = threading.Thread(target=ack)
+        acking.start()
+        _until(lambda: proxy.cuts == 1, "the ack to reach ZooKeeper and its answer to be cut")
+        assert producer.stats().depth == 0, "the ack transaction applied"
+        expire_session_by_id(zookeeper.connect_string, session_id, password)
+        proxy.refusing = False
+        acking.join(60)
+        assert not acking.is_alive()
+        assert len(outcome) == 1 and type(outcome[0]) is AckUncertainError, outcome
+        assert "nothing is left to redo" in str(outcome[0])
+        assert client.client_id[0] != session_id, "the worker is back with a new session"
+    finally:
+        client.stop()
+        client.close()
+        proxy.close()
 
 
 def test_dead_letter_after_max_attempts_and_redrive(queue_factory: Callable[..., WorkQueue]) -> None:

@@ -6,7 +6,9 @@ process's whole life (what a ZooKeeper leader change or a pod kill tests), print
 PAUSE seconds of "work" per item; a negative PAUSE takes one item and holds it (a worker stuck mid-item,
 until its pod is killed). Each item prints {"took": body, "attempt": n} and, once acknowledged,
 {"acked": body}; an acknowledgement refused because the lock was lost prints {"lost": body} (the item
-is then someone else's to redo), and any other zeps error prints {"error": ...} and the loop goes on.
+is then someone else's to redo); one whose session expired while it was in flight, the item being gone,
+prints {"gone": body} (this ack or another worker's removed it: nothing to redo, not claimed); any other
+zeps error prints {"error": ...} and the loop goes on.
 """
 
 import faulthandler
@@ -38,6 +40,9 @@ def main() -> None:
             time.sleep(pause)
             try:
                 item.ack()
+            except zeps.AckUncertainError:  # done, by this ack or by another worker's
+                say(gone=body)
+                continue
             except zeps.LockLostError:  # the item is already back in the queue
                 say(lost=body)
                 continue

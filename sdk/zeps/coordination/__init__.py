@@ -7,7 +7,7 @@
 
 from zeps.coordination.client import close_shared, connect, digest_acl, shared_client
 from zeps.coordination.group import Group, GroupStatus, GroupWatch, Member, Membership
-from zeps.coordination.queue import LockLostError
+from zeps.coordination.queue import AckUncertainError, LockLostError
 from zeps.coordination.topic import (
     Message,
     NoSubscribersError,
@@ -18,6 +18,7 @@ from zeps.coordination.topic import (
 )
 
 __all__ = [
+    "AckUncertainError",
     "Group",
     "GroupStatus",
     "GroupWatch",

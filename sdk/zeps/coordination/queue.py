@@ -66,7 +66,7 @@ from zeps.errors import ConfigError, CoordinationError
 from zeps.options import QueueOptions
 from zeps.paths import DEFAULT_CHROOT, QueuePaths, validate_member_id
 
-__all__ = ["DeadLetter", "Item", "LockLostError", "QueueStats", "WorkQueue"]
+__all__ = ["AckUncertainError", "DeadLetter", "Item", "LockLostError", "QueueStats", "WorkQueue"]
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,14 @@ _SCAN_WINDOW = 16  # after a lost race, a worker starts at a random one of the f
 
 
 class LockLostError(CoordinationError):
-    """The item's lock is no longer ours (our session expired and another worker took the item)."""
+    """The ack (or release) was refused: the item's lock is no longer ours (our session expired), and the
+    item is back in the queue or another worker has taken it. The work is someone else's to redo."""
+
+
+class AckUncertainError(LockLostError):
+    """Our session expired while the ack was in flight, and the item is gone: either this ack removed
+    it or a worker that took it after our lock vanished acked it; ZooKeeper keeps nothing that tells
+    which. Nothing is left to redo, but this ack is not claimed (processing is at-least-once)."""
 
 
 def _order(name: str) -> tuple[int, int]:
@@ -108,7 +115,8 @@ class Item:
     done: bool = False
 
     def ack(self) -> None:
-        """Done: delete the item (fenced: raises LockLostError if another worker holds it now)."""
+        """Done: delete the item (fenced: raises LockLostError if another worker holds it now, and its
+        subclass AckUncertainError if our session expired mid-ack and the item is gone)."""
         self.queue.ack(self)
 
     def release(self, *, delay: float = 0.0) -> None:
@@ -547,13 +555,22 @@ class WorkQueue:
                 item.done = True
             return
         lost: list[str] = []
+        uncertain: list[str] = []
         for item in todo:
             try:
                 self._ack_one(item, unsure=unsure)
+            except AckUncertainError:
+                uncertain.append(item.name)
             except LockLostError:
                 lost.append(item.name)
         if lost:
-            raise LockLostError(f"queue {self.name}: items taken by another worker since: {', '.join(lost)}")
+            gone = f"; gone, by this ack or another worker's: {', '.join(uncertain)}" if uncertain else ""
+            raise LockLostError(f"queue {self.name}: items taken by another worker since: {', '.join(lost)}{gone}")
+        if uncertain:
+            raise AckUncertainError(
+                f"queue {self.name}: our session expired while acking {', '.join(uncertain)}: gone, by this ack or "
+                "another worker's (not claimed; nothing is left to redo)"
+            )
 
     def _ack_one(self, item: Item, *, unsure: bool) -> None:
         """Ack one item after a batch ack failed. ``unsure``: that batch's outcome is unknown (the
@@ -569,9 +586,9 @@ class WorkQueue:
                 if state["unsure"] and self.client.client_id[0] == item._session:
                     return  # we held the lock throughout: only our own ack can have deleted it
                 if state["unsure"]:
-                    raise LockLostError(
-                        f"item {item.name} is gone, but our session expired while acking it: another worker "
-                        "may have taken and acked it, so this ack is not claimed"
+                    raise AckUncertainError(
+                        f"item {item.name} is gone, but our session expired while acking it: this ack or another "
+                        "worker's removed it, so this ack is not claimed (nothing is left to redo)"
                     ) from None
                 raise LockLostError(f"item {item.name} was acked by another worker after our lock was lost") from None
             state["unsure"] = True  # from here, a dropped connection leaves this attempt's outcome unknown
