@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import signal
 import socket
@@ -23,7 +25,7 @@ from hypothesis import strategies as st
 from harness import ZooKeeperHarness
 from zeps._records import encode_record
 from zeps.broker import BrokerConfig, BrokerServer, CurveConfig, Registration
-from zeps.client import BrokerUnavailableError, Seq, StreamClient, Time, discover
+from zeps.client import AsyncStreamClient, BrokerUnavailableError, Seq, StreamClient, Time, discover
 from zeps.coordination import Group
 from zeps.dev.process import free_port, wait_until
 from zeps.errors import ConfigError, ProtocolError
@@ -444,6 +446,65 @@ def test_curve_encrypts_and_admits_only_known_clients(broker_factory: BrokerFact
     stranger.close()
 
 
+def test_async_client_speaks_curve(broker_factory: BrokerFactory, tmp_path: Path) -> None:
+    keys, clients = tmp_path / "keys", tmp_path / "clients"
+    keys.mkdir()
+    clients.mkdir()
+    server_public, server_secret = zmq.auth.create_certificates(str(keys), "server")
+    _, client_secret = zmq.auth.create_certificates(str(clients), "client")
+    broker = broker_factory(curve=CurveConfig(Path(server_secret), clients))
+    server_key = zmq.auth.load_certificate(server_public)[0].decode()
+    public, secret = zmq.auth.load_certificate(client_secret)
+    assert secret is not None
+
+    async def scenario() -> list[bytes]:
+        async with AsyncStreamClient(broker.endpoint, "prices", server_public_key=server_key,
+                                     client_keys=(public.decode(), secret.decode())) as c:  # fmt: skip
+            await c.publish("k", b"secret")
+            await c.flush()
+            await c.start("", since="earliest")
+            message = await c.receive(5)
+        stranger = AsyncStreamClient(broker.endpoint, "prices", server_public_key=server_key, timeout=2)
+        with pytest.raises(BrokerUnavailableError):
+            await stranger.connect()  # random keys: the broker does not know them
+        await stranger.close()
+        return [message.body] if message else []
+
+    assert asyncio.run(scenario()) == [b"secret"]
+
+
+def test_async_client_attaches_again_at_once_when_the_connection_drops(tmp_path: Path) -> None:
+    """The disconnect monitor: a broker restarted on the same address is re-attached as soon as the
+    connection is back, long before a heartbeat (30 s here) or the ttl (60 s) would notice."""
+    port = free_port()
+
+    def broker() -> BrokerServer:
+        return BrokerServer(BrokerConfig(tmp_path / "b", ("prices",)), bind=f"tcp://127.0.0.1:{port}").start()
+
+    first = broker()
+
+    async def scenario() -> tuple[list[bytes], int]:
+        async with AsyncStreamClient(first.endpoint, "prices", heartbeat=30, ttl=60) as c:
+            await c.start("")
+            await asyncio.sleep(0.3)
+            first.stop()
+            second = broker()
+            try:
+                deadline = time.monotonic() + 20
+                while not c.reconnects or not c.session.attached:
+                    assert time.monotonic() < deadline, "the client did not attach again"
+                    await asyncio.sleep(0.05)
+                _publish(second.endpoint, 1)
+                message = await c.receive(10)
+            finally:
+                await c.close()
+                second.stop()
+            return [message.body] if message else [], c.reconnects
+
+    bodies, reconnects = asyncio.run(scenario())
+    assert bodies == [b"0"] and reconnects == 1
+
+
 def test_metrics_endpoint(broker_factory: BrokerFactory) -> None:
     port = free_port()
     broker = broker_factory(metrics_port=port)
@@ -457,15 +518,28 @@ def test_metrics_endpoint(broker_factory: BrokerFactory) -> None:
     assert 'zeps_broker_last_sequence{stream="prices"} 10.0' in text
 
 
-def test_async_client_has_the_same_methods_and_works(broker_factory: BrokerFactory) -> None:
-    import asyncio  # noqa: PLC0415
+def _parameters(function: Callable[..., Any]) -> list[tuple[str, Any, Any, str]]:
+    """A signature's parameters: name, kind, default and annotation (return types differ by nature)."""
+    return [(p.name, p.kind, p.default, str(p.annotation)) for p in inspect.signature(function).parameters.values()]
 
-    from zeps.client import AsyncStreamClient  # noqa: PLC0415
 
+def test_async_client_has_the_same_api_as_the_blocking_one() -> None:
+    """Same public names, same constructor, same parameters for every method (awaited, or async
+    iterators where the blocking client returns iterators)."""
     sync_api = {n for n in dir(StreamClient) if not n.startswith("_")}
     async_api = {n for n in dir(AsyncStreamClient) if not n.startswith("_")}
-    assert {"connect", "publish", "publish_many", "flush", "subscribe", "start", "receive", "close", "receive_many",
-            "receive_rows", "receive_records"} <= (sync_api & async_api)  # fmt: skip
+    assert sync_api == async_api
+    assert _parameters(StreamClient.__init__) == _parameters(AsyncStreamClient.__init__)
+    for name in sorted(sync_api):
+        blocking, awaited = getattr(StreamClient, name), getattr(AsyncStreamClient, name)
+        if callable(blocking):
+            assert _parameters(blocking) == _parameters(awaited), name
+            assert inspect.iscoroutinefunction(awaited) or inspect.isasyncgenfunction(awaited), name
+        else:
+            assert type(blocking) is type(awaited), name
+
+
+def test_async_client_works(broker_factory: BrokerFactory) -> None:
     broker = broker_factory()
 
     async def scenario() -> list[int]:

@@ -22,9 +22,18 @@ from types import TracebackType
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from zeps.client.session import ClientSession, Message, Records, Row, Since
-from zeps.client.sync import _GROUP, BrokerUnavailableError, batched, check_endpoint, configure_dealer
+from zeps.client.sync import (
+    _GROUP,
+    MONITORED,
+    BrokerUnavailableError,
+    batched,
+    check_endpoint,
+    configure_curve,
+    configure_dealer,
+)
 from zeps.errors import ProtocolError
 
 __all__ = ["AsyncStreamClient"]
@@ -42,14 +51,19 @@ class AsyncStreamClient:
         heartbeat: float = 2.0,
         ttl: float = 10.0,
         timeout: float = 10.0,
+        server_public_key: str | None = None,
+        client_keys: tuple[str, str] | None = None,
         max_unconfirmed: int = 100_000,
     ) -> None:
         self.endpoint = check_endpoint(endpoint)
         self.session = ClientSession(stream, credit_window=credit_window)
         self.heartbeat, self.ttl, self.timeout = heartbeat, ttl, timeout
+        self.server_public_key = server_public_key
+        self.client_keys = client_keys
         self.max_unconfirmed = max_unconfirmed
         self._ctx = zmq.asyncio.Context()
         self._sock: zmq.asyncio.Socket | None = None
+        self._monitor: zmq.asyncio.Socket | None = None
         self._reader: asyncio.Task[None] | None = None
         self._arrived = asyncio.Event()
         self._last_ping = 0.0
@@ -71,23 +85,48 @@ class AsyncStreamClient:
     def _open_socket(self) -> None:
         sock = self._ctx.socket(zmq.DEALER)
         configure_dealer(sock)
+        configure_curve(sock, self.server_public_key, self.client_keys)
+        self._monitor = sock.get_monitor_socket(MONITORED)
         sock.connect(self.endpoint)
         sock.send(self.session.attach())  # queued until the connection is up
         self._sock = sock
         self.session.last_heard = time.monotonic()
 
+    def _close_socket(self) -> None:
+        if self._sock is not None:
+            self._sock.disable_monitor()
+            if self._monitor is not None:
+                self._monitor.close(linger=0)
+            self._sock.close(linger=0)
+            self._sock = self._monitor = None
+
     async def _reconnect(self) -> None:
+        """Start over on a fresh socket; ATTACH-OK resumes the subscriptions and resends what is unconfirmed."""
         self.reconnects += 1
         self.session.disconnected()
-        if self._sock is not None:
-            self._sock.close(linger=0)
+        self._close_socket()
         self._open_socket()
+
+    async def _disconnected(self) -> bool:
+        """True if the monitor reported the connection lost (while attached): then reconnect at once."""
+        monitor = self._monitor
+        lost = False
+        while monitor is not None:
+            try:
+                event = parse_monitor_message(await monitor.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                break
+            lost = lost or (event["event"] == zmq.EVENT_DISCONNECTED and self.session.attached)
+        return lost
 
     async def _read_loop(self) -> None:
         while True:
             sock = self._sock
             assert sock is not None
             try:
+                if await self._disconnected():
+                    await self._reconnect()
+                    continue
                 if await sock.poll(100):
                     answers: list[bytes] = []
                     while True:
@@ -127,19 +166,20 @@ class AsyncStreamClient:
             await self._sock.send(frame)
 
     async def close(self) -> None:
-        try:
-            await self.flush()
-            frame = self.session.detach()
-            if frame and self._sock is not None:
-                await self._send([frame])
-        except (BrokerUnavailableError, zmq.ZMQError):
-            pass
+        """Confirm outstanding publishes (bounded by ``timeout``), detach, close (again: nothing)."""
+        if self._sock is not None:
+            try:
+                await self.flush()
+                frame = self.session.detach()
+                if frame:
+                    await self._send([frame])
+            except (BrokerUnavailableError, zmq.ZMQError):
+                pass
         if self._reader is not None:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, zmq.ZMQError):
                 await self._reader
-        if self._sock is not None:
-            self._sock.close(linger=0)
+        self._close_socket()
         self._ctx.term()
 
     async def __aenter__(self) -> AsyncStreamClient:

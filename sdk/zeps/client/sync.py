@@ -93,6 +93,20 @@ def configure_dealer(sock: Any) -> None:
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
 
 
+#: socket events both clients watch: a lost connection is re-attached at once, not after ``ttl``
+MONITORED = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+
+
+def configure_curve(sock: Any, server_public_key: str | None, client_keys: tuple[str, str] | None) -> None:
+    """CURVE on ``sock`` when the broker has a public key: the client's own key pair, or a fresh one."""
+    if not server_public_key:
+        return
+    public, secret = client_keys or zmq.curve_keypair()
+    sock.setsockopt(zmq.CURVE_SERVERKEY, server_public_key.encode())
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, public if isinstance(public, bytes) else public.encode())
+    sock.setsockopt(zmq.CURVE_SECRETKEY, secret if isinstance(secret, bytes) else secret.encode())
+
+
 class StreamClient:
     """One peering with a broker for one stream. Not thread-safe: one thread uses it."""
 
@@ -132,12 +146,8 @@ class StreamClient:
     def _open_socket(self) -> None:
         sock = self._ctx.socket(zmq.DEALER)
         configure_dealer(sock)
-        if self.server_public_key:
-            public, secret = self.client_keys or zmq.curve_keypair()
-            sock.setsockopt(zmq.CURVE_SERVERKEY, self.server_public_key.encode())
-            sock.setsockopt(zmq.CURVE_PUBLICKEY, public if isinstance(public, bytes) else public.encode())
-            sock.setsockopt(zmq.CURVE_SECRETKEY, secret if isinstance(secret, bytes) else secret.encode())
-        self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        configure_curve(sock, self.server_public_key, self.client_keys)
+        self._monitor = sock.get_monitor_socket(MONITORED)
         sock.connect(self.endpoint)
         self._sock = sock
         self._poller = zmq.Poller()
