@@ -643,8 +643,9 @@ def test_malformed_batches_get_invalid_and_the_peering_goes_on(
 
 
 def test_client_attaches_with_a_lower_version_when_the_broker_is_older() -> None:
-    """A broker that only speaks versions 1 and 2 is played by a ROUTER socket in this test (every
-    zeps broker speaks version 4): the client falls back to version 2 and publish_many sends plain
+    """A broker from before refusal codes that only speaks versions 1 and 2 is played by a ROUTER
+    socket in this test (every zeps broker of this tree speaks version 5), with its exact refusal: the
+    client tries 4 after the plain INVALID, falls back to version 2, and publish_many sends plain
     PUBLISH frames, one per message."""
     ctx: zmq.Context[Any] = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
@@ -658,7 +659,7 @@ def test_client_attaches_with_a_lower_version_when_the_broker_is_older() -> None
             command = decode(frame)
             seen.append(command)
             if isinstance(command, Attach) and command.version > 2:
-                refusal = Invalid(reason=f"ATTACH version {command.version} is not supported")
+                refusal = Invalid(reason=f"ATTACH version {command.version} is not supported (use one of 1, 2)")
                 router.send_multipart([peer, encode(refusal)])
             elif isinstance(command, Attach):
                 router.send_multipart([peer, encode(AttachOk())])
@@ -676,7 +677,7 @@ def test_client_attaches_with_a_lower_version_when_the_broker_is_older() -> None
         thread.join(10)
         router.close()
         ctx.term()
-    assert [c.version for c in seen if isinstance(c, Attach)] == [4, 3, 2]
+    assert [c.version for c in seen if isinstance(c, Attach)] == [5, 4, 3, 2]
     assert [c.body for c in seen if isinstance(c, Publish)] == [b"1", b"2"]
     assert not any(isinstance(c, PublishBatch) for c in seen)
 

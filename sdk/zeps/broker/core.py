@@ -28,6 +28,7 @@ Sessions, subscriptions per session and pattern sizes are bounded.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import itertools
 import logging
 import re
@@ -51,18 +52,23 @@ from zeps.protocol import (
     Detach,
     DetachOk,
     Invalid,
+    InvalidCode,
     Ping,
     PingOk,
     Publish,
     PublishBatch,
+    Refusal,
     Subscribe,
     SubscribeOk,
     SubscribeTime,
+    decode,
     encode,
     encode_deliver,
     encode_deliver_batch,
     encode_deliver_run,
 )
+from zeps.protocol.commands import CODES_SINCE, PROTOCOL
+from zeps.protocol.connection import SUPPORTED_VERSIONS
 
 __all__ = ["BrokerConfig", "BrokerCore", "Outgoing"]
 
@@ -195,7 +201,15 @@ class BrokerCore:
             command = conn.receive(frame)
         except ProtocolError as exc:
             self.invalid_frames += 1
-            self._invalid(peer, str(exc), forget=session is None)
+            code, asked = Refusal.BAD_FRAME, session.conn.version if session else 0
+            if session is None:  # an ATTACH refused by the state machine says what its sender reads
+                with contextlib.suppress(ProtocolError):
+                    attach = decode(frame)
+                    if isinstance(attach, Attach):
+                        asked = attach.version
+                        if attach.protocol == PROTOCOL and attach.version not in SUPPORTED_VERSIONS:
+                            code = Refusal.VERSION_UNSUPPORTED
+            self._invalid(peer, str(exc), code, version=asked, forget=session is None)
             return
         if session is not None:
             session.last_heard = now
@@ -225,33 +239,36 @@ class BrokerCore:
             self._send(peer, conn.send(DetachOk()))
             self._forget(session)
 
-    def _invalid(self, peer: bytes, reason: str, *, forget: bool) -> None:
+    def _invalid(self, peer: bytes, reason: str, code: Refusal, *, version: int, forget: bool) -> None:
+        """Refuse: INVALID-CODE to a peer speaking (or asking for) version 5 or more, else plain INVALID."""
         text = "".join(c if 0x20 <= ord(c) <= 0x7E else "?" for c in reason)[:255]
-        self._send(peer, encode(Invalid(reason=text)))  # not through a Connection: the peer may have none
+        refusal = InvalidCode(code=code, reason=text) if version >= CODES_SINCE else Invalid(reason=text)
+        self._send(peer, encode(refusal))  # not through a Connection: the peer may have none
         if forget:
             self.sessions.pop(peer, None)
 
     def _attach(self, peer: bytes, conn: Connection, command: Attach, now: float) -> None:
         stream = self.streams.get(command.stream)
         if stream is None:
-            self._invalid(peer, f"stream {command.stream!r} is not served by this broker", forget=True)
+            self._invalid(peer, f"stream {command.stream!r} is not served by this broker", Refusal.STREAM_UNKNOWN,
+                          version=command.version, forget=True)  # fmt: skip
             return
         if len(self.sessions) >= self.config.max_sessions:
-            self._invalid(peer, "broker is at its session limit; try again later", forget=True)
+            self._invalid(peer, "broker is at its session limit; try again later", Refusal.BUSY,
+                          version=command.version, forget=True)  # fmt: skip
             return
         self.sessions[peer] = _Session(peer, conn, stream, last_heard=now, last_ping=now)
         self._send(peer, conn.send(AttachOk()))
 
     def _subscribe(self, session: _Session, command: Subscribe | SubscribeTime) -> None:
         if len(session.subscriptions) >= self.config.max_subscriptions:
-            self._invalid(
-                session.peer, f"at most {self.config.max_subscriptions} subscriptions per peering", forget=False
-            )
+            self._invalid(session.peer, f"at most {self.config.max_subscriptions} subscriptions per peering",
+                          Refusal.LIMIT, version=session.conn.version, forget=False)  # fmt: skip
             return
         try:
             matcher = compile_pattern(command.pattern, allow_regex=self.config.matching == "prefix-and-regex")
         except PatternError as exc:
-            self._invalid(session.peer, str(exc), forget=False)
+            self._invalid(session.peer, str(exc), Refusal.PATTERN_REFUSED, version=session.conn.version, forget=False)
             return
         journal = session.stream.journal
         if isinstance(command, SubscribeTime):

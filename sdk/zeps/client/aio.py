@@ -183,7 +183,11 @@ class AsyncStreamClient:
         self._ctx.term()
 
     async def __aenter__(self) -> AsyncStreamClient:
-        return await self.connect()
+        try:
+            return await self.connect()
+        except BaseException:
+            await self.close()  # its task, sockets and context
+            raise
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

@@ -22,6 +22,7 @@ this object; they only move frames.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -43,10 +44,12 @@ from zeps.protocol import (
     Detach,
     DetachOk,
     Invalid,
+    InvalidCode,
     Ping,
     PingOk,
     Publish,
     PublishBatch,
+    Refusal,
     Subscribe,
     SubscribeOk,
     SubscribeTime,
@@ -55,8 +58,15 @@ from zeps.protocol import (
     encode,
     encode_publish_batch,
 )
+from zeps.protocol.commands import CODES_SINCE
+from zeps.protocol.connection import SUPPORTED_VERSIONS
 
 __all__ = ["ClientSession", "Message", "Records", "Row", "Seq", "Since", "Time"]
+
+# The exact refusals of brokers from before codes (their state machine's messages), for them alone:
+# ATTACH of a version they do not speak, and a frame from a peer they do not know (expired, restarted).
+_LEGACY_VERSION_REFUSAL = re.compile(r"ATTACH version \d+ is not supported \(use one of [\d, ]+\)$")
+_LEGACY_NOT_ATTACHED = re.compile(r"^[A-Z-]+ is not allowed when await attach$")
 
 
 @dataclass(frozen=True)
@@ -106,10 +116,11 @@ class ClientSession:
         self.stream = stream
         self.credit_window = credit_window
         self.confirm_every = confirm_every
-        self.version = 4
+        self.version = max(SUPPORTED_VERSIONS)
         self.conn = Connection("client")
         self.attached = False
         self.refused: str | None = None
+        self.refused_code: int | None = None  #: the Refusal code, from a broker that sends codes
         self.forgotten = False  # the broker answered as if we had never attached
         self.last_sequence: int | None = None  # the last delivery received on any subscription
         self.subscriptions: list[_Sub] = []
@@ -126,6 +137,28 @@ class ClientSession:
         self.last_heard = time.monotonic()
 
     # -- attaching ------------------------------------------------------------------------------
+    def _plain_invalid(self, reason: str) -> list[bytes]:
+        """INVALID without a code: from a broker that predates codes, or one that does not know us.
+
+        A broker that speaks version 5 answers an ATTACH of 5 with INVALID-CODE, and a peering attached
+        with 5 likewise, except when it has forgotten the peer (expired, restarted): so a plain INVALID
+        means "an older broker" while attaching, and "attach again" once attached with 5. Older
+        brokers are recognised by their exact messages (the state machine's), never by a word that a
+        stream name or pattern could contain."""
+        if not self.attached:
+            if self.version >= CODES_SINCE:
+                self.version = CODES_SINCE - 1  # a broker from before codes: attach as the newest it may know
+                return [self.attach()]
+            if self.version > 1 and _LEGACY_VERSION_REFUSAL.match(reason):
+                self.version -= 1
+                return [self.attach()]
+            self.refused = reason
+        elif self.conn.version >= CODES_SINCE or _LEGACY_NOT_ATTACHED.search(reason):
+            self.forgotten = True  # it expired our session, or restarted: attach again
+        else:
+            self.errors.append(reason)
+        return []
+
     def attach(self) -> bytes:
         self.conn = Connection("client")
         self.attached = False
@@ -312,18 +345,17 @@ class ClientSession:
                     self._unconfirmed_messages -= self._unconfirmed.popleft()[1]
                 self._barriers = deque(b - covered for b in self._barriers)
             return []
-        if isinstance(command, Invalid):
+        if isinstance(command, InvalidCode):  # version 5: decided on the code, never on the text
             if not self.attached:
-                if self.version > 1 and "version" in command.reason:
-                    self.version -= 1  # an older broker: attach again with the version below
+                if command.code == Refusal.VERSION_UNSUPPORTED and self.version > 1:
+                    self.version -= 1  # attach again with the version below
                     return [self.attach()]
-                self.refused = command.reason
-            elif "when await attach" in command.reason:
-                # the broker does not know us (it expired our session, or restarted): attach again
-                self.forgotten = True
+                self.refused, self.refused_code = command.reason, command.code
             else:
                 self.errors.append(command.reason)
             return []
+        if isinstance(command, Invalid):
+            return self._plain_invalid(command.reason)
         if isinstance(command, Detach | DetachOk | SubscribeOk):
             if isinstance(command, Detach | DetachOk):
                 self.attached = False

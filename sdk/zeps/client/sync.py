@@ -199,7 +199,11 @@ class StreamClient:
         self._ctx.term()
 
     def __enter__(self) -> StreamClient:
-        return self.connect()
+        try:
+            return self.connect()
+        except BaseException:
+            self.close()  # its sockets and context, or the context's end would wait for them forever
+            raise
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

@@ -38,6 +38,15 @@ INVALID and the client tries the next lower one): many messages per frame, for t
   opened the journal segment, and this CRC covers the bytes from the broker to the client. A version 4
   session gets DELIVER-RUN instead of DELIVER-BATCH; credit is charged at the frame's size.
 
+**Version 5 extension** (negotiated the same way): refusals a program can decide on.
+
+* ``INVALID-CODE`` (id 18, broker → client): ``code`` number-2, ``reason`` text — INVALID plus a
+  :class:`Refusal` code. The broker sends it instead of INVALID to a peering attached with version 5
+  or more, and in answer to an ATTACH asking for version 5 or more (refused or not: such a client
+  reads it). Everyone else, a version 1 peer above all, gets the plain INVALID as before. A peer the
+  broker does not know (it expired or restarted) gets plain INVALID: the broker cannot know its
+  version, so a client attached with version 5 reads a plain INVALID as "attach again".
+
 Conventions zeps adds on top of the grammar (all within its bytes):
 
 * SUBSCRIBE ``latest`` is the last sequence the client has: delivery starts after it. 0 means
@@ -52,6 +61,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import ClassVar
 
 from crc32c import crc32c
@@ -74,10 +84,12 @@ __all__ = [
     "Detach",
     "DetachOk",
     "Invalid",
+    "InvalidCode",
     "Ping",
     "PingOk",
     "Publish",
     "PublishBatch",
+    "Refusal",
     "Subscribe",
     "SubscribeOk",
     "SubscribeTime",
@@ -193,6 +205,32 @@ class Invalid(Command):
     reason: str
 
 
+CODES_SINCE = 5  #: the protocol version from which refusals carry a code (INVALID-CODE)
+
+
+class Refusal(IntEnum):
+    """INVALID-CODE's ``code``: why the broker refused (version 5). New codes may come; a client treats
+    one it does not know as a refusal of what it just asked."""
+
+    BAD_FRAME = 1  #: malformed, or not allowed in the peering's state (an attached peering lives on)
+    VERSION_UNSUPPORTED = 2  #: ATTACH asked for a version this broker does not speak: try a lower one
+    STREAM_UNKNOWN = 3  #: ATTACH named a stream this broker does not serve
+    BUSY = 4  #: the broker is at its session limit: try again later
+    PATTERN_REFUSED = 5  #: a subscription pattern is invalid, or not accepted here (matching: prefix)
+    LIMIT = 6  #: a per-peering limit is reached (subscriptions)
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidCode(Command):
+    """Version 5 extension: INVALID with a :class:`Refusal` code."""
+
+    ID = 18
+    NAME = "INVALID-CODE"
+    FIELDS = (("code", "number-2"), ("reason", "text"))
+    code: int
+    reason: str
+
+
 @dataclass(frozen=True, slots=True)
 class SubscribeTime(Command):
     """Version 2 extension: subscribe from a point in time."""
@@ -265,7 +303,7 @@ class DeliverRun(Command):
 COMMANDS: dict[int, type[Command]] = {
     c.ID: c
     for c in (Attach, AttachOk, Subscribe, SubscribeOk, Credit, Publish, Deliver, Ping, PingOk, Detach, DetachOk,
-              Invalid, SubscribeTime, DeliverTs, PublishBatch, DeliverBatch, DeliverRun)
+              Invalid, SubscribeTime, DeliverTs, PublishBatch, DeliverBatch, DeliverRun, InvalidCode)
 }  # fmt: skip
 _NUMBERS = {"number-2": (_U16, 0xFFFF), "number-4": (_U32, 0xFFFFFFFF), "number-8": (_U64, 2**64 - 1)}
 

@@ -25,6 +25,7 @@ from zeps.protocol.commands import (
     Detach,
     DetachOk,
     Invalid,
+    InvalidCode,
     Ping,
     PingOk,
     Publish,
@@ -41,13 +42,14 @@ __all__ = ["RULES", "SUPPORTED_VERSIONS", "Connection", "Role", "State"]
 Role = Literal["client", "broker"]
 State = Literal["AWAIT_ATTACH", "ATTACHING", "ATTACHED", "DETACHING", "CLOSED"]
 Direction = Literal["send", "receive"]
-SUPPORTED_VERSIONS = (1, 2, 3, 4)
+SUPPORTED_VERSIONS = (1, 2, 3, 4, 5)
 
 # What the client may do; the broker's view mirrors it (its "receive" is the client's "send").
 _CLIENT: dict[tuple[State, Direction, type[Command]], State] = {
     ("AWAIT_ATTACH", "send", Attach): "ATTACHING",
     ("ATTACHING", "receive", AttachOk): "ATTACHED",
     ("ATTACHING", "receive", Invalid): "CLOSED",
+    ("ATTACHING", "receive", InvalidCode): "CLOSED",
     ("ATTACHED", "send", Subscribe): "ATTACHED",
     ("ATTACHED", "send", SubscribeTime): "ATTACHED",
     ("ATTACHED", "receive", SubscribeOk): "ATTACHED",
@@ -63,6 +65,7 @@ _CLIENT: dict[tuple[State, Direction, type[Command]], State] = {
     ("ATTACHED", "receive", Ping): "ATTACHED",  # heartbeats go both ways
     ("ATTACHED", "send", PingOk): "ATTACHED",
     ("ATTACHED", "receive", Invalid): "ATTACHED",  # e.g. a refused subscription; the peering lives on
+    ("ATTACHED", "receive", InvalidCode): "ATTACHED",
     ("ATTACHED", "send", Detach): "DETACHING",
     ("ATTACHED", "receive", Detach): "CLOSED",  # close-stream = C:DETACH / S:DETACH
     ("DETACHING", "receive", DetachOk): "CLOSED",
@@ -73,6 +76,7 @@ _CLIENT: dict[tuple[State, Direction, type[Command]], State] = {
     ("DETACHING", "receive", Ping): "DETACHING",
     ("DETACHING", "receive", PingOk): "DETACHING",
     ("DETACHING", "receive", Invalid): "DETACHING",
+    ("DETACHING", "receive", InvalidCode): "DETACHING",
 }
 _FLIP: dict[Direction, Direction] = {"send": "receive", "receive": "send"}
 _BROKER = {(state, _FLIP[d], cmd): nxt for (state, d, cmd), nxt in _CLIENT.items()}
@@ -83,13 +87,15 @@ _BROKER[("AWAIT_ATTACH", "receive", Attach)] = "ATTACHING"
 _BROKER[("ATTACHING", "send", AttachOk)] = "ATTACHED"
 _BROKER[("ATTACHING", "send", Invalid)] = "CLOSED"
 _BROKER[("ATTACHED", "send", Invalid)] = "ATTACHED"
+_BROKER[("ATTACHING", "send", InvalidCode)] = "CLOSED"
+_BROKER[("ATTACHED", "send", InvalidCode)] = "ATTACHED"
 #: (role, state, direction, command class) -> next state; anything absent is a protocol error
 RULES: dict[tuple[Role, State, Direction, type[Command]], State] = {
     **{("client", s, d, c): n for (s, d, c), n in _CLIENT.items()},
     **{("broker", s, d, c): n for (s, d, c), n in _BROKER.items()},
 }
 _SINCE_VERSION: dict[type[Command], int] = {
-    SubscribeTime: 2, DeliverTs: 2, PublishBatch: 3, DeliverBatch: 3, DeliverRun: 4,
+    SubscribeTime: 2, DeliverTs: 2, PublishBatch: 3, DeliverBatch: 3, DeliverRun: 4, InvalidCode: 5,
 }  # fmt: skip
 
 
