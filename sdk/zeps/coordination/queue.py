@@ -190,7 +190,6 @@ class WorkQueue:
         self._workers: list[str] = []  # live workers, sorted (kept by a children watch)
         self._acks: list[Item] = []  # done items to acknowledge with the next lock transaction
         self._ensured = False
-        self._lock = threading.Lock()
         self.requests = 0
         self.notifications = 0
 
@@ -420,9 +419,11 @@ class WorkQueue:
         while ready:
             acks = self._acks
             ops = self._ack_ops(acks)
-            for name, data, stat, _ in ready:
+            owners: list[int | None] = [None] * len(ops)  # per op: the candidate it locks (None: an ack)
+            for k, (name, data, stat, _) in enumerate(ready):
                 ops.append(("create", f"{self.paths.taken}/{name}", self.owner_id.encode(), {"ephemeral": True}))
                 ops.append(("set", f"{self.paths.items}/{name}", data, stat.version))
+                owners += [k, k]
             self.requests += 1
             try:
                 outcome = commit(self.client, ops)
@@ -435,12 +436,11 @@ class WorkQueue:
                 self._acks = []
                 self._contended = False
                 return [self._item(name, stat.version + 1, env) for name, _, stat, env in ready]
-            ack_ops = 3 * len(acks)
-            if any(i < ack_ops for i in bad):
+            if any(owners[i] is None for i in bad):
                 self._acks = []
                 self.ack_all(acks)  # settle them alone: raises LockLostError if one is lost
                 continue
-            failed = {(i - ack_ops) // 2 for i in bad}
+            failed = {owners[i] for i in bad}
             self._contended = True
             ready = [entry for i, entry in enumerate(ready) if i not in failed]  # lost those races
         return []
@@ -525,7 +525,7 @@ class WorkQueue:
             self.requests += 1
             path: str = self.client.create(f"{self.paths.waiters}/{marker}", ephemeral=True, sequence=True)
             return path.rsplit("/", 1)[1]
-        except Exception:
+        except (ConnectionLoss, SessionExpiredError):
             # protected create: after a lost connection, find our own node rather than make another
             for name in self._call(self.client.get_children, self.paths.waiters):
                 if name.startswith(marker):
