@@ -3,6 +3,9 @@
 Servers bind 127.0.0.1 only and are stopped at teardown, on failure and on Ctrl-C (and by the
 kernel if pytest itself is killed; see ``zeps.dev.process``). The binaries come from the zeps cache
 that ``make setup`` fills (``ZEPS_ZOOKEEPER_HOME``, ``ZEPS_TESTBIN``).
+
+The kubernetes client and PySpark (the extras) are imported by the fixtures that need them, never
+when this file loads: unit tests need neither (tests/unit/test_config.py checks it).
 """
 
 from __future__ import annotations
@@ -17,8 +20,6 @@ from typing import Any
 
 import pytest
 from kazoo.security import make_digest_acl_credential
-from kubernetes import config
-from pyspark.sql import SparkSession
 
 from harness import OPERATOR_AUTH, ZooKeeperHarness
 from zeps.coordination import close_shared
@@ -70,6 +71,8 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
 @pytest.fixture(scope="session")
 def kube_api(control_plane: ControlPlane) -> Iterator[Any]:
     """A ``kubernetes.client.ApiClient`` authenticated as cluster-admin on the control plane."""
+    from kubernetes import config  # noqa: PLC0415 — an extra: only the tests that need it import it
+
     client = config.new_client_from_config(config_file=str(control_plane.kubeconfig))
     try:
         yield client
@@ -80,6 +83,8 @@ def kube_api(control_plane: ControlPlane) -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A local[2] SparkSession bound to 127.0.0.1, UI off; stopped at the end of the session."""
+    from pyspark.sql import SparkSession  # noqa: PLC0415 — an extra: only the tests that need it import it
+
     warehouse: Path = tmp_path_factory.mktemp("spark-warehouse")
     os.environ["PYSPARK_PYTHON"] = sys.executable  # Python workers run this interpreter (and its zeps)
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"

@@ -70,3 +70,15 @@ def test_handles_pickle_as_their_settings() -> None:
 def test_import_zeps_does_not_import_kubernetes() -> None:
     code = "import sys, zeps; assert 'kubernetes' not in sys.modules, 'kubernetes imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_the_tests_fixtures_load_without_the_extras() -> None:
+    """tests/conftest.py imports kubernetes and PySpark only in the fixtures that use them: the unit
+    tests run on an install without the extras."""
+    tests = Path(__file__).resolve().parents[1]
+    code = (
+        f"import sys; sys.path[:0] = [{str(tests)!r}]; import conftest; "
+        "loaded = {'kubernetes', 'pyspark'} & {m.split('.')[0] for m in sys.modules}; "
+        "assert not loaded, f'conftest imported {loaded}'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
