@@ -36,7 +36,8 @@ from zeps.coordination.admin import (
 from zeps.coordination.batches import BatchQueue
 from zeps.options import TopicOptions
 from zeps.paths import QueuePaths, StreamPaths, TopicPaths
-from zeps_operator.models import GROUP, VERSION, QueueSpec, StreamSpec, TopicSpec
+from zeps.resources import GROUP, PLURALS, VERSION
+from zeps_operator.models import QueueSpec, StreamSpec, TopicSpec
 from zeps_operator.plan import (
     NAMESPACE_AUTH_SECRET,
     Settings,
@@ -198,14 +199,14 @@ def _zookeeper_resource(
 
 
 # -- Topic ---------------------------------------------------------------------------------------
-@kopf.on.create(GROUP, VERSION, "topics")
-@kopf.on.update(GROUP, VERSION, "topics")
-@kopf.on.resume(GROUP, VERSION, "topics")
+@kopf.on.create(GROUP, VERSION, PLURALS["Topic"])
+@kopf.on.update(GROUP, VERSION, PLURALS["Topic"])
+@kopf.on.resume(GROUP, VERSION, PLURALS["Topic"])
 def topic_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
     _zookeeper_resource("Topic", body, spec, patch, _topic_facts, timer=False)
 
 
-@kopf.timer(GROUP, VERSION, "topics", interval=RESYNC, idle=RESYNC / 6)
+@kopf.timer(GROUP, VERSION, PLURALS["Topic"], interval=RESYNC, idle=RESYNC / 6)
 def topic_timer(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
     if _zookeeper_resource("Topic", body, spec, patch, _topic_facts, timer=True):
         _run_cleaner(body, spec)
@@ -223,7 +224,7 @@ def _run_cleaner(body: kopf.Body, spec: kopf.Spec) -> None:
     owner = k8s.V1OwnerReference(api_version=f"{GROUP}/{VERSION}", kind="Topic", name=meta["name"], uid=meta["uid"])
     holder = _hold_lease(meta["namespace"], f"{meta['name']}-cleaner", owner=owner)
     k8s.CustomObjectsApi(state.api).patch_namespaced_custom_object_status(
-        GROUP, VERSION, meta["namespace"], "topics", meta["name"], {"status": {"cleanerHolder": holder}}
+        GROUP, VERSION, meta["namespace"], PLURALS["Topic"], meta["name"], {"status": {"cleanerHolder": holder}}
     )
     if holder == state.settings.identity:
         fields = TopicSpec.model_validate(dict(spec)).model_dump(exclude={"deletion_policy"})
@@ -286,14 +287,14 @@ def _hold_lease(namespace: str, name: str, *, owner: k8s.V1OwnerReference, durat
 
 
 # -- Queue ---------------------------------------------------------------------------------------
-@kopf.on.create(GROUP, VERSION, "queues")
-@kopf.on.update(GROUP, VERSION, "queues")
-@kopf.on.resume(GROUP, VERSION, "queues")
+@kopf.on.create(GROUP, VERSION, PLURALS["Queue"])
+@kopf.on.update(GROUP, VERSION, PLURALS["Queue"])
+@kopf.on.resume(GROUP, VERSION, PLURALS["Queue"])
 def queue_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
     _zookeeper_resource("Queue", body, spec, patch, _queue_facts, timer=False)
 
 
-@kopf.timer(GROUP, VERSION, "queues", interval=RESYNC, idle=RESYNC / 6)
+@kopf.timer(GROUP, VERSION, PLURALS["Queue"], interval=RESYNC, idle=RESYNC / 6)
 def queue_timer(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
     _zookeeper_resource("Queue", body, spec, patch, _queue_facts, timer=True)
 
@@ -310,10 +311,10 @@ def _queue_facts(body: kopf.Body, patch: kopf.Patch) -> None:
 
 
 # -- ZepsStream ----------------------------------------------------------------------------------
-@kopf.on.create(GROUP, VERSION, "zepsstreams")
-@kopf.on.update(GROUP, VERSION, "zepsstreams")
-@kopf.on.resume(GROUP, VERSION, "zepsstreams")
-@kopf.timer(GROUP, VERSION, "zepsstreams", interval=RESYNC / 3, idle=RESYNC / 15)
+@kopf.on.create(GROUP, VERSION, PLURALS["ZepsStream"])
+@kopf.on.update(GROUP, VERSION, PLURALS["ZepsStream"])
+@kopf.on.resume(GROUP, VERSION, PLURALS["ZepsStream"])
+@kopf.timer(GROUP, VERSION, PLURALS["ZepsStream"], interval=RESYNC / 3, idle=RESYNC / 15)
 def stream_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
     if _reconcile("ZepsStream", body, spec, patch, quiet=True) != "ok":
         return
@@ -386,9 +387,9 @@ def _apply(obj: dict[str, Any]) -> None:
 
 
 # -- deletion ------------------------------------------------------------------------------------
-@kopf.on.delete(GROUP, VERSION, "topics")
-@kopf.on.delete(GROUP, VERSION, "queues")
-@kopf.on.delete(GROUP, VERSION, "zepsstreams")
+@kopf.on.delete(GROUP, VERSION, PLURALS["Topic"])
+@kopf.on.delete(GROUP, VERSION, PLURALS["Queue"])
+@kopf.on.delete(GROUP, VERSION, PLURALS["ZepsStream"])
 def deleted(body: kopf.Body, spec: kopf.Spec, retry: int, **_: Any) -> None:
     """deletionPolicy Delete removes the ZooKeeper subtree; Retain keeps it. With ZooKeeper
     unreachable: bounded retries, an event, then the finalizer is released (never a deadlock)."""
@@ -406,7 +407,7 @@ def deleted(body: kopf.Body, spec: kopf.Spec, retry: int, **_: Any) -> None:
         )
         # Release it ourselves as well: kopf drops its finalizer only once every handler and timer of
         # the object has settled, which was seen to wait for ZooKeeper's return (idempotent if kopf did)
-        plural = {"Topic": "topics", "Queue": "queues", "ZepsStream": "zepsstreams"}[kind]
+        plural = PLURALS[kind]
         remaining = [f for f in meta.get("finalizers", []) if f != FINALIZER]
         k8s.CustomObjectsApi(state.api).patch_namespaced_custom_object(
             GROUP, VERSION, meta["namespace"], plural, meta["name"], {"metadata": {"finalizers": remaining}}

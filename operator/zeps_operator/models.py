@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.alias_generators import to_camel
 
 from zeps.options import BatchOptions, QueueOptions, TopicOptions
+from zeps.resources import GROUP, PLURALS, VERSION
 
 __all__ = [
     "GROUP",
@@ -26,8 +27,6 @@ __all__ = [
     "TopicSpec",
 ]
 
-GROUP = "zeps.dev"
-VERSION = "v1alpha1"
 IMMUTABLE: dict[str, Any] = {"x-zeps-immutable": True}
 
 
@@ -151,7 +150,7 @@ class ResourceKind(BaseModel):
 KINDS = [
     ResourceKind(
         kind="Topic",
-        plural="topics",
+        plural=PLURALS["Topic"],
         short_names=["zt"],
         spec=TopicSpec,
         status={
@@ -164,7 +163,7 @@ KINDS = [
     ),
     ResourceKind(
         kind="Queue",
-        plural="queues",
+        plural=PLURALS["Queue"],
         short_names=["zq"],
         spec=QueueSpec,
         status={
@@ -179,7 +178,7 @@ KINDS = [
     ),
     ResourceKind(
         kind="ZepsStream",
-        plural="zepsstreams",
+        plural=PLURALS["ZepsStream"],
         short_names=["zs"],
         spec=StreamSpec,
         status={

@@ -33,6 +33,7 @@ from zeps.coordination import close_shared
 from zeps.dev.kind import KindStack, client_pod_spec, kind_stack_from_env
 from zeps.dev.stack import REPOSITORY, LocalStack
 from zeps.errors import ZepsError
+from zeps.resources import PLURALS
 
 __all__ = ["Summary", "main", "run"]
 
@@ -188,7 +189,7 @@ def _spark(
 
 def _statuses(kubectl: Callable[..., str]) -> dict[str, str]:
     out = {}
-    for kind in ("topics", "queues", "zepsstreams"):
+    for kind in PLURALS.values():
         for item in json.loads(kubectl("get", kind, "-n", NAMESPACE, "-o", "json"))["items"]:
             conditions = item.get("status", {}).get("conditions", [])
             ready = next((c["status"] for c in conditions if c["type"] == "Ready"), "?")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from zeps.errors import ConfigError
@@ -50,3 +53,19 @@ def test_options_defaults_and_errors_name_the_field() -> None:
         TopicOptions.make(max_transaction_bytes=2_000_000)
     with pytest.raises(ConfigError, match="colour: Extra inputs are not permitted"):
         TopicOptions.make(colour="blue")
+
+
+def test_the_api_coordinates_are_written_once() -> None:
+    """The CRDs' group, version and plurals live in zeps.resources; no other module of the SDK or the
+    operator spells them (a second spelling is how a rename half-happens)."""
+    root = Path(__file__).resolve().parents[2]
+    spelled = re.compile(r"""["'](zeps\.dev|v1alpha1|topics|queues|zepsstreams)["']""")
+    found = [
+        f"{path.relative_to(root)}:{n}: {line.strip()}"
+        for tree in ("sdk/zeps", "operator/zeps_operator")
+        for path in sorted((root / tree).rglob("*.py"))
+        if path.name != "resources.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if spelled.search(line)
+    ]
+    assert not found, "\n".join(found)

@@ -24,11 +24,10 @@ from pydantic import BaseModel, ConfigDict
 
 from zeps.errors import ConfigError
 from zeps.paths import DEFAULT_CHROOT, validate_name
+from zeps.resources import PLURALS, Kind
 
 __all__ = ["Resolved", "default_namespace", "require_queue_mode", "resolve"]
 
-Kind = Literal["Topic", "Queue", "ZepsStream"]
-_PLURAL = {"Topic": "topics", "Queue": "queues", "ZepsStream": "zepsstreams"}
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -111,14 +110,14 @@ def resolve(
     if not all(found[k] for k in needed):
         from zeps.config.resolver import read_resource  # noqa: PLC0415 — Kubernetes only when needed
 
-        resource = read_resource(_PLURAL[kind], kind, name, ns)
+        resource = read_resource(PLURALS[kind], kind, name, ns)
         status, spec = resource.get("status") or {}, resource.get("spec") or {}
         found["spec"] = spec
         found["zookeeper"] = found["zookeeper"] or status.get("zookeeper", "")
         found["endpoint"] = found["endpoint"] or status.get("endpoint", "")
         found["public_key"] = found["public_key"] or status.get("curvePublicKey", "")
         path = status.get("path", "")
-        suffix = f"/{ns}/{_PLURAL[kind] if kind != 'ZepsStream' else 'streams'}/{name}"
+        suffix = f"/{ns}/{PLURALS[kind] if kind != 'ZepsStream' else 'streams'}/{name}"
         if not found["chroot"] and path.endswith(suffix):
             found["chroot"] = path[: -len(suffix)]
     found["chroot"] = found["chroot"] or DEFAULT_CHROOT

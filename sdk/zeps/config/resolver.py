@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from zeps.errors import ConfigError
+from zeps.resources import GROUP, PLURALS, VERSION
 
 __all__ = ["list_resources", "read_resource"]
 
@@ -43,7 +44,7 @@ def read_resource(plural: str, kind: str, name: str, namespace: str) -> dict[str
 
     api = _api(f"{kind} {namespace}/{name}")
     try:
-        found = api.get_namespaced_custom_object("zeps.dev", "v1alpha1", namespace, plural, name)
+        found = api.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
     except ApiException as exc:
         if exc.status == 404:
             raise ConfigError(
@@ -73,12 +74,12 @@ def list_resources(namespace: str | None) -> list[dict[str, Any]]:
 
     api = _api("zeps status")
     out: list[dict[str, Any]] = []
-    for plural in ("topics", "queues", "zepsstreams"):
+    for plural in PLURALS.values():
         try:
             if namespace:
-                found = api.list_namespaced_custom_object("zeps.dev", "v1alpha1", namespace, plural)
+                found = api.list_namespaced_custom_object(GROUP, VERSION, namespace, plural)
             else:
-                found = api.list_cluster_custom_object("zeps.dev", "v1alpha1", plural)
+                found = api.list_cluster_custom_object(GROUP, VERSION, plural)
         except ApiException as exc:
             if exc.status == 404:
                 raise ConfigError("the zeps CRDs are not installed: kubectl apply -f crds/ (or helm install)") from None

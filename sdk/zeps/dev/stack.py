@@ -30,6 +30,7 @@ from zeps.dev.operator import OperatorProcess
 from zeps.dev.process import LocalServer, ManagedProcess, free_port, wait_until
 from zeps.dev.zookeeper import ZooKeeperServer
 from zeps.errors import SetupError
+from zeps.resources import GROUP, PLURALS
 
 __all__ = ["REPOSITORY", "LocalStack"]
 
@@ -93,8 +94,8 @@ class LocalStack(LocalServer):
         )  # fmt: skip
         if result.returncode != 0:
             raise SetupError(f"helm install of {CHART} failed: {result.stderr.strip()}")
-        for name in ("topics", "queues", "zepsstreams"):
-            self.plane.kubectl("wait", "--for=condition=Established", f"crd/{name}.zeps.dev", "--timeout=60s")
+        for name in PLURALS.values():
+            self.plane.kubectl("wait", "--for=condition=Established", f"crd/{name}.{GROUP}", "--timeout=60s")
 
     def _default_service_account(self) -> bool:
         out = self.plane.kubectl("get", "serviceaccount", "default", "-n", self.namespace, check=False)
