@@ -326,7 +326,7 @@ def stream_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any
         group.set_manifest([member])
     if dict(spec).get("curve"):
         _ensure_curve_secret(body, namespace, name)
-    for obj in stream_objects(namespace, name, dict(spec), state.settings):
+    for obj in stream_objects(namespace, name, StreamSpec.model_validate(dict(spec)), state.settings):
         kopf.adopt(obj, owner=body)
         _apply(obj)
     deployment = k8s.AppsV1Api(state.api).read_namespaced_deployment(f"{name}-broker", namespace)

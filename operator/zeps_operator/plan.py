@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from zeps.paths import DEFAULT_CHROOT, QueuePaths, StreamPaths, TopicPaths
+from zeps_operator.models import StreamSpec
 
 __all__ = [
     "BROKER_DATA",
@@ -79,26 +80,17 @@ NAMESPACE_AUTH_SECRET = "zeps-zookeeper-auth"
 
 
 def zookeeper_layout(kind: str, namespace: str, name: str, chroot: str) -> tuple[str, list[str]]:
-    """(root, children) a resource needs in ZooKeeper."""
+    """(root, children relative to it) a resource needs in ZooKeeper, as :mod:`zeps.paths` lays them out."""
+    paths: TopicPaths | QueuePaths | StreamPaths
     if kind == "Topic":
-        topic = TopicPaths.of(namespace, name, chroot=chroot)
-        return topic.root, ["clients", "subscribers", "messages", "parked"]
-    if kind == "Queue":
-        queue = QueuePaths.of(namespace, name, chroot=chroot)
-        return queue.root, [
-            "items",
-            "taken",
-            "waiters",
-            "workers",
-            "dead",
-            "batches/data",
-            "batches/refs",
-            "batches/lock",
-            "processors",
-        ]
-    if kind == "ZepsStream":
-        return StreamPaths.of(namespace, name, chroot=chroot).root, ["brokers"]
-    raise ValueError(f"unknown kind {kind!r}")
+        paths = TopicPaths.of(namespace, name, chroot=chroot)
+    elif kind == "Queue":
+        paths = QueuePaths.of(namespace, name, chroot=chroot)
+    elif kind == "ZepsStream":
+        paths = StreamPaths.of(namespace, name, chroot=chroot)
+    else:
+        raise ValueError(f"unknown kind {kind!r}")
+    return paths.root, [node.removeprefix(f"{paths.root}/") for node in paths.layout()]
 
 
 def condition(
@@ -138,53 +130,54 @@ def _labels(name: str) -> dict[str, str]:
     }
 
 
-def stream_objects(namespace: str, name: str, spec: dict[str, Any], settings: Settings) -> list[dict[str, Any]]:
-    """ConfigMap, PersistentVolumeClaim, Deployment and Service of a ZepsStream's broker."""
+def stream_objects(namespace: str, name: str, spec: StreamSpec, settings: Settings) -> list[dict[str, Any]]:
+    """ConfigMap, PersistentVolumeClaim, Deployment and Service of a ZepsStream's broker. ``spec`` is
+    the typed spec (defaults come from the model, never from here)."""
     labels = _labels(name)
-    port = int(spec.get("port", 5555))
+    port = spec.port
     service = f"{name}-broker"
-    retention = spec.get("retention") or {}
+    retention = spec.retention
     env = {
         "ZEPS_BROKER_STREAMS": name,
         "ZEPS_BROKER_DATA_DIR": BROKER_DATA,
         "ZEPS_BROKER_BIND": f"tcp://0.0.0.0:{port}",
         "ZEPS_BROKER_ADVERTISE": f"tcp://{service}.{namespace}.svc:{port}",
-        "ZEPS_BROKER_FSYNC": spec.get("fsync", "group"),
-        "ZEPS_BROKER_MATCHING": spec.get("matching", "prefix-and-regex"),
+        "ZEPS_BROKER_FSYNC": spec.fsync,
+        "ZEPS_BROKER_MATCHING": spec.matching,
         "ZEPS_BROKER_ZOOKEEPER": settings.zookeeper,
         "ZEPS_BROKER_NAMESPACE": namespace,
         "ZEPS_BROKER_CHROOT": settings.chroot,
         "ZEPS_BROKER_MEMBER": stream_member(name),
         "ZEPS_BROKER_METRICS_PORT": str(METRICS_PORT),
     }
-    if retention.get("ageSeconds"):
-        env["ZEPS_BROKER_RETENTION_MS"] = str(int(retention["ageSeconds"]) * 1000)
-    if retention.get("bytes"):
-        env["ZEPS_BROKER_RETENTION_BYTES"] = str(int(retention["bytes"]))
-    if spec.get("curve"):
+    if retention.age_seconds:
+        env["ZEPS_BROKER_RETENTION_MS"] = str(retention.age_seconds * 1000)
+    if retention.bytes:
+        env["ZEPS_BROKER_RETENTION_BYTES"] = str(retention.bytes)
+    if spec.curve:
         env["ZEPS_BROKER_CURVE_SECRET_KEY"] = "/etc/zeps/curve/broker.key_secret"
-    storage = spec.get("storage") or {}
+    storage = spec.storage
     pvc: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
         "metadata": {"name": f"{name}-journal", "namespace": namespace, "labels": labels},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": storage.get("size", "10Gi")}}},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": storage.size}}},
     }
-    if storage.get("storageClassName"):
-        pvc["spec"]["storageClassName"] = storage["storageClassName"]
+    if storage.storage_class_name:
+        pvc["spec"]["storageClassName"] = storage.storage_class_name
     volumes: list[dict[str, Any]] = [
         {"name": "journal", "persistentVolumeClaim": {"claimName": f"{name}-journal"}},
         {"name": "tmp", "emptyDir": {}},
     ]
     mounts: list[dict[str, Any]] = [{"name": "journal", "mountPath": BROKER_DATA}, {"name": "tmp", "mountPath": "/tmp"}]
-    if spec.get("curve"):
+    if spec.curve:
         volumes.append({"name": "curve", "secret": {"secretName": f"{name}-curve"}})
         mounts.append({"name": "curve", "mountPath": "/etc/zeps/curve", "readOnly": True})
     probe = {"tcpSocket": {"port": "zeps"}, "periodSeconds": 10}
-    resources = spec.get("resources") or {}
+    resources = spec.resources
     container = {
         "name": "broker",
-        "image": spec.get("image") or settings.broker_image,
+        "image": spec.image or settings.broker_image,
         "imagePullPolicy": settings.broker_image_pull_policy,
         "command": ["zeps-broker"],
         "envFrom": [{"configMapRef": {"name": f"{name}-broker"}}],
@@ -193,7 +186,7 @@ def stream_objects(namespace: str, name: str, spec: dict[str, Any], settings: Se
         "volumeMounts": mounts,
         "readinessProbe": {**probe, "initialDelaySeconds": 2},
         "livenessProbe": {**probe, "initialDelaySeconds": 10, "failureThreshold": 6},
-        "resources": {"requests": resources.get("requests", {}), "limits": resources.get("limits", {})},
+        "resources": {"requests": dict(resources.requests), "limits": dict(resources.limits)},
         "securityContext": {
             "runAsNonRoot": True,
             "readOnlyRootFilesystem": True,
@@ -238,7 +231,7 @@ def stream_objects(namespace: str, name: str, spec: dict[str, Any], settings: Se
             "kind": "Service",
             "metadata": {"name": service, "namespace": namespace, "labels": labels},
             "spec": {
-                "type": spec.get("serviceType", "ClusterIP"),
+                "type": spec.service_type,
                 "selector": labels,
                 "ports": [{"name": "zeps", "port": port, "targetPort": "zeps"}],
             },

@@ -125,8 +125,20 @@ class TopicPaths:
         return f"{self.messages}/{validate_member_id(consumer_id)}"
 
     @property
+    def parked(self) -> str:
+        """Messages a subscriber gave up on (``on_give_up="keep"``), one subtree per consumer."""
+        return f"{self.root}/parked"
+
+    def parked_for(self, consumer_id: str) -> str:
+        return f"{self.parked}/{validate_member_id(consumer_id)}"
+
+    @property
     def cleaner(self) -> str:
         return f"{self.root}/cleaner"
+
+    def layout(self) -> list[str]:
+        """The persistent nodes a Topic needs (the operator creates them; the SDK ensures them too)."""
+        return [self.clients.members, self.subscribers.members, self.messages, self.parked]
 
 
 @dataclass(frozen=True)
@@ -199,6 +211,11 @@ class QueuePaths:
     def processor(self, consumer: str) -> str:
         return f"{self.processors}/{validate_member_id(consumer)}"
 
+    def layout(self) -> list[str]:
+        """The persistent nodes a Queue needs, in either mode."""
+        return [self.items, self.taken, self.waiters, self.workers.members, self.dead, self.batch_data,
+                self.batch_refs, self.batch_lock, self.processors]  # fmt: skip
+
 
 @dataclass(frozen=True)
 class StreamPaths:
@@ -217,3 +234,7 @@ class StreamPaths:
     @property
     def brokers(self) -> GroupPaths:
         return GroupPaths(f"{self.root}/brokers", f"{self.root}/manifest")
+
+    def layout(self) -> list[str]:
+        """The persistent nodes a ZepsStream needs (the manifest is written by the operator)."""
+        return [self.brokers.members]

@@ -23,7 +23,7 @@ from zeps.broker.main import parse_args, settings
 from zeps.config import Resolved
 from zeps.errors import ConfigError
 from zeps.options import BatchOptions, QueueOptions, TopicOptions
-from zeps_operator.models import KINDS
+from zeps_operator.models import KINDS, StreamSpec
 from zeps_operator.plan import Settings, retains_data, stream_objects
 
 Check = Callable[[Any, pytest.MonkeyPatch, Path], None]
@@ -101,7 +101,7 @@ def _queue_mode(_value: Any, mp: pytest.MonkeyPatch, _tmp: Path) -> None:
 def _broker(spec: dict[str, Any], mp: pytest.MonkeyPatch, tmp: Path) -> tuple[Any, ...]:
     """The objects the operator creates for ``spec``, and the broker's settings parsed from the
     ConfigMap it writes (as the broker pod reads it: environment variables)."""
-    objects = stream_objects("ns", "prices", spec, Settings(zookeeper="zk:2181"))
+    objects = stream_objects("ns", "prices", StreamSpec.model_validate(spec), Settings(zookeeper="zk:2181"))
     by_kind = {o["kind"]: o for o in objects}
     for key, value in by_kind["ConfigMap"]["data"].items():
         mp.setenv(key, value)

@@ -498,7 +498,7 @@ class Subscription:
         self.callback = callback
         self.consumer_id = validate_member_id(consumer_id)
         self.queue_path = topic.paths.queue(consumer_id)
-        self.parked_path = f"{topic.paths.root}/parked/{consumer_id}"
+        self.parked_path = topic.paths.parked_for(consumer_id)
         self._metadata = {
             "host": socket.gethostname(),
             "pid": os.getpid(),

@@ -1,0 +1,80 @@
+"""The operator's pure planning (zeps_operator.plan): what should exist for a resource, no I/O."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from zeps.paths import QueuePaths, TopicPaths
+from zeps_operator.models import StreamSpec
+from zeps_operator.plan import Settings, condition, stream_objects, zookeeper_layout
+
+
+def _objects(spec: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    made = stream_objects("shop", "prices", StreamSpec.model_validate(spec or {}), Settings(zookeeper="zk:2181"))
+    return {o["kind"]: o for o in made}
+
+
+def test_a_stream_gets_a_broker_with_one_writer_per_journal() -> None:
+    objects = _objects()
+    assert set(objects) == {"ConfigMap", "PersistentVolumeClaim", "Deployment", "Service"}
+    deployment = objects["Deployment"]["spec"]
+    assert deployment["replicas"] == 1 and deployment["strategy"] == {"type": "Recreate"}  # never two brokers
+    assert deployment["selector"]["matchLabels"] == deployment["template"]["metadata"]["labels"]
+    assert objects["Service"]["spec"]["selector"] == deployment["selector"]["matchLabels"]
+    pod = deployment["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] and pod["securityContext"]["runAsNonRoot"]
+    assert {"name": "journal", "persistentVolumeClaim": {"claimName": "prices-journal"}} in pod["volumes"]
+    env = objects["ConfigMap"]["data"]
+    assert env["ZEPS_BROKER_ADVERTISE"] == "tcp://prices-broker.shop.svc:5555"
+    assert env["ZEPS_BROKER_MEMBER"] == "prices-0" and env["ZEPS_BROKER_ZOOKEEPER"] == "zk:2181"
+
+
+def test_defaults_come_from_the_model() -> None:
+    """An empty spec gets the model's defaults, not a second copy of them in the planner."""
+    defaults = StreamSpec()
+    objects = _objects()
+    container = objects["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert objects["PersistentVolumeClaim"]["spec"]["resources"]["requests"]["storage"] == defaults.storage.size
+    assert container["resources"] == {"requests": defaults.resources.requests, "limits": defaults.resources.limits}
+    assert objects["ConfigMap"]["data"]["ZEPS_BROKER_FSYNC"] == defaults.fsync
+    assert objects["Service"]["spec"]["type"] == defaults.service_type
+    assert "ZEPS_BROKER_RETENTION_MS" not in objects["ConfigMap"]["data"]
+
+
+def test_ready_condition_keeps_its_transition_time_until_the_status_changes() -> None:
+    other = {"type": "Degraded", "status": "False"}
+    first = condition([other], ready=False, reason="Waiting", message="", generation=1)
+    assert first[0] == other
+    since = first[-1]["lastTransitionTime"] = "2020-01-01T00:00:00Z"
+    same = condition(first, ready=False, reason="StillWaiting", message="m", generation=2)
+    assert same[-1]["lastTransitionTime"] == since and same[-1]["observedGeneration"] == 2
+    flipped = condition(same, ready=True, reason="Reconciled", message="", generation=2)
+    assert flipped[-1]["status"] == "True" and flipped[-1]["lastTransitionTime"] != since
+    assert [c["type"] for c in flipped] == ["Degraded", "Ready"]
+
+
+def test_zookeeper_layout_is_the_one_of_zeps_paths() -> None:
+    root, children = zookeeper_layout("Topic", "shop", "cache", "/zeps")
+    topic = TopicPaths.of("shop", "cache")
+    assert root == topic.root and f"{root}/parked" == topic.parked and "parked" in children
+    root, children = zookeeper_layout("Queue", "shop", "jobs", "/zeps")
+    queue = QueuePaths.of("shop", "jobs")
+    assert [f"{root}/{c}" for c in children] == queue.layout()
+    assert queue.items in queue.layout() and queue.batch_data in queue.layout()
+    with pytest.raises(ValueError, match="unknown kind"):
+        zookeeper_layout("Bucket", "shop", "x", "/zeps")
+
+
+def test_the_operator_refuses_to_start_without_its_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ZEPS_ZOOKEEPER", raising=False)
+    with pytest.raises(SystemExit, match="ZEPS_ZOOKEEPER is not set"):
+        Settings.from_env()
+    monkeypatch.setenv("ZEPS_ZOOKEEPER", "zk:2181")
+    monkeypatch.setenv("ZEPS_ZOOKEEPER_AUTH", "no-colon")
+    with pytest.raises(SystemExit, match="user:password"):
+        Settings.from_env()
+    monkeypatch.setenv("ZEPS_ZOOKEEPER_AUTH", "admin:secret")
+    assert Settings.from_env().zookeeper_auth == ("admin", "secret")
