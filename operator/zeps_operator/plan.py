@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from zeps.paths import DEFAULT_CHROOT, QueuePaths, StreamPaths, TopicPaths
+from zeps.paths import DEFAULT_CHROOT, paths_of
 from zeps_operator.models import StreamSpec
 
 __all__ = [
@@ -81,15 +81,7 @@ NAMESPACE_AUTH_SECRET = "zeps-zookeeper-auth"
 
 def zookeeper_layout(kind: str, namespace: str, name: str, chroot: str) -> tuple[str, list[str]]:
     """(root, children relative to it) a resource needs in ZooKeeper, as :mod:`zeps.paths` lays them out."""
-    paths: TopicPaths | QueuePaths | StreamPaths
-    if kind == "Topic":
-        paths = TopicPaths.of(namespace, name, chroot=chroot)
-    elif kind == "Queue":
-        paths = QueuePaths.of(namespace, name, chroot=chroot)
-    elif kind == "ZepsStream":
-        paths = StreamPaths.of(namespace, name, chroot=chroot)
-    else:
-        raise ValueError(f"unknown kind {kind!r}")
+    paths = paths_of(kind, namespace, name, chroot=chroot)
     return paths.root, [node.removeprefix(f"{paths.root}/") for node in paths.layout()]
 
 

@@ -83,6 +83,15 @@ def _chroot(value: str) -> str:
     return value
 
 
+SEQUENCE_DIGITS = 10  #: the counter ZooKeeper appends to a sequential node's name
+
+
+def sequence_of(name: str) -> int:
+    """The counter ZooKeeper appended to a sequential node's ``name`` (0 for a name without one)."""
+    tail = name[-SEQUENCE_DIGITS:]
+    return int(tail) if tail.isdigit() else 0
+
+
 @dataclass(frozen=True)
 class GroupPaths:
     """Paths of one group: a parent of ephemeral members and, optionally, a manifest."""
@@ -124,6 +133,19 @@ class TopicPaths:
     def queue(self, consumer_id: str) -> str:
         return f"{self.messages}/{validate_member_id(consumer_id)}"
 
+    @staticmethod
+    def message_name(count: int, first_id: str) -> str:
+        """A message node's name (in a subscriber's queue) before ZooKeeper appends its sequence:
+        ``m-<count:04>-<first message id>-``; the node packs ``count`` messages."""
+        return f"m-{count:04d}-{first_id}-"
+
+    @staticmethod
+    def message_count(node: str) -> int:
+        """Messages a message node holds, read from its name; a foreign name counts as one."""
+        if node.startswith("m-") and node[6:7] == "-" and node[2:6].isdigit():
+            return int(node[2:6])
+        return 1
+
     @property
     def parked(self) -> str:
         """Messages a subscriber gave up on (``on_give_up="keep"``), one subtree per consumer."""
@@ -160,6 +182,19 @@ class QueuePaths:
     @property
     def items(self) -> str:
         return f"{self.root}/items"
+
+    def item_prefix(self, priority: int, item_id: str) -> str:
+        """A new item node's path before ZooKeeper appends its sequence: ``items/i-<prio:03>-<id>-``."""
+        return f"{self.items}/i-{priority:03d}-{item_id}-"
+
+    @staticmethod
+    def item_order(name: str) -> tuple[int, int]:
+        """An item (or dead letter) node's sort key from its name: (priority, sequence); a name not
+        made by :meth:`item_prefix` sorts last."""
+        try:
+            return int(name[2:5]), sequence_of(name)
+        except ValueError:
+            return 999, sequence_of(name)
 
     @property
     def taken(self) -> str:
@@ -238,3 +273,23 @@ class StreamPaths:
     def layout(self) -> list[str]:
         """The persistent nodes a ZepsStream needs (the manifest is written by the operator)."""
         return [self.brokers.members]
+
+
+def paths_of(
+    kind: str, namespace: str, name: str, *, chroot: str = DEFAULT_CHROOT
+) -> TopicPaths | QueuePaths | StreamPaths:
+    """The paths of a resource of ``kind`` (Topic, Queue or ZepsStream)."""
+    classes: dict[str, type[TopicPaths] | type[QueuePaths] | type[StreamPaths]] = {
+        "Topic": TopicPaths, "Queue": QueuePaths, "ZepsStream": StreamPaths,
+    }  # fmt: skip
+    if kind not in classes:
+        raise ValueError(f"unknown kind {kind!r}")
+    return classes[kind].of(namespace, name, chroot=chroot)
+
+
+def chroot_of(kind: str, namespace: str, name: str, root: str) -> str | None:
+    """The chroot under which ``root`` is the resource's root path (the inverse of :func:`paths_of`),
+    or None when ``root`` is not that resource's."""
+    suffix = paths_of(kind, namespace, name, chroot="/c").root.removeprefix("/c")
+    chroot = root.removesuffix(suffix)
+    return chroot if chroot != root and chroot.startswith("/") else None

@@ -9,7 +9,7 @@ import pytest
 
 from zeps.errors import ConfigError
 from zeps.options import TopicOptions
-from zeps.paths import TopicPaths
+from zeps.paths import QueuePaths, TopicPaths, chroot_of, paths_of, sequence_of
 
 
 def test_topic_layout() -> None:
@@ -69,3 +69,24 @@ def test_the_api_coordinates_are_written_once() -> None:
         if spelled.search(line)
     ]
     assert not found, "\n".join(found)
+
+
+def test_node_names_are_made_and_read_in_one_place() -> None:
+    """zeps.paths makes every node name the recipes create and reads them back (a sequence that
+    ZooKeeper appends is 10 digits)."""
+    queue = QueuePaths.of("shop", "jobs")
+    item = queue.item_prefix(7, "w1.3").rsplit("/", 1)[1] + "0000000042"
+    assert item == "i-007-w1.3-0000000042" and queue.item_order(item) == (7, 42)
+    assert queue.item_order("foreign") == (999, 0)  # a node zeps did not make sorts last
+    message = TopicPaths.message_name(12, "m1") + "0000000005"
+    assert TopicPaths.message_count(message) == 12 and sequence_of(message) == 5
+    assert TopicPaths.message_count("plain-0000000001") == 1  # a node of the zkms format holds one
+    assert TopicPaths.of("shop", "cache").parked_for("c1") == "/zeps/shop/topics/cache/parked/c1"
+
+
+@pytest.mark.parametrize("kind", ["Topic", "Queue", "ZepsStream"])
+def test_the_chroot_is_recovered_from_a_resource_path(kind: str) -> None:
+    root = paths_of(kind, "shop", "orders", chroot="/prod/zeps").root
+    assert chroot_of(kind, "shop", "orders", root) == "/prod/zeps"
+    assert chroot_of(kind, "shop", "other", root) is None
+    assert chroot_of(kind, "shop", "orders", "") is None

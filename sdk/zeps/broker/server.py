@@ -107,7 +107,7 @@ class BrokerServer:
         self._lag = Gauge("zeps_broker_subscriber_lag", "Records a subscription is behind", ["peer", "sub"],
                           registry=self.registry)  # fmt: skip
         self._exported: dict[tuple[int, str], int] = {}  # counter values already exported
-        self._memberships: list[Any] = []
+        self._memberships: dict[str, Any] = {}  # stream name -> this broker's membership in its group
         self._last_facts = 0.0
         self.refused: str | None = None  #: why the broker stopped serving (not in the manifest…)
 
@@ -182,7 +182,7 @@ class BrokerServer:
                     f"({', '.join(sorted(manifest)) or 'empty'}): refusing to serve"
                 )
                 raise ConfigError(self.refused)
-            self._memberships.append(group.join(reg.member, metadata))
+            self._memberships[name] = group.join(reg.member, metadata)
 
             def on_status(status: Any, name: str = name) -> None:
                 if status.manifest is not None and reg.member not in status.manifest:
@@ -294,8 +294,8 @@ class BrokerServer:
         now = time.monotonic()
         if self._memberships and now - self._last_facts >= 1:  # live facts: operator status, Spark offsets
             self._last_facts = now
-            for membership in self._memberships:
-                served = self.core.streams.get(membership.group.paths.members.rsplit("/", 2)[-2])
+            for name, membership in self._memberships.items():
+                served = self.core.streams.get(name)
                 if served is not None:
                     count, furthest = self.core.subscriptions(served.name)
                     facts = {"lastSequence": served.journal.durable, "journalBytes": served.journal.size_bytes,

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from zeps.errors import ConfigError
-from zeps.paths import DEFAULT_CHROOT, validate_name
+from zeps.paths import DEFAULT_CHROOT, chroot_of, validate_name
 from zeps.resources import PLURALS, Kind
 
 __all__ = ["Resolved", "default_namespace", "require_queue_mode", "resolve"]
@@ -116,10 +116,8 @@ def resolve(
         found["zookeeper"] = found["zookeeper"] or status.get("zookeeper", "")
         found["endpoint"] = found["endpoint"] or status.get("endpoint", "")
         found["public_key"] = found["public_key"] or status.get("curvePublicKey", "")
-        path = status.get("path", "")
-        suffix = f"/{ns}/{PLURALS[kind] if kind != 'ZepsStream' else 'streams'}/{name}"
-        if not found["chroot"] and path.endswith(suffix):
-            found["chroot"] = path[: -len(suffix)]
+        if not found["chroot"]:
+            found["chroot"] = chroot_of(kind, ns, name, status.get("path", "")) or ""
     found["chroot"] = found["chroot"] or DEFAULT_CHROOT
     if not all(found[k] for k in needed):
         what = " and ".join({"endpoint": "broker endpoint", "zookeeper": "ZooKeeper connect string"}[k]

@@ -64,7 +64,7 @@ from zeps.coordination.group import Group, Membership
 from zeps.envelope import Envelope, EnvelopeError, decode, encode
 from zeps.errors import ConfigError, CoordinationError
 from zeps.options import QueueOptions
-from zeps.paths import DEFAULT_CHROOT, QueuePaths, validate_member_id
+from zeps.paths import DEFAULT_CHROOT, QueuePaths, sequence_of, validate_member_id
 
 __all__ = ["AckUncertainError", "DeadLetter", "Item", "LockLostError", "QueueStats", "WorkQueue"]
 
@@ -86,14 +86,6 @@ class AckUncertainError(LockLostError):
     """Our session expired while the ack was in flight, and the item is gone: either this ack removed
     it or a worker that took it after our lock vanished acked it; ZooKeeper keeps nothing that tells
     which. Nothing is left to redo, but this ack is not claimed (processing is at-least-once)."""
-
-
-def _order(name: str) -> tuple[int, int]:
-    """Sort key of an item node: (priority, sequence)."""
-    try:
-        return int(name[2:5]), int(name[-10:])
-    except ValueError:
-        return 999, int(name[-10:]) if name[-10:].isdigit() else 0
 
 
 @dataclass
@@ -253,7 +245,7 @@ class WorkQueue:
                 content_type=content_type,
                 headers=dict(headers or {}),
             )
-            creates.append((item_id, f"{self.paths.items}/i-{prio:03d}-{item_id}-", encode(env)))
+            creates.append((item_id, self.paths.item_prefix(prio, item_id), encode(env)))
         self._create_protected(creates)
         return [item_id for item_id, _, _ in creates]
 
@@ -341,17 +333,17 @@ class WorkQueue:
         """
         items = self._call(self.client.get_children, self.paths.items)
         taken = set(self._call(self.client.get_children, self.paths.taken))
-        available = sorted((i for i in items if i not in taken), key=_order)
+        available = sorted((i for i in items if i not in taken), key=QueuePaths.item_order)
         workers = self._workers
         if len(workers) > 1 and self.owner_id in workers:
             slot, width = workers.index(self.owner_id), len(workers)
-            mine = [i for i in available if _order(i)[1] % width == slot]
+            mine = [i for i in available if QueuePaths.item_order(i)[1] % width == slot]
             if mine:
                 self._candidates = mine
                 return
         if (self._contended or len(workers) > 1) and available:
-            head = _order(available[0])[0]
-            window = sum(1 for i in available[:_SCAN_WINDOW] if _order(i)[0] == head)
+            head = QueuePaths.item_order(available[0])[0]
+            window = sum(1 for i in available[:_SCAN_WINDOW] if QueuePaths.item_order(i)[0] == head)
             start = random.randrange(window)
             available = available[start:window] + available[:start] + available[window:]
         self._candidates = available
@@ -471,7 +463,7 @@ class WorkQueue:
         return mine
 
     def _item(self, name: str, version: int, env: Envelope) -> Item:
-        prio, _ = _order(name)
+        prio, _ = QueuePaths.item_order(name)
         carried = int(env.headers.get(_ATTEMPTS, "0"))
         return Item(
             queue=self, name=name, body=env.body, id=env.id, priority=prio, attempt=carried + version,
@@ -489,7 +481,7 @@ class WorkQueue:
         candidates are set), or at the deadline; False when its waiter node is gone.
         """
         while deadline is None or time.monotonic() < deadline:
-            line = sorted(self._call(self.client.get_children, self.paths.waiters), key=lambda w: w[-10:])
+            line = sorted(self._call(self.client.get_children, self.paths.waiters), key=sequence_of)
             if me not in line:
                 return False
             position = line.index(me)
@@ -501,7 +493,9 @@ class WorkQueue:
                 taken = set(self._call(self.client.get_children, self.paths.taken, watch=wake))
                 now = time.time()
                 self._delayed = {k: v for k, v in self._delayed.items() if v > now and k in items}
-                available = sorted((i for i in items if i not in taken and i not in self._delayed), key=_order)
+                available = sorted(
+                    (i for i in items if i not in taken and i not in self._delayed), key=QueuePaths.item_order
+                )
                 if available:
                     self._candidates = available
                     return True
@@ -626,7 +620,7 @@ class WorkQueue:
             headers = {**item._envelope.headers, _ATTEMPTS: str(item.attempt),
                        _NOT_BEFORE: str(int((time.time() + delay) * 1000))}  # fmt: skip
             env = dataclasses.replace(item._envelope, headers=headers)
-            new = f"{self.paths.items}/i-{item.priority:03d}-{item.id}~{item.attempt}-"
+            new = self.paths.item_prefix(item.priority, f"{item.id}~{item.attempt}")
             ops += [("create", new, encode(env), {"sequence": True}), ("delete", item_path)]
         ops.append(("delete", lock_path))
         for _ in range(10):  # bounded: each round either applies, or finds out why not
@@ -683,7 +677,7 @@ class WorkQueue:
         """The dead-lettered items, oldest first."""
         self.ensure()
         out = []
-        for name in sorted(self._call(self.client.get_children, self.paths.dead), key=_order):
+        for name in sorted(self._call(self.client.get_children, self.paths.dead), key=QueuePaths.item_order):
             try:
                 data, _ = self._call(self.client.get, f"{self.paths.dead}/{name}")
             except NoNodeError:
@@ -712,12 +706,12 @@ class WorkQueue:
             try:
                 env = decode(data)
                 env = dataclasses.replace(env, headers={k: v for k, v in env.headers.items() if k not in _RESERVED})
-                prio, item_id = _order(name)[0], env.id or uuid.uuid4().hex
+                prio, item_id = QueuePaths.item_order(name)[0], env.id or uuid.uuid4().hex
             except EnvelopeError:
                 env, prio, item_id = Envelope(body=data), self.options.default_priority, uuid.uuid4().hex
             ops: list[Op] = [
                 ("delete", f"{self.paths.dead}/{name}", stat.version),
-                ("create", f"{self.paths.items}/i-{prio:03d}-{item_id}~r-", encode(env), {"sequence": True}),
+                ("create", self.paths.item_prefix(prio, f"{item_id}~r"), encode(env), {"sequence": True}),
             ]
             self.requests += 1
             with contextlib.suppress(ConnectionLoss, SessionExpiredError):
@@ -741,7 +735,7 @@ class WorkQueue:
         if depth:
             names = self._call(self.client.get_children, self.paths.items)
             if names:
-                first = min(names, key=lambda n: int(n[-10:]))
+                first = min(names, key=sequence_of)
                 with contextlib.suppress(NoNodeError):
                     _, stat = self._call(self.client.get, f"{self.paths.items}/{first}")
                     oldest = max(0.0, time.time() - stat.ctime / 1000)

@@ -69,7 +69,7 @@ from zeps.coordination.group import Group, Member, Membership
 from zeps.envelope import Envelope, EnvelopeError, decode_node, encode, encode_pack
 from zeps.errors import CoordinationError
 from zeps.options import TopicOptions
-from zeps.paths import DEFAULT_CHROOT, TopicPaths, validate_member_id
+from zeps.paths import DEFAULT_CHROOT, TopicPaths, sequence_of, validate_member_id
 
 __all__ = [
     "Message",
@@ -82,7 +82,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_SEQ_WIDTH = 10  # ZooKeeper's sequence suffix
 _ACK_EVERY = 64  # a subscriber acks (deletes) at least every this many messages…
 _ACK_INTERVAL = 0.05  # …or this many seconds: the most a crash can redeliver
 
@@ -110,17 +109,6 @@ class Message:
     headers: dict[str, str] = field(default_factory=dict)
     attempt: int = 1
     index: int = 0  #: position inside its node (a packed publish batch)
-
-
-def _sequence(node: str) -> int:
-    return int(node[-_SEQ_WIDTH:])
-
-
-def _node_count(node: str) -> int:
-    """Messages held by a node, from its name (``m-0042-…``); a foreign name counts as one."""
-    if node.startswith("m-") and node[6:7] == "-" and node[2:6].isdigit():
-        return int(node[2:6])
-    return 1
 
 
 class Topic:
@@ -264,7 +252,7 @@ class Topic:
         size = 0
 
         def close() -> None:
-            nodes.append((f"m-{len(group):04d}-{group[0][0]}-", encode_pack([data for _, data in group])))
+            nodes.append((TopicPaths.message_name(len(group), group[0][0]), encode_pack([data for _, data in group])))
 
         for msg_id, data in encoded:
             if group and (len(group) >= per_node or size + len(data) > byte_limit):
@@ -311,7 +299,7 @@ class Topic:
                     children = bounded_retry()(self.client.get_children, self.paths.queue(consumer))
                 except NoNodeError:
                     continue
-                depth = sum(_node_count(c) for c in children)
+                depth = sum(TopicPaths.message_count(c) for c in children)
                 if depth + incoming > limit:
                     full[consumer] = (depth, children)
             if not full:
@@ -320,11 +308,11 @@ class Topic:
                 drops: dict[str, list[str]] = {}
                 for consumer, (depth, children) in full.items():
                     excess, dropped = depth + incoming - limit, []
-                    for child in sorted(children, key=_sequence):
+                    for child in sorted(children, key=sequence_of):
                         if excess <= 0:
                             break
                         dropped.append(child)
-                        excess -= _node_count(child)
+                        excess -= TopicPaths.message_count(child)
                     drops[consumer] = dropped
                     log.warning("topic %s: queue of %s is full; dropping its %d oldest nodes",
                                 self.name, consumer, len(dropped))  # fmt: skip
@@ -564,7 +552,7 @@ class Subscription:
             if not children:
                 self._wake.wait(5.0)  # the watch wakes us; the timeout is the safety net
                 continue
-            batch = sorted(children, key=_sequence)[: self.topic.options.batch_size]
+            batch = sorted(children, key=sequence_of)[: self.topic.options.batch_size]
             try:
                 self._process(batch, retry)
             except KazooException as exc:
@@ -636,7 +624,7 @@ class Subscription:
         key = (node, index)
         attempt = self._attempts.get(key, 0) + 1
         message = Message(
-            topic=self.topic.name, consumer=self.consumer_id, sequence=_sequence(node), body=env.body, id=env.id,
+            topic=self.topic.name, consumer=self.consumer_id, sequence=sequence_of(node), body=env.body, id=env.id,
             publisher=env.publisher, timestamp_ms=env.timestamp_ms, content_type=env.content_type,
             headers=env.headers, attempt=attempt, index=index,
         )  # fmt: skip
