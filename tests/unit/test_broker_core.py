@@ -1,0 +1,83 @@
+"""The broker's socket-free core (``BrokerCore``) with a fake clock: heartbeats, TTL, credit and the
+facts it reports, each decided by the ``now`` passed in, never by sleeping. The journal is real
+(a temporary directory); no socket is opened."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from zeps.broker.core import BrokerConfig, BrokerCore
+from zeps.journal import JournalConfig
+from zeps.protocol import LATEST, Attach, AttachOk, Credit, Deliver, Invalid, Ping, Publish, Subscribe, decode, encode
+
+HEARTBEAT, TTL = 5.0, 30.0
+
+
+@pytest.fixture
+def core(tmp_path: Path) -> Iterator[BrokerCore]:
+    broker = BrokerCore(BrokerConfig(tmp_path, ("prices",), journal=JournalConfig(fsync="never"),
+                                     heartbeat_s=HEARTBEAT, ttl_s=TTL)).open()  # fmt: skip
+    yield broker
+    broker.close()
+
+
+def _send(core: BrokerCore, peer: bytes, *commands: Any, now: float, to: bytes | None = None) -> list[Any]:
+    """Commands from ``peer`` at time ``now``; returns what the broker then sends to ``to`` (by
+    default the same peer), decoded."""
+    for command in commands:
+        core.receive(peer, encode(command), now=now)
+    core.flush_appends()
+    return [decode(out.frame) for out in core.pump(now=now) if out.peer == (to or peer)]
+
+
+def _attach(core: BrokerCore, peer: bytes, *, now: float = 0.0) -> None:
+    assert _send(core, peer, Attach(stream="prices", version=1), now=now) == [AttachOk()]
+
+
+def test_a_silent_peer_is_pinged_once_per_heartbeat(core: BrokerCore) -> None:
+    _attach(core, b"a")
+    core.tick(now=HEARTBEAT - 0.1)
+    assert core.pump(now=HEARTBEAT) == []  # not silent long enough
+    core.tick(now=HEARTBEAT + 0.1)
+    assert [decode(o.frame) for o in core.pump(now=HEARTBEAT + 0.1)] == [Ping()]
+    core.tick(now=HEARTBEAT + 1)
+    assert core.pump(now=HEARTBEAT + 1) == []  # one PING per heartbeat, not one per tick
+    core.tick(now=2 * HEARTBEAT + 0.3)
+    assert [decode(o.frame) for o in core.pump(now=2 * HEARTBEAT + 0.3)] == [Ping()]
+
+
+def test_a_peer_silent_past_the_ttl_is_forgotten_and_told_so(core: BrokerCore) -> None:
+    _attach(core, b"a")
+    _send(core, b"a", Subscribe(pattern="", latest=LATEST), now=1.0)
+    core.tick(now=TTL)  # heard at 1.0: within the TTL, past the heartbeat
+    assert b"a" in core.sessions and [decode(o.frame) for o in core.pump(now=TTL)] == [Ping()]
+    core.tick(now=TTL + 1.1)
+    assert not core.sessions and core.subscriptions("prices") == (0, [])
+    [answer] = _send(core, b"a", Ping(), now=TTL + 2)  # it speaks again: plain INVALID, attach again
+    assert isinstance(answer, Invalid) and answer.reason.endswith("when await attach")
+
+
+def test_hearing_from_a_peer_keeps_it(core: BrokerCore) -> None:
+    _attach(core, b"a")
+    for now in (10.0, 20.0, 30.0, 40.0):  # a frame every 10 s: never silent for the 30 s TTL
+        _send(core, b"a", Ping(), now=now)
+        core.tick(now=now + 1)
+    assert b"a" in core.sessions
+
+
+def test_credit_bounds_what_is_delivered_and_facts_show_the_lag(core: BrokerCore) -> None:
+    _attach(core, b"pub")
+    _attach(core, b"sub")
+    frame_size = len(encode(Deliver(sequence=1, key="k", body=b"x" * 10)))
+    assert _send(core, b"sub", Subscribe(pattern="", latest=LATEST), Credit(credit=3 * frame_size), now=1.0)
+    got = _send(core, b"pub", *[Publish(key="k", body=b"x" * 10) for _ in range(10)], now=2.0, to=b"sub")
+    assert [d.sequence for d in got] == [1, 2, 3]  # credit for three deliveries, no more
+    count, [facts] = core.subscriptions("prices")
+    assert count == 1 and facts["lag"] == 7 and facts["live"] is False
+    more = _send(core, b"sub", Credit(credit=100 * frame_size), now=3.0)
+    assert [d.sequence for d in more] == list(range(4, 11))
+    assert core.lag() == {(b"sub".hex(), facts["id"]): 0}
