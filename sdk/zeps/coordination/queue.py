@@ -28,8 +28,8 @@ How it works:
   rarely race for the same item; one that loses a race moves on to its next candidate instead of
   listing again. Idle workers wait in line:
   each creates an ephemeral-sequential waiter node; only the first watches the queue, every other
-  one watches its predecessor (the ZooKeeper lock recipe's trick). A change to the queue wakes one
-  worker, not all of them.
+  one watches its predecessor (the ZooKeeper lock recipe's trick, :class:`~zeps.coordination.line.WaitingLine`).
+  A change to the queue wakes one worker, not all of them.
 * **Prefetch**: :meth:`WorkQueue.take_many` locks up to N items in one transaction, and
   :meth:`WorkQueue.ack_all` acknowledges many in one.
 
@@ -47,13 +47,12 @@ import logging
 import os
 import random
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, ConnectionLoss, NoNodeError, SessionExpiredError
@@ -61,6 +60,7 @@ from kazoo.protocol.states import ZnodeStat
 
 from zeps.coordination._util import Op, bounded_retry, commit, failures
 from zeps.coordination.group import Group, Membership
+from zeps.coordination.line import WaitingLine
 from zeps.envelope import Envelope, EnvelopeError, decode, encode
 from zeps.errors import ConfigError, CoordinationError
 from zeps.options import QueueOptions
@@ -177,13 +177,12 @@ class WorkQueue:
         self._candidates: list[str] = []
         self._delayed: dict[str, float] = {}  # item -> unix time its delayed release ends
         self._contended = False  # lost a race on the last lock attempt
-        self._changed = threading.Event()  # set by watch notifications while waiting in line
         self._membership: Membership | None = None
         self._workers: list[str] = []  # live workers, sorted (kept by a children watch)
         self._acks: list[Item] = []  # done items to acknowledge with the next lock transaction
         self._ensured = False
         self.requests = 0
-        self.notifications = 0
+        self._line = WaitingLine(client, self.paths.waiters, call=self._call, once=self._once)
 
     # -- setup ----------------------------------------------------------------------------------
     def ensure(self) -> None:
@@ -203,6 +202,15 @@ class WorkQueue:
     def _call(self, func: Any, *args: Any, **kwargs: Any) -> Any:
         self.requests += 1
         return bounded_retry()(func, *args, **kwargs)
+
+    def _once(self, func: Any, *args: Any, **kwargs: Any) -> Any:
+        self.requests += 1
+        return func(*args, **kwargs)
+
+    @property
+    def notifications(self) -> int:
+        """Watch notifications received while waiting in line."""
+        return self._line.notifications
 
     # -- putting --------------------------------------------------------------------------------
     def put(
@@ -315,13 +323,12 @@ class WorkQueue:
                     return []
                 # Keep our place in line until we hold an item: leaving earlier would wake the
                 # next waiter while the item is still free, and it would wake the next… (a herd).
-                waiter = waiter or self._create_waiter(f"w-{self.owner_id}-")
-                if not self._wait_in_line(waiter, deadline):
+                waiter = waiter or self._line.join(f"w-{self.owner_id}-")
+                if not self._line.wait(waiter, deadline, self._look):
                     waiter = None  # our waiter vanished with an expired session: queue up again
         finally:
             if waiter is not None:
-                with contextlib.suppress(NoNodeError):
-                    self._call(self.client.delete, f"{self.paths.waiters}/{waiter}")
+                self._line.leave(waiter)
 
     def _refresh(self) -> None:
         """List available items (not taken) as this worker's candidates.
@@ -473,59 +480,22 @@ class WorkQueue:
         )  # fmt: skip
 
     # -- waiting without a herd -----------------------------------------------------------------
-    def _wait_in_line(self, me: str, deadline: float | None) -> bool:
-        """Wait in the line of idle workers until items may be available (or the deadline).
-
-        Only the head of the line watches the queue (items and locks); every other waiter watches
-        its predecessor. Returns True when this worker is the head and sees an available item (its
-        candidates are set), or at the deadline; False when its waiter node is gone.
-        """
-        while deadline is None or time.monotonic() < deadline:
-            line = sorted(self._call(self.client.get_children, self.paths.waiters), key=sequence_of)
-            if me not in line:
-                return False
-            position = line.index(me)
-            self._changed.clear()
-            wake = self._on_watch  # one bound method: kazoo keeps it once per path, whatever the rounds
-            until = deadline
-            if position == 0:
-                items = self._call(self.client.get_children, self.paths.items, watch=wake)
-                taken = set(self._call(self.client.get_children, self.paths.taken, watch=wake))
-                now = time.time()
-                self._delayed = {k: v for k, v in self._delayed.items() if v > now and k in items}
-                available = sorted(
-                    (i for i in items if i not in taken and i not in self._delayed), key=QueuePaths.item_order
-                )
-                if available:
-                    self._candidates = available
-                    return True
-                if self._delayed:  # wake when the first delayed item becomes due
-                    until = now_deadline(deadline, min(self._delayed.values()) - now)
-            elif self._call(self.client.exists, f"{self.paths.waiters}/{line[position - 1]}", watch=wake) is None:
-                continue  # predecessor already gone: look again
-            remaining = None if until is None else max(0.0, until - time.monotonic())
-            # the timeout is a safety net (lost watches); watches wake us
-            self._changed.wait(5.0 if remaining is None else min(remaining, 5.0))
-            if until is not None and until != deadline and time.monotonic() >= until:
-                return True  # a delayed item is due: go and try
-        return True
-
-    def _on_watch(self, _event: Any) -> None:
-        self.notifications += 1
-        self._changed.set()
-
-    def _create_waiter(self, marker: str) -> str:
-        try:
-            self.requests += 1
-            path: str = self.client.create(f"{self.paths.waiters}/{marker}", ephemeral=True, sequence=True)
-            return path.rsplit("/", 1)[1]
-        except (ConnectionLoss, SessionExpiredError):
-            # protected create: after a lost connection, find our own node rather than make another
-            for name in self._call(self.client.get_children, self.paths.waiters):
-                if name.startswith(marker):
-                    return str(name)
-            path = self._call(self.client.create, f"{self.paths.waiters}/{marker}", ephemeral=True, sequence=True)
-            return path.rsplit("/", 1)[1]
+    def _look(self, watch: Any) -> Literal[True] | float | None:
+        """At the head of the line of idle workers (:class:`WaitingLine`): watch the items and their
+        locks; True when an item can be taken (the candidates are set), else the monotonic time the
+        first delayed item falls due, or None."""
+        items = self._call(self.client.get_children, self.paths.items, watch=watch)
+        taken = set(self._call(self.client.get_children, self.paths.taken, watch=watch))
+        now = time.time()
+        self._delayed = {k: v for k, v in self._delayed.items() if v > now and k in items}
+        free = (i for i in items if i not in taken and i not in self._delayed)
+        available = sorted(free, key=QueuePaths.item_order)
+        if available:
+            self._candidates = available
+            return True
+        if self._delayed:
+            return time.monotonic() + max(0.05, min(self._delayed.values()) - now)
+        return None
 
     # -- finishing ------------------------------------------------------------------------------
     def ack(self, item: Item) -> None:
@@ -742,9 +712,3 @@ class WorkQueue:
         return QueueStats(
             depth=depth, in_flight=in_flight, dead_lettered=dead, waiting_workers=waiting, oldest_age_s=oldest
         )
-
-
-def now_deadline(deadline: float | None, seconds: float) -> float:
-    """The earlier of ``deadline`` and ``seconds`` from now (monotonic clock)."""
-    soon = time.monotonic() + max(0.05, seconds)
-    return soon if deadline is None else min(deadline, soon)
