@@ -13,6 +13,7 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
+from harness import until
 from zeps.dev import ControlPlane
 from zeps.dev.controlplane import FAKE_NODE, binaries_dir
 
@@ -43,15 +44,6 @@ spec:
 """
 
 
-def _wait(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.25)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
-
-
 def test_crd_applied_with_kubectl_is_served_and_validated(
     control_plane: ControlPlane, kube_api: Any, namespace: str
 ) -> None:
@@ -60,11 +52,7 @@ def test_crd_applied_with_kubectl_is_served_and_validated(
     custom = client.CustomObjectsApi(kube_api)
     body = {"apiVersion": "smoke.zeps.dev/v1", "kind": "Widget", "metadata": {"name": "w1"}}
     # the CRD may need a moment after Established before its endpoint serves
-    _wait(
-        lambda: "widgets" in control_plane.kubectl("api-resources", "--api-group=smoke.zeps.dev"),
-        30,
-        "widgets",
-    )
+    until(lambda: "widgets" in control_plane.kubectl("api-resources", "--api-group=smoke.zeps.dev"), "widgets", 30)
     custom.create_namespaced_custom_object("smoke.zeps.dev", "v1", namespace, "widgets", {**body, "spec": {"size": 3}})
     got = custom.get_namespaced_custom_object("smoke.zeps.dev", "v1", namespace, "widgets", "w1")
     assert got["spec"] == {"size": 3}
@@ -126,13 +114,13 @@ def test_deployment_gets_a_running_pod_on_the_kwok_node(kube_api: Any, namespace
         pods = core.list_namespaced_pod(namespace, label_selector="app=smoke").items
         return any(p.status.phase == "Running" and p.spec.node_name == FAKE_NODE for p in pods)
 
-    _wait(running, 90, "the Deployment's pod to be scheduled on the kwok node and Running")
-    _wait(
+    until(running, "the Deployment's pod to be scheduled on the kwok node and Running", 90)
+    until(
         lambda: (
             (apps.read_namespaced_deployment(name="smoke", namespace=namespace).status.available_replicas or 0) == 1
         ),
-        60,
         "the Deployment to report 1 available replica",
+        60,
     )
 
 
@@ -150,9 +138,9 @@ def test_kwok_renews_the_fake_nodes_lease(kube_api: Any) -> None:
                 return None
             raise
 
-    _wait(lambda: renew_time() is not None, 30, f"kwok to create the Lease of {FAKE_NODE}")
+    until(lambda: renew_time() is not None, f"kwok to create the Lease of {FAKE_NODE}", 30)
     first = renew_time()
-    _wait(lambda: renew_time() != first, 40, f"kwok to renew the Lease of {FAKE_NODE}")
+    until(lambda: renew_time() != first, f"kwok to renew the Lease of {FAKE_NODE}", 40)
 
 
 def test_rbac_is_enforced_for_service_accounts(kube_api: Any, namespace: str) -> None:

@@ -9,15 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import WorkerProcess, ZooKeeperHarness
+from harness import WorkerProcess, ZooKeeperHarness, until
 from zeps.coordination import Group, GroupStatus, Member
-from zeps.dev.process import wait_until
 from zeps.errors import CoordinationError
 from zeps.paths import GroupPaths
-
-
-def _until(check: Callable[[], bool], what: str, timeout: float = 15) -> None:
-    wait_until(check, timeout=timeout, interval=0.05, what=what)
 
 
 def _group(zookeeper: ZooKeeperHarness, **kwargs: object) -> Group:
@@ -53,11 +48,11 @@ def test_watch_reports_joined_changed_and_left(zookeeper: ZooKeeperHarness) -> N
     watch = watcher.watch(on_joined=record("joined"), on_left=record("left"), on_changed=record("changed"))
     other = _group(zookeeper)
     member = other.join("m1", {"v": 1})
-    _until(lambda: ("joined", "m1") in events, "joined")
+    until(lambda: ("joined", "m1") in events, "joined")
     member.update({"v": 2})
-    _until(lambda: ("changed", "m1") in events, "changed")
+    until(lambda: ("changed", "m1") in events, "changed")
     member.leave()
-    _until(lambda: ("left", "m1") in events, "left")
+    until(lambda: ("left", "m1") in events, "left")
     assert events == [("joined", "m1"), ("changed", "m1"), ("left", "m1")]
     watch.stop()
 
@@ -68,7 +63,7 @@ def test_rejoins_with_the_same_identity_after_session_expiry(zookeeper: ZooKeepe
     member = group.join("phoenix", {"pod": "p-1"})
     first_session = observer.members()["phoenix"].session_id
     zookeeper.expire_session(group.client)
-    _until(lambda: member.joined, "the member to rejoin")
+    until(lambda: member.joined, "the member to rejoin")
     again = observer.members()["phoenix"]
     assert again.session_id != first_session and again.session_id == group.client.client_id[0]
     assert again.metadata == {"pod": "p-1"}
@@ -81,7 +76,7 @@ def test_watch_keeps_working_after_its_own_session_expires(zookeeper: ZooKeeperH
     watcher.watch(on_joined=lambda m: joined.append(m.id))
     zookeeper.expire_session(watcher.client)
     _group(zookeeper).join("late")
-    _until(lambda: joined == ["late"], "a join seen after the watcher's session expired")
+    until(lambda: joined == ["late"], "a join seen after the watcher's session expired")
 
 
 def test_join_waits_for_a_crashed_holder_then_takes_over(zookeeper: ZooKeeperHarness, tmp_path: Path) -> None:
@@ -113,7 +108,7 @@ def test_rogue_and_missing_members_are_reported(zookeeper: ZooKeeperHarness, cap
 
     _group(zookeeper).join("broker-a")
     rogue = _group(zookeeper).join("broker-x")
-    _until(lambda: bool(statuses) and statuses[-1].alive == {"broker-a", "broker-x"}, "both members seen")
+    until(lambda: bool(statuses) and statuses[-1].alive == {"broker-a", "broker-x"}, "both members seen")
     latest = statuses[-1]
     assert latest.rogue == {"broker-x"} and latest.missing == {"broker-b"}
     assert admin.status() == GroupStatus(
@@ -124,9 +119,9 @@ def test_rogue_and_missing_members_are_reported(zookeeper: ZooKeeperHarness, cap
 
     # the manifest changes: broker-x becomes legitimate
     admin.set_manifest(["broker-a", "broker-x"])
-    _until(lambda: statuses[-1].rogue == frozenset() and statuses[-1].missing == frozenset(), "a clean status")
+    until(lambda: statuses[-1].rogue == frozenset() and statuses[-1].missing == frozenset(), "a clean status")
     rogue.leave()
-    _until(lambda: statuses[-1].missing == {"broker-x"}, "the leaver reported missing")
+    until(lambda: statuses[-1].missing == {"broker-x"}, "the leaver reported missing")
     assert watch.status().missing == {"broker-x"}
 
 

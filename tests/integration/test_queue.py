@@ -11,17 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import CuttingProxy, WorkerProcess, ZooKeeperHarness
+from harness import CuttingProxy, WorkerProcess, ZooKeeperHarness, until
 from zeps.coordination import connect
 from zeps.coordination.queue import AckUncertainError, LockLostError, WorkQueue
 from zeps.coordination.testing import expire_session_by_id
-from zeps.dev.process import wait_until
 from zeps.errors import ConfigError
 from zeps.options import QueueOptions
-
-
-def _until(check: Callable[[], bool], what: str, timeout: float = 20) -> None:
-    wait_until(check, timeout=timeout, interval=0.05, what=what)
 
 
 @pytest.fixture
@@ -115,7 +110,7 @@ def test_an_ack_whose_session_expired_in_flight_is_uncertain_not_lost(zookeeper:
 
         acking = threading.Thread(target=ack)
         acking.start()
-        _until(lambda: proxy.cuts == 1, "the ack to reach ZooKeeper and its answer to be cut")
+        until(lambda: proxy.cuts == 1, "the ack to reach ZooKeeper and its answer to be cut")
         assert producer.stats().depth == 0, "the ack transaction applied"
         expire_session_by_id(zookeeper.connect_string, session_id, password)
         proxy.refusing = False
@@ -265,12 +260,12 @@ def _herd_run(
     for t in threads:
         t.start()
     producer = queue_factory(f"herd-{workers}")
-    _until(lambda: producer.stats().waiting_workers == workers, "every worker in line")
+    until(lambda: producer.stats().waiting_workers == workers, "every worker in line")
     base_requests = sum(h.requests for h in handles)
     base_notes = sum(h.notifications for h in handles)
     for i in range(items):
         producer.put(b"%d" % i)
-        _until(lambda i=i: len(consumed) > i, "the item to be consumed")
+        until(lambda i=i: len(consumed) > i, "the item to be consumed")
     requests = (sum(h.requests for h in handles) - base_requests) / items
     notes = (sum(h.notifications for h in handles) - base_notes) / items
     producer.put_all([b"stop"] * workers)

@@ -11,15 +11,10 @@ from pathlib import Path
 import pytest
 from kazoo.exceptions import NoAuthError
 
-from harness import CuttingProxy, WorkerProcess, ZooKeeperHarness
+from harness import CuttingProxy, WorkerProcess, ZooKeeperHarness, until
 from zeps.coordination import Message, NoSubscribersError, QueueFullError, Topic, connect
-from zeps.dev.process import wait_until
 from zeps.envelope import decode_node
 from zeps.options import TopicOptions
-
-
-def _until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    wait_until(check, timeout=timeout, interval=0.05, what=what)
 
 
 class Collector:
@@ -79,7 +74,7 @@ def test_subscribers_in_separate_processes_all_receive_everything_in_order(
     subs = [_subscriber(zookeeper, tmp_path, f"sub-{i}").start() for i in range(3)]
     try:
         publishers = [topic_factory(), topic_factory()]
-        _until(lambda: len(publishers[0].queues()) == 3, 10, "three queues")
+        until(lambda: len(publishers[0].queues()) == 3, "three queues", 10)
         sent: list[str] = []
         lock = threading.Lock()
 
@@ -97,7 +92,7 @@ def test_subscribers_in_separate_processes_all_receive_everything_in_order(
             t.start()
         for t in threads:
             t.join(120)
-        _until(lambda: all(len(s.done_ids()) >= len(sent) for s in subs), 60, "every subscriber to see everything")
+        until(lambda: all(len(s.done_ids()) >= len(sent) for s in subs), "every subscriber to see everything", 60)
         for sub in subs:
             got = sub.done_ids()
             assert sorted(got) == sorted(sent), f"{sub.out.name} lost or duplicated messages"
@@ -113,9 +108,9 @@ def test_kill9_mid_callback_then_restart_with_same_identity_loses_nothing(
 ) -> None:
     slow = _subscriber(zookeeper, tmp_path, "steady", "--sleep", "0.05", "--session-timeout", "2").start()
     publisher = topic_factory(max_messages_per_node=per_node)
-    _until(lambda: publisher.queues() == {"steady"}, 10, "the queue")
+    until(lambda: publisher.queues() == {"steady"}, "the queue", 10)
     sent = publisher.publish_many([f"m{i}".encode() for i in range(60)])
-    _until(lambda: len(slow.started_ids()) >= 15, 30, "the callback to be mid-way")
+    until(lambda: len(slow.started_ids()) >= 15, "the callback to be mid-way", 30)
     slow.kill()  # kill -9, most likely inside a callback
     lines = slow.lines()
     assert lines[-1].startswith("start "), "the kill did not land inside a callback"
@@ -124,7 +119,7 @@ def test_kill9_mid_callback_then_restart_with_same_identity_loses_nothing(
 
     again = _subscriber(zookeeper, tmp_path, "steady", "--session-timeout", "2", run="-restarted").start()
     try:
-        _until(lambda: set(again.done_ids()) | set(slow.done_ids()) >= set(sent), 60, "every message after restart")
+        until(lambda: set(again.done_ids()) | set(slow.done_ids()) >= set(sent), "every message after restart", 60)
         assert in_flight in again.done_ids(), "the message killed mid-callback was not redelivered"
         # at-least-once, bounded: only the node in flight (messages packed with the one killed
         # mid-callback) and nodes whose ack was still on its way (acks go out at least every 50 ms,
@@ -146,12 +141,12 @@ def test_cleaner_removes_the_queue_of_a_subscriber_that_never_returns(
     cleaner = publisher.cleaner().start()
     gone = _subscriber(zookeeper, tmp_path, "gone", "--session-timeout", "2").start()
     try:
-        _until(lambda: publisher.queues() == {"gone"}, 10, "the queue")
+        until(lambda: publisher.queues() == {"gone"}, "the queue", 10)
         publisher.publish_many([b"a", b"b"])
-        _until(lambda: len(gone.done_ids()) == 2, 10, "delivery")
+        until(lambda: len(gone.done_ids()) == 2, "delivery", 10)
         publisher.publish(b"never read")
         gone.kill()
-        _until(lambda: publisher.queues() == frozenset(), 30, "the cleaner to remove the dead queue")
+        until(lambda: publisher.queues() == frozenset(), "the cleaner to remove the dead queue", 30)
         assert cleaner.removed == ["gone"]
         assert cleaner.is_leader
         assert zookeeper.count_znodes(publisher.paths.messages) == 0
@@ -165,17 +160,17 @@ def test_killing_the_cleaner_hands_over_to_another_instance(
     first = _subscriber(
         zookeeper, tmp_path, "cleaner-a", "--cleaner", "--no-subscribe", "--session-timeout", "2"
     ).start()
-    _until(lambda: "leader" in first.lines(), 20, "the first cleaner to lead")
+    until(lambda: "leader" in first.lines(), "the first cleaner to lead", 20)
     standby_topic = topic_factory(cleaner_grace=0.5, cleaner_interval=0.5)
     standby = standby_topic.cleaner(identifier="cleaner-b").start()
     try:
         time.sleep(1.0)
         assert not standby.is_leader, "two cleaners led at once"
         first.kill()
-        _until(lambda: standby.is_leader, 30, "the standby cleaner to take over")
+        until(lambda: standby.is_leader, "the standby cleaner to take over", 30)
         # and it cleans: a queue without a client disappears
         standby_topic.client.create(standby_topic.paths.queue("orphan"), makepath=True)
-        _until(lambda: "orphan" in standby.removed, 20, "the new leader to clean")
+        until(lambda: "orphan" in standby.removed, "the new leader to clean", 20)
     finally:
         standby.stop()
 
@@ -187,13 +182,13 @@ def test_session_expiry_subscriber_rejoins_and_keeps_receiving(
     seen = Collector()
     with sub_topic.subscribe(seen, consumer_id="phoenix") as subscription:
         publisher.publish(b"before")
-        _until(lambda: seen.bodies == [b"before"], 10, "first delivery")
+        until(lambda: seen.bodies == [b"before"], "first delivery", 10)
         zookeeper.expire_session(sub_topic.client, wait_reconnect=False)
         publisher.publish(b"during")  # the queue is durable: nothing is lost in the gap
-        _until(lambda: all(m.joined for m in subscription._memberships), 20, "rejoin")
+        until(lambda: all(m.joined for m in subscription._memberships), "rejoin", 20)
         assert "phoenix" in publisher.subscribers()
         publisher.publish(b"after")
-        _until(lambda: seen.bodies == [b"before", b"during", b"after"], 20, "delivery after rejoin")
+        until(lambda: seen.bodies == [b"before", b"during", b"after"], "delivery after rejoin", 20)
 
 
 def test_zookeeper_restart_loses_nothing_over_2000_messages(
@@ -202,14 +197,14 @@ def test_zookeeper_restart_loses_nothing_over_2000_messages(
     subs = [_subscriber(zookeeper, tmp_path, f"r{i}", "--session-timeout", "20").start() for i in range(2)]
     publisher = topic_factory()
     try:
-        _until(lambda: len(publisher.queues()) == 2, 10, "queues")
+        until(lambda: len(publisher.queues()) == 2, "queues", 10)
         futures = []
         for i in range(2000):
             futures.append(publisher.publish_async(f"n{i}".encode()))
             if i == 1000:
                 zookeeper.restart()
         ids = [f.result(120) for f in futures]
-        _until(lambda: all(set(s.done_ids()) >= set(ids) for s in subs), 120, "all 2000 messages at both")
+        until(lambda: all(set(s.done_ids()) >= set(ids) for s in subs), "all 2000 messages at both", 120)
         for sub in subs:
             got = sub.done_ids()
             assert set(got) == set(ids), "lost or foreign messages"
@@ -231,7 +226,7 @@ def test_connection_loss_during_publish_never_duplicates(zookeeper: ZooKeeperHar
             reader = zookeeper.client()
             for consumer in ("a", "b"):
                 reader.create(topic.paths.queue(consumer), makepath=True)
-            _until(lambda: len(topic.queues()) == 2, 10, "queues")
+            until(lambda: len(topic.queues()) == 2, "queues", 10)
             proxy.arm(cut)
             ids = topic.publish_many([b"x" * 100 for _ in range(5)])
             assert proxy.cuts == 1, "the proxy did not cut the connection"
@@ -283,7 +278,7 @@ def test_full_queue_policies(topic_factory: Callable[..., Topic], zookeeper: Zoo
     seen = Collector()
     with topic_factory("bounded").subscribe(seen, consumer_id="idle"):
         assert done.wait(20), "publisher stayed blocked after the queue drained"
-        _until(lambda: seen.bodies[-1:] == [b"8"], 10, "the blocked message")
+        until(lambda: seen.bodies[-1:] == [b"8"], "the blocked message", 10)
 
 
 def test_depth_counts_messages_in_packed_nodes(
@@ -320,7 +315,7 @@ def test_callback_errors_are_retried_then_dropped_or_parked(
         topic = topic_factory(f"flaky-{policy}", max_attempts=3, retry_backoff=0.01, on_give_up=policy)
         with topic.subscribe(flaky, consumer_id="c") as sub:
             topic.publish_many([b"wobbly", b"poison", b"fine"])
-            _until(lambda: attempts[b"fine"] == 1, 10, "the message after the poison one")
+            until(lambda: attempts[b"fine"] == 1, "the message after the poison one", 10)
         assert attempts == {b"wobbly": 2, b"poison": 3, b"fine": 1}
         assert sub.delivered == 2
         parked = f"{topic.paths.root}/parked/c"
@@ -340,8 +335,8 @@ def test_digest_acls_keep_other_users_out(zookeeper: ZooKeeperHarness) -> None:
     try:
         with topic.subscribe(seen, consumer_id="c"):
             topic.publish(b"for shop only")
-            _until(lambda: seen.bodies == [b"for shop only"], 10, "delivery to the owner")
-            _until(lambda: cleaner.is_leader, 10, "the cleaner to lead")
+            until(lambda: seen.bodies == [b"for shop only"], "delivery to the owner", 10)
+            until(lambda: cleaner.is_leader, "the cleaner to lead", 10)
             # every node the SDK made, kazoo's election nodes included, is the owner's alone
             walk = [topic.paths.root]
             while walk:
@@ -362,7 +357,7 @@ def test_message_headers_travel(topic_factory: Callable[..., Topic]) -> None:
     seen = Collector()
     with topic.subscribe(seen, consumer_id="c"):
         msg_id = topic.publish(b"{}", headers={"trace": "abc"}, content_type="application/json")
-        _until(lambda: len(seen.messages) == 1, 10, "delivery")
+        until(lambda: len(seen.messages) == 1, "delivery", 10)
     m = seen.messages[0]
     assert (m.id, m.headers, m.content_type) == (msg_id, {"trace": "abc"}, "application/json")
     assert m.publisher == topic.client_id
@@ -380,4 +375,4 @@ def test_unsubscribe_removes_subscription_client_and_queue(
     assert topic.subscribers() == {}
     assert topic.client.exists(topic.paths.clients.member("leaver")) is None
     assert topic.client.exists(topic.paths.queue("leaver")) is None
-    _until(lambda: topic.queues() == frozenset(), 10, "publishers to stop seeing the queue")
+    until(lambda: topic.queues() == frozenset(), "publishers to stop seeing the queue", 10)
