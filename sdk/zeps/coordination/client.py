@@ -14,7 +14,7 @@ from kazoo.security import make_digest_acl
 
 from zeps.errors import CoordinationError
 
-__all__ = ["connect", "digest_acl", "shared_client"]
+__all__ = ["connect", "digest_acl", "reconnect_policy", "shared_client"]
 
 
 def connect(
@@ -36,13 +36,27 @@ def connect(
     """
     auth_data = [("digest", f"{auth[0]}:{auth[1]}")] if auth else None
     default_acl = digest_acl(*auth) if auth and acl_from_auth else None
-    client = KazooClient(hosts=hosts, timeout=session_timeout, auth_data=auth_data, default_acl=default_acl)
+    client = KazooClient(
+        hosts=hosts,
+        timeout=session_timeout,
+        auth_data=auth_data,
+        default_acl=default_acl,
+        connection_retry=reconnect_policy(session_timeout),
+    )
     try:
         client.start(timeout=timeout)
     except KazooTimeoutError as exc:
         client.close()
         raise CoordinationError(f"no ZooKeeper server answered at {hosts!r} within {timeout:.0f}s") from exc
     return client
+
+
+def reconnect_policy(session_timeout: float) -> dict[str, float]:
+    """How a client tries to reconnect after losing its server: forever, backing off from 0.1 s to at
+    most a third of the session timeout between rounds. kazoo's default backs off up to an hour, so a
+    client that failed for a while (ZooKeeper restarting, a leader election under load) could sleep
+    through the servers' return and find its session expired, its ephemeral nodes and locks gone."""
+    return {"max_tries": -1, "delay": 0.1, "backoff": 2, "max_jitter": 0.4, "max_delay": max(0.5, session_timeout / 3)}
 
 
 def digest_acl(user: str, password: str) -> list[Any]:
