@@ -425,18 +425,21 @@ def test_live_facts_are_written_to_zookeeper_only_when_they_change(
     assert json.loads(zk.get(node)[0])["lastSequence"] == 1
 
 
-def test_curve_encrypts_and_admits_only_known_clients(broker_factory: BrokerFactory, tmp_path: Path) -> None:
-    keys = tmp_path / "keys"
-    clients = tmp_path / "clients"
+def _curve_broker(broker_factory: BrokerFactory, tmp_path: Path) -> tuple[BrokerServer, str, tuple[str, str]]:
+    """A CURVE broker that admits one client: (broker, its public key, that client's key pair)."""
+    keys, clients = tmp_path / "keys", tmp_path / "clients"
     keys.mkdir()
     clients.mkdir()
     server_public, server_secret = zmq.auth.create_certificates(str(keys), "server")
     _, client_secret = zmq.auth.create_certificates(str(clients), "client")
     broker = broker_factory(curve=CurveConfig(Path(server_secret), clients))
-    server_key = zmq.auth.load_certificate(server_public)[0].decode()
-    good = zmq.auth.load_certificate(client_secret)
-    assert good[1] is not None
-    client_keys = (good[0], good[1])
+    public, secret = zmq.auth.load_certificate(client_secret)
+    assert secret is not None
+    return broker, zmq.auth.load_certificate(server_public)[0].decode(), (public.decode(), secret.decode())
+
+
+def test_curve_encrypts_and_admits_only_known_clients(broker_factory: BrokerFactory, tmp_path: Path) -> None:
+    broker, server_key, client_keys = _curve_broker(broker_factory, tmp_path)
     with StreamClient(broker.endpoint, "prices", server_public_key=server_key, client_keys=client_keys) as c:
         c.publish("k", b"secret")
         c.flush()
@@ -447,19 +450,11 @@ def test_curve_encrypts_and_admits_only_known_clients(broker_factory: BrokerFact
 
 
 def test_async_client_speaks_curve(broker_factory: BrokerFactory, tmp_path: Path) -> None:
-    keys, clients = tmp_path / "keys", tmp_path / "clients"
-    keys.mkdir()
-    clients.mkdir()
-    server_public, server_secret = zmq.auth.create_certificates(str(keys), "server")
-    _, client_secret = zmq.auth.create_certificates(str(clients), "client")
-    broker = broker_factory(curve=CurveConfig(Path(server_secret), clients))
-    server_key = zmq.auth.load_certificate(server_public)[0].decode()
-    public, secret = zmq.auth.load_certificate(client_secret)
-    assert secret is not None
+    broker, server_key, client_keys = _curve_broker(broker_factory, tmp_path)
 
     async def scenario() -> list[bytes]:
         async with AsyncStreamClient(broker.endpoint, "prices", server_public_key=server_key,
-                                     client_keys=(public.decode(), secret.decode())) as c:  # fmt: skip
+                                     client_keys=client_keys) as c:  # fmt: skip
             await c.publish("k", b"secret")
             await c.flush()
             await c.start("", since="earliest")

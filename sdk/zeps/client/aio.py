@@ -31,6 +31,7 @@ from zeps.client.sync import (
     BrokerUnavailableError,
     batched,
     check_endpoint,
+    close_dealer,
     configure_curve,
     configure_dealer,
 )
@@ -93,12 +94,8 @@ class AsyncStreamClient:
         self.session.last_heard = time.monotonic()
 
     def _close_socket(self) -> None:
-        if self._sock is not None:
-            self._sock.disable_monitor()
-            if self._monitor is not None:
-                self._monitor.close(linger=0)
-            self._sock.close(linger=0)
-            self._sock = self._monitor = None
+        close_dealer(self._sock, self._monitor)
+        self._sock = self._monitor = None
 
     async def _reconnect(self) -> None:
         """Start over on a fresh socket; ATTACH-OK resumes the subscriptions and resends what is unconfirmed."""

@@ -97,6 +97,16 @@ def configure_dealer(sock: Any) -> None:
 MONITORED = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
 
 
+def close_dealer(sock: Any, monitor: Any) -> None:
+    """Close a client's socket and its monitor at once (no linger: unsent frames are resent after a
+    re-attach, or were never confirmed)."""
+    if sock is not None:
+        sock.disable_monitor()
+        if monitor is not None:
+            monitor.close(linger=0)
+        sock.close(linger=0)
+
+
 def configure_curve(sock: Any, server_public_key: str | None, client_keys: tuple[str, str] | None) -> None:
     """CURVE on ``sock`` when the broker has a public key: the client's own key pair, or a fresh one."""
     if not server_public_key:
@@ -178,12 +188,8 @@ class StreamClient:
         self.session.last_heard = time.monotonic()
 
     def _close_socket(self) -> None:
-        if self._sock is not None:
-            self._sock.disable_monitor()
-            if self._monitor is not None:
-                self._monitor.close(linger=0)
-            self._sock.close(linger=0)
-            self._sock = self._monitor = None
+        close_dealer(self._sock, self._monitor)
+        self._sock = self._monitor = None
 
     def close(self) -> None:
         """Confirm outstanding publishes (bounded by ``timeout``), detach, close."""
