@@ -77,11 +77,12 @@ def test_spark_pipeline_example_publishes_revenue_per_country_once_per_micro_bat
         return [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
 
     try:
-        member = broker._memberships[0]
         checkpoint = ["--checkpoint", str(tmp_path / "checkpoint"), "--trigger-seconds", "0.5"]
         for sales, published in ((first, len(first)), (second, len(first) + len(second))):
             _publish(broker.endpoint, sales)
-            wait_until(lambda n=published: member.metadata.get("lastSequence") == n, timeout=15, what="the facts")
+            wait_until(
+                lambda n=published: broker.facts("orders").get("lastSequence") == n, timeout=15, what="the facts"
+            )
             progress = pipeline("run", "--once", *checkpoint)
             assert progress and progress[-1]["orders"] == published
         report = pipeline("report")

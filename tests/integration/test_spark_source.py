@@ -60,9 +60,8 @@ def _publish(broker: BrokerServer, n: int, start: int = 0, stream: str = "prices
 
 def _tail_published(broker: BrokerServer, n: int) -> None:
     """The durable tail reaches ZooKeeper within a second (the driver's source of latestOffset)."""
-    members = broker._memberships
     wait_until(
-        lambda: all(m.metadata.get("lastSequence", 0) >= n for m in members[:1]),
+        lambda: broker.facts("prices").get("lastSequence", 0) >= n,
         timeout=15,
         what=f"the broker to publish lastSequence {n}",
     )

@@ -111,6 +111,12 @@ class BrokerServer:
         self._last_facts = 0.0
         self.refused: str | None = None  #: why the broker stopped serving (not in the manifest…)
 
+    def facts(self, stream: str) -> dict[str, Any]:
+        """What this broker last published about ``stream`` in its group member node (endpoint,
+        ``lastSequence``, journal size, subscriptions…); empty when it is not registered."""
+        membership = self._memberships.get(stream)
+        return membership.metadata if membership is not None else {}
+
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> BrokerServer:
         """Bind, register and serve; if any step fails (a port taken, not in the manifest, ZooKeeper
