@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -163,14 +164,22 @@ def _spark(
         from orders_pipeline import expected  # type: ignore[import-not-found]  # noqa: PLC0415 — the example's generator
     finally:
         sys.path.pop(0)
-    result = subprocess.run(
+    # its own process group, killed whole when it ends or the demo is interrupted: PySpark's JVM ignores
+    # SIGINT, and was seen to outlive a driver that Ctrl-C stopped
+    job = subprocess.Popen(
         [sys.executable, str(EXAMPLES / "demo" / "orders_pipeline.py"), "--orders", str(orders),
          "--namespace", NAMESPACE, "--out", str(workdir / "revenue")],
-        capture_output=True, text=True, timeout=600, check=False, env={**os.environ, **env},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env}, start_new_session=True,
     )  # fmt: skip
-    if result.returncode != 0:
-        raise ZepsError(f"the Spark pipeline failed:\n{result.stderr[-3000:]}")
-    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    try:
+        stdout, stderr = job.communicate(timeout=600)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait(30)
+    if job.returncode != 0:
+        raise ZepsError(f"the Spark pipeline failed:\n{stderr[-3000:]}")
+    figures = json.loads(stdout.strip().splitlines()[-1])
     want = {c: {"orders": n, "revenue": round(r, 2)} for c, (n, r) in expected(orders).items()}
     got = figures["countries"]
     mismatch = {

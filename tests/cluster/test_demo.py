@@ -55,6 +55,7 @@ def test_demo_summary_is_consistent_and_everything_stops(tmp_path: Path) -> None
     assert "consistent: every message delivered" in summary.table()
     assert any("pod template" in line for line in lines) and any("kubectl apply -f examples/" in line for line in lines)
     assert _processes_mentioning(str(tmp_path / "demo")) == [], "the demo left servers running"
+    assert _processes_mentioning("zeps-demo-orders") == [], "the demo left the Spark job's JVM running"
 
 
 def test_zeps_dev_up_and_down(tmp_path: Path) -> None:
@@ -114,6 +115,7 @@ def test_ctrl_c_stops_everything_the_demo_started(tmp_path: Path) -> None:
         assert demo.returncode == 130, err[-2000:]
         assert "demo interrupted; everything it started was stopped" in err
         assert _processes_mentioning(str(tmp_path)) == [], "Ctrl-C left servers running"
+        assert _processes_mentioning("zeps-demo-orders") == [], "Ctrl-C left the Spark job's JVM running"
     finally:
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGKILL)
