@@ -159,7 +159,8 @@ class TopicPaths:
         return f"{self.root}/cleaner"
 
     def layout(self) -> list[str]:
-        """The persistent nodes a Topic needs (the operator creates them; the SDK ensures them too)."""
+        """The persistent nodes a Topic needs (the operator creates them; the SDK creates the ones it
+        uses when missing, ``parked`` on first use)."""
         return [self.clients.members, self.subscribers.members, self.messages, self.parked]
 
 
