@@ -24,7 +24,7 @@ from prometheus_client import Counter, start_http_server
 from pydantic import BaseModel
 
 from zeps.broker.server import make_curve_certificate
-from zeps.coordination import Group, Topic, connect, digest_acl
+from zeps.coordination import Group, Topic, TopicCleaner, connect, digest_acl
 from zeps.coordination.admin import (
     PathConflictError,
     ZooKeeperUnavailableError,
@@ -77,6 +77,12 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 120  # reconnect watches regularly: a stalled one cannot linger
     settings.watching.client_timeout = 150
     settings.posting.level = logging.INFO
+    # A timer caught mid-run by a deletion (sync, so in a thread kopf cannot cancel) keeps the finalizer
+    # until it returns; kopf looks again only every cancellation_polling seconds (60 by default), so
+    # one deletion in a few waited a minute. Wait for the timer in place (its ZooKeeper calls are
+    # bounded by ZK_DEADLINE), and look again every second if it is slower still.
+    settings.background.instant_exit_timeout = ZK_DEADLINE / 2
+    settings.background.cancellation_polling = 1.0
     state.zk = connect(state.settings.zookeeper, auth=state.settings.zookeeper_auth, acl_from_auth=False)
     try:
         k8s_config.load_incluster_config()  # type: ignore[no-untyped-call]
@@ -140,7 +146,7 @@ def _reconcile(kind: str, body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, *
             deadline=ZK_DEADLINE,
         )
     except ZooKeeperUnavailableError:
-        _ready(body, patch, False, "ZooKeeperUnavailable", "ZooKeeper did not answer in time")
+        _ready(body, patch, False, "ZooKeeperUnavailable", "ZooKeeper did not answer in time", generation=generation)
         raise kopf.TemporaryError("ZooKeeper did not answer in time", delay=5) from None
     except PathConflictError as exc:
         patch.status["conditions"] = condition(
@@ -172,9 +178,11 @@ def _namespace_acl(namespace: str) -> list[Any] | None:
     return digest_acl(data["user"], data["password"])
 
 
-def _ready(body: kopf.Body, patch: kopf.Patch, ready: bool, reason: str, message: str) -> None:
+def _ready(body: kopf.Body, patch: kopf.Patch, ready: bool, reason: str, message: str, *, generation: int) -> None:
+    """Set the Ready condition for ``generation``: the one the handler read when it began. kopf's body
+    is live, so reading it again here could report a generation the handler never saw (a deletion,
+    for one, bumps it)."""
     previous = (body.get("status") or {}).get("conditions")
-    generation = body["metadata"].get("generation", 1)
     patch.status["conditions"] = condition(previous, ready=ready, reason=reason, message=message, generation=generation)
 
 
@@ -189,12 +197,13 @@ def _zookeeper_resource(
 ) -> bool:
     """Topic and Queue: reconcile the ZooKeeper side, fill in the facts, mark Ready. A change
     (not a timer's resync) is also reported as an event. True when reconciled."""
+    generation = body["metadata"].get("generation", 1)
     if _reconcile(kind, body, spec, patch, quiet=timer) != "ok":
         return False
     facts(body, patch)
-    _ready(body, patch, True, "Reconciled", "ZooKeeper paths and spec are in place")
+    _ready(body, patch, True, "Reconciled", "ZooKeeper paths and spec are in place", generation=generation)
     if not timer:
-        kopf.info(body, reason="Reconciled", message=f"generation {body['metadata'].get('generation')}")
+        kopf.info(body, reason="Reconciled", message=f"generation {generation}")
     return True
 
 
@@ -207,9 +216,10 @@ def topic_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any)
 
 
 @kopf.timer(GROUP, VERSION, PLURALS["Topic"], interval=RESYNC, idle=RESYNC / 6)
-def topic_timer(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
-    if _zookeeper_resource("Topic", body, spec, patch, _topic_facts, timer=True):
-        _run_cleaner(body, spec)
+def topic_timer(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **kwargs: Any) -> None:
+    stopped: kopf.DaemonStopped = kwargs["stopped"]  # set once the Topic is being deleted, which waits for us
+    if _zookeeper_resource("Topic", body, spec, patch, _topic_facts, timer=True) and not stopped:
+        _run_cleaner(body, spec, kwargs["memo"])
 
 
 def _topic_facts(body: kopf.Body, patch: kopf.Patch) -> None:
@@ -218,26 +228,34 @@ def _topic_facts(body: kopf.Body, patch: kopf.Patch) -> None:
     patch.status["subscribers"] = count_children(state.zk, topic.subscribers.members, deadline=ZK_DEADLINE)
 
 
-def _run_cleaner(body: kopf.Body, spec: kopf.Spec) -> None:
-    """Hold the topic's cleaner Lease (coordination.k8s.io/v1) and, while holding it, clean."""
+def _run_cleaner(body: kopf.Body, spec: kopf.Spec, memo: kopf.Memo) -> None:
+    """Hold the topic's cleaner Lease (coordination.k8s.io/v1) and, while holding it, run one cleaner
+    pass. The cleaner lives in the object's memo across passes: it remembers since when each consumer
+    has been missing, which ``cleanerGrace`` is counted from. Losing the Lease forgets that: the
+    holder meanwhile saw what this replica did not."""
     meta = body["metadata"]
     owner = k8s.V1OwnerReference(api_version=f"{GROUP}/{VERSION}", kind="Topic", name=meta["name"], uid=meta["uid"])
     holder = _hold_lease(meta["namespace"], f"{meta['name']}-cleaner", owner=owner)
     k8s.CustomObjectsApi(state.api).patch_namespaced_custom_object_status(
         GROUP, VERSION, meta["namespace"], PLURALS["Topic"], meta["name"], {"status": {"cleanerHolder": holder}}
     )
-    if holder == state.settings.identity:
-        fields = TopicSpec.model_validate(dict(spec)).model_dump(exclude={"deletion_policy"})
+    if holder != state.settings.identity:
+        memo.pop("cleaner", None)
+        return
+    fields = TopicSpec.model_validate(dict(spec)).model_dump(exclude={"deletion_policy"})
+    options = TopicOptions.make(**fields)
+    cleaner: TopicCleaner | None = memo.get("cleaner")
+    if cleaner is None or cleaner.topic.options != options:
         topic = Topic(
-            state.zk,
-            meta["name"],
-            namespace=meta["namespace"],
-            chroot=state.settings.chroot,
-            options=TopicOptions.make(**fields),
+            state.zk, meta["name"], namespace=meta["namespace"], chroot=state.settings.chroot, options=options
         )
-        removed = topic.cleaner(identifier=state.settings.identity).clean_once()
-        if removed:
-            kopf.info(body, reason="Cleaned", message=f"removed the queues of vanished consumers {removed}")
+        if cleaner is None:
+            cleaner = memo["cleaner"] = topic.cleaner(identifier=state.settings.identity)
+        else:
+            cleaner.follow(topic)
+    removed = cleaner.clean_once()
+    if removed:
+        kopf.info(body, reason="Cleaned", message=f"removed the queues of vanished consumers {removed}")
 
 
 def _hold_lease(namespace: str, name: str, *, owner: k8s.V1OwnerReference, duration: int = 45) -> str:
@@ -316,6 +334,7 @@ def _queue_facts(body: kopf.Body, patch: kopf.Patch) -> None:
 @kopf.on.resume(GROUP, VERSION, PLURALS["ZepsStream"])
 @kopf.timer(GROUP, VERSION, PLURALS["ZepsStream"], interval=RESYNC / 3, idle=RESYNC / 15)
 def stream_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
+    generation = body["metadata"].get("generation", 1)
     if _reconcile("ZepsStream", body, spec, patch, quiet=True) != "ok":
         return
     meta = body["metadata"]
@@ -324,9 +343,10 @@ def stream_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any
     member = stream_member(name)
     if group.manifest() != frozenset({member}):
         group.set_manifest([member])
-    if dict(spec).get("curve"):
+    typed = StreamSpec.model_validate(dict(spec))
+    if typed.curve:
         _ensure_curve_secret(body, namespace, name)
-    for obj in stream_objects(namespace, name, StreamSpec.model_validate(dict(spec)), state.settings):
+    for obj in stream_objects(namespace, name, typed, state.settings):
         kopf.adopt(obj, owner=body)
         _apply(obj)
     deployment = k8s.AppsV1Api(state.api).read_namespaced_deployment(f"{name}-broker", namespace)
@@ -342,10 +362,10 @@ def stream_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any
             if key in facts:
                 patch.status[key] = facts[key]
     if available and registered:
-        _ready(body, patch, True, "BrokerReady", "the broker is available and registered")
+        _ready(body, patch, True, "BrokerReady", "the broker is available and registered", generation=generation)
     else:
         why = "the broker Deployment is not available" if not available else "the broker has not registered yet"
-        _ready(body, patch, False, "BrokerNotReady", why)
+        _ready(body, patch, False, "BrokerNotReady", why, generation=generation)
         raise kopf.TemporaryError(why, delay=5)
 
 

@@ -30,6 +30,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.cluster)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    """A failed test that used the shared operator gets the end of the operator's log in its report:
+    what kopf did (and logged as waiting) is the first thing to read, and CI keeps no files."""
+    report = yield
+    operator = getattr(item, "funcargs", {}).get("operator")
+    if report.failed and isinstance(operator, OperatorProcess):
+        report.sections.append(("operator log (last 80 lines)", operator.process.log_tail(80)))
+    return report
+
+
 @pytest.fixture
 def namespace(kube_api: Any) -> Iterator[str]:
     """A fresh namespace for one test, deleted afterwards."""

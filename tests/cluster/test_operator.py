@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from kubernetes import client
 
 from harness import ZooKeeperHarness
 from zeps.client import StreamClient
+from zeps.coordination import Topic
 from zeps.dev import ControlPlane, OperatorProcess
 from zeps.dev.process import ManagedProcess, free_port, wait_until
 
@@ -75,6 +77,33 @@ def test_topic_lifecycle_ready_update_drift_and_delete(
     assert zk.exists(root) is None, "deletionPolicy Delete removes the subtree"
 
 
+def test_the_operator_cleaner_removes_a_vanished_consumers_queue_after_its_grace(
+    operator: OperatorProcess, crds: ControlPlane, namespace: str, zookeeper: ZooKeeperHarness
+) -> None:
+    """The cleaner runs in the operator's resync timer, one pass per run (every 3 s here). A queue goes
+    once its consumer has been gone for cleanerGrace, counted across passes; a live consumer's queue
+    stays. (Each pass once started a fresh cleaner that forgot when it first missed the consumer, so
+    with any grace above zero nothing was ever removed.)"""
+    zk = _zk(zookeeper)
+    _apply(crds, namespace, "Topic", "jobs", {"cleanerGrace": 4, "noSubscribers": "ignore"})
+    _wait_ready(crds, namespace, "topic", "jobs")
+    topic = Topic(zk, "jobs", namespace=namespace, chroot=CHROOT)
+    staying = topic.subscribe(lambda _m: None, consumer_id="staying")
+    leaving = topic.subscribe(lambda _m: None, consumer_id="leaving")
+    try:
+        topic.publish(b"kept for whoever comes back")
+        leaving.close()  # leaves the group; the queue stays for a restart within the grace
+        left = time.monotonic()
+        wait_until(lambda: zk.exists(topic.paths.queue("leaving")) is None, timeout=60, what="the cleaner")
+        assert time.monotonic() - left >= 4, "removed before its cleanerGrace was up"
+        assert zk.exists(topic.paths.queue("staying")) is not None
+        events = crds.kubectl("get", "events", "-n", namespace, "--field-selector", "reason=Cleaned", "-o", "json")
+        assert any("leaving" in e["message"] for e in json.loads(events)["items"])
+    finally:
+        staying.close()
+        leaving.close()
+
+
 def test_retain_keeps_the_data(
     operator: OperatorProcess, crds: ControlPlane, namespace: str, zookeeper: ZooKeeperHarness
 ) -> None:
@@ -95,10 +124,16 @@ def test_retain_keeps_the_data(
     assert len(zk.get_children(f"{root}/items")) == 1
 
 
-def test_finalizer_is_released_when_zookeeper_is_down(tmp_path: Path) -> None:
-    """On a stack of its own (ZooKeeper, control plane, operator): with ZooKeeper down, the
-    finalizer gives up after its bounded retries and the object goes. (Under load from many other
-    objects retrying at once, release was seen to wait for ZooKeeper's return; see the issue note.)"""
+def test_finalizer_is_released_promptly_mid_timer_and_when_zookeeper_is_down(tmp_path: Path) -> None:
+    """On a stack of its own (ZooKeeper, control plane, operator with a 1 s resync), two deletions:
+
+    1. One that catches the resync timer mid-run: ZooKeeper is frozen (SIGSTOP, as in a long GC pause)
+       so the timer is blocked in a ZooKeeper call when the Topic is deleted, and the deletion handler
+       (deletionPolicy Retain: no ZooKeeper call) is done first. The finalizer must go soon after the
+       timer returns. kopf looks again at a timer that was still running only every
+       ``cancellation_polling`` seconds, 60 by default: CI saw ``kubectl delete`` time out so.
+    2. With ZooKeeper down, the finalizer gives up after its bounded retries and the object goes.
+    """
     from zeps.dev.zookeeper import ZooKeeperServer as Server  # noqa: PLC0415
 
     with Server(tmp_path / "zk") as zk, ControlPlane(tmp_path / "cp") as plane:
@@ -108,9 +143,27 @@ def test_finalizer_is_released_when_zookeeper_is_down(tmp_path: Path) -> None:
             tmp_path / "op",
             kubeconfig=plane.kubeconfig,
             zookeeper=zk.connect_string,
-            resync_seconds=3,
+            resync_seconds=1,
             delete_retries=3,
-        ):
+        ) as operator:
+            # Retain: the deletion handler itself needs no ZooKeeper, so it is done while the timer still waits
+            _apply(plane, "default", "Topic", "busy", {"deletionPolicy": "Retain"})
+            _wait_ready(plane, "default", "topic", "busy")
+            wait_until(
+                lambda: bool(_get(plane, "default", "topic", "busy")["status"].get("cleanerHolder")),
+                timeout=30,
+                what="the resync timer to have run",
+            )
+            # the timer runs every ~1 s; 1.5 s into the freeze it is waiting on ZooKeeper. The freeze stays
+            # under a third of the 10 s session timeout, so the operator's connection is not dropped.
+            with zk.paused():
+                time.sleep(1.5)
+                plane.kubectl("delete", "topic", "busy", "-n", "default", "--wait=false")
+                time.sleep(1.0)
+            plane.kubectl("wait", "--for=delete", "topic/busy", "-n", "default", "--timeout=30s")
+            log = operator.process.log_path.read_text(errors="replace")
+            assert "Connection dropped" not in log, "the freeze was meant to stay within kazoo's heartbeat"
+
             _apply(plane, "default", "Topic", "doomed")
             _wait_ready(plane, "default", "topic", "doomed")
             zk.stop()

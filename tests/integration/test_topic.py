@@ -154,6 +154,27 @@ def test_cleaner_removes_the_queue_of_a_subscriber_that_never_returns(
         cleaner.stop()
 
 
+def test_a_cleaner_following_a_new_handle_keeps_counting_the_grace(
+    topic_factory: Callable[..., Topic],
+) -> None:
+    """Passes run by hand (the operator's timer does this): the grace counts from the first pass that
+    missed the consumer, also after the cleaner follows a handle with new options; a handle on
+    another topic is refused."""
+    topic = topic_factory(cleaner_grace=1.5)
+    sub = topic.subscribe(lambda _m: None, consumer_id="leaving")
+    sub.close()  # left the group, its queue stays
+    cleaner = topic.cleaner()
+    assert cleaner.clean_once() == []  # first missed now
+    time.sleep(1.0)
+    cleaner.follow(topic_factory(cleaner_grace=1.5, batch_size=50))
+    assert cleaner.clean_once() == []  # 1.0 s < 1.5 s
+    time.sleep(0.6)
+    assert cleaner.clean_once() == ["leaving"]
+    assert topic.queues() == frozenset()
+    with pytest.raises(ValueError, match="cannot follow"):
+        cleaner.follow(topic_factory("other"))
+
+
 def test_killing_the_cleaner_hands_over_to_another_instance(
     zookeeper: ZooKeeperHarness, tmp_path: Path, topic_factory: Callable[..., Topic]
 ) -> None:

@@ -709,6 +709,14 @@ class TopicCleaner:
     def client(self) -> KazooClient:
         return self.topic.client
 
+    def follow(self, topic: Topic) -> None:
+        """Go on cleaning through ``topic``, a new handle on the same topic (new options, say), keeping
+        when each missing consumer was first missed: a caller running passes with :meth:`clean_once`
+        keeps one cleaner across them, or the grace would start again at every pass."""
+        if topic.paths != self.topic.paths:
+            raise ValueError(f"a cleaner of {self.topic.paths.root} cannot follow {topic.paths.root}")
+        self.topic = topic
+
     @property
     def is_leader(self) -> bool:
         return self._leading.is_set()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 from zeps.dev.process import LocalServer, ManagedProcess, free_port
@@ -140,6 +143,20 @@ class ZooKeeperServer(LocalServer):
 
     def running(self) -> bool:
         return self._process is not None and self._process.running()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Freeze the server (SIGSTOP) for the body of the ``with``, as a long GC pause or a stalled disk
+        would: connections stay open and requests wait unanswered. Keep it shorter than a third of the
+        clients' session timeout, or kazoo drops the connection for a missed heartbeat."""
+        pid = self.pid
+        if pid is None or not self.running():
+            raise SetupError("ZooKeeperServer is not running: nothing to pause")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(pid, signal.SIGCONT)
 
     # -- inspection -------------------------------------------------------------------------------
     def four_letter(self, command: str, timeout: float = 5.0) -> str:
