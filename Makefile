@@ -23,12 +23,12 @@ test: setup lint  ## the whole suite: unit, integration (ZooKeeper, Spark), clus
 
 e2e: setup      ## the e2e suite on a kind cluster with real nodes, images built here (see README)
 	@tools/setup.sh kind
-	@$(WITH_ENV) $(PY) -m zeps.dev.kind e2e $(PYTEST_ARGS)
+	@$(WITH_ENV) $(PY) -m zeps_dev.kind e2e $(PYTEST_ARGS)
 
 CLUSTER ?= local
 demo:             ## the whole system on the local stack, with a summary (CLUSTER=kind: everything in pods)
 	@tools/setup.sh python zookeeper testbin $(if $(filter kind,$(CLUSTER)),kind,)
-	@$(WITH_ENV) CLUSTER=$(CLUSTER) $(PY) -m zeps.demo
+	@$(WITH_ENV) CLUSTER=$(CLUSTER) $(PY) -m zeps_dev.demo
 
 bench-%: setup    ## side-by-side benchmarks: bench-topic, -queue, -stream, -spark, -operator; each prints one JSON line last
 	@tools/setup.sh bench

@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from zeps.dev import ControlPlane, OperatorProcess, ZooKeeperServer
+from zeps_dev import ControlPlane, OperatorProcess, ZooKeeperServer
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPICS = 1000

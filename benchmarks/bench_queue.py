@@ -19,7 +19,7 @@ from kazoo.client import KazooClient
 from kazoo.recipe.queue import LockingQueue
 
 from zeps.coordination.queue import WorkQueue
-from zeps.dev import ZooKeeperServer
+from zeps_dev import ZooKeeperServer
 
 HERE = Path(__file__).parent
 ITEM = b"x" * 100

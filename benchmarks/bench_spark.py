@@ -32,10 +32,10 @@ from pyspark.sql import functions as sf
 
 from zeps.broker import BrokerConfig, BrokerServer, Registration
 from zeps.client import StreamClient
-from zeps.dev import ZooKeeperServer
-from zeps.dev.kind import spark_kind_figure
 from zeps.journal import JournalConfig
 from zeps.spark import ZepsDataSource
+from zeps_dev import ZooKeeperServer
+from zeps_dev.kind import spark_kind_figure
 
 N = int(os.environ.get("ZEPS_BENCH_SPARK_N", "1000000"))
 BODY = "x" * 100

@@ -33,7 +33,7 @@ from typing import Any
 import zmq
 
 from zeps.client import StreamClient
-from zeps.dev.process import free_port, wait_until
+from zeps_dev.process import free_port, wait_until
 
 HERE = Path(__file__).parent
 BODY = b"x" * 100

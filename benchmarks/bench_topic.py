@@ -18,7 +18,7 @@ from pathlib import Path
 from kazoo.client import KazooClient
 
 from zeps.coordination import Topic
-from zeps.dev import ZooKeeperServer
+from zeps_dev import ZooKeeperServer
 
 HERE = Path(__file__).parent
 BODY = b"x" * 100

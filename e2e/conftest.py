@@ -1,10 +1,11 @@
 """The e2e suite's cluster.
 
-* On kind (``make e2e``: ``ZEPS_E2E_KUBECONFIG`` is set by ``python -m zeps.dev.kind e2e``): real nodes,
+* On kind (``make e2e``: ``ZEPS_E2E_KUBECONFIG`` is set by ``python -m zeps_dev.kind e2e``): real nodes,
   the chart installed with helm (operator and a 3-server ZooKeeper ensemble in pods), the images
   built here. Every test here runs, ``e2e/kind/`` included: pods, Services, PVCs and RBAC are real.
 * Everywhere else (``make test``): the local control plane with ZooKeeper and the operator as local
-  processes. ``e2e/kind/`` is not collected there — its tests need containers that really run.
+  processes, the same ones the tests/ suite uses (fixtures of the root conftest.py, started once).
+  ``e2e/kind/`` is not collected there — its tests need containers that really run.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from zeps.dev import ControlPlane, OperatorProcess, ZooKeeperServer
+from zeps_dev import ControlPlane
 
 ROOT = Path(__file__).resolve().parents[1]
 KIND = bool(os.environ.get("ZEPS_E2E_KUBECONFIG"))
@@ -73,16 +74,11 @@ def _pinned_kubectl() -> str:
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     if KIND:
         yield Cluster([_pinned_kubectl(), f"--kubeconfig={os.environ['ZEPS_E2E_KUBECONFIG']}"])
         return
-    work = tmp_path_factory.mktemp("e2e")
-    with ZooKeeperServer(work / "zookeeper") as zk, ControlPlane(work / "control-plane") as plane:
-        plane.kubectl("apply", "-f", str(ROOT / "crds"))
-        for name in ("topics", "queues", "zepsstreams"):
-            plane.kubectl("wait", "--for=condition=Established", f"crd/{name}.zeps.dev", "--timeout=60s")
-        with OperatorProcess(
-            work / "operator", kubeconfig=plane.kubeconfig, zookeeper=zk.connect_string, resync_seconds=5
-        ):
-            yield Cluster([_pinned_kubectl(), f"--kubeconfig={plane.kubeconfig}"], plane=plane)
+    # make test: the session's shared stack (the root conftest.py), not one of its own
+    plane: ControlPlane = request.getfixturevalue("crds")
+    request.getfixturevalue("operator")
+    yield Cluster([_pinned_kubectl(), f"--kubeconfig={plane.kubeconfig}"], plane=plane)

@@ -1,8 +1,6 @@
-"""Fixtures for every test tier: real ZooKeeper, a real Kubernetes control plane, local Spark.
-
-Servers bind 127.0.0.1 only and are stopped at teardown, on failure and on Ctrl-C (and by the
-kernel if pytest itself is killed; see ``zeps.dev.process``). The binaries come from the zeps cache
-that ``make setup`` fills (``ZEPS_ZOOKEEPER_HOME``, ``ZEPS_TESTBIN``).
+"""Fixtures for every test tier: a real ZooKeeper root path per test with failure helpers, local Spark.
+The servers themselves (ZooKeeper, the control plane, the operator) are the root conftest.py's,
+shared with e2e/.
 
 The kubernetes client and PySpark (the extras) are imported by the fixtures that need them, never
 when this file loads: unit tests need neither (tests/unit/test_config.py checks it).
@@ -19,29 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kazoo.security import make_digest_acl_credential
 
-from harness import OPERATOR_AUTH, ZooKeeperHarness
-from zeps.coordination import close_shared
-from zeps.dev import ControlPlane, ZooKeeperServer
+from harness import ZooKeeperHarness
+from zeps_dev import ZooKeeperServer
 
 _counter = itertools.count()
-
-
-@pytest.fixture(scope="session")
-def zookeeper_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
-    """One ZooKeeper server for the whole test session (each test gets its own root path)."""
-    super_digest = make_digest_acl_credential(*OPERATOR_AUTH)
-    server = ZooKeeperServer(
-        tmp_path_factory.mktemp("zookeeper"),
-        jvm_flags=[f"-Dzookeeper.DigestAuthenticationProvider.superDigest={super_digest}"],
-    )
-    server.start()
-    try:
-        yield server
-    finally:
-        close_shared()  # handles' shared sessions end before the server does (no retry noise at exit)
-        server.stop()
 
 
 @pytest.fixture
@@ -55,29 +35,6 @@ def zookeeper(zookeeper_server: ZooKeeperServer, request: pytest.FixtureRequest)
         harness.close()
         if not zookeeper_server.running():  # a test stopped or killed it: bring it back for the next
             zookeeper_server.start()
-
-
-@pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """etcd + kube-apiserver + controller-manager + scheduler + kwok, once per test session."""
-    plane = ControlPlane(tmp_path_factory.mktemp("control-plane"))
-    plane.start()
-    try:
-        yield plane
-    finally:
-        plane.stop()
-
-
-@pytest.fixture(scope="session")
-def kube_api(control_plane: ControlPlane) -> Iterator[Any]:
-    """A ``kubernetes.client.ApiClient`` authenticated as cluster-admin on the control plane."""
-    from kubernetes import config  # noqa: PLC0415 — an extra: only the tests that need it import it
-
-    client = config.new_client_from_config(config_file=str(control_plane.kubeconfig))
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 @pytest.fixture(scope="session")

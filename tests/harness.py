@@ -14,13 +14,13 @@ from kazoo.client import KazooClient
 
 from zeps.coordination import connect
 from zeps.coordination.testing import count_znodes, expire_session
-from zeps.dev import ZooKeeperServer
-from zeps.dev.process import ManagedProcess, wait_until
+from zeps_dev import ZooKeeperServer
+from zeps_dev.process import ManagedProcess, wait_until
 
 
 def until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
     """The tests' one way to wait: poll ``check`` every 50 ms until it is true; after ``timeout``
-    seconds fail naming ``what`` (zeps.dev.process.wait_until underneath)."""
+    seconds fail naming ``what`` (zeps_dev.process.wait_until underneath)."""
     wait_until(check, timeout=timeout, interval=0.05, what=what)
 
 

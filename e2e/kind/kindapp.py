@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from zeps.dev.kind import client_pod_spec
+from zeps_dev.kind import client_pod_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("ZEPS_E2E_IMAGE", "")

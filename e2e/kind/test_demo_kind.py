@@ -19,7 +19,7 @@ def test_make_demo_on_kind_is_consistent_and_cleans_up() -> None:
     env = {**os.environ, "CLUSTER": "kind"}
     env.pop("ZEPS_KEEP_CLUSTER", None)
     result = subprocess.run(
-        [sys.executable, "-m", "zeps.demo"],
+        [sys.executable, "-m", "zeps_dev.demo"],
         env=env,
         cwd=ROOT,
         capture_output=True,

@@ -26,6 +26,13 @@ def test_operator_and_zookeeper_run_in_pods_with_the_charts_service_account(clus
     sa = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{RELEASE}-operator"
     assert cluster.kubectl("auth", "can-i", "patch", "topics.zeps.dev/status", "--as", sa).strip() == "yes"
     assert cluster.kubectl("auth", "can-i", "delete", "pods", "--as", sa, check=False).strip() == "no"
+    # the image holds the runtime only: the developer tooling is not in the wheel, and `zeps dev` says so
+    pod = pods[0]["metadata"]["name"]
+    probe = "import importlib.util as u, zeps_operator; print('tooling', u.find_spec('zeps_dev'))"
+    out = cluster.kubectl("exec", pod, "-n", OPERATOR_NAMESPACE, "--", "python", "-c", probe)
+    assert out.strip() == "tooling None"
+    said = cluster.kubectl("exec", pod, "-n", OPERATOR_NAMESPACE, "--", "sh", "-c", 'zeps dev up 2>&1; echo "exit=$?"')
+    assert "source checkout" in said and said.strip().endswith("exit=3"), said
     zookeeper = cluster.json("statefulset", f"{RELEASE}-zookeeper", "-n", OPERATOR_NAMESPACE)
     assert zookeeper["status"].get("readyReplicas") == 3
     assert sorted(zk.modes().values()) == ["follower", "follower", "leader"]

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from kindapp import ROOT, App, json_lines
 
-from zeps.dev.kind import spark_kind_figure
+from zeps_dev.kind import spark_kind_figure
 
 SPARK_IMAGE = os.environ.get("ZEPS_E2E_SPARK_IMAGE", "")
 EXAMPLES = ROOT / "examples" / "spark"

@@ -26,7 +26,7 @@ def _driver(**env: str) -> subprocess.Popen[str]:
     cluster is exactly what these tests check is not left behind)."""
     inherited = {k: v for k, v in os.environ.items() if k != "ZEPS_KEEP_CLUSTER"}
     return subprocess.Popen(
-        [sys.executable, "-m", "zeps.dev.kind", "e2e", "--co", "-q"],  # collect only, if it got that far
+        [sys.executable, "-m", "zeps_dev.kind", "e2e", "--co", "-q"],  # collect only, if it got that far
         env={**inherited, **env},
         cwd=ROOT,
         stdout=subprocess.PIPE,

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Import the image archive given as $1 into containerd's k8s.io namespace (content only: unpacked
-# on first use), with a containerd started just for this. zeps.dev.images runs it once in a container
+# on first use), with a containerd started just for this. zeps_dev.images runs it once in a container
 # of the node image, with the archive bind-mounted, then commits the container: the archive itself
 # never becomes a layer of the node image.
 set -eu

@@ -7,8 +7,6 @@ through :mod:`zeps.coordination.admin`, Kubernetes objects by server-side apply)
 
 from __future__ import annotations
 
-import base64
-import datetime as dt
 import logging
 import os
 import time
@@ -16,10 +14,6 @@ from collections.abc import Callable
 from typing import Any
 
 import kopf
-from kubernetes import client as k8s
-from kubernetes import config as k8s_config
-from kubernetes.client.exceptions import ApiException
-from kubernetes.dynamic import DynamicClient
 from prometheus_client import Counter, start_http_server
 from pydantic import BaseModel
 
@@ -37,6 +31,7 @@ from zeps.coordination.batches import BatchQueue
 from zeps.options import TopicOptions
 from zeps.paths import QueuePaths, StreamPaths, TopicPaths
 from zeps.resources import GROUP, PLURALS, VERSION
+from zeps_operator.kube import InvalidSecretError, Kube
 from zeps_operator.models import QueueSpec, StreamSpec, TopicSpec
 from zeps_operator.plan import (
     NAMESPACE_AUTH_SECRET,
@@ -61,9 +56,8 @@ RECONCILES = Counter("zeps_operator_reconciles", "Reconciliations", ["kind", "ou
 
 class _State:
     settings: Settings
+    kube: Kube  # the Kubernetes adapter: every API call besides kopf's own
     zk: Any = None
-    api: k8s.ApiClient | None = None
-    dynamic: DynamicClient | None = None
     last_event = 0.0
 
 
@@ -84,12 +78,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.background.instant_exit_timeout = ZK_DEADLINE / 2
     settings.background.cancellation_polling = 1.0
     state.zk = connect(state.settings.zookeeper, auth=state.settings.zookeeper_auth, acl_from_auth=False)
-    try:
-        k8s_config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except k8s_config.ConfigException:
-        k8s_config.load_kube_config()  # type: ignore[no-untyped-call]
-    state.api = k8s.ApiClient()
-    state.dynamic = DynamicClient(state.api)  # type: ignore[no-untyped-call]
+    state.kube = Kube.connect()
     port = int(os.environ.get("ZEPS_OPERATOR_METRICS_PORT", "0"))
     if port:
         start_http_server(port, addr=os.environ.get("ZEPS_OPERATOR_METRICS_ADDR", "127.0.0.1"))
@@ -100,6 +89,7 @@ def cleanup(**_: Any) -> None:
     if state.zk is not None:
         state.zk.stop()
         state.zk.close()
+    state.kube.close()
 
 
 @kopf.on.probe(id="zookeeper")
@@ -167,15 +157,10 @@ def _reconcile(kind: str, body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, *
 def _namespace_acl(namespace: str) -> list[Any] | None:
     """The namespace's ZooKeeper ACL: its digest user from the zeps-zookeeper-auth Secret, if any."""
     try:
-        secret = k8s.CoreV1Api(state.api).read_namespaced_secret(NAMESPACE_AUTH_SECRET, namespace)
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-    data = {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
-    if not data.get("user") or not data.get("password"):
-        raise kopf.PermanentError(f"Secret {NAMESPACE_AUTH_SECRET} needs the keys user and password")
-    return digest_acl(data["user"], data["password"])
+        credentials = state.kube.credentials(namespace, NAMESPACE_AUTH_SECRET)
+    except InvalidSecretError as exc:
+        raise kopf.PermanentError(str(exc)) from None
+    return digest_acl(*credentials) if credentials else None
 
 
 def _ready(body: kopf.Body, patch: kopf.Patch, ready: bool, reason: str, message: str, *, generation: int) -> None:
@@ -234,11 +219,11 @@ def _run_cleaner(body: kopf.Body, spec: kopf.Spec, memo: kopf.Memo) -> None:
     has been missing, which ``cleanerGrace`` is counted from. Losing the Lease forgets that: the
     holder meanwhile saw what this replica did not."""
     meta = body["metadata"]
-    owner = k8s.V1OwnerReference(api_version=f"{GROUP}/{VERSION}", kind="Topic", name=meta["name"], uid=meta["uid"])
-    holder = _hold_lease(meta["namespace"], f"{meta['name']}-cleaner", owner=owner)
-    k8s.CustomObjectsApi(state.api).patch_namespaced_custom_object_status(
-        GROUP, VERSION, meta["namespace"], PLURALS["Topic"], meta["name"], {"status": {"cleanerHolder": holder}}
+    owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Topic", "name": meta["name"], "uid": meta["uid"]}
+    holder = state.kube.hold_lease(
+        meta["namespace"], f"{meta['name']}-cleaner", identity=state.settings.identity, owner=owner
     )
+    state.kube.patch_status("Topic", meta["namespace"], meta["name"], {"cleanerHolder": holder})
     if holder != state.settings.identity:
         memo.pop("cleaner", None)
         return
@@ -256,52 +241,6 @@ def _run_cleaner(body: kopf.Body, spec: kopf.Spec, memo: kopf.Memo) -> None:
     removed = cleaner.clean_once()
     if removed:
         kopf.info(body, reason="Cleaned", message=f"removed the queues of vanished consumers {removed}")
-
-
-def _hold_lease(namespace: str, name: str, *, owner: k8s.V1OwnerReference, duration: int = 45) -> str:
-    """Acquire or renew the Lease; returns its holder (us, or the replica that holds it). The Lease is
-    owned by its Topic, so Kubernetes deletes it with the Topic (nothing is left after an uninstall)."""
-    api = k8s.CoordinationV1Api(state.api)
-    now = dt.datetime.now(dt.UTC)
-    me = state.settings.identity
-    try:
-        lease = api.read_namespaced_lease(name, namespace)
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
-        body = k8s.V1Lease(
-            metadata=k8s.V1ObjectMeta(
-                name=name, labels={"app.kubernetes.io/managed-by": "zeps-operator"}, owner_references=[owner]
-            ),
-            spec=k8s.V1LeaseSpec(holder_identity=me, lease_duration_seconds=duration, acquire_time=now, renew_time=now),
-        )
-        try:
-            api.create_namespaced_lease(namespace, body)
-            return me
-        except ApiException as again:
-            if again.status != 409:
-                raise
-            lease = api.read_namespaced_lease(name, namespace)
-    spec = lease.spec or k8s.V1LeaseSpec()
-    lease.spec = spec
-    renewed = spec.renew_time
-    duration_s = spec.lease_duration_seconds or duration
-    expired = renewed is None or renewed + dt.timedelta(seconds=duration_s) < now
-    if spec.holder_identity == me or expired or not spec.holder_identity:
-        if spec.holder_identity != me:
-            spec.acquire_time = now
-        spec.holder_identity, spec.renew_time, spec.lease_duration_seconds = me, now, duration
-        if lease.metadata is not None and not lease.metadata.owner_references:
-            lease.metadata.owner_references = [owner]  # a Lease made before Leases had an owner
-        try:
-            api.replace_namespaced_lease(name, namespace, lease)  # resourceVersion makes this a compare-and-set
-            return me
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            current = api.read_namespaced_lease(name, namespace).spec
-            return str(current.holder_identity if current else "")
-    return str(spec.holder_identity)
 
 
 # -- Queue ---------------------------------------------------------------------------------------
@@ -348,9 +287,8 @@ def stream_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any
         _ensure_curve_secret(body, namespace, name)
     for obj in stream_objects(namespace, name, typed, state.settings):
         kopf.adopt(obj, owner=body)
-        _apply(obj)
-    deployment = k8s.AppsV1Api(state.api).read_namespaced_deployment(f"{name}-broker", namespace)
-    available = deployment.status is not None and (deployment.status.available_replicas or 0) >= 1
+        state.kube.apply(obj)
+    available = state.kube.deployment_available(namespace, f"{name}-broker")
     members = group.members()
     registered = member in members
     patch.status["brokerReady"] = available and registered
@@ -371,13 +309,8 @@ def stream_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any
 
 def _ensure_curve_secret(body: kopf.Body, namespace: str, name: str) -> None:
     """The broker's CURVE key pair, made once and kept in a Secret (never rotated behind its back)."""
-    core = k8s.CoreV1Api(state.api)
-    try:
-        core.read_namespaced_secret(f"{name}-curve", namespace)
+    if state.kube.secret_data(namespace, f"{name}-curve") is not None:
         return
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
     public, secret_text = make_curve_certificate()
     secret = {
         "apiVersion": "v1",
@@ -390,20 +323,8 @@ def _ensure_curve_secret(body: kopf.Body, namespace: str, name: str) -> None:
         "stringData": {"broker.key_secret": secret_text},
     }
     kopf.adopt(secret, owner=body)
-    _apply(secret)
+    state.kube.apply(secret)
     kopf.info(body, reason="CurveKeys", message="created the broker's CURVE key pair")
-
-
-def _apply(obj: dict[str, Any]) -> None:
-    assert state.dynamic is not None
-    resource = state.dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
-    resource.server_side_apply(
-        body=obj,
-        name=obj["metadata"]["name"],
-        namespace=obj["metadata"]["namespace"],
-        field_manager="zeps-operator",
-        force_conflicts=True,
-    )
 
 
 # -- deletion ------------------------------------------------------------------------------------
@@ -427,11 +348,8 @@ def deleted(body: kopf.Body, spec: kopf.Spec, retry: int, **_: Any) -> None:
         )
         # Release it ourselves as well: kopf drops its finalizer only once every handler and timer of
         # the object has settled, which was seen to wait for ZooKeeper's return (idempotent if kopf did)
-        plural = PLURALS[kind]
         remaining = [f for f in meta.get("finalizers", []) if f != FINALIZER]
-        k8s.CustomObjectsApi(state.api).patch_namespaced_custom_object(
-            GROUP, VERSION, meta["namespace"], plural, meta["name"], {"metadata": {"finalizers": remaining}}
-        )
+        state.kube.set_finalizers(kind, meta["namespace"], meta["name"], remaining)
         return
     target, _children = zookeeper_layout(kind, meta["namespace"], meta["name"], state.settings.chroot)
     try:

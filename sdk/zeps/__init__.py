@@ -1,7 +1,7 @@
 """zeps: ZooKeeper-coordinated messaging for Kubernetes.
 
 The facade: everything a user needs is named in ``__all__``; every other module is private
-unless its own docstring says otherwise (``zeps.coordination.testing``, ``zeps.dev``).
+unless its own docstring says otherwise (``zeps.coordination.testing``).
 """
 
 from importlib.metadata import version as _version

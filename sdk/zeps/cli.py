@@ -11,37 +11,16 @@ broker unreachable or refusing.
 
 from __future__ import annotations
 
-import json
+import importlib
 import sys
-from collections.abc import Callable
-from functools import wraps
 from typing import Any
 
 import click
 
-from zeps.errors import ConfigError, ZepsError, exit_code
+from zeps.cli_common import EXIT_EMPTY, emit, reporting_errors
+from zeps.errors import ConfigError, SetupError
 
-__all__ = ["main"]
-
-EXIT_EMPTY = 1  # the other codes follow the error hierarchy: zeps.errors.exit_code
-
-
-def _emit(ctx: click.Context, human: str, data: dict[str, Any]) -> None:
-    click.echo(json.dumps(data, sort_keys=True, default=str) if ctx.obj["json"] else human)
-
-
-def _errors(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn zeps errors into one line on stderr and their category's exit code (:func:`zeps.errors.exit_code`)."""
-
-    @wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except ZepsError as exc:
-            click.echo(f"zeps: {exc}", err=True)
-            sys.exit(exit_code(exc))
-
-    return wrapper
+__all__ = ["cli", "main"]
 
 
 def _settings(ctx: click.Context) -> dict[str, Any]:
@@ -95,13 +74,13 @@ def topic() -> None:
 @click.argument("name")
 @click.argument("messages", nargs=-1, required=True)
 @click.pass_context
-@_errors
+@reporting_errors
 def topic_publish(ctx: click.Context, name: str, messages: tuple[str, ...]) -> None:
     """Publish MESSAGES (one per argument) to topic NAME."""
     from zeps.handles import topic as topic_handle  # noqa: PLC0415 — keep `zeps --help` fast
 
     ids = topic_handle(name, ctx.obj["namespace"], **_settings(ctx)).publish_many([m.encode() for m in messages])
-    _emit(ctx, "\n".join(ids), {"published": ids})
+    emit(ctx, "\n".join(ids), {"published": ids})
 
 
 @topic.command("subscribe")
@@ -110,7 +89,7 @@ def topic_publish(ctx: click.Context, name: str, messages: tuple[str, ...]) -> N
 @click.option("--count", type=int, default=0, help="Stop after this many messages (0: until the timeout).")
 @click.option("--timeout", type=float, default=10.0, help="Seconds to wait for messages.")
 @click.pass_context
-@_errors
+@reporting_errors
 def topic_subscribe(ctx: click.Context, name: str, consumer_id: str | None, count: int, timeout: float) -> None:
     """Print messages of topic NAME as they arrive."""
     import queue as queue_mod  # noqa: PLC0415
@@ -128,7 +107,7 @@ def topic_subscribe(ctx: click.Context, name: str, consumer_id: str | None, coun
             except queue_mod.Empty:
                 break
             seen += 1
-            _emit(
+            emit(
                 ctx,
                 m.body.decode(errors="replace"),
                 {"id": m.id, "body": m.body.decode(errors="replace"), "publisher": m.publisher, "headers": m.headers},
@@ -148,7 +127,7 @@ def queue() -> None:
 @click.argument("items", nargs=-1, required=True)
 @click.option("--priority", type=click.IntRange(0, 999), default=None, help="Lower runs first.")
 @click.pass_context
-@_errors
+@reporting_errors
 def queue_put(ctx: click.Context, name: str, items: tuple[str, ...], priority: int | None) -> None:
     """Add ITEMS (one per argument) to queue NAME."""
     from zeps.handles import queue as queue_handle  # noqa: PLC0415
@@ -156,7 +135,7 @@ def queue_put(ctx: click.Context, name: str, items: tuple[str, ...], priority: i
     ids = queue_handle(name, ctx.obj["namespace"], **_settings(ctx)).put_all(
         [i.encode() for i in items], priority=priority
     )
-    _emit(ctx, "\n".join(ids), {"put": ids})
+    emit(ctx, "\n".join(ids), {"put": ids})
 
 
 @queue.command("take")
@@ -165,7 +144,7 @@ def queue_put(ctx: click.Context, name: str, items: tuple[str, ...], priority: i
 @click.option("--timeout", type=float, default=5.0, help="Seconds to wait for the first item.")
 @click.option("--ack/--release", default=True, help="Ack what was taken (default), or give it back.")
 @click.pass_context
-@_errors
+@reporting_errors
 def queue_take(ctx: click.Context, name: str, count: int, timeout: float, ack: bool) -> None:
     """Take items from queue NAME, print them, and ack them."""
     from zeps.handles import queue as queue_handle  # noqa: PLC0415
@@ -173,7 +152,7 @@ def queue_take(ctx: click.Context, name: str, count: int, timeout: float, ack: b
     handle = queue_handle(name, ctx.obj["namespace"], **_settings(ctx))
     items = handle.take_many(count, timeout=timeout)
     for item in items:
-        _emit(
+        emit(
             ctx,
             item.body.decode(errors="replace"),
             {"id": item.id, "body": item.body.decode(errors="replace"), "attempt": item.attempt},
@@ -186,21 +165,21 @@ def queue_take(ctx: click.Context, name: str, count: int, timeout: float, ack: b
 @queue.command("stats")
 @click.argument("name")
 @click.pass_context
-@_errors
+@reporting_errors
 def queue_stats(ctx: click.Context, name: str) -> None:
     """Depth, in-flight, dead-lettered, waiting workers and oldest age of queue NAME."""
     from zeps.handles import queue as queue_handle  # noqa: PLC0415
 
     stats = queue_handle(name, ctx.obj["namespace"], **_settings(ctx)).stats()
     data = dict(stats.__dict__)
-    _emit(ctx, "  ".join(f"{k}={v}" for k, v in data.items()), data)
+    emit(ctx, "  ".join(f"{k}={v}" for k, v in data.items()), data)
 
 
 @queue.command("dead-letter")
 @click.argument("name")
 @click.option("--redrive", is_flag=True, help="Put every dead-lettered item back in the queue.")
 @click.pass_context
-@_errors
+@reporting_errors
 def queue_dead_letter(ctx: click.Context, name: str, redrive: bool) -> None:
     """List the dead letters of queue NAME (or re-drive them)."""
     from zeps.handles import queue as queue_handle  # noqa: PLC0415
@@ -208,10 +187,10 @@ def queue_dead_letter(ctx: click.Context, name: str, redrive: bool) -> None:
     handle = queue_handle(name, ctx.obj["namespace"], **_settings(ctx))
     if redrive:
         moved = handle.redrive()
-        _emit(ctx, f"re-drove {moved} items", {"redriven": moved})
+        emit(ctx, f"re-drove {moved} items", {"redriven": moved})
         return
     for d in handle.dead_letters():
-        _emit(
+        emit(
             ctx,
             f"{d.id}  attempts={d.attempts}  {d.reason}  {d.body.decode(errors='replace')}",
             {"id": d.id, "attempts": d.attempts, "reason": d.reason, "body": d.body.decode(errors="replace")},
@@ -234,11 +213,11 @@ def _batches(ctx: click.Context, name: str) -> Any:
 @click.argument("name")
 @click.argument("records", nargs=-1, required=True)
 @click.pass_context
-@_errors
+@reporting_errors
 def batches_publish(ctx: click.Context, name: str, records: tuple[str, ...]) -> None:
     """Publish one batch of RECORDS to batch queue NAME."""
     batch_id = _batches(ctx, name).publish([r.encode() for r in records])
-    _emit(ctx, batch_id, {"batch": batch_id})
+    emit(ctx, batch_id, {"batch": batch_id})
 
 
 @batches.command("consume")
@@ -247,14 +226,14 @@ def batches_publish(ctx: click.Context, name: str, records: tuple[str, ...]) -> 
 @click.option("--max", "limit", type=int, default=None, help="Process at most this many batches.")
 @click.option("--start", type=click.Choice(["earliest", "latest"]), default="earliest", help="For a new consumer.")
 @click.pass_context
-@_errors
+@reporting_errors
 def batches_consume(ctx: click.Context, name: str, consumer: str, limit: int | None, start: str) -> None:
     """Print the batches CONSUMER has not processed yet, and advance its position."""
     processed = (
         _batches(ctx, name)
         .consumer(consumer, start=start)
         .process_available(
-            lambda b: _emit(
+            lambda b: emit(
                 ctx,
                 f"{b.id}: " + " ".join(r.decode(errors="replace") for r in b.records),
                 {"batch": b.id, "records": [r.decode(errors="replace") for r in b.records]},
@@ -269,11 +248,11 @@ def batches_consume(ctx: click.Context, name: str, consumer: str, limit: int | N
 @batches.command("lag")
 @click.argument("name")
 @click.pass_context
-@_errors
+@reporting_errors
 def batches_lag(ctx: click.Context, name: str) -> None:
     """Batches each consumer of NAME still has to process."""
     lag = _batches(ctx, name).lag()
-    _emit(ctx, "\n".join(f"{c}: {n}" for c, n in sorted(lag.items())) or "no consumers", {"lag": lag})
+    emit(ctx, "\n".join(f"{c}: {n}" for c, n in sorted(lag.items())) or "no consumers", {"lag": lag})
 
 
 @batches.command("reset")
@@ -281,11 +260,11 @@ def batches_lag(ctx: click.Context, name: str) -> None:
 @click.option("--consumer", required=True)
 @click.option("--to", "to", type=int, required=True, help="The batch number to process next (replay).")
 @click.pass_context
-@_errors
+@reporting_errors
 def batches_reset(ctx: click.Context, name: str, consumer: str, to: int) -> None:
     """Replay: make batch --to the next one CONSUMER processes."""
     _batches(ctx, name).consumer(consumer).reset(to)
-    _emit(ctx, f"{consumer} will process batch {to} next", {"consumer": consumer, "next": to})
+    emit(ctx, f"{consumer} will process batch {to} next", {"consumer": consumer, "next": to})
 
 
 # -- stream -----------------------------------------------------------------------------------------
@@ -307,14 +286,14 @@ def _stream_client(ctx: click.Context, name: str) -> Any:
 @click.argument("key")
 @click.argument("bodies", nargs=-1, required=True)
 @click.pass_context
-@_errors
+@reporting_errors
 def stream_publish(ctx: click.Context, *, name: str, key: str, bodies: tuple[str, ...]) -> None:
     """Publish BODIES under routing KEY to stream NAME (confirmed by the broker before exiting)."""
     with _stream_client(ctx, name) as client:
         for body in bodies:
             client.publish(key, body.encode())
         client.flush()
-    _emit(ctx, f"published {len(bodies)}", {"published": len(bodies)})
+    emit(ctx, f"published {len(bodies)}", {"published": len(bodies)})
 
 
 def _print_messages(ctx: click.Context, name: str, *, pattern: str, since: Any, count: int, timeout: float) -> None:
@@ -326,7 +305,7 @@ def _print_messages(ctx: click.Context, name: str, *, pattern: str, since: Any, 
             if m is None:
                 break
             seen += 1
-            _emit(
+            emit(
                 ctx,
                 f"{m.sequence}  {m.key}  {m.body.decode(errors='replace')}",
                 {
@@ -346,7 +325,7 @@ def _print_messages(ctx: click.Context, name: str, *, pattern: str, since: Any, 
 @click.option("--count", type=int, default=0, help="Stop after this many (0: until quiet for --timeout).")
 @click.option("--timeout", type=float, default=10.0)
 @click.pass_context
-@_errors
+@reporting_errors
 def stream_tail(ctx: click.Context, name: str, pattern: str, count: int, timeout: float) -> None:
     """Print new messages of stream NAME as they arrive."""
     _print_messages(ctx, name, pattern=pattern, since="latest", count=count, timeout=timeout)
@@ -359,7 +338,7 @@ def stream_tail(ctx: click.Context, name: str, pattern: str, count: int, timeout
 @click.option("--count", type=int, default=0)
 @click.option("--timeout", type=float, default=3.0, help="Stop when nothing arrives for this long.")
 @click.pass_context
-@_errors
+@reporting_errors
 def stream_replay(ctx: click.Context, *, name: str, since: str, pattern: str, count: int, timeout: float) -> None:
     """Print messages of stream NAME from --since on."""
     from datetime import datetime  # noqa: PLC0415
@@ -383,7 +362,7 @@ def stream_replay(ctx: click.Context, *, name: str, since: str, pattern: str, co
 @click.option("--position", type=int, default=None,
               help="A consumer's last processed sequence (say, a Spark checkpoint's offset).")  # fmt: skip
 @click.pass_context
-@_errors
+@reporting_errors
 def stream_lag(ctx: click.Context, *, name: str, position: int | None) -> None:
     """How far behind the durable tail of stream NAME its subscriptions are, from the facts the
     broker publishes in ZooKeeper every second (the furthest behind first)."""
@@ -407,7 +386,7 @@ def stream_lag(ctx: click.Context, *, name: str, position: int | None) -> None:
     if position is not None:
         data["positionLag"] = max(0, last - position)
         lines.append(f"position {position}: {data['positionLag']} behind")
-    _emit(ctx, "\n".join(lines), data)
+    emit(ctx, "\n".join(lines), data)
 
 
 # -- status -----------------------------------------------------------------------------------------
@@ -421,7 +400,7 @@ _FACTS = {
 @cli.command("status")
 @click.option("--all-namespaces", "-A", is_flag=True, help="Every namespace, not just --namespace.")
 @click.pass_context
-@_errors
+@reporting_errors
 def status(ctx: click.Context, all_namespaces: bool) -> None:
     """Every Topic, Queue and ZepsStream with its Ready condition and live facts (via Kubernetes)."""
     from zeps.config import default_namespace  # noqa: PLC0415
@@ -438,7 +417,7 @@ def status(ctx: click.Context, all_namespaces: bool) -> None:
             f"{item['kind']:<11} {meta['namespace']}/{meta['name']:<24} Ready={ready.get('status', 'Unknown'):<7}"
             f" {ready.get('reason', '')}  " + "  ".join(f"{k}={v}" for k, v in facts.items())
         )
-        _emit(
+        emit(
             ctx,
             human,
             {
@@ -451,7 +430,7 @@ def status(ctx: click.Context, all_namespaces: bool) -> None:
             },
         )
     if not items:
-        _emit(ctx, "no zeps resources", {"resources": 0})
+        emit(ctx, "no zeps resources", {"resources": 0})
     sys.exit(EXIT_EMPTY if not_ready else 0)
 
 
@@ -466,116 +445,30 @@ def broker(ctx: click.Context) -> None:
 
 
 # -- dev ----------------------------------------------------------------------------------------------
-def _dev_state(workdir: str | None) -> Any:
-    import os  # noqa: PLC0415
-    from pathlib import Path  # noqa: PLC0415
-
-    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    cache = Path(os.environ.get("ZEPS_CACHE_DIR") or Path(xdg) / "zeps")  # as tools/setup.sh
-    folder = Path(workdir) if workdir else cache / "dev"
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder, folder / "stack.json"
-
-
-def _alive(pid: int) -> bool:
-    """True while ``pid`` runs (an exited process its parent has not reaped yet — a zombie — does not)."""
-    import os  # noqa: PLC0415
-    from pathlib import Path  # noqa: PLC0415
-
+def _attach_dev_commands() -> None:
+    """``zeps dev up|down`` (the local stack) belongs to the developer tooling, :mod:`zeps_dev`, which
+    only a source checkout has (the wheel and the image leave it out). Attached when importable, by
+    name: the runtime packages never import the tooling (an import-linter contract)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state != "Z"
+        tooling = importlib.import_module("zeps_dev.cli")
+    except ModuleNotFoundError as exc:
+        if exc.name != "zeps_dev":
+            raise
+
+        @cli.command("dev", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+        @reporting_errors
+        def dev() -> None:
+            """The local stack (from a zeps source checkout only)."""
+            raise SetupError(
+                "`zeps dev` runs the local stack from a zeps source checkout: clone the repository and run "
+                "`make setup` there (this installation has the runtime only)"
+            )
+
+    else:
+        cli.add_command(tooling.dev)
 
 
-@cli.group()
-def dev() -> None:
-    """The local stack: ZooKeeper, a Kubernetes control plane, the chart and the operator."""
-
-
-@dev.command("up")
-@click.option("--workdir", default=None, help="Where the stack keeps its state (default: the zeps cache's dev/).")
-@click.pass_context
-@_errors
-def dev_up(ctx: click.Context, workdir: str | None) -> None:
-    """Start the local stack and keep it running until Ctrl-C or `zeps dev down`."""
-    import os  # noqa: PLC0415
-    import shutil  # noqa: PLC0415
-    import signal  # noqa: PLC0415
-
-    from zeps.dev.stack import LocalStack  # noqa: PLC0415
-
-    folder, state = _dev_state(workdir)
-    if state.exists():
-        pid = json.loads(state.read_text())["pid"]
-        if _alive(pid):
-            raise ConfigError(f"a local stack is already running (pid {pid}); `zeps dev down` stops it")
-        state.unlink()
-    shutil.rmtree(folder / "stack", ignore_errors=True)  # a fresh stack each time: no stale data
-    stopping = False
-
-    def stop(_signum: int, _frame: Any) -> None:
-        nonlocal stopping
-        stopping = True
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
-
-    def say(text: str) -> None:
-        if not ctx.obj["json"]:
-            click.echo(f"[dev] {text}", err=True)
-
-    stack = LocalStack(folder / "stack", namespace=ctx.obj["namespace"] or "default", progress=say)
-    try:
-        stack.start()
-        env = stack.env()
-        state.write_text(json.dumps({"pid": os.getpid(), "env": env}))
-        exports = "\n".join(f"export {k}={v}" for k, v in env.items())
-        _emit(ctx, f"{exports}\n# the stack runs until Ctrl-C or `zeps dev down`", {"pid": os.getpid(), "env": env})
-        sys.stdout.flush()
-        signal.pause()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        say("stopping the local stack")
-        stack.stop()
-        state.unlink(missing_ok=True)
-    if not stopping:
-        say("stopped")
-
-
-@dev.command("down")
-@click.option("--workdir", default=None, help="The stack's state folder (as given to `zeps dev up`).")
-@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for the stack to stop.")
-@click.pass_context
-@_errors
-def dev_down(ctx: click.Context, workdir: str | None, timeout: float) -> None:
-    """Stop the local stack started by `zeps dev up`."""
-    import os  # noqa: PLC0415
-    import signal  # noqa: PLC0415
-    import time  # noqa: PLC0415
-
-    _, state = _dev_state(workdir)
-    if not state.exists():
-        _emit(ctx, "no local stack is running", {"stopped": False})
-        sys.exit(EXIT_EMPTY)
-    pid = json.loads(state.read_text())["pid"]
-    if _alive(pid):
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while _alive(pid):
-            if time.monotonic() > deadline:
-                raise ZepsError(f"the local stack (pid {pid}) did not stop within {timeout:.0f}s")
-            time.sleep(0.2)
-    state.unlink(missing_ok=True)
-    _emit(ctx, f"stopped the local stack (pid {pid})", {"stopped": True, "pid": pid})
+_attach_dev_commands()
 
 
 def main() -> None:

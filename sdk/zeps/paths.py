@@ -158,10 +158,14 @@ class TopicPaths:
     def cleaner(self) -> str:
         return f"{self.root}/cleaner"
 
+    def delivery_layout(self) -> list[str]:
+        """The nodes publishing and subscribing need (the SDK creates them when missing)."""
+        return [self.clients.members, self.subscribers.members, self.messages]
+
     def layout(self) -> list[str]:
-        """The persistent nodes a Topic needs (the operator creates them; the SDK creates the ones it
-        uses when missing, ``parked`` on first use)."""
-        return [self.clients.members, self.subscribers.members, self.messages, self.parked]
+        """The persistent nodes a Topic needs (the operator creates them; the SDK creates the delivery
+        ones when missing, ``parked`` on first use)."""
+        return [*self.delivery_layout(), self.parked]
 
 
 @dataclass(frozen=True)
@@ -247,10 +251,18 @@ class QueuePaths:
     def processor(self, consumer: str) -> str:
         return f"{self.processors}/{validate_member_id(consumer)}"
 
+    def work_layout(self) -> list[str]:
+        """The persistent nodes of work mode (WorkQueue)."""
+        return [self.items, self.taken, self.waiters, self.workers.members, self.dead]
+
+    def batch_layout(self) -> list[str]:
+        """The persistent nodes of batch mode (BatchQueue)."""
+        return [self.batch_data, self.batch_refs, self.batch_lock, self.batch_writers, self.processors]
+
     def layout(self) -> list[str]:
-        """The persistent nodes a Queue needs, in either mode."""
-        return [self.items, self.taken, self.waiters, self.workers.members, self.dead, self.batch_data,
-                self.batch_refs, self.batch_lock, self.processors]  # fmt: skip
+        """The persistent nodes a Queue needs, in either mode (the operator creates them all; each SDK
+        class creates its mode's when missing)."""
+        return [*self.work_layout(), *self.batch_layout()]
 
 
 @dataclass(frozen=True)

@@ -9,17 +9,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
-from harness import OPERATOR_AUTH
-from zeps.dev import ControlPlane, OperatorProcess, ZooKeeperServer
-from zeps.dev.process import wait_until
-
-CRDS = Path(__file__).resolve().parents[2] / "crds"
+from zeps_dev import OperatorProcess
+from zeps_dev.process import wait_until
 
 _namespaces = itertools.count()
 
@@ -57,35 +53,3 @@ def namespace(kube_api: Any) -> Iterator[str]:
         yield name
     finally:
         core.delete_namespace(name)
-
-
-@pytest.fixture(scope="session")
-def crds(control_plane: ControlPlane) -> ControlPlane:
-    """The generated CRDs, applied with kubectl and Established."""
-    control_plane.kubectl("apply", "-f", str(CRDS))
-    for name in ("topics", "queues", "zepsstreams"):
-        control_plane.kubectl("wait", "--for=condition=Established", f"crd/{name}.zeps.dev", "--timeout=60s")
-    return control_plane
-
-
-@pytest.fixture(scope="session")
-def operator(
-    crds: ControlPlane, zookeeper_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OperatorProcess]:
-    """The zeps operator run by kopf against the control plane and the real ZooKeeper, as the chart
-    runs it; resync every 3 s so drift repair is quick."""
-    proc = OperatorProcess(
-        tmp_path_factory.mktemp("operator"),
-        kubeconfig=crds.kubeconfig,
-        zookeeper=zookeeper_server.connect_string,
-        chroot="/operator-tests",
-        resync_seconds=3,
-        delete_retries=3,
-        identity="zeps-operator-test",
-        zookeeper_auth=":".join(OPERATOR_AUTH),
-    )
-    proc.start()
-    try:
-        yield proc
-    finally:
-        proc.stop()

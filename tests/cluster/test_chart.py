@@ -8,8 +8,8 @@ from pathlib import Path
 import yaml
 from kubernetes import client
 
-from zeps.dev import ControlPlane
-from zeps.dev.controlplane import binaries_dir
+from zeps_dev import ControlPlane
+from zeps_dev.controlplane import binaries_dir
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "zeps"
 KUBE = "1.33.13"  # a helm built from source defaults to v1.20 when it renders without a cluster

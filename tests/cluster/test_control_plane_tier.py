@@ -14,8 +14,8 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from harness import until
-from zeps.dev import ControlPlane
-from zeps.dev.controlplane import FAKE_NODE, binaries_dir
+from zeps_dev import ControlPlane
+from zeps_dev.controlplane import FAKE_NODE, binaries_dir
 
 SMOKE_CHART = Path(__file__).parent / "testdata" / "smoke-chart"
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from zeps.dev import ControlPlane
 from zeps.errors import SetupError
+from zeps_dev import ControlPlane
 
 
 def _apply(plane: ControlPlane, namespace: str, body: dict[str, Any]) -> str:

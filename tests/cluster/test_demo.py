@@ -1,4 +1,4 @@
-"""`make demo` end to end (its entry point, zeps.demo.run) and `zeps dev up|down`.
+"""`make demo` end to end (its entry point, zeps_dev.demo.run) and `zeps dev up|down`.
 
 Both start a stack of their own — ZooKeeper, a control plane, the chart, the operator — beside the
 session's, and stop it; the Spark pipeline runs as a subprocess (local[2]), as the demo runs it.
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from zeps.demo import run
-from zeps.dev.controlplane import binaries_dir
+from zeps_dev.controlplane import binaries_dir
+from zeps_dev.demo import run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "demo"))
 from orders_pipeline import COUNTRIES, expected  # type: ignore[import-not-found]
@@ -98,7 +98,7 @@ def test_ctrl_c_stops_everything_the_demo_started(tmp_path: Path) -> None:
     runs: the demo says so, exits 130 and leaves no server behind (its workdir is under TMPDIR)."""
     env = {**os.environ, "TMPDIR": str(tmp_path), "ZEPS_TESTBIN": str(binaries_dir())}
     env.pop("CLUSTER", None)
-    demo = subprocess.Popen([sys.executable, "-m", "zeps.demo"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    demo = subprocess.Popen([sys.executable, "-m", "zeps_dev.demo"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, start_new_session=True)  # fmt: skip
     try:
         assert demo.stdout is not None

@@ -15,9 +15,9 @@ from kubernetes import client
 
 import zeps
 from harness import ZooKeeperHarness
-from zeps.dev import ControlPlane, OperatorProcess
-from zeps.dev.process import wait_until
 from zeps.errors import ConfigError
+from zeps_dev import ControlPlane, OperatorProcess
+from zeps_dev.process import wait_until
 
 CHROOT = "/operator-tests"
 

@@ -18,8 +18,8 @@ from kubernetes import client
 from harness import ZooKeeperHarness
 from zeps.client import StreamClient
 from zeps.coordination import Topic
-from zeps.dev import ControlPlane, OperatorProcess
-from zeps.dev.process import ManagedProcess, free_port, wait_until
+from zeps_dev import ControlPlane, OperatorProcess
+from zeps_dev.process import ManagedProcess, free_port, wait_until
 
 CHROOT = "/operator-tests"
 
@@ -134,7 +134,7 @@ def test_finalizer_is_released_promptly_mid_timer_and_when_zookeeper_is_down(tmp
        ``cancellation_polling`` seconds, 60 by default: CI saw ``kubectl delete`` time out so.
     2. With ZooKeeper down, the finalizer gives up after its bounded retries and the object goes.
     """
-    from zeps.dev.zookeeper import ZooKeeperServer as Server  # noqa: PLC0415
+    from zeps_dev.zookeeper import ZooKeeperServer as Server  # noqa: PLC0415
 
     with Server(tmp_path / "zk") as zk, ControlPlane(tmp_path / "cp") as plane:
         plane.kubectl("apply", "-f", str(Path(__file__).resolve().parents[2] / "crds"))

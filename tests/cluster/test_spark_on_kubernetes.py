@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from zeps.dev import ControlPlane
+from zeps_dev import ControlPlane
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "spark"
 

@@ -10,9 +10,9 @@ import pytest
 from harness import WorkerProcess, ZooKeeperHarness
 from zeps.batchstore import FileBatchStore
 from zeps.coordination.batches import Batch, BatchQueue, ConsumerConflictError
-from zeps.dev.process import wait_until
 from zeps.errors import ConfigError, CoordinationError
 from zeps.options import BatchOptions
+from zeps_dev.process import wait_until
 
 
 def _queue(zookeeper: ZooKeeperHarness, name: str = "orders", **options: object) -> BatchQueue:

@@ -17,8 +17,8 @@ from harness import ZooKeeperHarness
 from zeps.broker import BrokerConfig, BrokerServer
 from zeps.client import Seq, StreamClient
 from zeps.coordination.queue import WorkQueue
-from zeps.dev.process import ManagedProcess, free_port, wait_until
 from zeps.options import QueueOptions
+from zeps_dev.process import ManagedProcess, free_port, wait_until
 
 Zeps = Callable[..., subprocess.CompletedProcess[str]]
 

@@ -20,7 +20,7 @@ import pytest
 from harness import ZooKeeperHarness
 from zeps.broker import BrokerConfig, BrokerServer, Registration
 from zeps.client import StreamClient
-from zeps.dev.process import wait_until
+from zeps_dev.process import wait_until
 
 pytestmark = pytest.mark.spark
 

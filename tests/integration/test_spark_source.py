@@ -19,11 +19,11 @@ from zeps.broker import BrokerConfig, BrokerServer, Registration
 from zeps.client import Seq, StreamClient
 from zeps.config import Resolved
 from zeps.coordination.batches import BatchQueue
-from zeps.dev.process import wait_until
 from zeps.errors import ConfigError
 from zeps.journal import JournalConfig
 from zeps.spark import ZepsDataSource, queue_sink, topic_sink
 from zeps.spark.source import _QUEUE_TYPES, DataLossError, _Range, _StreamRead
+from zeps_dev.process import wait_until
 
 pytestmark = pytest.mark.spark
 

@@ -27,7 +27,6 @@ from zeps._records import encode_record
 from zeps.broker import BrokerConfig, BrokerServer, CurveConfig, Registration
 from zeps.client import AsyncStreamClient, BrokerUnavailableError, Seq, StreamClient, Time, discover
 from zeps.coordination import Group
-from zeps.dev.process import free_port, wait_until
 from zeps.errors import ConfigError, ProtocolError
 from zeps.journal import JournalConfig
 from zeps.paths import StreamPaths
@@ -49,6 +48,7 @@ from zeps.protocol import (
     encode,
     encode_publish_batch,
 )
+from zeps_dev.process import free_port, wait_until
 
 BrokerFactory = Callable[..., BrokerServer]
 

@@ -10,7 +10,7 @@ from kazoo.exceptions import NoNodeError
 from kazoo.protocol.states import EventType, WatchedEvent
 
 from harness import ZooKeeperHarness, until
-from zeps.dev import ZooKeeperServer
+from zeps_dev import ZooKeeperServer
 
 
 def test_create_watch_delete(zookeeper: ZooKeeperHarness) -> None:

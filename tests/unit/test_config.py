@@ -73,11 +73,13 @@ def test_import_zeps_does_not_import_kubernetes() -> None:
 
 
 def test_the_tests_fixtures_load_without_the_extras() -> None:
-    """tests/conftest.py imports kubernetes and PySpark only in the fixtures that use them: the unit
-    tests run on an install without the extras."""
+    """conftest.py (the shared stack) and tests/conftest.py import kubernetes and PySpark only in the
+    fixtures that use them: the unit tests run on an install without the extras."""
     tests = Path(__file__).resolve().parents[1]
+    files = [str(tests.parent / "conftest.py"), str(tests / "conftest.py")]
     code = (
-        f"import sys; sys.path[:0] = [{str(tests)!r}]; import conftest; "
+        f"import runpy, sys; sys.path[:0] = [{str(tests)!r}]; "
+        f"[runpy.run_path(p) for p in {files!r}]; "
         "loaded = {'kubernetes', 'pyspark'} & {m.split('.')[0] for m in sys.modules}; "
         "assert not loaded, f'conftest imported {loaded}'"
     )

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from zeps.dev.process import ManagedProcess, free_port, wait_until
 from zeps.errors import SetupError
+from zeps_dev.process import ManagedProcess, free_port, wait_until
 
 
 def _alive(pid: int) -> bool:

@@ -3,8 +3,8 @@ the category, as zeps.errors documents."""
 
 from __future__ import annotations
 
+import importlib
 import re
-import sys
 
 import click
 import pytest
@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 import zeps.errors
 from zeps.broker.matching import PatternError
-from zeps.cli import _errors
+from zeps.cli_common import reporting_errors
 from zeps.client import BrokerUnavailableError
 from zeps.coordination.admin import PathConflictError, ZooKeeperUnavailableError
 from zeps.coordination.queue import LockLostError
@@ -77,7 +77,7 @@ def test_data_loss_and_availability_are_not_configuration() -> None:
 )
 def test_the_cli_exits_with_the_category_code_and_one_line(error: ZepsError, code: int) -> None:
     @click.command()
-    @_errors
+    @reporting_errors
     def command() -> None:
         raise error
 
@@ -89,5 +89,6 @@ def test_the_cli_exits_with_the_category_code_and_one_line(error: ZepsError, cod
 
 def test_the_cli_module_has_no_code_of_its_own_for_categories() -> None:
     """One place decides: the CLI imports the codes from zeps.errors rather than defining them."""
-    cli = sys.modules["zeps.cli"]
-    assert not hasattr(cli, "EXIT_CONFIG") and not hasattr(cli, "EXIT_UNAVAILABLE")
+    for name in ("zeps.cli", "zeps.cli_common"):
+        module = importlib.import_module(name)
+        assert not hasattr(module, "EXIT_CONFIG") and not hasattr(module, "EXIT_UNAVAILABLE")

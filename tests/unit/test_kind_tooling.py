@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from zeps.dev.docker import CAPABILITIES, SHIM, missing_capabilities
-from zeps.dev.kind import _check_port_free
 from zeps.errors import SetupError
+from zeps_dev.docker import CAPABILITIES, SHIM, missing_capabilities
+from zeps_dev.kind import _check_port_free
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,7 +90,7 @@ def test_no_engine_and_no_apt_says_what_to_install_in_one_line(tmp_path: Path) -
         "ZEPS_ZOOKEEPER_HOME": os.environ.get("ZEPS_ZOOKEEPER_HOME", str(tmp_path)),
     }
     result = subprocess.run(
-        [sys.executable, "-m", "zeps.dev.kind", "e2e"], env=env, capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-m", "zeps_dev.kind", "e2e"], env=env, capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode == 3, result.stdout + result.stderr
     lines = [line for line in result.stdout.splitlines() if line.startswith("e2e:")]

@@ -21,6 +21,17 @@ def test_topic_layout() -> None:
     assert TopicPaths.of("a", "b", chroot="/x/y").root == "/x/y/a/topics/b"
 
 
+def test_the_sdk_ensures_what_the_layout_names() -> None:
+    """What the SDK classes create (their mode's nodes) is read from the same layout the operator
+    creates: the modes split the Queue's layout, and a Topic's delivery nodes are all but parked/."""
+    queue = QueuePaths.of("shop", "crawl")
+    assert set(queue.work_layout()).isdisjoint(queue.batch_layout())
+    assert queue.work_layout() + queue.batch_layout() == queue.layout()
+    assert queue.batch_writers in queue.batch_layout()
+    topic = TopicPaths.of("shop", "cache")
+    assert set(topic.layout()) - set(topic.delivery_layout()) == {topic.parked}
+
+
 @pytest.mark.parametrize(
     ("namespace", "name", "chroot", "message"),
     [

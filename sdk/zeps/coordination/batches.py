@@ -96,8 +96,7 @@ class BatchQueue:
     def ensure(self) -> None:
         if self._ensured:
             return
-        paths = self.paths
-        for path in (paths.batch_data, paths.batch_refs, paths.batch_lock, paths.batch_writers, paths.processors):
+        for path in self.paths.batch_layout():
             bounded_retry()(self.client.ensure_path, path)
         self._ensured = True
 

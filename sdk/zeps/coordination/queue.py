@@ -189,13 +189,7 @@ class WorkQueue:
         """Create the queue's paths if missing (idempotent; the operator normally does this)."""
         if self._ensured:
             return
-        for path in (
-            self.paths.items,
-            self.paths.taken,
-            self.paths.waiters,
-            self.paths.dead,
-            self.paths.workers.members,
-        ):
+        for path in self.paths.work_layout():
             bounded_retry()(self.client.ensure_path, path)
         self._ensured = True
 

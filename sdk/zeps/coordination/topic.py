@@ -148,7 +148,7 @@ class Topic:
         """Create the topic's paths if missing (idempotent; the operator normally does this)."""
         if self._ensured:
             return
-        for path in (self.paths.messages, self.paths.clients.members, self.paths.subscribers.members):
+        for path in self.paths.delivery_layout():
             self.client.retry(self.client.ensure_path, path, acl=self.acl)
         self._ensured = True
 

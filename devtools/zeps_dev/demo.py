@@ -1,6 +1,6 @@
 """``make demo``: the whole system on an embedded default, with a summary at the end.
 
-1. The local stack (:class:`zeps.dev.stack.LocalStack`): ZooKeeper, the Kubernetes control plane,
+1. The local stack (:class:`zeps_dev.stack.LocalStack`): ZooKeeper, the Kubernetes control plane,
    the chart installed with helm, the operator.
 2. A Topic, a Queue and a ZepsStream applied with ``kubectl apply -f examples/…`` and waited for
    Ready; the stream's broker started from its Deployment's pod template (no kubelet here).
@@ -31,10 +31,10 @@ from typing import Any
 
 import zeps
 from zeps.coordination import close_shared
-from zeps.dev.kind import KindStack, client_pod_spec, kind_stack_from_env
-from zeps.dev.stack import REPOSITORY, LocalStack
 from zeps.errors import ZepsError
 from zeps.resources import PLURALS
+from zeps_dev.kind import KindStack, client_pod_spec, kind_stack_from_env
+from zeps_dev.stack import REPOSITORY, LocalStack
 
 __all__ = ["Summary", "main", "run"]
 
@@ -239,7 +239,7 @@ def run(workdir: Path, *, orders: int = 20_000, links: int = 200, invalidations:
 
 # -- on kind: the same demo with everything in pods -------------------------------------------------
 class _KindDemo:
-    """The demo's traffic as pods on a kind cluster (``zeps.dev.kind.KindStack``): SDK clients in the
+    """The demo's traffic as pods on a kind cluster (``zeps_dev.kind.KindStack``): SDK clients in the
     zeps image, resolving their handles through the ``zeps-client`` ServiceAccount."""
 
     def __init__(self, stack: KindStack, progress: Callable[[str], None]) -> None:
@@ -336,7 +336,7 @@ def run_kind(*, orders: int = 20_000, links: int = 200, invalidations: int = 20,
              workers: int = 3, progress: Callable[[str], None] = _step) -> Summary:  # fmt: skip
     """The demo on kind: the operator, ZooKeeper, the brokers and the SDK workloads in pods; the Spark
     pipeline on this machine, reaching ZooKeeper and the broker through ``kubectl port-forward``."""
-    from zeps.dev.process import ManagedProcess, free_port  # noqa: PLC0415
+    from zeps_dev.process import ManagedProcess, free_port  # noqa: PLC0415
 
     started = time.monotonic()
     summary = Summary()

@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from zeps.dev.process import LocalServer, apt_install, wait_until
 from zeps.errors import SetupError
+from zeps_dev.process import LocalServer, apt_install, wait_until
 
 __all__ = ["CAPABILITIES", "SHIM", "DockerEngine", "image_exists", "missing_capabilities"]
 

@@ -7,7 +7,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from zeps.dev.process import LocalServer, ManagedProcess, free_port
+from zeps_dev.process import LocalServer, ManagedProcess, free_port
 
 __all__ = ["OperatorProcess"]
 

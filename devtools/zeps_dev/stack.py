@@ -25,16 +25,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from zeps.dev.controlplane import ControlPlane, binaries_dir
-from zeps.dev.operator import OperatorProcess
-from zeps.dev.process import LocalServer, ManagedProcess, free_port, wait_until
-from zeps.dev.zookeeper import ZooKeeperServer
 from zeps.errors import SetupError
 from zeps.resources import GROUP, PLURALS
+from zeps_dev.controlplane import ControlPlane, binaries_dir
+from zeps_dev.operator import OperatorProcess
+from zeps_dev.process import LocalServer, ManagedProcess, free_port, wait_until
+from zeps_dev.zookeeper import ZooKeeperServer
 
 __all__ = ["REPOSITORY", "LocalStack"]
 
-REPOSITORY = Path(__file__).resolve().parents[3]  # sdk/zeps/dev/stack.py -> the checkout
+REPOSITORY = Path(__file__).resolve().parents[2]  # devtools/zeps_dev/stack.py -> the checkout
 CHART = REPOSITORY / "charts" / "zeps"
 OPERATOR_NAMESPACE = "zeps-system"
 

@@ -30,13 +30,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from zeps.dev.docker import DockerEngine, image_exists
-from zeps.dev.process import apt_install, run_tool
 from zeps.errors import SetupError
+from zeps_dev.docker import DockerEngine, image_exists
+from zeps_dev.process import apt_install, run_tool
 
 __all__ = ["ROOTFS", "ImageBuilder", "Pins", "go_module_dir", "project_image_tag"]
 
-REPOSITORY = Path(__file__).resolve().parents[3]  # sdk/zeps/dev/images.py -> the checkout
+REPOSITORY = Path(__file__).resolve().parents[2]  # devtools/zeps_dev/images.py -> the checkout
 TESTBIN_SOURCES = REPOSITORY / "tools" / "testbin"
 IMAGES = REPOSITORY / "images"
 SUITE = "bookworm"

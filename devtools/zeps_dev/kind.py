@@ -2,8 +2,8 @@
 
 ``KindStack`` puts the pieces together, each in its own module:
 
-* :class:`~zeps.dev.docker.DockerEngine` — the user's engine, or a dockerd of zeps;
-* :class:`~zeps.dev.images.ImageBuilder` — the node image and the project's images, no registry;
+* :class:`~zeps_dev.docker.DockerEngine` — the user's engine, or a dockerd of zeps;
+* :class:`~zeps_dev.images.ImageBuilder` — the node image and the project's images, no registry;
 * :class:`KindCluster` — ``kind create cluster`` with that node image (kubeconfig in the zeps cache,
   never the user's ``~/.kube/config``), images loaded with ``kind load``, CoreDNS answering only
   for the cluster (no upstream forwarding: nothing in the cluster tries any address outside it);
@@ -26,10 +26,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from zeps.dev.docker import DockerEngine
-from zeps.dev.images import REPOSITORY, TESTBIN_SOURCES, ImageBuilder, go_module_dir
-from zeps.dev.process import LocalServer, run_tool
 from zeps.errors import SetupError
+from zeps_dev.docker import DockerEngine
+from zeps_dev.images import REPOSITORY, TESTBIN_SOURCES, ImageBuilder, go_module_dir
+from zeps_dev.process import LocalServer, run_tool
 
 __all__ = ["KindCluster", "KindStack", "cache_dir", "client_pod_spec", "kind_stack_from_env"]
 
@@ -215,7 +215,7 @@ def client_pod_spec(image: str, command: str, *, restart: str = "Never") -> dict
 
 def _kind_config(api_port: int) -> str:
     return (
-        "# written by zeps.dev.kind for make e2e\n"
+        "# written by zeps_dev.kind for make e2e\n"
         "kind: Cluster\n"
         "apiVersion: kind.x-k8s.io/v1alpha4\n"
         "networking:\n"
@@ -356,7 +356,7 @@ class KindStack(LocalServer):
                 f"ZEPS_KEEP_CLUSTER=1: cluster {self.cluster_name} kept; reach it with "
                 f"KUBECONFIG={self.cluster.kubeconfig}"
                 + (f" and DOCKER_HOST={self.engine.env['DOCKER_HOST']}" if self.engine.owned else "")
-                + "; remove it with `python -m zeps.dev.kind down`"
+                + "; remove it with `python -m zeps_dev.kind down`"
             )
             return
         try:
@@ -368,8 +368,8 @@ class KindStack(LocalServer):
 
 def kind_stack_from_env(*, cluster_name: str | None = None, spark: bool = False) -> KindStack:
     """A KindStack with what ``tools/setup.sh`` wrote to .zeps-env (``make e2e``, ``make demo CLUSTER=kind``)."""
-    from zeps.dev.controlplane import ENV_TESTBIN  # noqa: PLC0415
-    from zeps.dev.zookeeper import zookeeper_home  # noqa: PLC0415
+    from zeps_dev.controlplane import ENV_TESTBIN  # noqa: PLC0415
+    from zeps_dev.zookeeper import zookeeper_home  # noqa: PLC0415
 
     kindbin = os.environ.get("ZEPS_KINDBIN")
     if not kindbin:
@@ -432,7 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("e2e: interrupted", flush=True)
         return 130
-    print(f"usage: python -m zeps.dev.kind [e2e [PYTEST ARGS] | down] (got {command!r})")
+    print(f"usage: python -m zeps_dev.kind [e2e [PYTEST ARGS] | down] (got {command!r})")
     return 2
 
 

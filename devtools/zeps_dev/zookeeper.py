@@ -10,8 +10,8 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-from zeps.dev.process import LocalServer, ManagedProcess, free_port
 from zeps.errors import SetupError
+from zeps_dev.process import LocalServer, ManagedProcess, free_port
 
 __all__ = ["ZooKeeperServer", "zookeeper_home"]
 

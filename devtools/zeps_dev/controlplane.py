@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
-from zeps.dev.process import LocalServer, ManagedProcess, free_port, wait_until
 from zeps.errors import SetupError
+from zeps_dev.process import LocalServer, ManagedProcess, free_port, wait_until
 
 __all__ = ["FAKE_NODE", "ControlPlane", "binaries_dir"]
 

@@ -1,0 +1,158 @@
+"""The operator's Kubernetes adapter: every API call the handlers make besides kopf's own (kopf
+patches the status and finalizers of the object being handled). Handlers decide; this module talks to
+the API server, through the official client, and returns plain values.
+
+Tested against a real API server in ``tests/cluster/test_kube_adapter.py``.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+
+from zeps.resources import GROUP, PLURALS, VERSION
+
+__all__ = ["FIELD_MANAGER", "InvalidSecretError", "Kube"]
+
+#: the field manager of the operator's server-side applies
+FIELD_MANAGER = "zeps-operator"
+_NOT_FOUND, _CONFLICT = 404, 409
+
+
+class InvalidSecretError(ValueError):
+    """A Secret the operator reads lacks the keys it needs."""
+
+
+class Kube:
+    """One API client and what the handlers do with it."""
+
+    def __init__(self, api: k8s.ApiClient) -> None:
+        self.api = api
+        self._dynamic: DynamicClient | None = None
+
+    @classmethod
+    def connect(cls) -> Kube:
+        """In a pod, its ServiceAccount; elsewhere, the kubeconfig (``KUBECONFIG`` or ~/.kube/config)."""
+        try:
+            k8s_config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except k8s_config.ConfigException:
+            k8s_config.load_kube_config()  # type: ignore[no-untyped-call]
+        return cls(k8s.ApiClient())
+
+    def close(self) -> None:
+        self.api.close()  # type: ignore[no-untyped-call]
+
+    # -- reads ------------------------------------------------------------------------------------
+    def secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        """The Secret's data, decoded; None when there is no such Secret."""
+        try:
+            secret = k8s.CoreV1Api(self.api).read_namespaced_secret(name, namespace)
+        except ApiException as exc:
+            if exc.status == _NOT_FOUND:
+                return None
+            raise
+        return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+
+    def credentials(self, namespace: str, secret: str) -> tuple[str, str] | None:
+        """``(user, password)`` from the Secret's keys ``user`` and ``password``; None without the Secret;
+        :class:`InvalidSecretError` when a key is missing or empty."""
+        data = self.secret_data(namespace, secret)
+        if data is None:
+            return None
+        if not data.get("user") or not data.get("password"):
+            raise InvalidSecretError(f"Secret {secret} needs the keys user and password")
+        return data["user"], data["password"]
+
+    def deployment_available(self, namespace: str, name: str) -> bool:
+        """True when the Deployment exists and has at least one available replica."""
+        try:
+            deployment = k8s.AppsV1Api(self.api).read_namespaced_deployment(name, namespace)
+        except ApiException as exc:
+            if exc.status == _NOT_FOUND:
+                return False
+            raise
+        return deployment.status is not None and (deployment.status.available_replicas or 0) >= 1
+
+    # -- writes -----------------------------------------------------------------------------------
+    def apply(self, obj: dict[str, Any]) -> None:
+        """Server-side apply ``obj`` (namespaced) as the operator's field manager, taking over conflicts."""
+        if self._dynamic is None:
+            self._dynamic = DynamicClient(self.api)  # type: ignore[no-untyped-call]
+        resource = self._dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+        resource.server_side_apply(
+            body=obj,
+            name=obj["metadata"]["name"],
+            namespace=obj["metadata"]["namespace"],
+            field_manager=FIELD_MANAGER,
+            force_conflicts=True,
+        )
+
+    def patch_status(self, kind: str, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Merge ``status`` into a zeps resource's status (outside the handler kopf is running for it)."""
+        k8s.CustomObjectsApi(self.api).patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURALS[kind], name, {"status": status}
+        )
+
+    def set_finalizers(self, kind: str, namespace: str, name: str, finalizers: list[str]) -> None:
+        k8s.CustomObjectsApi(self.api).patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURALS[kind], name, {"metadata": {"finalizers": finalizers}}
+        )
+
+    def hold_lease(self, namespace: str, name: str, *, identity: str, owner: dict[str, str], duration: int = 45) -> str:
+        """Acquire or renew the Lease (coordination.k8s.io/v1) for ``identity``; return its holder: ``identity``,
+        or whoever holds it and has renewed it within its duration. Every write is a compare-and-set on
+        the resourceVersion, so two replicas never both win. ``owner`` (apiVersion, kind, name, uid) is
+        set as the Lease's owner: Kubernetes deletes the Lease with it."""
+        api = k8s.CoordinationV1Api(self.api)
+        now = dt.datetime.now(dt.UTC)
+        reference = k8s.V1OwnerReference(**{_snake(k): v for k, v in owner.items()})
+        try:
+            lease = api.read_namespaced_lease(name, namespace)
+        except ApiException as exc:
+            if exc.status != _NOT_FOUND:
+                raise
+            fresh = k8s.V1Lease(
+                metadata=k8s.V1ObjectMeta(
+                    name=name, labels={"app.kubernetes.io/managed-by": FIELD_MANAGER}, owner_references=[reference]
+                ),
+                spec=k8s.V1LeaseSpec(
+                    holder_identity=identity, lease_duration_seconds=duration, acquire_time=now, renew_time=now
+                ),
+            )
+            try:
+                api.create_namespaced_lease(namespace, fresh)
+                return identity
+            except ApiException as again:
+                if again.status != _CONFLICT:
+                    raise
+                lease = api.read_namespaced_lease(name, namespace)
+        spec = lease.spec or k8s.V1LeaseSpec()
+        lease.spec = spec
+        renewed = spec.renew_time
+        expired = renewed is None or renewed + dt.timedelta(seconds=spec.lease_duration_seconds or duration) < now
+        if spec.holder_identity != identity and spec.holder_identity and not expired:
+            return str(spec.holder_identity)
+        if spec.holder_identity != identity:
+            spec.acquire_time = now
+        spec.holder_identity, spec.renew_time, spec.lease_duration_seconds = identity, now, duration
+        if lease.metadata is not None and not lease.metadata.owner_references:
+            lease.metadata.owner_references = [reference]  # a Lease made before Leases had an owner
+        try:
+            api.replace_namespaced_lease(name, namespace, lease)  # resourceVersion: a compare-and-set
+            return identity
+        except ApiException as exc:
+            if exc.status != _CONFLICT:
+                raise
+            current = api.read_namespaced_lease(name, namespace).spec
+            return str(current.holder_identity if current else "")
+
+
+def _snake(key: str) -> str:
+    """``apiVersion`` -> ``api_version``: the client's model takes Python names."""
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in key)

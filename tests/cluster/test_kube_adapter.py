@@ -1,0 +1,94 @@
+"""The operator's Kubernetes adapter (``zeps_operator.kube``) against the real API server: the cleaner
+Lease's compare-and-set between identities and its takeover after expiry, Secrets, server-side
+apply, Deployment availability. Nothing is mocked."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from zeps_operator.kube import FIELD_MANAGER, InvalidSecretError, Kube
+
+
+def _owner(kube_api: Any, namespace: str, name: str) -> dict[str, str]:
+    """A real object to own the Lease: with an owner that does not exist, the garbage collector would
+    delete the Lease under the test."""
+    made = client.CoreV1Api(kube_api).create_namespaced_config_map(
+        namespace, client.V1ConfigMap(metadata=client.V1ObjectMeta(name=name))
+    )
+    return {"apiVersion": "v1", "kind": "ConfigMap", "name": name, "uid": made.metadata.uid}
+
+
+def test_a_lease_is_held_by_one_identity_until_it_expires(kube_api: Any, namespace: str) -> None:
+    kube = Kube(kube_api)
+    owner = _owner(kube_api, namespace, "lease-owner")
+
+    def hold(identity: str) -> str:
+        return kube.hold_lease(namespace, "cleaner", identity=identity, owner=owner, duration=2)
+
+    assert hold("a") == "a"  # created
+    assert hold("b") == "a"  # held by a, renewed within its duration
+    assert hold("a") == "a"  # renewed
+    time.sleep(3)  # a stops renewing: the Lease expires
+    assert hold("b") == "b"  # taken over
+    assert hold("a") == "b"
+    lease = client.CoordinationV1Api(kube_api).read_namespaced_lease("cleaner", namespace)
+    assert lease.spec.holder_identity == "b" and lease.spec.lease_duration_seconds == 2
+    assert [r.uid for r in lease.metadata.owner_references] == [owner["uid"]]
+
+
+def test_racing_identities_agree_on_one_holder(kube_api: Any, namespace: str) -> None:
+    """Four replicas ask for the same fresh Lease at once, eight times: every answer names the same holder."""
+    kube = Kube(kube_api)
+    owner = _owner(kube_api, namespace, "race-owner")
+    for round_ in range(8):
+        answers: dict[str, str] = {}
+        start = threading.Barrier(4)
+
+        def ask(identity: str, lease: str, start: threading.Barrier, answers: dict[str, str]) -> None:
+            start.wait(10)
+            answers[identity] = kube.hold_lease(namespace, lease, identity=identity, owner=owner)
+
+        threads = [
+            threading.Thread(target=ask, args=(f"replica-{i}", f"race-{round_}", start, answers)) for i in range(4)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert len(answers) == 4 and len(set(answers.values())) == 1, answers
+        assert next(iter(answers.values())) in answers
+
+
+def test_credentials_come_from_a_secret_with_both_keys(kube_api: Any, namespace: str) -> None:
+    kube = Kube(kube_api)
+    core = client.CoreV1Api(kube_api)
+    assert kube.credentials(namespace, "zk-auth") is None
+    core.create_namespaced_secret(
+        namespace,
+        client.V1Secret(metadata=client.V1ObjectMeta(name="zk-auth"), string_data={"user": "u", "password": "p"}),
+    )
+    assert kube.credentials(namespace, "zk-auth") == ("u", "p")
+    core.create_namespaced_secret(
+        namespace, client.V1Secret(metadata=client.V1ObjectMeta(name="half"), string_data={"user": "u"})
+    )
+    with pytest.raises(InvalidSecretError, match="needs the keys user and password"):
+        kube.credentials(namespace, "half")
+
+
+def test_apply_creates_then_updates_as_the_operators_field_manager(kube_api: Any, namespace: str) -> None:
+    kube = Kube(kube_api)
+    config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "applied", "namespace": namespace}}
+    kube.apply({**config_map, "data": {"k": "1"}})
+    kube.apply({**config_map, "data": {"k": "2"}})
+    read = client.CoreV1Api(kube_api).read_namespaced_config_map("applied", namespace)
+    assert read.data == {"k": "2"}
+    assert FIELD_MANAGER in {f.manager for f in read.metadata.managed_fields}
+
+
+def test_a_missing_deployment_is_not_available(kube_api: Any, namespace: str) -> None:
+    assert Kube(kube_api).deployment_available(namespace, "no-such-broker") is False
