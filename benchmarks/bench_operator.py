@@ -1,14 +1,17 @@
 """make bench-operator: 1,000 Topics applied at once; how long until all are Ready, and the operator's RSS.
 
 Everything real and local: ZooKeeper, the control plane (etcd + kube-apiserver + …), the operator run
-by kopf. Also p50 apply->Ready of single Topics applied one at a time afterwards (kubectl wait).
-Prints one JSON line last. (No baseline runs here; the issue's reference is Strimzi's old topic
-operator needing about 13 minutes for 1,000 topics.)
+by kopf. Also p50 apply->Ready of single Topics applied one at a time afterwards (kubectl wait), and
+the API server's request rate while everything is Ready and nothing changes, side by side with the
+same control plane's rate before the operator started (the baseline): both from the API server's own
+``apiserver_request_total``, over ``ZEPS_BENCH_IDLE_S`` seconds (60). Prints one JSON line last. (The
+issue's reference for the time to Ready is Strimzi's old topic operator: about 13 minutes for 1,000.)
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -18,6 +21,27 @@ from zeps_dev import ControlPlane, OperatorProcess, ZooKeeperServer
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPICS = 1000
+IDLE_S = float(os.environ.get("ZEPS_BENCH_IDLE_S", "60"))
+
+
+def _requests(plane: ControlPlane) -> dict[str, int]:
+    """The API server's request counters summed by verb (its ``apiserver_request_total``)."""
+    by_verb: dict[str, int] = {}
+    for line in plane.kubectl("get", "--raw", "/metrics").splitlines():
+        if line.startswith("apiserver_request_total{"):
+            verb = line.split('verb="', 1)[1].split('"', 1)[0]
+            by_verb[verb] = by_verb.get(verb, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return by_verb
+
+
+def _rate(plane: ControlPlane, seconds: float) -> dict[str, float]:
+    """Requests per second by verb over ``seconds`` (the two reads of /metrics are counted out)."""
+    before = _requests(plane)
+    time.sleep(seconds)
+    after = _requests(plane)
+    rates = {verb: (after.get(verb, 0) - before.get(verb, 0)) / seconds for verb in after}
+    rates["GET"] = max(0.0, rates.get("GET", 0.0) - 1 / seconds)  # our own /metrics read
+    return {verb: round(rate, 2) for verb, rate in sorted(rates.items()) if rate > 0}
 
 
 def _rss_mb(pid: int) -> float:
@@ -34,6 +58,8 @@ def main() -> None:
             plane.kubectl("apply", "-f", str(ROOT / "crds"))
             plane.kubectl("wait", "--for=condition=Established", "crd/topics.zeps.dev", "--timeout=60s")
             plane.kubectl("create", "namespace", "bench")
+            print(f"[bench-operator] baseline: the control plane's own requests over {IDLE_S:.0f}s", flush=True)
+            baseline = _rate(plane, IDLE_S)
             with OperatorProcess(tmp / "op", kubeconfig=plane.kubeconfig, zookeeper=zk.connect_string) as op:
                 docs = [
                     json.dumps(
@@ -62,6 +88,8 @@ def main() -> None:
                     print(f"[bench-operator] {time.monotonic() - start:6.1f}s: {ready}/{TOPICS} Ready", flush=True)
                 all_ready = time.monotonic() - start
                 rss = _rss_mb(op.pid or 0)
+                print(f"[bench-operator] all Ready; idle requests over {IDLE_S:.0f}s", flush=True)
+                idle = _rate(plane, IDLE_S)
                 singles = []
                 for i in range(20):
                     t0 = time.monotonic()
@@ -87,6 +115,11 @@ def main() -> None:
                 "apply_seconds": round(applied, 1),
                 "p50_apply_to_ready_s": round(statistics.median(singles), 3),
                 "operator_rss_mb": round(rss, 1),
+                "idle_requests_per_s": round(sum(idle.values()), 2),
+                "idle_writes_per_s": round(sum(v for k, v in idle.items() if k not in ("GET", "LIST", "WATCH")), 2),
+                "idle_by_verb": idle,
+                "baseline_requests_per_s": round(sum(baseline.values()), 2),
+                "baseline_by_verb": baseline,
             }
         )
     )

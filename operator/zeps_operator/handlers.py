@@ -7,6 +7,7 @@ through :mod:`zeps.coordination.admin`, Kubernetes objects by server-side apply)
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -38,6 +39,7 @@ from zeps_operator.plan import (
     Settings,
     condition,
     retains_data,
+    status_changes,
     stream_member,
     stream_objects,
     zookeeper_layout,
@@ -103,6 +105,26 @@ def probe_events(**_: Any) -> float:
 
 
 # -- the common path: ZooKeeper layout + spec node + Ready ----------------------------------------
+def _only_changes(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """Drop from the handler's status patch every field the object already shows (also when it
+    raises): kopf sends no empty patch, so a resync that finds nothing new makes no API write."""
+
+    @functools.wraps(handler)
+    def wrapper(**kwargs: Any) -> Any:
+        try:
+            return handler(**kwargs)
+        finally:
+            patch: kopf.Patch = kwargs["patch"]
+            if "status" in patch:
+                changes = status_changes(kwargs["body"].get("status") or {}, patch["status"])
+                if changes:
+                    patch["status"] = changes
+                else:
+                    del patch["status"]
+
+    return wrapper
+
+
 def _reconcile(kind: str, body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, *, quiet: bool) -> str:
     state.last_event = time.monotonic()
     meta = body["metadata"]
@@ -196,11 +218,13 @@ def _zookeeper_resource(
 @kopf.on.create(GROUP, VERSION, PLURALS["Topic"])
 @kopf.on.update(GROUP, VERSION, PLURALS["Topic"])
 @kopf.on.resume(GROUP, VERSION, PLURALS["Topic"])
+@_only_changes
 def topic_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
     _zookeeper_resource("Topic", body, spec, patch, _topic_facts, timer=False)
 
 
 @kopf.timer(GROUP, VERSION, PLURALS["Topic"], interval=RESYNC, idle=RESYNC / 6)
+@_only_changes
 def topic_timer(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **kwargs: Any) -> None:
     stopped: kopf.DaemonStopped = kwargs["stopped"]  # set once the Topic is being deleted, which waits for us
     if _zookeeper_resource("Topic", body, spec, patch, _topic_facts, timer=True) and not stopped:
@@ -223,7 +247,8 @@ def _run_cleaner(body: kopf.Body, spec: kopf.Spec, memo: kopf.Memo) -> None:
     holder = state.kube.hold_lease(
         meta["namespace"], f"{meta['name']}-cleaner", identity=state.settings.identity, owner=owner
     )
-    state.kube.patch_status("Topic", meta["namespace"], meta["name"], {"cleanerHolder": holder})
+    if (body.get("status") or {}).get("cleanerHolder") != holder:
+        state.kube.patch_status("Topic", meta["namespace"], meta["name"], {"cleanerHolder": holder})
     if holder != state.settings.identity:
         memo.pop("cleaner", None)
         return
@@ -247,11 +272,13 @@ def _run_cleaner(body: kopf.Body, spec: kopf.Spec, memo: kopf.Memo) -> None:
 @kopf.on.create(GROUP, VERSION, PLURALS["Queue"])
 @kopf.on.update(GROUP, VERSION, PLURALS["Queue"])
 @kopf.on.resume(GROUP, VERSION, PLURALS["Queue"])
+@_only_changes
 def queue_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
     _zookeeper_resource("Queue", body, spec, patch, _queue_facts, timer=False)
 
 
 @kopf.timer(GROUP, VERSION, PLURALS["Queue"], interval=RESYNC, idle=RESYNC / 6)
+@_only_changes
 def queue_timer(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
     _zookeeper_resource("Queue", body, spec, patch, _queue_facts, timer=True)
 
@@ -272,6 +299,7 @@ def _queue_facts(body: kopf.Body, patch: kopf.Patch) -> None:
 @kopf.on.update(GROUP, VERSION, PLURALS["ZepsStream"])
 @kopf.on.resume(GROUP, VERSION, PLURALS["ZepsStream"])
 @kopf.timer(GROUP, VERSION, PLURALS["ZepsStream"], interval=RESYNC / 3, idle=RESYNC / 15)
+@_only_changes
 def stream_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
     generation = body["metadata"].get("generation", 1)
     if _reconcile("ZepsStream", body, spec, patch, quiet=True) != "ok":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -102,6 +103,12 @@ def condition(
         "observedGeneration": generation,
     }
     return [c for c in previous or [] if c.get("type") != "Ready"] + [ready_condition]
+
+
+def status_changes(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of ``wanted`` whose value differs from ``current``: all a status patch needs to carry.
+    A resync that finds nothing new yields none, and so makes no API write."""
+    return {key: value for key, value in wanted.items() if current.get(key) != value}
 
 
 def retains_data(spec: dict[str, Any]) -> bool:

@@ -9,16 +9,19 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kazoo.client import KazooClient
 from kubernetes import client
 
 from harness import ZooKeeperHarness
 from zeps.client import StreamClient
 from zeps.coordination import Topic
-from zeps_dev import ControlPlane, OperatorProcess
+from zeps_dev import ControlPlane, OperatorProcess, ZooKeeperServer
 from zeps_dev.process import ManagedProcess, free_port, wait_until
 
 CHROOT = "/operator-tests"
@@ -124,52 +127,96 @@ def test_retain_keeps_the_data(
     assert len(zk.get_children(f"{root}/items")) == 1
 
 
-def test_finalizer_is_released_promptly_mid_timer_and_when_zookeeper_is_down(tmp_path: Path) -> None:
-    """On a stack of its own (ZooKeeper, control plane, operator with a 1 s resync), two deletions:
+@dataclass
+class Solo:
+    """A stack of its own: ZooKeeper, a control plane and an operator with a 1 s resync, for the tests
+    that stop or freeze ZooKeeper or count every request the API server saw."""
 
-    1. One that catches the resync timer mid-run: ZooKeeper is frozen (SIGSTOP, as in a long GC pause)
-       so the timer is blocked in a ZooKeeper call when the Topic is deleted, and the deletion handler
-       (deletionPolicy Retain: no ZooKeeper call) is done first. The finalizer must go soon after the
-       timer returns. kopf looks again at a timer that was still running only every
-       ``cancellation_polling`` seconds, 60 by default: CI saw ``kubectl delete`` time out so.
-    2. With ZooKeeper down, the finalizer gives up after its bounded retries and the object goes.
-    """
-    from zeps_dev.zookeeper import ZooKeeperServer as Server  # noqa: PLC0415
+    zk: ZooKeeperServer
+    plane: ControlPlane
+    operator: OperatorProcess
 
-    with Server(tmp_path / "zk") as zk, ControlPlane(tmp_path / "cp") as plane:
+
+@pytest.fixture(scope="module")
+def solo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Solo]:
+    tmp = tmp_path_factory.mktemp("solo")
+    with ZooKeeperServer(tmp / "zk") as zk, ControlPlane(tmp / "cp") as plane:
         plane.kubectl("apply", "-f", str(Path(__file__).resolve().parents[2] / "crds"))
         plane.kubectl("wait", "--for=condition=Established", "crd/topics.zeps.dev", "--timeout=60s")
         with OperatorProcess(
-            tmp_path / "op",
-            kubeconfig=plane.kubeconfig,
-            zookeeper=zk.connect_string,
-            resync_seconds=1,
-            delete_retries=3,
+            tmp / "op", kubeconfig=plane.kubeconfig, zookeeper=zk.connect_string, resync_seconds=1, delete_retries=3
         ) as operator:
-            # Retain: the deletion handler itself needs no ZooKeeper, so it is done while the timer still waits
-            _apply(plane, "default", "Topic", "busy", {"deletionPolicy": "Retain"})
-            _wait_ready(plane, "default", "topic", "busy")
-            wait_until(
-                lambda: bool(_get(plane, "default", "topic", "busy")["status"].get("cleanerHolder")),
-                timeout=30,
-                what="the resync timer to have run",
-            )
-            # the timer runs every ~1 s; 1.5 s into the freeze it is waiting on ZooKeeper. The freeze stays
-            # under a third of the 10 s session timeout, so the operator's connection is not dropped.
-            with zk.paused():
-                time.sleep(1.5)
-                plane.kubectl("delete", "topic", "busy", "-n", "default", "--wait=false")
-                time.sleep(1.0)
-            plane.kubectl("wait", "--for=delete", "topic/busy", "-n", "default", "--timeout=30s")
-            log = operator.process.log_path.read_text(errors="replace")
-            assert "Connection dropped" not in log, "the freeze was meant to stay within kazoo's heartbeat"
+            yield Solo(zk, plane, operator)
 
-            _apply(plane, "default", "Topic", "doomed")
-            _wait_ready(plane, "default", "topic", "doomed")
-            zk.stop()
-            plane.kubectl("delete", "topic", "doomed", "-n", "default", "--timeout=90s")  # returns once released
-            events = plane.kubectl("get", "events", "-n", "default", "--field-selector", "reason=CleanupSkipped")
-            assert "doomed" in events or "CleanupSkipped" in events
+
+def _requests(plane: ControlPlane, *, resource: str, verb: str) -> int:
+    """How many ``verb`` requests on ``resource`` (any subresource) the API server has served, from its
+    own ``apiserver_request_total``."""
+    total = 0
+    for line in plane.kubectl("get", "--raw", "/metrics").splitlines():
+        if (
+            line.startswith("apiserver_request_total{")
+            and f'resource="{resource}"' in line
+            and f'verb="{verb}"' in line
+        ):
+            total += int(float(line.rsplit(" ", 1)[1]))
+    return total
+
+
+def _ready_and_resynced(plane: ControlPlane, name: str, spec: dict[str, Any] | None = None) -> None:
+    _apply(plane, "default", "Topic", name, spec)
+    _wait_ready(plane, "default", "topic", name)
+    wait_until(
+        lambda: bool(_get(plane, "default", "topic", name)["status"].get("cleanerHolder")),
+        timeout=30,
+        what="the resync timer to have run",
+    )
+
+
+def test_an_idle_resync_makes_no_status_write(solo: Solo) -> None:
+    """With nothing changing, the 1 s resync timer finds every status field as it is and sends no
+    PATCH at all (kopf sends no empty patch). The cleaner Lease is still renewed every pass: that is
+    the per-resource Lease the operator-at-scale issue replaces."""
+    _ready_and_resynced(solo.plane, "idle")
+    time.sleep(2)  # the first passes have written what they found
+    patches = _requests(solo.plane, resource="topics", verb="PATCH")
+    lease_puts = _requests(solo.plane, resource="leases", verb="PUT")
+    time.sleep(6)  # about five resync passes
+    assert _requests(solo.plane, resource="topics", verb="PATCH") == patches
+    assert _requests(solo.plane, resource="leases", verb="PUT") > lease_puts  # the passes did run
+    solo.plane.kubectl("delete", "topic", "idle", "-n", "default", "--timeout=30s")
+
+
+def test_a_deletion_that_catches_the_timer_mid_run_is_released_promptly(solo: Solo) -> None:
+    """ZooKeeper is frozen (SIGSTOP, as in a long GC pause) so the resync timer is blocked in a
+    ZooKeeper call when the Topic is deleted, and the deletion handler (deletionPolicy Retain: no
+    ZooKeeper call) is done first. The finalizer must go soon after the timer returns. kopf looks again
+    at a timer that was still running only every ``cancellation_polling`` seconds, 60 by default: CI
+    saw ``kubectl delete`` time out so."""
+    # Retain: the deletion handler itself needs no ZooKeeper, so it is done while the timer still waits
+    _ready_and_resynced(solo.plane, "busy", {"deletionPolicy": "Retain"})
+    # the timer runs every ~1 s; 1.5 s into the freeze it is waiting on ZooKeeper. The freeze stays
+    # under a third of the 10 s session timeout, so the operator's connection is not dropped.
+    with solo.zk.paused():
+        time.sleep(1.5)
+        solo.plane.kubectl("delete", "topic", "busy", "-n", "default", "--wait=false")
+        time.sleep(1.0)
+    solo.plane.kubectl("wait", "--for=delete", "topic/busy", "-n", "default", "--timeout=30s")
+    log = solo.operator.process.log_path.read_text(errors="replace")
+    assert "Connection dropped" not in log, "the freeze was meant to stay within kazoo's heartbeat"
+
+
+def test_the_finalizer_is_released_when_zookeeper_is_down(solo: Solo) -> None:
+    """With ZooKeeper down, the finalizer gives up after its bounded retries and the object goes."""
+    _apply(solo.plane, "default", "Topic", "doomed")
+    _wait_ready(solo.plane, "default", "topic", "doomed")
+    solo.zk.stop()
+    try:
+        solo.plane.kubectl("delete", "topic", "doomed", "-n", "default", "--timeout=90s")  # returns once released
+        events = solo.plane.kubectl("get", "events", "-n", "default", "--field-selector", "reason=CleanupSkipped")
+        assert "doomed" in events or "CleanupSkipped" in events
+    finally:
+        solo.zk.start()
 
 
 def test_zepsstream_broker_objects_and_a_runnable_pod_template(

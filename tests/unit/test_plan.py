@@ -8,7 +8,7 @@ import pytest
 
 from zeps.paths import QueuePaths, TopicPaths
 from zeps_operator.models import StreamSpec
-from zeps_operator.plan import Settings, condition, stream_objects, zookeeper_layout
+from zeps_operator.plan import Settings, condition, status_changes, stream_objects, zookeeper_layout
 
 
 def _objects(spec: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
@@ -78,3 +78,13 @@ def test_the_operator_refuses_to_start_without_its_settings(monkeypatch: pytest.
         Settings.from_env()
     monkeypatch.setenv("ZEPS_ZOOKEEPER_AUTH", "admin:secret")
     assert Settings.from_env().zookeeper_auth == ("admin", "secret")
+
+
+def test_status_changes_carry_only_what_differs() -> None:
+    current = {"observedGeneration": 2, "subscribers": 3, "conditions": [{"type": "Ready", "status": "True"}]}
+    same = {"observedGeneration": 2, "subscribers": 3, "conditions": [{"type": "Ready", "status": "True"}]}
+    assert status_changes(current, same) == {}  # an idle resync: nothing to write
+    assert status_changes(current, {**same, "subscribers": 4}) == {"subscribers": 4}
+    assert status_changes({}, {"path": "/zeps/a/topics/b"}) == {"path": "/zeps/a/topics/b"}  # new field
+    ready_false = [{"type": "Ready", "status": "False"}]
+    assert status_changes(current, {**same, "conditions": ready_false}) == {"conditions": ready_false}
