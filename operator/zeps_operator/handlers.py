@@ -60,6 +60,7 @@ class _State:
     settings: Settings
     kube: Kube  # the Kubernetes adapter: every API call besides kopf's own
     zk: Any = None
+    acl_cache: dict[str, tuple[float, list[Any] | None]]  # namespace -> (good until, ACL); see _namespace_acl
     last_event = 0.0
 
 
@@ -69,6 +70,7 @@ state = _State()
 @kopf.on.startup()
 def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     state.settings = Settings.from_env()
+    state.acl_cache = {}
     settings.persistence.finalizer = FINALIZER
     settings.watching.server_timeout = 120  # reconnect watches regularly: a stalled one cannot linger
     settings.watching.client_timeout = 150
@@ -125,7 +127,10 @@ def _only_changes(handler: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _reconcile(kind: str, body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, *, quiet: bool) -> str:
+def _reconcile(kind: str, body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, *, quiet: bool, fresh: bool) -> str:
+    """Ensure the ZooKeeper paths and spec node. ``quiet``: a repaired drift is a warning event (a
+    resync found it); ``fresh``: read the namespace's credentials now (a change), not within the last
+    resync interval."""
     state.last_event = time.monotonic()
     meta = body["metadata"]
     namespace, name, generation = meta["namespace"], meta["name"], meta.get("generation", 1)
@@ -153,7 +158,7 @@ def _reconcile(kind: str, body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, *
             generation=generation,
             spec=typed.model_dump(by_alias=True),
             adopt_prefix=f"{state.settings.cluster}/",
-            acl=_namespace_acl(namespace),
+            acl=_namespace_acl(namespace, fresh=fresh),
             boundary=f"{state.settings.chroot}/{namespace}",
             deadline=ZK_DEADLINE,
         )
@@ -176,13 +181,23 @@ def _reconcile(kind: str, body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, *
     return "ok"
 
 
-def _namespace_acl(namespace: str) -> list[Any] | None:
-    """The namespace's ZooKeeper ACL: its digest user from the zeps-zookeeper-auth Secret, if any."""
+def _namespace_acl(namespace: str, *, fresh: bool) -> list[Any] | None:
+    """The namespace's ZooKeeper ACL: its digest user from the zeps-zookeeper-auth Secret, if any.
+
+    A change (``fresh``) reads the Secret; a resync pass reuses what was read in the namespace within
+    the last resync interval, so a namespace of 1,000 Topics costs one read per interval, not 1,000.
+    A Secret created or changed meanwhile reaches the resources at the latest one interval later."""
+    cached = state.acl_cache.get(namespace)
+    if not fresh and cached is not None and cached[0] > time.monotonic():
+        return cached[1]
     try:
         credentials = state.kube.credentials(namespace, NAMESPACE_AUTH_SECRET)
     except InvalidSecretError as exc:
+        state.acl_cache.pop(namespace, None)
         raise kopf.PermanentError(str(exc)) from None
-    return digest_acl(*credentials) if credentials else None
+    acl = digest_acl(*credentials) if credentials else None
+    state.acl_cache[namespace] = (time.monotonic() + RESYNC, acl)
+    return acl
 
 
 def _ready(body: kopf.Body, patch: kopf.Patch, ready: bool, reason: str, message: str, *, generation: int) -> None:
@@ -205,7 +220,7 @@ def _zookeeper_resource(
     """Topic and Queue: reconcile the ZooKeeper side, fill in the facts, mark Ready. A change
     (not a timer's resync) is also reported as an event. True when reconciled."""
     generation = body["metadata"].get("generation", 1)
-    if _reconcile(kind, body, spec, patch, quiet=timer) != "ok":
+    if _reconcile(kind, body, spec, patch, quiet=timer, fresh=not timer) != "ok":
         return False
     facts(body, patch)
     _ready(body, patch, True, "Reconciled", "ZooKeeper paths and spec are in place", generation=generation)
@@ -300,9 +315,10 @@ def _queue_facts(body: kopf.Body, patch: kopf.Patch) -> None:
 @kopf.on.resume(GROUP, VERSION, PLURALS["ZepsStream"])
 @kopf.timer(GROUP, VERSION, PLURALS["ZepsStream"], interval=RESYNC / 3, idle=RESYNC / 15)
 @_only_changes
-def stream_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
+def stream_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **kwargs: Any) -> None:
     generation = body["metadata"].get("generation", 1)
-    if _reconcile("ZepsStream", body, spec, patch, quiet=True) != "ok":
+    change = "reason" in kwargs  # kopf names the cause of a change (create, update, resume); a timer has none
+    if _reconcile("ZepsStream", body, spec, patch, quiet=True, fresh=change) != "ok":
         return
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]

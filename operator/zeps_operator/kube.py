@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
@@ -23,6 +24,7 @@ __all__ = ["FIELD_MANAGER", "InvalidSecretError", "Kube"]
 #: the field manager of the operator's server-side applies
 FIELD_MANAGER = "zeps-operator"
 _NOT_FOUND, _CONFLICT = 404, 409
+T = TypeVar("T")
 
 
 class InvalidSecretError(ValueError):
@@ -51,12 +53,9 @@ class Kube:
     # -- reads ------------------------------------------------------------------------------------
     def secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
         """The Secret's data, decoded; None when there is no such Secret."""
-        try:
-            secret = k8s.CoreV1Api(self.api).read_namespaced_secret(name, namespace)
-        except ApiException as exc:
-            if exc.status == _NOT_FOUND:
-                return None
-            raise
+        secret = _unless_missing(lambda: k8s.CoreV1Api(self.api).read_namespaced_secret(name, namespace))
+        if secret is None:
+            return None
         return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
 
     def credentials(self, namespace: str, secret: str) -> tuple[str, str] | None:
@@ -71,13 +70,12 @@ class Kube:
 
     def deployment_available(self, namespace: str, name: str) -> bool:
         """True when the Deployment exists and has at least one available replica."""
-        try:
-            deployment = k8s.AppsV1Api(self.api).read_namespaced_deployment(name, namespace)
-        except ApiException as exc:
-            if exc.status == _NOT_FOUND:
-                return False
-            raise
-        return deployment.status is not None and (deployment.status.available_replicas or 0) >= 1
+        deployment = _unless_missing(lambda: k8s.AppsV1Api(self.api).read_namespaced_deployment(name, namespace))
+        return (
+            deployment is not None
+            and deployment.status is not None
+            and (deployment.status.available_replicas or 0) >= 1
+        )
 
     # -- writes -----------------------------------------------------------------------------------
     def apply(self, obj: dict[str, Any]) -> None:
@@ -112,11 +110,8 @@ class Kube:
         api = k8s.CoordinationV1Api(self.api)
         now = dt.datetime.now(dt.UTC)
         reference = k8s.V1OwnerReference(**{_snake(k): v for k, v in owner.items()})
-        try:
-            lease = api.read_namespaced_lease(name, namespace)
-        except ApiException as exc:
-            if exc.status != _NOT_FOUND:
-                raise
+        lease = _unless_missing(lambda: api.read_namespaced_lease(name, namespace))
+        if lease is None:
             fresh = k8s.V1Lease(
                 metadata=k8s.V1ObjectMeta(
                     name=name, labels={"app.kubernetes.io/managed-by": FIELD_MANAGER}, owner_references=[reference]
@@ -151,6 +146,16 @@ class Kube:
                 raise
             current = api.read_namespaced_lease(name, namespace).spec
             return str(current.holder_identity if current else "")
+
+
+def _unless_missing(read: Callable[[], T]) -> T | None:
+    """``read()``, or None when the API server answers 404 Not Found."""
+    try:
+        return read()
+    except ApiException as exc:
+        if exc.status == _NOT_FOUND:
+            return None
+        raise
 
 
 def _snake(key: str) -> str:

@@ -173,18 +173,24 @@ def _ready_and_resynced(plane: ControlPlane, name: str, spec: dict[str, Any] | N
     )
 
 
-def test_an_idle_resync_makes_no_status_write(solo: Solo) -> None:
-    """With nothing changing, the 1 s resync timer finds every status field as it is and sends no
-    PATCH at all (kopf sends no empty patch). The cleaner Lease is still renewed every pass: that is
-    the per-resource Lease the operator-at-scale issue replaces."""
-    _ready_and_resynced(solo.plane, "idle")
+def test_an_idle_resync_makes_no_status_write_and_reads_the_namespace_secret_once_per_pass(solo: Solo) -> None:
+    """With nothing changing, the 1 s resync passes of five Topics find every status field as it is and
+    send no PATCH at all (kopf sends no empty patch), and read the namespace's credentials Secret about
+    once per interval for all five, not once per Topic. The cleaner Leases are still renewed every
+    pass: that is the per-resource Lease the operator-at-scale issue replaces."""
+    names = [f"idle-{i}" for i in range(5)]
+    for name in names:
+        _ready_and_resynced(solo.plane, name)
     time.sleep(2)  # the first passes have written what they found
     patches = _requests(solo.plane, resource="topics", verb="PATCH")
     lease_puts = _requests(solo.plane, resource="leases", verb="PUT")
-    time.sleep(6)  # about five resync passes
+    secret_reads = _requests(solo.plane, resource="secrets", verb="GET")
+    time.sleep(6)  # about five resync passes of each Topic
     assert _requests(solo.plane, resource="topics", verb="PATCH") == patches
-    assert _requests(solo.plane, resource="leases", verb="PUT") > lease_puts  # the passes did run
-    solo.plane.kubectl("delete", "topic", "idle", "-n", "default", "--timeout=30s")
+    assert _requests(solo.plane, resource="leases", verb="PUT") >= lease_puts + 4 * len(names)  # the passes ran
+    assert _requests(solo.plane, resource="secrets", verb="GET") - secret_reads <= 6 + 2  # per interval, not Topic
+    for name in names:
+        solo.plane.kubectl("delete", "topic", name, "-n", "default", "--timeout=30s")
 
 
 def test_a_deletion_that_catches_the_timer_mid_run_is_released_promptly(solo: Solo) -> None:
