@@ -27,6 +27,7 @@ class OperatorProcess(LocalServer):
         delete_retries: int = 5,
         identity: str = "zeps-operator-local",
         zookeeper_auth: str = "",
+        cleaner_lease_seconds: int = 45,
     ) -> None:
         self.workdir = workdir
         self.port = free_port()
@@ -39,6 +40,7 @@ class OperatorProcess(LocalServer):
             "ZEPS_DELETE_RETRIES": str(delete_retries),
             "POD_NAME": identity,
             "ZEPS_ZOOKEEPER_AUTH": zookeeper_auth,
+            "ZEPS_CLEANER_LEASE_SECONDS": str(cleaner_lease_seconds),
         }
         argv = [
             sys.executable,

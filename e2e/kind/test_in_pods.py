@@ -26,6 +26,11 @@ def test_operator_and_zookeeper_run_in_pods_with_the_charts_service_account(clus
     sa = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{RELEASE}-operator"
     assert cluster.kubectl("auth", "can-i", "patch", "topics.zeps.dev/status", "--as", sa).strip() == "yes"
     assert cluster.kubectl("auth", "can-i", "delete", "pods", "--as", sa, check=False).strip() == "no"
+    # its one cleaner Lease, in its own namespace, and no other
+    lease = f"lease/{RELEASE}-operator-cleaner"
+    assert cluster.kubectl("auth", "can-i", "update", lease, "-n", OPERATOR_NAMESPACE, "--as", sa).strip() == "yes"
+    elsewhere = cluster.kubectl("auth", "can-i", "update", "leases", "-n", "default", "--as", sa, check=False)
+    assert elsewhere.strip() == "no"
     # the image holds the runtime only: the developer tooling is not in the wheel, and `zeps dev` says so
     pod = pods[0]["metadata"]["name"]
     probe = "import importlib.util as u, zeps_operator; print('tooling', u.find_spec('zeps_dev'))"

@@ -71,11 +71,18 @@ def test_helm_upgrade_keeps_resources_ready(cluster: Any, app: App) -> None:
 def test_helm_uninstall_leaves_no_pod_lease_or_rbac(cluster: Any, app: App) -> None:
     app.apply_example("topic.yaml")
     app.ready("topic", "cache-invalidation")
+    lease = f"{RELEASE}-operator-cleaner"
+    pod = cluster.json(*OPERATOR_PODS)["items"][0]["metadata"]["name"]
     cluster.wait_for(
-        "the Topic's cleaner Lease",
-        lambda: cluster.kubectl("get", "lease", "cache-invalidation-cleaner", "-n", app.ns, check=False),
+        "the operator pod to hold the installation's cleaner Lease, and the Topic to say so",
+        lambda: (
+            cluster.json("lease", lease, "-n", OPERATOR_NAMESPACE).get("spec", {}).get("holderIdentity") == pod
+            and cluster.json("topic", "cache-invalidation", "-n", app.ns)["status"].get("cleanerHolder") == pod
+        ),
         timeout=120,
     )
+    # one Lease for the installation, none per Topic
+    assert not cluster.kubectl("get", "leases", "-n", app.ns, "-o", "name")
     cluster.kubectl("delete", "topic", "cache-invalidation", "-n", app.ns, "--timeout=120s", timeout=150)
     _helm("uninstall", RELEASE, "--namespace", OPERATOR_NAMESPACE, "--wait", "--timeout", "5m")
     try:
@@ -84,14 +91,12 @@ def test_helm_uninstall_leaves_no_pod_lease_or_rbac(cluster: Any, app: App) -> N
             lambda: not cluster.json("pods", "-n", OPERATOR_NAMESPACE)["items"],
             timeout=180,
         )
-        leases = cluster.json("leases", "-A", "-l", "app.kubernetes.io/managed-by=zeps-operator")["items"]
-        cluster.wait_for(
-            "the Topic's Lease to be collected with it",
-            lambda: not cluster.json("leases", "-A", "-l", "app.kubernetes.io/managed-by=zeps-operator")["items"],
-            timeout=120,
-        )
+        leases = cluster.kubectl("get", "leases", "-n", OPERATOR_NAMESPACE, "-o", "name")
+        assert lease not in leases, "the cleaner Lease outlived the release"
+        assert not cluster.json("leases", "-A", "-l", "app.kubernetes.io/managed-by=zeps-operator")["items"]
         rbac = cluster.kubectl("get", "clusterroles,clusterrolebindings", "-o", "name")
-        assert f"{RELEASE}-operator" not in rbac, f"RBAC left behind (leases before: {len(leases)})"
+        rbac += cluster.kubectl("get", "roles,rolebindings", "-n", OPERATOR_NAMESPACE, "-o", "name")
+        assert f"{RELEASE}-operator" not in rbac, "RBAC left behind"
         accounts = cluster.kubectl("get", "serviceaccounts", "-n", OPERATOR_NAMESPACE, "-o", "name")
         assert f"{RELEASE}-operator" not in accounts
     finally:  # the chart back, as make e2e installed it, for whatever runs after

@@ -33,6 +33,7 @@ from zeps.options import TopicOptions
 from zeps.paths import QueuePaths, StreamPaths, TopicPaths
 from zeps.resources import GROUP, PLURALS, VERSION
 from zeps_operator.kube import InvalidSecretError, Kube
+from zeps_operator.leadership import LeaseKeeper
 from zeps_operator.models import QueueSpec, StreamSpec, TopicSpec
 from zeps_operator.plan import (
     NAMESPACE_AUTH_SECRET,
@@ -59,6 +60,7 @@ RECONCILES = Counter("zeps_operator_reconciles", "Reconciliations", ["kind", "ou
 class _State:
     settings: Settings
     kube: Kube  # the Kubernetes adapter: every API call besides kopf's own
+    cleaner_lease: LeaseKeeper  # whether this replica runs the Topics' cleaners
     zk: Any = None
     acl_cache: dict[str, tuple[float, list[Any] | None]]  # namespace -> (good until, ACL); see _namespace_acl
     last_event = 0.0
@@ -83,6 +85,10 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.background.cancellation_polling = 1.0
     state.zk = connect(state.settings.zookeeper, auth=state.settings.zookeeper_auth, acl_from_auth=False)
     state.kube = Kube.connect()
+    s = state.settings
+    state.cleaner_lease = LeaseKeeper(
+        state.kube, s.cleaner_lease_namespace, s.cleaner_lease, identity=s.identity, duration=s.cleaner_lease_seconds
+    ).start()
     port = int(os.environ.get("ZEPS_OPERATOR_METRICS_PORT", "0"))
     if port:
         start_http_server(port, addr=os.environ.get("ZEPS_OPERATOR_METRICS_ADDR", "127.0.0.1"))
@@ -90,10 +96,13 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 @kopf.on.cleanup()
 def cleanup(**_: Any) -> None:
+    if hasattr(state, "cleaner_lease"):  # startup got that far
+        state.cleaner_lease.stop()
     if state.zk is not None:
         state.zk.stop()
         state.zk.close()
-    state.kube.close()
+    if hasattr(state, "kube"):
+        state.kube.close()
 
 
 @kopf.on.probe(id="zookeeper")
@@ -243,7 +252,7 @@ def topic_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any)
 def topic_timer(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **kwargs: Any) -> None:
     stopped: kopf.DaemonStopped = kwargs["stopped"]  # set once the Topic is being deleted, which waits for us
     if _zookeeper_resource("Topic", body, spec, patch, _topic_facts, timer=True) and not stopped:
-        _run_cleaner(body, spec, kwargs["memo"])
+        _run_cleaner(body, spec, patch, kwargs["memo"])
 
 
 def _topic_facts(body: kopf.Body, patch: kopf.Patch) -> None:
@@ -252,19 +261,15 @@ def _topic_facts(body: kopf.Body, patch: kopf.Patch) -> None:
     patch.status["subscribers"] = count_children(state.zk, topic.subscribers.members, deadline=ZK_DEADLINE)
 
 
-def _run_cleaner(body: kopf.Body, spec: kopf.Spec, memo: kopf.Memo) -> None:
-    """Hold the topic's cleaner Lease (coordination.k8s.io/v1) and, while holding it, run one cleaner
-    pass. The cleaner lives in the object's memo across passes: it remembers since when each consumer
-    has been missing, which ``cleanerGrace`` is counted from. Losing the Lease forgets that: the
-    holder meanwhile saw what this replica did not."""
+def _run_cleaner(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, memo: kopf.Memo) -> None:
+    """One cleaner pass over the Topic, in the replica that holds the installation's cleaner Lease
+    (:mod:`zeps_operator.leadership`). The cleaner lives in the object's memo across passes: it
+    remembers since when each consumer has been missing, which ``cleanerGrace`` is counted from.
+    Not leading forgets that: the leader meanwhile saw what this replica did not."""
     meta = body["metadata"]
-    owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Topic", "name": meta["name"], "uid": meta["uid"]}
-    holder = state.kube.hold_lease(
-        meta["namespace"], f"{meta['name']}-cleaner", identity=state.settings.identity, owner=owner
-    )
-    if (body.get("status") or {}).get("cleanerHolder") != holder:
-        state.kube.patch_status("Topic", meta["namespace"], meta["name"], {"cleanerHolder": holder})
-    if holder != state.settings.identity:
+    if state.cleaner_lease.holder:
+        patch.status["cleanerHolder"] = state.cleaner_lease.holder
+    if not state.cleaner_lease.leading():
         memo.pop("cleaner", None)
         return
     fields = TopicSpec.model_validate(dict(spec)).model_dump(exclude={"deletion_policy"})

@@ -91,30 +91,41 @@ class Kube:
             force_conflicts=True,
         )
 
-    def patch_status(self, kind: str, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """Merge ``status`` into a zeps resource's status (outside the handler kopf is running for it)."""
-        k8s.CustomObjectsApi(self.api).patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, PLURALS[kind], name, {"status": status}
-        )
+    def release_lease(self, namespace: str, name: str, *, identity: str) -> None:
+        """Give the Lease up if ``identity`` holds it (another replica takes it at once, not after its
+        duration); a compare-and-set like every Lease write, so a newer holder is never cleared."""
+        api = k8s.CoordinationV1Api(self.api)
+        lease = _unless_missing(lambda: api.read_namespaced_lease(name, namespace))
+        if lease is None or lease.spec is None or lease.spec.holder_identity != identity:
+            return
+        lease.spec.holder_identity = None
+        lease.spec.renew_time = None
+        try:
+            api.replace_namespaced_lease(name, namespace, lease)
+        except ApiException as exc:
+            if exc.status not in (_NOT_FOUND, _CONFLICT):
+                raise
 
     def set_finalizers(self, kind: str, namespace: str, name: str, finalizers: list[str]) -> None:
         k8s.CustomObjectsApi(self.api).patch_namespaced_custom_object(
             GROUP, VERSION, namespace, PLURALS[kind], name, {"metadata": {"finalizers": finalizers}}
         )
 
-    def hold_lease(self, namespace: str, name: str, *, identity: str, owner: dict[str, str], duration: int = 45) -> str:
+    def hold_lease(
+        self, namespace: str, name: str, *, identity: str, owner: dict[str, str] | None = None, duration: int = 45
+    ) -> str:
         """Acquire or renew the Lease (coordination.k8s.io/v1) for ``identity``; return its holder: ``identity``,
         or whoever holds it and has renewed it within its duration. Every write is a compare-and-set on
-        the resourceVersion, so two replicas never both win. ``owner`` (apiVersion, kind, name, uid) is
-        set as the Lease's owner: Kubernetes deletes the Lease with it."""
+        the resourceVersion, so two replicas never both win. ``owner`` (apiVersion, kind, name, uid), if
+        given, is set as the Lease's owner: Kubernetes deletes the Lease with it."""
         api = k8s.CoordinationV1Api(self.api)
         now = dt.datetime.now(dt.UTC)
-        reference = k8s.V1OwnerReference(**{_snake(k): v for k, v in owner.items()})
+        references = [k8s.V1OwnerReference(**{_snake(k): v for k, v in owner.items()})] if owner else None
         lease = _unless_missing(lambda: api.read_namespaced_lease(name, namespace))
         if lease is None:
             fresh = k8s.V1Lease(
                 metadata=k8s.V1ObjectMeta(
-                    name=name, labels={"app.kubernetes.io/managed-by": FIELD_MANAGER}, owner_references=[reference]
+                    name=name, labels={"app.kubernetes.io/managed-by": FIELD_MANAGER}, owner_references=references
                 ),
                 spec=k8s.V1LeaseSpec(
                     holder_identity=identity, lease_duration_seconds=duration, acquire_time=now, renew_time=now
@@ -136,8 +147,8 @@ class Kube:
         if spec.holder_identity != identity:
             spec.acquire_time = now
         spec.holder_identity, spec.renew_time, spec.lease_duration_seconds = identity, now, duration
-        if lease.metadata is not None and not lease.metadata.owner_references:
-            lease.metadata.owner_references = [reference]  # a Lease made before Leases had an owner
+        if references and lease.metadata is not None and not lease.metadata.owner_references:
+            lease.metadata.owner_references = references  # a Lease made before Leases had an owner
         try:
             api.replace_namespaced_lease(name, namespace, lease)  # resourceVersion: a compare-and-set
             return identity

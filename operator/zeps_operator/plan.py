@@ -48,6 +48,10 @@ class Settings:
     #: the broker image of a ZepsStream without spec.image: the operator's own (the chart sets both)
     broker_image: str = DEFAULT_BROKER_IMAGE
     broker_image_pull_policy: str = "IfNotPresent"
+    #: the one Lease whose holder runs every Topic's cleaner: its namespace, name and duration
+    cleaner_lease_namespace: str = "default"
+    cleaner_lease: str = "zeps-operator-cleaner"
+    cleaner_lease_seconds: int = 45
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -64,6 +68,9 @@ class Settings:
             zookeeper_auth=_auth(os.environ.get("ZEPS_ZOOKEEPER_AUTH", "")),
             broker_image=os.environ.get("ZEPS_BROKER_IMAGE") or DEFAULT_BROKER_IMAGE,
             broker_image_pull_policy=os.environ.get("ZEPS_BROKER_IMAGE_PULL_POLICY") or "IfNotPresent",
+            cleaner_lease_namespace=os.environ.get("POD_NAMESPACE") or "default",
+            cleaner_lease=os.environ.get("ZEPS_CLEANER_LEASE") or "zeps-operator-cleaner",
+            cleaner_lease_seconds=int(os.environ.get("ZEPS_CLEANER_LEASE_SECONDS", "45")),
         )
 
 

@@ -28,10 +28,18 @@ def test_lint_and_render() -> None:
     assert rendered.returncode == 0, rendered.stderr
     docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount", "StatefulSet"]
+    expected = ["ClusterRole", "ClusterRoleBinding", "Deployment", "Lease", "Role", "RoleBinding", "Service",
+                "ServiceAccount", "StatefulSet"]  # fmt: skip
+    assert kinds == expected
+    cluster_rules = next(d for d in docs if d["kind"] == "ClusterRole")["rules"]
+    assert not any("leases" in r["resources"] for r in cluster_rules), "Leases only in the release's namespace"
     operator = next(d for d in docs if d["kind"] == "Deployment")
     env = {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["ZEPS_ZOOKEEPER"] == ",".join(f"z-zookeeper-{i}.z-zookeeper.default.svc:2181" for i in range(3))
+    # the installation's one cleaner Lease: the chart makes it (helm uninstall removes it), the operator holds it
+    lease = next(d for d in docs if d["kind"] == "Lease")
+    assert env["ZEPS_CLEANER_LEASE"] == lease["metadata"]["name"] == "z-operator-cleaner"
+    assert "POD_NAMESPACE" in env
     pod = operator["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] and pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"]
     rules = next(d for d in docs if d["kind"] == "ClusterRole")["rules"]
@@ -61,4 +69,12 @@ def test_installs_into_the_control_plane(
     assert client.CoreV1Api(kube_api).read_namespaced_service_account("zeps-operator", namespace)
     for name in ("topics", "queues", "zepsstreams"):
         assert f"{name}.zeps.dev" in control_plane.kubectl("get", "crd", "-o", "name")
+    # the operator's ServiceAccount may renew its installation's cleaner Lease, and no other Lease
+    sa = f"system:serviceaccount:{namespace}:zeps-operator"
+    can = control_plane.kubectl("auth", "can-i", "update", "lease/zeps-operator-cleaner", "-n", namespace, "--as", sa)
+    assert can.strip() == "yes"
+    other = control_plane.kubectl("auth", "can-i", "update", "lease/other", "-n", namespace, "--as", sa, check=False)
+    assert other.strip() == "no"
+    assert client.CoordinationV1Api(kube_api).read_namespaced_lease("zeps-operator-cleaner", namespace)
     _helm("uninstall", "zeps", "--namespace", namespace, "--kubeconfig", kubeconfig)
+    assert not client.CoordinationV1Api(kube_api).list_namespaced_lease(namespace).items  # helm took it away

@@ -62,8 +62,10 @@ def test_topic_lifecycle_ready_update_drift_and_delete(
         timeout=30,
         what="the cleaner Lease to be held",
     )
-    lease = client.CoordinationV1Api(kube_api).read_namespaced_lease("cache-cleaner", namespace)
+    # one Lease for the installation (in the operator's namespace: "default" for a local process), none per Topic
+    lease = client.CoordinationV1Api(kube_api).read_namespaced_lease("zeps-operator-cleaner", "default")
     assert lease.spec is not None and lease.spec.holder_identity == "zeps-operator-test"
+    assert not client.CoordinationV1Api(kube_api).list_namespaced_lease(namespace).items
 
     _apply(crds, namespace, "Topic", "cache", {"maxQueueDepth": 900})  # update
     wait_until(
@@ -144,7 +146,13 @@ def solo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Solo]:
         plane.kubectl("apply", "-f", str(Path(__file__).resolve().parents[2] / "crds"))
         plane.kubectl("wait", "--for=condition=Established", "crd/topics.zeps.dev", "--timeout=60s")
         with OperatorProcess(
-            tmp / "op", kubeconfig=plane.kubeconfig, zookeeper=zk.connect_string, resync_seconds=1, delete_retries=3
+            tmp / "op",
+            kubeconfig=plane.kubeconfig,
+            zookeeper=zk.connect_string,
+            resync_seconds=1,
+            delete_retries=3,
+            identity="solo-first",
+            cleaner_lease_seconds=3,
         ) as operator:
             yield Solo(zk, plane, operator)
 
@@ -175,22 +183,73 @@ def _ready_and_resynced(plane: ControlPlane, name: str, spec: dict[str, Any] | N
 
 def test_an_idle_resync_makes_no_status_write_and_reads_the_namespace_secret_once_per_pass(solo: Solo) -> None:
     """With nothing changing, the 1 s resync passes of five Topics find every status field as it is and
-    send no PATCH at all (kopf sends no empty patch), and read the namespace's credentials Secret about
-    once per interval for all five, not once per Topic. The cleaner Leases are still renewed every
-    pass: that is the per-resource Lease the operator-at-scale issue replaces."""
+    send no PATCH at all (kopf sends no empty patch), read the namespace's credentials Secret about once
+    per interval for all five, not once per Topic, and touch no Lease: the installation's one cleaner
+    Lease is renewed every third of its duration (1 s here), whatever the number of Topics."""
     names = [f"idle-{i}" for i in range(5)]
     for name in names:
         _ready_and_resynced(solo.plane, name)
     time.sleep(2)  # the first passes have written what they found
-    patches = _requests(solo.plane, resource="topics", verb="PATCH")
-    lease_puts = _requests(solo.plane, resource="leases", verb="PUT")
-    secret_reads = _requests(solo.plane, resource="secrets", verb="GET")
+    before = {kind: _requests(solo.plane, resource=kind, verb=verb) for kind, verb in IDLE_COUNTED}
     time.sleep(6)  # about five resync passes of each Topic
-    assert _requests(solo.plane, resource="topics", verb="PATCH") == patches
-    assert _requests(solo.plane, resource="leases", verb="PUT") >= lease_puts + 4 * len(names)  # the passes ran
-    assert _requests(solo.plane, resource="secrets", verb="GET") - secret_reads <= 6 + 2  # per interval, not Topic
+    after = {kind: _requests(solo.plane, resource=kind, verb=verb) for kind, verb in IDLE_COUNTED}
+    assert after["topics"] == before["topics"]  # no PATCH
+    assert 3 <= after["secrets"] - before["secrets"] <= 6 + 2  # the passes ran; per interval, not per Topic
+    assert after["leases"] - before["leases"] <= 6 + 2  # renewals of the one Lease only
     for name in names:
         solo.plane.kubectl("delete", "topic", name, "-n", "default", "--timeout=30s")
+
+
+IDLE_COUNTED = (("topics", "PATCH"), ("secrets", "GET"), ("leases", "PUT"))
+
+
+def test_another_replica_takes_over_cleaning_when_the_lease_holder_dies(solo: Solo, tmp_path: Path) -> None:
+    """Two operator replicas (both reconcile; the Lease holder cleans). The holder is killed with
+    SIGKILL, so it cannot give the Lease up: the other takes it once the 3 s duration has passed, says
+    so in the Topic's status, and removes a vanished consumer's queue. The first replica comes back
+    and the second stops; the second gives the Lease up as it stops, so the first leads again at once."""
+    _ready_and_resynced(solo.plane, "handover", {"cleanerGrace": 1, "noSubscribers": "ignore"})
+    assert _lease_holder(solo.plane) == "solo-first"
+    second = OperatorProcess(
+        tmp_path / "second",
+        kubeconfig=solo.plane.kubeconfig,
+        zookeeper=solo.zk.connect_string,
+        resync_seconds=1,
+        identity="solo-second",
+        cleaner_lease_seconds=3,
+    )
+    zk = KazooClient(hosts=solo.zk.connect_string, timeout=10)
+    zk.start(timeout=10)
+    topic = Topic(zk, "handover", namespace="default")
+    try:
+        second.start()
+        time.sleep(2)  # the second replica has tried the Lease: held
+        assert _lease_holder(solo.plane) == "solo-first"
+        solo.operator.process.kill()
+        wait_until(lambda: _lease_holder(solo.plane) == "solo-second", timeout=20, what="the second replica to lead")
+        wait_until(
+            lambda: _get(solo.plane, "default", "topic", "handover")["status"].get("cleanerHolder") == "solo-second",
+            timeout=20,
+            what="the Topic to name the new cleaner",
+        )
+        leaving = topic.subscribe(lambda _m: None, consumer_id="leaving")
+        leaving.close()  # its queue stays, for the cleaner to remove once the grace is up
+        wait_until(lambda: zk.exists(topic.paths.queue("leaving")) is None, timeout=30, what="the new leader to clean")
+        solo.operator.start()
+    finally:
+        second.stop()
+        if not solo.operator.process.running():  # for the tests after this one
+            solo.operator.start()
+        topic.close()
+        zk.stop()
+        zk.close()
+    wait_until(lambda: _lease_holder(solo.plane) == "solo-first", timeout=10, what="the first replica to lead again")
+    solo.plane.kubectl("delete", "topic", "handover", "-n", "default", "--timeout=30s")
+
+
+def _lease_holder(plane: ControlPlane) -> str:
+    lease = json.loads(plane.kubectl("get", "lease", "zeps-operator-cleaner", "-n", "default", "-o", "json"))
+    return str(lease.get("spec", {}).get("holderIdentity") or "")
 
 
 def test_a_deletion_that_catches_the_timer_mid_run_is_released_promptly(solo: Solo) -> None:
