@@ -4,13 +4,14 @@ ZooKeeper's shell in the chart's ensemble."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kindapp import ROOT, STACK_DUMP_LABEL, App, ZooKeeperShell
+from kindapp import OPERATOR_NAMESPACE, ROOT, STACK_DUMP_LABEL, App, ZooKeeperShell
 
 _names = itertools.count()
 
@@ -23,27 +24,53 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
-def _dump(cluster: Any, namespace: str) -> None:
-    """What a failed test's namespace held: pods, events and the end of every pod's log (and of the
-    run before a restart)."""
+def _short(text: str, width: int = 240) -> str:
+    """``text`` with each line cut to ``width`` characters: CI shows a failure's output only in part,
+    and one 300-item JSON line must not push a crash's traceback out of it."""
+    lines = text.splitlines()
+    return "\n".join(line if len(line) <= width else f"{line[:width]}… ({len(line) - width} more)" for line in lines)
+
+
+def _dump(cluster: Any, namespace: str, *, tail: int = 60, stacks: bool = True) -> None:
+    """What a failed test's namespace held. Crash evidence first (containers that restarted: how
+    their last run ended, and its log), then pods, events and the end of every pod's log."""
     print(f"\n===== namespace {namespace} after the failure =====")
+    pods = cluster.kubectl("get", "pods", "-n", namespace, "-o", "json", check=False)
+    items = json.loads(pods)["items"] if pods.strip() else []
+    for pod in items:
+        name = pod["metadata"]["name"]
+        for status in pod["status"].get("containerStatuses", []):
+            ended = (status.get("lastState") or {}).get("terminated")
+            if not ended:
+                continue
+            how = {k: ended.get(k) for k in ("reason", "exitCode", "startedAt", "finishedAt")}
+            previous = cluster.kubectl("logs", name, "-n", namespace, "-c", status["name"], "--previous",
+                                       "--tail=40", check=False)  # fmt: skip
+            print(f"----- pod/{name}: restarted {status.get('restartCount')}x, its last run ended {how} -----")
+            print(_short(previous))
     print(cluster.kubectl("get", "pods,pvc", "-n", namespace, "-o", "wide", check=False))
-    print(cluster.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False)[-6000:])
-    pods = cluster.kubectl("get", "pods", "-n", namespace, "-o", "name", check=False).split()
+    print(_short(cluster.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False)[-5000:]))
     # Pods labelled STACK_DUMP_LABEL print every thread's stack on SIGUSR1 (faulthandler): where a
     # stuck worker is stuck, in the log read below.
-    dumping = cluster.kubectl("get", "pods", "-n", namespace, "-l", STACK_DUMP_LABEL, "-o", "name", check=False).split()
-    for pod in dumping:
-        cluster.kubectl("exec", pod, "-n", namespace, "--", "kill", "-USR1", "1", check=False)
-    if dumping:
+    dumping = [p["metadata"]["name"] for p in items if STACK_DUMP_LABEL in p["metadata"].get("labels", {})]
+    for name in dumping if stacks else []:
+        cluster.kubectl("exec", name, "-n", namespace, "--", "kill", "-USR1", "1", check=False)
+    if dumping and stacks:
         time.sleep(1)
-    for pod in pods:
-        log = cluster.kubectl("logs", pod, "-n", namespace, "--all-containers", "--tail=60", check=False)
-        print(f"----- {pod} (last 60 lines) -----\n{log}")
-        previous = cluster.kubectl("logs", pod, "-n", namespace, "--all-containers", "--previous", "--tail=40",
-                                   check=False)  # fmt: skip
-        if previous.strip():  # the container restarted: how its last run ended
-            print(f"----- {pod}, the run before its last restart (last 40 lines) -----\n{previous}")
+    for pod in items:
+        name = pod["metadata"]["name"]
+        log = cluster.kubectl("logs", name, "-n", namespace, "--all-containers", f"--tail={tail}", check=False)
+        print(f"----- pod/{name} (last {tail} lines) -----\n{_short(log)}")
+
+
+@pytest.fixture(autouse=True)
+def _operator_namespace_on_failure(request: pytest.FixtureRequest, cluster: Any) -> Iterator[None]:
+    """After any failed kind test: the operator's namespace too (the operator, the ZooKeeper
+    ensemble), briefly: restarts and how they ended, pods, events, the last lines of each log."""
+    yield
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        _dump(cluster, OPERATOR_NAMESPACE, tail=25, stacks=False)
 
 
 @pytest.fixture
