@@ -123,7 +123,8 @@ class CuttingProxy:
     ``arm("response")``: the next client request of at least ``min_bytes`` reaches the server, then
     the connection is cut before the server's answer reaches the client (the write applied, the
     client sees ConnectionLoss). ``arm("request")``: that request is dropped and the connection cut
-    (nothing applied). Small packets (pings) pass untouched either way. One cut per arm.
+    (nothing applied). Small packets (pings) pass untouched either way. One cut per arm;
+    ``skip=n`` lets the next ``n`` large requests through first (so a test can cut at each step).
     ``refusing = True``: new connections are closed at once (the client cannot reconnect until it is
     False again), so a test can act while the client is away, e.g. expire its session.
     """
@@ -134,6 +135,7 @@ class CuttingProxy:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self._mode: str | None = None
+        self._skip = 0
         self._cut_next_response = False
         self.cuts = 0
         self._lock = threading.Lock()
@@ -146,10 +148,11 @@ class CuttingProxy:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def arm(self, mode: str) -> None:
+    def arm(self, mode: str, *, skip: int = 0) -> None:
         assert mode in ("request", "response")
         with self._lock:
             self._mode = mode
+            self._skip = skip
 
     def close(self) -> None:
         self._closed = True
@@ -194,7 +197,9 @@ class CuttingProxy:
                     dst.close()
                 return
             with self._lock:
-                if upstream and self._mode and len(data) >= self.min_bytes:
+                if upstream and self._mode and len(data) >= self.min_bytes and self._skip:
+                    self._skip -= 1
+                elif upstream and self._mode and len(data) >= self.min_bytes:
                     mode, self._mode = self._mode, None
                     if mode == "request":
                         self._cut(src, dst)

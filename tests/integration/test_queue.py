@@ -10,12 +10,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from kazoo.exceptions import NoAuthError
 
 from harness import CuttingProxy, WorkerProcess, ZooKeeperHarness, until
 from zeps.coordination import connect
 from zeps.coordination.queue import AckUncertainError, LockLostError, WorkQueue
 from zeps.coordination.testing import expire_session_by_id
-from zeps.errors import ConfigError
+from zeps.errors import ConfigError, CoordinationError
 from zeps.options import QueueOptions
 
 
@@ -123,6 +124,56 @@ def test_an_ack_whose_session_expired_in_flight_is_uncertain_not_lost(zookeeper:
         client.stop()
         client.close()
         proxy.close()
+
+
+@pytest.mark.parametrize("mode", ["request", "response"], ids=["request-dropped", "answer-lost"])
+def test_a_connection_cut_at_any_step_of_take_and_ack_is_survived(zookeeper: ZooKeeperHarness, mode: str) -> None:
+    """The worker's connection is cut at each ZooKeeper request of a take-and-ack cycle in turn:
+    the request dropped, or applied with its answer lost. That is what a worker sees when the server
+    it talks to leaves the ensemble (the leader's pod deleted on kind). The session survives, the
+    client reconnecting at once, so nothing may be lost or redone. take() and ack() must retry what
+    is safe to retry and return normally: a kazoo ConnectionLoss escaping them crashes a worker loop
+    that catches zeps errors, as one did on kind. Every item is acked exactly once and nothing is
+    left in ZooKeeper."""
+    host, port = zookeeper.connect_string.split(":")
+    proxy = CuttingProxy((host, int(port)), min_bytes=40)  # pings (12 bytes) pass; every request is cut-able
+    client = connect(proxy.address, session_timeout=10)
+    try:
+        producer = WorkQueue(zookeeper.client(), "cut", chroot=zookeeper.root)
+        steps = 8
+        producer.put_all([f"job-{i}".encode() for i in range(steps + 1)])
+        worker = WorkQueue(client, "cut", chroot=zookeeper.root)
+        first = worker.take(timeout=5)  # joins the workers and lists the items: no cut yet
+        assert first is not None
+        first.ack()
+        acked = [first.body]
+        for skip in range(steps):  # a take and its ack make a handful of requests: cut the skip-th
+            proxy.arm(mode, skip=skip)
+            item = worker.take(timeout=10)
+            assert item is not None, f"take after a cut at request {skip} found nothing"
+            item.ack()
+            acked.append(item.body)
+        assert proxy.cuts >= 3, "the cuts did not land inside take and ack"
+        assert sorted(acked) == sorted(f"job-{i}".encode() for i in range(steps + 1))
+        assert producer.stats().depth == 0
+        assert client.get_children(f"{worker.paths.taken}") == []
+    finally:
+        client.stop()
+        client.close()
+        proxy.close()
+
+
+def test_a_zookeeper_refusal_surfaces_as_a_zeps_error(zookeeper: ZooKeeperHarness) -> None:
+    """What the recipe does not expect from ZooKeeper leaves its public methods as CoordinationError
+    (a zeps error naming the call), never as a raw kazoo exception a worker's ``except ZepsError``
+    would miss. Here, for real: the queue's nodes belong to another digest identity."""
+    owner = WorkQueue(zookeeper.client(auth=("owner", "secret")), "private", chroot=zookeeper.root)
+    owner.put(b"not yours")
+    stranger = WorkQueue(zookeeper.client(), "private", chroot=zookeeper.root)
+    for call in (stranger.stats, lambda: stranger.take(timeout=1), lambda: stranger.put(b"x")):
+        with pytest.raises(CoordinationError, match=r"WorkQueue\.\w+: ZooKeeper: NoAuthError") as caught:
+            call()
+        assert isinstance(caught.value.__cause__, NoAuthError)
 
 
 def test_dead_letter_after_max_attempts_and_redrive(queue_factory: Callable[..., WorkQueue]) -> None:

@@ -1,11 +1,14 @@
-"""Helpers shared by the recipes: the bounded retry policy and deleting a subtree in transactions."""
+"""Helpers shared by the recipes: the bounded retry policy, the boundary that turns kazoo's errors
+into zeps errors, and deleting a subtree in transactions."""
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError, NotEmptyError, RolledBackError
+from kazoo.exceptions import KazooException, NoNodeError, NotEmptyError, RolledBackError
 from kazoo.retry import KazooRetry
 
 from zeps.errors import CoordinationError
@@ -18,6 +21,26 @@ def bounded_retry(deadline: float = 120.0) -> KazooRetry:
     ``deadline`` seconds (two minutes by default), never forever. A fresh object per call:
     KazooRetry keeps per-call state."""
     return KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0, deadline=deadline, ignore_expire=True)
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+S = TypeVar("S")
+
+
+def zookeeper_errors(method: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]:
+    """The boundary of a recipe's public method: a kazoo error that gets this far (a bounded retry's
+    deadline passed, a refusal the recipe does not expect) leaves as a CoordinationError naming the
+    call, so a caller's ``except zeps.ZepsError`` is enough to keep a worker loop alive."""
+
+    @functools.wraps(method)
+    def boundary(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(self, *args, **kwargs)
+        except KazooException as exc:
+            raise CoordinationError(f"{type(self).__name__}.{method.__name__}: ZooKeeper: {exc!r}") from exc
+
+    return boundary
 
 
 Op = tuple[Any, ...]

@@ -34,7 +34,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from zeps.batchstore import BatchStore, decode_batch, encode_batch, open_store
-from zeps.coordination._util import bounded_retry, commit, failures
+from zeps.coordination._util import bounded_retry, commit, failures, zookeeper_errors
 from zeps.errors import ConfigError, CoordinationError
 from zeps.options import BatchOptions
 from zeps.paths import DEFAULT_CHROOT, QueuePaths, validate_member_id
@@ -93,6 +93,7 @@ class BatchQueue:
             raise CoordinationError(f"{batch_id!r} is not a batch id of queue {self.name!r}")
         return int(n)
 
+    @zookeeper_errors
     def ensure(self) -> None:
         if self._ensured:
             return
@@ -101,6 +102,7 @@ class BatchQueue:
         self._ensured = True
 
     # -- publishing -----------------------------------------------------------------------------
+    @zookeeper_errors
     def latest(self) -> int:
         """The latest batch number (0 before the first batch)."""
         self.ensure()
@@ -110,6 +112,7 @@ class BatchQueue:
             return 0
         return self._number(data.decode())
 
+    @zookeeper_errors
     def publish(self, records: Sequence[bytes], *, writer: str | None = None, sequence: int | None = None) -> str:
         """Write an immutable batch and make it the latest; returns its id (``<queue>-<n>``).
 
@@ -184,6 +187,7 @@ class BatchQueue:
         return batch_id
 
     # -- reading --------------------------------------------------------------------------------
+    @zookeeper_errors
     def read(self, number: int) -> Batch:
         """Read a retained batch; CoordinationError if it was removed by retention or never existed."""
         batch_id = self.batch_id(number)
@@ -201,6 +205,7 @@ class BatchQueue:
             body = store.get(url.decode())
         return Batch(batch_id, number, decode_batch(body), stat.ctime)
 
+    @zookeeper_errors
     def first_retained(self) -> int:
         """The oldest batch still readable (latest + 1 when none is)."""
         names = bounded_retry()(self.client.get_children, self.paths.batch_data)
@@ -215,6 +220,7 @@ class BatchQueue:
         consumer.register(start)
         return consumer
 
+    @zookeeper_errors
     def positions(self) -> dict[str, int]:
         """Every registered consumer's last processed batch number."""
         self.ensure()
@@ -227,11 +233,13 @@ class BatchQueue:
             out[name] = self._number(data.decode())
         return out
 
+    @zookeeper_errors
     def lag(self) -> dict[str, int]:
         """Batches each consumer still has to process."""
         latest = self.latest()
         return {name: latest - position for name, position in self.positions().items()}
 
+    @zookeeper_errors
     def prune(self, *, now: float | None = None) -> list[str]:
         """Remove batches every registered consumer has processed and older than retention_seconds.
         Never removes one a registered consumer still needs. Returns the removed ids."""
@@ -267,6 +275,7 @@ class BatchConsumer:
         self.path = queue.paths.processor(name)
         self.client = queue.client
 
+    @zookeeper_errors
     def register(self, start: Literal["earliest", "latest"]) -> None:
         if start not in ("earliest", "latest"):
             raise ConfigError(f"start must be 'earliest' or 'latest', not {start!r}")
@@ -279,10 +288,12 @@ class BatchConsumer:
         data, stat = bounded_retry()(self.client.get, self.path)
         return self.queue._number(data.decode()), stat.version
 
+    @zookeeper_errors
     def position(self) -> int:
         """The last batch number this consumer processed."""
         return self._read_position()[0]
 
+    @zookeeper_errors
     def lag(self) -> int:
         return self.queue.latest() - self.position()
 
@@ -323,6 +334,7 @@ class BatchConsumer:
                 if changed.wait(0.1) or stop.is_set():
                     break
 
+    @zookeeper_errors
     def reset(self, to: int) -> None:
         """Replay: make batch ``to`` the next one processed (it must still be retained)."""
         first = self.queue.first_retained()

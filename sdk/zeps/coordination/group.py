@@ -31,6 +31,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.protocol.states import WatchedEvent, ZnodeStat
 
+from zeps.coordination._util import zookeeper_errors
 from zeps.errors import CoordinationError
 from zeps.paths import GroupPaths, validate_member_id
 
@@ -89,6 +90,7 @@ class Group:
         self.acl = acl
 
     # -- membership ---------------------------------------------------------------------------
+    @zookeeper_errors
     def join(
         self, member_id: str, metadata: Mapping[str, Any] | None = None, *, takeover_timeout: float = 60.0
     ) -> Membership:
@@ -97,6 +99,7 @@ class Group:
         membership._start()
         return membership
 
+    @zookeeper_errors
     def members(self) -> dict[str, Member]:
         """The live members and their metadata, read now."""
         members: dict[str, Member] = self.client.retry(self._read_members)
@@ -118,6 +121,7 @@ class Group:
         return out
 
     # -- manifest -----------------------------------------------------------------------------
+    @zookeeper_errors
     def set_manifest(self, member_ids: Iterable[str]) -> None:
         """Record the members that should exist (replaces the previous manifest)."""
         ids = sorted({validate_member_id(m) for m in member_ids})
@@ -135,6 +139,7 @@ class Group:
 
         self.client.retry(write)
 
+    @zookeeper_errors
     def manifest(self) -> frozenset[str] | None:
         """The members that should exist, or None when no manifest was written."""
         try:

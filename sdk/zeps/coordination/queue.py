@@ -58,7 +58,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, ConnectionLoss, NoNodeError, SessionExpiredError
 from kazoo.protocol.states import ZnodeStat
 
-from zeps.coordination._util import Op, bounded_retry, commit, failures
+from zeps.coordination._util import Op, bounded_retry, commit, failures, zookeeper_errors
 from zeps.coordination.group import Group, Membership
 from zeps.coordination.line import WaitingLine
 from zeps.envelope import Envelope, EnvelopeError, decode, encode
@@ -185,6 +185,7 @@ class WorkQueue:
         self._line = WaitingLine(client, self.paths.waiters, call=self._call, once=self._once)
 
     # -- setup ----------------------------------------------------------------------------------
+    @zookeeper_errors
     def ensure(self) -> None:
         """Create the queue's paths if missing (idempotent; the operator normally does this)."""
         if self._ensured:
@@ -218,6 +219,7 @@ class WorkQueue:
         """Add one item; returns its id once it is durable."""
         return self.put_all([body], priority=priority, headers=headers, content_type=content_type)[0]
 
+    @zookeeper_errors
     def put_all(
         self,
         bodies: Iterable[bytes],
@@ -291,6 +293,7 @@ class WorkQueue:
         items = self.take_many(1, timeout=timeout)
         return items[0] if items else None
 
+    @zookeeper_errors
     def take_many(self, n: int, *, timeout: float | None = None, ack: Sequence[Item] = ()) -> list[Item]:
         """Take up to ``n`` items in one transaction (prefetch); waits like :meth:`take` for the first.
 
@@ -362,6 +365,7 @@ class WorkQueue:
 
         self.client.ChildrenWatch(self.paths.workers.members, changed)
 
+    @zookeeper_errors
     def close(self) -> None:
         """Leave the workers group (other workers take over this stripe at once)."""
         if self._membership is not None:
@@ -387,7 +391,10 @@ class WorkQueue:
             now_ms = int(time.time() * 1000)
             for name, result in reads:
                 try:
-                    data, stat = result.get()
+                    try:
+                        data, stat = result.get()
+                    except (ConnectionLoss, SessionExpiredError):  # a read: safe to ask again
+                        data, stat = self._call(self.client.get, f"{self.paths.items}/{name}")
                 except NoNodeError:
                     continue  # acked by someone meanwhile: move on
                 try:
@@ -496,6 +503,7 @@ class WorkQueue:
         """Delete a done item, fenced by the version our take produced."""
         self.ack_all([item])
 
+    @zookeeper_errors
     def ack_all(self, items: Sequence[Item]) -> None:
         """Acknowledge many items in one transaction (falls back to one by one if any fails)."""
         todo = [i for i in items if not i.done]
@@ -566,6 +574,7 @@ class WorkQueue:
         bounded_retry()(attempt)
         item.done = True
 
+    @zookeeper_errors
     def release(self, item: Item, *, delay: float = 0.0) -> None:
         """Give an item back (nack). After ``delay`` seconds it can be taken again; it then goes to
         the back of its priority. If it has used up its attempts it is dead-lettered instead (unless
@@ -637,6 +646,7 @@ class WorkQueue:
         if not failures(outcome):
             log.warning("queue %s: item %s dead-lettered: %s", self.name, name, reason)
 
+    @zookeeper_errors
     def dead_letters(self) -> list[DeadLetter]:
         """The dead-lettered items, oldest first."""
         self.ensure()
@@ -657,6 +667,7 @@ class WorkQueue:
             ))  # fmt: skip
         return out
 
+    @zookeeper_errors
     def redrive(self, names: Iterable[str] | None = None) -> int:
         """Put dead-lettered items back in the queue with fresh attempts; returns how many moved."""
         self.ensure()
@@ -682,19 +693,22 @@ class WorkQueue:
                 if not failures(commit(self.client, ops)):
                     moved += 1
                     continue
-            if self.client.exists(f"{self.paths.dead}/{name}") is None:
+            if self._call(self.client.exists, f"{self.paths.dead}/{name}") is None:
                 moved += 1  # applied before the connection dropped (or someone else re-drove it)
         return moved
 
     # -- stats ----------------------------------------------------------------------------------
+    @zookeeper_errors
     def stats(self) -> QueueStats:
         self.ensure()
-        counts = [
-            self.client.exists_async(p)
-            for p in (self.paths.items, self.paths.taken, self.paths.dead, self.paths.waiters)
-        ]
+        paths = (self.paths.items, self.paths.taken, self.paths.dead, self.paths.waiters)
+        counts = [self.client.exists_async(p) for p in paths]
         self.requests += len(counts)
-        depth, in_flight, dead, waiting = (r.get().numChildren if r.get() else 0 for r in counts)
+        try:
+            stats = [r.get() for r in counts]
+        except (ConnectionLoss, SessionExpiredError):  # reads: ask again, one by one with retries
+            stats = [self._call(self.client.exists, p) for p in paths]
+        depth, in_flight, dead, waiting = (s.numChildren if s else 0 for s in stats)
         oldest = None
         if depth:
             names = self._call(self.client.get_children, self.paths.items)

@@ -64,7 +64,7 @@ from kazoo.exceptions import (
 )
 from kazoo.retry import KazooRetry
 
-from zeps.coordination._util import bounded_retry, delete_tree
+from zeps.coordination._util import bounded_retry, delete_tree, zookeeper_errors
 from zeps.coordination.group import Group, Member, Membership
 from zeps.envelope import Envelope, EnvelopeError, decode_node, encode, encode_pack
 from zeps.errors import CoordinationError
@@ -144,6 +144,7 @@ class Topic:
         self._publish_lock = threading.Lock()
 
     # -- setup ----------------------------------------------------------------------------------
+    @zookeeper_errors
     def ensure(self) -> None:
         """Create the topic's paths if missing (idempotent; the operator normally does this)."""
         if self._ensured:
@@ -170,6 +171,7 @@ class Topic:
         if not ready.wait(30):
             raise CoordinationError(f"could not list {self.paths.messages} within 30s")
 
+    @zookeeper_errors
     def queues(self) -> frozenset[str]:
         """The consumer ids whose queues receive messages now (cached, kept current by a watch)."""
         self._watch_queues()
@@ -177,15 +179,18 @@ class Topic:
             assert self._queues is not None
             return self._queues
 
+    @zookeeper_errors
     def subscribers(self) -> dict[str, Member]:
         """Live subscriptions with their metadata (read now)."""
         return Group(self.client, self.paths.subscribers).members()
 
     # -- publishing -----------------------------------------------------------------------------
+    @zookeeper_errors
     def publish(self, body: bytes, *, headers: dict[str, str] | None = None, content_type: str | None = None) -> str:
         """Publish one message to every subscriber; returns its id once it is durable in ZooKeeper."""
         return self.publish_many([body], headers=headers, content_type=content_type)[0]
 
+    @zookeeper_errors
     def publish_many(
         self,
         bodies: Iterable[bytes],
