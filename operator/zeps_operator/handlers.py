@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +20,7 @@ from prometheus_client import Counter, start_http_server
 from pydantic import BaseModel
 
 from zeps.broker.server import make_curve_certificate
-from zeps.coordination import Group, Topic, TopicCleaner, connect, digest_acl
+from zeps.coordination import Group, Topic, connect, digest_acl
 from zeps.coordination.admin import (
     PathConflictError,
     ZooKeeperUnavailableError,
@@ -32,6 +33,7 @@ from zeps.coordination.batches import BatchQueue
 from zeps.options import TopicOptions
 from zeps.paths import QueuePaths, StreamPaths, TopicPaths
 from zeps.resources import GROUP, PLURALS, VERSION
+from zeps_operator.cleaning import Cleaning
 from zeps_operator.kube import InvalidSecretError, Kube
 from zeps_operator.leadership import LeaseKeeper
 from zeps_operator.models import QueueSpec, StreamSpec, TopicSpec
@@ -39,6 +41,7 @@ from zeps_operator.plan import (
     NAMESPACE_AUTH_SECRET,
     Settings,
     condition,
+    ready_at,
     retains_data,
     status_changes,
     stream_member,
@@ -61,8 +64,10 @@ class _State:
     settings: Settings
     kube: Kube  # the Kubernetes adapter: every API call besides kopf's own
     cleaner_lease: LeaseKeeper  # whether this replica runs the Topics' cleaners
+    cleaning: Cleaning  # the Topics' cleaner passes, driven by ZooKeeper watches
     zk: Any = None
     acl_cache: dict[str, tuple[float, list[Any] | None]]  # namespace -> (good until, ACL); see _namespace_acl
+    acl_lock: threading.Lock
     last_event = 0.0
 
 
@@ -73,6 +78,7 @@ state = _State()
 def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     state.settings = Settings.from_env()
     state.acl_cache = {}
+    state.acl_lock = threading.Lock()
     settings.persistence.finalizer = FINALIZER
     settings.watching.server_timeout = 120  # reconnect watches regularly: a stalled one cannot linger
     settings.watching.client_timeout = 150
@@ -89,6 +95,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     state.cleaner_lease = LeaseKeeper(
         state.kube, s.cleaner_lease_namespace, s.cleaner_lease, identity=s.identity, duration=s.cleaner_lease_seconds
     ).start()
+    state.cleaning = Cleaning(identity=s.identity, leading=state.cleaner_lease.leading).start()
     port = int(os.environ.get("ZEPS_OPERATOR_METRICS_PORT", "0"))
     if port:
         start_http_server(port, addr=os.environ.get("ZEPS_OPERATOR_METRICS_ADDR", "127.0.0.1"))
@@ -96,6 +103,8 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 @kopf.on.cleanup()
 def cleanup(**_: Any) -> None:
+    if hasattr(state, "cleaning"):
+        state.cleaning.stop()
     if hasattr(state, "cleaner_lease"):  # startup got that far
         state.cleaner_lease.stop()
     if state.zk is not None:
@@ -178,7 +187,8 @@ def _reconcile(kind: str, body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, *
         patch.status["conditions"] = condition(
             previous, ready=False, reason="Conflict", message=str(exc), generation=generation
         )
-        kopf.warn(body, reason="Conflict", message=str(exc))
+        if not any(c.get("type") == "Ready" and c.get("reason") == "Conflict" for c in previous or []):
+            kopf.warn(body, reason="Conflict", message=str(exc))  # once, when the conflict begins
         RECONCILES.labels(kind, "conflict").inc()
         return "conflict"
     if repaired and quiet:
@@ -199,14 +209,18 @@ def _namespace_acl(namespace: str, *, fresh: bool) -> list[Any] | None:
     cached = state.acl_cache.get(namespace)
     if not fresh and cached is not None and cached[0] > time.monotonic():
         return cached[1]
-    try:
-        credentials = state.kube.credentials(namespace, NAMESPACE_AUTH_SECRET)
-    except InvalidSecretError as exc:
-        state.acl_cache.pop(namespace, None)
-        raise kopf.PermanentError(str(exc)) from None
-    acl = digest_acl(*credentials) if credentials else None
-    state.acl_cache[namespace] = (time.monotonic() + RESYNC, acl)
-    return acl
+    with state.acl_lock:  # the passes that find the entry expired together: one of them reads it
+        cached = state.acl_cache.get(namespace)
+        if not fresh and cached is not None and cached[0] > time.monotonic():
+            return cached[1]
+        try:
+            credentials = state.kube.credentials(namespace, NAMESPACE_AUTH_SECRET)
+        except InvalidSecretError as exc:
+            state.acl_cache.pop(namespace, None)
+            raise kopf.PermanentError(str(exc)) from None
+        acl = digest_acl(*credentials) if credentials else None
+        state.acl_cache[namespace] = (time.monotonic() + RESYNC, acl)
+        return acl
 
 
 def _ready(body: kopf.Body, patch: kopf.Patch, ready: bool, reason: str, message: str, *, generation: int) -> None:
@@ -229,11 +243,16 @@ def _zookeeper_resource(
     """Topic and Queue: reconcile the ZooKeeper side, fill in the facts, mark Ready. A change
     (not a timer's resync) is also reported as an event. True when reconciled."""
     generation = body["metadata"].get("generation", 1)
-    if _reconcile(kind, body, spec, patch, quiet=timer, fresh=not timer) != "ok":
+    conditions = (body.get("status") or {}).get("conditions")
+    was_ready = ready_at(conditions, generation)
+    # A timer can run beside the create handler (kopf starts it with the object): until the object
+    # has been Ready, missing paths are not drift, and the handler's event is the one to post.
+    if _reconcile(kind, body, spec, patch, quiet=timer and was_ready, fresh=not timer) != "ok":
         return False
     facts(body, patch)
     _ready(body, patch, True, "Reconciled", "ZooKeeper paths and spec are in place", generation=generation)
-    if not timer:
+    recovered = any(c.get("type") == "Ready" and c.get("status") == "False" for c in conditions or [])
+    if not was_ready and (not timer or recovered):  # a transition: created, changed or recovered
         kopf.info(body, reason="Reconciled", message=f"generation {generation}")
     return True
 
@@ -244,7 +263,8 @@ def _zookeeper_resource(
 @kopf.on.resume(GROUP, VERSION, PLURALS["Topic"])
 @_only_changes
 def topic_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
-    _zookeeper_resource("Topic", body, spec, patch, _topic_facts, timer=False)
+    if _zookeeper_resource("Topic", body, spec, patch, _topic_facts, timer=False):
+        state.cleaning.follow(_topic(body["metadata"], spec))  # its clients watched from now on
 
 
 @kopf.timer(GROUP, VERSION, PLURALS["Topic"], interval=RESYNC, idle=RESYNC / 6)
@@ -252,7 +272,7 @@ def topic_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any)
 def topic_timer(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **kwargs: Any) -> None:
     stopped: kopf.DaemonStopped = kwargs["stopped"]  # set once the Topic is being deleted, which waits for us
     if _zookeeper_resource("Topic", body, spec, patch, _topic_facts, timer=True) and not stopped:
-        _run_cleaner(body, spec, patch, kwargs["memo"])
+        _run_cleaner(body, spec, patch)
 
 
 def _topic_facts(body: kopf.Body, patch: kopf.Patch) -> None:
@@ -261,29 +281,19 @@ def _topic_facts(body: kopf.Body, patch: kopf.Patch) -> None:
     patch.status["subscribers"] = count_children(state.zk, topic.subscribers.members, deadline=ZK_DEADLINE)
 
 
-def _run_cleaner(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, memo: kopf.Memo) -> None:
-    """One cleaner pass over the Topic, in the replica that holds the installation's cleaner Lease
-    (:mod:`zeps_operator.leadership`). The cleaner lives in the object's memo across passes: it
-    remembers since when each consumer has been missing, which ``cleanerGrace`` is counted from.
-    Not leading forgets that: the leader meanwhile saw what this replica did not."""
-    meta = body["metadata"]
-    if state.cleaner_lease.holder:
-        patch.status["cleanerHolder"] = state.cleaner_lease.holder
-    if not state.cleaner_lease.leading():
-        memo.pop("cleaner", None)
-        return
+def _topic(meta: kopf.Meta | dict[str, Any], spec: kopf.Spec) -> Topic:
     fields = TopicSpec.model_validate(dict(spec)).model_dump(exclude={"deletion_policy"})
     options = TopicOptions.make(**fields)
-    cleaner: TopicCleaner | None = memo.get("cleaner")
-    if cleaner is None or cleaner.topic.options != options:
-        topic = Topic(
-            state.zk, meta["name"], namespace=meta["namespace"], chroot=state.settings.chroot, options=options
-        )
-        if cleaner is None:
-            cleaner = memo["cleaner"] = topic.cleaner(identifier=state.settings.identity)
-        else:
-            cleaner.follow(topic)
-    removed = cleaner.clean_once()
+    return Topic(state.zk, meta["name"], namespace=meta["namespace"], chroot=state.settings.chroot, options=options)
+
+
+def _run_cleaner(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch) -> None:
+    """The slow safety sweep behind the watch-driven cleaning (:mod:`zeps_operator.cleaning`): one
+    cleaner pass over the Topic in the replica that holds the installation's cleaner Lease
+    (:mod:`zeps_operator.leadership`), and the event for the queues removed since the last sweep."""
+    if state.cleaner_lease.holder:
+        patch.status["cleanerHolder"] = state.cleaner_lease.holder
+    removed = state.cleaning.sweep(_topic(body["metadata"], spec))
     if removed:
         kopf.info(body, reason="Cleaned", message=f"removed the queues of vanished consumers {removed}")
 
@@ -384,6 +394,8 @@ def deleted(body: kopf.Body, spec: kopf.Spec, retry: int, **_: Any) -> None:
     """deletionPolicy Delete removes the ZooKeeper subtree; Retain keeps it. With ZooKeeper
     unreachable: bounded retries, an event, then the finalizer is released (never a deadlock)."""
     kind, meta = body["kind"], body["metadata"]
+    if kind == "Topic":
+        state.cleaning.forget(zookeeper_layout(kind, meta["namespace"], meta["name"], state.settings.chroot)[0])
     if retains_data(dict(spec)):
         kopf.info(body, reason="Retained", message="deletionPolicy Retain: ZooKeeper data kept")
         return

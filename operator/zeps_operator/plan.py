@@ -112,6 +112,13 @@ def condition(
     return [c for c in previous or [] if c.get("type") != "Ready"] + [ready_condition]
 
 
+def ready_at(conditions: list[dict[str, Any]] | None, generation: int) -> bool:
+    """Whether ``conditions`` already say Ready for ``generation``: reconciling again is then no
+    transition, and posts no event (an operator restart resumes every object without a word)."""
+    ready = next((c for c in conditions or [] if c.get("type") == "Ready"), None)
+    return bool(ready and ready.get("status") == "True" and ready.get("observedGeneration") == generation)
+
+
 def status_changes(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of ``wanted`` whose value differs from ``current``: all a status patch needs to carry.
     A resync that finds nothing new yields none, and so makes no API write."""

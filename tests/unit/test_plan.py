@@ -8,7 +8,7 @@ import pytest
 
 from zeps.paths import QueuePaths, TopicPaths
 from zeps_operator.models import StreamSpec
-from zeps_operator.plan import Settings, condition, status_changes, stream_objects, zookeeper_layout
+from zeps_operator.plan import Settings, condition, ready_at, status_changes, stream_objects, zookeeper_layout
 
 
 def _objects(spec: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
@@ -54,6 +54,8 @@ def test_ready_condition_keeps_its_transition_time_until_the_status_changes() ->
     flipped = condition(same, ready=True, reason="Reconciled", message="", generation=2)
     assert flipped[-1]["status"] == "True" and flipped[-1]["lastTransitionTime"] != since
     assert [c["type"] for c in flipped] == ["Degraded", "Ready"]
+    # ready_at: Ready for this very generation (a resume finds nothing to announce), not an older one
+    assert ready_at(flipped, 2) and not ready_at(flipped, 3) and not ready_at(same, 2) and not ready_at(None, 1)
 
 
 def test_zookeeper_layout_is_the_one_of_zeps_paths() -> None:

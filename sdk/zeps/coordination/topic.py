@@ -758,7 +758,7 @@ class TopicCleaner:
             return None
 
         self.client.add_listener(on_state)
-        self._missing_since.clear()
+        self.forget_missing()
         self._leading.set()
         log.info("cleaner for topic %s: %s leads", self.topic.name, self.identifier)
         try:
@@ -766,7 +766,7 @@ class TopicCleaner:
             while not self._stopped.is_set() and not lost.is_set():
                 try:
                     self.clean_once()
-                except KazooException as exc:
+                except CoordinationError as exc:
                     log.warning("cleaner for %s: pass failed (%r)", self.topic.name, exc)
                 self._wake.wait(self._next_wait())
                 self._wake.clear()
@@ -776,12 +776,27 @@ class TopicCleaner:
 
     def _next_wait(self) -> float:
         interval = self.topic.options.cleaner_interval
-        if not self._missing_since:
-            return interval
-        grace = self.topic.options.cleaner_grace
-        soonest = min(self._missing_since.values()) + grace - time.monotonic()
-        return max(0.05, min(interval, soonest))
+        due = self.next_due()
+        return interval if due is None else max(0.05, min(interval, due - time.monotonic()))
 
+    @zookeeper_errors
+    def watch_clients(self, changed: Callable[[], bool]) -> None:
+        """Call ``changed()`` now and whenever the Topic's set of live clients changes, until it
+        returns False: for a caller that runs :meth:`clean_once` itself, driven by the watch."""
+        self.client.ChildrenWatch(self.topic.paths.clients.members, lambda _children: changed() or False)
+
+    def next_due(self) -> float | None:
+        """When (``time.monotonic()``) the grace of the first consumer found missing is up; None when
+        no consumer is missing. A caller running :meth:`clean_once` itself passes again then."""
+        if not self._missing_since:
+            return None
+        return min(self._missing_since.values()) + self.topic.options.cleaner_grace
+
+    def forget_missing(self) -> None:
+        """Count every consumer's grace from the next pass (a new leader: it did not see them go)."""
+        self._missing_since.clear()
+
+    @zookeeper_errors
     def clean_once(self) -> list[str]:
         """One pass: remove queues whose client has been gone for the grace period."""
         paths = self.topic.paths
