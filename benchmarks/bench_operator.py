@@ -1,11 +1,19 @@
-"""make bench-operator: 1,000 Topics applied at once; how long until all are Ready, and the operator's RSS.
+"""make bench-operator: 1,000 and then 10,000 Topics applied at once; how long until all are Ready.
 
-Everything real and local: ZooKeeper, the control plane (etcd + kube-apiserver + …), the operator run
-by kopf. Also p50 apply->Ready of single Topics applied one at a time afterwards (kubectl wait), and
-the API server's request rate while everything is Ready and nothing changes, side by side with the
-same control plane's rate before the operator started (the baseline): both from the API server's own
-``apiserver_request_total``, over ``ZEPS_BENCH_IDLE_S`` seconds (60). Prints one JSON line last. (The
-issue's reference for the time to Ready is Strimzi's old topic operator: about 13 minutes for 1,000.)
+For each size, on a fresh stack (everything real and local: ZooKeeper, the control plane with etcd
+and kube-apiserver, the operator run by kopf):
+
+* ``seconds_to_all_ready``: from the start of the apply to every Topic Ready; ``apply_seconds``: the
+  apply alone (``ZEPS_BENCH_APPLIERS`` kubectl processes creating a share each, 4 by default);
+  ``end_of_apply_to_all_ready_s``: what the operator still needed once the last Topic existed;
+* the API server's request rate while all are Ready and nothing changes, side by side with the same
+  control plane's rate before the operator started (the baseline): both from the API server's own
+  ``apiserver_request_total``, over ``ZEPS_BENCH_IDLE_S`` seconds (60);
+* the operator's RSS once all are Ready and after the idle minute.
+
+For the first size also the p50 apply->Ready of single Topics applied one at a time afterwards.
+``ZEPS_BENCH_TOPICS`` sets the sizes (``1000,10000``). Prints one JSON line last. (The issue's
+reference for the time to Ready is Strimzi's old topic operator: about 13 minutes for 1,000.)
 """
 
 from __future__ import annotations
@@ -13,38 +21,30 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from zeps_dev import ControlPlane, OperatorProcess, ZooKeeperServer
 
 ROOT = Path(__file__).resolve().parents[1]
-TOPICS = 1000
+SIZES = [int(n) for n in os.environ.get("ZEPS_BENCH_TOPICS", "1000,10000").split(",")]
+APPLIERS = int(os.environ.get("ZEPS_BENCH_APPLIERS", "4"))
 IDLE_S = float(os.environ.get("ZEPS_BENCH_IDLE_S", "60"))
 WRITES = ("POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION")
 
 
-def _label(line: str, name: str) -> str:
-    return line.split(f'{name}="', 1)[1].split('"', 1)[0] if f'{name}="' in line else ""
-
-
-def _requests(plane: ControlPlane) -> dict[str, int]:
-    """The API server's request counters (its ``apiserver_request_total``) summed by "VERB resource"."""
-    counts: dict[str, int] = {}
-    for line in plane.kubectl("get", "--raw", "/metrics").splitlines():
-        if line.startswith("apiserver_request_total{"):
-            key = f"{_label(line, 'verb')} {_label(line, 'resource') or _label(line, 'subresource') or '-'}"
-            counts[key] = counts.get(key, 0) + int(float(line.rsplit(" ", 1)[1]))
-    return counts
+def _say(message: str) -> None:
+    print(f"[bench-operator] {message}", flush=True)
 
 
 def _rate(plane: ControlPlane, seconds: float) -> dict[str, float]:
-    """Requests per second by "VERB resource" over ``seconds``. Requests without a resource (our own
-    reads of /metrics among them) are counted under "VERB -"."""
-    before = _requests(plane)
+    """Requests per second by "VERB resource" over ``seconds`` (:meth:`ControlPlane.request_counts`)."""
+    before = plane.request_counts()
     time.sleep(seconds)
-    after = _requests(plane)
+    after = plane.request_counts()
     rates = {key: (after.get(key, 0) - before.get(key, 0)) / seconds for key in after}
     return {key: round(rate, 2) for key, rate in sorted(rates.items()) if rate > 0}
 
@@ -56,78 +56,92 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def main() -> None:
+def _apply_all(plane: ControlPlane, count: int) -> None:
+    """Create ``count`` Topics with APPLIERS kubectl processes at once, each creating its share."""
+    shares: list[list[str]] = [[] for _ in range(APPLIERS)]
+    for i in range(count):
+        topic = {"apiVersion": "zeps.dev/v1alpha1", "kind": "Topic", "metadata": {"name": f"t-{i:05d}"}}
+        shares[i % APPLIERS].append(json.dumps(topic))
+    kubectl = [*plane.kubectl_argv, "create", "-n", "bench", "-f", "-"]
+    procs = [
+        subprocess.Popen(kubectl, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for _ in shares
+    ]
+    for proc, share in zip(procs, shares, strict=True):
+        assert proc.stdin is not None
+        proc.stdin.write("\n---\n".join(share))
+        proc.stdin.close()
+    for proc in procs:
+        if proc.wait(timeout=1800) != 0:
+            raise SystemExit(f"kubectl create failed: {proc.stderr.read() if proc.stderr else ''}")
+
+
+def _count_ready(plane: ControlPlane) -> int:
+    column = '{.status.conditions[?(@.type=="Ready")].status}'
+    listing = plane.kubectl("get", "topics", "-n", "bench", "--no-headers", "-o", f"custom-columns=R:{column}")
+    return sum(1 for line in listing.splitlines() if line.strip() == "True")
+
+
+def _p50_single(plane: ControlPlane) -> float:
+    """The median apply->Ready of 20 Topics applied one at a time (kubectl apply, then kubectl wait)."""
+    times = []
+    for i in range(20):
+        t0 = time.monotonic()
+        single = {"apiVersion": "zeps.dev/v1alpha1", "kind": "Topic", "metadata": {"name": f"single-{i}"}}
+        plane.kubectl("apply", "-n", "bench", "-f", "-", input=json.dumps(single))
+        plane.kubectl("wait", "--for=condition=Ready", f"topic/single-{i}", "-n", "bench", "--timeout=60s")
+        times.append(time.monotonic() - t0)
+    return round(statistics.median(times), 3)
+
+
+def _one_size(count: int, *, singles: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="zeps-bench-operator-") as tmp_name:
         tmp = Path(tmp_name)
         with ZooKeeperServer(tmp / "zk") as zk, ControlPlane(tmp / "cp") as plane:
             plane.kubectl("apply", "-f", str(ROOT / "crds"))
             plane.kubectl("wait", "--for=condition=Established", "crd/topics.zeps.dev", "--timeout=60s")
             plane.kubectl("create", "namespace", "bench")
-            print(f"[bench-operator] baseline: the control plane's own requests over {IDLE_S:.0f}s", flush=True)
+            _say(f"{count}: baseline, the control plane's own requests over {IDLE_S:.0f}s")
             baseline = _rate(plane, IDLE_S)
             with OperatorProcess(tmp / "op", kubeconfig=plane.kubeconfig, zookeeper=zk.connect_string) as op:
-                docs = [
-                    json.dumps(
-                        {
-                            "apiVersion": "zeps.dev/v1alpha1",
-                            "kind": "Topic",
-                            "metadata": {"name": f"t-{i:04d}", "namespace": "bench"},
-                        }
-                    )
-                    for i in range(TOPICS)
-                ]
                 start = time.monotonic()
-                plane.kubectl("apply", "-f", "-", input="\n---\n".join(docs))
+                _apply_all(plane, count)
                 applied = time.monotonic() - start
+                _say(f"{count}: applied in {applied:.1f}s")
                 ready = 0
-                while ready < TOPICS and time.monotonic() - start < 900:
-                    time.sleep(1)
-                    listing = json.loads(plane.kubectl("get", "topics", "-n", "bench", "-o", "json"))
-                    ready = sum(
-                        any(
-                            c["type"] == "Ready" and c["status"] == "True"
-                            for c in t.get("status", {}).get("conditions", [])
-                        )
-                        for t in listing["items"]
-                    )
-                    print(f"[bench-operator] {time.monotonic() - start:6.1f}s: {ready}/{TOPICS} Ready", flush=True)
+                while ready < count and time.monotonic() - start < 1800:
+                    time.sleep(max(1.0, count / 5000))
+                    ready = _count_ready(plane)
+                    _say(f"{count}: {time.monotonic() - start:6.1f}s: {ready}/{count} Ready")
                 all_ready = time.monotonic() - start
-                rss = _rss_mb(op.pid or 0)
-                print(f"[bench-operator] all Ready; idle requests over {IDLE_S:.0f}s", flush=True)
+                rss_ready = _rss_mb(op.pid or 0)
+                _say(f"{count}: all Ready; idle requests over {IDLE_S:.0f}s")
                 idle = _rate(plane, IDLE_S)
-                singles = []
-                for i in range(20):
-                    t0 = time.monotonic()
-                    plane.kubectl(
-                        "apply",
-                        "-n",
-                        "bench",
-                        "-f",
-                        "-",
-                        input=json.dumps(
-                            {"apiVersion": "zeps.dev/v1alpha1", "kind": "Topic", "metadata": {"name": f"single-{i}"}}
-                        ),
-                    )
-                    plane.kubectl("wait", "--for=condition=Ready", f"topic/single-{i}", "-n", "bench", "--timeout=60s")
-                    singles.append(time.monotonic() - t0)
-    print(
-        json.dumps(
-            {
-                "scenario": "operator",
-                "topics": TOPICS,
-                "ready": ready,
-                "seconds_to_all_ready": round(all_ready, 1),
-                "apply_seconds": round(applied, 1),
-                "p50_apply_to_ready_s": round(statistics.median(singles), 3),
-                "operator_rss_mb": round(rss, 1),
-                "idle_requests_per_s": round(sum(idle.values()), 2),
-                "idle_writes_per_s": round(sum(v for k, v in idle.items() if k.split()[0] in WRITES), 2),
-                "idle_by_verb_resource": idle,
-                "baseline_requests_per_s": round(sum(baseline.values()), 2),
-                "baseline_by_verb_resource": baseline,
-            }
-        )
-    )
+                rss_idle = _rss_mb(op.pid or 0)
+                p50 = _p50_single(plane) if singles else None
+    return {
+        "topics": count,
+        "ready": ready,
+        "seconds_to_all_ready": round(all_ready, 1),
+        "apply_seconds": round(applied, 1),
+        "end_of_apply_to_all_ready_s": round(all_ready - applied, 1),
+        "p50_apply_to_ready_s": p50,
+        "operator_rss_mb_all_ready": round(rss_ready, 1),
+        "operator_rss_mb_after_idle": round(rss_idle, 1),
+        "idle_requests_per_s": round(sum(idle.values()), 2),
+        "idle_writes_per_s": round(sum(v for k, v in idle.items() if k.split()[0] in WRITES), 2),
+        "idle_by_verb_resource": idle,
+        "baseline_requests_per_s": round(sum(baseline.values()), 2),
+        "baseline_by_verb_resource": baseline,
+    }
+
+
+def main() -> None:
+    results = []
+    for n, count in enumerate(SIZES):
+        results.append(_one_size(count, singles=n == 0))
+        _say(json.dumps(results[-1]))
+    print(json.dumps({"scenario": "operator", "appliers": APPLIERS, "idle_window_s": IDLE_S, "sizes": results}))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import ssl
 import subprocess
@@ -281,10 +282,27 @@ class ControlPlane(LocalServer):
             body: bytes = resp.read()
         return body.decode()
 
+    def request_counts(self) -> dict[str, int]:
+        """The requests the API server has served, from its own ``apiserver_request_total``, summed by
+        ``"VERB resource"`` (a subresource counts under its resource; requests without one, such as
+        reads of /metrics, under ``"VERB -"``). Read over HTTPS directly: no kubectl process."""
+        counts: dict[str, int] = {}
+        for line in self._get("/metrics").splitlines():
+            if line.startswith("apiserver_request_total{"):
+                labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+                key = f"{labels.get('verb', '')} {labels.get('resource') or '-'}"
+                counts[key] = counts.get(key, 0) + int(float(line.rsplit(" ", 1)[1]))
+        return counts
+
+    @property
+    def kubectl_argv(self) -> list[str]:
+        """The pinned kubectl as cluster-admin of this control plane, for a caller's own subprocess."""
+        return [self._bin("kubectl"), f"--kubeconfig={self.kubeconfig}"]
+
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
         """Run the pinned kubectl as cluster-admin; return stdout, raise :class:`SetupError` on failure."""
         result = subprocess.run(
-            [self._bin("kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+            [*self.kubectl_argv, *args],
             input=input, capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
         if check and result.returncode != 0:

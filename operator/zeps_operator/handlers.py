@@ -265,6 +265,8 @@ def _zookeeper_resource(
 def topic_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
     if _zookeeper_resource("Topic", body, spec, patch, _topic_facts, timer=False):
         state.cleaning.follow(_topic(body["metadata"], spec))  # its clients watched from now on
+        if state.cleaner_lease.holder:  # already here, so the first resync pass finds nothing to write
+            patch.status["cleanerHolder"] = state.cleaner_lease.holder
 
 
 @kopf.timer(GROUP, VERSION, PLURALS["Topic"], interval=RESYNC, idle=RESYNC / 6)

@@ -161,20 +161,6 @@ def solo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Solo]:
             yield Solo(zk, plane, operator)
 
 
-def _requests(plane: ControlPlane, *, resource: str, verb: str) -> int:
-    """How many ``verb`` requests on ``resource`` (any subresource) the API server has served, from its
-    own ``apiserver_request_total``."""
-    total = 0
-    for line in plane.kubectl("get", "--raw", "/metrics").splitlines():
-        if (
-            line.startswith("apiserver_request_total{")
-            and f'resource="{resource}"' in line
-            and f'verb="{verb}"' in line
-        ):
-            total += int(float(line.rsplit(" ", 1)[1]))
-    return total
-
-
 def _ready_and_resynced(plane: ControlPlane, name: str, spec: dict[str, Any] | None = None) -> None:
     _apply(plane, "default", "Topic", name, spec)
     _wait_ready(plane, "default", "topic", name)
@@ -195,9 +181,11 @@ def test_an_idle_resync_makes_no_status_write_and_reads_the_namespace_secret_onc
         _ready_and_resynced(solo.plane, name)
     time.sleep(2)  # the first passes have written what they found
     started = time.monotonic()
-    before = {kind: _requests(solo.plane, resource=kind, verb=verb) for kind, verb in IDLE_COUNTED}
+    counts = solo.plane.request_counts()
+    before = {kind: counts.get(f"{verb} {kind}", 0) for kind, verb in IDLE_COUNTED}
     time.sleep(6)  # about five resync passes of each Topic
-    after = {kind: _requests(solo.plane, resource=kind, verb=verb) for kind, verb in IDLE_COUNTED}
+    counts = solo.plane.request_counts()
+    after = {kind: counts.get(f"{verb} {kind}", 0) for kind, verb in IDLE_COUNTED}
     # the counters were read somewhere inside this window (a read of /metrics takes a while under load);
     # the resync interval and the Lease's renewal interval are both 1 s: at most one per second
     intervals = time.monotonic() - started
