@@ -138,6 +138,12 @@ class ZooKeeperShell:
             out[i] = text.split("Mode: ")[1].split()[0] if "Mode: " in text else ""
         return out
 
+    def whole(self) -> bool:
+        """The ensemble as installed: three Ready pods, one leader and two followers."""
+        zookeeper = self.cluster.json("statefulset", f"{RELEASE}-zookeeper", "-n", OPERATOR_NAMESPACE)
+        ready = zookeeper["status"].get("readyReplicas") == 3
+        return ready and sorted(self.modes().values()) == ["follower", "follower", "leader"]
+
 
 def wait_seconds(cluster: Any, what: str, check: Any, *, timeout: float = 180) -> float:
     """``cluster.wait_for`` that returns how long the wait took (the fault figures)."""

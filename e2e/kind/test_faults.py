@@ -220,6 +220,9 @@ def test_zookeeper_leader_pod_deleted_under_busy_workers(
     # nothing is left behind in ZooKeeper: every item, "gone" ones included, was removed by an ack
     queue = f"{CHROOT}/{app.ns}/queues/crawl-links"
     assert zk.children(f"{queue}/items") == [] and zk.children(f"{queue}/taken") == []
+    # leave the ensemble as found: the deleted server's new pod has rejoined and passes its probe (the
+    # tests after this one count on three Ready servers; a loaded machine takes a while)
+    cluster.wait_for("the ensemble whole again", zk.whole, timeout=240, interval=2)
     _figure(
         fault="ZooKeeper leader pod deleted" + (f", workers paused {paused_s} s" if paused_s else ""),
         leader_gone_to_new_leader_s=None if paused_s else round(new_leader_s, 1),
