@@ -5,7 +5,7 @@ PY := .venv/bin/python
 # Load .zeps-env (written by tools/setup.sh) so the harness finds the cached servers.
 WITH_ENV := source ./.zeps-env &&
 
-.PHONY: setup setup-python test e2e lint demo generate check-generated bench clean
+.PHONY: setup setup-python test e2e lint demo generate check-generated bench bench-operator-kind clean
 
 setup:            ## everything: .venv, ZooKeeper jars, control-plane binaries (idempotent)
 	@tools/setup.sh python zookeeper testbin
@@ -29,6 +29,10 @@ CLUSTER ?= local
 demo:             ## the whole system on the local stack, with a summary (CLUSTER=kind: everything in pods)
 	@tools/setup.sh python zookeeper testbin $(if $(filter kind,$(CLUSTER)),kind,)
 	@$(WITH_ENV) CLUSTER=$(CLUSTER) $(PY) -m zeps_dev.demo
+
+bench-operator-kind: setup  ## bench-operator with the operator in a pod on kind (the e2e stack; removed after)
+	@tools/setup.sh bench kind
+	@$(WITH_ENV) $(PY) benchmarks/bench_operator_kind.py
 
 bench-%: setup    ## side-by-side benchmarks: bench-topic, -queue, -stream, -spark, -operator; each prints one JSON line last
 	@tools/setup.sh bench

@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +37,16 @@ IDLE_S = float(os.environ.get("ZEPS_BENCH_IDLE_S", "60"))
 WRITES = ("POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION")
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
     print(f"[bench-operator] {message}", flush=True)
 
 
-def _rate(plane: ControlPlane, seconds: float) -> dict[str, float]:
-    """Requests per second by "VERB resource" over ``seconds`` (:meth:`ControlPlane.request_counts`)."""
-    before = plane.request_counts()
+def rate(counts: Callable[[], dict[str, int]], seconds: float) -> dict[str, float]:
+    """Requests per second by "VERB resource" over ``seconds``, from ``counts()`` read before and after
+    (:meth:`ControlPlane.request_counts`, or a kind cluster's :func:`zeps_dev.controlplane.request_counts`)."""
+    before = counts()
     time.sleep(seconds)
-    after = plane.request_counts()
+    after = counts()
     rates = {key: (after.get(key, 0) - before.get(key, 0)) / seconds for key in after}
     return {key: round(rate, 2) for key, rate in sorted(rates.items()) if rate > 0}
 
@@ -56,13 +58,13 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _apply_all(plane: ControlPlane, count: int) -> None:
-    """Create ``count`` Topics with APPLIERS kubectl processes at once, each creating its share."""
+def apply_all(kubectl_argv: list[str], count: int) -> None:
+    """Create ``count`` Topics in namespace bench with APPLIERS kubectl processes at once, a share each."""
     shares: list[list[str]] = [[] for _ in range(APPLIERS)]
     for i in range(count):
         topic = {"apiVersion": "zeps.dev/v1alpha1", "kind": "Topic", "metadata": {"name": f"t-{i:05d}"}}
         shares[i % APPLIERS].append(json.dumps(topic))
-    kubectl = [*plane.kubectl_argv, "create", "-n", "bench", "-f", "-"]
+    kubectl = [*kubectl_argv, "create", "-n", "bench", "-f", "-"]
     procs = [
         subprocess.Popen(kubectl, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         for _ in shares
@@ -76,22 +78,42 @@ def _apply_all(plane: ControlPlane, count: int) -> None:
             raise SystemExit(f"kubectl create failed: {proc.stderr.read() if proc.stderr else ''}")
 
 
-def _count_ready(plane: ControlPlane) -> int:
+def count_ready(kubectl_argv: list[str]) -> int:
+    """How many Topics in namespace bench are Ready."""
     column = '{.status.conditions[?(@.type=="Ready")].status}'
-    listing = plane.kubectl("get", "topics", "-n", "bench", "--no-headers", "-o", f"custom-columns=R:{column}")
+    listing = subprocess.run(
+        [*kubectl_argv, "get", "topics", "-n", "bench", "--no-headers", "-o", f"custom-columns=R:{column}"],
+        capture_output=True, text=True, timeout=300, check=True,
+    ).stdout  # fmt: skip
     return sum(1 for line in listing.splitlines() if line.strip() == "True")
 
 
-def _p50_single(plane: ControlPlane) -> float:
+def wait_all_ready(kubectl_argv: list[str], count: int, start: float) -> int:
+    """Poll until ``count`` Topics are Ready (at most 30 minutes after ``start``); how many were."""
+    ready = 0
+    while ready < count and time.monotonic() - start < 1800:
+        time.sleep(max(1.0, count / 5000))
+        ready = count_ready(kubectl_argv)
+        say(f"{count}: {time.monotonic() - start:6.1f}s: {ready}/{count} Ready")
+    return ready
+
+
+def p50_single(kubectl_argv: list[str]) -> float:
     """The median apply->Ready of 20 Topics applied one at a time (kubectl apply, then kubectl wait)."""
     times = []
     for i in range(20):
         t0 = time.monotonic()
         single = {"apiVersion": "zeps.dev/v1alpha1", "kind": "Topic", "metadata": {"name": f"single-{i}"}}
-        plane.kubectl("apply", "-n", "bench", "-f", "-", input=json.dumps(single))
-        plane.kubectl("wait", "--for=condition=Ready", f"topic/single-{i}", "-n", "bench", "--timeout=60s")
+        subprocess.run([*kubectl_argv, "apply", "-n", "bench", "-f", "-"], input=json.dumps(single), text=True,
+                       capture_output=True, timeout=120, check=True)  # fmt: skip
+        subprocess.run([*kubectl_argv, "wait", "--for=condition=Ready", f"topic/single-{i}", "-n", "bench",
+                        "--timeout=60s"], capture_output=True, timeout=120, check=True)  # fmt: skip
         times.append(time.monotonic() - t0)
     return round(statistics.median(times), 3)
+
+
+def writes(rates: dict[str, float]) -> float:
+    return round(sum(v for k, v in rates.items() if k.split()[0] in WRITES), 2)
 
 
 def _one_size(count: int, *, singles: bool) -> dict[str, Any]:
@@ -101,24 +123,20 @@ def _one_size(count: int, *, singles: bool) -> dict[str, Any]:
             plane.kubectl("apply", "-f", str(ROOT / "crds"))
             plane.kubectl("wait", "--for=condition=Established", "crd/topics.zeps.dev", "--timeout=60s")
             plane.kubectl("create", "namespace", "bench")
-            _say(f"{count}: baseline, the control plane's own requests over {IDLE_S:.0f}s")
-            baseline = _rate(plane, IDLE_S)
+            say(f"{count}: baseline, the control plane's own requests over {IDLE_S:.0f}s")
+            baseline = rate(plane.request_counts, IDLE_S)
             with OperatorProcess(tmp / "op", kubeconfig=plane.kubeconfig, zookeeper=zk.connect_string) as op:
                 start = time.monotonic()
-                _apply_all(plane, count)
+                apply_all(plane.kubectl_argv, count)
                 applied = time.monotonic() - start
-                _say(f"{count}: applied in {applied:.1f}s")
-                ready = 0
-                while ready < count and time.monotonic() - start < 1800:
-                    time.sleep(max(1.0, count / 5000))
-                    ready = _count_ready(plane)
-                    _say(f"{count}: {time.monotonic() - start:6.1f}s: {ready}/{count} Ready")
+                say(f"{count}: applied in {applied:.1f}s")
+                ready = wait_all_ready(plane.kubectl_argv, count, start)
                 all_ready = time.monotonic() - start
                 rss_ready = _rss_mb(op.pid or 0)
-                _say(f"{count}: all Ready; idle requests over {IDLE_S:.0f}s")
-                idle = _rate(plane, IDLE_S)
+                say(f"{count}: all Ready; idle requests over {IDLE_S:.0f}s")
+                idle = rate(plane.request_counts, IDLE_S)
                 rss_idle = _rss_mb(op.pid or 0)
-                p50 = _p50_single(plane) if singles else None
+                p50 = p50_single(plane.kubectl_argv) if singles else None
     return {
         "topics": count,
         "ready": ready,
@@ -129,7 +147,7 @@ def _one_size(count: int, *, singles: bool) -> dict[str, Any]:
         "operator_rss_mb_all_ready": round(rss_ready, 1),
         "operator_rss_mb_after_idle": round(rss_idle, 1),
         "idle_requests_per_s": round(sum(idle.values()), 2),
-        "idle_writes_per_s": round(sum(v for k, v in idle.items() if k.split()[0] in WRITES), 2),
+        "idle_writes_per_s": writes(idle),
         "idle_by_verb_resource": idle,
         "baseline_requests_per_s": round(sum(baseline.values()), 2),
         "baseline_by_verb_resource": baseline,
@@ -140,7 +158,7 @@ def main() -> None:
     results = []
     for n, count in enumerate(SIZES):
         results.append(_one_size(count, singles=n == 0))
-        _say(json.dumps(results[-1]))
+        say(json.dumps(results[-1]))
     print(json.dumps({"scenario": "operator", "appliers": APPLIERS, "idle_window_s": IDLE_S, "sizes": results}))
 
 

@@ -24,7 +24,7 @@ from typing import ClassVar
 from zeps.errors import SetupError
 from zeps_dev.process import LocalServer, ManagedProcess, free_port, wait_until
 
-__all__ = ["FAKE_NODE", "ControlPlane", "binaries_dir"]
+__all__ = ["FAKE_NODE", "ControlPlane", "binaries_dir", "request_counts"]
 
 ENV_TESTBIN = "ZEPS_TESTBIN"
 FAKE_NODE = "kwok-node-0"
@@ -106,6 +106,19 @@ class _Pki:
         )  # fmt: skip
         if result.returncode != 0:
             raise SetupError(f"openssl could not sign the {name} certificate: {result.stderr.strip()}")
+
+
+def request_counts(metrics: str) -> dict[str, int]:
+    """``apiserver_request_total`` in an API server's /metrics text, summed by ``"VERB resource"`` (a
+    subresource counts under its resource; requests without one, such as reads of /metrics, under
+    ``"VERB -"``). Any API server's: this control plane's, or a kind cluster's."""
+    counts: dict[str, int] = {}
+    for line in metrics.splitlines():
+        if line.startswith("apiserver_request_total{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+            key = f"{labels.get('verb', '')} {labels.get('resource') or '-'}"
+            counts[key] = counts.get(key, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return counts
 
 
 class ControlPlane(LocalServer):
@@ -283,16 +296,9 @@ class ControlPlane(LocalServer):
         return body.decode()
 
     def request_counts(self) -> dict[str, int]:
-        """The requests the API server has served, from its own ``apiserver_request_total``, summed by
-        ``"VERB resource"`` (a subresource counts under its resource; requests without one, such as
-        reads of /metrics, under ``"VERB -"``). Read over HTTPS directly: no kubectl process."""
-        counts: dict[str, int] = {}
-        for line in self._get("/metrics").splitlines():
-            if line.startswith("apiserver_request_total{"):
-                labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
-                key = f"{labels.get('verb', '')} {labels.get('resource') or '-'}"
-                counts[key] = counts.get(key, 0) + int(float(line.rsplit(" ", 1)[1]))
-        return counts
+        """The requests this API server has served (:func:`request_counts`), read over HTTPS directly:
+        no kubectl process."""
+        return request_counts(self._get("/metrics"))
 
     @property
     def kubectl_argv(self) -> list[str]:

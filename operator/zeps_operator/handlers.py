@@ -114,13 +114,16 @@ def cleanup(**_: Any) -> None:
         state.kube.close()
 
 
+# The probes are coroutines on purpose: kopf runs a sync handler in its thread pool, behind every
+# handler already queued there. During a burst of 1,000 new Topics on kind, /healthz waited out its
+# timeout behind that queue, the kubelet restarted the operator, and the restart resumed all 1,000.
 @kopf.on.probe(id="zookeeper")
-def probe_zookeeper(**_: Any) -> bool:
+async def probe_zookeeper(**_: Any) -> bool:
     return bool(state.zk is not None and state.zk.connected)
 
 
 @kopf.on.probe(id="last_event_age_s")
-def probe_events(**_: Any) -> float:
+async def probe_events(**_: Any) -> float:
     return round(time.monotonic() - state.last_event, 1) if state.last_event else -1.0
 
 
@@ -239,15 +242,18 @@ def _zookeeper_resource(
     facts: Callable[[kopf.Body, kopf.Patch], None],
     *,
     timer: bool,
+    fresh: bool | None = None,
 ) -> bool:
     """Topic and Queue: reconcile the ZooKeeper side, fill in the facts, mark Ready. A change
-    (not a timer's resync) is also reported as an event. True when reconciled."""
+    (not a timer's resync) is also reported as an event. True when reconciled. ``fresh``: read the
+    namespace's credentials now (by default: unless a timer runs us)."""
     generation = body["metadata"].get("generation", 1)
     conditions = (body.get("status") or {}).get("conditions")
     was_ready = ready_at(conditions, generation)
     # A timer can run beside the create handler (kopf starts it with the object): until the object
     # has been Ready, missing paths are not drift, and the handler's event is the one to post.
-    if _reconcile(kind, body, spec, patch, quiet=timer and was_ready, fresh=not timer) != "ok":
+    fresh = not timer if fresh is None else fresh
+    if _reconcile(kind, body, spec, patch, quiet=timer and was_ready, fresh=fresh) != "ok":
         return False
     facts(body, patch)
     _ready(body, patch, True, "Reconciled", "ZooKeeper paths and spec are in place", generation=generation)
@@ -257,13 +263,19 @@ def _zookeeper_resource(
     return True
 
 
+def _changed(reason: kopf.Reason) -> bool:
+    """Whether the object itself changed (created, updated): read its namespace's credentials afresh.
+    A resume (every object, at each operator start) shares one read per namespace and interval."""
+    return reason != kopf.Reason.RESUME
+
+
 # -- Topic ---------------------------------------------------------------------------------------
 @kopf.on.create(GROUP, VERSION, PLURALS["Topic"])
 @kopf.on.update(GROUP, VERSION, PLURALS["Topic"])
 @kopf.on.resume(GROUP, VERSION, PLURALS["Topic"])
 @_only_changes
-def topic_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
-    if _zookeeper_resource("Topic", body, spec, patch, _topic_facts, timer=False):
+def topic_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason: kopf.Reason, **_: Any) -> None:
+    if _zookeeper_resource("Topic", body, spec, patch, _topic_facts, timer=False, fresh=_changed(reason)):
         state.cleaning.follow(_topic(body["metadata"], spec))  # its clients watched from now on
         if state.cleaner_lease.holder:  # already here, so the first resync pass finds nothing to write
             patch.status["cleanerHolder"] = state.cleaner_lease.holder
@@ -305,8 +317,8 @@ def _run_cleaner(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch) -> None:
 @kopf.on.update(GROUP, VERSION, PLURALS["Queue"])
 @kopf.on.resume(GROUP, VERSION, PLURALS["Queue"])
 @_only_changes
-def queue_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
-    _zookeeper_resource("Queue", body, spec, patch, _queue_facts, timer=False)
+def queue_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason: kopf.Reason, **_: Any) -> None:
+    _zookeeper_resource("Queue", body, spec, patch, _queue_facts, timer=False, fresh=_changed(reason))
 
 
 @kopf.timer(GROUP, VERSION, PLURALS["Queue"], interval=RESYNC, idle=RESYNC / 6)

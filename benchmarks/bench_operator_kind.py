@@ -1,0 +1,94 @@
+"""make bench-operator-kind: bench-operator's figures with the operator in a pod, on kind.
+
+The stack of ``make e2e`` (the images built here, a kind cluster, the chart: the operator and a
+3-server ZooKeeper ensemble in pods), then ``ZEPS_BENCH_TOPICS`` Topics (1,000) created at once by
+``ZEPS_BENCH_APPLIERS`` kubectl processes, as in bench_operator.py:
+
+* seconds from the start of the apply, and from its end, to all Ready;
+* the API server's request rate while all are Ready and nothing changes, over ``ZEPS_BENCH_IDLE_S``
+  seconds (60), beside the same cluster's rate with the operator scaled to 0 (the baseline), both
+  from the API server's own ``apiserver_request_total``;
+* the operator container's RSS (its PID 1, read inside the pod), and its restarts (none expected: a
+  restart in the burst means its liveness probe went unanswered).
+
+Everything is removed at the end (cluster and dockerd). Prints one JSON line last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+from bench_operator import APPLIERS, IDLE_S, apply_all, p50_single, rate, say, wait_all_ready, writes
+from zeps_dev.controlplane import request_counts
+from zeps_dev.kind import OPERATOR_NAMESPACE, RELEASE, kind_stack_from_env
+
+COUNT = int(os.environ.get("ZEPS_BENCH_TOPICS", "1000").split(",")[0])
+
+
+def main() -> None:
+    with kind_stack_from_env(cluster_name="zeps-bench") as stack:
+        assert stack.cluster is not None
+        kubectl = [str(stack.binaries / "kubectl"), f"--kubeconfig={stack.cluster.kubeconfig}"]
+
+        def run(*args: str) -> str:
+            return subprocess.run([*kubectl, *args], capture_output=True, text=True, timeout=600, check=True).stdout
+
+        def counts() -> dict[str, int]:
+            return request_counts(run("get", "--raw", "/metrics"))
+
+        def operator_rss_mb() -> float:
+            status = run("exec", "-n", OPERATOR_NAMESPACE, f"deploy/{RELEASE}-operator", "--", "cat", "/proc/1/status")
+            kb = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
+            return round(kb / 1024, 1)
+
+        def operator_restarts() -> int:
+            pods = json.loads(run("get", "pods", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/name=zeps-operator",
+                                  "-o", "json"))["items"]  # fmt: skip
+            return sum(c.get("restartCount", 0) for p in pods for c in p["status"].get("containerStatuses", []))
+
+        deployment = f"deployment/{RELEASE}-operator"
+        run("scale", "-n", OPERATOR_NAMESPACE, deployment, "--replicas=0")
+        run("wait", "-n", OPERATOR_NAMESPACE, "--for=delete", "pod", "-l", "app.kubernetes.io/name=zeps-operator",
+            "--timeout=120s")  # fmt: skip
+        say(f"kind: baseline, the cluster's own requests over {IDLE_S:.0f}s (operator scaled to 0)")
+        baseline = rate(counts, IDLE_S)
+        run("scale", "-n", OPERATOR_NAMESPACE, deployment, "--replicas=1")
+        run("rollout", "status", "-n", OPERATOR_NAMESPACE, deployment, "--timeout=300s")
+        run("create", "namespace", "bench")
+        start = time.monotonic()
+        apply_all(kubectl, COUNT)
+        applied = time.monotonic() - start
+        say(f"kind: {COUNT} applied in {applied:.1f}s")
+        ready = wait_all_ready(kubectl, COUNT, start)
+        all_ready = time.monotonic() - start
+        rss_ready = operator_rss_mb()
+        say(f"kind: all Ready; idle requests over {IDLE_S:.0f}s")
+        idle = rate(counts, IDLE_S)
+        result = {
+            "scenario": "operator-kind",
+            "topics": COUNT,
+            "appliers": APPLIERS,
+            "ready": ready,
+            "seconds_to_all_ready": round(all_ready, 1),
+            "apply_seconds": round(applied, 1),
+            "end_of_apply_to_all_ready_s": round(all_ready - applied, 1),
+            "p50_apply_to_ready_s": p50_single(kubectl),
+            "operator_rss_mb_all_ready": rss_ready,
+            "operator_rss_mb_after_idle": operator_rss_mb(),
+            "operator_restarts": operator_restarts(),  # a liveness probe that timed out in the burst restarts it
+            "idle_window_s": IDLE_S,
+            "idle_requests_per_s": round(sum(idle.values()), 2),
+            "idle_writes_per_s": writes(idle),
+            "idle_by_verb_resource": idle,
+            "baseline_requests_per_s": round(sum(baseline.values()), 2),
+            "baseline_writes_per_s": writes(baseline),
+            "baseline_by_verb_resource": baseline,
+        }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
