@@ -116,6 +116,46 @@ def writes(rates: dict[str, float]) -> float:
     return round(sum(v for k, v in rates.items() if k.split()[0] in WRITES), 2)
 
 
+def measure(
+    kubectl_argv: list[str],
+    counts: Callable[[], dict[str, int]],
+    rss_mb: Callable[[], float],
+    count: int,
+    *,
+    baseline: dict[str, float],
+    singles: bool,
+) -> dict[str, Any]:
+    """With the operator running: ``count`` Topics created at once and waited for, the idle request
+    rate once all are Ready, the operator's RSS, and (``singles``) the p50 of one Topic at a time.
+    ``baseline``: the same cluster's rate without the operator, reported beside the idle one."""
+    start = time.monotonic()
+    apply_all(kubectl_argv, count)
+    applied = time.monotonic() - start
+    say(f"{count}: applied in {applied:.1f}s")
+    ready = wait_all_ready(kubectl_argv, count, start)
+    all_ready = time.monotonic() - start
+    rss_ready = rss_mb()
+    say(f"{count}: all Ready; idle requests over {IDLE_S:.0f}s")
+    idle = rate(counts, IDLE_S)
+    rss_idle = rss_mb()
+    return {
+        "topics": count,
+        "ready": ready,
+        "seconds_to_all_ready": round(all_ready, 1),
+        "apply_seconds": round(applied, 1),
+        "end_of_apply_to_all_ready_s": round(all_ready - applied, 1),
+        "p50_apply_to_ready_s": p50_single(kubectl_argv) if singles else None,
+        "operator_rss_mb_all_ready": round(rss_ready, 1),
+        "operator_rss_mb_after_idle": round(rss_idle, 1),
+        "idle_requests_per_s": round(sum(idle.values()), 2),
+        "idle_writes_per_s": writes(idle),
+        "idle_by_verb_resource": idle,
+        "baseline_requests_per_s": round(sum(baseline.values()), 2),
+        "baseline_writes_per_s": writes(baseline),
+        "baseline_by_verb_resource": baseline,
+    }
+
+
 def _one_size(count: int, *, singles: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="zeps-bench-operator-") as tmp_name:
         tmp = Path(tmp_name)
@@ -126,32 +166,14 @@ def _one_size(count: int, *, singles: bool) -> dict[str, Any]:
             say(f"{count}: baseline, the control plane's own requests over {IDLE_S:.0f}s")
             baseline = rate(plane.request_counts, IDLE_S)
             with OperatorProcess(tmp / "op", kubeconfig=plane.kubeconfig, zookeeper=zk.connect_string) as op:
-                start = time.monotonic()
-                apply_all(plane.kubectl_argv, count)
-                applied = time.monotonic() - start
-                say(f"{count}: applied in {applied:.1f}s")
-                ready = wait_all_ready(plane.kubectl_argv, count, start)
-                all_ready = time.monotonic() - start
-                rss_ready = _rss_mb(op.pid or 0)
-                say(f"{count}: all Ready; idle requests over {IDLE_S:.0f}s")
-                idle = rate(plane.request_counts, IDLE_S)
-                rss_idle = _rss_mb(op.pid or 0)
-                p50 = p50_single(plane.kubectl_argv) if singles else None
-    return {
-        "topics": count,
-        "ready": ready,
-        "seconds_to_all_ready": round(all_ready, 1),
-        "apply_seconds": round(applied, 1),
-        "end_of_apply_to_all_ready_s": round(all_ready - applied, 1),
-        "p50_apply_to_ready_s": p50,
-        "operator_rss_mb_all_ready": round(rss_ready, 1),
-        "operator_rss_mb_after_idle": round(rss_idle, 1),
-        "idle_requests_per_s": round(sum(idle.values()), 2),
-        "idle_writes_per_s": writes(idle),
-        "idle_by_verb_resource": idle,
-        "baseline_requests_per_s": round(sum(baseline.values()), 2),
-        "baseline_by_verb_resource": baseline,
-    }
+                return measure(
+                    plane.kubectl_argv,
+                    plane.request_counts,
+                    lambda: _rss_mb(op.pid or 0),
+                    count,
+                    baseline=baseline,
+                    singles=singles,
+                )
 
 
 def main() -> None:

@@ -19,13 +19,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 
-from bench_operator import APPLIERS, IDLE_S, apply_all, p50_single, rate, say, wait_all_ready, writes
+from bench_operator import APPLIERS, IDLE_S, measure, rate, say
 from zeps_dev.controlplane import request_counts
 from zeps_dev.kind import OPERATOR_NAMESPACE, RELEASE, kind_stack_from_env
 
 COUNT = int(os.environ.get("ZEPS_BENCH_TOPICS", "1000").split(",")[0])
+OPERATOR_PODS = "app.kubernetes.io/name=zeps-operator"
 
 
 def main() -> None:
@@ -45,48 +45,20 @@ def main() -> None:
             return round(kb / 1024, 1)
 
         def operator_restarts() -> int:
-            pods = json.loads(run("get", "pods", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/name=zeps-operator",
-                                  "-o", "json"))["items"]  # fmt: skip
+            pods = json.loads(run("get", "pods", "-n", OPERATOR_NAMESPACE, "-l", OPERATOR_PODS, "-o", "json"))["items"]
             return sum(c.get("restartCount", 0) for p in pods for c in p["status"].get("containerStatuses", []))
 
         deployment = f"deployment/{RELEASE}-operator"
         run("scale", "-n", OPERATOR_NAMESPACE, deployment, "--replicas=0")
-        run("wait", "-n", OPERATOR_NAMESPACE, "--for=delete", "pod", "-l", "app.kubernetes.io/name=zeps-operator",
-            "--timeout=120s")  # fmt: skip
+        run("wait", "-n", OPERATOR_NAMESPACE, "--for=delete", "pod", "-l", OPERATOR_PODS, "--timeout=120s")
         say(f"kind: baseline, the cluster's own requests over {IDLE_S:.0f}s (operator scaled to 0)")
         baseline = rate(counts, IDLE_S)
         run("scale", "-n", OPERATOR_NAMESPACE, deployment, "--replicas=1")
         run("rollout", "status", "-n", OPERATOR_NAMESPACE, deployment, "--timeout=300s")
         run("create", "namespace", "bench")
-        start = time.monotonic()
-        apply_all(kubectl, COUNT)
-        applied = time.monotonic() - start
-        say(f"kind: {COUNT} applied in {applied:.1f}s")
-        ready = wait_all_ready(kubectl, COUNT, start)
-        all_ready = time.monotonic() - start
-        rss_ready = operator_rss_mb()
-        say(f"kind: all Ready; idle requests over {IDLE_S:.0f}s")
-        idle = rate(counts, IDLE_S)
-        result = {
-            "scenario": "operator-kind",
-            "topics": COUNT,
-            "appliers": APPLIERS,
-            "ready": ready,
-            "seconds_to_all_ready": round(all_ready, 1),
-            "apply_seconds": round(applied, 1),
-            "end_of_apply_to_all_ready_s": round(all_ready - applied, 1),
-            "p50_apply_to_ready_s": p50_single(kubectl),
-            "operator_rss_mb_all_ready": rss_ready,
-            "operator_rss_mb_after_idle": operator_rss_mb(),
-            "operator_restarts": operator_restarts(),  # a liveness probe that timed out in the burst restarts it
-            "idle_window_s": IDLE_S,
-            "idle_requests_per_s": round(sum(idle.values()), 2),
-            "idle_writes_per_s": writes(idle),
-            "idle_by_verb_resource": idle,
-            "baseline_requests_per_s": round(sum(baseline.values()), 2),
-            "baseline_writes_per_s": writes(baseline),
-            "baseline_by_verb_resource": baseline,
-        }
+        figures = measure(kubectl, counts, operator_rss_mb, COUNT, baseline=baseline, singles=True)
+        result = {"scenario": "operator-kind", "appliers": APPLIERS, "idle_window_s": IDLE_S, **figures}
+        result["operator_restarts"] = operator_restarts()  # a liveness probe unanswered in the burst restarts it
     print(json.dumps(result))
 
 

@@ -197,14 +197,15 @@ class CuttingProxy:
                     dst.close()
                 return
             with self._lock:
-                if upstream and self._mode and len(data) >= self.min_bytes and self._skip:
-                    self._skip -= 1
-                elif upstream and self._mode and len(data) >= self.min_bytes:
-                    mode, self._mode = self._mode, None
-                    if mode == "request":
-                        self._cut(src, dst)
-                        return
-                    self._cut_next_response = True
+                if upstream and self._mode and len(data) >= self.min_bytes:
+                    if self._skip:  # a large request let through before the cut
+                        self._skip -= 1
+                    else:
+                        mode, self._mode = self._mode, None
+                        if mode == "request":
+                            self._cut(src, dst)
+                            return
+                        self._cut_next_response = True
                 elif not upstream and self._cut_next_response:
                     self._cut_next_response = False
                     self._cut(src, dst)

@@ -46,8 +46,6 @@ class Cleaning:
         self._stop = threading.Event()
         self._led = False
         self._thread = threading.Thread(target=self._run, name="zeps-cleaning", daemon=True)
-        #: passes run (by watches, grace deadlines and takeovers; sweeps not counted), for tests
-        self.passes = 0
 
     def start(self) -> Cleaning:
         self._thread.start()
@@ -152,5 +150,4 @@ class Cleaning:
                 while self._due and self._due[0][1] == root and self._due[0][0] <= time.monotonic():
                     heapq.heappop(self._due)  # a burst of changes: one pass
             if leading:
-                self.passes += 1
                 self._pass(root)

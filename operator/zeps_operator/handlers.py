@@ -42,6 +42,7 @@ from zeps_operator.plan import (
     Settings,
     condition,
     ready_at,
+    ready_condition,
     retains_data,
     status_changes,
     stream_member,
@@ -190,7 +191,7 @@ def _reconcile(kind: str, body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, *
         patch.status["conditions"] = condition(
             previous, ready=False, reason="Conflict", message=str(exc), generation=generation
         )
-        if not any(c.get("type") == "Ready" and c.get("reason") == "Conflict" for c in previous or []):
+        if (ready_condition(previous) or {}).get("reason") != "Conflict":
             kopf.warn(body, reason="Conflict", message=str(exc))  # once, when the conflict begins
         RECONCILES.labels(kind, "conflict").inc()
         return "conflict"
@@ -257,7 +258,7 @@ def _zookeeper_resource(
         return False
     facts(body, patch)
     _ready(body, patch, True, "Reconciled", "ZooKeeper paths and spec are in place", generation=generation)
-    recovered = any(c.get("type") == "Ready" and c.get("status") == "False" for c in conditions or [])
+    recovered = (ready_condition(conditions) or {}).get("status") == "False"
     if not was_ready and (not timer or recovered):  # a transition: created, changed or recovered
         kopf.info(body, reason="Reconciled", message=f"generation {generation}")
     return True
@@ -277,8 +278,7 @@ def _changed(reason: kopf.Reason) -> bool:
 def topic_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason: kopf.Reason, **_: Any) -> None:
     if _zookeeper_resource("Topic", body, spec, patch, _topic_facts, timer=False, fresh=_changed(reason)):
         state.cleaning.follow(_topic(body["metadata"], spec))  # its clients watched from now on
-        if state.cleaner_lease.holder:  # already here, so the first resync pass finds nothing to write
-            patch.status["cleanerHolder"] = state.cleaner_lease.holder
+        _name_cleaner_holder(patch)  # already here, so the first resync pass finds nothing to write
 
 
 @kopf.timer(GROUP, VERSION, PLURALS["Topic"], interval=RESYNC, idle=RESYNC / 6)
@@ -301,12 +301,17 @@ def _topic(meta: kopf.Meta | dict[str, Any], spec: kopf.Spec) -> Topic:
     return Topic(state.zk, meta["name"], namespace=meta["namespace"], chroot=state.settings.chroot, options=options)
 
 
+def _name_cleaner_holder(patch: kopf.Patch) -> None:
+    """``status.cleanerHolder``: the replica that holds the cleaner Lease, once one is known."""
+    if state.cleaner_lease.holder:
+        patch.status["cleanerHolder"] = state.cleaner_lease.holder
+
+
 def _run_cleaner(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch) -> None:
     """The slow safety sweep behind the watch-driven cleaning (:mod:`zeps_operator.cleaning`): one
     cleaner pass over the Topic in the replica that holds the installation's cleaner Lease
     (:mod:`zeps_operator.leadership`), and the event for the queues removed since the last sweep."""
-    if state.cleaner_lease.holder:
-        patch.status["cleanerHolder"] = state.cleaner_lease.holder
+    _name_cleaner_holder(patch)
     removed = state.cleaning.sweep(_topic(body["metadata"], spec))
     if removed:
         kopf.info(body, reason="Cleaned", message=f"removed the queues of vanished consumers {removed}")
@@ -408,8 +413,9 @@ def deleted(body: kopf.Body, spec: kopf.Spec, retry: int, **_: Any) -> None:
     """deletionPolicy Delete removes the ZooKeeper subtree; Retain keeps it. With ZooKeeper
     unreachable: bounded retries, an event, then the finalizer is released (never a deadlock)."""
     kind, meta = body["kind"], body["metadata"]
+    target, _children = zookeeper_layout(kind, meta["namespace"], meta["name"], state.settings.chroot)
     if kind == "Topic":
-        state.cleaning.forget(zookeeper_layout(kind, meta["namespace"], meta["name"], state.settings.chroot)[0])
+        state.cleaning.forget(target)
     if retains_data(dict(spec)):
         kopf.info(body, reason="Retained", message="deletionPolicy Retain: ZooKeeper data kept")
         return
@@ -426,7 +432,6 @@ def deleted(body: kopf.Body, spec: kopf.Spec, retry: int, **_: Any) -> None:
         remaining = [f for f in meta.get("finalizers", []) if f != FINALIZER]
         state.kube.set_finalizers(kind, meta["namespace"], meta["name"], remaining)
         return
-    target, _children = zookeeper_layout(kind, meta["namespace"], meta["name"], state.settings.chroot)
     try:
         owner = str((read_spec_node(state.zk, target, deadline=ZK_DEADLINE) or {}).get("owner", ""))
     except ZooKeeperUnavailableError:

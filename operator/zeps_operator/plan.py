@@ -98,10 +98,10 @@ def condition(
 ) -> list[dict[str, Any]]:
     """The conditions list with Ready set; lastTransitionTime moves only when the status changes."""
     status = "True" if ready else "False"
-    old = next((c for c in previous or [] if c.get("type") == "Ready"), None)
+    old = ready_condition(previous)
     changed = old is None or old.get("status") != status
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    ready_condition = {
+    new = {
         "type": "Ready",
         "status": status,
         "reason": reason,
@@ -109,13 +109,18 @@ def condition(
         "lastTransitionTime": now if changed else old.get("lastTransitionTime", now),  # type: ignore[union-attr]
         "observedGeneration": generation,
     }
-    return [c for c in previous or [] if c.get("type") != "Ready"] + [ready_condition]
+    return [c for c in previous or [] if c.get("type") != "Ready"] + [new]
+
+
+def ready_condition(conditions: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """The Ready condition in ``conditions``, if there is one."""
+    return next((c for c in conditions or [] if c.get("type") == "Ready"), None)
 
 
 def ready_at(conditions: list[dict[str, Any]] | None, generation: int) -> bool:
     """Whether ``conditions`` already say Ready for ``generation``: reconciling again is then no
     transition, and posts no event (an operator restart resumes every object without a word)."""
-    ready = next((c for c in conditions or [] if c.get("type") == "Ready"), None)
+    ready = ready_condition(conditions)
     return bool(ready and ready.get("status") == "True" and ready.get("observedGeneration") == generation)
 
 

@@ -233,6 +233,18 @@ def test_events_are_posted_on_transitions_only(solo: Solo) -> None:
 IDLE_COUNTED = (("topics", "PATCH"), ("secrets", "GET"), ("leases", "PUT"))
 
 
+def _replica(solo: Solo, tmp_path: Path, identity: str, *, resync_seconds: float) -> OperatorProcess:
+    """Another operator replica on the solo stack (not started), with the same 3 s cleaner Lease."""
+    return OperatorProcess(
+        tmp_path / identity,
+        kubeconfig=solo.plane.kubeconfig,
+        zookeeper=solo.zk.connect_string,
+        resync_seconds=resync_seconds,
+        identity=identity,
+        cleaner_lease_seconds=3,
+    )
+
+
 def test_another_replica_takes_over_cleaning_when_the_lease_holder_dies(solo: Solo, tmp_path: Path) -> None:
     """Two operator replicas (both reconcile; the Lease holder cleans). The holder is killed with
     SIGKILL, so it cannot give the Lease up: the other takes it once the 3 s duration has passed, says
@@ -240,14 +252,7 @@ def test_another_replica_takes_over_cleaning_when_the_lease_holder_dies(solo: So
     and the second stops; the second gives the Lease up as it stops, so the first leads again at once."""
     _ready_and_resynced(solo.plane, "handover", {"cleanerGrace": 1, "noSubscribers": "ignore"})
     assert _lease_holder(solo.plane) == "solo-first"
-    second = OperatorProcess(
-        tmp_path / "second",
-        kubeconfig=solo.plane.kubeconfig,
-        zookeeper=solo.zk.connect_string,
-        resync_seconds=1,
-        identity="solo-second",
-        cleaner_lease_seconds=3,
-    )
+    second = _replica(solo, tmp_path, "solo-second", resync_seconds=1)
     zk = KazooClient(hosts=solo.zk.connect_string, timeout=10)
     zk.start(timeout=10)
     topic = Topic(zk, "handover", namespace="default")
@@ -282,14 +287,7 @@ def test_cleaning_is_driven_by_the_clients_watch_not_the_resync(solo: Solo, tmp_
     queue is removed once its 1 s grace is up, because the watch on the Topic's live clients
     scheduled the pass; the operator's log shows that no timer pass of the Topic had run by then."""
     solo.operator.stop()  # gives the Lease up: the slow replica leads at once
-    slow = OperatorProcess(
-        tmp_path / "slow",
-        kubeconfig=solo.plane.kubeconfig,
-        zookeeper=solo.zk.connect_string,
-        resync_seconds=120,
-        identity="solo-slow",
-        cleaner_lease_seconds=3,
-    )
+    slow = _replica(solo, tmp_path, "solo-slow", resync_seconds=120)
     zk = KazooClient(hosts=solo.zk.connect_string, timeout=10)
     zk.start(timeout=10)
     topic = Topic(zk, "watched", namespace="default")
