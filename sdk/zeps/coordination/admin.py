@@ -16,9 +16,9 @@ from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
-from kazoo.retry import RetryFailedError
+from kazoo.retry import KazooRetry, RetryFailedError
 
-from zeps.coordination._util import bounded_retry, delete_tree
+from zeps.coordination._util import Op, bounded_retry, commit, delete_tree, failures
 from zeps.errors import CoordinationError, UnavailableError
 from zeps.paths import LAYOUT_VERSION
 
@@ -29,6 +29,7 @@ __all__ = [
     "delete_resource",
     "ensure_resource",
     "read_spec_node",
+    "resource_nodes",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -61,11 +62,26 @@ def read_spec_node(client: KazooClient, root: str, *, deadline: float = 120.0) -
         data, _ = bounded_retry(deadline)(client.get, f"{root}/spec")
     except NoNodeError:
         return None
-    try:
-        value = json.loads(data)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
+    return _decode_spec(data)
+
+
+def resource_nodes(root: str, children: Iterable[str], *, boundary: str | None = None) -> list[str]:
+    """Every node a resource needs, parents first: the ancestors of ``root`` below ``boundary`` (all
+    of them without one), ``root``, and each child with the nodes between (``batches`` before
+    ``batches/data``)."""
+    nodes: list[str] = []
+    parts = root.strip("/").split("/")
+    for depth in range(1, len(parts) + 1):
+        node = "/" + "/".join(parts[:depth])
+        if boundary is None or (node.startswith(f"{boundary}/") and node != boundary):
+            nodes.append(node)
+    for child in children:
+        steps = child.split("/")
+        for depth in range(1, len(steps) + 1):
+            node = f"{root}/{'/'.join(steps[:depth])}"
+            if node not in nodes:
+                nodes.append(node)
+    return nodes
 
 
 @_bounded
@@ -87,25 +103,101 @@ def ensure_resource(
     ``adopt_prefix``: take over a spec node whose owner starts with it — an object of the same name
     and cluster with another UID (the previous resource was deleted with deletionPolicy: Retain).
     ``acl``: the ACL of every node created below ``boundary`` (the namespace's node); nodes above
-    it stay open. ``deadline``
-    bounds the retries through a ZooKeeper outage (the operator keeps it short)."""
+    it stay open. ``deadline`` bounds the retries through a ZooKeeper outage (the operator keeps it
+    short).
+
+    Two round trips, however many nodes: one asks at once whether each node exists and what the
+    spec node holds; one transaction creates what is missing and writes the spec node (checked
+    against the version read). A transaction that fails because another client changed the paths
+    in between is done again one call at a time (:func:`_ensure_step_by_step`)."""
     retry = bounded_retry(deadline)
+    children = list(children)
+    wanted = {"formatVersion": LAYOUT_VERSION, "owner": owner, "generation": generation, "spec": spec}
+    nodes = resource_nodes(root, children, boundary=boundary)
+    probed = [*([boundary] if boundary is not None else []), *nodes]
+    stats, spec_data, spec_stat = retry(_probe, client, probed, f"{root}/spec")
+    exists = dict(zip(probed, stats, strict=True))
+    if boundary is not None and exists[boundary] is None:
+        _ensure_boundary(client, boundary, acl=acl, retry=retry)
+    current = _decode_spec(spec_data) if spec_stat is not None else None
+    _check_owner(current, root, owner=owner, adopt_prefix=adopt_prefix)
+    missing = [node for node in nodes if exists[node] is None]
+    ops: list[Op] = [("create", node, b"", {"acl": acl}) for node in missing]
+    data = json.dumps(wanted, sort_keys=True).encode()
+    if spec_stat is None:
+        ops.append(("create", f"{root}/spec", data, {"acl": acl}))
+    elif current != wanted:
+        ops.append(("set", f"{root}/spec", data, spec_stat.version))
+    if not ops:
+        return []
+    # A commit retried after its answer was lost finds its own nodes there: it fails, and the step
+    # by step pass finds nothing left to do (and reports nothing repaired).
+    if failures(retry(commit, client, ops)):  # another client got there between the two round trips
+        return _ensure_step_by_step(
+            client, root, children, wanted=wanted, adopt_prefix=adopt_prefix, acl=acl, retry=retry
+        )
+    return [op[1] for op in ops]
+
+
+def _probe(client: KazooClient, nodes: list[str], spec_node: str) -> tuple[list[Any], bytes | None, Any]:
+    """Whether each of ``nodes`` exists (its stat or None) and the spec node's data and stat, asked
+    for all at once: one round trip to ZooKeeper, not one per node."""
+    asked = [client.exists_async(node) for node in nodes]
+    spec = client.get_async(spec_node)
+    stats = [answer.get() for answer in asked]
+    try:
+        data, stat = spec.get()
+    except NoNodeError:
+        return stats, None, None
+    return stats, data, stat
+
+
+def _ensure_boundary(client: KazooClient, boundary: str, *, acl: list[Any] | None, retry: KazooRetry) -> None:
+    """The namespace's node, with ``acl``; the nodes above it open."""
+    parent = boundary.rsplit("/", 1)[0]
+    if parent:
+        retry(client.ensure_path, parent)
+    with contextlib.suppress(NodeExistsError):
+        retry(client.create, boundary, acl=acl)
+
+
+def _decode_spec(data: bytes | None) -> dict[str, Any]:
+    try:
+        value = json.loads(data or b"")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _check_owner(current: dict[str, Any] | None, root: str, *, owner: str, adopt_prefix: str | None) -> None:
+    holder = str((current or {}).get("owner") or "")
+    if holder and holder != owner and not (adopt_prefix and holder.startswith(adopt_prefix)):
+        raise PathConflictError(f"{root} belongs to another object (uid {holder})")
+
+
+def _ensure_step_by_step(
+    client: KazooClient,
+    root: str,
+    children: list[str],
+    *,
+    wanted: dict[str, Any],
+    adopt_prefix: str | None,
+    acl: list[Any] | None,
+    retry: KazooRetry,
+) -> list[str]:
+    """What :func:`ensure_resource` does, one call at a time, each tolerating what another client
+    did just before: used when its transaction lost a race."""
     repaired = []
-    if boundary is not None and retry(client.exists, boundary) is None:
-        parent = boundary.rsplit("/", 1)[0]
-        if parent:
-            retry(client.ensure_path, parent)
-        with contextlib.suppress(NodeExistsError):
-            retry(client.create, boundary, acl=acl)
     for child in (root, *(f"{root}/{c}" for c in children)):
         if retry(client.exists, child) is None:
             retry(client.ensure_path, child, acl=acl)
             repaired.append(child)
-    current = read_spec_node(client, root, deadline=deadline)
-    holder = str((current or {}).get("owner") or "")
-    if holder and holder != owner and not (adopt_prefix and holder.startswith(adopt_prefix)):
-        raise PathConflictError(f"{root} belongs to another object (uid {holder})")
-    wanted = {"formatVersion": LAYOUT_VERSION, "owner": owner, "generation": generation, "spec": spec}
+    try:
+        data, _ = retry(client.get, f"{root}/spec")
+        current: dict[str, Any] | None = _decode_spec(data)
+    except NoNodeError:
+        current = None
+    _check_owner(current, root, owner=wanted["owner"], adopt_prefix=adopt_prefix)
     if current != wanted:
         data = json.dumps(wanted, sort_keys=True).encode()
         try:

@@ -1,0 +1,123 @@
+"""What the operator does in ZooKeeper for a resource (:mod:`zeps.coordination.admin`), against a
+real ZooKeeper server."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from kazoo.security import ACL
+
+from harness import ZooKeeperHarness
+from zeps.coordination import admin
+from zeps.coordination.admin import PathConflictError, ensure_resource, resource_nodes
+from zeps.coordination.client import digest_acl
+
+CHILDREN = ["items", "batches/data", "batches/refs"]
+
+
+def _ensure(zookeeper: ZooKeeperHarness, client: Any, **kwargs: Any) -> list[str]:
+    arguments: dict[str, Any] = {"owner": "local/uid-1", "generation": 1, "spec": {"size": 1}}
+    arguments.update(kwargs)
+    return ensure_resource(
+        client, f"{zookeeper.root}/ns/queues/q", CHILDREN, boundary=f"{zookeeper.root}/ns", **arguments
+    )
+
+
+def test_resource_nodes_lists_parents_first_and_stops_at_the_boundary() -> None:
+    assert resource_nodes("/z/ns/queues/q", ["items", "batches/data", "batches/refs"], boundary="/z/ns") == [
+        "/z/ns/queues",
+        "/z/ns/queues/q",
+        "/z/ns/queues/q/items",
+        "/z/ns/queues/q/batches",
+        "/z/ns/queues/q/batches/data",
+        "/z/ns/queues/q/batches/refs",
+    ]
+    assert resource_nodes("/z/t", ["a"]) == ["/z", "/z/t", "/z/t/a"]
+
+
+def test_a_new_resource_is_created_in_one_transaction(zookeeper: ZooKeeperHarness) -> None:
+    client = zookeeper.client()
+    root = f"{zookeeper.root}/ns/queues/q"
+    written = _ensure(zookeeper, client)
+    expected = [*resource_nodes(root, CHILDREN, boundary=f"{zookeeper.root}/ns"), f"{root}/spec"]
+    assert written == expected
+    # every node of the resource and its spec node carry the same zxid: one multi created them all
+    assert len({client.exists(node).czxid for node in expected}) == 1
+    data, _ = client.get(f"{root}/spec")
+    assert json.loads(data) == {
+        "formatVersion": admin.LAYOUT_VERSION,
+        "owner": "local/uid-1",
+        "generation": 1,
+        "spec": {"size": 1},
+    }
+
+
+def test_a_pass_that_finds_everything_in_place_writes_nothing(zookeeper: ZooKeeperHarness) -> None:
+    client = zookeeper.client()
+    _ensure(zookeeper, client)
+    spec = f"{zookeeper.root}/ns/queues/q/spec"
+    before = client.exists(spec)
+    assert _ensure(zookeeper, client) == []
+    assert client.exists(spec) == before
+
+
+def test_a_missing_child_and_a_new_generation_are_repaired(zookeeper: ZooKeeperHarness) -> None:
+    client = zookeeper.client()
+    _ensure(zookeeper, client)
+    root = f"{zookeeper.root}/ns/queues/q"
+    client.delete(f"{root}/batches", recursive=True)
+    assert _ensure(zookeeper, client, generation=2) == [
+        f"{root}/batches",
+        f"{root}/batches/data",
+        f"{root}/batches/refs",
+        f"{root}/spec",
+    ]
+    assert json.loads(client.get(f"{root}/spec")[0])["generation"] == 2
+
+
+def test_another_owner_is_refused_and_the_same_cluster_adopts(zookeeper: ZooKeeperHarness) -> None:
+    client = zookeeper.client()
+    _ensure(zookeeper, client)
+    with pytest.raises(PathConflictError, match="belongs to another object"):
+        _ensure(zookeeper, client, owner="other/uid-2")
+    assert _ensure(zookeeper, client, owner="local/uid-3", adopt_prefix="local/") == [
+        f"{zookeeper.root}/ns/queues/q/spec"
+    ]
+
+
+def test_nodes_below_the_boundary_get_the_namespace_acl(zookeeper: ZooKeeperHarness) -> None:
+    acl = digest_acl("team", "secret")
+    client = zookeeper.client(auth=("team", "secret"), acl_from_auth=False)
+    _ensure(zookeeper, client, acl=acl)
+    for node in (
+        f"{zookeeper.root}/ns",
+        f"{zookeeper.root}/ns/queues/q/batches/data",
+        f"{zookeeper.root}/ns/queues/q/spec",
+    ):
+        assert client.get_acls(node)[0] == acl, node
+    open_acl: list[ACL] = client.get_acls(zookeeper.root)[0]
+    assert open_acl != acl
+
+
+def test_a_transaction_that_loses_a_race_is_done_step_by_step(
+    zookeeper: ZooKeeperHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race is real (a second client creates a node between the probe and the transaction); only
+    its timing is arranged, by wrapping the module's commit."""
+    client, rival = zookeeper.client(), zookeeper.client()
+    root = f"{zookeeper.root}/ns/queues/q"
+    real_commit = admin.commit
+
+    def commit_after_the_rival(*args: Any) -> list[Any]:
+        rival.ensure_path(f"{root}/items")
+        return real_commit(*args)
+
+    monkeypatch.setattr(admin, "commit", commit_after_the_rival)
+    written = _ensure(zookeeper, client)
+    assert f"{root}/items" not in written
+    assert f"{root}/spec" in written
+    for node in resource_nodes(root, CHILDREN, boundary=f"{zookeeper.root}/ns"):
+        assert client.exists(node) is not None, node
+    assert json.loads(client.get(f"{root}/spec")[0])["owner"] == "local/uid-1"
