@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
@@ -49,6 +49,7 @@ from zeps_operator.plan import (
     stream_objects,
     zookeeper_layout,
 )
+from zeps_operator.resync import Entry, Resync
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ class _State:
     kube: Kube  # the Kubernetes adapter: every API call besides kopf's own
     cleaner_lease: LeaseKeeper  # whether this replica runs the Topics' cleaners
     cleaning: Cleaning  # the Topics' cleaner passes, driven by ZooKeeper watches
+    resync: Resync  # the Topics' and Queues' resync passes
     zk: Any = None
     acl_cache: dict[str, tuple[float, list[Any] | None]]  # namespace -> (good until, ACL); see _namespace_acl
     acl_lock: threading.Lock
@@ -97,6 +99,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         state.kube, s.cleaner_lease_namespace, s.cleaner_lease, identity=s.identity, duration=s.cleaner_lease_seconds
     ).start()
     state.cleaning = Cleaning(identity=s.identity, leading=state.cleaner_lease.leading).start()
+    state.resync = Resync(_resync, interval=RESYNC, idle=RESYNC / 6).start()
     port = int(os.environ.get("ZEPS_OPERATOR_METRICS_PORT", "0"))
     if port:
         start_http_server(port, addr=os.environ.get("ZEPS_OPERATOR_METRICS_ADDR", "127.0.0.1"))
@@ -104,6 +107,8 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 @kopf.on.cleanup()
 def cleanup(**_: Any) -> None:
+    if hasattr(state, "resync"):
+        state.resync.stop()
     if hasattr(state, "cleaning"):
         state.cleaning.stop()
     if hasattr(state, "cleaner_lease"):  # startup got that far
@@ -128,6 +133,22 @@ async def probe_events(**_: Any) -> float:
     return round(time.monotonic() - state.last_event, 1) if state.last_event else -1.0
 
 
+# -- events --------------------------------------------------------------------------------------
+Post = Callable[[Mapping[str, Any], str, str, str], None]  # (body, type, reason, message)
+
+
+def _kopf_post(body: Mapping[str, Any], type: str, reason: str, message: str) -> None:
+    """An event from a kopf handler: kopf's poster, which batches them."""
+    kopf.event(body, type=type, reason=reason, message=message)  # type: ignore[arg-type]
+
+
+def _api_post(body: Mapping[str, Any], type: str, reason: str, message: str) -> None:
+    """An event from the resync thread, where kopf's poster is not available: through the adapter."""
+    meta = body["metadata"]
+    involved = {"kind": body["kind"], "namespace": meta["namespace"], "name": meta["name"], "uid": meta["uid"]}
+    state.kube.post_event(involved, type=type, reason=reason, message=message)
+
+
 # -- the common path: ZooKeeper layout + spec node + Ready ----------------------------------------
 def _only_changes(handler: Callable[..., Any]) -> Callable[..., Any]:
     """Drop from the handler's status patch every field the object already shows (also when it
@@ -149,7 +170,16 @@ def _only_changes(handler: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _reconcile(kind: str, body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, *, quiet: bool, fresh: bool) -> str:
+def _reconcile(
+    kind: str,
+    body: Mapping[str, Any],
+    spec: Mapping[str, Any],
+    patch: kopf.Patch,
+    *,
+    quiet: bool,
+    fresh: bool,
+    post: Post = _kopf_post,
+) -> str:
     """Ensure the ZooKeeper paths and spec node. ``quiet``: a repaired drift is a warning event (a
     resync found it); ``fresh``: read the namespace's credentials now (a change), not within the last
     resync interval."""
@@ -192,11 +222,11 @@ def _reconcile(kind: str, body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, *
             previous, ready=False, reason="Conflict", message=str(exc), generation=generation
         )
         if (ready_condition(previous) or {}).get("reason") != "Conflict":
-            kopf.warn(body, reason="Conflict", message=str(exc))  # once, when the conflict begins
+            post(body, "Warning", "Conflict", str(exc))  # once, when the conflict begins
         RECONCILES.labels(kind, "conflict").inc()
         return "conflict"
     if repaired and quiet:
-        kopf.warn(body, reason="DriftRepaired", message=f"restored {', '.join(repaired)}")
+        post(body, "Warning", "DriftRepaired", f"restored {', '.join(repaired)}")
     patch.status["observedGeneration"] = generation
     patch.status["zookeeper"] = state.settings.zookeeper
     patch.status["path"] = root
@@ -227,7 +257,9 @@ def _namespace_acl(namespace: str, *, fresh: bool) -> list[Any] | None:
         return acl
 
 
-def _ready(body: kopf.Body, patch: kopf.Patch, ready: bool, reason: str, message: str, *, generation: int) -> None:
+def _ready(
+    body: Mapping[str, Any], patch: kopf.Patch, ready: bool, reason: str, message: str, *, generation: int
+) -> None:
     """Set the Ready condition for ``generation``: the one the handler read when it began. kopf's body
     is live, so reading it again here could report a generation the handler never saw (a deletion,
     for one, bumps it)."""
@@ -237,30 +269,31 @@ def _ready(body: kopf.Body, patch: kopf.Patch, ready: bool, reason: str, message
 
 def _zookeeper_resource(
     kind: str,
-    body: kopf.Body,
-    spec: kopf.Spec,
+    body: Mapping[str, Any],
+    spec: Mapping[str, Any],
     patch: kopf.Patch,
-    facts: Callable[[kopf.Body, kopf.Patch], None],
+    facts: Callable[[Mapping[str, Any], kopf.Patch], None],
     *,
     timer: bool,
     fresh: bool | None = None,
+    post: Post = _kopf_post,
 ) -> bool:
     """Topic and Queue: reconcile the ZooKeeper side, fill in the facts, mark Ready. A change
-    (not a timer's resync) is also reported as an event. True when reconciled. ``fresh``: read the
-    namespace's credentials now (by default: unless a timer runs us)."""
+    (not a resync pass: ``timer``) is also reported as an event. True when reconciled. ``fresh``:
+    read the namespace's credentials now (by default: unless a resync pass runs us)."""
     generation = body["metadata"].get("generation", 1)
     conditions = (body.get("status") or {}).get("conditions")
     was_ready = ready_at(conditions, generation)
-    # A timer can run beside the create handler (kopf starts it with the object): until the object
-    # has been Ready, missing paths are not drift, and the handler's event is the one to post.
+    # A resync pass can run beside the create handler: until the object has been Ready, missing
+    # paths are not drift, and the handler's event is the one to post.
     fresh = not timer if fresh is None else fresh
-    if _reconcile(kind, body, spec, patch, quiet=timer and was_ready, fresh=fresh) != "ok":
+    if _reconcile(kind, body, spec, patch, quiet=timer and was_ready, fresh=fresh, post=post) != "ok":
         return False
     facts(body, patch)
     _ready(body, patch, True, "Reconciled", "ZooKeeper paths and spec are in place", generation=generation)
     recovered = (ready_condition(conditions) or {}).get("status") == "False"
     if not was_ready and (not timer or recovered):  # a transition: created, changed or recovered
-        kopf.info(body, reason="Reconciled", message=f"generation {generation}")
+        post(body, "Normal", "Reconciled", f"generation {generation}")
     return True
 
 
@@ -281,21 +314,13 @@ def topic_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason: k
         _name_cleaner_holder(patch)  # already here, so the first resync pass finds nothing to write
 
 
-@kopf.timer(GROUP, VERSION, PLURALS["Topic"], interval=RESYNC, idle=RESYNC / 6)
-@_only_changes
-def topic_timer(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **kwargs: Any) -> None:
-    stopped: kopf.DaemonStopped = kwargs["stopped"]  # set once the Topic is being deleted, which waits for us
-    if _zookeeper_resource("Topic", body, spec, patch, _topic_facts, timer=True) and not stopped:
-        _run_cleaner(body, spec, patch)
-
-
-def _topic_facts(body: kopf.Body, patch: kopf.Patch) -> None:
+def _topic_facts(body: Mapping[str, Any], patch: kopf.Patch) -> None:
     meta = body["metadata"]
     topic = TopicPaths.of(meta["namespace"], meta["name"], chroot=state.settings.chroot)
     patch.status["subscribers"] = count_children(state.zk, topic.subscribers.members, deadline=ZK_DEADLINE)
 
 
-def _topic(meta: kopf.Meta | dict[str, Any], spec: kopf.Spec) -> Topic:
+def _topic(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> Topic:
     fields = TopicSpec.model_validate(dict(spec)).model_dump(exclude={"deletion_policy"})
     options = TopicOptions.make(**fields)
     return Topic(state.zk, meta["name"], namespace=meta["namespace"], chroot=state.settings.chroot, options=options)
@@ -307,14 +332,14 @@ def _name_cleaner_holder(patch: kopf.Patch) -> None:
         patch.status["cleanerHolder"] = state.cleaner_lease.holder
 
 
-def _run_cleaner(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch) -> None:
+def _run_cleaner(body: Mapping[str, Any], spec: Mapping[str, Any], patch: kopf.Patch, *, post: Post) -> None:
     """The slow safety sweep behind the watch-driven cleaning (:mod:`zeps_operator.cleaning`): one
     cleaner pass over the Topic in the replica that holds the installation's cleaner Lease
     (:mod:`zeps_operator.leadership`), and the event for the queues removed since the last sweep."""
     _name_cleaner_holder(patch)
     removed = state.cleaning.sweep(_topic(body["metadata"], spec))
     if removed:
-        kopf.info(body, reason="Cleaned", message=f"removed the queues of vanished consumers {removed}")
+        post(body, "Normal", "Cleaned", f"removed the queues of vanished consumers {removed}")
 
 
 # -- Queue ---------------------------------------------------------------------------------------
@@ -326,13 +351,7 @@ def queue_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason: k
     _zookeeper_resource("Queue", body, spec, patch, _queue_facts, timer=False, fresh=_changed(reason))
 
 
-@kopf.timer(GROUP, VERSION, PLURALS["Queue"], interval=RESYNC, idle=RESYNC / 6)
-@_only_changes
-def queue_timer(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
-    _zookeeper_resource("Queue", body, spec, patch, _queue_facts, timer=True)
-
-
-def _queue_facts(body: kopf.Body, patch: kopf.Patch) -> None:
+def _queue_facts(body: Mapping[str, Any], patch: kopf.Patch) -> None:
     meta = body["metadata"]
     paths = QueuePaths.of(meta["namespace"], meta["name"], chroot=state.settings.chroot)
     if (body.get("spec") or {}).get("mode") == "batches":
@@ -341,6 +360,41 @@ def _queue_facts(body: kopf.Body, patch: kopf.Patch) -> None:
     patch.status["depth"] = count_children(state.zk, paths.items, deadline=ZK_DEADLINE)
     patch.status["inFlight"] = count_children(state.zk, paths.taken, deadline=ZK_DEADLINE)
     patch.status["deadLettered"] = count_children(state.zk, paths.dead, deadline=ZK_DEADLINE)
+
+
+# -- the resync of Topics and Queues (zeps_operator.resync) --------------------------------------
+@kopf.on.event(GROUP, VERSION, PLURALS["Topic"])
+@kopf.on.event(GROUP, VERSION, PLURALS["Queue"])
+async def seen(body: kopf.Body, type: str | None, **_: Any) -> None:
+    """Every change of a Topic or Queue keeps its resync entry current (a coroutine: no thread)."""
+    if type == "DELETED":
+        meta = body["metadata"]
+        state.resync.drop(body["kind"], meta["namespace"], meta["name"])
+    else:
+        state.resync.saw(body)
+
+
+def _resync(entry: Entry) -> None:
+    """One resync pass over a Topic or Queue: its ZooKeeper side made whole again (drift repaired,
+    with a warning event), its facts counted again, a Topic's cleaner sweep run; the status fields
+    that changed are written back, unless the object changed since the pass read it."""
+    body = entry.body()
+    spec, status = body["spec"], body["status"]
+    patch = kopf.Patch()
+    try:
+        if entry.kind == "Topic":
+            if _zookeeper_resource("Topic", body, spec, patch, _topic_facts, timer=True, post=_api_post):
+                _run_cleaner(body, spec, patch, post=_api_post)
+        else:
+            _zookeeper_resource("Queue", body, spec, patch, _queue_facts, timer=True, post=_api_post)
+    except (kopf.TemporaryError, kopf.PermanentError) as exc:  # the status says why; passed again next time
+        log.info("resync of %s %s/%s: %s", entry.kind, entry.namespace, entry.name, exc)
+    finally:
+        changes = status_changes(status, patch.get("status") or {})
+        if changes:
+            state.kube.patch_status(
+                entry.kind, entry.namespace, entry.name, changes, resource_version=entry.resource_version
+            )
 
 
 # -- ZepsStream ----------------------------------------------------------------------------------
@@ -413,6 +467,7 @@ def deleted(body: kopf.Body, spec: kopf.Spec, retry: int, **_: Any) -> None:
     """deletionPolicy Delete removes the ZooKeeper subtree; Retain keeps it. With ZooKeeper
     unreachable: bounded retries, an event, then the finalizer is released (never a deadlock)."""
     kind, meta = body["kind"], body["metadata"]
+    state.resync.forget(kind, meta["namespace"], meta["name"])  # a pass running on it ends first
     target, _children = zookeeper_layout(kind, meta["namespace"], meta["name"], state.settings.chroot)
     if kind == "Topic":
         state.cleaning.forget(target)

@@ -111,6 +111,47 @@ class Kube:
             GROUP, VERSION, namespace, PLURALS[kind], name, {"metadata": {"finalizers": finalizers}}
         )
 
+    def patch_status(
+        self, kind: str, namespace: str, name: str, changes: dict[str, Any], *, resource_version: str
+    ) -> bool:
+        """Merge ``changes`` into the object's status, only if it is still at ``resource_version``: a
+        stale writer (a resync pass that began before a change) is refused, not applied. False when
+        refused or when the object is gone."""
+        body = {"metadata": {"resourceVersion": resource_version}, "status": changes}
+        try:
+            k8s.CustomObjectsApi(self.api).patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURALS[kind], name, body
+            )
+        except ApiException as exc:
+            if exc.status in (_NOT_FOUND, _CONFLICT):
+                return False
+            raise
+        return True
+
+    def post_event(self, involved: dict[str, Any], *, type: str, reason: str, message: str) -> None:
+        """A core/v1 Event about ``involved`` (kind, namespace, name, uid), as kopf posts from a handler."""
+        now = dt.datetime.now(dt.UTC)
+        namespace = involved["namespace"]
+        event = k8s.CoreV1Event(
+            metadata=k8s.V1ObjectMeta(generate_name=f"{involved['name']}.", namespace=namespace),
+            involved_object=k8s.V1ObjectReference(
+                api_version=f"{GROUP}/{VERSION}",
+                kind=involved["kind"],
+                name=involved["name"],
+                namespace=namespace,
+                uid=involved["uid"],
+            ),
+            type=type,
+            reason=reason,
+            message=message[:1024],
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+            source=k8s.V1EventSource(component=FIELD_MANAGER),
+            reporting_component=FIELD_MANAGER,
+        )
+        k8s.CoreV1Api(self.api).create_namespaced_event(namespace, event)
+
     def hold_lease(
         self, namespace: str, name: str, *, identity: str, owner: dict[str, str] | None = None, duration: int = 45
     ) -> str:

@@ -92,3 +92,43 @@ def test_apply_creates_then_updates_as_the_operators_field_manager(kube_api: Any
 
 def test_a_missing_deployment_is_not_available(kube_api: Any, namespace: str) -> None:
     assert Kube(kube_api).deployment_available(namespace, "no-such-broker") is False
+
+
+def test_a_status_patch_at_a_stale_resource_version_is_refused(kube_api: Any, crds: Any, namespace: str) -> None:
+    """The resync's write: merged into the status only while the object is as the pass read it. (The
+    session's operator may write to the Topic too: the first write is retried until it lands on a
+    fresh read; the field written is one the operator leaves alone.)"""
+    kube = Kube(kube_api)
+    api = client.CustomObjectsApi(kube_api)
+    topic = {"apiVersion": "zeps.dev/v1alpha1", "kind": "Topic", "metadata": {"name": "stale"}}
+    api.create_namespaced_custom_object("zeps.dev", "v1alpha1", namespace, "topics", topic)
+
+    def read_version() -> str:
+        return str(
+            api.get_namespaced_custom_object("zeps.dev", "v1alpha1", namespace, "topics", "stale")["metadata"][
+                "resourceVersion"
+            ]
+        )
+
+    for _ in range(20):
+        read_at = read_version()
+        if kube.patch_status("Topic", namespace, "stale", {"testNote": "first"}, resource_version=read_at):
+            break
+    else:
+        pytest.fail("no status patch landed on a fresh read in 20 tries")
+    # that write moved the resourceVersion on: a writer that read before it is refused
+    assert not kube.patch_status("Topic", namespace, "stale", {"testNote": "second"}, resource_version=read_at)
+    now = api.get_namespaced_custom_object("zeps.dev", "v1alpha1", namespace, "topics", "stale")
+    assert now["status"]["testNote"] == "first"
+    assert not kube.patch_status("Topic", namespace, "gone", {"testNote": "x"}, resource_version="1")
+
+
+def test_an_event_names_the_object_it_is_about(kube_api: Any, namespace: str) -> None:
+    kube = Kube(kube_api)
+    involved = {"kind": "Topic", "namespace": namespace, "name": "orders", "uid": "uid-1"}
+    kube.post_event(involved, type="Warning", reason="DriftRepaired", message="restored /x " + "y" * 2000)
+    (event,) = client.CoreV1Api(kube_api).list_namespaced_event(namespace).items
+    assert (event.type, event.reason, event.count) == ("Warning", "DriftRepaired", 1)
+    assert len(event.message) == 1024 and event.source.component == FIELD_MANAGER
+    ref = event.involved_object
+    assert (ref.api_version, ref.kind, ref.name, ref.uid) == ("zeps.dev/v1alpha1", "Topic", "orders", "uid-1")

@@ -78,6 +78,16 @@ def test_topic_lifecycle_ready_update_drift_and_delete(
     zk.delete(f"{root}/messages", recursive=True)  # drift behind the operator's back
     wait_until(lambda: zk.exists(f"{root}/messages") is not None, timeout=30, what="the path to be restored")
 
+    def drift_events() -> list[dict[str, Any]]:  # posted by the resync pass that restored it
+        listed = crds.kubectl(
+            "get", "events", "-n", namespace, "--field-selector", "reason=DriftRepaired", "-o", "json"
+        )
+        return list(json.loads(listed)["items"])
+
+    wait_until(lambda: bool(drift_events()), timeout=15, what="the DriftRepaired event")
+    (event,) = drift_events()
+    assert event["type"] == "Warning" and f"{root}/messages" in event["message"]
+
     crds.kubectl("delete", "topic", "cache", "-n", namespace, "--timeout=60s")
     assert zk.exists(root) is None, "deletionPolicy Delete removes the subtree"
 
@@ -318,15 +328,15 @@ def _lease_holder(plane: ControlPlane) -> str:
     return str(lease.get("spec", {}).get("holderIdentity") or "")
 
 
-def test_a_deletion_that_catches_the_timer_mid_run_is_released_promptly(solo: Solo) -> None:
-    """ZooKeeper is frozen (SIGSTOP, as in a long GC pause) so the resync timer is blocked in a
-    ZooKeeper call when the Topic is deleted, and the deletion handler (deletionPolicy Retain: no
-    ZooKeeper call) is done first. The finalizer must go soon after the timer returns. kopf looks again
-    at a timer that was still running only every ``cancellation_polling`` seconds, 60 by default: CI
-    saw ``kubectl delete`` time out so."""
-    # Retain: the deletion handler itself needs no ZooKeeper, so it is done while the timer still waits
+def test_a_deletion_that_catches_a_resync_pass_mid_run_is_released_promptly(solo: Solo) -> None:
+    """ZooKeeper is frozen (SIGSTOP, as in a long GC pause) so a resync pass is blocked in a ZooKeeper
+    call when the Topic is deleted. The deletion handler waits for that pass to end (so the pass cannot
+    create the paths again after them being removed) and the finalizer must go soon after. (With a kopf
+    timer per object, kopf looked again at a timer still running only every ``cancellation_polling``
+    seconds, 60 by default: CI saw ``kubectl delete`` time out so.)"""
+    # Retain: the deletion handler itself needs no ZooKeeper once the pass has ended
     _ready_and_resynced(solo.plane, "busy", {"deletionPolicy": "Retain"})
-    # the timer runs every ~1 s; 1.5 s into the freeze it is waiting on ZooKeeper. The freeze stays
+    # a pass runs every ~1 s; 1.5 s into the freeze it is waiting on ZooKeeper. The freeze stays
     # under a third of the 10 s session timeout, so the operator's connection is not dropped.
     with solo.zk.paused():
         time.sleep(1.5)
