@@ -34,6 +34,7 @@ from zeps.options import TopicOptions
 from zeps.paths import QueuePaths, StreamPaths, TopicPaths
 from zeps.resources import GROUP, PLURALS, VERSION
 from zeps_operator.cleaning import Cleaning
+from zeps_operator.diffbase import StatusDiffBase
 from zeps_operator.kube import InvalidSecretError, Kube
 from zeps_operator.leadership import LeaseKeeper
 from zeps_operator.models import QueueSpec, StreamSpec, TopicSpec
@@ -83,6 +84,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     state.acl_cache = {}
     state.acl_lock = threading.Lock()
     settings.persistence.finalizer = FINALIZER
+    settings.persistence.diffbase_storage = StatusDiffBase()  # one PATCH per change, not two
     settings.watching.server_timeout = 120  # reconnect watches regularly: a stalled one cannot linger
     settings.watching.client_timeout = 150
     settings.posting.level = logging.INFO
@@ -363,6 +365,17 @@ def _queue_facts(body: Mapping[str, Any], patch: kopf.Patch) -> None:
 
 
 # -- the resync of Topics and Queues (zeps_operator.resync) --------------------------------------
+class _QuietSeen(logging.Filter):
+    """Drops kopf's "Handler 'seen' succeeded." (logged for every watch event of every Topic and
+    Queue: four per new Topic) from the operator's log; its failures are still logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != "Handler 'seen' succeeded."
+
+
+logging.getLogger("kopf.objects").addFilter(_QuietSeen())
+
+
 @kopf.on.event(GROUP, VERSION, PLURALS["Topic"])
 @kopf.on.event(GROUP, VERSION, PLURALS["Queue"])
 async def seen(body: kopf.Body, type: str | None, **_: Any) -> None:

@@ -48,7 +48,8 @@ class Entry:
     @classmethod
     def of(cls, body: Mapping[str, Any], *, seen: float) -> Entry:
         meta = body["metadata"]
-        document = {"spec": dict(body.get("spec") or {}), "status": dict(body.get("status") or {})}
+        status = {k: v for k, v in (body.get("status") or {}).items() if k != "kopf"}  # kopf's own, not ours
+        document = {"spec": dict(body.get("spec") or {}), "status": status}
         return cls(
             kind=body["kind"],
             namespace=meta["namespace"],

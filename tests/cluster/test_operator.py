@@ -240,6 +240,51 @@ def test_events_are_posted_on_transitions_only(solo: Solo) -> None:
     solo.plane.kubectl("delete", "topic", "eventful", "-n", "default", "--timeout=30s")
 
 
+LAST_HANDLED = "kopf.zalando.org/last-handled-configuration"  # where kopf kept it by default
+
+
+def test_a_new_topic_costs_two_patches_and_kopf_keeps_its_bookkeeping_in_status(solo: Solo) -> None:
+    """The finalizer, then one PATCH of the status subresource carrying both the handler's status and
+    kopf's last-handled configuration (in an annotation, that was a third PATCH)."""
+    before = solo.plane.request_counts().get("PATCH topics", 0)
+    _apply(solo.plane, "default", "Topic", "frugal")
+    _wait_ready(solo.plane, "default", "topic", "frugal")
+    time.sleep(2)  # the first resync passes: they find nothing to write
+    assert solo.plane.request_counts().get("PATCH topics", 0) - before == 2
+    topic = _get(solo.plane, "default", "topic", "frugal")
+    assert LAST_HANDLED not in topic["metadata"].get("annotations", {})
+    assert json.loads(topic["status"]["kopf"]["last-handled-configuration"])["spec"]["maxQueueDepth"] == 10000
+    solo.plane.kubectl("delete", "topic", "frugal", "-n", "default", "--timeout=30s")
+
+
+def test_the_annotation_of_an_earlier_operator_is_read_then_removed(solo: Solo) -> None:
+    """A Topic last handled by an operator that kept its configuration in the annotation (here at
+    maxQueueDepth 10): the new operator reads it, so the Topic is handled as an update (without it, as
+    a creation), and moves it into the status."""
+    earlier = {"spec": {"maxQueueDepth": 10}}
+    body = {
+        "apiVersion": "zeps.dev/v1alpha1",
+        "kind": "Topic",
+        "metadata": {"name": "inherited", "annotations": {LAST_HANDLED: json.dumps(earlier)}},
+        "spec": {"maxQueueDepth": 20},
+    }
+    solo.plane.kubectl("apply", "-n", "default", "-f", "-", input=json.dumps(body))
+    _wait_ready(solo.plane, "default", "topic", "inherited")
+    wait_until(
+        lambda: (
+            LAST_HANDLED not in _get(solo.plane, "default", "topic", "inherited")["metadata"].get("annotations", {})
+        ),
+        timeout=15,
+        what="the earlier operator's annotation to be removed",
+    )
+    log = solo.operator.process.log_path.read_text(errors="replace")
+    assert "[default/inherited] Updating is processed" in log
+    assert "[default/inherited] Creation is processed" not in log
+    status = _get(solo.plane, "default", "topic", "inherited")["status"]
+    assert json.loads(status["kopf"]["last-handled-configuration"])["spec"]["maxQueueDepth"] == 20
+    solo.plane.kubectl("delete", "topic", "inherited", "-n", "default", "--timeout=30s")
+
+
 IDLE_COUNTED = (("topics", "PATCH"), ("secrets", "GET"), ("leases", "PUT"))
 
 
