@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -35,6 +34,7 @@ from zeps.paths import QueuePaths, StreamPaths, TopicPaths
 from zeps.resources import GROUP, PLURALS, VERSION
 from zeps_operator.cleaning import Cleaning
 from zeps_operator.diffbase import StatusDiffBase
+from zeps_operator.freshness import ReadCache, read_after_creation
 from zeps_operator.kube import InvalidSecretError, Kube
 from zeps_operator.leadership import LeaseKeeper
 from zeps_operator.models import QueueSpec, StreamSpec, TopicSpec
@@ -70,8 +70,7 @@ class _State:
     cleaning: Cleaning  # the Topics' cleaner passes, driven by ZooKeeper watches
     resync: Resync  # the Topics' and Queues' resync passes
     zk: Any = None
-    acl_cache: dict[str, tuple[float, list[Any] | None]]  # namespace -> (good until, ACL); see _namespace_acl
-    acl_lock: threading.Lock
+    acls: ReadCache[list[Any] | None]  # namespace -> its ZooKeeper ACL, read from its Secret; see _namespace_acl
     last_event = 0.0
 
 
@@ -81,8 +80,7 @@ state = _State()
 @kopf.on.startup()
 def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     state.settings = Settings.from_env()
-    state.acl_cache = {}
-    state.acl_lock = threading.Lock()
+    state.acls = ReadCache(_read_namespace_acl, max_age=RESYNC)
     settings.persistence.finalizer = FINALIZER
     settings.persistence.diffbase_storage = StatusDiffBase()  # one PATCH per change, not two
     settings.watching.server_timeout = 120  # reconnect watches regularly: a stalled one cannot linger
@@ -179,12 +177,11 @@ def _reconcile(
     patch: kopf.Patch,
     *,
     quiet: bool,
-    fresh: bool,
+    read_after: float | None,
     post: Post = _kopf_post,
 ) -> str:
     """Ensure the ZooKeeper paths and spec node. ``quiet``: a repaired drift is a warning event (a
-    resync found it); ``fresh``: read the namespace's credentials now (a change), not within the last
-    resync interval."""
+    resync found it); ``read_after``: see :func:`_namespace_acl`."""
     state.last_event = time.monotonic()
     meta = body["metadata"]
     namespace, name, generation = meta["namespace"], meta["name"], meta.get("generation", 1)
@@ -212,7 +209,7 @@ def _reconcile(
             generation=generation,
             spec=typed.model_dump(by_alias=True),
             adopt_prefix=f"{state.settings.cluster}/",
-            acl=_namespace_acl(namespace, fresh=fresh),
+            acl=_namespace_acl(namespace, read_after=read_after),
             boundary=f"{state.settings.chroot}/{namespace}",
             deadline=ZK_DEADLINE,
         )
@@ -236,27 +233,36 @@ def _reconcile(
     return "ok"
 
 
-def _namespace_acl(namespace: str, *, fresh: bool) -> list[Any] | None:
+def _namespace_acl(namespace: str, *, read_after: float | None) -> list[Any] | None:
     """The namespace's ZooKeeper ACL: its digest user from the zeps-zookeeper-auth Secret, if any.
 
-    A change (``fresh``) reads the Secret; a resync pass reuses what was read in the namespace within
-    the last resync interval, so a namespace of 1,000 Topics costs one read per interval, not 1,000.
-    A Secret created or changed meanwhile reaches the resources at the latest one interval later."""
-    cached = state.acl_cache.get(namespace)
-    if not fresh and cached is not None and cached[0] > time.monotonic():
-        return cached[1]
-    with state.acl_lock:  # the passes that find the entry expired together: one of them reads it
-        cached = state.acl_cache.get(namespace)
-        if not fresh and cached is not None and cached[0] > time.monotonic():
-            return cached[1]
-        try:
-            credentials = state.kube.credentials(namespace, NAMESPACE_AUTH_SECRET)
-        except InvalidSecretError as exc:
-            state.acl_cache.pop(namespace, None)
-            raise kopf.PermanentError(str(exc)) from None
-        acl = digest_acl(*credentials) if credentials else None
-        state.acl_cache[namespace] = (time.monotonic() + RESYNC, acl)
-        return acl
+    From a read of the Secret that started after ``read_after`` (a wall-clock time: see
+    :func:`_read_after`), or for None (a resync pass, a resume) within the last resync interval. One
+    read serves every handler it is fresh enough for (:mod:`zeps_operator.freshness`): 1,000 Topics
+    applied at once cost a few reads, not 1,000; an idle namespace, one per interval. A Secret created
+    or changed after an object reaches it at the latest one interval later."""
+    try:
+        return state.acls.get(namespace, read_after=read_after)
+    except InvalidSecretError as exc:
+        raise kopf.PermanentError(str(exc)) from None
+
+
+def _read_namespace_acl(namespace: str) -> list[Any] | None:
+    credentials = state.kube.credentials(namespace, NAMESPACE_AUTH_SECRET)
+    return digest_acl(*credentials) if credentials else None
+
+
+def _read_after(body: Mapping[str, Any], reason: kopf.Reason | None) -> float | None:
+    """How fresh a read of the namespace's Secret the handler needs: one that shows the Secret as it
+    was when the object was created (a user creates the Secret, then the object), or for any other
+    change, a read begun now. A resume (every object, at each operator start) or a timer (no reason)
+    takes any read of the last resync interval."""
+    if reason is None or reason == kopf.Reason.RESUME:
+        return None
+    created = body["metadata"].get("creationTimestamp")
+    if reason == kopf.Reason.CREATE and created:
+        return read_after_creation(created)
+    return time.time()
 
 
 def _ready(
@@ -277,19 +283,19 @@ def _zookeeper_resource(
     facts: Callable[[Mapping[str, Any], kopf.Patch], None],
     *,
     timer: bool,
-    fresh: bool | None = None,
+    reason: kopf.Reason | None = None,
     post: Post = _kopf_post,
 ) -> bool:
     """Topic and Queue: reconcile the ZooKeeper side, fill in the facts, mark Ready. A change
-    (not a resync pass: ``timer``) is also reported as an event. True when reconciled. ``fresh``:
-    read the namespace's credentials now (by default: unless a resync pass runs us)."""
+    (not a resync pass: ``timer``) is also reported as an event. True when reconciled. ``reason``:
+    the change's (kopf's), None for a resync pass."""
     generation = body["metadata"].get("generation", 1)
     conditions = (body.get("status") or {}).get("conditions")
     was_ready = ready_at(conditions, generation)
     # A resync pass can run beside the create handler: until the object has been Ready, missing
     # paths are not drift, and the handler's event is the one to post.
-    fresh = not timer if fresh is None else fresh
-    if _reconcile(kind, body, spec, patch, quiet=timer and was_ready, fresh=fresh, post=post) != "ok":
+    read_after = _read_after(body, reason)
+    if _reconcile(kind, body, spec, patch, quiet=timer and was_ready, read_after=read_after, post=post) != "ok":
         return False
     facts(body, patch)
     _ready(body, patch, True, "Reconciled", "ZooKeeper paths and spec are in place", generation=generation)
@@ -299,19 +305,13 @@ def _zookeeper_resource(
     return True
 
 
-def _changed(reason: kopf.Reason) -> bool:
-    """Whether the object itself changed (created, updated): read its namespace's credentials afresh.
-    A resume (every object, at each operator start) shares one read per namespace and interval."""
-    return reason != kopf.Reason.RESUME
-
-
 # -- Topic ---------------------------------------------------------------------------------------
 @kopf.on.create(GROUP, VERSION, PLURALS["Topic"])
 @kopf.on.update(GROUP, VERSION, PLURALS["Topic"])
 @kopf.on.resume(GROUP, VERSION, PLURALS["Topic"])
 @_only_changes
 def topic_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason: kopf.Reason, **_: Any) -> None:
-    if _zookeeper_resource("Topic", body, spec, patch, _topic_facts, timer=False, fresh=_changed(reason)):
+    if _zookeeper_resource("Topic", body, spec, patch, _topic_facts, timer=False, reason=reason):
         state.cleaning.follow(_topic(body["metadata"], spec))  # its clients watched from now on
         _name_cleaner_holder(patch)  # already here, so the first resync pass finds nothing to write
 
@@ -350,7 +350,7 @@ def _run_cleaner(body: Mapping[str, Any], spec: Mapping[str, Any], patch: kopf.P
 @kopf.on.resume(GROUP, VERSION, PLURALS["Queue"])
 @_only_changes
 def queue_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason: kopf.Reason, **_: Any) -> None:
-    _zookeeper_resource("Queue", body, spec, patch, _queue_facts, timer=False, fresh=_changed(reason))
+    _zookeeper_resource("Queue", body, spec, patch, _queue_facts, timer=False, reason=reason)
 
 
 def _queue_facts(body: Mapping[str, Any], patch: kopf.Patch) -> None:
@@ -418,8 +418,9 @@ def _resync(entry: Entry) -> None:
 @_only_changes
 def stream_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **kwargs: Any) -> None:
     generation = body["metadata"].get("generation", 1)
-    change = "reason" in kwargs  # kopf names the cause of a change (create, update, resume); a timer has none
-    if _reconcile("ZepsStream", body, spec, patch, quiet=True, fresh=change) != "ok":
+    # kopf names the cause of a change (create, update, resume); a timer has none
+    read_after = _read_after(body, kwargs.get("reason"))
+    if _reconcile("ZepsStream", body, spec, patch, quiet=True, read_after=read_after) != "ok":
         return
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]

@@ -20,7 +20,7 @@ from kubernetes import client
 
 from harness import ZooKeeperHarness
 from zeps.client import StreamClient
-from zeps.coordination import Topic
+from zeps.coordination import Topic, connect
 from zeps_dev import ControlPlane, OperatorProcess, ZooKeeperServer
 from zeps_dev.process import ManagedProcess, free_port, wait_until
 
@@ -575,3 +575,32 @@ def test_namespace_credentials_put_acls_on_the_namespace_subtree(
         owner.close()
     crds.kubectl("delete", "topic", "private", "-n", namespace, "--timeout=60s")  # the operator is super user
     assert _zk(zookeeper).exists(f"{CHROOT}/{namespace}/topics/private") is None
+
+
+def test_a_secret_created_after_a_namespaces_first_topic_is_read_for_the_next_one(
+    operator: OperatorProcess, crds: ControlPlane, namespace: str, zookeeper: ZooKeeperHarness, kube_api: Any
+) -> None:
+    """The operator shares its reads of a namespace's credentials Secret between Topics
+    (zeps_operator.freshness): the read made for the first Topic (no Secret yet) must not serve a
+    Topic created after the Secret, however soon after."""
+    _apply(crds, namespace, "Topic", "before")
+    _wait_ready(crds, namespace, "topic", "before")
+    client.CoreV1Api(kube_api).create_namespaced_secret(
+        namespace,
+        client.V1Secret(
+            metadata=client.V1ObjectMeta(name="zeps-zookeeper-auth"), string_data={"user": "late", "password": "pw"}
+        ),
+    )
+    _apply(crds, namespace, "Topic", "after")
+    _wait_ready(crds, namespace, "topic", "after")
+    zk = _zk(zookeeper)
+    acl, _ = zk.get_acls(f"{CHROOT}/{namespace}/topics/before")
+    assert [a.id.scheme for a in acl] == ["world"]  # made before the Secret existed
+    owner = connect(zookeeper.connect_string, auth=("late", "pw"))
+    try:
+        acl, _ = owner.get_acls(f"{CHROOT}/{namespace}/topics/after")
+        assert [(a.id.scheme, a.id.id.split(":")[0]) for a in acl] == [("digest", "late")]
+    finally:
+        owner.stop()
+        owner.close()
+    crds.kubectl("delete", "topic", "before", "after", "-n", namespace, "--timeout=60s")
