@@ -9,7 +9,9 @@ and kube-apiserver, the operator run by kopf):
 * the API server's request rate while all are Ready and nothing changes, side by side with the same
   control plane's rate before the operator started (the baseline): both from the API server's own
   ``apiserver_request_total``, over ``ZEPS_BENCH_IDLE_S`` seconds (60);
-* the operator's RSS once all are Ready and after the idle minute.
+* the operator's RSS once all are Ready and after the idle minute;
+* the CPU seconds of the operator, ZooKeeper, etcd and kube-apiserver from the start of the apply to
+  all Ready (the apply's kubectl processes share the same two cores).
 
 For the first size also the p50 apply->Ready of single Topics applied one at a time afterwards.
 ``ZEPS_BENCH_TOPICS`` sets the sizes (``1000,10000``). Prints one JSON line last. (The issue's
@@ -50,6 +52,20 @@ def rate(counts: Callable[[], dict[str, int]], seconds: float) -> dict[str, floa
     after = counts()
     rates = {key: (after.get(key, 0) - before.get(key, 0)) / seconds for key in after}
     return {key: round(rate, 2) for key, rate in sorted(rates.items()) if rate > 0}
+
+
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds (user + system) each named process has used so far, from /proc/<pid>/stat."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    used = {}
+    for name, pid in pids.items():
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
+        used[name] = (int(fields[11]) + int(fields[12])) / ticks
+    return used
 
 
 def _rss_mb(pid: int) -> float:
@@ -166,18 +182,23 @@ def measure(
     *,
     baseline: dict[str, float],
     singles: bool,
+    pids: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """With the operator running: ``count`` Topics created at once and waited for, the idle request
     rate once all are Ready, the operator's RSS, and (``singles``) the p50 of one Topic at a time.
-    ``baseline``: the same cluster's rate without the operator, reported beside the idle one."""
+    ``baseline``: the same cluster's rate without the operator, reported beside the idle one.
+    ``pids``: local processes (by name) whose CPU seconds from the start of the apply to all Ready
+    are reported, to show who the two cores went to."""
     with ReadyWatch(kubectl_argv) as watch:
         time.sleep(2)  # kubectl started: its start costs nothing during the apply (its listing would see any Topic)
+        cpu_before = cpu_seconds(pids or {})
         start = time.monotonic()
         apply_all(kubectl_argv, count)
         applied = time.monotonic() - start
         say(f"{count}: applied in {applied:.1f}s")
         ready = watch.wait(count, start)
         all_ready = time.monotonic() - start
+        cpu_after = {k: v for k, v in cpu_seconds(pids or {}).items() if k in cpu_before}
     rss_ready = rss_mb()
     say(f"{count}: all Ready; idle requests over {IDLE_S:.0f}s")
     idle = rate(counts, IDLE_S)
@@ -189,6 +210,7 @@ def measure(
         "apply_seconds": round(applied, 1),
         "end_of_apply_to_all_ready_s": round(all_ready - applied, 1),
         "p50_apply_to_ready_s": p50_single(kubectl_argv) if singles else None,
+        "cpu_seconds_apply_to_all_ready": {k: round(v - cpu_before[k], 1) for k, v in cpu_after.items()},
         "operator_rss_mb_all_ready": round(rss_ready, 1),
         "operator_rss_mb_after_idle": round(rss_idle, 1),
         "idle_requests_per_s": round(sum(idle.values()), 2),
@@ -217,6 +239,7 @@ def _one_size(count: int, *, singles: bool) -> dict[str, Any]:
                     count,
                     baseline=baseline,
                     singles=singles,
+                    pids={"operator": op.pid or 0, "zookeeper": zk.pid or 0, **plane.pids()},
                 )
 
 

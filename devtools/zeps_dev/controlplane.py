@@ -295,6 +295,10 @@ class ControlPlane(LocalServer):
             body: bytes = resp.read()
         return body.decode()
 
+    def pids(self) -> dict[str, int]:
+        """The running processes of this control plane by name (etcd, kube-apiserver, ...)."""
+        return {proc.name: proc.pid for proc in self._procs if proc.pid is not None}
+
     def request_counts(self) -> dict[str, int]:
         """The requests this API server has served (:func:`request_counts`), read over HTTPS directly:
         no kubectl process."""
