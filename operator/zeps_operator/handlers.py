@@ -239,8 +239,9 @@ def _namespace_acl(namespace: str, *, read_after: float | None) -> list[Any] | N
     From a read of the Secret that started after ``read_after`` (a wall-clock time: see
     :func:`_read_after`), or for None (a resync pass, a resume) within the last resync interval. One
     read serves every handler it is fresh enough for (:mod:`zeps_operator.freshness`): 1,000 Topics
-    applied at once cost a few reads, not 1,000; an idle namespace, one per interval. A Secret created
-    or changed after an object reaches it at the latest one interval later."""
+    applied at once cost a few reads, not 1,000; an idle namespace, one per interval. The ACL is given
+    to nodes as they are created: a Secret created or changed after an object's nodes exist does not
+    change theirs (a node restored later gets the ACL read within the interval)."""
     try:
         return state.acls.get(namespace, read_after=read_after)
     except InvalidSecretError as exc:
