@@ -11,13 +11,20 @@ Files in the stream's directory::
 Record layout: :mod:`zeps._records` (length, CRC32C, sequence, timestamp, key, body) — the same bytes
 a version-3 client receives in DELIVER-BATCH. Timestamps never decrease within a stream.
 
+Producer marks (:mod:`zeps.journal.producers`): entries in the segment files that carry the idempotent
+producers' table, take no sequence and are never read out — a group mark opens each append that changes
+the table, a snapshot mark opens each segment but the first. ``.off`` lists records only; a read from
+disk cuts out the marks between the records it returns.
+
 Reading hands out chunks (:class:`Chunk`): a run of consecutive records as the bytes on disk plus their
 boundaries and keys, so the broker can route and send them without taking each record apart. A tail
 cache keeps the most recent chunks in memory for live delivery.
 
 Recovery (``open``): the last segment is scanned; at the first record that is torn (short), fails
 its CRC, or breaks the sequence, the file is truncated there and a warning says how many bytes
-went. The next sequence continues from the last good record — or from the segment's name when it
+went; an append whose group mark reached the disk without all of its records is cut the same way
+(a group is all or nothing). The producer marks are replayed into :attr:`Journal.producers`. The next
+sequence continues from the last good record — or from the segment's name when it
 is empty — so sequences never restart, even after retention removed everything.
 
 Durability (``fsync`` policy) and what a crash can lose — a process crash (kill -9) loses nothing
@@ -48,10 +55,14 @@ from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import Literal
 
+import crc32c
+
 from zeps._records import HEAD as _HEAD
 from zeps._records import META as _META
-from zeps._records import OVERHEAD, encode_record, walk
+from zeps._records import OVERHEAD, encode_record
 from zeps.errors import ZepsError
+from zeps.journal.producers import GROUP, MARK_TIMESTAMP, SNAPSHOT, Producer, ProducerTable, decode_mark
+from zeps.journal.producers import encode_mark_body as _mark_body
 
 __all__ = ["Chunk", "FsyncPolicy", "Journal", "JournalConfig", "JournalError", "Record"]
 
@@ -59,6 +70,7 @@ log = logging.getLogger(__name__)
 
 FsyncPolicy = Literal["always", "group", "interval", "never"]
 _INDEX = struct.Struct("!QQI")  # sequence, timestamp, offset
+_RECORD = struct.Struct("!IIQQB")  # length, crc, sequence, timestamp, key length
 _NAME_DIGITS = 20
 _OFFSET = array("I").itemsize  # bytes per entry of a .off file
 _MAX_SEGMENT_BYTES = 1 << 31  # offsets in a .off file are 4 bytes; a record may overshoot segment_bytes
@@ -133,12 +145,17 @@ class JournalConfig:
     retention_ms: int | None = None  #: remove closed segments whose newest record is older
     retention_bytes: int | None = None  #: remove the oldest closed segments while the journal is larger
     tail_cache_bytes: int = 16 * 1024 * 1024  #: recent records kept in memory for live delivery
+    producer_ttl_ms: int = 24 * 3600 * 1000  #: forget an idempotent producer idle this long
+    max_producers: int = 100_000  #: idempotent producers the table holds at most
 
     def __post_init__(self) -> None:
         if not 0 < self.segment_bytes <= _MAX_SEGMENT_BYTES:
             raise JournalError(
                 f"segment_bytes={self.segment_bytes}: must be between 1 and {_MAX_SEGMENT_BYTES} (2 GiB)"
             )
+        if self.producer_ttl_ms <= 0 or self.max_producers <= 0:
+            raise JournalError(f"producer_ttl_ms={self.producer_ttl_ms}, max_producers={self.max_producers}: "
+                               "both must be above 0")  # fmt: skip
 
 
 @dataclass
@@ -149,6 +166,7 @@ class _Segment:
     last_seq: int = 0  # base - 1 when empty
     last_ts: int = 0
     index: list[tuple[int, int, int]] = field(default_factory=list)  # (seq, ts, offset)
+    marks: list[tuple[int, int]] = field(default_factory=list)  # producer marks: (start, end) offsets
 
     @property
     def offsets_path(self) -> Path:
@@ -173,6 +191,9 @@ class Journal:
         self._cache: list[Chunk] = []  # recent chunks, consecutive, oldest first
         self._cache_bytes = 0
         self._since_index = 0
+        self._marks_unsynced = False
+        #: idempotent producers: rebuilt from the marks at open, written as marks by append_many
+        self.producers = ProducerTable(ttl_ms=self.config.producer_ttl_ms, max_producers=self.config.max_producers)
 
     # -- state ----------------------------------------------------------------------------------
     @property
@@ -219,6 +240,7 @@ class Journal:
         self._last_ts = max((s.last_ts for s in self._segments), default=0)
         self._open_active(active)
         self._since_index = active.size - (active.index[-1][2] if active.index else 0)
+        self.producers.expire(int(time.time() * 1000))
         return self
 
     def _open_active(self, seg: _Segment) -> None:
@@ -232,19 +254,18 @@ class Journal:
         path = self._log_path(base)
         seg = _Segment(base, path, last_seq=base - 1)
         data = path.read_bytes()
-        offsets, _ = walk(data)  # the intact records; what follows the first bad one is dropped
+        starts, marks, good_end = _walk_segment(data, base)  # what follows the first bad entry is dropped
         since_index = self.config.index_interval_bytes  # index the first record
-        kept = 0
-        for i in range(len(offsets) - 1):
-            sequence, timestamp, _ = _META.unpack_from(data, offsets[i] + _HEAD.size)
-            if sequence != base + i:  # a segment holds base, base + 1, … (its name says base)
-                break
+        for offset in starts:
+            length, _, sequence, timestamp, _ = _RECORD.unpack_from(data, offset)
             if since_index >= self.config.index_interval_bytes:
-                seg.index.append((sequence, timestamp, offsets[i]))
+                seg.index.append((sequence, timestamp, offset))
                 since_index = 0
-            since_index += offsets[i + 1] - offsets[i]
-            seg.last_seq, seg.last_ts, kept = sequence, timestamp, i + 1
-        good_end = offsets[kept]
+            since_index += 4 + length
+            seg.last_seq, seg.last_ts = sequence, timestamp
+        for start, end, kind, producers in marks:
+            self.producers.apply(kind, producers)
+            seg.marks.append((start, end))
         if good_end < len(data):
             log.warning(
                 "journal %s: segment %s has a torn or corrupt record at offset %d; truncating %d bytes "
@@ -259,7 +280,7 @@ class Journal:
             log.warning("journal %s: a closed segment was damaged; later segments continue from their names", self.name)
         seg.size = good_end
         self._write_index(seg)
-        seg.offsets_path.write_bytes(offsets[:kept].tobytes())
+        seg.offsets_path.write_bytes(starts.tobytes())
         return seg
 
     def _write_index(self, seg: _Segment) -> None:
@@ -277,6 +298,8 @@ class Journal:
         now = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
         ts = max(now, self._last_ts)
         seg = self._segments[-1]
+        if grouped := self.producers.changed:  # the producers' changes open the append, in the same segment
+            seg, entries = self._open_group(entries)
         first, raws, keys = self._next, list[bytes](), list[str]()
         offsets = array("I", [0])
         written = total = 0  # bytes of raws already written (segment rolls), and in all
@@ -286,14 +309,14 @@ class Journal:
         segment_bytes, interval = self.config.segment_bytes, self.config.index_interval_bytes
         raw_keys: dict[str, bytes] = {}
         for key, body in entries:
-            if offset >= segment_bytes:
+            if offset >= segment_bytes and not grouped:
                 self._write(raws, written, total)
                 self._flush(self._off_fd, memoryview(starts.tobytes()))
                 self._index(seg, index, seq - 1, ts, offset)
                 written, index, starts = total, [], array("I")
                 self._next = seq
                 seg = self._roll()
-                offset, since_index = 0, self._since_index
+                offset, since_index = seg.size, self._since_index
             raw_key = raw_keys.get(key)
             if raw_key is None:
                 raw_key = raw_keys[key] = key.encode("ascii")
@@ -333,6 +356,28 @@ class Journal:
             with open(seg.path.with_suffix(".idx"), "ab") as idx:
                 idx.write(b"".join(_INDEX.pack(*e) for e in entries))
 
+    def _open_group(self, entries: Iterable[tuple[str, bytes]]) -> tuple[_Segment, list[tuple[str, bytes]]]:
+        """Write the group mark of an append of ``entries`` (rolling first if the segment is full: the
+        group stays in one segment); returns the segment and the entries as a list."""
+        entries = entries if isinstance(entries, list) else list(entries)
+        seg = self._segments[-1]
+        if seg.size >= self.config.segment_bytes:
+            seg = self._roll()
+        self._write_mark(seg, _mark_body(GROUP, len(entries), self.producers.take_changes()))
+        if not entries and self.config.fsync == "always":  # a claim alone: as durable as a publish
+            self.sync()
+        return seg, entries
+
+    def _write_mark(self, seg: _Segment, body: bytes) -> None:
+        """Write a producer mark at the end of the active segment ``seg`` (it takes no sequence)."""
+        raw = encode_record(self._next - 1, MARK_TIMESTAMP, b"", body)
+        self._flush(self._fd, memoryview(raw))
+        seg.marks.append((seg.size, seg.size + len(raw)))
+        seg.size += len(raw)
+        self._marks_unsynced = True
+        if self._unsynced_since is None:
+            self._unsynced_since = time.monotonic()
+
     def _write(self, raws: list[bytes], start: int, end: int) -> bytes:
         """Write bytes ``start .. end`` of the joined ``raws`` to the active segment; returns the join."""
         data = b"".join(raws)
@@ -353,13 +398,17 @@ class Journal:
         self._segments.append(seg)
         self._open_active(seg)
         self._since_index = self.config.index_interval_bytes
+        table = self.producers.journaled()
+        if table:  # retention removes whole segments: each starts with the table as journaled
+            self._write_mark(seg, _mark_body(SNAPSHOT, 0, table))
         return seg
 
     def sync(self) -> None:
         """fsync the active segment: everything written becomes durable."""
-        if self._fd >= 0 and self._synced < self.written:
+        if self._fd >= 0 and (self._synced < self.written or self._marks_unsynced):
             os.fsync(self._fd)
         self._synced = self.written
+        self._marks_unsynced = False
         self._unsynced_since = None
         self._last_sync = time.monotonic()
 
@@ -452,10 +501,13 @@ class Journal:
         base = starts[0]
         with open(seg.path, "rb") as f:
             data = os.pread(f.fileno(), starts[count] - base, base)
-        if base:
-            starts = array("I", [o - base for o in starts[: count + 1]])
-        elif count + 1 < len(starts):
+        if count + 1 < len(starts):
             del starts[count + 1 :]
+        first_mark = bisect.bisect_left(seg.marks, base, key=itemgetter(0))
+        if first_mark < len(seg.marks) and seg.marks[first_mark][0] < starts[count]:
+            data, starts = _cut_marks(data, base, starts, seg.marks[first_mark:])
+        elif base:
+            starts = array("I", [o - base for o in starts])
         return Chunk(start, data, starts)
 
     def seek_time(self, timestamp_ms: int) -> int:
@@ -498,6 +550,64 @@ class Journal:
             os.close(self._fd)
             os.close(self._off_fd)
             self._fd = self._off_fd = -1
+
+
+def _walk_segment(data: bytes, base: int) -> tuple[array[int], list[tuple[int, int, int, dict[str, Producer]]], int]:
+    """(record starts, producer marks as (start, end, kind, producers), where the intact part ends) of
+    a segment whose first record is ``base``. Intact: each entry's length fits and its CRC32C matches;
+    records have the sequences base, base + 1, …; a mark sits where the sequence before it ended and
+    decodes; and the last group has all its records (else it is cut off, mark included)."""
+    starts, marks = array("I"), list[tuple[int, int, int, dict[str, Producer]]]()
+    offset, size, expect = 0, len(data), base
+    group_at, missing = 0, 0  # the last group mark, and its records not seen yet
+    view, unpack = memoryview(data), _RECORD.unpack_from
+    while offset + OVERHEAD <= size:
+        length, checksum, sequence, timestamp, klen = unpack(data, offset)
+        end = offset + 4 + length
+        if length < 4 + _META.size or end > size or crc32c.crc32c(view[offset + 8 : end]) != checksum:
+            break
+        if timestamp == MARK_TIMESTAMP:
+            if sequence != expect - 1 or klen or missing:
+                break
+            try:
+                kind, follows, producers = decode_mark(data[offset + OVERHEAD : end])
+            except ValueError:
+                break
+            marks.append((offset, end, kind, producers))
+            group_at, missing = offset, follows
+        else:
+            if offset + OVERHEAD + klen > end or sequence != expect:
+                break
+            starts.append(offset)
+            expect += 1
+            missing = max(missing - 1, 0)
+        offset = end
+    if missing:  # the last group's records did not all reach the disk: drop the group, mark included
+        del starts[bisect.bisect_left(starts, group_at) :]
+        del marks[-1]
+        offset = group_at
+    return starts, marks, offset
+
+
+def _cut_marks(data: bytes, base: int, starts: array[int], marks: list[tuple[int, int]]) -> tuple[bytes, array[int]]:
+    """``data`` (segment bytes from offset ``base``) without the producer marks in it, and ``starts``
+    (the records' segment offsets, and where the last one ends) as offsets into the result."""
+    end = base + len(data)
+    pieces, at, cut = [], base, list[tuple[int, int]]()
+    for mark_start, mark_end in marks:
+        if mark_start >= end:
+            break
+        pieces.append(data[at - base : mark_start - base])
+        at = mark_end
+        cut.append((mark_start, mark_end))
+    pieces.append(data[at - base :])
+    out, k, shift = array("I"), 0, base
+    for offset in starts:
+        while k < len(cut) and cut[k][0] < offset:
+            shift += cut[k][1] - cut[k][0]
+            k += 1
+        out.append(offset - shift)
+    return b"".join(pieces), out
 
 
 def _fit(chunk: Chunk, begin: int, stop: int, max_bytes: int, max_records: int, *, force: bool) -> int:

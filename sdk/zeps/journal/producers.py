@@ -1,0 +1,216 @@
+"""Idempotent producers: the table a broker deduplicates publishes with, kept in the journal itself.
+
+A producer is a name a client chose (or a random one), an *epoch* (raised each time a client claims
+the name afresh, so an older client still publishing under it is fenced) and the last *sequence* the
+journal holds from it. The table has no file of its own that could disagree with the records: it is
+written into the segment files as *producer marks*, entries that take no sequence and are never
+delivered (:class:`~zeps.journal.log.Journal` cuts them out of what it reads):
+
+* a **group mark** opens every append that changes the table (publishes of producers, a claim): the
+  producers it changes, as they are once the append is written, and how many records follow it.
+  Recovery drops a group whose records did not all reach the disk, mark included: a group is all or
+  nothing, so the table never claims a record the journal lost.
+* a **snapshot mark** opens every segment but the first: the whole table as journaled then. Retention
+  removes whole segments, so the oldest retained segment starts with everything the removed ones held.
+
+At open the journal replays the marks of every segment in order (it reads them all anyway to rebuild
+its indexes). Producers idle longer than the TTL (no claim, no publish) are forgotten then and on
+every :meth:`ProducerTable.expire`; the table holds at most ``max_producers``.
+
+A mark is a journal record (:mod:`zeps._records`) whose timestamp is 2^64-1 (no record has it), whose
+sequence is that of the record before it, and whose key is empty; its body, numbers in network order::
+
+    kind      number-1    1 = group, 2 = snapshot
+    follows   number-4    records of the group after the mark (0 in a snapshot)
+    count     number-4    producer entries, each:
+      name      number-1 length + ASCII
+      epoch     number-4
+      sequence  number-8    the last sequence held
+      seen      number-8    its last claim or publish, ms since the epoch
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from zeps.errors import ZepsError
+
+__all__ = [
+    "GROUP",
+    "MARK_TIMESTAMP",
+    "SNAPSHOT",
+    "Producer",
+    "ProducerRefusedError",
+    "ProducerTable",
+    "decode_mark",
+    "encode_mark_body",
+]
+
+MARK_TIMESTAMP = 2**64 - 1  #: the timestamp field of a producer mark (no record has it)
+GROUP, SNAPSHOT = 1, 2
+_HEAD = struct.Struct("!BII")  # kind, follows, count
+_ENTRY = struct.Struct("!IQQ")  # epoch, sequence, seen (after the name)
+
+Refusal = Literal["fenced", "unknown", "out-of-sequence", "full"]
+
+
+class ProducerRefusedError(ZepsError):
+    """The table refuses a claim or a publish; ``reason`` says why (the broker maps it to a code)."""
+
+    def __init__(self, reason: Refusal, message: str) -> None:
+        super().__init__(message)
+        self.reason: Refusal = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Producer:
+    epoch: int
+    sequence: int  #: the last sequence the journal holds from it (0: none)
+    seen_ms: int  #: its last claim or publish
+
+
+def encode_mark_body(kind: int, follows: int, producers: dict[str, Producer]) -> bytes:
+    parts = [_HEAD.pack(kind, follows, len(producers))]
+    for name, p in producers.items():
+        raw = name.encode("ascii")
+        parts += (bytes([len(raw)]), raw, _ENTRY.pack(p.epoch, p.sequence, p.seen_ms))
+    return b"".join(parts)
+
+
+def decode_mark(body: bytes) -> tuple[int, int, dict[str, Producer]]:
+    """(kind, follows, producers) of a mark's body; ValueError if it is not one."""
+    if len(body) < _HEAD.size:
+        raise ValueError(f"producer mark of {len(body)} bytes is too short")
+    kind, follows, count = _HEAD.unpack_from(body)
+    if kind not in (GROUP, SNAPSHOT):
+        raise ValueError(f"producer mark of unknown kind {kind}")
+    producers: dict[str, Producer] = {}
+    at = _HEAD.size
+    for _ in range(count):
+        if at >= len(body) or at + 1 + body[at] + _ENTRY.size > len(body):
+            raise ValueError(f"producer mark entry {len(producers)} is truncated")
+        end = at + 1 + body[at]
+        name = body[at + 1 : end].decode("ascii")
+        producers[name] = Producer(*_ENTRY.unpack_from(body, end))
+        at = end + _ENTRY.size
+    if at != len(body):
+        raise ValueError(f"producer mark has {len(body) - at} bytes after its last entry")
+    return kind, follows, producers
+
+
+class ProducerTable:
+    """Who has published what: checked at every publish of an idempotent producer.
+
+    The table runs ahead of the journal by the changes not yet written (:meth:`take_changes` hands
+    them to the next append's group mark); :meth:`journaled` is the table as the journal holds it."""
+
+    def __init__(self, *, ttl_ms: int, max_producers: int) -> None:
+        self.ttl_ms = ttl_ms
+        self.max_producers = max_producers
+        self.producers: dict[str, Producer] = {}
+        self._before: dict[str, Producer | None] = {}  # changed since the last mark: the state journaled
+
+    def __len__(self) -> int:
+        return len(self.producers)
+
+    @property
+    def changed(self) -> bool:
+        """Changes wait for a group mark."""
+        return bool(self._before)
+
+    def _set(self, name: str, producer: Producer) -> None:
+        if name not in self._before:
+            self._before[name] = self.producers.get(name)
+        self.producers[name] = producer
+
+    def claim(self, name: str, epoch: int, now_ms: int) -> Producer:
+        """A client claims ``name`` (PRODUCE). Epoch 0 claims it afresh: a new producer, or a new epoch
+        of a known one (its sequence goes on; older clients are fenced). A known epoch resumes. An older
+        epoch is fenced; a resumed epoch of a name the table does not know is refused (it expired)."""
+        known = self.producers.get(name)
+        if epoch == 0:
+            if known is None and len(self.producers) >= self.max_producers:
+                self.expire(now_ms)
+                if len(self.producers) >= self.max_producers:
+                    limit = f"the broker holds {self.max_producers} producers for this stream, its limit"
+                    raise ProducerRefusedError("full", f"{limit}; idle ones are forgotten after {self._ttl}")
+            fresh = Producer(1, 0, now_ms) if known is None else Producer(known.epoch + 1, known.sequence, now_ms)
+            self._set(name, fresh)
+            return fresh
+        if known is None:
+            raise ProducerRefusedError(
+                "unknown",
+                f"producer {name!r} (epoch {epoch}) is not known to this broker: it was idle longer than "
+                f"{self._ttl} and expired, or the journal that held it is gone; publishes not yet confirmed "
+                "cannot be checked for duplicates",
+            )
+        if epoch < known.epoch:
+            raise self._fenced(name, epoch, known)
+        if epoch > known.epoch:  # the claim that raised it was lost with unsynced writes (a machine crash)
+            self._set(name, replace(known, epoch=epoch, seen_ms=now_ms))
+        else:
+            self.producers[name] = replace(known, seen_ms=now_ms)  # resumed: nothing to journal
+        return self.producers[name]
+
+    @property
+    def _ttl(self) -> str:
+        return f"{self.ttl_ms / 1000:g}s"
+
+    @staticmethod
+    def _fenced(name: str, epoch: int, known: Producer) -> ProducerRefusedError:
+        return ProducerRefusedError(
+            "fenced",
+            f"producer {name!r} epoch {epoch} is fenced: a newer client claimed the name (epoch {known.epoch}); "
+            "this client's publishes are refused",
+        )
+
+    def admit(self, name: str, epoch: int, first: int, count: int, now_ms: int) -> int:
+        """Publishes ``first .. first + count - 1`` of producer ``name``: how many of them, from the
+        front, the journal already holds (drop them); the rest are new and the table counts them held.
+        Refused if the epoch is fenced or unknown, or if ``first`` skips a sequence."""
+        known = self.producers.get(name)
+        if known is None:
+            raise ProducerRefusedError("unknown", f"producer {name!r} expired (idle longer than {self._ttl})")
+        if epoch != known.epoch:
+            raise self._fenced(name, epoch, known)
+        if first > known.sequence + 1:
+            raise ProducerRefusedError(
+                "out-of-sequence",
+                f"producer {name!r} sent sequence {first}, but the broker holds up to {known.sequence}: "
+                f"publishes {known.sequence + 1}..{first - 1} never reached it",
+            )
+        held = min(count, known.sequence + 1 - first)
+        if held < count:
+            self._set(name, Producer(epoch, first + count - 1, now_ms))
+        else:
+            self.producers[name] = replace(known, seen_ms=now_ms)
+        return held
+
+    def take_changes(self) -> dict[str, Producer]:
+        """The producers changed since the last call, as they are now (for a group mark)."""
+        changes = {name: self.producers[name] for name in self._before if name in self.producers}
+        self._before.clear()
+        return changes
+
+    def journaled(self) -> dict[str, Producer]:
+        """The table as the journal holds it: without the changes not yet taken."""
+        out = {name: p for name, p in self.producers.items() if name not in self._before}
+        out.update((name, p) for name, p in self._before.items() if p is not None)
+        return out
+
+    def apply(self, kind: int, producers: dict[str, Producer]) -> None:
+        """Replay one mark (recovery): a snapshot replaces the table, a group updates it."""
+        if kind == SNAPSHOT:
+            self.producers.clear()
+        self.producers.update(producers)
+
+    def expire(self, now_ms: int) -> list[str]:
+        """Forget producers idle longer than the TTL; returns their names."""
+        cutoff = now_ms - self.ttl_ms
+        gone = [name for name, p in self.producers.items() if p.seen_ms < cutoff]
+        for name in gone:
+            del self.producers[name]
+            self._before.pop(name, None)
+        return gone
