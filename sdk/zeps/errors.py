@@ -10,7 +10,8 @@ Below it, errors are grouped by who has to act (the CLI's exit code in brackets,
 * :class:`CoordinationError` [4] — ZooKeeper said no (a lost lock, a conflicting owner), or could not
   be reached in time (:class:`~zeps.coordination.admin.ZooKeeperUnavailableError` is both).
 * :class:`ProtocolError` [4] — a ZEPS conversation broke; ``LocalProtocolError`` means we misused the
-  protocol, ``RemoteProtocolError`` means the peer did (h11's split).
+  protocol, ``RemoteProtocolError`` means the peer did (h11's split); ``ProducerError``: the broker
+  refused an idempotent producer's publishes (fenced, expired, out of sequence).
 * :class:`DataLossError` [5] — data the request needs is gone (retention removed it): asking again
   does not help; ask for what still exists, or accept the loss where the API offers that.
 
@@ -27,6 +28,7 @@ __all__ = [
     "CoordinationError",
     "DataLossError",
     "LocalProtocolError",
+    "ProducerError",
     "ProtocolError",
     "RemoteProtocolError",
     "SetupError",
@@ -72,6 +74,12 @@ class LocalProtocolError(ProtocolError):
 
 class RemoteProtocolError(ProtocolError):
     """The peer sent something the protocol does not allow."""
+
+
+class ProducerError(ProtocolError):
+    """The broker refused this client's idempotent publishes (the message says why and what to do):
+    fenced (a newer client claimed the producer name), unknown (it expired), out of sequence, or
+    not supported by the broker. Publishes it refused are not journaled and stay unconfirmed."""
 
 
 def exit_code(exc: ZepsError) -> int:

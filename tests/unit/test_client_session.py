@@ -3,14 +3,48 @@ barriers, and what a re-attach resends and resumes. Frames in, frames out; no so
 
 from __future__ import annotations
 
+import pytest
+
 from zeps.client.session import ClientSession, Seq
-from zeps.protocol import AttachOk, Credit, Deliver, Ping, PingOk, Publish, Subscribe, decode, encode
+from zeps.errors import ConfigError, ProducerError
+from zeps.protocol import (
+    Attach,
+    AttachOk,
+    Credit,
+    Deliver,
+    InvalidCode,
+    Ping,
+    PingOk,
+    Produce,
+    ProduceOk,
+    Publish,
+    PublishBatch,
+    PublishBatchSeq,
+    PublishSeq,
+    Refusal,
+    Subscribe,
+    decode,
+    encode,
+)
 
 
 def _attached(**kwargs: int) -> ClientSession:
-    session = ClientSession("prices", **kwargs)
+    """A session of plain (at-least-once) publishes, attached."""
+    session = ClientSession("prices", idempotent=False, **kwargs)  # type: ignore[arg-type]
     session.attach()
     assert session.receive(encode(AttachOk())) == []  # nothing to resume or resend yet
+    return session
+
+
+def _producing(producer: str | None = None, held: int = 0, epoch: int = 1) -> ClientSession:
+    """An idempotent producer's session, attached with version 6 and answered PRODUCE-OK."""
+    session = ClientSession("prices", producer=producer)
+    assert decode(session.attach()) == Attach(stream="prices", version=6)
+    [produce] = [decode(f) for f in session.receive(encode(AttachOk()))]
+    assert isinstance(produce, Produce) and produce.epoch == 0 and produce.producer == session.producer
+    assert not session.ready  # not before it knows where its sequence goes on
+    assert session.receive(encode(ProduceOk(epoch=epoch, sequence=held))) == []
+    assert session.ready
     return session
 
 
@@ -53,3 +87,73 @@ def test_a_reattach_resumes_after_the_last_delivery_and_resends_what_is_unconfir
     assert frames[4] == Ping()  # a barrier for the resent publishes
     session.receive(encode(PingOk()))
     assert session.unconfirmed == 0
+
+
+def test_an_idempotent_producer_numbers_its_publishes_from_where_the_broker_says_it_stopped() -> None:
+    session = _producing("orders-0", held=41)
+    assert session.producer_sequence == 41  # a restarted publisher skips its first 41 items
+    assert [decode(f) for f in session.publish("k", b"a")] == [PublishSeq(sequence=42, key="k", body=b"a")]
+    [batch] = [decode(f) for f in session.publish_many([("k", b"b"), ("k", b"c")])]
+    assert isinstance(batch, PublishBatchSeq) and batch.sequence == 43 and batch.items == (("k", b"b"), ("k", b"c"))
+    assert session.producer_sequence == 41  # not confirmed yet
+    assert [decode(f) for f in session.confirm()] == [Ping()]
+    session.receive(encode(PingOk()))
+    assert session.producer_sequence == 44
+
+
+def test_a_reattach_resumes_the_producer_s_epoch_and_resends_with_the_same_sequences() -> None:
+    session = _producing(epoch=3)
+    session.publish("k", b"1")
+    session.disconnected()
+    session.publish("k", b"2")  # while away: numbered, kept
+    session.attach()
+    frames = [decode(f) for f in session.receive(encode(AttachOk()))]
+    assert frames == [Produce(producer=session.producer or "", epoch=3), PublishSeq(sequence=1, key="k", body=b"1"),
+                      PublishSeq(sequence=2, key="k", body=b"2"), Ping()]  # fmt: skip
+
+
+def test_a_broker_older_than_version_6_gets_plain_publishes() -> None:
+    session = _producing()
+    session.publish_many([("k", b"1"), ("k", b"2")])
+    session.disconnected()
+    session.attach()
+    # the broker restarted as an older version: refused 6 with a code, then attached with 5
+    [again] = session.receive(encode(InvalidCode(code=Refusal.VERSION_UNSUPPORTED, reason="no 6")))
+    assert decode(again) == Attach(stream="prices", version=5)
+    frames = [decode(f) for f in session.receive(encode(AttachOk()))]
+    assert isinstance(frames[0], PublishBatch)
+    assert frames[0].items == (("k", b"1"), ("k", b"2")) and frames[1] == Ping()  # no PRODUCE, no sequences
+    assert decode(session.publish("k", b"3")[0]) == Publish(key="k", body=b"3")
+
+
+def test_a_named_producer_is_refused_by_an_older_broker_with_the_fix() -> None:
+    session = ClientSession("prices", producer="orders-0")
+    session.attach()
+    session.receive(encode(InvalidCode(code=Refusal.VERSION_UNSUPPORTED, reason="no 6")))
+    session.receive(encode(AttachOk()))
+    assert session.ready
+    with pytest.raises(
+        ProducerError, match=r"without idempotent producers \(version 6\): publish without producer_id="
+    ):
+        session.publish("k", b"1")
+
+
+def test_a_fenced_producer_raises_and_its_refused_publishes_stay_unconfirmed() -> None:
+    session = _producing("orders-0")
+    session.publish("k", b"1")
+    session.confirm()
+    session.receive(encode(InvalidCode(code=Refusal.FENCED, reason="producer 'orders-0' epoch 1 is fenced")))
+    session.receive(encode(PingOk()))
+    assert session.unconfirmed == 1  # the PING-OK does not confirm what the broker refused
+    with pytest.raises(
+        ProducerError, match="broker refused producer 'orders-0': producer 'orders-0' epoch 1 is fenced"
+    ):
+        session.publish("k", b"2")
+
+
+@pytest.mark.parametrize("producer", ["", "has space", "x" * 256, "caf\u00e9"])
+def test_a_bad_producer_name_names_the_field(producer: str) -> None:
+    with pytest.raises(ConfigError, match=r"producer_id=.*printable ASCII"):
+        ClientSession("prices", producer=producer)
+    with pytest.raises(ConfigError, match="leave idempotent=True"):
+        ClientSession("prices", producer="ok", idempotent=False)

@@ -42,10 +42,20 @@ def _all(j: Journal) -> list[Record]:
 
 
 def _publish(j: Journal, name: str, epoch: int, first: int, bodies: list[bytes], *, now_ms: int = 0) -> int:
-    """What the broker does with a PUBLISH-BATCH-SEQ: admit, drop what is held, append the rest."""
+    """What the broker does with a PUBLISH-BATCH-SEQ: admit, drop what is held, append the rest with
+    the producer's change."""
     held = j.producers.admit(name, epoch, first, len(bodies), now_ms or _now())
-    j.append_many([("k", b) for b in bodies[held:]])
+    if held < len(bodies):
+        j.append_many([("k", b) for b in bodies[held:]], changes={name: j.producers.producers[name]})
     return held
+
+
+def _claim(j: Journal, name: str, epoch: int = 0) -> Producer:
+    """What the broker does with a PRODUCE: claim, and journal the change (a mark with no record)."""
+    producer, changed = j.producers.claim(name, epoch, _now())
+    if changed:
+        j.append_many([], changes={name: producer})
+    return producer
 
 
 def _now() -> int:
@@ -56,7 +66,7 @@ def _now() -> int:
 
 def test_a_producer_s_sequences_are_held_once() -> None:
     t = _table()
-    assert t.claim("p", 0, now_ms=1) == Producer(epoch=1, sequence=0, seen_ms=1)
+    assert t.claim("p", 0, now_ms=1) == (Producer(epoch=1, sequence=0, seen_ms=1), True)
     assert t.admit("p", 1, first=1, count=500, now_ms=2) == 0  # all new
     assert t.admit("p", 1, first=1, count=500, now_ms=3) == 500  # all held: a resend
     assert t.admit("p", 1, first=400, count=201, now_ms=4) == 101  # 400..500 held, 501..600 new
@@ -72,13 +82,13 @@ def test_a_fresh_claim_fences_the_older_client_and_continues_the_sequence() -> N
     t = _table()
     t.claim("p", 0, now_ms=1)
     t.admit("p", 1, 1, 10, now_ms=2)
-    assert t.claim("p", 0, now_ms=3) == Producer(epoch=2, sequence=10, seen_ms=3)  # a restarted process
+    assert t.claim("p", 0, now_ms=3) == (Producer(epoch=2, sequence=10, seen_ms=3), True)  # a restarted process
     with pytest.raises(ProducerRefusedError, match=r"epoch 1 is fenced: a newer client claimed the name \(epoch 2\)"):
         t.admit("p", 1, 11, 1, now_ms=4)
     with pytest.raises(ProducerRefusedError, match="fenced") as refused:
         t.claim("p", 1, now_ms=4)  # the older client reconnecting
     assert refused.value.reason == "fenced"
-    assert t.claim("p", 2, now_ms=5).sequence == 10  # the newer one resuming after a reconnect
+    assert t.claim("p", 2, now_ms=5) == (Producer(epoch=2, sequence=10, seen_ms=5), False)  # it resumes: no change
     assert t.admit("p", 2, 11, 1, now_ms=6) == 0
 
 
@@ -93,7 +103,7 @@ def test_idle_producers_expire_and_a_stale_one_gets_a_clear_error() -> None:
     assert refused.value.reason == "unknown"
     with pytest.raises(ProducerRefusedError, match="expired"):
         t.admit("old", 1, 1, 1, now_ms=2100)
-    assert t.claim("old", 0, now_ms=2100).epoch == 1  # claimed afresh: a new producer
+    assert t.claim("old", 0, now_ms=2100)[0].epoch == 1  # claimed afresh: a new producer
 
 
 def test_the_table_is_bounded_and_makes_room_by_expiry() -> None:
@@ -117,10 +127,9 @@ def test_marks_round_trip(producers: dict[str, Producer], kind: int, follows: in
 
 def test_the_table_is_rebuilt_from_the_journal(tmp_path: Path) -> None:
     j = _journal(tmp_path, fsync="always")
-    j.producers.claim("p", 0, _now())
+    _claim(j, "p")
     assert _publish(j, "p", 1, 1, [b"a", b"b", b"c"]) == 0
-    j.producers.claim("q", 0, _now())
-    j.append_many([])  # a claim alone is journaled too (a mark with no records)
+    _claim(j, "q")  # a claim alone is journaled too (a mark with no records)
     j.append_many([("plain", b"x")])  # a publish of a version-5 client: no mark
     j.close()
     again = _journal(tmp_path, fsync="always")
@@ -137,7 +146,7 @@ def test_a_group_that_did_not_reach_the_disk_whole_is_dropped_mark_included(
     before it and its group mark — else the table would say "held" of records lost, or the records
     would be held without the table knowing (a resend would store them twice)."""
     j = _journal(tmp_path, fsync="always")
-    j.producers.claim("p", 0, _now())
+    _claim(j, "p")
     _publish(j, "p", 1, 1, [b"1", b"2"])
     _publish(j, "p", 1, 3, [b"3", b"4", b"5"])
     j.close()
@@ -155,12 +164,11 @@ def test_a_group_that_did_not_reach_the_disk_whole_is_dropped_mark_included(
 def test_the_table_survives_retention_removing_the_segments_that_held_it(tmp_path: Path) -> None:
     j = _journal(tmp_path, segment_bytes=400, fsync="always", retention_bytes=900)
     now = _now()
-    j.producers.claim("early", 0, now)
-    _publish(j, "early", 1, 1, [b"e" * 50] * 3)
+    _claim(j, "early")
+    _publish(j, "early", 1, 1, [b"e" * 50] * 3, now_ms=now)
+    _claim(j, "busy")
     for n in range(30):  # another producer rolls many segments
-        if n == 0:
-            j.producers.claim("busy", 0, now)
-        _publish(j, "busy", 1, n + 1, [b"b" * 50])
+        _publish(j, "busy", 1, n + 1, [b"b" * 50], now_ms=now)
         j.apply_retention()
     assert j.first_sequence > 4  # the segment with "early"'s records and marks is gone
     j.close()
@@ -184,13 +192,15 @@ def test_reads_from_disk_never_show_marks_and_equal_the_tail_cache(
     expected: list[tuple[int, bytes]] = []
     for producer, count, size in appends:
         bodies = [bytes([65 + len(expected) % 26]) * size for _ in range(count)]
-        if producer is not None:
+        if producer is None:
+            j.append_many([("k", b) for b in bodies])
+        else:
             if producer not in sequences:
-                j.producers.claim(producer, 0, _now())
+                _claim(j, producer)
                 sequences[producer] = 0
-            j.producers.admit(producer, 1, sequences[producer] + 1, count, _now())
+            if count:
+                _publish(j, producer, 1, sequences[producer] + 1, bodies)
             sequences[producer] += count
-        j.append_many([("k", b) for b in bodies])
         expected += [(len(expected) + 1 + i, b) for i, b in enumerate(bodies)]
     cached = _all(j)
     j.close()
@@ -199,3 +209,18 @@ def test_reads_from_disk_never_show_marks_and_equal_the_tail_cache(
         assert [(r.sequence, r.body) for r in records] == expected
     assert {n: p.sequence for n, p in cold.producers.producers.items()} == sequences
     cold.close()
+
+
+def test_a_group_is_never_split_across_segments_and_segments_stay_near_their_size(tmp_path: Path) -> None:
+    """A segment three quarters full is closed before a group; a group of a quarter segment (as the
+    broker cuts them) therefore never makes a segment more than a group larger than asked."""
+    j = _journal(tmp_path, segment_bytes=4000, fsync="always")
+    _claim(j, "p")
+    for n in range(100):
+        _publish(j, "p", 1, n * 10 + 1, [b"x" * 60] * 10)  # ~1,000 bytes: a quarter segment
+    j.close()
+    sizes = [p.stat().st_size for p in sorted(tmp_path.glob("*.log"))]
+    assert len(sizes) > 20 and max(sizes) <= 4000 + 1100, sizes
+    again = _journal(tmp_path, fsync="always", tail_cache_bytes=0)
+    assert [r.sequence for r in _all(again)] == list(range(1, 1001))
+    assert again.producers.producers["p"].sequence == 1000

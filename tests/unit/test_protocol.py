@@ -28,8 +28,12 @@ from zeps.protocol import (
     Invalid,
     Ping,
     PingOk,
+    Produce,
+    ProduceOk,
     Publish,
     PublishBatch,
+    PublishBatchSeq,
+    PublishSeq,
     Subscribe,
     SubscribeOk,
     SubscribeTime,
@@ -40,6 +44,7 @@ from zeps.protocol import (
     encode_deliver_batch,
     encode_deliver_run,
     encode_publish_batch,
+    encode_publish_seq,
 )
 
 SIG = b"\xaa\xa5"
@@ -83,6 +88,13 @@ GOLDEN = [
     (
         DeliverRun(crc=_RUN_CRC, index=b"\0\0\0\0", records=encode_record(7, 9, b"k", b"v")),
         SIG + b"\x11" + struct.pack("!I", _RUN_CRC) + chunk(b"\0\0\0\0") + chunk(encode_record(7, 9, b"k", b"v")),
+    ),
+    (Produce(producer="orders-0", epoch=3), SIG + b"\x13" + s("orders-0") + struct.pack("!I", 3)),
+    (ProduceOk(epoch=4, sequence=500), SIG + b"\x14" + struct.pack("!IQ", 4, 500)),
+    (PublishSeq(sequence=9, key="k", body=b"v"), SIG + b"\x15" + struct.pack("!Q", 9) + s("k") + chunk(b"v")),
+    (
+        PublishBatchSeq(sequence=501, entries=s("a") + chunk(b"1") + s("bc") + chunk(b"")),
+        SIG + b"\x16" + struct.pack("!Q", 501) + chunk(s("a") + chunk(b"1") + s("bc") + chunk(b"")),
     ),
 ]
 
@@ -146,6 +158,14 @@ commands = st.one_of(
         )
     ),
     st.sampled_from([AttachOk(), SubscribeOk(), Ping(), PingOk(), Detach(), DetachOk()]),
+    st.builds(Produce, producer=vchar, epoch=st.integers(0, 0xFFFFFFFF)),
+    st.builds(ProduceOk, epoch=st.integers(0, 0xFFFFFFFF), sequence=u64),
+    st.builds(PublishSeq, sequence=u64, key=vchar, body=st.binary(max_size=300)),
+    st.builds(
+        lambda seq, items: decode(encode_publish_batch(items, seq)),
+        u64,
+        st.lists(st.tuples(vchar, st.binary(max_size=50)), min_size=1, max_size=5),
+    ),
 )
 
 
@@ -153,6 +173,13 @@ commands = st.one_of(
 def test_fast_deliver_encoder_matches_the_generic_codec(seq: int, ts: int, key: str, body: bytes) -> None:
     assert encode_deliver(seq, key, body) == encode(Deliver(sequence=seq, key=key, body=body))
     assert encode_deliver(seq, key, body, ts) == encode(DeliverTs(sequence=seq, timestamp=ts, key=key, body=body))
+
+
+@given(u64, vchar, st.binary(max_size=200))
+def test_fast_publish_encoders_match_the_generic_codec(seq: int, key: str, body: bytes) -> None:
+    assert encode_publish_seq(seq, key, body) == encode(PublishSeq(sequence=seq, key=key, body=body))
+    batch = encode_publish_batch([(key, body), ("k", b"")], seq)
+    assert batch == encode(PublishBatchSeq(sequence=seq, entries=encode_publish_batch([(key, body), ("k", b"")])[7:]))
 
 
 @given(commands)
@@ -264,6 +291,47 @@ def test_version_3_batches_need_version_3() -> None:
         broker.send(DeliverBatch(records=encode_record(1, 1, b"k", b"")))
 
 
+def test_version_6_producers_need_version_6() -> None:
+    """An idempotent producer's commands exist only for a peering attached with 6: a version-5 peer
+    (and the zproto C codec, version 1) never sees them."""
+    broker = Connection("broker")
+    broker.receive(encode(Attach(stream="s", version=5)))
+    broker.send(AttachOk())
+    for frame in (
+        encode(Produce(producer="p")),
+        encode_publish_seq(1, "k", b""),
+        encode_publish_batch([("k", b"")], 1),
+    ):
+        with pytest.raises(RemoteProtocolError, match="needs protocol version 6"):
+            broker.receive(frame)
+    with pytest.raises(LocalProtocolError, match="needs protocol version 6"):
+        broker.send(ProduceOk(epoch=1, sequence=0))
+    client, broker = Connection("client"), Connection("broker")
+    for sender, receiver, command in [
+        (client, broker, Attach(stream="s", version=6)),
+        (broker, client, AttachOk()),
+        (client, broker, Produce(producer="p", epoch=0)),
+        (broker, client, ProduceOk(epoch=1, sequence=0)),
+        (client, broker, PublishSeq(sequence=1, key="k", body=b"")),
+    ]:
+        assert receiver.receive(sender.send(command)) == command
+
+
+@pytest.mark.parametrize(
+    ("frame", "reason"),
+    [
+        (SIG + b"\x16" + struct.pack("!Q", 1) + chunk(b""), "PUBLISH-BATCH-SEQ is empty"),
+        (SIG + b"\x16" + struct.pack("!Q", 1) + chunk(s("k") + b"\x00\x00\x00\x09ab"), "entry 0 body claims 9"),
+        (SIG + b"\x16\x00\x00", "PUBLISH-BATCH-SEQ truncated"),
+        (SIG + b"\x15" + struct.pack("!Q", 1) + s("k") + chunk(b"v") + b"x", "PUBLISH-SEQ has bytes after"),
+        (SIG + b"\x15" + struct.pack("!Q", 1) + s("a b") + chunk(b"v"), "PUBLISH-SEQ.key is not printable"),
+    ],
+)
+def test_malformed_sequenced_publishes_say_why(frame: bytes, reason: str) -> None:
+    with pytest.raises(RemoteProtocolError, match=reason):
+        decode(frame)
+
+
 @given(st.lists(st.tuples(vchar, st.binary(max_size=200)), min_size=1, max_size=20))
 def test_publish_batch_carries_exactly_its_entries(items: list[tuple[str, bytes]]) -> None:
     decoded = decode(encode_publish_batch(items))
@@ -294,7 +362,7 @@ def test_we_cannot_batch_a_key_publish_could_not_carry() -> None:
 
 
 def test_unsupported_versions_and_protocols_are_refused() -> None:
-    with pytest.raises(RemoteProtocolError, match="version 6 is not supported"):
-        Connection("broker").receive(encode(Attach(stream="s", version=6)))
+    with pytest.raises(RemoteProtocolError, match="version 7 is not supported"):
+        Connection("broker").receive(encode(Attach(stream="s", version=7)))
     with pytest.raises(RemoteProtocolError, match="protocol must be 'ZEPS'"):
         Connection("broker").receive(encode(Attach(stream="s", protocol="AMQP")))

@@ -23,6 +23,14 @@ keeps its cursor; CREDIT resumes it at once. A session's credit is shared by its
 Fairness and memory. ``pump`` hands out at most ``pump_budget_bytes`` per call, visiting lagging
 subscriptions round-robin, and never reads more than one journal batch per subscription per visit.
 Sessions, subscriptions per session and pattern sizes are bounded.
+
+Idempotent producers (version 6). A session that sent PRODUCE publishes with sequences; the stream's
+journal keeps the producer table (:mod:`zeps.journal.producers`) and the broker asks it at once, as
+each publish arrives: the leading entries it already holds are dropped (the PING barrier after them
+still confirms them), the rest go to the journal with a group mark that records the table's change.
+A flush cuts a stream's publishes into groups of about a quarter segment at the ends of idempotent
+publishes (a group never spans segments, so this bounds how far a segment overshoots).
+A fenced, expired or out-of-sequence publish is refused with INVALID-CODE and not journaled.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import sys
 import time
 from array import array
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -43,6 +52,7 @@ from typing import Literal
 from zeps.broker.matching import Matcher, PatternError, PrefixTrie, compile_pattern
 from zeps.errors import ProtocolError
 from zeps.journal import Chunk, Journal, JournalConfig
+from zeps.journal.producers import Producer, ProducerRefusedError
 from zeps.protocol import (
     LATEST,
     Attach,
@@ -55,8 +65,12 @@ from zeps.protocol import (
     InvalidCode,
     Ping,
     PingOk,
+    Produce,
+    ProduceOk,
     Publish,
     PublishBatch,
+    PublishBatchSeq,
+    PublishSeq,
     Refusal,
     Subscribe,
     SubscribeOk,
@@ -137,6 +151,21 @@ class _Stream:
     bytes_out: int = 0
     messages_replayed: int = 0  # of messages_out: served from the journal to subscriptions behind the tail
     fell_behind: int = 0  # times a live subscription lost pace (no credit, a full socket) and went to replay
+    duplicates: int = 0  # publishes of idempotent producers dropped: the journal held them already
+
+
+@dataclass(eq=False)
+class _Pending:
+    """A stream's publishes since the last flush, and the changes they make to its producer table."""
+
+    entries: list[tuple[str, bytes]] = field(default_factory=list)
+    size: int = 0  # bytes of the entries (keys, bodies, a few framing bytes)
+    #: (entries end, size then, producer, its state): the producer is so once entries[:end] are written
+    changes: list[tuple[int, int, str, Producer]] = field(default_factory=list)
+
+    def add(self, items: Iterable[tuple[str, bytes]] | list[tuple[str, bytes]], size: int) -> None:
+        self.entries.extend(items)
+        self.size += size
 
 
 @dataclass(eq=False)
@@ -149,6 +178,8 @@ class _Session:
     last_heard: float = 0.0
     last_ping: float = 0.0
     blocked_until: float = 0.0  # the socket refused a send: wait before trying again
+    producer: str | None = None  # the producer name this session claimed (PRODUCE), and its epoch
+    epoch: int = 0
 
     @property
     def timestamps(self) -> bool:
@@ -174,7 +205,7 @@ class BrokerCore:
         self._pending: deque[Outgoing] = deque()
         self._lagging: deque[_Subscription] = deque()
         self._ids = itertools.count(1)
-        self._appends: dict[str, list[tuple[str, bytes]]] = {}
+        self._appends: dict[str, _Pending] = {}
         self._queued_bytes = 0  # delivery bytes queued, ever: pump() measures its budget with it
         self.invalid_frames = 0
 
@@ -218,13 +249,20 @@ class BrokerCore:
             return
         assert session is not None  # the state machine only allows other commands after ATTACH
         if isinstance(command, Publish):
-            self._appends.setdefault(session.stream.name, []).append((command.key, command.body))
+            self._appending(session.stream).add(((command.key, command.body),), len(command.key) + len(command.body))
             session.stream.messages_in += 1
             session.stream.bytes_in += len(command.body)
         elif isinstance(command, PublishBatch):
-            self._appends.setdefault(session.stream.name, []).extend(command.items)
+            self._appending(session.stream).add(command.items, len(command.entries))
             session.stream.messages_in += len(command.items)
             session.stream.bytes_in += len(command.entries)
+        elif isinstance(command, PublishBatchSeq):
+            self._publish_seq(session, command.sequence, command.items, len(command.entries))
+        elif isinstance(command, PublishSeq):
+            self._publish_seq(session, command.sequence, ((command.key, command.body),),
+                              len(command.key) + len(command.body))  # fmt: skip
+        elif isinstance(command, Produce):
+            self._produce(session, command)
         elif isinstance(command, Credit):
             session.credit += command.credit
             session.blocked_until = 0.0
@@ -238,6 +276,48 @@ class BrokerCore:
         elif isinstance(command, Detach):
             self._send(peer, conn.send(DetachOk()))
             self._forget(session)
+
+    def _appending(self, stream: _Stream) -> _Pending:
+        pending = self._appends.get(stream.name)
+        if pending is None:
+            pending = self._appends[stream.name] = _Pending()
+        return pending
+
+    def _produce(self, session: _Session, command: Produce) -> None:
+        try:
+            producer, changed = session.stream.journal.producers.claim(command.producer, command.epoch, _now_ms())
+        except ProducerRefusedError as exc:
+            self._invalid(session.peer, str(exc), _REFUSALS[exc.reason], version=session.conn.version, forget=False)
+            return
+        if changed:  # a new producer or epoch: journaled (a group mark with no record) before PRODUCE-OK goes
+            pending = self._appending(session.stream)
+            pending.changes.append((len(pending.entries), pending.size, command.producer, producer))
+        session.producer, session.epoch = command.producer, producer.epoch
+        self._send(session.peer, session.conn.send(ProduceOk(epoch=producer.epoch, sequence=producer.sequence)))
+
+    def _publish_seq(self, session: _Session, first: int, items: tuple[tuple[str, bytes], ...], size: int) -> None:
+        """An idempotent producer's publishes: journal the ones the journal does not hold yet."""
+        stream = session.stream
+        if session.producer is None:
+            self._invalid(session.peer, "PUBLISH-SEQ and PUBLISH-BATCH-SEQ need a PRODUCE first", Refusal.BAD_FRAME,
+                          version=session.conn.version, forget=False)  # fmt: skip
+            return
+        try:
+            held = stream.journal.producers.admit(session.producer, session.epoch, first, len(items), _now_ms())
+        except ProducerRefusedError as exc:
+            self._invalid(session.peer, str(exc), _REFUSALS[exc.reason], version=session.conn.version, forget=False)
+            return
+        stream.duplicates += held
+        if held < len(items):
+            fresh = items[held:] if held else items
+            if held:
+                size = sum(len(key) + len(body) + 5 for key, body in fresh)
+            pending = self._appending(stream)
+            pending.add(fresh, size)
+            pending.changes.append((len(pending.entries), pending.size, session.producer,
+                                    stream.journal.producers.producers[session.producer]))  # fmt: skip
+            stream.messages_in += len(fresh)
+            stream.bytes_in += size
 
     def _invalid(self, peer: bytes, reason: str, code: Refusal, *, version: int, forget: bool) -> None:
         """Refuse: INVALID-CODE to a peer speaking (or asking for) version 5 or more, else plain INVALID."""
@@ -310,13 +390,32 @@ class BrokerCore:
     def flush_appends(self, *, idle: bool = True) -> None:
         """Write buffered publishes to the journals, apply the fsync policy, and route what became
         durable to live subscriptions."""
-        for name, entries in self._appends.items():
-            if entries:
-                self.streams[name].journal.append_many(entries)
+        for name, pending in self._appends.items():
+            self._write(self.streams[name].journal, pending)
         self._appends.clear()
         for stream in self.streams.values():
             stream.journal.maybe_sync(idle=idle)
             self._route(stream)
+
+    @staticmethod
+    def _write(journal: Journal, pending: _Pending) -> None:
+        """Append a stream's pending publishes: plain ones in one append; with idempotent producers'
+        changes, in groups cut at the ends of their publishes once a group reaches a quarter segment."""
+        entries, changes = pending.entries, pending.changes
+        if not changes:
+            if entries:
+                journal.append_many(entries)
+            return
+        limit = journal.config.segment_bytes // 4
+        begin = begin_size = 0
+        group: dict[str, Producer] = {}
+        for i, (end, size, producer, state) in enumerate(changes):
+            group[producer] = state
+            if size - begin_size >= limit or i == len(changes) - 1:
+                journal.append_many(entries[begin:end] if begin or end < len(entries) else entries, changes=group)
+                begin, begin_size, group = end, size, {}
+        if begin < len(entries):  # plain publishes after the last idempotent one
+            journal.append_many(entries[begin:])
 
     def _route(self, stream: _Stream) -> None:
         journal = stream.journal
@@ -502,6 +601,7 @@ class BrokerCore:
                 self._send(session.peer, session.conn.send(Ping()))
         for stream in self.streams.values():
             stream.journal.apply_retention()
+            stream.journal.expire_producers(_now_ms())
 
     def _forget(self, session: _Session) -> None:
         for sub in session.subscriptions:
@@ -535,6 +635,14 @@ class BrokerCore:
         furthest = [{"peer": peer, "id": sub.id, "pattern": sub.matcher.pattern, "lag": lag, "live": sub.live}
                     for lag, peer, sub in subs[:most]]  # fmt: skip
         return len(subs), furthest
+
+
+_REFUSALS = {"fenced": Refusal.FENCED, "unknown": Refusal.PRODUCER_UNKNOWN, "out-of-sequence": Refusal.OUT_OF_SEQUENCE,
+             "full": Refusal.LIMIT}  # fmt: skip
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def _index(starts: array[int]) -> bytes:

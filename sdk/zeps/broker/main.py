@@ -39,6 +39,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--segment-bytes", type=int, default=int(_env("SEGMENT_BYTES", str(64 << 20)) or 0))
     p.add_argument("--retention-ms", type=int, default=int(v) if (v := _env("RETENTION_MS")) else None)
     p.add_argument("--retention-bytes", type=int, default=int(v) if (v := _env("RETENTION_BYTES")) else None)
+    p.add_argument("--producer-ttl", type=float, default=float(_env("PRODUCER_TTL", "86400") or 86400),
+                   help="seconds an idempotent producer may stay idle before the broker forgets it; a client "
+                   "resuming it afterwards is refused (PRODUCER_UNKNOWN) [ZEPS_BROKER_PRODUCER_TTL]")  # fmt: skip
+    p.add_argument("--max-producers", type=int, default=int(_env("MAX_PRODUCERS", "100000") or 0),
+                   help="idempotent producers remembered per stream [ZEPS_BROKER_MAX_PRODUCERS]")  # fmt: skip
     p.add_argument("--matching", choices=["prefix", "prefix-and-regex"], default=_env("MATCHING", "prefix-and-regex"),
                    help="patterns accepted; prefix refuses ~regex ones [ZEPS_BROKER_MATCHING]")  # fmt: skip
     p.add_argument("--heartbeat", type=float, default=float(_env("HEARTBEAT", "5") or 5))
@@ -66,7 +71,8 @@ def settings(args: argparse.Namespace) -> tuple[BrokerConfig, CurveConfig | None
     """The broker's configuration from its parsed flags (no I/O). Raises ZepsError for a bad journal
     setting."""
     journal = JournalConfig(segment_bytes=args.segment_bytes, fsync=args.fsync, retention_ms=args.retention_ms,
-                            retention_bytes=args.retention_bytes)  # fmt: skip
+                            retention_bytes=args.retention_bytes, producer_ttl_ms=int(args.producer_ttl * 1000),
+                            max_producers=args.max_producers)  # fmt: skip
     config = BrokerConfig(Path(args.data_dir), tuple(args.stream), journal=journal, heartbeat_s=args.heartbeat,
                           ttl_s=args.ttl, matching=args.matching)  # fmt: skip
     curve = None
@@ -85,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config, curve, registration = settings(args)
     except ZepsError as exc:
-        print(f"zeps-broker: --segment-bytes / ZEPS_BROKER_SEGMENT_BYTES: {exc}", file=sys.stderr)
+        print(f"zeps-broker: journal settings (--segment-bytes, --producer-ttl, --max-producers): {exc}",
+              file=sys.stderr)  # fmt: skip
         return 2
     server = BrokerServer(config, bind=args.bind, curve=curve, metrics_port=args.metrics_port,
                           registration=registration)  # fmt: skip

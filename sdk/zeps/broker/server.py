@@ -102,6 +102,8 @@ class BrokerServer:
                                  "subscriptions behind the tail", ["stream"], registry=self.registry)  # fmt: skip
         self._fell_behind = Counter("zeps_broker_fell_behind", "Times a live subscription lost pace and went "
                                     "to replay", ["stream"], registry=self.registry)  # fmt: skip
+        self._duplicates = Counter("zeps_broker_duplicates_dropped", "Publishes of idempotent producers dropped: "
+                                   "the journal held them already", ["stream"], registry=self.registry)  # fmt: skip
         self._journal_bytes = Gauge("zeps_broker_journal_bytes", "Journal size", ["stream"], registry=self.registry)
         self._last_seq = Gauge("zeps_broker_last_sequence", "Last durable sequence", ["stream"], registry=self.registry)
         self._lag = Gauge("zeps_broker_subscriber_lag", "Records a subscription is behind", ["peer", "sub"],
@@ -289,7 +291,8 @@ class BrokerServer:
             self._last_seq.labels(name).set(stream.journal.durable)
             for counter, value in ((self._messages_in, stream.messages_in), (self._messages_out, stream.messages_out),
                                    (self._bytes_out, stream.bytes_out), (self._replayed, stream.messages_replayed),
-                                   (self._fell_behind, stream.fell_behind)):  # fmt: skip
+                                   (self._fell_behind, stream.fell_behind),
+                                   (self._duplicates, stream.duplicates)):  # fmt: skip
                 seen = self._exported.get((id(counter), name), 0)
                 if value > seen:
                     counter.labels(name).inc(value - seen)

@@ -35,7 +35,7 @@ from zeps.client.sync import (
     configure_curve,
     configure_dealer,
 )
-from zeps.errors import ProtocolError
+from zeps.errors import ProducerError, ProtocolError
 
 __all__ = ["AsyncStreamClient"]
 
@@ -55,9 +55,11 @@ class AsyncStreamClient:
         server_public_key: str | None = None,
         client_keys: tuple[str, str] | None = None,
         max_unconfirmed: int = 100_000,
+        producer_id: str | None = None,
+        idempotent: bool = True,
     ) -> None:
         self.endpoint = check_endpoint(endpoint)
-        self.session = ClientSession(stream, credit_window=credit_window)
+        self.session = ClientSession(stream, credit_window=credit_window, producer=producer_id, idempotent=idempotent)
         self.heartbeat, self.ttl, self.timeout = heartbeat, ttl, timeout
         self.server_public_key = server_public_key
         self.client_keys = client_keys
@@ -75,9 +77,11 @@ class AsyncStreamClient:
         self._open_socket()
         self._reader = asyncio.create_task(self._read_loop())
         deadline = time.monotonic() + self.timeout
-        while not self.session.attached:
+        while not self.session.ready:
             if self.session.refused:
                 raise BrokerUnavailableError(f"broker at {self.endpoint} refused: {self.session.refused}")
+            if self.session.producer_error:
+                raise ProducerError(self.session.producer_error)
             if time.monotonic() >= deadline:
                 raise BrokerUnavailableError(f"no broker answered at {self.endpoint} within {self.timeout:.0f}s")
             await self._wait(0.05)
@@ -158,9 +162,12 @@ class AsyncStreamClient:
             await asyncio.wait_for(self._arrived.wait(), timeout)
 
     async def _send(self, frames: list[bytes]) -> None:
-        assert self._sock is not None
+        sock = self._sock
+        assert sock is not None
         for frame in frames:
-            await self._sock.send(frame)
+            if self._sock is not sock:  # reconnected while a send waited: these frames were for the old
+                return  # peering; the new one's ATTACH-OK resends what matters (publishes, subscriptions)
+            await sock.send(frame)
 
     async def close(self) -> None:
         """Confirm outstanding publishes (bounded by ``timeout``), detach, close (again: nothing)."""
@@ -192,6 +199,16 @@ class AsyncStreamClient:
         await self.close()
 
     # -- the API --------------------------------------------------------------------------------
+    @property
+    def producer_id(self) -> str | None:
+        """This client's idempotent producer name (None with ``idempotent=False``)."""
+        return self.session.producer
+
+    @property
+    def producer_sequence(self) -> int:
+        """The last publish the broker confirmed holding from this producer (see StreamClient)."""
+        return self.session.producer_sequence
+
     async def publish(self, key: str, body: bytes) -> None:
         await self._room()
         await self._send(self.session.publish(key, body))
@@ -206,6 +223,8 @@ class AsyncStreamClient:
         """Wait while max_unconfirmed messages wait for the broker's confirmation."""
         deadline = time.monotonic() + self.timeout
         while self.session.unconfirmed >= self.max_unconfirmed:
+            if self.session.producer_error:
+                raise ProducerError(self.session.producer_error)
             if time.monotonic() >= deadline:
                 raise BrokerUnavailableError(f"broker at {self.endpoint} has not confirmed messages in time")
             await self._wait(0.05)
@@ -214,6 +233,8 @@ class AsyncStreamClient:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         await self._send(self.session.confirm())
         while self.session.unconfirmed:
+            if self.session.producer_error:
+                raise ProducerError(f"{self.session.producer_error} ({self.session.unconfirmed} publishes unconfirmed)")
             if time.monotonic() >= deadline:
                 raise BrokerUnavailableError(f"{self.session.unconfirmed} publishes unconfirmed after the timeout")
             await self._wait(0.05)

@@ -16,13 +16,20 @@ this object; they only move frames.
   again with ``latest`` = the last sequence received: no gap, no duplicate.
 * **Publishes survive a broker crash.** ZEPS has no publish acknowledgement, so the session puts a
   PING after publishes as a barrier: the broker answers in order, so a PING-OK confirms every
-  publish before it. Publishes not yet confirmed are resent after a reconnect (at-least-once:
-  one the broker had written before it died may appear twice).
+  publish before it. Publishes not yet confirmed are resent after a reconnect.
+* **Exactly once** (version 6). The session is an idempotent producer: it claims a producer name at
+  every attach (PRODUCE; a random one unless the caller names it) and numbers its publishes 1, 2, …
+  (PUBLISH-SEQ, PUBLISH-BATCH-SEQ), so the broker drops a resent publish it had journaled before it
+  died. A named producer starts where the broker says its name stopped (PRODUCE-OK), so a restarted
+  process neither repeats nor skips. Against a broker older than version 6 publishes are
+  at-least-once (a resent one the broker had written may appear twice), and a named producer is
+  refused with :class:`~zeps.errors.ProducerError`.
 """
 
 from __future__ import annotations
 
 import re
+import secrets
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -30,7 +37,7 @@ from datetime import datetime
 from typing import Literal, NamedTuple
 
 from zeps._records import Records, encode_record
-from zeps.errors import RemoteProtocolError
+from zeps.errors import ConfigError, ProducerError, RemoteProtocolError
 from zeps.protocol import (
     LATEST,
     Attach,
@@ -47,8 +54,12 @@ from zeps.protocol import (
     InvalidCode,
     Ping,
     PingOk,
+    Produce,
+    ProduceOk,
     Publish,
     PublishBatch,
+    PublishBatchSeq,
+    PublishSeq,
     Refusal,
     Subscribe,
     SubscribeOk,
@@ -57,6 +68,7 @@ from zeps.protocol import (
     deliver_size,
     encode,
     encode_publish_batch,
+    encode_publish_seq,
 )
 from zeps.protocol.commands import CODES_SINCE
 from zeps.protocol.connection import SUPPORTED_VERSIONS
@@ -67,6 +79,8 @@ __all__ = ["ClientSession", "Message", "Records", "Row", "Seq", "Since", "Time"]
 # ATTACH of a version they do not speak, and a frame from a peer they do not know (expired, restarted).
 _LEGACY_VERSION_REFUSAL = re.compile(r"ATTACH version \d+ is not supported \(use one of [\d, ]+\)$")
 _LEGACY_NOT_ATTACHED = re.compile(r"^[A-Z-]+ is not allowed when await attach$")
+_PRODUCES_SINCE = 6
+_PRODUCER_REFUSALS = (Refusal.FENCED, Refusal.PRODUCER_UNKNOWN, Refusal.OUT_OF_SEQUENCE)
 
 
 @dataclass(frozen=True)
@@ -112,8 +126,29 @@ class _Sub:
 class ClientSession:
     """Client protocol state for one stream; produces frames and consumes frames."""
 
-    def __init__(self, stream: str, *, credit_window: int = 4 << 20, confirm_every: int = 1000) -> None:
+    def __init__(
+        self,
+        stream: str,
+        *,
+        credit_window: int = 4 << 20,
+        confirm_every: int = 1000,
+        producer: str | None = None,
+        idempotent: bool = True,
+    ) -> None:
+        if producer is not None and not (producer.isascii() and producer.isprintable() and " " not in producer
+                                         and 0 < len(producer) < 256):  # fmt: skip
+            raise ConfigError(f"producer_id={producer!r}: a producer name is 1-255 printable ASCII, no spaces")
+        if producer is not None and not idempotent:
+            raise ConfigError("producer_id= names an idempotent producer: leave idempotent=True, or drop producer_id")
         self.stream = stream
+        #: the idempotent producer's name (None: plain, at-least-once publishes); named by the caller or random
+        self.producer = producer if producer is not None else f"zeps-{secrets.token_hex(8)}" if idempotent else None
+        self.named_producer = producer is not None
+        self.epoch = 0  # the producer's epoch, from PRODUCE-OK (0: claim the name afresh)
+        self.next_sequence: int | None = None  # the next publish's producer sequence, known from the first PRODUCE-OK
+        self.producing = False  # PRODUCE-OK arrived on this peering
+        self._produce_pending = False
+        self.producer_error: str | None = None  #: why the broker refused this producer (raise ProducerError)
         self.credit_window = credit_window
         self.confirm_every = confirm_every
         self.version = max(SUPPORTED_VERSIONS)
@@ -164,21 +199,58 @@ class ClientSession:
         self.attached = False
         return self.conn.send(Attach(stream=self.stream, version=self.version))
 
+    @property
+    def sequencing(self) -> bool:
+        """Publishes carry producer sequences (an idempotent producer on a version 6 peering)."""
+        return self.producer is not None and self.conn.version >= _PRODUCES_SINCE
+
+    @property
+    def ready(self) -> bool:
+        """Attached, and an idempotent producer knows where its sequence goes on (PRODUCE-OK)."""
+        return self.attached and (self.producing or not self.sequencing)
+
+    @property
+    def producer_sequence(self) -> int:
+        """The last producer sequence the broker confirmed holding (0: none): a restarted publisher with
+        the same ``producer`` continues its input after this many items."""
+        return 0 if self.next_sequence is None else self.next_sequence - 1 - self._unconfirmed_messages
+
     def on_attached(self) -> list[bytes]:
-        """After ATTACH-OK: re-subscribe (resuming) and resend unconfirmed publishes."""
+        """After ATTACH-OK: claim the producer, re-subscribe (resuming), resend unconfirmed publishes."""
         frames = []
+        self.producing = False
+        if self.sequencing:
+            assert self.producer is not None
+            frames.append(self.conn.send(Produce(producer=self.producer, epoch=self.epoch)))
+            self._produce_pending = True
+        elif self.named_producer:
+            self.producer_error = (f"the broker speaks ZEPS version {self.conn.version}, without idempotent "
+                                   "producers (version 6): publish without producer_id=, or upgrade it")  # fmt: skip
         for sub in self.subscriptions:
             frames += self._subscribe_frames(sub)
         for frame, _ in self._unconfirmed:
-            if frame[2] == PublishBatch.ID and self.conn.version < 3:  # the broker is older now: one by one
-                batch = decode(frame)
-                assert isinstance(batch, PublishBatch)
-                frames += [encode(Publish(key=key, body=body)) for key, body in batch.items]
-            else:
-                frames.append(frame)
+            frames += self._as_version(frame)
         if self._unconfirmed:
             frames.append(self._barrier())
         return frames
+
+    def _as_version(self, frame: bytes) -> list[bytes]:
+        """A remembered publish frame as this peering's version can take it (the broker may be older
+        than the one it was made for: sequences dropped, batches split)."""
+        kind, version = frame[2], self.conn.version
+        if kind in (PublishSeq.ID, PublishBatchSeq.ID) and version < _PRODUCES_SINCE:
+            command = decode(frame)
+            if isinstance(command, PublishSeq):
+                return [encode(Publish(key=command.key, body=command.body))]
+            assert isinstance(command, PublishBatchSeq)
+            if version >= 3:
+                return [encode_publish_batch(list(command.items))]
+            return [encode(Publish(key=key, body=body)) for key, body in command.items]
+        if kind == PublishBatch.ID and version < 3:  # the broker is older now: one by one
+            batch = decode(frame)
+            assert isinstance(batch, PublishBatch)
+            return [encode(Publish(key=key, body=body)) for key, body in batch.items]
+        return [frame]
 
     # -- commands -------------------------------------------------------------------------------
     def subscribe(self, pattern: str, since: Since) -> list[bytes]:
@@ -200,13 +272,30 @@ class ClientSession:
         self._consumed = 0
         return [self.conn.send(command), self.conn.send(Credit(credit=self.credit_window))]
 
+    def _take_sequences(self, count: int) -> int | None:
+        """The producer sequence of the first of ``count`` publishes (None: plain publishes)."""
+        if self.producer_error is not None:
+            raise ProducerError(self.producer_error)
+        if not self.sequencing:
+            return None
+        if self.next_sequence is None:
+            raise ProducerError("the broker has not answered PRODUCE yet: publish once the client is connected")
+        first = self.next_sequence
+        self.next_sequence += count
+        return first
+
     def publish(self, key: str, body: bytes) -> list[bytes]:
-        command = Publish(key=key, body=body)
+        sequence = self._take_sequences(1)
         # while detached the frame waits for ATTACH-OK (on_attached resends it), so it is encoded
         # outside the state machine; it is checked like any other once it is sent
+        if sequence is None:
+            command: Publish | PublishSeq = Publish(key=key, body=body)
+            frame = encode(command)
+        else:
+            command, frame = PublishSeq(sequence=sequence, key=key, body=b""), encode_publish_seq(sequence, key, body)
         if self.attached:
             self.conn.sent(command)
-        return self._remember(encode(command), 1)
+        return self._remember(frame, 1)
 
     def publish_many(self, items: list[tuple[str, bytes]], *, batch_bytes: int = 256 * 1024) -> list[bytes]:
         """Frames publishing ``items`` in order: PUBLISH-BATCHes of up to ``batch_bytes`` on a
@@ -218,9 +307,11 @@ class ClientSession:
         for i, (key, body) in enumerate(items):
             size += len(key) + len(body) + 5
             if size >= batch_bytes or i == len(items) - 1:
-                frame = encode_publish_batch(items[start : i + 1])
+                sequence = self._take_sequences(i + 1 - start)
+                frame = encode_publish_batch(items[start : i + 1], sequence)
                 if self.attached:
-                    self.conn.sent(PublishBatch(entries=b""))
+                    self.conn.sent(PublishBatch(entries=b"") if sequence is None
+                                   else PublishBatchSeq(sequence=sequence, entries=b""))  # fmt: skip
                 frames += self._remember(frame, i + 1 - start)
                 start, size = i + 1, 0
         return frames
@@ -338,7 +429,15 @@ class ClientSession:
             return []
         if isinstance(command, Ping):
             return [self.conn.send(PingOk())]
+        if isinstance(command, ProduceOk):
+            self._produce_pending = False
+            self.epoch, self.producing = command.epoch, True
+            if self.next_sequence is None:  # the first attach: go on from what the broker holds
+                self.next_sequence = command.sequence + 1
+            return []
         if isinstance(command, PingOk):
+            if self.producer_error is not None:
+                return []  # the broker refused publishes before this barrier: they stay unconfirmed
             if self._barriers:
                 covered = self._barriers.popleft()
                 for _ in range(min(covered, len(self._unconfirmed))):
@@ -346,6 +445,10 @@ class ClientSession:
                 self._barriers = deque(b - covered for b in self._barriers)
             return []
         if isinstance(command, InvalidCode):  # version 5: decided on the code, never on the text
+            if self.attached and (command.code in _PRODUCER_REFUSALS or self._produce_pending):
+                self._produce_pending = False  # the answer to PRODUCE (a full table: LIMIT), or a publish refused
+                self.producer_error = f"broker refused producer {self.producer!r}: {command.reason}"
+                return []
             if not self.attached:
                 if command.code == Refusal.VERSION_UNSUPPORTED and self.version > 1:
                     self.version -= 1  # attach again with the version below

@@ -25,7 +25,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from zeps.client.session import ClientSession, Message, Records, Row, Since
-from zeps.errors import ConfigError, ProtocolError, UnavailableError, ZepsError
+from zeps.errors import ConfigError, ProducerError, ProtocolError, UnavailableError, ZepsError
 
 __all__ = ["BrokerUnavailableError", "StreamClient", "discover"]
 
@@ -132,9 +132,11 @@ class StreamClient:
         server_public_key: str | None = None,
         client_keys: tuple[str, str] | None = None,
         max_unconfirmed: int = 100_000,
+        producer_id: str | None = None,
+        idempotent: bool = True,
     ) -> None:
         self.endpoint = check_endpoint(endpoint)
-        self.session = ClientSession(stream, credit_window=credit_window)
+        self.session = ClientSession(stream, credit_window=credit_window, producer=producer_id, idempotent=idempotent)
         self.heartbeat, self.ttl, self.timeout = heartbeat, ttl, timeout
         self.server_public_key = server_public_key
         self.client_keys = client_keys
@@ -169,9 +171,11 @@ class StreamClient:
         assert self._sock is not None
         deadline = time.monotonic() + self.timeout
         self._sock.send(self.session.attach())  # ZeroMQ sends it as soon as the connection is up
-        while not self.session.attached:
+        while not self.session.ready:
             if self.session.refused:
                 raise BrokerUnavailableError(f"broker at {self.endpoint} refused: {self.session.refused}")
+            if self.session.producer_error:
+                raise ProducerError(self.session.producer_error)
             if not self._pump(deadline - time.monotonic()) and time.monotonic() >= deadline:
                 raise BrokerUnavailableError(f"no broker answered at {self.endpoint} within {self.timeout:.0f}s")
         self.session.last_heard = time.monotonic()
@@ -274,17 +278,31 @@ class StreamClient:
             self._send_all([self.session.ping()], now + self.timeout)
 
     # -- the API --------------------------------------------------------------------------------
+    @property
+    def producer_id(self) -> str | None:
+        """This client's idempotent producer name (None with ``idempotent=False``)."""
+        return self.session.producer
+
+    @property
+    def producer_sequence(self) -> int:
+        """The last publish the broker confirmed holding from this producer, counted from 1 over the
+        producer's life (0: none). A publisher restarted with the same ``producer_id`` continues its
+        input after this many items: nothing repeated, nothing skipped."""
+        return self.session.producer_sequence
+
     def publish(self, key: str, body: bytes) -> None:
         """Send a message (asynchronous, as ZEPS is). Blocks only while the broker pushes back, or
         while it is unreachable and ``max_unconfirmed`` messages already wait to be confirmed."""
-        self._send_all(self.session.publish(key, body), self._room())
+        deadline = self._room()  # first: it may reconnect, and the frame must be made for the new peering
+        self._send_all(self.session.publish(key, body), deadline)
 
     def publish_many(self, items: Iterable[tuple[str, bytes]]) -> None:
         """Publish ``items`` (key, body) in order, many per frame: PUBLISH-BATCH on a version 3 broker
         (one PUBLISH each on older ones). The fast way to publish a burst; same guarantees as
         :meth:`publish`."""
         for group in batched(items, _GROUP):
-            self._send_all(self.session.publish_many(group), self._room())
+            deadline = self._room()
+            self._send_all(self.session.publish_many(group), deadline)
 
     def _room(self) -> float:
         """Read what arrived (at most every millisecond), wait while ``max_unconfirmed`` messages wait
@@ -294,6 +312,8 @@ class StreamClient:
             self._pump(0)
         deadline = now + self.timeout
         while self.session.unconfirmed >= self.max_unconfirmed:
+            if self.session.producer_error:
+                raise ProducerError(self.session.producer_error)
             if time.monotonic() >= deadline:
                 raise BrokerUnavailableError(
                     f"broker at {self.endpoint} has not confirmed {self.session.unconfirmed} messages in time"
@@ -306,6 +326,8 @@ class StreamClient:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         self._send_all(self.session.confirm(), deadline)
         while self.session.unconfirmed:
+            if self.session.producer_error:
+                raise ProducerError(f"{self.session.producer_error} ({self.session.unconfirmed} publishes unconfirmed)")
             if time.monotonic() >= deadline:
                 raise BrokerUnavailableError(f"{self.session.unconfirmed} publishes unconfirmed after the timeout")
             self._pump(0.05)

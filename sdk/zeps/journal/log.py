@@ -154,7 +154,7 @@ class JournalConfig:
                 f"segment_bytes={self.segment_bytes}: must be between 1 and {_MAX_SEGMENT_BYTES} (2 GiB)"
             )
         if self.producer_ttl_ms <= 0 or self.max_producers <= 0:
-            raise JournalError(f"producer_ttl_ms={self.producer_ttl_ms}, max_producers={self.max_producers}: "
+            raise JournalError(f"producer TTL {self.producer_ttl_ms} ms and max producers {self.max_producers}: "
                                "both must be above 0")  # fmt: skip
 
 
@@ -192,8 +192,11 @@ class Journal:
         self._cache_bytes = 0
         self._since_index = 0
         self._marks_unsynced = False
-        #: idempotent producers: rebuilt from the marks at open, written as marks by append_many
+        #: idempotent producers, as the broker checks them (ahead of the journal by what it has not
+        #: appended yet); rebuilt from the marks at open, and their changes reach the marks through
+        #: append_many(changes=…)
         self.producers = ProducerTable(ttl_ms=self.config.producer_ttl_ms, max_producers=self.config.max_producers)
+        self._journaled: dict[str, Producer] = {}  # the producers as the marks written so far hold them
 
     # -- state ----------------------------------------------------------------------------------
     @property
@@ -240,8 +243,15 @@ class Journal:
         self._last_ts = max((s.last_ts for s in self._segments), default=0)
         self._open_active(active)
         self._since_index = active.size - (active.index[-1][2] if active.index else 0)
-        self.producers.expire(int(time.time() * 1000))
+        self.expire_producers(int(time.time() * 1000))
         return self
+
+    def expire_producers(self, now_ms: int) -> list[str]:
+        """Forget idempotent producers idle longer than the TTL; returns their names."""
+        gone = self.producers.expire(now_ms)
+        for name in gone:
+            self._journaled.pop(name, None)
+        return gone
 
     def _open_active(self, seg: _Segment) -> None:
         self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -265,6 +275,9 @@ class Journal:
             seg.last_seq, seg.last_ts = sequence, timestamp
         for start, end, kind, producers in marks:
             self.producers.apply(kind, producers)
+            if kind == SNAPSHOT:
+                self._journaled.clear()
+            self._journaled.update(producers)
             seg.marks.append((start, end))
         if good_end < len(data):
             log.warning(
@@ -291,15 +304,24 @@ class Journal:
         """Append one record; returns its sequence. Written to the kernel before returning."""
         return self.append_many([(key, body)], timestamp_ms=timestamp_ms)
 
-    def append_many(self, entries: Iterable[tuple[str, bytes]], *, timestamp_ms: int | None = None) -> int:
-        """Append records in one write; returns the sequence of the last one."""
+    def append_many(
+        self,
+        entries: Iterable[tuple[str, bytes]],
+        *,
+        timestamp_ms: int | None = None,
+        changes: dict[str, Producer] | None = None,
+    ) -> int:
+        """Append records in one write; returns the sequence of the last one. With ``changes`` (the
+        idempotent producers these records advance, as they are once written; a claim's change may
+        come with no record) the records are one group: a group mark first, all in one segment —
+        it rolls first if the segment is three quarters full, so keep groups to a quarter of one."""
         if self._fd < 0:
             raise JournalError(f"journal {self.name} is not open")
         now = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
         ts = max(now, self._last_ts)
         seg = self._segments[-1]
-        if grouped := self.producers.changed:  # the producers' changes open the append, in the same segment
-            seg, entries = self._open_group(entries)
+        if grouped := changes is not None:  # the producers' changes open the append, in the same segment
+            seg, entries = self._open_group(entries, changes)
         first, raws, keys = self._next, list[bytes](), list[str]()
         offsets = array("I", [0])
         written = total = 0  # bytes of raws already written (segment rolls), and in all
@@ -309,7 +331,7 @@ class Journal:
         segment_bytes, interval = self.config.segment_bytes, self.config.index_interval_bytes
         raw_keys: dict[str, bytes] = {}
         for key, body in entries:
-            if offset >= segment_bytes and not grouped:
+            if offset >= segment_bytes and not grouped and seq > seg.base:  # a segment holds a record at least
                 self._write(raws, written, total)
                 self._flush(self._off_fd, memoryview(starts.tobytes()))
                 self._index(seg, index, seq - 1, ts, offset)
@@ -356,14 +378,17 @@ class Journal:
             with open(seg.path.with_suffix(".idx"), "ab") as idx:
                 idx.write(b"".join(_INDEX.pack(*e) for e in entries))
 
-    def _open_group(self, entries: Iterable[tuple[str, bytes]]) -> tuple[_Segment, list[tuple[str, bytes]]]:
-        """Write the group mark of an append of ``entries`` (rolling first if the segment is full: the
-        group stays in one segment); returns the segment and the entries as a list."""
+    def _open_group(
+        self, entries: Iterable[tuple[str, bytes]], changes: dict[str, Producer]
+    ) -> tuple[_Segment, list[tuple[str, bytes]]]:
+        """Write the group mark of an append of ``entries`` (rolling first if the segment is three
+        quarters full: the group stays in one segment); returns the segment and the entries as a list."""
         entries = entries if isinstance(entries, list) else list(entries)
         seg = self._segments[-1]
-        if seg.size >= self.config.segment_bytes:
+        if seg.size >= self.config.segment_bytes - self.config.segment_bytes // 4 and seg.last_seq >= seg.base:
             seg = self._roll()
-        self._write_mark(seg, _mark_body(GROUP, len(entries), self.producers.take_changes()))
+        self._write_mark(seg, _mark_body(GROUP, len(entries), changes))
+        self._journaled.update(changes)  # no roll comes before the group's records are written
         if not entries and self.config.fsync == "always":  # a claim alone: as durable as a publish
             self.sync()
         return seg, entries
@@ -398,7 +423,7 @@ class Journal:
         self._segments.append(seg)
         self._open_active(seg)
         self._since_index = self.config.index_interval_bytes
-        table = self.producers.journaled()
+        table = {name: p for name, p in self._journaled.items() if name in self.producers.producers}
         if table:  # retention removes whole segments: each starts with the table as journaled
             self._write_mark(seg, _mark_body(SNAPSHOT, 0, table))
         return seg

@@ -7,7 +7,9 @@ written into the segment files as *producer marks*, entries that take no sequenc
 delivered (:class:`~zeps.journal.log.Journal` cuts them out of what it reads):
 
 * a **group mark** opens every append that changes the table (publishes of producers, a claim): the
-  producers it changes, as they are once the append is written, and how many records follow it.
+  producers it changes, as they are once the append is written, and how many records follow it. A
+  group never spans segments: the journal rolls before one that would not fit (the broker keeps
+  them to a quarter of a segment, cutting a large flush at the ends of idempotent publishes).
   Recovery drops a group whose records did not all reach the disk, mark included: a group is all or
   nothing, so the table never claims a record the journal lost.
 * a **snapshot mark** opens every segment but the first: the whole table as journaled then. Retention
@@ -101,32 +103,24 @@ def decode_mark(body: bytes) -> tuple[int, int, dict[str, Producer]]:
 
 
 class ProducerTable:
-    """Who has published what: checked at every publish of an idempotent producer.
-
-    The table runs ahead of the journal by the changes not yet written (:meth:`take_changes` hands
-    them to the next append's group mark); :meth:`journaled` is the table as the journal holds it."""
+    """Who has published what: checked at every publish of an idempotent producer. It runs ahead of
+    the journal: the caller hands each change (a claim or publish that returns True/held < count) to
+    the journal's next append, which writes it in a group mark."""
 
     def __init__(self, *, ttl_ms: int, max_producers: int) -> None:
         self.ttl_ms = ttl_ms
         self.max_producers = max_producers
         self.producers: dict[str, Producer] = {}
-        self._before: dict[str, Producer | None] = {}  # changed since the last mark: the state journaled
 
     def __len__(self) -> int:
         return len(self.producers)
 
-    @property
-    def changed(self) -> bool:
-        """Changes wait for a group mark."""
-        return bool(self._before)
-
     def _set(self, name: str, producer: Producer) -> None:
-        if name not in self._before:
-            self._before[name] = self.producers.get(name)
         self.producers[name] = producer
 
-    def claim(self, name: str, epoch: int, now_ms: int) -> Producer:
-        """A client claims ``name`` (PRODUCE). Epoch 0 claims it afresh: a new producer, or a new epoch
+    def claim(self, name: str, epoch: int, now_ms: int) -> tuple[Producer, bool]:
+        """A client claims ``name`` (PRODUCE): the producer now, and whether the claim changed it (a
+        change the journal must record). Epoch 0 claims it afresh: a new producer, or a new epoch
         of a known one (its sequence goes on; older clients are fenced). A known epoch resumes. An older
         epoch is fenced; a resumed epoch of a name the table does not know is refused (it expired)."""
         known = self.producers.get(name)
@@ -138,7 +132,7 @@ class ProducerTable:
                     raise ProducerRefusedError("full", f"{limit}; idle ones are forgotten after {self._ttl}")
             fresh = Producer(1, 0, now_ms) if known is None else Producer(known.epoch + 1, known.sequence, now_ms)
             self._set(name, fresh)
-            return fresh
+            return fresh, True
         if known is None:
             raise ProducerRefusedError(
                 "unknown",
@@ -150,9 +144,9 @@ class ProducerTable:
             raise self._fenced(name, epoch, known)
         if epoch > known.epoch:  # the claim that raised it was lost with unsynced writes (a machine crash)
             self._set(name, replace(known, epoch=epoch, seen_ms=now_ms))
-        else:
-            self.producers[name] = replace(known, seen_ms=now_ms)  # resumed: nothing to journal
-        return self.producers[name]
+            return self.producers[name], True
+        self.producers[name] = replace(known, seen_ms=now_ms)  # resumed: nothing to journal
+        return self.producers[name], False
 
     @property
     def _ttl(self) -> str:
@@ -168,8 +162,9 @@ class ProducerTable:
 
     def admit(self, name: str, epoch: int, first: int, count: int, now_ms: int) -> int:
         """Publishes ``first .. first + count - 1`` of producer ``name``: how many of them, from the
-        front, the journal already holds (drop them); the rest are new and the table counts them held.
-        Refused if the epoch is fenced or unknown, or if ``first`` skips a sequence."""
+        front, the journal already holds (drop them); the rest are new and the table counts them held
+        (a change for the journal when any are new). Refused if the epoch is fenced or unknown, or if
+        ``first`` skips a sequence."""
         known = self.producers.get(name)
         if known is None:
             raise ProducerRefusedError("unknown", f"producer {name!r} expired (idle longer than {self._ttl})")
@@ -188,18 +183,6 @@ class ProducerTable:
             self.producers[name] = replace(known, seen_ms=now_ms)
         return held
 
-    def take_changes(self) -> dict[str, Producer]:
-        """The producers changed since the last call, as they are now (for a group mark)."""
-        changes = {name: self.producers[name] for name in self._before if name in self.producers}
-        self._before.clear()
-        return changes
-
-    def journaled(self) -> dict[str, Producer]:
-        """The table as the journal holds it: without the changes not yet taken."""
-        out = {name: p for name, p in self.producers.items() if name not in self._before}
-        out.update((name, p) for name, p in self._before.items() if p is not None)
-        return out
-
     def apply(self, kind: int, producers: dict[str, Producer]) -> None:
         """Replay one mark (recovery): a snapshot replaces the table, a group updates it."""
         if kind == SNAPSHOT:
@@ -212,5 +195,4 @@ class ProducerTable:
         gone = [name for name, p in self.producers.items() if p.seen_ms < cutoff]
         for name in gone:
             del self.producers[name]
-            self._before.pop(name, None)
         return gone

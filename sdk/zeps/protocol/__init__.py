@@ -20,8 +20,12 @@ from zeps.protocol.commands import (
     InvalidCode,
     Ping,
     PingOk,
+    Produce,
+    ProduceOk,
     Publish,
     PublishBatch,
+    PublishBatchSeq,
+    PublishSeq,
     Refusal,
     Subscribe,
     SubscribeOk,
@@ -33,6 +37,7 @@ from zeps.protocol.commands import (
     encode_deliver_batch,
     encode_deliver_run,
     encode_publish_batch,
+    encode_publish_seq,
 )
 from zeps.protocol.connection import Connection
 
@@ -53,8 +58,12 @@ __all__ = [
     "InvalidCode",
     "Ping",
     "PingOk",
+    "Produce",
+    "ProduceOk",
     "Publish",
     "PublishBatch",
+    "PublishBatchSeq",
+    "PublishSeq",
     "Refusal",
     "Subscribe",
     "SubscribeOk",
@@ -66,4 +75,5 @@ __all__ = [
     "encode_deliver_batch",
     "encode_deliver_run",
     "encode_publish_batch",
+    "encode_publish_seq",
 ]

@@ -47,6 +47,24 @@ INVALID and the client tries the next lower one): many messages per frame, for t
   broker does not know (it expired or restarted) gets plain INVALID: the broker cannot know its
   version, so a client attached with version 5 reads a plain INVALID as "attach again".
 
+**Version 6 extension** (negotiated the same way): idempotent producers. A peering that claims a
+producer name publishes with a per-producer sequence; the broker journals each sequence once, drops
+a publish it already holds (and still confirms it: the PING barrier covers it), and refuses one that
+skips a sequence. The producer table lives in the journal (:mod:`zeps.journal.producers`).
+
+* ``PRODUCE`` (id 19, client → broker): ``producer`` string, ``epoch`` number-4 — claim ``producer``
+  for this peering. Epoch 0 claims it afresh: the broker raises its epoch, so an older client still
+  publishing under the name is fenced. The epoch PRODUCE-OK gave resumes it (after a reconnect).
+* ``PRODUCE-OK`` (id 20, broker → client): ``epoch`` number-4, ``sequence`` number-8 — the producer's
+  epoch now, and the last sequence the journal holds from it (0: none); the next publish is that + 1.
+* ``PUBLISH-SEQ`` (id 21, client → broker): ``sequence`` number-8, ``key`` string, ``body`` chunk.
+* ``PUBLISH-BATCH-SEQ`` (id 22, client → broker): ``sequence`` number-8, ``entries`` chunk —
+  PUBLISH-BATCH whose entries carry ``sequence``, ``sequence`` + 1, …
+* Refusals (INVALID-CODE): ``FENCED`` (a newer client claimed the producer), ``PRODUCER_UNKNOWN`` (a
+  resumed epoch the broker does not know: the producer expired, idle longer than the broker's
+  producer TTL), ``OUT_OF_SEQUENCE`` (a sequence beyond the next one: publishes in between never
+  reached the broker), ``LIMIT`` (the producer table is full). A refused publish is not journaled.
+
 Conventions zeps adds on top of the grammar (all within its bytes):
 
 * SUBSCRIBE ``latest`` is the last sequence the client has: delivery starts after it. 0 means
@@ -87,8 +105,12 @@ __all__ = [
     "InvalidCode",
     "Ping",
     "PingOk",
+    "Produce",
+    "ProduceOk",
     "Publish",
     "PublishBatch",
+    "PublishBatchSeq",
+    "PublishSeq",
     "Refusal",
     "Subscribe",
     "SubscribeOk",
@@ -99,6 +121,7 @@ __all__ = [
     "encode_deliver_batch",
     "encode_deliver_run",
     "encode_publish_batch",
+    "encode_publish_seq",
 ]
 
 SIGNATURE = b"\xaa\xa5"
@@ -217,7 +240,10 @@ class Refusal(IntEnum):
     STREAM_UNKNOWN = 3  #: ATTACH named a stream this broker does not serve
     BUSY = 4  #: the broker is at its session limit: try again later
     PATTERN_REFUSED = 5  #: a subscription pattern is invalid, or not accepted here (matching: prefix)
-    LIMIT = 6  #: a per-peering limit is reached (subscriptions)
+    LIMIT = 6  #: a limit is reached (subscriptions per peering, producers per stream)
+    FENCED = 7  #: a newer client claimed this producer name (version 6)
+    PRODUCER_UNKNOWN = 8  #: the broker does not know the producer epoch resumed: it expired (version 6)
+    OUT_OF_SEQUENCE = 9  #: a producer sequence beyond the next one: publishes in between were lost (version 6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,10 +326,57 @@ class DeliverRun(Command):
         return (self.run or indexed_run(self.records, self.index, self.crc)).rows()
 
 
+@dataclass(frozen=True, slots=True)
+class Produce(Command):
+    """Version 6 extension: publish on this peering as an idempotent producer."""
+
+    ID = 19
+    NAME = "PRODUCE"
+    FIELDS = (("producer", "string"), ("epoch", "number-4"))
+    producer: str
+    epoch: int = 0  #: 0: claim the name afresh (fencing older clients); else resume this epoch
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceOk(Command):
+    """Version 6 extension: the producer's epoch and the last sequence the journal holds from it."""
+
+    ID = 20
+    NAME = "PRODUCE-OK"
+    FIELDS = (("epoch", "number-4"), ("sequence", "number-8"))
+    epoch: int
+    sequence: int
+
+
+@dataclass(frozen=True, slots=True)
+class PublishSeq(Command):
+    """Version 6 extension: PUBLISH with the producer's sequence."""
+
+    ID = 21
+    NAME = "PUBLISH-SEQ"
+    FIELDS = (("sequence", "number-8"), ("key", "string"), ("body", "chunk"))
+    sequence: int
+    key: str
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PublishBatchSeq(Command):
+    """Version 6 extension: PUBLISH-BATCH whose entries carry ``sequence``, ``sequence`` + 1, …"""
+
+    ID = 22
+    NAME = "PUBLISH-BATCH-SEQ"
+    FIELDS = (("sequence", "number-8"), ("entries", "chunk"))
+    sequence: int
+    entries: bytes  #: (key string, body chunk) repeated
+    items: tuple[tuple[str, bytes], ...] = field(default=(), compare=False)  #: the entries, decoded
+
+
 COMMANDS: dict[int, type[Command]] = {
     c.ID: c
     for c in (Attach, AttachOk, Subscribe, SubscribeOk, Credit, Publish, Deliver, Ping, PingOk, Detach, DetachOk,
-              Invalid, SubscribeTime, DeliverTs, PublishBatch, DeliverBatch, DeliverRun, InvalidCode)
+              Invalid, SubscribeTime, DeliverTs, PublishBatch, DeliverBatch, DeliverRun, InvalidCode, Produce,
+              ProduceOk, PublishSeq, PublishBatchSeq)
 }  # fmt: skip
 _NUMBERS = {"number-2": (_U16, 0xFFFF), "number-4": (_U32, 0xFFFFFFFF), "number-8": (_U64, 2**64 - 1)}
 
@@ -373,10 +446,28 @@ def _decode_publish(frame: bytes) -> Publish:
 
 _PUBLISH_HEAD = struct.Struct("!2sBB")  # signature, id, key length
 _BATCH_HEAD = struct.Struct("!2sBI")  # signature, id, chunk length
+_BATCH_SEQ_HEAD = struct.Struct("!2sBQI")  # signature, id, sequence, chunk length
+_PUBLISH_SEQ_HEAD = struct.Struct("!2sBQB")  # signature, id, sequence, key length
 
 
-def encode_publish_batch(items: list[tuple[str, bytes]]) -> bytes:
-    """PUBLISH-BATCH for ``items`` (key, body); LocalProtocolError for a key PUBLISH could not carry."""
+def encode_publish_batch(items: list[tuple[str, bytes]], sequence: int | None = None) -> bytes:
+    """PUBLISH-BATCH for ``items`` (key, body) — PUBLISH-BATCH-SEQ with the producer ``sequence`` of
+    the first; LocalProtocolError for a key PUBLISH could not carry."""
+    entries = _encode_entries(items)
+    if sequence is None:
+        return _BATCH_HEAD.pack(SIGNATURE, PublishBatch.ID, len(entries)) + entries
+    return _BATCH_SEQ_HEAD.pack(SIGNATURE, PublishBatchSeq.ID, sequence, len(entries)) + entries
+
+
+def encode_publish_seq(sequence: int, key: str, body: bytes) -> bytes:
+    """PUBLISH-SEQ (the hot path of an idempotent producer's single publishes)."""
+    if not (_is_vchar(key) and len(key) < 256):
+        raise LocalProtocolError(f"PUBLISH-SEQ.key must be printable ASCII without spaces, < 256: {key!r}")
+    return b"".join((_PUBLISH_SEQ_HEAD.pack(SIGNATURE, PublishSeq.ID, sequence, len(key)), key.encode("ascii"),
+                     _U32.pack(len(body)), body))  # fmt: skip
+
+
+def _encode_entries(items: list[tuple[str, bytes]]) -> bytes:
     parts: list[bytes] = []
     pack_len, pack_u8 = _U32.pack, _U8.pack
     checked: set[str] = set()
@@ -386,8 +477,7 @@ def encode_publish_batch(items: list[tuple[str, bytes]]) -> bytes:
                 raise LocalProtocolError(f"PUBLISH-BATCH key must be printable ASCII without spaces, < 256: {key!r}")
             checked.add(key)
         parts += (pack_u8(len(key)), key.encode("ascii"), pack_len(len(body)), body)
-    entries = b"".join(parts)
-    return _BATCH_HEAD.pack(SIGNATURE, PublishBatch.ID, len(entries)) + entries
+    return b"".join(parts)
 
 
 def encode_deliver_batch(records: bytes) -> bytes:
@@ -438,24 +528,61 @@ def _batch_body(frame: bytes, name: str) -> bytes:
 
 def _decode_publish_batch(frame: bytes) -> PublishBatch:
     entries = _batch_body(frame, "PUBLISH-BATCH")
+    return PublishBatch(entries=entries, items=_decode_entries(entries, "PUBLISH-BATCH"))
+
+
+def _decode_publish_batch_seq(frame: bytes) -> PublishBatchSeq:
+    if len(frame) < _BATCH_SEQ_HEAD.size:
+        raise RemoteProtocolError("PUBLISH-BATCH-SEQ truncated")
+    _, _, sequence, length = _BATCH_SEQ_HEAD.unpack_from(frame)
+    follow = len(frame) - _BATCH_SEQ_HEAD.size
+    if length != follow:
+        raise RemoteProtocolError(f"PUBLISH-BATCH-SEQ claims {length} bytes, {follow} follow")
+    if not length:
+        raise RemoteProtocolError("PUBLISH-BATCH-SEQ is empty")
+    entries = frame[_BATCH_SEQ_HEAD.size :]
+    items = _decode_entries(entries, "PUBLISH-BATCH-SEQ")
+    return PublishBatchSeq(sequence=sequence, entries=entries, items=items)
+
+
+def _decode_publish_seq(frame: bytes) -> PublishSeq:
+    head = _PUBLISH_SEQ_HEAD
+    if len(frame) < head.size:
+        raise RemoteProtocolError("PUBLISH-SEQ truncated before key")
+    _, _, sequence, klen = head.unpack_from(frame)
+    end = head.size + klen
+    if end + 4 > len(frame):
+        raise RemoteProtocolError(f"PUBLISH-SEQ.key claims {klen} bytes, or the body length is missing")
+    key = frame[head.size : end].decode("latin-1")
+    if not _is_vchar(key):
+        raise RemoteProtocolError("PUBLISH-SEQ.key is not printable ASCII")
+    (length,) = _U32.unpack_from(frame, end)
+    if end + 4 + length != len(frame):
+        problem = "has bytes after its last field" if end + 4 + length < len(frame) else f"body claims {length} bytes"
+        raise RemoteProtocolError(f"PUBLISH-SEQ {problem}")
+    return PublishSeq(sequence=sequence, key=key, body=frame[end + 4 :])
+
+
+def _decode_entries(entries: bytes, name: str) -> tuple[tuple[str, bytes], ...]:
+    """The (key, body) entries of a PUBLISH-BATCH (-SEQ)."""
     items: list[tuple[str, bytes]] = []
     offset, size, checked = 0, len(entries), set[str]()
     while offset < size:
         klen = entries[offset]
         end = offset + 1 + klen
         if end + 4 > size:
-            raise RemoteProtocolError(f"PUBLISH-BATCH entry {len(items)} is truncated")
+            raise RemoteProtocolError(f"{name} entry {len(items)} is truncated")
         key = entries[offset + 1 : end].decode("latin-1")
         if key not in checked:
             if not _is_vchar(key):
-                raise RemoteProtocolError(f"PUBLISH-BATCH entry {len(items)} key is not printable ASCII")
+                raise RemoteProtocolError(f"{name} entry {len(items)} key is not printable ASCII")
             checked.add(key)
         (length,) = _U32.unpack_from(entries, end)
         offset = end + 4 + length
         if offset > size:
-            raise RemoteProtocolError(f"PUBLISH-BATCH entry {len(items)} body claims {length} bytes")
+            raise RemoteProtocolError(f"{name} entry {len(items)} body claims {length} bytes")
         items.append((key, entries[end + 4 : offset]))
-    return PublishBatch(entries=entries, items=tuple(items))
+    return tuple(items)
 
 
 def _decode_deliver_batch(frame: bytes) -> DeliverBatch:
@@ -512,6 +639,10 @@ def decode(frame: bytes) -> Command:
         return _decode_publish_batch(frame)
     if frame[2] == DeliverRun.ID:
         return _decode_deliver_run(frame)
+    if frame[2] == PublishSeq.ID:
+        return _decode_publish_seq(frame)
+    if frame[2] == PublishBatchSeq.ID:
+        return _decode_publish_batch_seq(frame)
     cls = COMMANDS.get(frame[2])
     if cls is None:
         raise RemoteProtocolError(f"unknown command id {frame[2]}")

@@ -28,8 +28,12 @@ from zeps.protocol.commands import (
     InvalidCode,
     Ping,
     PingOk,
+    Produce,
+    ProduceOk,
     Publish,
     PublishBatch,
+    PublishBatchSeq,
+    PublishSeq,
     Subscribe,
     SubscribeOk,
     SubscribeTime,
@@ -42,7 +46,7 @@ __all__ = ["RULES", "SUPPORTED_VERSIONS", "Connection", "Role", "State"]
 Role = Literal["client", "broker"]
 State = Literal["AWAIT_ATTACH", "ATTACHING", "ATTACHED", "DETACHING", "CLOSED"]
 Direction = Literal["send", "receive"]
-SUPPORTED_VERSIONS = (1, 2, 3, 4, 5)
+SUPPORTED_VERSIONS = (1, 2, 3, 4, 5, 6)
 
 # What the client may do; the broker's view mirrors it (its "receive" is the client's "send").
 _CLIENT: dict[tuple[State, Direction, type[Command]], State] = {
@@ -56,6 +60,10 @@ _CLIENT: dict[tuple[State, Direction, type[Command]], State] = {
     ("ATTACHED", "send", Credit): "ATTACHED",
     ("ATTACHED", "send", Publish): "ATTACHED",
     ("ATTACHED", "send", PublishBatch): "ATTACHED",
+    ("ATTACHED", "send", Produce): "ATTACHED",
+    ("ATTACHED", "receive", ProduceOk): "ATTACHED",
+    ("ATTACHED", "send", PublishSeq): "ATTACHED",
+    ("ATTACHED", "send", PublishBatchSeq): "ATTACHED",
     ("ATTACHED", "receive", Deliver): "ATTACHED",
     ("ATTACHED", "receive", DeliverTs): "ATTACHED",
     ("ATTACHED", "receive", DeliverBatch): "ATTACHED",
@@ -73,6 +81,7 @@ _CLIENT: dict[tuple[State, Direction, type[Command]], State] = {
     ("DETACHING", "receive", DeliverTs): "DETACHING",
     ("DETACHING", "receive", DeliverBatch): "DETACHING",
     ("DETACHING", "receive", DeliverRun): "DETACHING",
+    ("DETACHING", "receive", ProduceOk): "DETACHING",
     ("DETACHING", "receive", Ping): "DETACHING",
     ("DETACHING", "receive", PingOk): "DETACHING",
     ("DETACHING", "receive", Invalid): "DETACHING",
@@ -96,6 +105,7 @@ RULES: dict[tuple[Role, State, Direction, type[Command]], State] = {
 }
 _SINCE_VERSION: dict[type[Command], int] = {
     SubscribeTime: 2, DeliverTs: 2, PublishBatch: 3, DeliverBatch: 3, DeliverRun: 4, InvalidCode: 5,
+    Produce: 6, ProduceOk: 6, PublishSeq: 6, PublishBatchSeq: 6,
 }  # fmt: skip
 
 

@@ -1,0 +1,153 @@
+"""Idempotent producers in the broker's socket-free core (``BrokerCore``): a publish journaled once
+however often it is resent, fencing, refusals with codes, the table surviving a broker restart, and
+a version-1 peer that sees none of it. The journal is real (a temporary directory); no socket."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from zeps.broker.core import BrokerConfig, BrokerCore
+from zeps.journal import JournalConfig
+from zeps.protocol import (
+    Attach,
+    AttachOk,
+    InvalidCode,
+    Ping,
+    PingOk,
+    Produce,
+    ProduceOk,
+    Publish,
+    PublishSeq,
+    Refusal,
+    decode,
+    encode,
+    encode_publish_batch,
+)
+
+
+def _config(path: Path, **journal: Any) -> BrokerConfig:
+    return BrokerConfig(path, ("prices",), journal=JournalConfig(fsync="always", **journal))
+
+
+@pytest.fixture
+def core(tmp_path: Path) -> Iterator[BrokerCore]:
+    broker = BrokerCore(_config(tmp_path)).open()
+    yield broker
+    broker.close()
+
+
+def _send(core: BrokerCore, peer: bytes, *frames: bytes | Any) -> list[Any]:
+    """Frames (or commands) from ``peer``; what the broker then sends it, decoded."""
+    for frame in frames:
+        core.receive(peer, frame if isinstance(frame, bytes) else encode(frame), now=0.0)
+    core.flush_appends()
+    return [decode(out.frame) for out in core.pump(now=0.0) if out.peer == peer]
+
+
+def _producer(core: BrokerCore, peer: bytes, name: str, epoch: int = 0) -> ProduceOk:
+    assert _send(core, peer, Attach(stream="prices", version=6)) == [AttachOk()]
+    [answer] = _send(core, peer, Produce(producer=name, epoch=epoch))
+    assert isinstance(answer, ProduceOk)
+    return answer
+
+
+def _bodies(core: BrokerCore) -> list[bytes]:
+    return [r.body for r in core.streams["prices"].journal.read(1, max_records=1000)]
+
+
+def _batch(first: int, *bodies: bytes) -> bytes:
+    return encode_publish_batch([("k", b) for b in bodies], first)
+
+
+def test_a_resent_publish_is_journaled_once_and_still_confirmed(core: BrokerCore) -> None:
+    assert _producer(core, b"a", "orders-0") == ProduceOk(epoch=1, sequence=0)
+    assert _send(core, b"a", _batch(1, b"1", b"2", b"3"), Ping()) == [PingOk()]
+    # the client did not see that PING-OK (the connection dropped): it resends everything since
+    assert _send(core, b"a", _batch(1, b"1", b"2", b"3"), _batch(4, b"4"), Ping()) == [PingOk()]
+    assert _send(core, b"a", PublishSeq(sequence=4, key="k", body=b"4"), Ping()) == [PingOk()]
+    assert _bodies(core) == [b"1", b"2", b"3", b"4"]
+    assert core.streams["prices"].duplicates == 4 and core.streams["prices"].messages_in == 4
+
+
+def test_a_sequence_gap_is_refused_with_a_code_and_journals_nothing(core: BrokerCore) -> None:
+    _producer(core, b"a", "orders-0")
+    [refusal] = _send(core, b"a", _batch(5, b"x"))
+    assert isinstance(refusal, InvalidCode) and refusal.code == Refusal.OUT_OF_SEQUENCE
+    assert "publishes 1..4 never reached it" in refusal.reason
+    assert _bodies(core) == []
+
+
+def test_a_second_client_with_the_same_name_fences_the_first(core: BrokerCore) -> None:
+    _producer(core, b"old", "orders-0")
+    _send(core, b"old", _batch(1, b"1"))
+    assert _producer(core, b"new", "orders-0") == ProduceOk(epoch=2, sequence=1)  # continues at 2
+    [refusal] = _send(core, b"old", _batch(2, b"from the old one"))
+    assert isinstance(refusal, InvalidCode) and refusal.code == Refusal.FENCED
+    assert "a newer client claimed the name (epoch 2)" in refusal.reason
+    [refusal] = _send(core, b"old", Produce(producer="orders-0", epoch=1))  # nor may it resume
+    assert isinstance(refusal, InvalidCode) and refusal.code == Refusal.FENCED
+    _send(core, b"new", _batch(2, b"2"))
+    assert _bodies(core) == [b"1", b"2"]
+
+
+def test_a_sequenced_publish_without_produce_is_refused(core: BrokerCore) -> None:
+    assert _send(core, b"a", Attach(stream="prices", version=6)) == [AttachOk()]
+    [refusal] = _send(core, b"a", PublishSeq(sequence=1, key="k", body=b"x"))
+    assert isinstance(refusal, InvalidCode) and refusal.code == Refusal.BAD_FRAME
+    assert "need a PRODUCE first" in refusal.reason and _bodies(core) == []
+
+
+def test_the_table_survives_a_broker_restart(tmp_path: Path) -> None:
+    core = BrokerCore(_config(tmp_path)).open()
+    _producer(core, b"a", "orders-0")
+    _send(core, b"a", _batch(1, b"1", b"2"))
+    _producer(core, b"b", "idle")  # a claim alone is journaled as well
+    core.close()  # as a SIGKILL would leave it: everything appended was written (fsync=always)
+    again = BrokerCore(_config(tmp_path)).open()
+    assert _producer(again, b"a2", "orders-0", epoch=1) == ProduceOk(epoch=1, sequence=2)  # the client resumes
+    _send(again, b"a2", _batch(1, b"1", b"2", b"3"))
+    assert _bodies(again) == [b"1", b"2", b"3"]
+    assert _producer(again, b"b2", "idle", epoch=1) == ProduceOk(epoch=1, sequence=0)
+    again.close()
+
+
+def test_an_expired_producer_resuming_is_refused_clearly(tmp_path: Path) -> None:
+    core = BrokerCore(_config(tmp_path, producer_ttl_ms=1)).open()
+    _producer(core, b"a", "orders-0")
+    _send(core, b"a", _batch(1, b"1"))
+    import time  # noqa: PLC0415
+
+    time.sleep(0.01)
+    core.tick(now=1.0)  # idle past its TTL: forgotten
+    [refusal] = _send(core, b"a", _batch(2, b"2"))
+    assert isinstance(refusal, InvalidCode) and refusal.code == Refusal.PRODUCER_UNKNOWN
+    assert "expired (idle longer than 0.001s)" in refusal.reason
+    [refusal] = _send(core, b"b", Attach(stream="prices", version=6), Produce(producer="orders-0", epoch=1))[1:]
+    assert isinstance(refusal, InvalidCode) and refusal.code == Refusal.PRODUCER_UNKNOWN
+    assert _bodies(core) == [b"1"]
+    core.close()
+
+
+def test_the_producer_table_is_bounded(tmp_path: Path) -> None:
+    core = BrokerCore(_config(tmp_path, max_producers=1)).open()
+    _producer(core, b"a", "one")
+    [refusal] = _send(core, b"b", Attach(stream="prices", version=6), Produce(producer="two"))[1:]
+    assert isinstance(refusal, InvalidCode) and refusal.code == Refusal.LIMIT
+    assert "holds 1 producers for this stream, its limit" in refusal.reason
+    core.close()
+
+
+@pytest.mark.parametrize("version", [1, 5])
+def test_a_peer_below_version_6_is_unchanged(core: BrokerCore, version: int) -> None:
+    """A version-1 peer (the zproto C codec) publishes as before: at-least-once, no new commands."""
+    _producer(core, b"idem", "orders-0")  # an idempotent producer on the same stream meanwhile
+    _send(core, b"idem", _batch(1, b"i"))
+    assert _send(core, b"old", Attach(stream="prices", version=version)) == [AttachOk()]
+    assert _send(core, b"old", Publish(key="k", body=b"p"), Publish(key="k", body=b"p"), Ping()) == [PingOk()]
+    assert _bodies(core) == [b"i", b"p", b"p"]
+    [refusal] = _send(core, b"old", Produce(producer="x"))
+    assert "needs protocol version 6" in refusal.reason
