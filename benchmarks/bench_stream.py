@@ -15,6 +15,11 @@ One run, one machine, 100-byte messages, every server and subscriber in its own 
 Scenarios: (a) 1 publisher -> 10 subscribers, deliveries/s; (b) replay of 100,000 messages to a late
 joiner, msgs/s; (c) publish->deliver latency p50/p99 at 1,000 msgs/s; plus 1->1 throughput of the
 broker against raw pyzmq. Prints one JSON line last.
+
+Idempotence: zeps's throughput scenarios (a and both 1->1) run with plain publishes
+(``idempotent=False``, at-least-once) and as an idempotent producer (the clients' default: PRODUCE,
+PUBLISH-(BATCH-)SEQ, the broker's producer table and group marks), alternating, ``ROUNDS`` times each
+on the same broker; the medians and their ratios (idempotent / plain) are reported.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,6 +48,7 @@ ONE_TO_ONE_COUNT = 300_000
 REPLAY_COUNT = 100_000
 RAW_COUNT = 500_000
 LATENCY_RATE, LATENCY_COUNT = 1000, 3000
+ROUNDS = 3  # plain and idempotent zeps runs, alternating, per throughput scenario
 
 
 def _spawn(role: str, endpoint: str, count: int, n: int = 1, *extra: str) -> list[subprocess.Popen[str]]:
@@ -94,8 +101,10 @@ class Zeps:
         )  # fmt: skip
         assert self.proc.stdout is not None and "serving" in self.proc.stdout.readline()
 
-    def publish(self, count: int, rate: float | None = None, *, single: bool = False) -> float:
-        with StreamClient(self.endpoint, "bench", timeout=120) as client:
+    def publish(
+        self, count: int, rate: float | None = None, *, single: bool = False, idempotent: bool = False
+    ) -> float:
+        with StreamClient(self.endpoint, "bench", timeout=120, idempotent=idempotent) as client:
             start = time.time()
             if rate or single:
                 for i in range(count):
@@ -181,9 +190,9 @@ def _pace(start: float, i: int, rate: float) -> None:
 
 
 # -- scenarios ----------------------------------------------------------------------------------
-def fanout(system: Any, role: str) -> float:
+def fanout(system: Any, role: str, **how: bool) -> float:
     subs = _spawn(role, system.endpoint, FANOUT_COUNT, FANOUT)
-    start = system.publish(FANOUT_COUNT)
+    start = system.publish(FANOUT_COUNT, **how)
     end = max(r[0] for r in _finish(subs))
     return FANOUT * FANOUT_COUNT / (end - start)
 
@@ -193,6 +202,20 @@ def one_to_one(system: Any, role: str, **how: bool) -> float:
     start = system.publish(ONE_TO_ONE_COUNT, **how)
     end = _finish(subs)[0][0]
     return ONE_TO_ONE_COUNT / (end - start)
+
+
+def _plain_and_idempotent(system: Zeps, role: str) -> dict[str, float]:
+    """zeps's throughput scenarios with plain and idempotent publishes, alternating; medians."""
+    scenarios = {"deliveries": lambda idem: fanout(system, role, idempotent=idem),
+                 "1to1": lambda idem: one_to_one(system, role, idempotent=idem),
+                 "1to1_single": lambda idem: one_to_one(system, role, single=True, idempotent=idem)}  # fmt: skip
+    samples: dict[str, list[float]] = {}
+    for _ in range(ROUNDS):
+        for key, run in scenarios.items():
+            for idempotent in (False, True):
+                name = f"zeps_idempotent_{key}_per_s" if idempotent else f"zeps_{key}_per_s"
+                samples.setdefault(name, []).append(run(idempotent))
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def replay(system: Any, role: str) -> float:
@@ -234,10 +257,11 @@ def main() -> None:
         for name, factory, role in (("zeps", Zeps, "zeps"), ("jetstream", JetStream, "jetstream")):
             system = factory(tmp / name)
             try:
-                results[f"{name}_deliveries_per_s"] = fanout(system, role)
-                results[f"{name}_1to1_per_s"] = one_to_one(system, role)
                 if name == "zeps":
-                    results["zeps_1to1_single_per_s"] = one_to_one(system, role, single=True)
+                    results.update(_plain_and_idempotent(system, role))
+                else:
+                    results[f"{name}_deliveries_per_s"] = fanout(system, role)
+                    results[f"{name}_1to1_per_s"] = one_to_one(system, role)
                 results[f"{name}_p50_ms"], results[f"{name}_p99_ms"] = latency(system, role)
                 if name == "jetstream":
                     system.reset()  # an empty stream: the replay reads exactly REPLAY_COUNT
@@ -263,6 +287,11 @@ def main() -> None:
         "p50_ms": round(results["zeps_p50_ms"], 3),
         "p99_ms": round(results["zeps_p99_ms"], 3),
         "jetstream_p99_ms": round(results["jetstream_p99_ms"], 3),
+        "zeps_idempotent_deliveries_per_s": round(results["zeps_idempotent_deliveries_per_s"], 1),
+        "zeps_idempotent_1to1_per_s": round(results["zeps_idempotent_1to1_per_s"], 1),
+        "zeps_idempotent_1to1_single_per_s": round(results["zeps_idempotent_1to1_single_per_s"], 1),
+        **{f"idempotent_vs_plain_{k}": round(results[f"zeps_idempotent_{k}_per_s"] / results[f"zeps_{k}_per_s"], 3)
+           for k in ("deliveries", "1to1", "1to1_single")},
     }))  # fmt: skip
 
 

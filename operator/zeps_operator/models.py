@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.alias_generators import to_camel
 
+from zeps.journal import DEFAULT_MAX_PRODUCERS, DEFAULT_PRODUCER_TTL_MS
 from zeps.options import BatchOptions, QueueOptions, TopicOptions
 from zeps.resources import GROUP, PLURALS, VERSION
 
@@ -102,6 +103,17 @@ class Retention(_Model):
     bytes: int | None = Field(None, ge=1_048_576, description="Keep the journal under this size.")
 
 
+class Producers(_Model):
+    """The broker's table of idempotent producers (exactly-once publishing)."""
+
+    ttl_seconds: int = Field(
+        DEFAULT_PRODUCER_TTL_MS // 1000,
+        ge=1,
+        description="Forget a producer idle this long; a client resuming it later is refused (PRODUCER_UNKNOWN).",
+    )
+    max: int = Field(DEFAULT_MAX_PRODUCERS, ge=1, description="Producers the broker remembers at most.")
+
+
 class StreamSpec(_Model):
     """A ZEPS broker with a journal: journalled high-rate pub/sub with replay."""
 
@@ -120,6 +132,7 @@ class StreamSpec(_Model):
         description="Subscription patterns the broker accepts: prefix-and-regex takes key prefixes and ~regex "
         "patterns; prefix refuses a ~regex subscription with INVALID (no regular expression runs in the broker).",
     )
+    producers: Producers = Field(default_factory=Producers)
     curve: bool = Field(False, description="Encrypt and authenticate with CURVE (a key pair in a Secret).")
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field("ClusterIP")
     port: int = Field(5555, ge=1024, le=65535, description="The broker's ZeroMQ port.")

@@ -162,6 +162,8 @@ def stream_objects(namespace: str, name: str, spec: StreamSpec, settings: Settin
         "ZEPS_BROKER_ADVERTISE": f"tcp://{service}.{namespace}.svc:{port}",
         "ZEPS_BROKER_FSYNC": spec.fsync,
         "ZEPS_BROKER_MATCHING": spec.matching,
+        "ZEPS_BROKER_PRODUCER_TTL": str(spec.producers.ttl_seconds),
+        "ZEPS_BROKER_MAX_PRODUCERS": str(spec.producers.max),
         "ZEPS_BROKER_ZOOKEEPER": settings.zookeeper,
         "ZEPS_BROKER_NAMESPACE": namespace,
         "ZEPS_BROKER_CHROOT": settings.chroot,

@@ -38,6 +38,7 @@ def test_kubectl_applies_the_crds_and_defaults_fill_in(crds: ControlPlane, names
         ("Queue", {"mode": "stack"}, "spec.mode"),
         ("ZepsStream", {"storage": {"size": "lots"}}, "spec.storage.size"),
         ("ZepsStream", {"fsync": "sometimes"}, "spec.fsync"),
+        ("ZepsStream", {"producers": {"ttlSeconds": 0}}, "spec.producers.ttlSeconds"),
     ],
 )
 def test_invalid_specs_are_rejected_naming_the_field(

@@ -40,6 +40,8 @@ def test_defaults_come_from_the_model() -> None:
     assert objects["PersistentVolumeClaim"]["spec"]["resources"]["requests"]["storage"] == defaults.storage.size
     assert container["resources"] == {"requests": defaults.resources.requests, "limits": defaults.resources.limits}
     assert objects["ConfigMap"]["data"]["ZEPS_BROKER_FSYNC"] == defaults.fsync
+    assert objects["ConfigMap"]["data"]["ZEPS_BROKER_PRODUCER_TTL"] == str(defaults.producers.ttl_seconds) == "86400"
+    assert objects["ConfigMap"]["data"]["ZEPS_BROKER_MAX_PRODUCERS"] == str(defaults.producers.max)
     assert objects["Service"]["spec"]["type"] == defaults.service_type
     assert "ZEPS_BROKER_RETENTION_MS" not in objects["ConfigMap"]["data"]
 

@@ -155,6 +155,10 @@ STREAM_CHECKS: dict[str, Check] = {
     ),
     "fsync": _stream("fsync", "always", lambda config, **_: config.journal.fsync == "always"),
     "matching": _stream("matching", "prefix", lambda config, **_: config.matching == "prefix"),
+    "producers.ttlSeconds": _stream(
+        "producers.ttlSeconds", 600, lambda config, **_: config.journal.producer_ttl_ms == 600_000
+    ),
+    "producers.max": _stream("producers.max", 5000, lambda config, **_: config.journal.max_producers == 5000),
     "curve": _stream(
         "curve",
         True,

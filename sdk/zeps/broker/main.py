@@ -19,7 +19,7 @@ from pathlib import Path
 from zeps.broker.core import BrokerConfig
 from zeps.broker.server import BrokerServer, CurveConfig, Registration
 from zeps.errors import ZepsError
-from zeps.journal import JournalConfig
+from zeps.journal import DEFAULT_MAX_PRODUCERS, DEFAULT_PRODUCER_TTL_MS, JournalConfig
 
 __all__ = ["main", "parse_args", "settings"]
 
@@ -39,10 +39,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--segment-bytes", type=int, default=int(_env("SEGMENT_BYTES", str(64 << 20)) or 0))
     p.add_argument("--retention-ms", type=int, default=int(v) if (v := _env("RETENTION_MS")) else None)
     p.add_argument("--retention-bytes", type=int, default=int(v) if (v := _env("RETENTION_BYTES")) else None)
-    p.add_argument("--producer-ttl", type=float, default=float(_env("PRODUCER_TTL", "86400") or 86400),
+    p.add_argument("--producer-ttl", type=float,
+                   default=float(_env("PRODUCER_TTL") or DEFAULT_PRODUCER_TTL_MS / 1000),
                    help="seconds an idempotent producer may stay idle before the broker forgets it; a client "
                    "resuming it afterwards is refused (PRODUCER_UNKNOWN) [ZEPS_BROKER_PRODUCER_TTL]")  # fmt: skip
-    p.add_argument("--max-producers", type=int, default=int(_env("MAX_PRODUCERS", "100000") or 0),
+    p.add_argument("--max-producers", type=int, default=int(_env("MAX_PRODUCERS") or DEFAULT_MAX_PRODUCERS),
                    help="idempotent producers remembered per stream [ZEPS_BROKER_MAX_PRODUCERS]")  # fmt: skip
     p.add_argument("--matching", choices=["prefix", "prefix-and-regex"], default=_env("MATCHING", "prefix-and-regex"),
                    help="patterns accepted; prefix refuses ~regex ones [ZEPS_BROKER_MATCHING]")  # fmt: skip

@@ -1,5 +1,23 @@
 """The per-stream journal: segment files, sparse indexes, recovery, retention. No sockets."""
 
-from zeps.journal.log import Chunk, FsyncPolicy, Journal, JournalConfig, JournalError, Record
+from zeps.journal.log import (
+    DEFAULT_MAX_PRODUCERS,
+    DEFAULT_PRODUCER_TTL_MS,
+    Chunk,
+    FsyncPolicy,
+    Journal,
+    JournalConfig,
+    JournalError,
+    Record,
+)
 
-__all__ = ["Chunk", "FsyncPolicy", "Journal", "JournalConfig", "JournalError", "Record"]
+__all__ = [
+    "DEFAULT_MAX_PRODUCERS",
+    "DEFAULT_PRODUCER_TTL_MS",
+    "Chunk",
+    "FsyncPolicy",
+    "Journal",
+    "JournalConfig",
+    "JournalError",
+    "Record",
+]

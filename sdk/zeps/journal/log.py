@@ -64,7 +64,16 @@ from zeps.errors import ZepsError
 from zeps.journal.producers import GROUP, MARK_TIMESTAMP, SNAPSHOT, Producer, ProducerTable, decode_mark
 from zeps.journal.producers import encode_mark_body as _mark_body
 
-__all__ = ["Chunk", "FsyncPolicy", "Journal", "JournalConfig", "JournalError", "Record"]
+__all__ = [
+    "DEFAULT_MAX_PRODUCERS",
+    "DEFAULT_PRODUCER_TTL_MS",
+    "Chunk",
+    "FsyncPolicy",
+    "Journal",
+    "JournalConfig",
+    "JournalError",
+    "Record",
+]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +82,8 @@ _INDEX = struct.Struct("!QQI")  # sequence, timestamp, offset
 _RECORD = struct.Struct("!IIQQB")  # length, crc, sequence, timestamp, key length
 _NAME_DIGITS = 20
 _OFFSET = array("I").itemsize  # bytes per entry of a .off file
+DEFAULT_PRODUCER_TTL_MS = 24 * 3600 * 1000  # the broker's --producer-ttl, the ZepsStream's producers.ttlSeconds
+DEFAULT_MAX_PRODUCERS = 100_000  # --max-producers, producers.max
 _MAX_SEGMENT_BYTES = 1 << 31  # offsets in a .off file are 4 bytes; a record may overshoot segment_bytes
 
 
@@ -145,8 +156,8 @@ class JournalConfig:
     retention_ms: int | None = None  #: remove closed segments whose newest record is older
     retention_bytes: int | None = None  #: remove the oldest closed segments while the journal is larger
     tail_cache_bytes: int = 16 * 1024 * 1024  #: recent records kept in memory for live delivery
-    producer_ttl_ms: int = 24 * 3600 * 1000  #: forget an idempotent producer idle this long
-    max_producers: int = 100_000  #: idempotent producers the table holds at most
+    producer_ttl_ms: int = DEFAULT_PRODUCER_TTL_MS  #: forget an idempotent producer idle this long
+    max_producers: int = DEFAULT_MAX_PRODUCERS  #: idempotent producers the table holds at most
 
     def __post_init__(self) -> None:
         if not 0 < self.segment_bytes <= _MAX_SEGMENT_BYTES:
