@@ -92,6 +92,24 @@ def test_a_fresh_claim_fences_the_older_client_and_continues_the_sequence() -> N
     assert t.admit("p", 2, 11, 1, now_ms=6) == 0
 
 
+def test_generations_let_a_retried_unit_of_work_skip_what_its_first_attempt_wrote() -> None:
+    """A Spark sink's producer per (query, partition), its generation the micro-batch: a new
+    generation starts after the producer's sequence; a retry of one learns how much of it is held."""
+    t = _table()
+    assert t.claim("q-p0", 0, now_ms=1, generation=1) == (Producer(1, 0, 1, generation=1, base=0), True)
+    t.admit("q-p0", 1, 1, 100, now_ms=2)  # batch 0: rows 1..100, all held
+    first, _ = t.claim("q-p0", 0, now_ms=3, generation=2)  # batch 1, first attempt
+    assert (first.epoch, first.sequence, first.base) == (2, 100, 100)  # nothing of it held yet
+    t.admit("q-p0", 2, 101, 30, now_ms=4)  # 30 of its rows reached the broker, then the task died
+    retry, _ = t.claim("q-p0", 0, now_ms=5, generation=2)
+    assert (retry.epoch, retry.sequence - retry.base) == (3, 30)  # skip 30 rows, go on at 131
+    with pytest.raises(ProducerRefusedError, match="generation 1 is fenced: the producer has gone on to generation 2"):
+        t.claim("q-p0", 0, now_ms=6, generation=1)  # a zombie of an older micro-batch
+    with pytest.raises(ProducerRefusedError, match="fenced"):
+        t.admit("q-p0", 2, 131, 1, now_ms=6)  # the first attempt, still alive: fenced by the retry's epoch
+    assert t.claim("q-p0", 0, now_ms=7)[0].generation == 2  # generation 0: left as it is
+
+
 def test_idle_producers_expire_and_a_stale_one_gets_a_clear_error() -> None:
     t = _table(ttl_ms=1000)
     t.claim("old", 0, now_ms=0)
@@ -119,7 +137,8 @@ def test_the_table_is_bounded_and_makes_room_by_expiry() -> None:
 
 @given(st.dictionaries(st.text("abcxyz-._0123456789", min_size=1, max_size=20),
                        st.builds(Producer, st.integers(0, 2**32 - 1), st.integers(0, 2**64 - 1),
-                                 st.integers(0, 2**64 - 1)), max_size=20),
+                                 st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)),
+                       max_size=20),
        st.sampled_from([GROUP, SNAPSHOT]), st.integers(0, 2**32 - 1))  # fmt: skip
 def test_marks_round_trip(producers: dict[str, Producer], kind: int, follows: int) -> None:
     assert decode_mark(encode_mark_body(kind, follows, producers)) == (kind, follows, producers)

@@ -89,8 +89,8 @@ GOLDEN = [
         DeliverRun(crc=_RUN_CRC, index=b"\0\0\0\0", records=encode_record(7, 9, b"k", b"v")),
         SIG + b"\x11" + struct.pack("!I", _RUN_CRC) + chunk(b"\0\0\0\0") + chunk(encode_record(7, 9, b"k", b"v")),
     ),
-    (Produce(producer="orders-0", epoch=3), SIG + b"\x13" + s("orders-0") + struct.pack("!I", 3)),
-    (ProduceOk(epoch=4, sequence=500), SIG + b"\x14" + struct.pack("!IQ", 4, 500)),
+    (Produce(producer="orders-0", epoch=3, generation=7), SIG + b"\x13" + s("orders-0") + struct.pack("!IQ", 3, 7)),
+    (ProduceOk(epoch=4, sequence=500, base=450), SIG + b"\x14" + struct.pack("!IQQ", 4, 500, 450)),
     (PublishSeq(sequence=9, key="k", body=b"v"), SIG + b"\x15" + struct.pack("!Q", 9) + s("k") + chunk(b"v")),
     (
         PublishBatchSeq(sequence=501, entries=s("a") + chunk(b"1") + s("bc") + chunk(b"")),
@@ -158,8 +158,8 @@ commands = st.one_of(
         )
     ),
     st.sampled_from([AttachOk(), SubscribeOk(), Ping(), PingOk(), Detach(), DetachOk()]),
-    st.builds(Produce, producer=vchar, epoch=st.integers(0, 0xFFFFFFFF)),
-    st.builds(ProduceOk, epoch=st.integers(0, 0xFFFFFFFF), sequence=u64),
+    st.builds(Produce, producer=vchar, epoch=st.integers(0, 0xFFFFFFFF), generation=u64),
+    st.builds(ProduceOk, epoch=st.integers(0, 0xFFFFFFFF), sequence=u64, base=u64),
     st.builds(PublishSeq, sequence=u64, key=vchar, body=st.binary(max_size=300)),
     st.builds(
         lambda seq, items: decode(encode_publish_batch(items, seq)),

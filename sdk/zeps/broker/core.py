@@ -285,7 +285,8 @@ class BrokerCore:
 
     def _produce(self, session: _Session, command: Produce) -> None:
         try:
-            producer, changed = session.stream.journal.producers.claim(command.producer, command.epoch, _now_ms())
+            producer, changed = session.stream.journal.producers.claim(command.producer, command.epoch, _now_ms(),
+                                                                       command.generation)  # fmt: skip
         except ProducerRefusedError as exc:
             self._invalid(session.peer, str(exc), _REFUSALS[exc.reason], version=session.conn.version, forget=False)
             return
@@ -293,7 +294,8 @@ class BrokerCore:
             pending = self._appending(session.stream)
             pending.changes.append((len(pending.entries), pending.size, command.producer, producer))
         session.producer, session.epoch = command.producer, producer.epoch
-        self._send(session.peer, session.conn.send(ProduceOk(epoch=producer.epoch, sequence=producer.sequence)))
+        answer = ProduceOk(epoch=producer.epoch, sequence=producer.sequence, base=producer.base)
+        self._send(session.peer, session.conn.send(answer))
 
     def _publish_seq(self, session: _Session, first: int, items: tuple[tuple[str, bytes], ...], size: int) -> None:
         """An idempotent producer's publishes: journal the ones the journal does not hold yet."""

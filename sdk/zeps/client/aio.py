@@ -57,9 +57,11 @@ class AsyncStreamClient:
         max_unconfirmed: int = 100_000,
         producer_id: str | None = None,
         idempotent: bool = True,
+        generation: int = 0,
     ) -> None:
         self.endpoint = check_endpoint(endpoint)
-        self.session = ClientSession(stream, credit_window=credit_window, producer=producer_id, idempotent=idempotent)
+        self.session = ClientSession(stream, credit_window=credit_window, producer=producer_id, idempotent=idempotent,
+                                     generation=generation)  # fmt: skip
         self.heartbeat, self.ttl, self.timeout = heartbeat, ttl, timeout
         self.server_public_key = server_public_key
         self.client_keys = client_keys
@@ -208,6 +210,11 @@ class AsyncStreamClient:
     def producer_sequence(self) -> int:
         """The last publish the broker confirmed holding from this producer (see StreamClient)."""
         return self.session.producer_sequence
+
+    @property
+    def generation_sequence(self) -> int:
+        """Publishes of this client's ``generation`` the broker held at its claim (see StreamClient)."""
+        return self.session.generation_held or 0
 
     async def publish(self, key: str, body: bytes) -> None:
         await self._room()

@@ -134,10 +134,15 @@ class ClientSession:
         confirm_every: int = 1000,
         producer: str | None = None,
         idempotent: bool = True,
+        generation: int = 0,
     ) -> None:
         if producer is not None and not (producer.isascii() and producer.isprintable() and " " not in producer
                                          and 0 < len(producer) < 256):  # fmt: skip
             raise ConfigError(f"producer_id={producer!r}: a producer name is 1-255 printable ASCII, no spaces")
+        if not 0 <= generation < 2**64:
+            raise ConfigError(f"generation={generation}: a generation is 0 (none) to 2^64-1")
+        if generation and producer is None:
+            raise ConfigError("generation= numbers the units of work of a named producer: give producer_id= too")
         if producer is not None and not idempotent:
             raise ConfigError("producer_id= names an idempotent producer: leave idempotent=True, or drop producer_id")
         self.stream = stream
@@ -145,6 +150,8 @@ class ClientSession:
         self.producer = producer if producer is not None else f"zeps-{secrets.token_hex(8)}" if idempotent else None
         self.named_producer = producer is not None
         self.epoch = 0  # the producer's epoch, from PRODUCE-OK (0: claim the name afresh)
+        self.generation = generation
+        self.generation_held: int | None = None  # publishes of this generation held at the first PRODUCE-OK
         self.next_sequence: int | None = None  # the next publish's producer sequence, known from the first PRODUCE-OK
         self.producing = False  # PRODUCE-OK arrived on this peering
         self._produce_pending = False
@@ -221,7 +228,7 @@ class ClientSession:
         self.producing = False
         if self.sequencing:
             assert self.producer is not None
-            frames.append(self.conn.send(Produce(producer=self.producer, epoch=self.epoch)))
+            frames.append(self.conn.send(Produce(producer=self.producer, epoch=self.epoch, generation=self.generation)))
             self._produce_pending = True
         elif self.named_producer:
             self.producer_error = (f"the broker speaks ZEPS version {self.conn.version}, without idempotent "
@@ -396,6 +403,13 @@ class ClientSession:
         return self.conn.send(Detach()) if self.attached else None
 
     # -- input ----------------------------------------------------------------------------------
+    def _produced(self, answer: ProduceOk) -> None:
+        self._produce_pending = False
+        self.epoch, self.producing = answer.epoch, True
+        if self.next_sequence is None:  # the first attach: go on from what the broker holds
+            self.next_sequence = answer.sequence + 1
+            self.generation_held = answer.sequence - answer.base
+
     def receive(self, frame: bytes) -> list[bytes]:
         """Handle one frame from the broker; returns frames to send in answer."""
         self.last_heard = time.monotonic()
@@ -430,10 +444,7 @@ class ClientSession:
         if isinstance(command, Ping):
             return [self.conn.send(PingOk())]
         if isinstance(command, ProduceOk):
-            self._produce_pending = False
-            self.epoch, self.producing = command.epoch, True
-            if self.next_sequence is None:  # the first attach: go on from what the broker holds
-                self.next_sequence = command.sequence + 1
+            self._produced(command)
             return []
         if isinstance(command, PingOk):
             if self.producer_error is not None:

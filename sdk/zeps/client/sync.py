@@ -134,9 +134,11 @@ class StreamClient:
         max_unconfirmed: int = 100_000,
         producer_id: str | None = None,
         idempotent: bool = True,
+        generation: int = 0,
     ) -> None:
         self.endpoint = check_endpoint(endpoint)
-        self.session = ClientSession(stream, credit_window=credit_window, producer=producer_id, idempotent=idempotent)
+        self.session = ClientSession(stream, credit_window=credit_window, producer=producer_id, idempotent=idempotent,
+                                     generation=generation)  # fmt: skip
         self.heartbeat, self.ttl, self.timeout = heartbeat, ttl, timeout
         self.server_public_key = server_public_key
         self.client_keys = client_keys
@@ -289,6 +291,12 @@ class StreamClient:
         producer's life (0: none). A publisher restarted with the same ``producer_id`` continues its
         input after this many items: nothing repeated, nothing skipped."""
         return self.session.producer_sequence
+
+    @property
+    def generation_sequence(self) -> int:
+        """Publishes of this client's ``generation`` the broker held when the client claimed its
+        producer: a retried unit of work (a Spark task) skips that many items and goes on."""
+        return self.session.generation_held or 0
 
     def publish(self, key: str, body: bytes) -> None:
         """Send a message (asynchronous, as ZEPS is). Blocks only while the broker pushes back, or

@@ -25,10 +25,12 @@ sequence is that of the record before it, and whose key is empty; its body, numb
     kind      number-1    1 = group, 2 = snapshot
     follows   number-4    records of the group after the mark (0 in a snapshot)
     count     number-4    producer entries, each:
-      name      number-1 length + ASCII
-      epoch     number-4
-      sequence  number-8    the last sequence held
-      seen      number-8    its last claim or publish, ms since the epoch
+      name        number-1 length + ASCII
+      epoch       number-4
+      sequence    number-8    the last sequence held
+      seen        number-8    its last claim or publish, ms since the epoch
+      generation  number-8    its current generation (0: none)
+      base        number-8    the sequence that generation started after
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ __all__ = [
 MARK_TIMESTAMP = 2**64 - 1  #: the timestamp field of a producer mark (no record has it)
 GROUP, SNAPSHOT = 1, 2
 _HEAD = struct.Struct("!BII")  # kind, follows, count
-_ENTRY = struct.Struct("!IQQ")  # epoch, sequence, seen (after the name)
+_ENTRY = struct.Struct("!IQQQQ")  # epoch, sequence, seen, generation, base (after the name)
 
 Refusal = Literal["fenced", "unknown", "out-of-sequence", "full"]
 
@@ -71,13 +73,15 @@ class Producer:
     epoch: int
     sequence: int  #: the last sequence the journal holds from it (0: none)
     seen_ms: int  #: its last claim or publish
+    generation: int = 0  #: its current generation (a unit of work such as a Spark micro-batch; 0: none)
+    base: int = 0  #: the sequence its current generation started after
 
 
 def encode_mark_body(kind: int, follows: int, producers: dict[str, Producer]) -> bytes:
     parts = [_HEAD.pack(kind, follows, len(producers))]
     for name, p in producers.items():
         raw = name.encode("ascii")
-        parts += (bytes([len(raw)]), raw, _ENTRY.pack(p.epoch, p.sequence, p.seen_ms))
+        parts += (bytes([len(raw)]), raw, _ENTRY.pack(p.epoch, p.sequence, p.seen_ms, p.generation, p.base))
     return b"".join(parts)
 
 
@@ -118,19 +122,29 @@ class ProducerTable:
     def _set(self, name: str, producer: Producer) -> None:
         self.producers[name] = producer
 
-    def claim(self, name: str, epoch: int, now_ms: int) -> tuple[Producer, bool]:
+    def claim(self, name: str, epoch: int, now_ms: int, generation: int = 0) -> tuple[Producer, bool]:
         """A client claims ``name`` (PRODUCE): the producer now, and whether the claim changed it (a
         change the journal must record). Epoch 0 claims it afresh: a new producer, or a new epoch
         of a known one (its sequence goes on; older clients are fenced). A known epoch resumes. An older
-        epoch is fenced; a resumed epoch of a name the table does not know is refused (it expired)."""
+        epoch is fenced; a resumed epoch of a name the table does not know is refused (it expired).
+        A ``generation`` above the producer's starts a new one after its current sequence; the same
+        is a retry of it; a lower one is fenced; 0 leaves the generation as it is."""
         known = self.producers.get(name)
+        if known is not None and 0 < generation < known.generation:
+            raise ProducerRefusedError("fenced", f"producer {name!r} generation {generation} is fenced: the "
+                                       f"producer has gone on to generation {known.generation}")  # fmt: skip
         if epoch == 0:
             if known is None and len(self.producers) >= self.max_producers:
                 self.expire(now_ms)
                 if len(self.producers) >= self.max_producers:
                     limit = f"the broker holds {self.max_producers} producers for this stream, its limit"
                     raise ProducerRefusedError("full", f"{limit}; idle ones are forgotten after {self._ttl}")
-            fresh = Producer(1, 0, now_ms) if known is None else Producer(known.epoch + 1, known.sequence, now_ms)
+            if known is None:
+                fresh = Producer(1, 0, now_ms, generation, 0)
+            elif generation > known.generation:
+                fresh = Producer(known.epoch + 1, known.sequence, now_ms, generation, known.sequence)
+            else:
+                fresh = replace(known, epoch=known.epoch + 1, seen_ms=now_ms)
             self._set(name, fresh)
             return fresh, True
         if known is None:
@@ -142,6 +156,10 @@ class ProducerTable:
             )
         if epoch < known.epoch:
             raise self._fenced(name, epoch, known)
+        if generation > known.generation:
+            raise ProducerRefusedError("fenced", f"producer {name!r} resumed epoch {epoch} with generation "
+                                       f"{generation}, beyond its {known.generation}: claim a new generation "
+                                       "with epoch 0")  # fmt: skip
         if epoch > known.epoch:  # the claim that raised it was lost with unsynced writes (a machine crash)
             self._set(name, replace(known, epoch=epoch, seen_ms=now_ms))
             return self.producers[name], True
@@ -178,7 +196,7 @@ class ProducerTable:
             )
         held = min(count, known.sequence + 1 - first)
         if held < count:
-            self._set(name, Producer(epoch, first + count - 1, now_ms))
+            self._set(name, replace(known, sequence=first + count - 1, seen_ms=now_ms))
         else:
             self.producers[name] = replace(known, seen_ms=now_ms)
         return held

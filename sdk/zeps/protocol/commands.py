@@ -52,11 +52,16 @@ producer name publishes with a per-producer sequence; the broker journals each s
 a publish it already holds (and still confirms it: the PING barrier covers it), and refuses one that
 skips a sequence. The producer table lives in the journal (:mod:`zeps.journal.producers`).
 
-* ``PRODUCE`` (id 19, client → broker): ``producer`` string, ``epoch`` number-4 — claim ``producer``
-  for this peering. Epoch 0 claims it afresh: the broker raises its epoch, so an older client still
-  publishing under the name is fenced. The epoch PRODUCE-OK gave resumes it (after a reconnect).
-* ``PRODUCE-OK`` (id 20, broker → client): ``epoch`` number-4, ``sequence`` number-8 — the producer's
-  epoch now, and the last sequence the journal holds from it (0: none); the next publish is that + 1.
+* ``PRODUCE`` (id 19, client → broker): ``producer`` string, ``epoch`` number-4, ``generation``
+  number-8 — claim ``producer`` for this peering. Epoch 0 claims it afresh: the broker raises its
+  epoch, so an older client still publishing under the name is fenced. The epoch PRODUCE-OK gave
+  resumes it (after a reconnect). ``generation`` (0: none) numbers units of work such as a Spark
+  micro-batch: a higher one starts a new generation at the producer's current sequence, the same one
+  is a retry of that unit, a lower one is fenced.
+* ``PRODUCE-OK`` (id 20, broker → client): ``epoch`` number-4, ``sequence`` number-8, ``base``
+  number-8 — the producer's epoch now, the last sequence the journal holds from it (0: none; the
+  next publish is that + 1), and the sequence its current generation started after (``sequence`` -
+  ``base`` publishes of this generation are held: a retry skips that many).
 * ``PUBLISH-SEQ`` (id 21, client → broker): ``sequence`` number-8, ``key`` string, ``body`` chunk.
 * ``PUBLISH-BATCH-SEQ`` (id 22, client → broker): ``sequence`` number-8, ``entries`` chunk —
   PUBLISH-BATCH whose entries carry ``sequence``, ``sequence`` + 1, …
@@ -332,20 +337,23 @@ class Produce(Command):
 
     ID = 19
     NAME = "PRODUCE"
-    FIELDS = (("producer", "string"), ("epoch", "number-4"))
+    FIELDS = (("producer", "string"), ("epoch", "number-4"), ("generation", "number-8"))
     producer: str
     epoch: int = 0  #: 0: claim the name afresh (fencing older clients); else resume this epoch
+    generation: int = 0  #: the unit of work (a Spark micro-batch + 1); 0: none
 
 
 @dataclass(frozen=True, slots=True)
 class ProduceOk(Command):
-    """Version 6 extension: the producer's epoch and the last sequence the journal holds from it."""
+    """Version 6 extension: the producer's epoch, the last sequence the journal holds from it, and
+    the sequence its current generation started after."""
 
     ID = 20
     NAME = "PRODUCE-OK"
-    FIELDS = (("epoch", "number-4"), ("sequence", "number-8"))
+    FIELDS = (("epoch", "number-4"), ("sequence", "number-8"), ("base", "number-8"))
     epoch: int
     sequence: int
+    base: int = 0
 
 
 @dataclass(frozen=True, slots=True)
