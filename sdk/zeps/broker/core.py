@@ -156,16 +156,23 @@ class _Stream:
 
 @dataclass(eq=False)
 class _Pending:
-    """A stream's publishes since the last flush, and the changes they make to its producer table."""
+    """A stream's publishes since the last flush, cut into groups of about ``group_bytes`` (a quarter
+    segment: a group never spans segments), each with the changes it makes to the producer table."""
 
+    group_bytes: int
     entries: list[tuple[str, bytes]] = field(default_factory=list)
     size: int = 0  # bytes of the entries (keys, bodies, a few framing bytes)
-    #: (entries end, size then, producer, its state): the producer is so once entries[:end] are written
-    changes: list[tuple[int, int, str, Producer]] = field(default_factory=list)
+    #: closed groups: (entries end, the producers they change, as they are once entries[:end] are written)
+    groups: list[tuple[int, dict[str, Producer]]] = field(default_factory=list)
+    changes: dict[str, Producer] = field(default_factory=dict)  # of the open group
+    start: int = 0  # size when the open group began
 
     def add(self, items: Iterable[tuple[str, bytes]] | list[tuple[str, bytes]], size: int) -> None:
         self.entries.extend(items)
         self.size += size
+        if self.size - self.start >= self.group_bytes:
+            self.groups.append((len(self.entries), self.changes))
+            self.changes, self.start = {}, self.size
 
 
 @dataclass(eq=False)
@@ -207,6 +214,7 @@ class BrokerCore:
         self._ids = itertools.count(1)
         self._appends: dict[str, _Pending] = {}
         self._queued_bytes = 0  # delivery bytes queued, ever: pump() measures its budget with it
+        self._clock_ms = _now_ms()  # wall time for producers' last activity (TTL): set once per flush
         self.invalid_frames = 0
 
     def open(self) -> BrokerCore:
@@ -280,19 +288,19 @@ class BrokerCore:
     def _appending(self, stream: _Stream) -> _Pending:
         pending = self._appends.get(stream.name)
         if pending is None:
-            pending = self._appends[stream.name] = _Pending()
+            pending = self._appends[stream.name] = _Pending(stream.journal.config.segment_bytes // 4)
         return pending
 
     def _produce(self, session: _Session, command: Produce) -> None:
         try:
-            producer, changed = session.stream.journal.producers.claim(command.producer, command.epoch, _now_ms(),
+            producer, changed = session.stream.journal.producers.claim(command.producer, command.epoch, self._clock_ms,
                                                                        command.generation)  # fmt: skip
         except ProducerRefusedError as exc:
             self._invalid(session.peer, str(exc), _REFUSALS[exc.reason], version=session.conn.version, forget=False)
             return
         if changed:  # a new producer or epoch: journaled (a group mark with no record) before PRODUCE-OK goes
             pending = self._appending(session.stream)
-            pending.changes.append((len(pending.entries), pending.size, command.producer, producer))
+            pending.changes[command.producer] = producer
         session.producer, session.epoch = command.producer, producer.epoch
         answer = ProduceOk(epoch=producer.epoch, sequence=producer.sequence, base=producer.base)
         self._send(session.peer, session.conn.send(answer))
@@ -304,20 +312,30 @@ class BrokerCore:
             self._invalid(session.peer, "PUBLISH-SEQ and PUBLISH-BATCH-SEQ need a PRODUCE first", Refusal.BAD_FRAME,
                           version=session.conn.version, forget=False)  # fmt: skip
             return
+        table = stream.journal.producers
+        known = table.producers.get(session.producer)
+        if known is not None and known.epoch == session.epoch and first == known.sequence + 1:  # the usual case
+            state = table.producers[session.producer] = Producer(
+                session.epoch, first + len(items) - 1, self._clock_ms, known.generation, known.base
+            )
+            pending = self._appending(stream)
+            pending.changes[session.producer] = state  # before add(): a group it closes holds the change
+            pending.add(items, size)
+            stream.messages_in += len(items)
+            stream.bytes_in += size
+            return
         try:
-            held = stream.journal.producers.admit(session.producer, session.epoch, first, len(items), _now_ms())
+            held = table.admit(session.producer, session.epoch, first, len(items), self._clock_ms)
         except ProducerRefusedError as exc:
             self._invalid(session.peer, str(exc), _REFUSALS[exc.reason], version=session.conn.version, forget=False)
             return
         stream.duplicates += held
         if held < len(items):
-            fresh = items[held:] if held else items
-            if held:
-                size = sum(len(key) + len(body) + 5 for key, body in fresh)
+            fresh = items[held:]
+            size = sum(len(key) + len(body) + 5 for key, body in fresh)
             pending = self._appending(stream)
+            pending.changes[session.producer] = table.producers[session.producer]
             pending.add(fresh, size)
-            pending.changes.append((len(pending.entries), pending.size, session.producer,
-                                    stream.journal.producers.producers[session.producer]))  # fmt: skip
             stream.messages_in += len(fresh)
             stream.bytes_in += size
 
@@ -392,6 +410,7 @@ class BrokerCore:
     def flush_appends(self, *, idle: bool = True) -> None:
         """Write buffered publishes to the journals, apply the fsync policy, and route what became
         durable to live subscriptions."""
+        self._clock_ms = _now_ms()
         for name, pending in self._appends.items():
             self._write(self.streams[name].journal, pending)
         self._appends.clear()
@@ -401,23 +420,14 @@ class BrokerCore:
 
     @staticmethod
     def _write(journal: Journal, pending: _Pending) -> None:
-        """Append a stream's pending publishes: plain ones in one append; with idempotent producers'
-        changes, in groups cut at the ends of their publishes once a group reaches a quarter segment."""
-        entries, changes = pending.entries, pending.changes
-        if not changes:
-            if entries:
-                journal.append_many(entries)
-            return
-        limit = journal.config.segment_bytes // 4
-        begin = begin_size = 0
-        group: dict[str, Producer] = {}
-        for i, (end, size, producer, state) in enumerate(changes):
-            group[producer] = state
-            if size - begin_size >= limit or i == len(changes) - 1:
-                journal.append_many(entries[begin:end] if begin or end < len(entries) else entries, changes=group)
-                begin, begin_size, group = end, size, {}
-        if begin < len(entries):  # plain publishes after the last idempotent one
-            journal.append_many(entries[begin:])
+        """Append a stream's pending publishes, group by group (a group without producers' changes is
+        a plain append, which may roll segments within it)."""
+        entries, begin = pending.entries, 0
+        for end, changes in [*pending.groups, (len(entries), pending.changes)]:
+            if end > begin or changes:
+                part = entries if begin == 0 and end == len(entries) else entries[begin:end]
+                journal.append_many(part, changes=changes or None)
+            begin = end
 
     def _route(self, stream: _Stream) -> None:
         journal = stream.journal
@@ -593,6 +603,7 @@ class BrokerCore:
     def tick(self, now: float | None = None) -> None:
         """Heartbeats: PING peers silent for heartbeat_s; forget those silent for ttl_s."""
         now = time.monotonic() if now is None else now
+        self._clock_ms = _now_ms()
         for session in list(self.sessions.values()):
             silent = now - session.last_heard
             if silent > self.config.ttl_s:
@@ -603,7 +614,7 @@ class BrokerCore:
                 self._send(session.peer, session.conn.send(Ping()))
         for stream in self.streams.values():
             stream.journal.apply_retention()
-            stream.journal.expire_producers(_now_ms())
+            stream.journal.expire_producers(self._clock_ms)
 
     def _forget(self, session: _Session) -> None:
         for sub in session.subscriptions:

@@ -36,8 +36,7 @@ sequence is that of the record before it, and whose key is empty; its body, numb
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from zeps.errors import ZepsError
 
@@ -68,8 +67,9 @@ class ProducerRefusedError(ZepsError):
         self.reason: Refusal = reason
 
 
-@dataclass(frozen=True, slots=True)
-class Producer:
+class Producer(NamedTuple):
+    """One producer as the table holds it (a named tuple: one is made for every publish frame)."""
+
     epoch: int
     sequence: int  #: the last sequence the journal holds from it (0: none)
     seen_ms: int  #: its last claim or publish
@@ -144,7 +144,7 @@ class ProducerTable:
             elif generation > known.generation:
                 fresh = Producer(known.epoch + 1, known.sequence, now_ms, generation, known.sequence)
             else:
-                fresh = replace(known, epoch=known.epoch + 1, seen_ms=now_ms)
+                fresh = known._replace(epoch=known.epoch + 1, seen_ms=now_ms)
             self._set(name, fresh)
             return fresh, True
         if known is None:
@@ -161,9 +161,9 @@ class ProducerTable:
                                        f"{generation}, beyond its {known.generation}: claim a new generation "
                                        "with epoch 0")  # fmt: skip
         if epoch > known.epoch:  # the claim that raised it was lost with unsynced writes (a machine crash)
-            self._set(name, replace(known, epoch=epoch, seen_ms=now_ms))
+            self._set(name, known._replace(epoch=epoch, seen_ms=now_ms))
             return self.producers[name], True
-        self.producers[name] = replace(known, seen_ms=now_ms)  # resumed: nothing to journal
+        self.producers[name] = known._replace(seen_ms=now_ms)  # resumed: nothing to journal
         return self.producers[name], False
 
     @property
@@ -195,10 +195,8 @@ class ProducerTable:
                 f"publishes {known.sequence + 1}..{first - 1} never reached it",
             )
         held = min(count, known.sequence + 1 - first)
-        if held < count:
-            self._set(name, replace(known, sequence=first + count - 1, seen_ms=now_ms))
-        else:
-            self.producers[name] = replace(known, seen_ms=now_ms)
+        last = first + count - 1 if held < count else known.sequence
+        self.producers[name] = Producer(epoch, last, now_ms, known.generation, known.base)
         return held
 
     def apply(self, kind: int, producers: dict[str, Producer]) -> None:
