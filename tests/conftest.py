@@ -39,14 +39,14 @@ def zookeeper(zookeeper_server: ZooKeeperServer, request: pytest.FixtureRequest)
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A local[2] SparkSession bound to 127.0.0.1, UI off; stopped at the end of the session."""
+    """A local[2,2] SparkSession (2 cores, a task may fail once) bound to 127.0.0.1, UI off; stopped at the end."""
     from pyspark.sql import SparkSession  # noqa: PLC0415 — an extra: only the tests that need it import it
 
     warehouse: Path = tmp_path_factory.mktemp("spark-warehouse")
     os.environ["PYSPARK_PYTHON"] = sys.executable  # Python workers run this interpreter (and its zeps)
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     session = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master("local[2,2]")  # a failed task is tried once more, as on a cluster
         .appName("zeps-tests")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")

@@ -1,4 +1,4 @@
-"""The Spark tier is real: a local[2] SparkSession on Java 17, running a job across two tasks."""
+"""The Spark tier is real: a local[2,2] SparkSession on Java 17, running a job across two tasks."""
 
 from __future__ import annotations
 
@@ -18,4 +18,4 @@ def test_small_job_aggregates_across_partitions(spark: Any) -> None:
     for customer, amount in rows:
         expected[customer] = expected.get(customer, 0) + amount
     assert totals == expected
-    assert spark.sparkContext.master == "local[2]"
+    assert spark.sparkContext.master == "local[2,2]"

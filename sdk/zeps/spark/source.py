@@ -28,7 +28,15 @@ Options: ``stream`` or ``queue`` (the resource name), ``namespace``, ``endpoint`
 ``failOnDataLoss`` (true/false, default true), ``partitionSize`` (sequences per partition, default
 100000), ``startSequence``/``endSequence`` (batch reads of a stream), ``startBatch``/``endBatch``
 (batch reads of a batch Queue: by default every retained batch). Written rows need ``key`` (string) and
-``body`` (binary or string) columns; writes are at-least-once.
+``body`` (binary or string) columns.
+
+Writes are exactly-once across task retries and query restarts. Each task publishes as an idempotent
+producer named after the query (its id, kept in the checkpoint; a batch write's own random id) and
+its partition, with the micro-batch (+1) as the producer's generation (1 for a batch write): a
+retried task, or a restarted query running the same micro-batch again, claims the producer afresh
+(fencing an attempt still running), learns how many of its rows the broker already holds
+(``generation_sequence``), skips them and publishes the rest in the same order. This needs what
+Spark asks of an exactly-once sink anyway: a task given the same input gives the same rows, in order.
 
 Columns: a stream's rows are ``sequence long, key string, body binary, timestamp timestamp``. Spark
 gives Python data sources no column pruning, so a query that needs fewer names them in a schema
@@ -39,12 +47,14 @@ and Spark converts only those.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -361,13 +371,30 @@ class _Count(WriterCommitMessage):
         self.count = count
 
 
-def _publish_rows(settings: Resolved, rows: Iterator[Any]) -> _Count:
+def task_producer(write_id: str) -> tuple[str, int]:
+    """(producer name, generation) of the running task: the query (its id from the checkpoint, else
+    ``write_id``) and partition name the producer; the micro-batch + 1 is the generation (1 outside
+    a streaming query)."""
+    context = TaskContext.get()
+    if context is None:  # not in a Spark task (a direct call): one producer for the writer
+        return f"spark-{write_id}-0", 1
+    query = context.getLocalProperty("sql.streaming.queryId") or write_id
+    batch = context.getLocalProperty("streaming.sql.batchId")
+    return f"spark-{query}-{context.partitionId()}", int(batch) + 1 if batch else 1
+
+
+def _publish_rows(settings: Resolved, rows: Iterator[Any], write_id: str) -> _Count:
+    """Publish a task's rows exactly once, however often Spark runs the task (see the module docstring)."""
+    producer, generation = task_producer(write_id)
     count = 0
-    with StreamClient(settings.endpoint, settings.name, server_public_key=settings.public_key or None) as client:
+    with StreamClient(settings.endpoint, settings.name, server_public_key=settings.public_key or None,
+                      producer_id=producer, generation=generation) as client:  # fmt: skip
+        held = client.generation_sequence  # rows an earlier attempt of this task published
         for row in rows:
-            body = row["body"]
-            client.publish(str(row["key"]), body.encode() if isinstance(body, str) else bytes(body))
             count += 1
+            if count > held:
+                body = row["body"]
+                client.publish(str(row["key"]), body.encode() if isinstance(body, str) else bytes(body))
         client.flush(timeout=120)  # the broker confirmed every row before the task reports success
     return _Count(count)
 
@@ -375,17 +402,19 @@ def _publish_rows(settings: Resolved, rows: Iterator[Any]) -> _Count:
 class ZepsWriter(DataSourceWriter):
     def __init__(self, settings: Resolved) -> None:
         self.settings = settings
+        self.write_id = uuid.uuid4().hex  # made on the driver: every attempt of a task shares it
 
     def write(self, iterator: Iterator[Any]) -> _Count:
-        return _publish_rows(self.settings, iterator)
+        return _publish_rows(self.settings, iterator, self.write_id)
 
 
 class ZepsStreamWriter(DataSourceStreamWriter):
     def __init__(self, settings: Resolved) -> None:
         self.settings = settings
+        self.write_id = uuid.uuid4().hex  # used only if a task does not see the query's id
 
     def write(self, iterator: Iterator[Any]) -> _Count:
-        return _publish_rows(self.settings, iterator)
+        return _publish_rows(self.settings, iterator, self.write_id)
 
     def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
         pass
