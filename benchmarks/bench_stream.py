@@ -48,7 +48,7 @@ ONE_TO_ONE_COUNT = 300_000
 REPLAY_COUNT = 100_000
 RAW_COUNT = 500_000
 LATENCY_RATE, LATENCY_COUNT = 1000, 3000
-ROUNDS = 3  # plain and idempotent zeps runs, alternating, per throughput scenario
+ROUNDS = 5  # plain and idempotent zeps runs, alternating, per throughput scenario (single runs vary ±20% here)
 
 
 def _spawn(role: str, endpoint: str, count: int, n: int = 1, *extra: str) -> list[subprocess.Popen[str]]:

@@ -87,6 +87,8 @@ class AsyncStreamClient:
             if time.monotonic() >= deadline:
                 raise BrokerUnavailableError(f"no broker answered at {self.endpoint} within {self.timeout:.0f}s")
             await self._wait(0.05)
+        if self.session.producer_error:  # a named producer on a broker without version 6: say so now
+            raise ProducerError(self.session.producer_error)
         return self
 
     def _open_socket(self) -> None:

@@ -180,6 +180,8 @@ class StreamClient:
                 raise ProducerError(self.session.producer_error)
             if not self._pump(deadline - time.monotonic()) and time.monotonic() >= deadline:
                 raise BrokerUnavailableError(f"no broker answered at {self.endpoint} within {self.timeout:.0f}s")
+        if self.session.producer_error:  # a named producer on a broker without version 6: say so now
+            raise ProducerError(self.session.producer_error)
         self.session.last_heard = time.monotonic()
 
     def _reconnect(self) -> None:
