@@ -37,12 +37,18 @@ def _attached(**kwargs: int) -> ClientSession:
 
 
 def _producing(producer: str | None = None, held: int = 0, epoch: int = 1) -> ClientSession:
-    """An idempotent producer's session, attached with version 6 and answered PRODUCE-OK."""
+    """An idempotent producer's session, attached with version 6, its producer claimed (PRODUCE-OK).
+    A named producer claims at attach; a random one at its first publish (here: ``k``/``first``)."""
     session = ClientSession("prices", producer=producer)
     assert decode(session.attach()) == Attach(stream="prices", version=6)
-    [produce] = [decode(f) for f in session.receive(encode(AttachOk()))]
+    frames = [decode(f) for f in session.receive(encode(AttachOk()))]
+    if producer is None:
+        assert frames == [] and session.ready
+        frames = [decode(f) for f in session.publish("k", b"first")]
+        assert frames[1:] == [PublishSeq(sequence=1, key="k", body=b"first")]
+    [produce] = frames[:1]
     assert isinstance(produce, Produce) and produce.epoch == 0 and produce.producer == session.producer
-    assert not session.ready  # not before it knows where its sequence goes on
+    assert session.ready == (producer is None)  # a named one waits to know where its sequence goes on
     assert session.receive(encode(ProduceOk(epoch=epoch, sequence=held))) == []
     assert session.ready
     return session
@@ -102,14 +108,28 @@ def test_an_idempotent_producer_numbers_its_publishes_from_where_the_broker_says
 
 
 def test_a_reattach_resumes_the_producer_s_epoch_and_resends_with_the_same_sequences() -> None:
-    session = _producing(epoch=3)
-    session.publish("k", b"1")
+    session = _producing(epoch=3)  # published "first" as sequence 1
+    session.publish("k", b"2")
     session.disconnected()
-    session.publish("k", b"2")  # while away: numbered, kept
+    session.publish("k", b"3")  # while away: numbered, kept
     session.attach()
     frames = [decode(f) for f in session.receive(encode(AttachOk()))]
-    assert frames == [Produce(producer=session.producer or "", epoch=3), PublishSeq(sequence=1, key="k", body=b"1"),
-                      PublishSeq(sequence=2, key="k", body=b"2"), Ping()]  # fmt: skip
+    assert frames == [Produce(producer=session.producer or "", epoch=3),
+                      *(PublishSeq(sequence=n, key="k", body=b) for n, b in ((1, b"first"), (2, b"2"), (3, b"3"))),
+                      Ping()]  # fmt: skip
+
+
+def test_a_client_that_only_subscribes_never_claims_a_producer() -> None:
+    """A random producer name is claimed at the first publish: subscribers (the Spark source's readers,
+    a `zeps stream replay`) leave nothing in the broker's producer table."""
+    session = ClientSession("prices")
+    session.attach()
+    assert session.receive(encode(AttachOk())) == [] and session.ready
+    frames = [decode(f) for f in session.subscribe("", "earliest")]
+    session.disconnected()
+    session.attach()
+    again = [decode(f) for f in session.receive(encode(AttachOk()))]
+    assert not any(isinstance(f, Produce) for f in frames + again)
 
 
 def test_a_broker_older_than_version_6_gets_plain_publishes() -> None:
@@ -121,8 +141,9 @@ def test_a_broker_older_than_version_6_gets_plain_publishes() -> None:
     [again] = session.receive(encode(InvalidCode(code=Refusal.VERSION_UNSUPPORTED, reason="no 6")))
     assert decode(again) == Attach(stream="prices", version=5)
     frames = [decode(f) for f in session.receive(encode(AttachOk()))]
-    assert isinstance(frames[0], PublishBatch)
-    assert frames[0].items == (("k", b"1"), ("k", b"2")) and frames[1] == Ping()  # no PRODUCE, no sequences
+    assert frames[0] == Publish(key="k", body=b"first")  # no PRODUCE, no sequences
+    assert isinstance(frames[1], PublishBatch)
+    assert frames[1].items == (("k", b"1"), ("k", b"2")) and frames[2] == Ping()
     assert decode(session.publish("k", b"3")[0]) == Publish(key="k", body=b"3")
 
 

@@ -136,7 +136,7 @@ def test_the_producer_table_is_bounded(tmp_path: Path) -> None:
     core = BrokerCore(_config(tmp_path, max_producers=1)).open()
     _producer(core, b"a", "one")
     [refusal] = _send(core, b"b", Attach(stream="prices", version=6), Produce(producer="two"))[1:]
-    assert isinstance(refusal, InvalidCode) and refusal.code == Refusal.LIMIT
+    assert isinstance(refusal, InvalidCode) and refusal.code == Refusal.PRODUCER_LIMIT
     assert "holds 1 producers for this stream, its limit" in refusal.reason
     core.close()
 

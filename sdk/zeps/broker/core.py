@@ -651,7 +651,7 @@ class BrokerCore:
 
 
 _REFUSALS = {"fenced": Refusal.FENCED, "unknown": Refusal.PRODUCER_UNKNOWN, "out-of-sequence": Refusal.OUT_OF_SEQUENCE,
-             "full": Refusal.LIMIT}  # fmt: skip
+             "full": Refusal.PRODUCER_LIMIT}  # fmt: skip
 
 
 def _now_ms() -> int:

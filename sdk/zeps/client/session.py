@@ -80,7 +80,7 @@ __all__ = ["ClientSession", "Message", "Records", "Row", "Seq", "Since", "Time"]
 _LEGACY_VERSION_REFUSAL = re.compile(r"ATTACH version \d+ is not supported \(use one of [\d, ]+\)$")
 _LEGACY_NOT_ATTACHED = re.compile(r"^[A-Z-]+ is not allowed when await attach$")
 _PRODUCES_SINCE = 6
-_PRODUCER_REFUSALS = (Refusal.FENCED, Refusal.PRODUCER_UNKNOWN, Refusal.OUT_OF_SEQUENCE)
+_PRODUCER_REFUSALS = (Refusal.FENCED, Refusal.PRODUCER_UNKNOWN, Refusal.OUT_OF_SEQUENCE, Refusal.PRODUCER_LIMIT)
 
 
 @dataclass(frozen=True)
@@ -152,9 +152,13 @@ class ClientSession:
         self.epoch = 0  # the producer's epoch, from PRODUCE-OK (0: claim the name afresh)
         self.generation = generation
         self.generation_held: int | None = None  # publishes of this generation held at the first PRODUCE-OK
-        self.next_sequence: int | None = None  # the next publish's producer sequence, known from the first PRODUCE-OK
+        #: the next publish's producer sequence: a named producer learns it from the first PRODUCE-OK;
+        #: a random name is new, so it starts at 1
+        self.next_sequence: int | None = None if self.named_producer else 1
         self.producing = False  # PRODUCE-OK arrived on this peering
-        self._produce_pending = False
+        # a random name is claimed at the first publish (a client that only subscribes never claims one)
+        self._claimed = self.named_producer
+        self._produce_sent = False  # PRODUCE went out on this peering
         self.producer_error: str | None = None  #: why the broker refused this producer (raise ProducerError)
         self.credit_window = credit_window
         self.confirm_every = confirm_every
@@ -213,8 +217,8 @@ class ClientSession:
 
     @property
     def ready(self) -> bool:
-        """Attached, and an idempotent producer knows where its sequence goes on (PRODUCE-OK)."""
-        return self.attached and (self.producing or not self.sequencing)
+        """Attached, and a named producer knows where its sequence goes on (PRODUCE-OK)."""
+        return self.attached and (self.producing or not (self.sequencing and self.named_producer))
 
     @property
     def producer_sequence(self) -> int:
@@ -225,12 +229,10 @@ class ClientSession:
     def on_attached(self) -> list[bytes]:
         """After ATTACH-OK: claim the producer, re-subscribe (resuming), resend unconfirmed publishes."""
         frames = []
-        self.producing = False
-        if self.sequencing:
-            assert self.producer is not None
-            frames.append(self.conn.send(Produce(producer=self.producer, epoch=self.epoch, generation=self.generation)))
-            self._produce_pending = True
-        elif self.named_producer:
+        self.producing = self._produce_sent = False
+        if self.sequencing and self._claimed:
+            frames.append(self._produce())
+        elif self.named_producer and not self.sequencing:
             self.producer_error = (f"the broker speaks ZEPS version {self.conn.version}, without idempotent "
                                    "producers (version 6): publish without producer_id=, or upgrade it")  # fmt: skip
         for sub in self.subscriptions:
@@ -240,6 +242,12 @@ class ClientSession:
         if self._unconfirmed:
             frames.append(self._barrier())
         return frames
+
+    def _produce(self) -> bytes:
+        """PRODUCE on this peering: claim the producer (afresh with epoch 0, or resuming its epoch)."""
+        assert self.producer is not None
+        self._claimed = self._produce_sent = True
+        return self.conn.send(Produce(producer=self.producer, epoch=self.epoch, generation=self.generation))
 
     def _as_version(self, frame: bytes) -> list[bytes]:
         """A remembered publish frame as this peering's version can take it (the broker may be older
@@ -279,20 +287,24 @@ class ClientSession:
         self._consumed = 0
         return [self.conn.send(command), self.conn.send(Credit(credit=self.credit_window))]
 
-    def _take_sequences(self, count: int) -> int | None:
-        """The producer sequence of the first of ``count`` publishes (None: plain publishes)."""
+    def _take_sequences(self, count: int) -> tuple[int | None, list[bytes]]:
+        """The producer sequence of the first of ``count`` publishes (None: plain publishes), and the
+        PRODUCE to send before them if this peering has not claimed the producer yet."""
         if self.producer_error is not None:
             raise ProducerError(self.producer_error)
         if not self.sequencing:
-            return None
+            return None, []
         if self.next_sequence is None:
             raise ProducerError("the broker has not answered PRODUCE yet: publish once the client is connected")
         first = self.next_sequence
         self.next_sequence += count
-        return first
+        if not self._claimed or (self.attached and not self._produce_sent):  # detached: on_attached claims it
+            self._claimed = True
+            return first, [self._produce()] if self.attached else []
+        return first, []
 
     def publish(self, key: str, body: bytes) -> list[bytes]:
-        sequence = self._take_sequences(1)
+        sequence, claim = self._take_sequences(1)
         # while detached the frame waits for ATTACH-OK (on_attached resends it), so it is encoded
         # outside the state machine; it is checked like any other once it is sent
         if sequence is None:
@@ -302,7 +314,7 @@ class ClientSession:
             command, frame = PublishSeq(sequence=sequence, key=key, body=b""), encode_publish_seq(sequence, key, body)
         if self.attached:
             self.conn.sent(command)
-        return self._remember(frame, 1)
+        return claim + self._remember(frame, 1)
 
     def publish_many(self, items: list[tuple[str, bytes]], *, batch_bytes: int = 256 * 1024) -> list[bytes]:
         """Frames publishing ``items`` in order: PUBLISH-BATCHes of up to ``batch_bytes`` on a
@@ -314,7 +326,8 @@ class ClientSession:
         for i, (key, body) in enumerate(items):
             size += len(key) + len(body) + 5
             if size >= batch_bytes or i == len(items) - 1:
-                sequence = self._take_sequences(i + 1 - start)
+                sequence, claim = self._take_sequences(i + 1 - start)
+                frames += claim
                 frame = encode_publish_batch(items[start : i + 1], sequence)
                 if self.attached:
                     self.conn.sent(PublishBatch(entries=b"") if sequence is None
@@ -404,7 +417,6 @@ class ClientSession:
 
     # -- input ----------------------------------------------------------------------------------
     def _produced(self, answer: ProduceOk) -> None:
-        self._produce_pending = False
         self.epoch, self.producing = answer.epoch, True
         if self.next_sequence is None:  # the first attach: go on from what the broker holds
             self.next_sequence = answer.sequence + 1
@@ -456,8 +468,7 @@ class ClientSession:
                 self._barriers = deque(b - covered for b in self._barriers)
             return []
         if isinstance(command, InvalidCode):  # version 5: decided on the code, never on the text
-            if self.attached and (command.code in _PRODUCER_REFUSALS or self._produce_pending):
-                self._produce_pending = False  # the answer to PRODUCE (a full table: LIMIT), or a publish refused
+            if self.attached and command.code in _PRODUCER_REFUSALS:  # PRODUCE or a publish refused
                 self.producer_error = f"broker refused producer {self.producer!r}: {command.reason}"
                 return []
             if not self.attached:

@@ -68,7 +68,8 @@ skips a sequence. The producer table lives in the journal (:mod:`zeps.journal.pr
 * Refusals (INVALID-CODE): ``FENCED`` (a newer client claimed the producer), ``PRODUCER_UNKNOWN`` (a
   resumed epoch the broker does not know: the producer expired, idle longer than the broker's
   producer TTL), ``OUT_OF_SEQUENCE`` (a sequence beyond the next one: publishes in between never
-  reached the broker), ``LIMIT`` (the producer table is full). A refused publish is not journaled.
+  reached the broker), ``PRODUCER_LIMIT`` (the producer table is full). A refused publish is not
+  journaled.
 
 Conventions zeps adds on top of the grammar (all within its bytes):
 
@@ -249,6 +250,7 @@ class Refusal(IntEnum):
     FENCED = 7  #: a newer client claimed this producer name (version 6)
     PRODUCER_UNKNOWN = 8  #: the broker does not know the producer epoch resumed: it expired (version 6)
     OUT_OF_SEQUENCE = 9  #: a producer sequence beyond the next one: publishes in between were lost (version 6)
+    PRODUCER_LIMIT = 10  #: the stream's producer table is full: a new producer must wait for idle ones to expire (6)
 
 
 @dataclass(frozen=True, slots=True)
