@@ -17,8 +17,10 @@ this object; they only move frames.
 * **Publishes survive a broker crash.** ZEPS has no publish acknowledgement, so the session puts a
   PING after publishes as a barrier: the broker answers in order, so a PING-OK confirms every
   publish before it. Publishes not yet confirmed are resent after a reconnect.
-* **Exactly once** (version 6). The session is an idempotent producer: it claims a producer name at
-  every attach (PRODUCE; a random one unless the caller names it) and numbers its publishes 1, 2, …
+* **Exactly once** (version 6). The session is an idempotent producer: it claims a producer name
+  (PRODUCE; a random one unless the caller names it; a named one at attach, a random one at its first
+  publish, so a session that only subscribes claims none), again at every re-attach, and numbers its
+  publishes 1, 2, …
   (PUBLISH-SEQ, PUBLISH-BATCH-SEQ), so the broker drops a resent publish it had journaled before it
   died. A named producer starts where the broker says its name stopped (PRODUCE-OK), so a restarted
   process neither repeats nor skips. Against a broker older than version 6 publishes are
