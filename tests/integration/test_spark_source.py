@@ -1,4 +1,4 @@
-"""The zeps Spark data source on a local[2] SparkSession, with a real broker and a real ZooKeeper."""
+"""The zeps Spark data source on a local[2,2] SparkSession, with a real broker and a real ZooKeeper."""
 
 from __future__ import annotations
 
