@@ -33,7 +33,7 @@ except ImportError:  # pragma: no cover — the tests run with numpy, and check 
 HEAD = struct.Struct("!II")  # length, crc
 META = struct.Struct("!QQB")  # sequence, timestamp, key length
 OVERHEAD = HEAD.size + META.size  # bytes a record adds to its key and body
-_RECORD = struct.Struct("!IIQQB")  # HEAD then META, read in one call
+RECORD = struct.Struct("!IIQQB")  # HEAD then META, read in one call (length, crc, sequence, timestamp, key length)
 _SEQUENCE = struct.Struct("!Q")
 
 
@@ -120,7 +120,7 @@ def walk(data: bytes, *, check_crc: bool = True) -> tuple[array[int], str | None
     its sequence is above the one before. The journal's recovery keeps this prefix; a DELIVER-BATCH
     must be all of it."""
     offsets = array("I")
-    append, unpack, crc = offsets.append, _RECORD.unpack_from, crc32c.crc32c
+    append, unpack, crc = offsets.append, RECORD.unpack_from, crc32c.crc32c
     offset, size, last = 0, len(data), -1
     view = memoryview(data)
     problem = None

@@ -167,7 +167,7 @@ class _Pending:
     changes: dict[str, Producer] = field(default_factory=dict)  # of the open group
     start: int = 0  # size when the open group began
 
-    def add(self, items: Iterable[tuple[str, bytes]] | list[tuple[str, bytes]], size: int) -> None:
+    def add(self, items: Iterable[tuple[str, bytes]], size: int) -> None:
         self.entries.extend(items)
         self.size += size
         if self.size - self.start >= self.group_bytes:

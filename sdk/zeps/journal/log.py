@@ -59,7 +59,7 @@ import crc32c
 
 from zeps._records import HEAD as _HEAD
 from zeps._records import META as _META
-from zeps._records import OVERHEAD, encode_record
+from zeps._records import OVERHEAD, RECORD, encode_record
 from zeps.errors import ZepsError
 from zeps.journal.producers import GROUP, MARK_TIMESTAMP, SNAPSHOT, Producer, ProducerTable, decode_mark
 from zeps.journal.producers import encode_mark_body as _mark_body
@@ -79,7 +79,6 @@ log = logging.getLogger(__name__)
 
 FsyncPolicy = Literal["always", "group", "interval", "never"]
 _INDEX = struct.Struct("!QQI")  # sequence, timestamp, offset
-_RECORD = struct.Struct("!IIQQB")  # length, crc, sequence, timestamp, key length
 _NAME_DIGITS = 20
 _OFFSET = array("I").itemsize  # bytes per entry of a .off file
 DEFAULT_PRODUCER_TTL_MS = 24 * 3600 * 1000  # the broker's --producer-ttl, the ZepsStream's producers.ttlSeconds
@@ -278,7 +277,7 @@ class Journal:
         starts, marks, good_end = _walk_segment(data, base)  # what follows the first bad entry is dropped
         since_index = self.config.index_interval_bytes  # index the first record
         for offset in starts:
-            length, _, sequence, timestamp, _ = _RECORD.unpack_from(data, offset)
+            length, _, sequence, timestamp, _ = RECORD.unpack_from(data, offset)
             if since_index >= self.config.index_interval_bytes:
                 seg.index.append((sequence, timestamp, offset))
                 since_index = 0
@@ -596,7 +595,7 @@ def _walk_segment(data: bytes, base: int) -> tuple[array[int], list[tuple[int, i
     starts, marks = array("I"), list[tuple[int, int, int, dict[str, Producer]]]()
     offset, size, expect = 0, len(data), base
     group_at, missing = 0, 0  # the last group mark, and its records not seen yet
-    view, unpack = memoryview(data), _RECORD.unpack_from
+    view, unpack = memoryview(data), RECORD.unpack_from
     while offset + OVERHEAD <= size:
         length, checksum, sequence, timestamp, klen = unpack(data, offset)
         end = offset + 4 + length

@@ -119,9 +119,6 @@ class ProducerTable:
     def __len__(self) -> int:
         return len(self.producers)
 
-    def _set(self, name: str, producer: Producer) -> None:
-        self.producers[name] = producer
-
     def claim(self, name: str, epoch: int, now_ms: int, generation: int = 0) -> tuple[Producer, bool]:
         """A client claims ``name`` (PRODUCE): the producer now, and whether the claim changed it (a
         change the journal must record). Epoch 0 claims it afresh: a new producer, or a new epoch
@@ -145,7 +142,7 @@ class ProducerTable:
                 fresh = Producer(known.epoch + 1, known.sequence, now_ms, generation, known.sequence)
             else:
                 fresh = known._replace(epoch=known.epoch + 1, seen_ms=now_ms)
-            self._set(name, fresh)
+            self.producers[name] = fresh
             return fresh, True
         if known is None:
             raise ProducerRefusedError(
@@ -161,7 +158,7 @@ class ProducerTable:
                                        f"{generation}, beyond its {known.generation}: claim a new generation "
                                        "with epoch 0")  # fmt: skip
         if epoch > known.epoch:  # the claim that raised it was lost with unsynced writes (a machine crash)
-            self._set(name, known._replace(epoch=epoch, seen_ms=now_ms))
+            self.producers[name] = known._replace(epoch=epoch, seen_ms=now_ms)
             return self.producers[name], True
         self.producers[name] = known._replace(seen_ms=now_ms)  # resumed: nothing to journal
         return self.producers[name], False

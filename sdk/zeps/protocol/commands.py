@@ -437,21 +437,27 @@ def _decode_deliver(frame: bytes) -> Deliver | DeliverTs:
     return Deliver(sequence=fields[2], key=key, body=body)
 
 
-def _decode_publish(frame: bytes) -> Publish:
-    if len(frame) < 4:
-        raise RemoteProtocolError("PUBLISH truncated before key")
-    klen = frame[3]
-    end = 4 + klen
+def _key_and_body(frame: bytes, at: int, name: str) -> tuple[str, bytes]:
+    """The ``key`` string and ``body`` chunk that end a PUBLISH (-SEQ) frame, from byte ``at``."""
+    if len(frame) < at + 1:
+        raise RemoteProtocolError(f"{name} truncated before key")
+    klen = frame[at]
+    end = at + 1 + klen
     if end + 4 > len(frame):
-        raise RemoteProtocolError(f"PUBLISH.key claims {klen} bytes, or the body length is missing")
-    key = frame[4:end].decode("latin-1")
+        raise RemoteProtocolError(f"{name}.key claims {klen} bytes, or the body length is missing")
+    key = frame[at + 1 : end].decode("latin-1")
     if not _is_vchar(key):
-        raise RemoteProtocolError("PUBLISH.key is not printable ASCII")
+        raise RemoteProtocolError(f"{name}.key is not printable ASCII")
     (length,) = _U32.unpack_from(frame, end)
     if end + 4 + length != len(frame):
         problem = "has bytes after its last field" if end + 4 + length < len(frame) else f"body claims {length} bytes"
-        raise RemoteProtocolError(f"PUBLISH {problem}")
-    return Publish(key=key, body=frame[end + 4 :])
+        raise RemoteProtocolError(f"{name} {problem}")
+    return key, frame[end + 4 :]
+
+
+def _decode_publish(frame: bytes) -> Publish:
+    key, body = _key_and_body(frame, 3, "PUBLISH")
+    return Publish(key=key, body=body)
 
 
 _PUBLISH_HEAD = struct.Struct("!2sBB")  # signature, id, key length
@@ -556,21 +562,11 @@ def _decode_publish_batch_seq(frame: bytes) -> PublishBatchSeq:
 
 
 def _decode_publish_seq(frame: bytes) -> PublishSeq:
-    head = _PUBLISH_SEQ_HEAD
-    if len(frame) < head.size:
+    if len(frame) < 11:
         raise RemoteProtocolError("PUBLISH-SEQ truncated before key")
-    _, _, sequence, klen = head.unpack_from(frame)
-    end = head.size + klen
-    if end + 4 > len(frame):
-        raise RemoteProtocolError(f"PUBLISH-SEQ.key claims {klen} bytes, or the body length is missing")
-    key = frame[head.size : end].decode("latin-1")
-    if not _is_vchar(key):
-        raise RemoteProtocolError("PUBLISH-SEQ.key is not printable ASCII")
-    (length,) = _U32.unpack_from(frame, end)
-    if end + 4 + length != len(frame):
-        problem = "has bytes after its last field" if end + 4 + length < len(frame) else f"body claims {length} bytes"
-        raise RemoteProtocolError(f"PUBLISH-SEQ {problem}")
-    return PublishSeq(sequence=sequence, key=key, body=frame[end + 4 :])
+    (sequence,) = _U64.unpack_from(frame, 3)
+    key, body = _key_and_body(frame, 11, "PUBLISH-SEQ")
+    return PublishSeq(sequence=sequence, key=key, body=body)
 
 
 def _decode_entries(entries: bytes, name: str) -> tuple[tuple[str, bytes], ...]:
