@@ -20,6 +20,7 @@ reference for the time to Ready is Strimzi's old topic operator: about 13 minute
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from zeps_dev import ControlPlane, OperatorProcess, ZooKeeperServer
+from zeps_dev.process import cpu_seconds as process_cpu_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = [int(n) for n in os.environ.get("ZEPS_BENCH_TOPICS", "1000,10000").split(",")]
@@ -55,16 +57,11 @@ def rate(counts: Callable[[], dict[str, int]], seconds: float) -> dict[str, floa
 
 
 def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
-    """CPU seconds (user + system) each named process has used so far, from /proc/<pid>/stat."""
-    ticks = os.sysconf("SC_CLK_TCK")
+    """CPU seconds (user + system) each named process has used so far."""
     used = {}
     for name, pid in pids.items():
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
-        used[name] = (int(fields[11]) + int(fields[12])) / ticks
+        with contextlib.suppress(OSError):  # gone
+            used[name] = process_cpu_seconds(pid)
     return used
 
 

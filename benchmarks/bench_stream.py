@@ -19,7 +19,9 @@ broker against raw pyzmq. Prints one JSON line last.
 Idempotence: zeps's throughput scenarios (a and both 1->1) run with plain publishes
 (``idempotent=False``, at-least-once) and as an idempotent producer (the clients' default: PRODUCE,
 PUBLISH-(BATCH-)SEQ, the broker's producer table and group marks), alternating, ``ROUNDS`` times each
-on the same broker; the medians and their ratios (idempotent / plain) are reported.
+on the same broker; the medians and their ratios (idempotent / plain) are reported. Beside the rates,
+each run's CPU time per published message in the broker and in the publisher (µs; /proc/<pid>/stat
+and ``time.process_time``): what idempotence costs, far less noisy here than a rate on 2 shared cores.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from typing import Any
 import zmq
 
 from zeps.client import StreamClient
-from zeps_dev.process import free_port, wait_until
+from zeps_dev.process import cpu_seconds, free_port, wait_until
 
 HERE = Path(__file__).parent
 BODY = b"x" * 100
@@ -100,10 +102,12 @@ class Zeps:
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert self.proc.stdout is not None and "serving" in self.proc.stdout.readline()
+        self.publisher_cpu = 0.0  # CPU seconds of the last publish() in this process
 
     def publish(
         self, count: int, rate: float | None = None, *, single: bool = False, idempotent: bool = False
     ) -> float:
+        cpu = time.process_time()
         with StreamClient(self.endpoint, "bench", timeout=120, idempotent=idempotent) as client:
             start = time.time()
             if rate or single:
@@ -117,6 +121,7 @@ class Zeps:
                     client.publish_many(burst)
                 client.publish_many(burst[: count % len(burst)])
             client.flush(timeout=120)
+        self.publisher_cpu = time.process_time() - cpu
         return start
 
     def stop(self) -> None:
@@ -205,16 +210,22 @@ def one_to_one(system: Any, role: str, **how: bool) -> float:
 
 
 def _plain_and_idempotent(system: Zeps, role: str) -> dict[str, float]:
-    """zeps's throughput scenarios with plain and idempotent publishes, alternating; medians."""
-    scenarios = {"deliveries": lambda idem: fanout(system, role, idempotent=idem),
-                 "1to1": lambda idem: one_to_one(system, role, idempotent=idem),
-                 "1to1_single": lambda idem: one_to_one(system, role, single=True, idempotent=idem)}  # fmt: skip
+    """zeps's throughput scenarios with plain and idempotent publishes, alternating; medians of the
+    rates and of the broker's and the publisher's CPU µs per published message."""
+    scenarios = {"deliveries": (FANOUT_COUNT, lambda idem: fanout(system, role, idempotent=idem)),
+                 "1to1": (ONE_TO_ONE_COUNT, lambda idem: one_to_one(system, role, idempotent=idem)),
+                 "1to1_single": (ONE_TO_ONE_COUNT,
+                                 lambda idem: one_to_one(system, role, single=True, idempotent=idem))}  # fmt: skip
     samples: dict[str, list[float]] = {}
     for _ in range(ROUNDS):
-        for key, run in scenarios.items():
+        for key, (count, run) in scenarios.items():
             for idempotent in (False, True):
-                name = f"zeps_idempotent_{key}_per_s" if idempotent else f"zeps_{key}_per_s"
-                samples.setdefault(name, []).append(run(idempotent))
+                name = f"zeps_idempotent_{key}" if idempotent else f"zeps_{key}"
+                broker_cpu = cpu_seconds(system.proc.pid)
+                samples.setdefault(f"{name}_per_s", []).append(run(idempotent))
+                broker_us = (cpu_seconds(system.proc.pid) - broker_cpu) / count * 1e6
+                samples.setdefault(f"{name}_broker_cpu_us", []).append(broker_us)
+                samples.setdefault(f"{name}_publisher_cpu_us", []).append(system.publisher_cpu / count * 1e6)
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
@@ -292,6 +303,10 @@ def main() -> None:
         "zeps_idempotent_1to1_single_per_s": round(results["zeps_idempotent_1to1_single_per_s"], 1),
         **{f"idempotent_vs_plain_{k}": round(results[f"zeps_idempotent_{k}_per_s"] / results[f"zeps_{k}_per_s"], 3)
            for k in ("deliveries", "1to1", "1to1_single")},
+        # CPU µs per published message, idempotent / plain (above 1: idempotence costs that much more)
+        **{f"idempotent_vs_plain_{who}_cpu_{k}": round(results[f"zeps_idempotent_{k}_{who}_cpu_us"]
+                                                       / results[f"zeps_{k}_{who}_cpu_us"], 3)
+           for who in ("broker", "publisher") for k in ("deliveries", "1to1", "1to1_single")},
     }))  # fmt: skip
 
 

@@ -20,7 +20,7 @@ from typing import Self
 
 from zeps.errors import SetupError
 
-__all__ = ["LocalServer", "ManagedProcess", "apt_install", "free_port", "run_tool", "wait_until"]
+__all__ = ["LocalServer", "ManagedProcess", "apt_install", "cpu_seconds", "free_port", "run_tool", "wait_until"]
 
 _PR_SET_PDEATHSIG = 1
 _live: set[ManagedProcess] = set()
@@ -33,6 +33,14 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far, from /proc/<pid>/stat (OSError
+    when it is gone)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def wait_until(check: Callable[[], bool], *, timeout: float, interval: float = 0.1, what: str) -> None:

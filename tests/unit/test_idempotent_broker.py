@@ -10,8 +10,11 @@ from typing import Any
 
 import pytest
 
+from zeps._records import RECORD
 from zeps.broker.core import BrokerConfig, BrokerCore
 from zeps.journal import JournalConfig
+from zeps.journal.log import _walk_segment
+from zeps.journal.producers import GROUP
 from zeps.protocol import (
     Attach,
     AttachOk,
@@ -26,6 +29,7 @@ from zeps.protocol import (
     decode,
     encode,
     encode_publish_batch,
+    encode_publish_seq,
 )
 
 
@@ -151,3 +155,26 @@ def test_a_peer_below_version_6_is_unchanged(core: BrokerCore, version: int) -> 
     assert _bodies(core) == [b"i", b"p", b"p"]
     [refusal] = _send(core, b"old", Produce(producer="x"))
     assert "needs protocol version 6" in refusal.reason
+
+
+def test_each_group_mark_of_one_flush_holds_the_producer_as_the_group_ends(tmp_path: Path) -> None:
+    """The table's entries change in place as publishes arrive; a group closed mid-flush must record
+    the producer as it was then, not as later publishes of the same flush left it (else a crash that
+    tears a later group would leave the table claiming records the journal lost)."""
+    segment = 64 * 1024  # groups of a quarter segment: 16 KiB
+    core = BrokerCore(_config(tmp_path, segment_bytes=segment)).open()
+    _producer(core, b"a", "orders-0")
+    for sequence in range(1, 41):  # 40 one-message frames of 1 KiB in one flush: about 3 groups
+        core.receive(b"a", encode_publish_seq(sequence, "k", bytes(1024)), now=0.0)
+    core.flush_appends()
+    core.close()
+    [segment_file] = (tmp_path / "prices").glob("*.log")
+    data = segment_file.read_bytes()
+    starts, marks, _ = _walk_segment(data, 1)
+    groups = [(start, producers) for start, _, kind, producers in marks if kind == GROUP and producers]
+    assert len(groups) >= 3, groups
+    for i, (start, producers) in enumerate(groups):
+        end = groups[i + 1][0] if i + 1 < len(groups) else len(data)
+        held = [RECORD.unpack_from(data, at)[2] for at in starts if start < at < end]
+        if held:  # a group's mark: the producer as it is once the group's records are written
+            assert producers["orders-0"].sequence == held[-1]

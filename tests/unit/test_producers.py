@@ -46,7 +46,7 @@ def _publish(j: Journal, name: str, epoch: int, first: int, bodies: list[bytes],
     the producer's change."""
     held = j.producers.admit(name, epoch, first, len(bodies), now_ms or _now())
     if held < len(bodies):
-        j.append_many([("k", b) for b in bodies[held:]], changes={name: j.producers.producers[name]})
+        j.append_many([("k", b) for b in bodies[held:]], changes={name: j.producers.producers[name].frozen()})
     return held
 
 

@@ -52,7 +52,7 @@ from typing import Literal
 from zeps.broker.matching import Matcher, PatternError, PrefixTrie, compile_pattern
 from zeps.errors import ProtocolError
 from zeps.journal import Chunk, Journal, JournalConfig
-from zeps.journal.producers import Producer, ProducerRefusedError
+from zeps.journal.producers import Producer, ProducerRefusedError, ProducerState, frozen
 from zeps.protocol import (
     LATEST,
     Attach,
@@ -164,14 +164,15 @@ class _Pending:
     size: int = 0  # bytes of the entries (keys, bodies, a few framing bytes)
     #: closed groups: (entries end, the producers they change, as they are once entries[:end] are written)
     groups: list[tuple[int, dict[str, Producer]]] = field(default_factory=list)
-    changes: dict[str, Producer] = field(default_factory=dict)  # of the open group
+    #: the producers the open group changes: the table's own entries, frozen when the group closes
+    changes: dict[str, ProducerState] = field(default_factory=dict)
     start: int = 0  # size when the open group began
 
     def add(self, items: Iterable[tuple[str, bytes]], size: int) -> None:
         self.entries.extend(items)
         self.size += size
         if self.size - self.start >= self.group_bytes:
-            self.groups.append((len(self.entries), self.changes))
+            self.groups.append((len(self.entries), frozen(self.changes)))
             self.changes, self.start = {}, self.size
 
 
@@ -256,7 +257,13 @@ class BrokerCore:
             self._attach(peer, conn, command, now)
             return
         assert session is not None  # the state machine only allows other commands after ATTACH
-        if isinstance(command, Publish):
+        # idempotent producers' publishes first: every client sends them unless told not to
+        if isinstance(command, PublishSeq):
+            self._publish_seq(session, command.sequence, ((command.key, command.body),),
+                              len(command.key) + len(command.body))  # fmt: skip
+        elif isinstance(command, PublishBatchSeq):
+            self._publish_seq(session, command.sequence, command.items, len(command.entries))
+        elif isinstance(command, Publish):
             self._appending(session.stream).add(((command.key, command.body),), len(command.key) + len(command.body))
             session.stream.messages_in += 1
             session.stream.bytes_in += len(command.body)
@@ -264,11 +271,6 @@ class BrokerCore:
             self._appending(session.stream).add(command.items, len(command.entries))
             session.stream.messages_in += len(command.items)
             session.stream.bytes_in += len(command.entries)
-        elif isinstance(command, PublishBatchSeq):
-            self._publish_seq(session, command.sequence, command.items, len(command.entries))
-        elif isinstance(command, PublishSeq):
-            self._publish_seq(session, command.sequence, ((command.key, command.body),),
-                              len(command.key) + len(command.body))  # fmt: skip
         elif isinstance(command, Produce):
             self._produce(session, command)
         elif isinstance(command, Credit):
@@ -300,7 +302,7 @@ class BrokerCore:
             return
         if changed:  # a new producer or epoch: journaled (a group mark with no record) before PRODUCE-OK goes
             pending = self._appending(session.stream)
-            pending.changes[command.producer] = producer
+            pending.changes[command.producer] = session.stream.journal.producers.producers[command.producer]
         session.producer, session.epoch = command.producer, producer.epoch
         answer = ProduceOk(epoch=producer.epoch, sequence=producer.sequence, base=producer.base)
         self._send(session.peer, session.conn.send(answer))
@@ -315,11 +317,10 @@ class BrokerCore:
         table = stream.journal.producers
         known = table.producers.get(session.producer)
         if known is not None and known.epoch == session.epoch and first == known.sequence + 1:  # the usual case
-            state = table.producers[session.producer] = Producer(
-                session.epoch, first + len(items) - 1, self._clock_ms, known.generation, known.base
-            )
+            known.sequence = first + len(items) - 1  # in place: two stores, frozen when its group closes
+            known.seen_ms = self._clock_ms
             pending = self._appending(stream)
-            pending.changes[session.producer] = state  # before add(): a group it closes holds the change
+            pending.changes[session.producer] = known  # before add(): a group it closes holds the change
             pending.add(items, size)
             stream.messages_in += len(items)
             stream.bytes_in += size
@@ -423,7 +424,7 @@ class BrokerCore:
         """Append a stream's pending publishes, group by group (a group without producers' changes is
         a plain append, which may roll segments within it)."""
         entries, begin = pending.entries, 0
-        for end, changes in [*pending.groups, (len(entries), pending.changes)]:
+        for end, changes in [*pending.groups, (len(entries), frozen(pending.changes))]:
             if end > begin or changes:
                 part = entries if begin == 0 and end == len(entries) else entries[begin:end]
                 journal.append_many(part, changes=changes or None)

@@ -46,9 +46,11 @@ __all__ = [
     "SNAPSHOT",
     "Producer",
     "ProducerRefusedError",
+    "ProducerState",
     "ProducerTable",
     "decode_mark",
     "encode_mark_body",
+    "frozen",
 ]
 
 MARK_TIMESTAMP = 2**64 - 1  #: the timestamp field of a producer mark (no record has it)
@@ -68,13 +70,39 @@ class ProducerRefusedError(ZepsError):
 
 
 class Producer(NamedTuple):
-    """One producer as the table holds it (a named tuple: one is made for every publish frame)."""
+    """One producer as a mark records it: a snapshot of a :class:`ProducerState`."""
 
     epoch: int
     sequence: int  #: the last sequence the journal holds from it (0: none)
     seen_ms: int  #: its last claim or publish
     generation: int = 0  #: its current generation (a unit of work such as a Spark micro-batch; 0: none)
     base: int = 0  #: the sequence its current generation started after
+
+
+class ProducerState:
+    """One producer as the table holds it. Mutable: an in-order publish advances ``sequence`` and
+    ``seen_ms`` in place (the broker's hot path), and :meth:`frozen` takes the :class:`Producer` a
+    mark records when the group holding the change closes."""
+
+    __slots__ = ("base", "epoch", "generation", "seen_ms", "sequence")
+
+    def __init__(self, epoch: int, sequence: int, seen_ms: int, generation: int = 0, base: int = 0) -> None:
+        self.epoch = epoch
+        self.sequence = sequence  #: the last sequence the journal holds from it (0: none)
+        self.seen_ms = seen_ms  #: its last claim or publish
+        self.generation = generation  #: its current generation (a unit of work such as a Spark micro-batch; 0: none)
+        self.base = base  #: the sequence its current generation started after
+
+    def frozen(self) -> Producer:
+        return Producer(self.epoch, self.sequence, self.seen_ms, self.generation, self.base)
+
+    def __repr__(self) -> str:
+        return f"ProducerState{tuple(self.frozen())}"
+
+
+def frozen(changes: dict[str, ProducerState]) -> dict[str, Producer]:
+    """Snapshots of ``changes``: what a mark records, unaffected by later publishes."""
+    return {name: state.frozen() for name, state in changes.items()}
 
 
 def encode_mark_body(kind: int, follows: int, producers: dict[str, Producer]) -> bytes:
@@ -109,12 +137,13 @@ def decode_mark(body: bytes) -> tuple[int, int, dict[str, Producer]]:
 class ProducerTable:
     """Who has published what: checked at every publish of an idempotent producer. It runs ahead of
     the journal: the caller hands each change (a claim or publish that returns True/held < count) to
-    the journal's next append, which writes it in a group mark."""
+    the journal's next append, which writes it in a group mark. Entries are changed in place, so a
+    caller holding one sees the producer as it is now; marks record :func:`frozen` copies."""
 
     def __init__(self, *, ttl_ms: int, max_producers: int) -> None:
         self.ttl_ms = ttl_ms
         self.max_producers = max_producers
-        self.producers: dict[str, Producer] = {}
+        self.producers: dict[str, ProducerState] = {}
 
     def __len__(self) -> int:
         return len(self.producers)
@@ -131,19 +160,19 @@ class ProducerTable:
             raise ProducerRefusedError("fenced", f"producer {name!r} generation {generation} is fenced: the "
                                        f"producer has gone on to generation {known.generation}")  # fmt: skip
         if epoch == 0:
-            if known is None and len(self.producers) >= self.max_producers:
-                self.expire(now_ms)
-                if len(self.producers) >= self.max_producers:
-                    limit = f"the broker holds {self.max_producers} producers for this stream, its limit"
-                    raise ProducerRefusedError("full", f"{limit}; idle ones are forgotten after {self._ttl}")
             if known is None:
-                fresh = Producer(1, 0, now_ms, generation, 0)
-            elif generation > known.generation:
-                fresh = Producer(known.epoch + 1, known.sequence, now_ms, generation, known.sequence)
-            else:
-                fresh = known._replace(epoch=known.epoch + 1, seen_ms=now_ms)
-            self.producers[name] = fresh
-            return fresh, True
+                if len(self.producers) >= self.max_producers:
+                    self.expire(now_ms)
+                    if len(self.producers) >= self.max_producers:
+                        limit = f"the broker holds {self.max_producers} producers for this stream, its limit"
+                        raise ProducerRefusedError("full", f"{limit}; idle ones are forgotten after {self._ttl}")
+                known = self.producers[name] = ProducerState(1, 0, now_ms, generation, 0)
+                return known.frozen(), True
+            known.epoch += 1
+            known.seen_ms = now_ms
+            if generation > known.generation:
+                known.generation, known.base = generation, known.sequence
+            return known.frozen(), True
         if known is None:
             raise ProducerRefusedError(
                 "unknown",
@@ -152,26 +181,26 @@ class ProducerTable:
                 "cannot be checked for duplicates",
             )
         if epoch < known.epoch:
-            raise self._fenced(name, epoch, known)
+            raise self._fenced(name, epoch, known.epoch)
         if generation > known.generation:
             raise ProducerRefusedError("fenced", f"producer {name!r} resumed epoch {epoch} with generation "
                                        f"{generation}, beyond its {known.generation}: claim a new generation "
                                        "with epoch 0")  # fmt: skip
+        known.seen_ms = now_ms
         if epoch > known.epoch:  # the claim that raised it was lost with unsynced writes (a machine crash)
-            self.producers[name] = known._replace(epoch=epoch, seen_ms=now_ms)
-            return self.producers[name], True
-        self.producers[name] = known._replace(seen_ms=now_ms)  # resumed: nothing to journal
-        return self.producers[name], False
+            known.epoch = epoch
+            return known.frozen(), True
+        return known.frozen(), False  # resumed: nothing to journal
 
     @property
     def _ttl(self) -> str:
         return f"{self.ttl_ms / 1000:g}s"
 
     @staticmethod
-    def _fenced(name: str, epoch: int, known: Producer) -> ProducerRefusedError:
+    def _fenced(name: str, epoch: int, newer: int) -> ProducerRefusedError:
         return ProducerRefusedError(
             "fenced",
-            f"producer {name!r} epoch {epoch} is fenced: a newer client claimed the name (epoch {known.epoch}); "
+            f"producer {name!r} epoch {epoch} is fenced: a newer client claimed the name (epoch {newer}); "
             "this client's publishes are refused",
         )
 
@@ -179,12 +208,12 @@ class ProducerTable:
         """Publishes ``first .. first + count - 1`` of producer ``name``: how many of them, from the
         front, the journal already holds (drop them); the rest are new and the table counts them held
         (a change for the journal when any are new). Refused if the epoch is fenced or unknown, or if
-        ``first`` skips a sequence."""
+        ``first`` skips a sequence. (The broker checks the in-order case itself, inline.)"""
         known = self.producers.get(name)
         if known is None:
             raise ProducerRefusedError("unknown", f"producer {name!r} expired (idle longer than {self._ttl})")
         if epoch != known.epoch:
-            raise self._fenced(name, epoch, known)
+            raise self._fenced(name, epoch, known.epoch)
         if first > known.sequence + 1:
             raise ProducerRefusedError(
                 "out-of-sequence",
@@ -192,15 +221,17 @@ class ProducerTable:
                 f"publishes {known.sequence + 1}..{first - 1} never reached it",
             )
         held = min(count, known.sequence + 1 - first)
-        last = first + count - 1 if held < count else known.sequence
-        self.producers[name] = Producer(epoch, last, now_ms, known.generation, known.base)
+        if held < count:
+            known.sequence = first + count - 1
+        known.seen_ms = now_ms
         return held
 
     def apply(self, kind: int, producers: dict[str, Producer]) -> None:
         """Replay one mark (recovery): a snapshot replaces the table, a group updates it."""
         if kind == SNAPSHOT:
             self.producers.clear()
-        self.producers.update(producers)
+        for name, p in producers.items():
+            self.producers[name] = ProducerState(*p)
 
     def expire(self, now_ms: int) -> list[str]:
         """Forget producers idle longer than the TTL; returns their names."""

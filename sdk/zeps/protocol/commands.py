@@ -84,6 +84,7 @@ Conventions zeps adds on top of the grammar (all within its bytes):
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import ClassVar
@@ -629,26 +630,23 @@ def encode(command: Command) -> bytes:
     return b"".join(parts)
 
 
+#: the commands that carry messages, decoded by hand (the generic field walk below is for the rest)
+_FAST_DECODERS: dict[int, Callable[[bytes], Command]] = {
+    Publish.ID: _decode_publish, PublishSeq.ID: _decode_publish_seq, PublishBatch.ID: _decode_publish_batch,
+    PublishBatchSeq.ID: _decode_publish_batch_seq, Deliver.ID: _decode_deliver, DeliverTs.ID: _decode_deliver,
+    DeliverBatch.ID: _decode_deliver_batch, DeliverRun.ID: _decode_deliver_run,
+}  # fmt: skip
+
+
 def decode(frame: bytes) -> Command:
     """The command in one frame; RemoteProtocolError (with a reason fit for INVALID) if malformed."""
     if len(frame) < 3:
         raise RemoteProtocolError(f"frame of {len(frame)} bytes is too short for a command")
     if frame[:2] != SIGNATURE:
         raise RemoteProtocolError(f"bad signature {frame[:2].hex()} (expected aaa5)")
-    if frame[2] == Publish.ID:
-        return _decode_publish(frame)
-    if frame[2] in (Deliver.ID, DeliverTs.ID):
-        return _decode_deliver(frame)
-    if frame[2] == DeliverBatch.ID:
-        return _decode_deliver_batch(frame)
-    if frame[2] == PublishBatch.ID:
-        return _decode_publish_batch(frame)
-    if frame[2] == DeliverRun.ID:
-        return _decode_deliver_run(frame)
-    if frame[2] == PublishSeq.ID:
-        return _decode_publish_seq(frame)
-    if frame[2] == PublishBatchSeq.ID:
-        return _decode_publish_batch_seq(frame)
+    fast = _FAST_DECODERS.get(frame[2])
+    if fast is not None:
+        return fast(frame)
     cls = COMMANDS.get(frame[2])
     if cls is None:
         raise RemoteProtocolError(f"unknown command id {frame[2]}")
