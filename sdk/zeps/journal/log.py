@@ -329,9 +329,9 @@ class Journal:
             raise JournalError(f"journal {self.name} is not open")
         now = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
         ts = max(now, self._last_ts)
-        seg = self._segments[-1]
+        seg, mark = self._segments[-1], b""
         if grouped := changes is not None:  # the producers' changes open the append, in the same segment
-            seg, entries = self._open_group(entries, changes)
+            seg, entries, mark = self._open_group(entries, changes)
         first, raws, keys = self._next, list[bytes](), list[str]()
         offsets = array("I", [0])
         written = total = 0  # bytes of raws already written (segment rolls), and in all
@@ -366,8 +366,12 @@ class Journal:
             offsets.append(total)
             seq += 1
         if not keys:
+            if mark:  # a claim alone: its mark is the whole append, as durable as a publish
+                self._flush(self._fd, memoryview(mark))
+                if self.config.fsync == "always":
+                    self.sync()
             return self._next - 1
-        data = self._write(raws, written, total)
+        data = self._write(raws, written, total, mark)
         self._flush(self._off_fd, memoryview(starts.tobytes()))
         self._index(seg, index, seq - 1, ts, offset)
         self._next, self._since_index, self._last_ts = seq, since_index, ts
@@ -390,33 +394,38 @@ class Journal:
 
     def _open_group(
         self, entries: Iterable[tuple[str, bytes]], changes: dict[str, Producer]
-    ) -> tuple[_Segment, list[tuple[str, bytes]]]:
-        """Write the group mark of an append of ``entries`` (rolling first if the segment is three
-        quarters full: the group stays in one segment); returns the segment and the entries as a list."""
+    ) -> tuple[_Segment, list[tuple[str, bytes]], bytes]:
+        """The group mark of an append of ``entries`` (rolling first if the segment is three quarters
+        full: the group stays in one segment), placed at the segment's end but not written yet: the
+        append writes it with its records, in one system call. Returns the segment, the entries as a
+        list, and the mark's bytes."""
         entries = entries if isinstance(entries, list) else list(entries)
         seg = self._segments[-1]
         if seg.size >= self.config.segment_bytes - self.config.segment_bytes // 4 and seg.last_seq >= seg.base:
             seg = self._roll()
-        self._write_mark(seg, _mark_body(GROUP, len(entries), changes))
+        mark = self._place_mark(seg, _mark_body(GROUP, len(entries), changes))
         self._journaled.update(changes)  # no roll comes before the group's records are written
-        if not entries and self.config.fsync == "always":  # a claim alone: as durable as a publish
-            self.sync()
-        return seg, entries
+        return seg, entries, mark
 
-    def _write_mark(self, seg: _Segment, body: bytes) -> None:
-        """Write a producer mark at the end of the active segment ``seg`` (it takes no sequence)."""
+    def _place_mark(self, seg: _Segment, body: bytes) -> bytes:
+        """A producer mark at the end of the active segment ``seg`` (it takes no sequence), counted in
+        the segment's size; the caller writes the bytes returned."""
         raw = encode_record(self._next - 1, MARK_TIMESTAMP, b"", body)
-        self._flush(self._fd, memoryview(raw))
         seg.marks.append((seg.size, seg.size + len(raw)))
         seg.size += len(raw)
         self._marks_unsynced = True
         if self._unsynced_since is None:
             self._unsynced_since = time.monotonic()
+        return raw
 
-    def _write(self, raws: list[bytes], start: int, end: int) -> bytes:
-        """Write bytes ``start .. end`` of the joined ``raws`` to the active segment; returns the join."""
+    def _write(self, raws: list[bytes], start: int, end: int, before: bytes = b"") -> bytes:
+        """Write ``before`` (a group mark), then bytes ``start .. end`` of the joined ``raws``, to the
+        active segment in one system call; returns the join."""
         data = b"".join(raws)
-        self._flush(self._fd, memoryview(data)[start:end])
+        if before:
+            self._flush(self._fd, memoryview(before + data[start:end]))
+        else:
+            self._flush(self._fd, memoryview(data)[start:end])
         return data
 
     @staticmethod
@@ -435,7 +444,7 @@ class Journal:
         self._since_index = self.config.index_interval_bytes
         table = {name: p for name, p in self._journaled.items() if name in self.producers.producers}
         if table:  # retention removes whole segments: each starts with the table as journaled
-            self._write_mark(seg, _mark_body(SNAPSHOT, 0, table))
+            self._flush(self._fd, memoryview(self._place_mark(seg, _mark_body(SNAPSHOT, 0, table))))
         return seg
 
     def sync(self) -> None:
