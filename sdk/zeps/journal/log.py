@@ -366,11 +366,7 @@ class Journal:
             offsets.append(total)
             seq += 1
         if not keys:
-            if mark:  # a claim alone: its mark is the whole append, as durable as a publish
-                self._flush(self._fd, memoryview(mark))
-                if self.config.fsync == "always":
-                    self.sync()
-            return self._next - 1
+            return self._claim_alone(mark)
         data = self._write(raws, written, total, mark)
         self._flush(self._off_fd, memoryview(starts.tobytes()))
         self._index(seg, index, seq - 1, ts, offset)
@@ -406,6 +402,15 @@ class Journal:
         mark = self._place_mark(seg, _mark_body(GROUP, len(entries), changes))
         self._journaled.update(changes)  # no roll comes before the group's records are written
         return seg, entries, mark
+
+    def _claim_alone(self, mark: bytes) -> int:
+        """An append with no record: its group mark (a claim) is all it writes, as durable as a publish.
+        Returns the last sequence, as append_many does."""
+        if mark:
+            self._flush(self._fd, memoryview(mark))
+            if self.config.fsync == "always":
+                self.sync()
+        return self._next - 1
 
     def _place_mark(self, seg: _Segment, body: bytes) -> bytes:
         """A producer mark at the end of the active segment ``seg`` (it takes no sequence), counted in
