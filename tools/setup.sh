@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent setup for `make test`, `make demo` and `make lint`. Components (default: all):
-#   python     — .venv with the pinned dependencies (pyproject.toml + constraints.txt)
+#   python     — .venv with the pinned dependencies (pyproject.toml + constraints.txt); pyzmq is built
+#                against Debian's libzmq (libzmq3-dev), which has PGM and NORM for the multicast output
+#                (the PyPI wheels bundle a libzmq without them); iptables for the multicast tests' lossy links
 #   zookeeper  — the pinned ZooKeeper server jars (tools/zookeeper/), needs Java 17 + Maven
 #   testbin    — etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm
 #                built from pinned Go modules (tools/testbin/), needs Go
@@ -24,13 +26,46 @@ set_env() {  # set_env NAME VALUE: replace the line for NAME in .zeps-env
   mv "$env_file.tmp" "$env_file"
 }
 
+# Debian packages the Python environment and its tests need: libzmq's headers (pyzmq is built against
+# Debian's libzmq: PGM and NORM), iproute2 and iptables (the multicast tests' network namespaces).
+DEBS=(libzmq3-dev iproute2 iptables)
+
+setup_debs() {
+  local missing=()
+  for pkg in "${DEBS[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return
+  command -v apt-get >/dev/null 2>&1 || fail "${missing[*]} missing and apt-get is not available; install them (Debian/Ubuntu package names)"
+  say "debs: installing Debian's ${missing[*]}"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; } >/tmp/zeps-apt.log 2>&1 \
+    || fail "apt-get install ${missing[*]} failed (see /tmp/zeps-apt.log); as root: apt-get install ${missing[*]}"
+}
+
+# pyzmq built against Debian's libzmq (its pinned version from constraints.txt), unless the one in
+# .venv already has PGM and NORM; the build needs a compiler, and pip caches the wheel it makes.
+setup_pyzmq() {
+  local has='import zmq, sys; sys.exit(not (zmq.has("pgm") and zmq.has("norm") and zmq.has("curve")))'
+  .venv/bin/python -c "$has" 2>/dev/null && return
+  local pin
+  pin=$(grep -i '^pyzmq==' constraints.txt)
+  say "python: building $pin against Debian's libzmq (PGM and NORM for the multicast output)"
+  if ! .venv/bin/python -m pip install -q --disable-pip-version-check --force-reinstall --no-deps \
+      --no-binary pyzmq "$pin" >.venv/pyzmq.log 2>&1; then
+    tail -n 15 .venv/pyzmq.log >&2
+    fail "building pyzmq against Debian's libzmq failed; full log in .venv/pyzmq.log (needs gcc and libzmq3-dev)"
+  fi
+  .venv/bin/python -c "$has" || fail "pyzmq in .venv lacks PGM, NORM or CURVE after the build (see .venv/pyzmq.log)"
+}
+
 setup_python() {
   local py=${PYTHON:-python3}
   command -v "$py" >/dev/null 2>&1 || fail "Python 3.11+ is missing; install python3 (apt-get install python3 python3-venv)"
   "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
     || fail "Python 3.11 or newer is needed, found $("$py" -V 2>&1); set PYTHON=/path/to/python3.11"
+  setup_debs
   local key
-  key=$(cat pyproject.toml constraints.txt <("$py" -V) | sha256sum | cut -c1-16)
+  key=$(cat pyproject.toml constraints.txt <("$py" -V) <(echo "pyzmq on Debian's libzmq") | sha256sum | cut -c1-16)
   if [ -f .venv/.installed ] && [ "$(cat .venv/.installed)" = "$key" ]; then
     say "python: .venv up to date"
     return
@@ -45,6 +80,7 @@ setup_python() {
     tail -n 15 .venv/pip.log >&2
     fail "pip install failed; full log in .venv/pip.log"
   fi
+  setup_pyzmq
   echo "$key" > .venv/.installed
   say "python: ready"
 }

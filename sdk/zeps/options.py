@@ -7,13 +7,14 @@ the field.
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from zeps.errors import ConfigError
 
-__all__ = ["BatchOptions", "FullQueuePolicy", "QueueOptions", "TopicOptions"]
+__all__ = ["BatchOptions", "FullQueuePolicy", "MulticastOptions", "MulticastTransport", "QueueOptions", "TopicOptions"]
 
 FullQueuePolicy = Literal["block", "drop-oldest", "fail"]
 
@@ -116,3 +117,81 @@ class BatchOptions(_Options):
     retention_seconds: float = Field(
         7 * 86400, ge=0, description="Batches older than this that every consumer has processed may be removed."
     )
+
+
+MulticastTransport = Literal["norm", "pgm", "epgm"]
+DEFAULT_PGM_RATE_KBPS = 100_000  #: OpenPGM's transmit rate limit when unset (libzmq's own default is 100 kbit/s)
+DEFAULT_PGM_RECOVERY_MS = 10_000  #: how long OpenPGM can still repair a lost packet when unset
+
+
+class MulticastOptions(_Options):
+    """A ZepsStream's multicast output (seed 004): each live record sent once to a multicast group,
+    never history. Receivers reconcile it with the journal through an ordinary peering."""
+
+    transport: MulticastTransport = Field(
+        description="norm (NORM over UDP, NACK-based repair, TCP-friendly congestion control), pgm (PGM over raw "
+        "IP: the broker needs CAP_NET_RAW) or epgm (PGM encapsulated in UDP)."
+    )
+    group: str = Field(
+        pattern=r"^2(2[4-9]|3[0-9])\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}$",
+        description="IPv4 multicast group address (224.0.0.0-239.255.255.255; 239.0.0.0/8 is for use within an "
+        "organisation).",
+    )
+    port: int = Field(ge=1024, le=65535, description="The group's UDP port (PGM: its data-destination port).")
+    interface: str | None = Field(
+        None,
+        description="The broker's interface for the group: a name (eth0) or one of its IPv4 addresses; unset: the "
+        "one its route to the group goes out of.",
+    )
+    rate_kbps: int | None = Field(
+        None,
+        ge=64,
+        le=10_000_000,
+        description=f"pgm/epgm: transmit rate limit in kbit/s, repairs included (unset: {DEFAULT_PGM_RATE_KBPS:,}). "
+        "Not for norm: libzmq 4.3.4 runs NORM's own congestion control and takes no rate.",
+    )
+    recovery_ms: int | None = Field(
+        None,
+        ge=100,
+        le=600_000,
+        description=f"pgm/epgm: how long a lost packet can still be repaired, ms (unset: {DEFAULT_PGM_RECOVERY_MS:,}); "
+        "later losses are filled by the receivers from the journal. Not for norm.",
+    )
+    heartbeat_ms: int = Field(
+        500,
+        ge=50,
+        le=60_000,
+        description="A stream that sent nothing to the group this long sends TAIL (its last sequence), so receivers "
+        "learn of lost records even when nothing follows them.",
+    )
+
+    @field_validator("group")
+    @classmethod
+    def _multicast_group(cls, group: str) -> str:
+        try:
+            if ipaddress.IPv4Address(group).is_multicast:
+                return group
+        except ValueError:
+            pass
+        raise ValueError(f"{group!r} is not an IPv4 multicast address (224.0.0.0-239.255.255.255)")
+
+    @model_validator(mode="after")
+    def _pgm_only(self) -> Self:
+        if self.transport == "norm" and (self.rate_kbps is not None or self.recovery_ms is not None):
+            raise ValueError("rate_kbps and recovery_ms are for pgm/epgm: libzmq 4.3.4 runs NORM's own congestion "
+                             "control and repair window; leave them unset with norm")  # fmt: skip
+        return self
+
+    @property
+    def url(self) -> str:
+        """``transport://group:port``: what the broker publishes in its member node and receivers take."""
+        return f"{self.transport}://{self.group}:{self.port}"
+
+    @classmethod
+    def from_url(cls, url: str, **settings: Any) -> MulticastOptions:
+        """Parse ``transport://group:port`` (ConfigError naming the form when it is not one)."""
+        transport, sep, rest = url.partition("://")
+        group, colon, port = rest.rpartition(":")
+        if not (sep and colon and port.isdigit()):
+            raise ConfigError(f"multicast {url!r} is not transport://group:port (e.g. epgm://239.192.0.1:5601)")
+        return cls.make(transport=transport, group=group, port=int(port), **settings)

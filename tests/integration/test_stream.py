@@ -640,7 +640,7 @@ def test_malformed_batches_get_invalid_and_the_peering_goes_on(
 
 def test_client_attaches_with_a_lower_version_when_the_broker_is_older() -> None:
     """A broker from before refusal codes that only speaks versions 1 and 2 is played by a ROUTER
-    socket in this test (every zeps broker of this tree speaks version 6), with its exact refusal: the
+    socket in this test (every zeps broker of this tree speaks version 7), with its exact refusal: the
     client tries 4 after the plain INVALID, falls back to version 2, and publish_many sends plain
     PUBLISH frames, one per message (no producer sequences: at-least-once against such a broker)."""
     ctx: zmq.Context[Any] = zmq.Context()
@@ -673,7 +673,7 @@ def test_client_attaches_with_a_lower_version_when_the_broker_is_older() -> None
         thread.join(10)
         router.close()
         ctx.term()
-    assert [c.version for c in seen if isinstance(c, Attach)] == [6, 4, 3, 2]
+    assert [c.version for c in seen if isinstance(c, Attach)] == [7, 4, 3, 2]
     assert [c.body for c in seen if isinstance(c, Publish)] == [b"1", b"2"]
     assert not any(isinstance(c, PublishBatch) for c in seen)
 

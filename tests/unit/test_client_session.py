@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import pytest
 
+from zeps._records import encode_record
 from zeps.client.session import ClientSession, Seq
-from zeps.errors import ConfigError, ProducerError
+from zeps.errors import ConfigError, LocalProtocolError, ProducerError
 from zeps.protocol import (
     Attach,
     AttachOk,
     Credit,
     Deliver,
+    Fetch,
+    FetchEnd,
     InvalidCode,
     Ping,
     PingOk,
@@ -25,6 +28,7 @@ from zeps.protocol import (
     Subscribe,
     decode,
     encode,
+    encode_deliver_batch,
 )
 
 
@@ -37,10 +41,10 @@ def _attached(**kwargs: int) -> ClientSession:
 
 
 def _producing(producer: str | None = None, held: int = 0, epoch: int = 1) -> ClientSession:
-    """An idempotent producer's session, attached with version 6, its producer claimed (PRODUCE-OK).
+    """An idempotent producer's session, attached with the newest version (7), its producer claimed (PRODUCE-OK).
     A named producer claims at attach; a random one at its first publish (here: ``k``/``first``)."""
     session = ClientSession("prices", producer=producer)
-    assert decode(session.attach()) == Attach(stream="prices", version=6)
+    assert decode(session.attach()) == Attach(stream="prices", version=7)
     frames = [decode(f) for f in session.receive(encode(AttachOk()))]
     if producer is None:
         assert frames == [] and session.ready
@@ -137,7 +141,9 @@ def test_a_broker_older_than_version_6_gets_plain_publishes() -> None:
     session.publish_many([("k", b"1"), ("k", b"2")])
     session.disconnected()
     session.attach()
-    # the broker restarted as an older version: refused 6 with a code, then attached with 5
+    # the broker restarted as an older version: refused 7 and 6 with a code, then attached with 5
+    [again] = session.receive(encode(InvalidCode(code=Refusal.VERSION_UNSUPPORTED, reason="no 7")))
+    assert decode(again) == Attach(stream="prices", version=6)
     [again] = session.receive(encode(InvalidCode(code=Refusal.VERSION_UNSUPPORTED, reason="no 6")))
     assert decode(again) == Attach(stream="prices", version=5)
     frames = [decode(f) for f in session.receive(encode(AttachOk()))]
@@ -150,6 +156,7 @@ def test_a_broker_older_than_version_6_gets_plain_publishes() -> None:
 def test_a_named_producer_is_refused_by_an_older_broker_with_the_fix() -> None:
     session = ClientSession("prices", producer="orders-0")
     session.attach()
+    session.receive(encode(InvalidCode(code=Refusal.VERSION_UNSUPPORTED, reason="no 7")))
     session.receive(encode(InvalidCode(code=Refusal.VERSION_UNSUPPORTED, reason="no 6")))
     session.receive(encode(AttachOk()))
     assert session.ready
@@ -178,3 +185,35 @@ def test_a_bad_producer_name_names_the_field(producer: str) -> None:
         ClientSession("prices", producer=producer)
     with pytest.raises(ConfigError, match="leave idempotent=True"):
         ClientSession("prices", producer="ok", idempotent=False)
+
+
+def _run_frame(first: int, last: int) -> bytes:
+    return encode_deliver_batch(b"".join(encode_record(s, 0, b"k", b"%d" % s) for s in range(first, last + 1)))
+
+
+def test_a_fetch_open_when_the_peering_drops_goes_on_after_what_it_delivered() -> None:
+    session = _attached(credit_window=1000)
+    frames = [decode(f) for f in session.fetch(Fetch(pattern="", first=1, last=10))]
+    assert frames == [Fetch(pattern="", first=1, last=10), Credit(credit=1000)]
+    session.receive(_run_frame(1, 4))
+    session.disconnected()
+    session.attach()
+    again = [decode(f) for f in session.receive(encode(AttachOk()))]
+    assert again == [Fetch(pattern="", first=5, last=10), Credit(credit=1000)]  # after what came
+    session.receive(_run_frame(4, 10))  # 4 again (sent before the drop): kept once
+    session.receive(encode(FetchEnd(first=5, last=10)))
+    assert [row[0] for row in session.take(100)] == list(range(1, 11))
+    assert list(session.fetch_ends) == [(1, 10)]  # reported as asked: 1..4 came before the drop
+
+
+def test_a_peering_fetches_or_subscribes_never_both() -> None:
+    fetching = _attached()
+    fetching.fetch(Fetch(pattern="", first=1))
+    with pytest.raises(LocalProtocolError, match="one fetch at a time"):
+        fetching.fetch(Fetch(pattern="", first=1))
+    with pytest.raises(LocalProtocolError, match="cannot subscribe"):
+        fetching.subscribe("", Seq(0))
+    subscribing = _attached()
+    subscribing.subscribe("", Seq(0))
+    with pytest.raises(LocalProtocolError, match="cannot fetch"):
+        subscribing.fetch(Fetch(pattern="", first=1))

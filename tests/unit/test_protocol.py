@@ -362,7 +362,7 @@ def test_we_cannot_batch_a_key_publish_could_not_carry() -> None:
 
 
 def test_unsupported_versions_and_protocols_are_refused() -> None:
-    with pytest.raises(RemoteProtocolError, match="version 7 is not supported"):
-        Connection("broker").receive(encode(Attach(stream="s", version=7)))
+    with pytest.raises(RemoteProtocolError, match="version 8 is not supported"):
+        Connection("broker").receive(encode(Attach(stream="s", version=8)))
     with pytest.raises(RemoteProtocolError, match="protocol must be 'ZEPS'"):
         Connection("broker").receive(encode(Attach(stream="s", protocol="AMQP")))

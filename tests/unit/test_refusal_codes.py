@@ -48,7 +48,7 @@ def test_a_refused_stream_is_reported_at_once_whatever_its_name(core: BrokerCore
     """The defect: a refused stream whose name contained "version" made the client step down the
     versions before reporting. Now the refusal has a code, and one ATTACH is all it takes."""
     session = ClientSession(stream)
-    assert _talk(core, session, [session.attach()]) == [6]
+    assert _talk(core, session, [session.attach()]) == [7]
     assert session.refused == f"stream {stream!r} is not served by this broker"
     assert session.refused_code == Refusal.STREAM_UNKNOWN
 
@@ -56,7 +56,7 @@ def test_a_refused_stream_is_reported_at_once_whatever_its_name(core: BrokerCore
 def test_an_attached_peering_gets_codes_for_refused_subscriptions(core: BrokerCore) -> None:
     session = ClientSession("prices")
     _talk(core, session, [session.attach()])
-    assert session.ready and session.conn.version == 6
+    assert session.ready and session.conn.version == 7
     core.receive(b"peer", encode(Subscribe(pattern="~version.*", latest=0)), now=0.0)
     [answer] = [decode(out.frame) for out in core.pump(now=0.0)]
     assert answer == InvalidCode(code=Refusal.PATTERN_REFUSED, reason=answer.reason)  # type: ignore[union-attr]
@@ -81,7 +81,7 @@ def test_a_version_the_broker_does_not_speak_is_refused_with_a_code(core: Broker
     session = ClientSession("prices")
     session.attach()
     [again] = session.receive(encode(answer))
-    assert decode(again) == Attach(stream="prices", version=5)  # one version down, decided on the code
+    assert decode(again) == Attach(stream="prices", version=6)  # one version down, decided on the code
 
 
 def test_a_broker_from_before_codes_is_negotiated_by_its_exact_messages() -> None:

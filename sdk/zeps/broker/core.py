@@ -31,6 +31,18 @@ still confirms them), the rest go to the journal with a group mark that records 
 A flush cuts a stream's publishes into groups of about a quarter segment at the ends of idempotent
 publishes (a group never spans segments, so this bounds how far a segment overshoots).
 A fenced, expired or out-of-sequence publish is refused with INVALID-CODE and not journaled.
+
+Fetches (version 7). FETCH is a subscription with an end: it replays the records of its range that
+match its pattern, never goes live, and ends with FETCH-END once everything in the range was handed
+to the adapter (a delivery or FETCH-END the adapter could not send reopens it, as for any replay).
+
+Multicast output (version 7, ``multicast_heartbeat_s`` set). Every record that becomes durable is
+also sent once to the multicast group (:meth:`BrokerCore.take_multicast`), whatever the
+subscriptions: the broker's work per record does not depend on how many receivers there are. Runs
+gather for ``multicast_linger_s`` (5 ms) or until they fill a message, so a trickle of publishes
+does not become a packet each.
+A stream that sent nothing for a heartbeat sends TAIL (its last durable sequence), so a receiver
+learns of the records it lost even when nothing follows them.
 """
 
 from __future__ import annotations
@@ -61,6 +73,8 @@ from zeps.protocol import (
     Credit,
     Detach,
     DetachOk,
+    Fetch,
+    FetchEnd,
     Invalid,
     InvalidCode,
     Ping,
@@ -80,6 +94,7 @@ from zeps.protocol import (
     encode_deliver,
     encode_deliver_batch,
     encode_deliver_run,
+    multicast,
 )
 from zeps.protocol.commands import CODES_SINCE, PROTOCOL
 from zeps.protocol.connection import SUPPORTED_VERSIONS
@@ -105,6 +120,12 @@ class BrokerConfig:
     batch_bytes: int = 1024 * 1024  #: the largest DELIVER-BATCH (a record larger than this goes alone)
     #: subscription patterns accepted: "prefix" refuses ``~regex`` patterns with INVALID (ZepsStream ``matching``)
     matching: Literal["prefix", "prefix-and-regex"] = "prefix-and-regex"
+    #: with a multicast output: a stream silent this long sends TAIL to the group (None: no multicast output)
+    multicast_heartbeat_s: float | None = None
+    #: the largest multicast message (a DELIVER-RUN frame); a record that does not fit goes only to the journal
+    multicast_max_bytes: int = 1024 * 1024
+    #: newly durable records wait this long for more to fill a multicast message (fewer, fuller messages)
+    multicast_linger_s: float = 0.005
 
 
 @dataclass
@@ -118,6 +139,7 @@ class Outgoing:
     cost: int = 0
     count: int = 0  #: messages it delivers
     replayed: bool = False  #: read from the journal for a subscription behind the tail (not live routing)
+    ends_fetch: bool = False  #: FETCH-END of ``subscription`` (a fetch): unsent, the fetch is reopened
 
 
 @dataclass(eq=False)
@@ -126,6 +148,9 @@ class _Subscription:
     matcher: Matcher
     cursor: int
     id: int = 0
+    #: a fetch (FETCH): the last sequence of its range (it ends there, never live), and where its range began
+    end: int | None = None
+    start: int = 0
 
     @property
     def live(self) -> bool:
@@ -152,6 +177,12 @@ class _Stream:
     messages_replayed: int = 0  # of messages_out: served from the journal to subscriptions behind the tail
     fell_behind: int = 0  # times a live subscription lost pace (no credit, a full socket) and went to replay
     duplicates: int = 0  # publishes of idempotent producers dropped: the journal held them already
+    multicast_records: int = 0  # records queued for the multicast group
+    multicast_oversize: int = 0  # records too large for a multicast message: receivers fetch them
+    multicast_at: float = 0.0  # when the stream last queued something for the group (monotonic)
+    multicast_pending: list[Chunk] = field(default_factory=list)  # durable records gathered for the group
+    multicast_pending_bytes: int = 0
+    multicast_since: float | None = None  # when take_multicast first saw the gathered records
 
 
 @dataclass(eq=False)
@@ -216,6 +247,7 @@ class BrokerCore:
         self._appends: dict[str, _Pending] = {}
         self._queued_bytes = 0  # delivery bytes queued, ever: pump() measures its budget with it
         self._clock_ms = _now_ms()  # wall time for producers' last activity (TTL): set once per flush
+        self._multicast: list[list[bytes]] = []  # messages for the multicast group, oldest first
         self.invalid_frames = 0
 
     def open(self) -> BrokerCore:
@@ -281,6 +313,8 @@ class BrokerCore:
                     self._lagging.append(sub)
         elif isinstance(command, Subscribe | SubscribeTime):
             self._subscribe(session, command)
+        elif isinstance(command, Fetch):
+            self._fetch(session, command)
         elif isinstance(command, Ping):
             self._send(peer, conn.send(PingOk()))
         elif isinstance(command, Detach):
@@ -386,6 +420,37 @@ class BrokerCore:
         else:
             self._lagging.append(sub)
 
+    def _fetch(self, session: _Session, command: Fetch) -> None:
+        """FETCH: a replay of ``first`` .. ``last`` that ends with FETCH-END (see the module's notes)."""
+        if any(sub.end is not None for sub in session.subscriptions):
+            self._invalid(session.peer, "one FETCH at a time per peering: wait for FETCH-END", Refusal.LIMIT,
+                          version=session.conn.version, forget=False)  # fmt: skip
+            return
+        try:
+            matcher = compile_pattern(command.pattern, allow_regex=self.config.matching == "prefix-and-regex")
+        except PatternError as exc:
+            self._invalid(session.peer, str(exc), Refusal.PATTERN_REFUSED, version=session.conn.version, forget=False)
+            return
+        stream, journal = session.stream, session.stream.journal
+        end = min(command.last, stream.routed)
+        start = max(command.first, journal.first_sequence)
+        if command.since:
+            start = max(start, journal.seek_time(command.since))
+        if start > end:  # nothing in range (yet, or any longer)
+            self._send(session.peer, session.conn.send(FetchEnd(first=end + 1, last=end)))
+            return
+        sub = _Subscription(session, matcher, start, next(self._ids), end=end, start=start)
+        session.subscriptions.append(sub)
+        self._lagging.append(sub)
+
+    def _end_fetch(self, sub: _Subscription) -> None:
+        """Everything of the fetch's range went to the adapter: FETCH-END, and the fetch is gone."""
+        session = sub.session
+        assert sub.end is not None
+        session.subscriptions.remove(sub)
+        frame = session.conn.send(FetchEnd(first=sub.start, last=sub.end))
+        self._pending.append(Outgoing(session.peer, frame, sub, sub.end + 1, ends_fetch=True))
+
     # -- routing --------------------------------------------------------------------------------
     def _go_live(self, sub: _Subscription) -> None:
         stream = sub.session.stream
@@ -440,9 +505,71 @@ class BrokerCore:
                 stop = self._deliver(sub, chunk, picks)
                 if stop is not None:
                     self._leave_live(sub, stop)
+            if self.config.multicast_heartbeat_s is not None:
+                self._multicast_chunk(stream, chunk)
             stream.routed = chunk.last
         for sub in stream.live_set:
             sub.cursor = stream.routed + 1
+
+    def _multicast_chunk(self, stream: _Stream, chunk: Chunk) -> None:
+        """Gather ``chunk`` (newly durable records) for the multicast group; :meth:`take_multicast`
+        sends what was gathered once it fills a message or has waited ``multicast_linger_s``."""
+        stream.multicast_pending.append(chunk)
+        stream.multicast_pending_bytes += len(chunk.data) + 4 * len(chunk)
+
+    def _multicast_runs(self, stream: _Stream) -> None:
+        """Queue the gathered records, once, in runs whose frames fit ``multicast_max_bytes``; a
+        record too large for one alone is left out (receivers see the gap and fetch it)."""
+        chunks, stream.multicast_pending, stream.multicast_pending_bytes = stream.multicast_pending, [], 0
+        stream.multicast_since = None
+        if len(chunks) == 1:
+            data, offsets = chunks[0].data, chunks[0].offsets
+        else:  # consecutive chunks: one run of records
+            data, offsets, size = b"".join(c.data for c in chunks), array("I", [0]), 0
+            for c in chunks:
+                offsets.extend(o + size for o in c.offsets[1:])
+                size += len(c.data)
+        count, limit, begin = len(offsets) - 1, self.config.multicast_max_bytes - _RUN_OVERHEAD, 0
+        while begin < count:
+            base = offsets[begin]
+            end = bisect.bisect_right(range(begin, count + 1), limit,
+                                      key=lambda j: offsets[j] - base + 4 * (j - begin)) + begin - 1  # fmt: skip
+            if end == begin:  # record ``begin`` alone is too large
+                stream.multicast_oversize += 1
+                begin += 1
+                continue
+            starts = offsets[begin:end] if base == 0 else array("I", (o - base for o in offsets[begin:end]))
+            self._multicast.append(multicast.encode_run(stream.name, data[base : offsets[end]], _index(starts)))
+            stream.multicast_records += end - begin
+            begin = end
+
+    @property
+    def multicast_pending(self) -> bool:
+        """Records wait for the multicast group (the loop should come back within the linger)."""
+        return any(stream.multicast_pending for stream in self.streams.values())
+
+    def take_multicast(self, now: float | None = None) -> list[list[bytes]]:
+        """The messages for the multicast group since the last call, oldest first (each two frames:
+        the stream's topic and DELIVER-RUN or TAIL): a stream's gathered records once they fill a
+        message or waited ``multicast_linger_s``; TAIL for each stream silent for a heartbeat.
+        Empty without a multicast output."""
+        heartbeat = self.config.multicast_heartbeat_s
+        if heartbeat is None:
+            return []
+        now = time.monotonic() if now is None else now
+        for stream in self.streams.values():
+            if stream.multicast_pending:
+                if stream.multicast_since is None:
+                    stream.multicast_since = now
+                full = stream.multicast_pending_bytes >= self.config.multicast_max_bytes
+                if full or now - stream.multicast_since >= self.config.multicast_linger_s:
+                    self._multicast_runs(stream)
+                    stream.multicast_at = now
+            elif now - stream.multicast_at >= heartbeat:
+                self._multicast.append(multicast.encode_tail(stream.name, stream.routed))
+                stream.multicast_at = now
+        out, self._multicast = self._multicast, []
+        return out
 
     @staticmethod
     def _targets(stream: _Stream, chunk: Chunk) -> dict[_Subscription, list[int] | None]:
@@ -549,11 +676,15 @@ class BrokerCore:
                 continue
             session.blocked_until = 0.0
             stream = session.stream
+            last = stream.routed if sub.end is None else sub.end
+            if sub.cursor > last:  # a fetch all of whose range went out
+                self._end_fetch(sub)
+                continue
             chunk = stream.journal.read_chunk(
                 sub.cursor,
                 max_bytes=min(budget, self.config.batch_bytes),
                 max_records=self.config.replay_batch if not session.batches else 1 << 30,
-                end=stream.routed,
+                end=last,
             )
             stalled = False
             queued = len(self._pending)
@@ -571,10 +702,17 @@ class BrokerCore:
             for item in itertools.islice(self._pending, queued, None):
                 item.replayed = True
                 stream.messages_replayed += item.count
-            sub.cursor = max(sub.cursor, stream.journal.first_sequence)  # retention removed what it missed
+            first = stream.journal.first_sequence
+            if sub.cursor < first:  # retention removed what it missed
+                sub.cursor = sub.start = first
             if stalled:
                 continue  # out of credit: CREDIT puts it back in line
-            if sub.cursor > stream.routed:
+            if sub.end is not None:
+                if sub.cursor > sub.end:
+                    self._end_fetch(sub)
+                else:
+                    self._lagging.append(sub)
+            elif sub.cursor > stream.routed:
                 self._go_live(sub)
             else:
                 self._lagging.append(sub)
@@ -588,6 +726,13 @@ class BrokerCore:
         if sub is None:
             return
         session = sub.session
+        if item.ends_fetch:  # FETCH-END did not go: the fetch is open again, and ends again later
+            if session.peer in self.sessions and sub not in session.subscriptions:
+                session.subscriptions.append(sub)
+                if sub not in self._lagging:
+                    self._lagging.append(sub)
+            session.blocked_until = (time.monotonic() if now is None else now) + 0.01
+            return
         session.credit += item.cost
         session.stream.messages_out -= item.count  # they were counted when queued; undo it
         if item.replayed:
@@ -650,6 +795,8 @@ class BrokerCore:
                     for lag, peer, sub in subs[:most]]  # fmt: skip
         return len(subs), furthest
 
+
+_RUN_OVERHEAD = 15  # a DELIVER-RUN frame's bytes besides its records and their 4-byte index entries
 
 _REFUSALS = {"fenced": Refusal.FENCED, "unknown": Refusal.PRODUCER_UNKNOWN, "out-of-sequence": Refusal.OUT_OF_SEQUENCE,
              "full": Refusal.PRODUCER_LIMIT}  # fmt: skip

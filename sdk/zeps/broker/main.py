@@ -3,7 +3,8 @@
 Every flag has an environment variable (what the operator's Deployment sets), e.g.::
 
     zeps-broker --stream prices --data-dir /var/lib/zeps --bind tcp://0.0.0.0:5555 \\
-        --zookeeper zk:2181 --namespace shop --member prices-0 --fsync group
+        --zookeeper zk:2181 --namespace shop --member prices-0 --fsync group \\
+        [--multicast epgm://239.192.0.1:5601 --multicast-interface eth0]
 """
 
 from __future__ import annotations
@@ -18,14 +19,19 @@ from pathlib import Path
 
 from zeps.broker.core import BrokerConfig
 from zeps.broker.server import BrokerServer, CurveConfig, Registration
-from zeps.errors import ZepsError
+from zeps.errors import ConfigError, ZepsError
 from zeps.journal import DEFAULT_MAX_PRODUCERS, DEFAULT_PRODUCER_TTL_MS, JournalConfig
+from zeps.options import MulticastOptions
 
-__all__ = ["main", "parse_args", "settings"]
+__all__ = ["main", "multicast_options", "parse_args", "settings"]
 
 
 def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"ZEPS_BROKER_{name}", default)
+
+
+def _env_int(name: str) -> int | None:
+    return int(v) if (v := _env(name)) else None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -37,8 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bind", default=_env("BIND", "tcp://127.0.0.1:5555"), help="ZeroMQ endpoint [ZEPS_BROKER_BIND]")
     p.add_argument("--fsync", choices=["always", "group", "interval", "never"], default=_env("FSYNC", "group"))
     p.add_argument("--segment-bytes", type=int, default=int(_env("SEGMENT_BYTES", str(64 << 20)) or 0))
-    p.add_argument("--retention-ms", type=int, default=int(v) if (v := _env("RETENTION_MS")) else None)
-    p.add_argument("--retention-bytes", type=int, default=int(v) if (v := _env("RETENTION_BYTES")) else None)
+    p.add_argument("--retention-ms", type=int, default=_env_int("RETENTION_MS"))
+    p.add_argument("--retention-bytes", type=int, default=_env_int("RETENTION_BYTES"))
     p.add_argument("--producer-ttl", type=float,
                    default=float(_env("PRODUCER_TTL") or DEFAULT_PRODUCER_TTL_MS / 1000),
                    help="seconds an idempotent producer may stay idle before the broker forgets it; a client "
@@ -51,12 +57,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ttl", type=float, default=float(_env("TTL", "30") or 30))
     p.add_argument("--curve-secret-key", default=_env("CURVE_SECRET_KEY"), help="zmq certificate with the secret key")
     p.add_argument("--curve-clients-dir", default=_env("CURVE_CLIENTS_DIR"), help="allowed client public keys")
-    p.add_argument("--metrics-port", type=int, default=int(v) if (v := _env("METRICS_PORT")) else None)
+    p.add_argument("--metrics-port", type=int, default=_env_int("METRICS_PORT"))
     p.add_argument("--zookeeper", default=_env("ZOOKEEPER"), help="register in ZooKeeper (host:port,…)")
     p.add_argument("--namespace", default=_env("NAMESPACE", "default"))
     p.add_argument("--chroot", default=_env("CHROOT", "/zeps"))
     p.add_argument("--member", default=_env("MEMBER"), help="this broker's member id in the group")
     p.add_argument("--advertise", default=_env("ADVERTISE"), help="the endpoint clients should use")
+    p.add_argument("--multicast", default=_env("MULTICAST"),
+                   help="also send each live record once to a multicast group: norm|pgm|epgm://GROUP:PORT "
+                   "[ZEPS_BROKER_MULTICAST]")  # fmt: skip
+    p.add_argument("--multicast-interface", default=_env("MULTICAST_INTERFACE"),
+                   help="its interface: a name or an IPv4 address (default: the route to the group's) "
+                   "[ZEPS_BROKER_MULTICAST_INTERFACE]")  # fmt: skip
+    p.add_argument("--multicast-rate", type=int, default=_env_int("MULTICAST_RATE"),
+                   help="pgm/epgm: transmit rate limit, kbit/s [ZEPS_BROKER_MULTICAST_RATE]")  # fmt: skip
+    p.add_argument("--multicast-recovery", type=int, default=_env_int("MULTICAST_RECOVERY"),
+                   help="pgm/epgm: ms a lost packet can be repaired [ZEPS_BROKER_MULTICAST_RECOVERY]")  # fmt: skip
+    p.add_argument("--multicast-heartbeat", type=int, default=_env_int("MULTICAST_HEARTBEAT"),
+                   help="ms a stream may stay silent before TAIL [ZEPS_BROKER_MULTICAST_HEARTBEAT]")  # fmt: skip
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
     args = p.parse_args(argv)
     if not args.stream:
@@ -66,6 +84,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.zookeeper and not args.member:
         p.error("--member is needed with --zookeeper: it names this broker in the stream's group")
     return args
+
+
+def multicast_options(args: argparse.Namespace) -> MulticastOptions | None:
+    """The multicast output the flags ask for (None: none); ConfigError naming the bad one."""
+    tuning = {"interface": args.multicast_interface, "rate_kbps": args.multicast_rate,
+              "recovery_ms": args.multicast_recovery, "heartbeat_ms": args.multicast_heartbeat}  # fmt: skip
+    if not args.multicast:
+        given = [f"--multicast-{name.split('_')[0]}" for name, value in tuning.items() if value is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)} without --multicast: name the group (norm|pgm|epgm://GROUP:PORT)")
+        return None
+    return MulticastOptions.from_url(args.multicast, **{k: v for k, v in tuning.items() if v is not None})
 
 
 def settings(args: argparse.Namespace) -> tuple[BrokerConfig, CurveConfig | None, Registration | None]:
@@ -95,8 +125,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"zeps-broker: journal settings (--segment-bytes, --producer-ttl, --max-producers): {exc}",
               file=sys.stderr)  # fmt: skip
         return 2
+    try:
+        multicast = multicast_options(args)
+    except ZepsError as exc:
+        print(f"zeps-broker: multicast settings: {exc}", file=sys.stderr)
+        return 2
     server = BrokerServer(config, bind=args.bind, curve=curve, metrics_port=args.metrics_port,
-                          registration=registration)  # fmt: skip
+                          registration=registration, multicast=multicast)  # fmt: skip
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -105,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ZepsError, OSError, ValueError) as exc:
         print(f"zeps-broker: {exc}", file=sys.stderr)
         return 2
-    print(f"zeps-broker: serving {', '.join(args.stream)} at {server.endpoint}", flush=True)
+    also = f", multicast on {server.multicast_endpoint}" if server.multicast_endpoint else ""
+    print(f"zeps-broker: serving {', '.join(args.stream)} at {server.endpoint}{also}", flush=True)
     while not stop.wait(0.2):
         if not server.wait(0):
             continue

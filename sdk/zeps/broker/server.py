@@ -10,15 +10,22 @@
 * Optional registration in ZooKeeper: the broker joins ``streams/<name>/brokers/<member>`` with its
   endpoint and public key, and honours the manifest: a member that the manifest does not list
   refuses to serve (a rogue broker stops at once).
+* Optional multicast output (:class:`~zeps.options.MulticastOptions`): an XPUB socket on a NORM or
+  (E)PGM group gets each newly durable run once (never history) and TAIL on a silent stream. With
+  ``XPUB_NODROP`` a full pipe (the PGM rate limit, NORM's congestion control) is seen, not silent:
+  messages wait in a bounded backlog and the oldest are dropped past it, counted in
+  ``zeps_broker_multicast_dropped``; receivers fill such gaps from the journal.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,14 +35,21 @@ import zmq.auth
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 from zmq.auth.thread import ThreadAuthenticator
 
+from zeps import _netif
 from zeps.broker.core import BrokerConfig, BrokerCore
 from zeps.errors import ConfigError
+from zeps.options import DEFAULT_PGM_RATE_KBPS, DEFAULT_PGM_RECOVERY_MS, MulticastOptions
 
 __all__ = ["BrokerServer", "CurveConfig", "Registration", "make_curve_certificate"]
 
 log = logging.getLogger(__name__)
 
 _READ_BATCH = 2000  # frames read per loop before the broker writes, routes and sends
+_MULTICAST_BACKLOG = 16 << 20  # bytes of multicast messages waiting for the group's pipe, at most
+# libzmq 4.3.4's NORM engine writes a message into the NORM stream in 2 KiB pieces, and its receivers
+# lose every message that spans more than one (checked here: a 2,030-byte frame arrives, 2,040 never):
+# NORM runs are cut to this size, and a larger record reaches receivers through the journal only
+_NORM_MESSAGE_BYTES = 2000
 
 
 def make_curve_certificate() -> tuple[str, str]:
@@ -77,12 +91,23 @@ class BrokerServer:
         curve: CurveConfig | None = None,
         metrics_port: int | None = None,
         registration: Registration | None = None,
+        multicast: MulticastOptions | None = None,
     ) -> None:
+        if multicast is not None:  # the core sends TAIL on a silent stream every heartbeat, runs cut to size
+            largest = _NORM_MESSAGE_BYTES if multicast.transport == "norm" else config.batch_bytes
+            config = dataclasses.replace(config, multicast_heartbeat_s=multicast.heartbeat_ms / 1000,
+                                         multicast_max_bytes=largest)  # fmt: skip
         self.config = config
         self.bind = bind
         self.curve = curve
         self.metrics_port = metrics_port
         self.registration = registration
+        self.multicast = multicast
+        self.multicast_endpoint = ""  #: the ZeroMQ endpoint of the multicast output, once started
+        self._pub: zmq.Socket[Any] | None = None
+        self._multicast_ctx: zmq.Context[Any] | None = None
+        self._backlog: deque[list[bytes]] = deque()  # multicast messages the group's pipe could not take yet
+        self._backlog_bytes = 0
         self.core = BrokerCore(config)
         self.endpoint = ""
         self.public_key = ""
@@ -104,6 +129,10 @@ class BrokerServer:
                                     "to replay", ["stream"], registry=self.registry)  # fmt: skip
         self._duplicates = Counter("zeps_broker_duplicates_dropped", "Publishes of idempotent producers dropped: "
                                    "the journal held them already", ["stream"], registry=self.registry)  # fmt: skip
+        self._multicast_records = Counter("zeps_broker_multicast_records", "Records queued for the multicast group",
+                                          ["stream"], registry=self.registry)  # fmt: skip
+        self._multicast_dropped = Counter("zeps_broker_multicast_dropped", "Multicast messages dropped: the group's "
+                                          "pipe stayed full past the backlog", registry=self.registry)  # fmt: skip
         self._journal_bytes = Gauge("zeps_broker_journal_bytes", "Journal size", ["stream"], registry=self.registry)
         self._last_seq = Gauge("zeps_broker_last_sequence", "Last durable sequence", ["stream"], registry=self.registry)
         self._lag = Gauge("zeps_broker_subscriber_lag", "Records a subscription is behind", ["peer", "sub"],
@@ -145,6 +174,9 @@ class BrokerServer:
         sock.bind(self.bind)
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._sock = sock
+        if self.multicast is not None:  # a context of its own: libzmq runs NORM and PGM in its I/O thread, which
+            self._multicast_ctx = zmq.Context()  # NORM can keep busy; the ROUTER's I/O must not wait behind it
+            self._pub = self._open_multicast(self._multicast_ctx, self.multicast)
         if self.metrics_port is not None:
             self._metrics, _ = start_http_server(self.metrics_port, addr="127.0.0.1", registry=self.registry)
         if self.registration is not None:
@@ -152,6 +184,44 @@ class BrokerServer:
         self._thread = threading.Thread(target=self._loop, name="zeps-broker", daemon=True)
         self._last_facts = time.monotonic() - 9  # first facts a second after start
         self._thread.start()
+
+    def _open_multicast(self, ctx: zmq.Context[Any], options: MulticastOptions) -> zmq.Socket[Any]:
+        """The multicast output's XPUB socket (ConfigError naming the fix when this libzmq lacks the
+        transport, or the interface is unknown)."""
+        _netif.require_transport(options.transport, zmq.has, zmq.zmq_version())
+        interface = _netif.resolve(options.interface, options.group)
+        pub: zmq.Socket[Any] = ctx.socket(zmq.XPUB)
+        pub.setsockopt(zmq.XPUB_NODROP, 1)  # a full pipe raises EAGAIN instead of dropping silently
+        pub.setsockopt(zmq.SNDHWM, 1000)
+        pub.setsockopt(zmq.LINGER, 0)
+        if options.transport != "norm":  # OpenPGM's rate limit and repair window (libzmq's NORM takes neither)
+            pub.setsockopt(zmq.RATE, options.rate_kbps or DEFAULT_PGM_RATE_KBPS)
+            pub.setsockopt(zmq.RECOVERY_IVL, options.recovery_ms or DEFAULT_PGM_RECOVERY_MS)
+        self.multicast_endpoint = _netif.endpoint(options.transport, options.group, options.port, interface)
+        try:
+            pub.connect(self.multicast_endpoint)
+        except zmq.ZMQError as exc:
+            pub.close(linger=0)
+            raise ConfigError(f"multicast output {self.multicast_endpoint}: {exc}") from None
+        log.info("multicast output on %s (interface %s)", self.multicast_endpoint, interface)
+        return pub
+
+    def _send_multicast(self, messages: list[list[bytes]]) -> None:
+        """Send what the core queued for the group, oldest first; what the pipe cannot take waits in
+        a bounded backlog (its oldest messages are dropped past it: receivers repair from the journal)."""
+        assert self._pub is not None
+        for message in messages:
+            self._backlog.append(message)
+            self._backlog_bytes += len(message[1])
+        while self._backlog:
+            try:
+                self._pub.send_multipart(self._backlog[0], zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            self._backlog_bytes -= len(self._backlog.popleft()[1])
+        while self._backlog_bytes > _MULTICAST_BACKLOG:
+            self._backlog_bytes -= len(self._backlog.popleft()[1])
+            self._multicast_dropped.inc()
 
     def _setup_curve(self, ctx: zmq.Context[Any], sock: zmq.Socket[Any]) -> None:
         assert self.curve is not None
@@ -181,6 +251,8 @@ class BrokerServer:
             "startedAt": int(time.time()),
             "streams": list(self.config.streams),
         }
+        if self.multicast is not None:  # what a receiver needs: the group, and the settings both ends share
+            metadata["multicast"] = self.multicast.model_dump(exclude={"interface"})
         for name in self.config.streams:
             group = Group(self._zk, StreamPaths.of(reg.namespace, name, chroot=reg.chroot).brokers)
             manifest = group.manifest()
@@ -220,6 +292,9 @@ class BrokerServer:
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
             self._ctx = None
+        if self._multicast_ctx is not None:
+            self._multicast_ctx.destroy(linger=0)
+            self._multicast_ctx = None
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the broker stops; True if it did."""
@@ -238,7 +313,8 @@ class BrokerServer:
             while not self._stop.is_set():
                 # replay that can go on: no wait; appends to group or replay waiting out a full
                 # socket queue: 1 ms; nothing to do: until traffic (at most 50 ms, for the tick)
-                wait = 0 if core.replay_ready(time.monotonic()) else 1 if core._lagging or core._appends else 50
+                busy = core._lagging or core._appends or core.multicast_pending
+                wait = 0 if core.replay_ready(time.monotonic()) else 1 if busy else 50
                 events = dict(poller.poll(wait))
                 received = 0
                 if sock in events:
@@ -253,6 +329,8 @@ class BrokerServer:
                         received += 1
                 core.flush_appends(idle=received < _READ_BATCH)
                 self._send(core.pump())
+                if self._pub is not None:
+                    self._send_multicast(core.take_multicast())
                 now = time.monotonic()
                 if now - last_tick >= 1.0:
                     last_tick = now
@@ -265,6 +343,8 @@ class BrokerServer:
         finally:
             core.close()
             sock.close(linger=0)
+            if self._pub is not None:
+                self._pub.close(linger=0)
 
     def _send(self, outgoing: list[Any]) -> None:
         blocked: set[bytes] = set()
@@ -292,7 +372,8 @@ class BrokerServer:
             for counter, value in ((self._messages_in, stream.messages_in), (self._messages_out, stream.messages_out),
                                    (self._bytes_out, stream.bytes_out), (self._replayed, stream.messages_replayed),
                                    (self._fell_behind, stream.fell_behind),
-                                   (self._duplicates, stream.duplicates)):  # fmt: skip
+                                   (self._duplicates, stream.duplicates),
+                                   (self._multicast_records, stream.multicast_records)):  # fmt: skip
                 seen = self._exported.get((id(counter), name), 0)
                 if value > seen:
                     counter.labels(name).inc(value - seen)

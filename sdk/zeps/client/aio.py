@@ -19,12 +19,14 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Iterable
 from types import TracebackType
+from typing import Any
 
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from zeps.client.session import ClientSession, Message, Records, Row, Since
+from zeps.client.multicast import AsyncMulticastSubscription
+from zeps.client.session import ClientSession, Fetched, Message, Records, Row, Since, Time
 from zeps.client.sync import (
     _GROUP,
     MONITORED,
@@ -36,6 +38,8 @@ from zeps.client.sync import (
     configure_dealer,
 )
 from zeps.errors import ProducerError, ProtocolError
+from zeps.options import MulticastOptions
+from zeps.protocol import LATEST, Fetch
 
 __all__ = ["AsyncStreamClient"]
 
@@ -72,6 +76,7 @@ class AsyncStreamClient:
         self._reader: asyncio.Task[None] | None = None
         self._arrived = asyncio.Event()
         self._last_ping = 0.0
+        self._watched: list[AsyncMulticastSubscription] = []  # closed with the client
         self.reconnects = 0
 
     # -- connection -----------------------------------------------------------------------------
@@ -188,7 +193,16 @@ class AsyncStreamClient:
             with contextlib.suppress(asyncio.CancelledError, zmq.ZMQError):
                 await self._reader
         self._close_socket()
+        for watched in list(self._watched):
+            await watched.close()
         self._ctx.term()
+
+    def _watch(self, subscription: AsyncMulticastSubscription) -> None:
+        self._watched.append(subscription)
+
+    def _unwatch(self, subscription: AsyncMulticastSubscription) -> None:
+        if subscription in self._watched:
+            self._watched.remove(subscription)
 
     async def __aenter__(self) -> AsyncStreamClient:
         try:
@@ -273,6 +287,43 @@ class AsyncStreamClient:
                 return False
             await self._wait(min(remaining, 0.1))
         return True
+
+    async def fetch(
+        self, pattern: str = "", *, first: int = 0, last: int = LATEST, since: Time | None = None
+    ) -> Fetched:
+        """The journal's records ``first`` .. ``last`` matching ``pattern`` (see StreamClient.fetch)."""
+        command = Fetch(pattern=pattern, first=first, last=last, since=since.ms if since is not None else 0)
+        await self._send(self.session.fetch(command))
+        messages: list[Message] = []
+        deadline = time.monotonic() + self.timeout
+        while True:
+            rows = self.session.take(1 << 30)
+            if rows:
+                messages += map(Message._make, rows)
+                deadline = time.monotonic() + self.timeout  # silence counts, not the length of the fetch
+            if self.session.fetch_ends:
+                first, last = self.session.fetch_ends.popleft()
+                return Fetched(messages, first, last)
+            if self.session.errors:
+                self.session.fetch_open = None
+                raise ProtocolError(f"broker refused: {self.session.errors.popleft()}")
+            if time.monotonic() >= deadline:
+                raise BrokerUnavailableError(f"broker at {self.endpoint} did not end the fetch in {self.timeout:.0f}s")
+            await self._wait(0.05)
+
+    async def subscribe_multicast(
+        self,
+        pattern: str = "",
+        *,
+        since: Since = "latest",
+        multicast: MulticastOptions | str | dict[str, Any],
+        interface: str | None = None,
+        stall: float | None = None,
+    ) -> AsyncMulticastSubscription:
+        """A multicast subscription (see StreamClient.subscribe_multicast), for ``async for``."""
+        return await AsyncMulticastSubscription(
+            self, pattern, since, multicast=multicast, interface=interface, stall=stall
+        )._start()
 
     async def subscribe(self, pattern: str = "", *, since: Since = "latest") -> AsyncIterator[Message]:
         await self.start(pattern, since=since)

@@ -26,6 +26,10 @@ this object; they only move frames.
   process neither repeats nor skips. Against a broker older than version 6 publishes are
   at-least-once (a resent one the broker had written may appear twice), and a named producer is
   refused with :class:`~zeps.errors.ProducerError`.
+* **Fetches** (version 7). :meth:`ClientSession.fetch` asks for a range of the journal (FETCH); its
+  records arrive in the inbox as any delivery and its end in :attr:`ClientSession.fetch_ends`. A
+  peering that fetches does not subscribe (deliveries do not say which they answer). A fetch open
+  when the peering drops is sent again after the re-attach, from after the last record it delivered.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from datetime import datetime
 from typing import Literal, NamedTuple
 
 from zeps._records import Records, encode_record
-from zeps.errors import ConfigError, ProducerError, RemoteProtocolError
+from zeps.errors import ConfigError, LocalProtocolError, ProducerError, RemoteProtocolError
 from zeps.protocol import (
     LATEST,
     Attach,
@@ -52,6 +56,8 @@ from zeps.protocol import (
     DeliverTs,
     Detach,
     DetachOk,
+    Fetch,
+    FetchEnd,
     Invalid,
     InvalidCode,
     Ping,
@@ -75,13 +81,14 @@ from zeps.protocol import (
 from zeps.protocol.commands import CODES_SINCE
 from zeps.protocol.connection import SUPPORTED_VERSIONS
 
-__all__ = ["ClientSession", "Message", "Records", "Row", "Seq", "Since", "Time"]
+__all__ = ["ClientSession", "Fetched", "Message", "Records", "Row", "Seq", "Since", "Time"]
 
 # The exact refusals of brokers from before codes (their state machine's messages), for them alone:
 # ATTACH of a version they do not speak, and a frame from a peer they do not know (expired, restarted).
 _LEGACY_VERSION_REFUSAL = re.compile(r"ATTACH version \d+ is not supported \(use one of [\d, ]+\)$")
 _LEGACY_NOT_ATTACHED = re.compile(r"^[A-Z-]+ is not allowed when await attach$")
 _PRODUCES_SINCE = 6
+_FETCHES_SINCE = 7
 _PRODUCER_REFUSALS = (Refusal.FENCED, Refusal.PRODUCER_UNKNOWN, Refusal.OUT_OF_SEQUENCE, Refusal.PRODUCER_LIMIT)
 
 
@@ -117,6 +124,16 @@ class Message(NamedTuple):
     key: str
     body: bytes
     timestamp_ms: int | None  #: the broker's time (None from a version-1 broker)
+
+
+class Fetched(NamedTuple):
+    """What a fetch returned: the matching records of ``first`` .. ``last``, the range it covered
+    (``first`` = ``last`` + 1: nothing; a ``first`` above the one asked for: retention removed the
+    records in between)."""
+
+    messages: list[Message]
+    first: int
+    last: int
 
 
 @dataclass
@@ -182,6 +199,12 @@ class ClientSession:
         self._unconfirmed_messages = 0
         self._barriers: deque[int] = deque()  # unconfirmed count at each PING sent
         self._since_barrier = 0
+        self.fetch_open: Fetch | None = None  #: the fetch asked for and not ended yet
+        self.fetch_ends: deque[tuple[int, int]] = deque()  #: (first, last) of each ended fetch, oldest first
+        self._fetching = False  # this peering fetches (so it never subscribes)
+        self._fetch_sent: Fetch | None = None  # the FETCH on the wire (resent from later after a re-attach)
+        self._fetched_to = 0  # the last sequence the open fetch delivered
+        self._credited = False  # CREDIT granted on this peering since it attached
         self.last_heard = time.monotonic()
 
     # -- attaching ------------------------------------------------------------------------------
@@ -210,6 +233,7 @@ class ClientSession:
     def attach(self) -> bytes:
         self.conn = Connection("client")
         self.attached = False
+        self._credited = False
         return self.conn.send(Attach(stream=self.stream, version=self.version))
 
     @property
@@ -239,6 +263,8 @@ class ClientSession:
                                    "producers (version 6): publish without producer_id=, or upgrade it")  # fmt: skip
         for sub in self.subscriptions:
             frames += self._subscribe_frames(sub)
+        if self.fetch_open is not None:
+            frames += self._fetch_frames()
         for frame, _ in self._unconfirmed:
             frames += self._as_version(frame)
         if self._unconfirmed:
@@ -270,7 +296,46 @@ class ClientSession:
         return [frame]
 
     # -- commands -------------------------------------------------------------------------------
+    def fetch(self, command: Fetch) -> list[bytes]:
+        """Ask for a range of the journal (version 7); its end arrives in :attr:`fetch_ends`."""
+        if self.subscriptions:
+            raise LocalProtocolError("a peering that subscribes cannot fetch (deliveries do not say which they "
+                                     "answer): fetch on a client of its own")  # fmt: skip
+        if self.fetch_open is not None:
+            raise LocalProtocolError("one fetch at a time per peering: wait for the open one to end")
+        self._fetching = True
+        self.fetch_open, self._fetched_to = command, 0
+        return self._fetch_frames() if self.attached else []
+
+    def _fetch_frames(self) -> list[bytes]:
+        assert self.fetch_open is not None
+        if self.conn.version < _FETCHES_SINCE:
+            raise ConfigError(f"the broker speaks ZEPS version {self.conn.version}, without FETCH and the multicast "
+                              f"output (version {_FETCHES_SINCE}): upgrade it")  # fmt: skip
+        command = self.fetch_open
+        if self._fetched_to and self._fetched_to >= command.first:  # sent before the peering dropped: go on after it
+            command = Fetch(pattern=command.pattern, first=self._fetched_to + 1, last=command.last, since=command.since)
+        self._fetch_sent = command
+        frames = [self.conn.send(command)]
+        if not self._credited:
+            self._credited, self._consumed = True, 0
+            frames.append(self.conn.send(Credit(credit=self.credit_window)))
+        return frames
+
+    def _fetch_ended(self, end: FetchEnd) -> None:
+        asked, sent = self.fetch_open, self._fetch_sent
+        if asked is None or sent is None:
+            self.errors.append("FETCH-END without a FETCH")
+            return
+        # a fetch sent again from later covered the first part before: report the range as asked
+        first = asked.first if sent is not asked and end.first <= sent.first else end.first
+        self.fetch_ends.append((first, end.last))
+        self.fetch_open = self._fetch_sent = None
+
     def subscribe(self, pattern: str, since: Since) -> list[bytes]:
+        if self._fetching:
+            raise LocalProtocolError("a peering that fetches cannot subscribe (deliveries do not say which they "
+                                     "answer): subscribe on a client of its own")  # fmt: skip
         sub = _Sub(pattern, since)
         self.subscriptions.append(sub)
         return self._subscribe_frames(sub) if self.attached else []
@@ -424,6 +489,29 @@ class ClientSession:
             self.next_sequence = answer.sequence + 1
             self.generation_held = answer.sequence - answer.base
 
+    def _delivered_run(self, run: Records) -> None:
+        """A run of delivered records into the inbox, without what arrived before (a re-attach resends)."""
+        if self._fetching:  # a fetch's records: a range of its own, not a subscription's resume point
+            if self._fetched_to and run.sequence(0) <= self._fetched_to:
+                run = run.after(self._fetched_to)
+            if len(run):
+                self.inbox.append(run)
+                self._fetched_to = run.sequence(-1)
+            return
+        if self.last_sequence is not None and run.sequence(0) <= self.last_sequence:
+            run = run.after(self.last_sequence)
+        if len(run):
+            self.inbox.append(run)
+            self.last_sequence = run.sequence(-1)
+
+    def _consume(self, size: int) -> list[bytes]:
+        """A delivery of ``size`` bytes arrived: CREDIT for what was consumed once half the window is."""
+        self._consumed += size
+        if self._consumed >= self.credit_window // 2:
+            grant, self._consumed = self._consumed, 0
+            return [self.conn.send(Credit(credit=grant))]
+        return []
+
     def receive(self, frame: bytes) -> list[bytes]:
         """Handle one frame from the broker; returns frames to send in answer."""
         self.last_heard = time.monotonic()
@@ -432,33 +520,23 @@ class ClientSession:
             self.attached = True
             return self.on_attached()
         if isinstance(command, DeliverBatch | DeliverRun):
-            run = command.run
-            assert run is not None  # decode() checks the records and sets it
-            if self.last_sequence is not None and run.sequence(0) <= self.last_sequence:
-                run = run.after(self.last_sequence)  # sent again after a re-attach: keep only what is new
-            if len(run):
-                self.inbox.append(run)
-                self.last_sequence = run.sequence(-1)
-            self._consumed += len(frame)
-            if self._consumed >= self.credit_window // 2:
-                grant, self._consumed = self._consumed, 0
-                return [self.conn.send(Credit(credit=grant))]
-            return []
+            assert command.run is not None  # decode() checks the records and sets it
+            self._delivered_run(command.run)
+            return self._consume(len(frame))
         if isinstance(command, Deliver | DeliverTs):
             ts = command.timestamp if isinstance(command, DeliverTs) else None
             if self.last_sequence is None or command.sequence > self.last_sequence:
                 self.inbox.append((command.sequence, command.key, command.body, ts))
                 self.last_sequence = command.sequence
-            self._consumed += deliver_size(command.sequence, command.key, len(command.body),
-                                           timestamps=ts is not None)  # fmt: skip
-            if self._consumed >= self.credit_window // 2:
-                grant, self._consumed = self._consumed, 0
-                return [self.conn.send(Credit(credit=grant))]
-            return []
+            return self._consume(deliver_size(command.sequence, command.key, len(command.body),
+                                              timestamps=ts is not None))  # fmt: skip
         if isinstance(command, Ping):
             return [self.conn.send(PingOk())]
         if isinstance(command, ProduceOk):
             self._produced(command)
+            return []
+        if isinstance(command, FetchEnd):
+            self._fetch_ended(command)
             return []
         if isinstance(command, PingOk):
             if self.producer_error is not None:

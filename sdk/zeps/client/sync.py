@@ -24,8 +24,11 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from zeps.client.session import ClientSession, Message, Records, Row, Since
+from zeps.client.multicast import MulticastSubscription
+from zeps.client.session import ClientSession, Fetched, Message, Records, Row, Since, Time
 from zeps.errors import ConfigError, ProducerError, ProtocolError, UnavailableError, ZepsError
+from zeps.options import MulticastOptions
+from zeps.protocol import LATEST, Fetch
 
 __all__ = ["BrokerUnavailableError", "StreamClient", "discover"]
 
@@ -149,6 +152,7 @@ class StreamClient:
         self._last_ping = 0.0
         self._last_pump = 0.0
         self._poller = zmq.Poller()
+        self._watched: list[MulticastSubscription] = []  # their sockets wake the client's waits too
         self.reconnects = 0
 
     # -- connection -----------------------------------------------------------------------------
@@ -167,6 +171,18 @@ class StreamClient:
         self._poller = zmq.Poller()
         self._poller.register(sock, zmq.POLLIN)
         self._poller.register(self._monitor, zmq.POLLIN)
+        for watched in self._watched:
+            self._poller.register(watched.socket, zmq.POLLIN)
+
+    def _watch(self, subscription: MulticastSubscription) -> None:
+        """Wake the client's waits for the subscription's group socket too; closed with the client."""
+        self._watched.append(subscription)
+        self._poller.register(subscription.socket, zmq.POLLIN)
+
+    def _unwatch(self, subscription: MulticastSubscription) -> None:
+        if subscription in self._watched:
+            self._watched.remove(subscription)
+            self._poller.unregister(subscription.socket)
 
     def _attach(self) -> None:
         """The first attach: wait for the answer (a refusal or silence is an error)."""
@@ -210,6 +226,8 @@ class StreamClient:
             except (zmq.ZMQError, ZepsError):
                 pass
             self._close_socket()
+        for watched in list(self._watched):
+            watched.close()
         self._ctx.term()
 
     def __enter__(self) -> StreamClient:
@@ -385,3 +403,45 @@ class StreamClient:
     def start(self, pattern: str = "", *, since: Since = "latest") -> None:
         """Subscribe without iterating (use :meth:`receive`)."""
         self._send_all(self.session.subscribe(pattern, since), time.monotonic() + self.timeout)
+
+    def fetch(self, pattern: str = "", *, first: int = 0, last: int = LATEST, since: Time | None = None) -> Fetched:
+        """The journal's records ``first`` .. ``last`` (inclusive; LATEST: up to the tail now; 0: from the
+        oldest retained; ``since``: from that time on) whose key matches ``pattern``, and the range the
+        broker covered (version 7, FETCH). A bounded replay: nothing live follows. A client that
+        fetches does not subscribe. BrokerUnavailableError if the broker stays silent ``timeout`` seconds."""
+        command = Fetch(pattern=pattern, first=first, last=last, since=since.ms if since is not None else 0)
+        deadline = time.monotonic() + self.timeout
+        self._send_all(self.session.fetch(command), deadline)
+        messages: list[Message] = []
+        while True:
+            rows = self.session.take(1 << 30)
+            if rows:
+                messages += map(Message._make, rows)
+                deadline = time.monotonic() + self.timeout  # silence counts, not the length of the fetch
+            if self.session.fetch_ends:
+                first, last = self.session.fetch_ends.popleft()
+                return Fetched(messages, first, last)
+            if self.session.errors:
+                self.session.fetch_open = None
+                raise ProtocolError(f"broker refused: {self.session.errors.popleft()}")
+            if time.monotonic() >= deadline:
+                raise BrokerUnavailableError(f"broker at {self.endpoint} did not end the fetch in {self.timeout:.0f}s")
+            self._pump(0.05)
+
+    def subscribe_multicast(
+        self,
+        pattern: str = "",
+        *,
+        since: Since = "latest",
+        multicast: MulticastOptions | str | dict[str, Any],
+        interface: str | None = None,
+        stall: float | None = None,
+    ) -> MulticastSubscription:
+        """Records whose key starts with ``pattern``, from ``since`` on: history from the journal, then
+        the broker's multicast group (``multicast``: its options, ``transport://group:port``, or the
+        dict its member node holds), every gap filled from the journal, each record once in sequence
+        order (see :mod:`zeps.client.multicast`). ``interface``: this host's interface for the group (a
+        name or an IPv4 address; default: the one the route to the group uses). ``stall``: seconds
+        without a word from the group before fetching what is missing (default: 3 heartbeats). This
+        client's peering becomes the subscription's: it fetches, and cannot also subscribe."""
+        return MulticastSubscription(self, pattern, since, multicast=multicast, interface=interface, stall=stall)

@@ -71,6 +71,30 @@ skips a sequence. The producer table lives in the journal (:mod:`zeps.journal.pr
   reached the broker), ``PRODUCER_LIMIT`` (the producer table is full). A refused publish is not
   journaled.
 
+**Version 7 extension** (negotiated the same way): bounded replay and the multicast output (seed 004,
+"Multicast Output": real-time data over NORM or PGM, history never; a client that wants both uses a
+ZEPS peering and the multicast group, and reconciles them).
+
+* ``FETCH`` (id 23, client → broker): ``pattern`` string, ``first`` number-8, ``last`` number-8,
+  ``since`` number-8 — deliver the records ``first`` .. ``last`` (inclusive) whose key matches
+  ``pattern``, then FETCH-END. ``last`` = 2^64-1 means "up to the durable tail as the broker reads
+  it when the FETCH arrives"; ``since`` (ms since the epoch; 0: none) moves the start to the first
+  record at or after that time when that is later. The deliveries are the peering's usual ones
+  (DELIVER-RUN on a version 7 peering) and take credit as any; a fetch never turns into a live
+  subscription. One fetch at a time per peering (another is refused with ``LIMIT``), and a peering
+  that fetches should not also subscribe: deliveries do not say which of the two they answer.
+* ``FETCH-END`` (id 24, broker → client): ``first`` number-8, ``last`` number-8 — the fetch covered
+  ``first`` .. ``last``: every matching record in that range was delivered before this frame.
+  ``first`` = ``last`` + 1 when it covered nothing. A ``first`` above the one asked for (not above
+  the ``last`` asked for) means the records in between are gone: retention removed them.
+* ``TAIL`` (id 25, broker → multicast group, never on a peering): ``sequence`` number-8 — the last
+  durable sequence; every record up to it was sent to the group before this frame. Sent every
+  multicast heartbeat, so a receiver learns of records it lost even when nothing follows them.
+
+A multicast message is two ZeroMQ frames: the stream's name (a SUB socket subscribes to it) and one
+ZEPS frame, DELIVER-RUN (a run of newly durable records, each sent once) or TAIL
+(:mod:`zeps.protocol.multicast`).
+
 Conventions zeps adds on top of the grammar (all within its bytes):
 
 * SUBSCRIBE ``latest`` is the last sequence the client has: delivery starts after it. 0 means
@@ -108,6 +132,8 @@ __all__ = [
     "DeliverTs",
     "Detach",
     "DetachOk",
+    "Fetch",
+    "FetchEnd",
     "Invalid",
     "InvalidCode",
     "Ping",
@@ -122,6 +148,7 @@ __all__ = [
     "Subscribe",
     "SubscribeOk",
     "SubscribeTime",
+    "Tail",
     "decode",
     "encode",
     "encode_deliver",
@@ -383,11 +410,45 @@ class PublishBatchSeq(Command):
     items: tuple[tuple[str, bytes], ...] = field(default=(), compare=False)  #: the entries, decoded
 
 
+@dataclass(frozen=True, slots=True)
+class Fetch(Command):
+    """Version 7 extension: the records ``first`` .. ``last`` matching ``pattern``, then FETCH-END."""
+
+    ID = 23
+    NAME = "FETCH"
+    FIELDS = (("pattern", "string"), ("first", "number-8"), ("last", "number-8"), ("since", "number-8"))
+    pattern: str
+    first: int
+    last: int = LATEST  #: up to the durable tail when the broker reads the FETCH
+    since: int = 0  #: ms since the epoch: start at the first record at or after it, when later (0: none)
+
+
+@dataclass(frozen=True, slots=True)
+class FetchEnd(Command):
+    """Version 7 extension: the fetch covered ``first`` .. ``last`` (``first`` = ``last`` + 1: nothing)."""
+
+    ID = 24
+    NAME = "FETCH-END"
+    FIELDS = (("first", "number-8"), ("last", "number-8"))
+    first: int
+    last: int
+
+
+@dataclass(frozen=True, slots=True)
+class Tail(Command):
+    """Version 7 extension, multicast only: every record up to ``sequence`` was sent to the group."""
+
+    ID = 25
+    NAME = "TAIL"
+    FIELDS = (("sequence", "number-8"),)
+    sequence: int
+
+
 COMMANDS: dict[int, type[Command]] = {
     c.ID: c
     for c in (Attach, AttachOk, Subscribe, SubscribeOk, Credit, Publish, Deliver, Ping, PingOk, Detach, DetachOk,
               Invalid, SubscribeTime, DeliverTs, PublishBatch, DeliverBatch, DeliverRun, InvalidCode, Produce,
-              ProduceOk, PublishSeq, PublishBatchSeq)
+              ProduceOk, PublishSeq, PublishBatchSeq, Fetch, FetchEnd, Tail)
 }  # fmt: skip
 _NUMBERS = {"number-2": (_U16, 0xFFFF), "number-4": (_U32, 0xFFFFFFFF), "number-8": (_U64, 2**64 - 1)}
 

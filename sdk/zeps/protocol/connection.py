@@ -24,6 +24,8 @@ from zeps.protocol.commands import (
     DeliverTs,
     Detach,
     DetachOk,
+    Fetch,
+    FetchEnd,
     Invalid,
     InvalidCode,
     Ping,
@@ -46,7 +48,7 @@ __all__ = ["RULES", "SUPPORTED_VERSIONS", "Connection", "Role", "State"]
 Role = Literal["client", "broker"]
 State = Literal["AWAIT_ATTACH", "ATTACHING", "ATTACHED", "DETACHING", "CLOSED"]
 Direction = Literal["send", "receive"]
-SUPPORTED_VERSIONS = (1, 2, 3, 4, 5, 6)
+SUPPORTED_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 
 # What the client may do; the broker's view mirrors it (its "receive" is the client's "send").
 _CLIENT: dict[tuple[State, Direction, type[Command]], State] = {
@@ -64,6 +66,8 @@ _CLIENT: dict[tuple[State, Direction, type[Command]], State] = {
     ("ATTACHED", "receive", ProduceOk): "ATTACHED",
     ("ATTACHED", "send", PublishSeq): "ATTACHED",
     ("ATTACHED", "send", PublishBatchSeq): "ATTACHED",
+    ("ATTACHED", "send", Fetch): "ATTACHED",
+    ("ATTACHED", "receive", FetchEnd): "ATTACHED",
     ("ATTACHED", "receive", Deliver): "ATTACHED",
     ("ATTACHED", "receive", DeliverTs): "ATTACHED",
     ("ATTACHED", "receive", DeliverBatch): "ATTACHED",
@@ -82,6 +86,7 @@ _CLIENT: dict[tuple[State, Direction, type[Command]], State] = {
     ("DETACHING", "receive", DeliverBatch): "DETACHING",
     ("DETACHING", "receive", DeliverRun): "DETACHING",
     ("DETACHING", "receive", ProduceOk): "DETACHING",
+    ("DETACHING", "receive", FetchEnd): "DETACHING",
     ("DETACHING", "receive", Ping): "DETACHING",
     ("DETACHING", "receive", PingOk): "DETACHING",
     ("DETACHING", "receive", Invalid): "DETACHING",
@@ -105,7 +110,7 @@ RULES: dict[tuple[Role, State, Direction, type[Command]], State] = {
 }
 _SINCE_VERSION: dict[type[Command], int] = {
     SubscribeTime: 2, DeliverTs: 2, PublishBatch: 3, DeliverBatch: 3, DeliverRun: 4, InvalidCode: 5,
-    Produce: 6, ProduceOk: 6, PublishSeq: 6, PublishBatchSeq: 6,
+    Produce: 6, ProduceOk: 6, PublishSeq: 6, PublishBatchSeq: 6, Fetch: 7, FetchEnd: 7,
 }  # fmt: skip
 
 

@@ -1,0 +1,122 @@
+"""The processes of the multicast tests and ``make bench-multicast``, each run in a lab host
+(:mod:`zeps_dev.netlab`) with ``python -m zeps_dev.multicast_worker ROLE …``; each prints one JSON
+line when done.
+
+* ``publish``: ``--count`` messages at ``--rate`` per second (``publish_many`` every millisecond or
+  so), keys cycling through ``--keys``, body ``b"<index>"``; then flush.
+* ``multicast``: a multicast subscription from ``--since`` with key prefix ``--prefix`` until it has
+  every record up to ``--count`` that matches; prints what it got (as sequence ranges), whether each
+  body matched its sequence, the subscription's stats, and the seconds from its first record to its
+  last.
+* ``unicast``: the same through an ordinary subscription (``bench-multicast``'s baseline).
+
+A fresh stream's sequences are the publish indexes plus one (one idempotent publisher), so a receiver
+can check each record it got without being told what was sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from typing import Any
+
+from zeps.client import Message, Seq, StreamClient
+
+
+def _ranges(sequences: list[int]) -> list[list[int]]:
+    out: list[list[int]] = []
+    for s in sequences:
+        if out and s == out[-1][1] + 1:
+            out[-1][1] = s
+        else:
+            out.append([s, s])
+    return out
+
+
+def _report(got: list[Message], started: float, **extra: Any) -> None:
+    sequences = [m.sequence for m in got]
+    print(json.dumps({
+        "count": len(got),
+        "ranges": _ranges(sequences),
+        "in_order": all(a < b for a, b in itertools.pairwise(sequences)),
+        "bodies_ok": all(m.body == b"%d" % (m.sequence - 1) for m in got),
+        "seconds": (time.monotonic() - started) if got else 0.0,
+        **extra,
+    }), flush=True)  # fmt: skip
+
+
+def _wanted(count: int, keys: list[str], prefix: str) -> int:
+    """How many of ``count`` publishes (keys cycling through ``keys``) match ``prefix``."""
+    return sum(1 for i in range(count) if keys[i % len(keys)].startswith(prefix))
+
+
+def publish(args: argparse.Namespace) -> None:
+    keys = args.keys.split(",")
+    with StreamClient(args.endpoint, args.stream, timeout=60) as client:
+        start, sent = time.monotonic(), 0
+        while sent < args.count:
+            due = min(args.count, int((time.monotonic() - start) * args.rate) + 1)
+            if due > sent:
+                client.publish_many((keys[i % len(keys)], b"%d" % i) for i in range(sent, due))
+                sent = due
+            else:
+                time.sleep(0.001)
+        client.flush(timeout=60)
+    print(json.dumps({"published": sent, "seconds": time.monotonic() - start}), flush=True)
+
+
+def receive(args: argparse.Namespace) -> None:
+    keys = args.keys.split(",")
+    wanted = _wanted(args.count, keys, args.prefix)
+    got: list[Message] = []
+    deadline = time.monotonic() + args.timeout
+    started = 0.0
+    with StreamClient(args.endpoint, args.stream, timeout=30) as client:
+        if args.role == "multicast":
+            subscription = client.subscribe_multicast(args.prefix, since=Seq(args.since), multicast=args.multicast)
+            take = subscription.receive_many
+        else:
+            client.start(args.prefix, since=Seq(args.since))
+            take = client.receive_many
+        print(json.dumps({"ready": True}), flush=True)
+        while len(got) < wanted and time.monotonic() < deadline:
+            batch = take(0.5)
+            if batch and not started:
+                started = time.monotonic()
+            got += batch
+        extra: dict[str, Any] = {"wanted": wanted}
+        if args.role == "multicast":
+            stats = subscription.stats
+            extra.update(multicast_records=stats.multicast_records, fetched_records=stats.fetched_records,
+                         gaps=stats.gaps, gap_ranges=stats.gap_ranges[-10:], duplicates=stats.duplicates,
+                         fetches=stats.fetches, bad_messages=stats.bad_messages)  # fmt: skip
+            subscription.close()
+    _report(got, started, **extra)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m zeps_dev.multicast_worker")
+    p.add_argument("role", choices=["publish", "multicast", "unicast"])
+    p.add_argument("--endpoint", required=True)
+    p.add_argument("--stream", default="prices")
+    p.add_argument("--count", type=int, required=True)
+    p.add_argument("--rate", type=float, default=5000.0)
+    p.add_argument("--keys", default="eu.fr,us.ny,eu.de")
+    p.add_argument("--prefix", default="")
+    p.add_argument("--since", type=int, default=0)
+    p.add_argument("--multicast", default="", help="the broker's multicast options, as JSON or a URL")
+    p.add_argument("--timeout", type=float, default=120.0)
+    args = p.parse_args(argv)
+    if args.multicast.startswith("{"):
+        args.multicast = json.loads(args.multicast)
+    if args.role == "publish":
+        publish(args)
+    else:
+        receive(args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

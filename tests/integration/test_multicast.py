@@ -1,0 +1,138 @@
+"""The multicast output (seed 004) across network namespaces this test makes (``zeps_dev.netlab``): a
+real broker in one host, receivers in two others, on a bridge, over NORM, PGM and EPGM through a
+libzmq built with them. Links lose packets at random (iptables ``statistic``), one receiver also
+loses every multicast packet for a while (longer than PGM can repair, or NORM's buffer holds) and
+the other starts late; each reconciled flow must still hold every record once, in order.
+
+Needs root for the namespaces: without it these tests are skipped, saying so (CI runs as root)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from zeps.client import StreamClient
+from zeps_dev.netlab import NetLab, available
+from zeps_dev.process import ManagedProcess, wait_until
+
+pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
+
+PORT = 5555
+KEYS = "eu.fr,us.ny,eu.de"
+# (messages, per second): 6 and 12 seconds of publishing. libzmq 4.3.4's NORM keeps to its congestion
+# control's rate, which starts low and climbs for seconds (README, multicast): a slower stream for it
+LOAD = {"norm": (12_000, 1_000), "pgm": (24_000, 4_000), "epgm": (24_000, 4_000)}
+
+
+def _json(proc: ManagedProcess, key: str, timeout: float) -> dict[str, Any]:
+    """The last JSON line holding ``key`` that ``proc`` printed (waiting for it)."""
+
+    def found() -> dict[str, Any] | None:
+        for line in reversed(proc.log_path.read_text(errors="replace").splitlines()):
+            if line.startswith("{") and key in line:
+                return dict(json.loads(line))
+        return None
+
+    def done() -> bool:
+        if found() is not None:
+            return True
+        proc.check_alive()  # exited without it: its log says why
+        return False
+
+    wait_until(done, timeout=timeout, interval=0.2, what=f"{proc.name} to print {key}")
+    result = found()
+    assert result is not None
+    return result
+
+
+def _worker(lab: NetLab, host: int, role: str, tmp: Path, load: tuple[int, int], *args: str) -> ManagedProcess:
+    endpoint = f"tcp://{lab.address(0)}:{PORT}"
+    argv = [sys.executable, "-m", "zeps_dev.multicast_worker", role, "--endpoint", endpoint, "--count", str(load[0]),
+            "--rate", str(load[1]), "--keys", KEYS, *args]  # fmt: skip
+    return lab.process(host, f"{role}@{host}", argv, log_path=tmp / f"{role}-{host}.log")
+
+
+def _expected(count: int, prefix: str) -> list[list[int]]:
+    """The sequence ranges a receiver with ``prefix`` must get (sequence = publish index + 1)."""
+    keys = KEYS.split(",")
+    out: list[list[int]] = []
+    for i in range(count):
+        if keys[i % len(keys)].startswith(prefix):
+            s = i + 1
+            if out and out[-1][1] == s - 1:
+                out[-1][1] = s
+            else:
+                out.append([s, s])
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["norm", "pgm", "epgm"])
+def test_receivers_in_other_namespaces_get_every_record_once_through_loss(transport: str, tmp_path: Path) -> None:
+    load = LOAD[transport]
+    with NetLab(hosts=3) as lab:
+        group = f"239.192.{lab.net}.{ {'norm': 1, 'pgm': 2, 'epgm': 3}[transport] }"
+        multicast = f"{transport}://{group}:6{lab.net:03d}"
+        argv = [sys.executable, "-m", "zeps.broker.main", "--stream", "prices", "--data-dir", str(tmp_path / "data"),
+                "--bind", f"tcp://{lab.address(0)}:{PORT}", "--fsync", "never", "--multicast", multicast,
+                "--multicast-heartbeat", "200", "--log-level", "INFO"]  # fmt: skip
+        if transport != "norm":
+            argv += ["--multicast-recovery", "1000"]  # PGM repairs up to 1 s back; the blackout is longer
+        broker = lab.process(0, "broker", argv, log_path=tmp_path / "broker.log")
+        broker.wait_ready(lambda: "zeps-broker: serving" in broker.log_path.read_text(), timeout=30)
+        pgm = {} if transport == "norm" else {"recovery_ms": 1000}
+        options = json.dumps({"transport": transport, "group": group, "port": int(multicast.rsplit(":", 1)[1]),
+                              "heartbeat_ms": 200, **pgm})  # fmt: skip
+
+        lab.drop(1, 0.03)  # both receivers' links lose packets at random
+        lab.drop(2, 0.03)
+        early = _worker(lab, 1, "multicast", tmp_path, load, "--multicast", options)
+        _json(early, "ready", timeout=30)
+        publisher = _worker(lab, 0, "publish", tmp_path, load)
+        time.sleep(1.5)
+        lab.blackout(1)  # host 1 hears nothing from the group for 2 s: its receiver fetches meanwhile
+        late = _worker(lab, 2, "multicast", tmp_path, load, "--multicast", options, "--prefix", "eu.")  # a late start
+        time.sleep(2.0)
+        lab.restore(1)
+        lab.drop(1, 0.03)
+        published = _json(publisher, "published", timeout=60)
+        assert published["published"] == load[0]
+        first, second = _json(early, "ranges", timeout=90), _json(late, "ranges", timeout=90)
+        dropped = lab.dropped(2)
+
+    for result, prefix in ((first, ""), (second, "eu.")):
+        assert result["ranges"] == _expected(load[0], prefix), {k: v for k, v in result.items() if k != "ranges"}
+        assert result["in_order"] and result["bodies_ok"]
+    assert first["gaps"] >= 1, first  # the blackout's records were fetched from the journal
+    assert second["multicast_records"] > load[0] // 4, second  # the live flow came from the group
+    assert dropped > 0  # the random loss did happen
+
+
+def test_a_fetch_returns_a_range_of_the_journal_and_what_it_covered(tmp_path: Path) -> None:
+    """FETCH on loopback (no multicast): a bounded replay with a prefix, and FETCH-END's range."""
+    from zeps.broker.core import BrokerConfig  # noqa: PLC0415
+    from zeps.broker.server import BrokerServer  # noqa: PLC0415
+    from zeps.journal import JournalConfig  # noqa: PLC0415
+
+    server = BrokerServer(BrokerConfig(tmp_path, ("prices",), journal=JournalConfig(fsync="never"))).start()
+    try:
+        with StreamClient(server.endpoint, "prices") as publisher:
+            publisher.publish_many((f"{'eu' if i % 2 else 'us'}.k", b"%d" % i) for i in range(100))
+            publisher.flush()
+        with StreamClient(server.endpoint, "prices") as client:
+            fetched = client.fetch("eu.", first=10, last=20)
+            assert [m.sequence for m in fetched.messages] == [10, 12, 14, 16, 18, 20]
+            assert (fetched.first, fetched.last) == (10, 20)
+            everything = client.fetch()
+            assert len(everything.messages) == 100 and (everything.first, everything.last) == (1, 100)
+            beyond = client.fetch(first=500)
+            assert beyond.messages == [] and (beyond.first, beyond.last) == (101, 100)
+            with pytest.raises(Exception, match="cannot subscribe"):
+                client.start("eu.")
+    finally:
+        server.stop()
