@@ -5,9 +5,9 @@ line when done.
 * ``publish``: ``--count`` messages at ``--rate`` per second (``publish_many`` every millisecond or
   so), keys cycling through ``--keys``, body ``b"<index>"``; then flush.
 * ``multicast``: a multicast subscription from ``--since`` with key prefix ``--prefix`` until it has
-  every record up to ``--count`` that matches; prints what it got (as sequence ranges), whether each
-  body matched its sequence, the subscription's stats, and the seconds from its first record to its
-  last.
+  every record up to ``--count`` that matches (``--aio``: with the asyncio client); prints what it
+  got (as sequence ranges), whether each body matched its sequence, the subscription's stats, and
+  the seconds from its first record to its last.
 * ``unicast``: the same through an ordinary subscription (``bench-multicast``'s baseline).
 
 A fresh stream's sequences are the publish indexes plus one (one idempotent publisher), so a receiver
@@ -17,13 +17,15 @@ can check each record it got without being told what was sent.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import json
 import sys
 import time
 from typing import Any
 
-from zeps.client import Message, Seq, StreamClient
+from zeps.client import AsyncStreamClient, Message, Seq, StreamClient
+from zeps.client.reconcile import MulticastStats
 
 
 def _ranges(sequences: list[int]) -> list[list[int]]:
@@ -87,14 +89,35 @@ def receive(args: argparse.Namespace) -> None:
             if batch and not started:
                 started = time.monotonic()
             got += batch
-        extra: dict[str, Any] = {"wanted": wanted}
+        extra = _stats(subscription.stats) if args.role == "multicast" else {}
         if args.role == "multicast":
-            stats = subscription.stats
-            extra.update(multicast_records=stats.multicast_records, fetched_records=stats.fetched_records,
-                         gaps=stats.gaps, gap_ranges=stats.gap_ranges[-10:], duplicates=stats.duplicates,
-                         fetches=stats.fetches, bad_messages=stats.bad_messages)  # fmt: skip
             subscription.close()
-    _report(got, started, **extra)
+    _report(got, started, wanted=wanted, **extra)
+
+
+def _stats(stats: MulticastStats) -> dict[str, Any]:
+    return {"multicast_records": stats.multicast_records, "fetched_records": stats.fetched_records,
+            "gaps": stats.gaps, "gap_ranges": stats.gap_ranges[-10:], "duplicates": stats.duplicates,
+            "fetches": stats.fetches, "bad_messages": stats.bad_messages,
+            "relay_restarts": stats.relay_restarts}  # fmt: skip
+
+
+async def receive_aio(args: argparse.Namespace) -> None:
+    """``multicast`` with the asyncio client (the same names, awaited)."""
+    wanted = _wanted(args.count, args.keys.split(","), args.prefix)
+    got: list[Message] = []
+    deadline, started = time.monotonic() + args.timeout, 0.0
+    async with AsyncStreamClient(args.endpoint, args.stream, timeout=30) as client:
+        subscription = await client.subscribe_multicast(args.prefix, since=Seq(args.since), multicast=args.multicast)
+        async with subscription:
+            print(json.dumps({"ready": True}), flush=True)
+            while len(got) < wanted and time.monotonic() < deadline:
+                batch = await subscription.receive_many(0.5)
+                if batch and not started:
+                    started = time.monotonic()
+                got += batch
+            extra = _stats(subscription.stats)
+    _report(got, started, wanted=wanted, aio=True, **extra)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -109,11 +132,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--since", type=int, default=0)
     p.add_argument("--multicast", default="", help="the broker's multicast options, as JSON or a URL")
     p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--aio", action="store_true", help="multicast: with the asyncio client")
     args = p.parse_args(argv)
     if args.multicast.startswith("{"):
         args.multicast = json.loads(args.multicast)
     if args.role == "publish":
         publish(args)
+    elif args.aio:
+        asyncio.run(receive_aio(args))
     else:
         receive(args)
 

@@ -86,7 +86,7 @@ def endpoint(transport: str, group: str, port: int, interface: Interface) -> str
     if not multicast:
         raise ConfigError(f"{group!r} is not an IPv4 multicast address (224.0.0.0 - 239.255.255.255)")
     if transport == "norm":
-        return f"norm://{1 + secrets.randbelow(0xFFFFFFFD)},{interface.name};{group}:{port}"
+        return f"norm://{1 + secrets.randbelow(0x7FFFFFFE)},{interface.name};{group}:{port}"  # atoi() in libzmq: int
     if transport in ("pgm", "epgm"):
         return f"{transport}://{interface.address};{group}:{port}"
     raise ConfigError(f"multicast transport {transport!r} is not one of norm, pgm, epgm")

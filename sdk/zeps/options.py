@@ -158,11 +158,12 @@ class MulticastOptions(_Options):
         "later losses are filled by the receivers from the journal. Not for norm.",
     )
     heartbeat_ms: int = Field(
-        500,
-        ge=50,
+        100,
+        ge=20,
         le=60_000,
         description="A stream that sent nothing to the group this long sends TAIL (its last sequence), so receivers "
-        "learn of lost records even when nothing follows them.",
+        "learn of lost records even when nothing follows them. Keep it short with norm: a NORM receiver that joins "
+        "a quiet group does not sync with libzmq 4.3.4 (seen here at 500 ms, not at 100).",
     )
 
     @field_validator("group")

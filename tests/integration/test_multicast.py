@@ -1,8 +1,19 @@
 """The multicast output (seed 004) across network namespaces this test makes (``zeps_dev.netlab``): a
 real broker in one host, receivers in two others, on a bridge, over NORM, PGM and EPGM through a
-libzmq built with them. Links lose packets at random (iptables ``statistic``), one receiver also
-loses every multicast packet for a while (longer than PGM can repair, or NORM's buffer holds) and
-the other starts late; each reconciled flow must still hold every record once, in order.
+libzmq built with them. A receiver's link loses packets at random (iptables ``statistic``), and the
+other receiver starts late, with the asyncio client. Each reconciled flow must still hold every
+record once, in order, and the group must have carried the live flow to a receiver.
+
+(E)PGM: both links are lossy; the early receiver also loses every multicast packet for two seconds
+(it fetches meanwhile; what PGM repairs afterwards arrives late and is dropped); the late one must
+get most of the live flow from the group.
+
+NORM (libzmq 4.3.4, Debian's; the README says more): its receiver aborts its process when its stream
+breaks under loss (``zmq_assert`` in norm_engine.cpp; libzmq fixed it in 2023, commit ec013f3a, after
+4.3.4), so zeps receives NORM in a relay child and starts another; a receiver that joins a flowing
+NORM stream may then not sync, and gets the flow from the journal. So the lossy receiver is the late
+one, checked for every record once, and the early one on a clean link must get most of its flow
+from the group.
 
 Needs root for the namespaces: without it these tests are skipped, saying so (CI runs as root)."""
 
@@ -80,26 +91,31 @@ def test_receivers_in_other_namespaces_get_every_record_once_through_loss(transp
         multicast = f"{transport}://{group}:6{lab.net:03d}"
         argv = [sys.executable, "-m", "zeps.broker.main", "--stream", "prices", "--data-dir", str(tmp_path / "data"),
                 "--bind", f"tcp://{lab.address(0)}:{PORT}", "--fsync", "never", "--multicast", multicast,
-                "--multicast-heartbeat", "200", "--log-level", "INFO"]  # fmt: skip
+                "--log-level", "INFO"]  # fmt: skip
         if transport != "norm":
             argv += ["--multicast-recovery", "1000"]  # PGM repairs up to 1 s back; the blackout is longer
         broker = lab.process(0, "broker", argv, log_path=tmp_path / "broker.log")
         broker.wait_ready(lambda: "zeps-broker: serving" in broker.log_path.read_text(), timeout=30)
         pgm = {} if transport == "norm" else {"recovery_ms": 1000}
-        options = json.dumps({"transport": transport, "group": group, "port": int(multicast.rsplit(":", 1)[1]),
-                              "heartbeat_ms": 200, **pgm})  # fmt: skip
+        options = json.dumps({"transport": transport, "group": group, "port": int(multicast.rsplit(":", 1)[1]), **pgm})
 
-        lab.drop(1, 0.03)  # both receivers' links lose packets at random
-        lab.drop(2, 0.03)
+        norm = transport == "norm"
+        if not norm:
+            lab.drop(1, 0.03)
+        lab.drop(2, 0.03)  # loses packets at random
         early = _worker(lab, 1, "multicast", tmp_path, load, "--multicast", options)
         _json(early, "ready", timeout=30)
         publisher = _worker(lab, 0, "publish", tmp_path, load)
         time.sleep(1.5)
-        lab.blackout(1)  # host 1 hears nothing from the group for 2 s: its receiver fetches meanwhile
-        late = _worker(lab, 2, "multicast", tmp_path, load, "--multicast", options, "--prefix", "eu.")  # a late start
+        if not norm:
+            lab.blackout(1)  # host 1 hears nothing from the group for 2 s: its receiver fetches meanwhile
+        late = _worker(
+            lab, 2, "multicast", tmp_path, load, "--multicast", options, "--prefix", "eu.", "--aio"
+        )  # a late start, with the asyncio client
         time.sleep(2.0)
-        lab.restore(1)
-        lab.drop(1, 0.03)
+        if not norm:
+            lab.restore(1)
+            lab.drop(1, 0.03)
         published = _json(publisher, "published", timeout=60)
         assert published["published"] == load[0]
         first, second = _json(early, "ranges", timeout=90), _json(late, "ranges", timeout=90)
@@ -108,9 +124,13 @@ def test_receivers_in_other_namespaces_get_every_record_once_through_loss(transp
     for result, prefix in ((first, ""), (second, "eu.")):
         assert result["ranges"] == _expected(load[0], prefix), {k: v for k, v in result.items() if k != "ranges"}
         assert result["in_order"] and result["bodies_ok"]
-    assert first["gaps"] >= 1, first  # the blackout's records were fetched from the journal
-    assert second["multicast_records"] > load[0] // 4, second  # the live flow came from the group
+    assert second["aio"]
     assert dropped > 0  # the random loss did happen
+    if norm:
+        assert first["multicast_records"] > load[0] // 2, first  # the clean link's flow came from the group
+    else:
+        assert first["gaps"] >= 1, first  # the blackout's records were fetched from the journal
+        assert second["multicast_records"] > load[0] // 4, second  # the live flow came from the group
 
 
 def test_a_fetch_returns_a_range_of_the_journal_and_what_it_covered(tmp_path: Path) -> None:

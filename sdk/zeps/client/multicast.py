@@ -9,13 +9,14 @@ journal through the client's peering (:mod:`zeps.client.reconcile` decides; this
                 ...
 
 The client's peering is the subscription's own: it fetches history and gaps there, and cannot also
-subscribe. The group's socket lives in a ZeroMQ context of its own: libzmq runs NORM and PGM in its
-I/O thread, which NORM can keep busy for long stretches (its congestion control), and the peering's
-TCP I/O must not wait behind it. The group is joined (a SUB socket on NORM or (E)PGM, subscribed to the stream's topic)
-before history is fetched, so nothing falls between the two. The settings both ends of a group
-share (rate and repair window of PGM, the heartbeat) come with ``multicast``: the broker publishes
-them in its member node (``broker_metadata(...)["multicast"]``), and ``zeps.stream(name)`` handles
-pass them on.
+subscribe. The group is joined (a SUB socket subscribed to the stream's topic) before history is
+fetched, so nothing falls between the two. Its socket lives in a ZeroMQ context of its own: libzmq
+runs NORM and PGM in its I/O thread, which NORM can keep busy for long stretches (its congestion
+control), and the peering's TCP I/O must not wait behind it. Over NORM the group is received in a
+child process (:mod:`zeps.client.relay`): libzmq 4.3.4 aborts a process whose NORM stream breaks.
+The settings both ends of a group share (rate and repair window of PGM, the heartbeat) come with
+``multicast``: the broker publishes them in its member node (``broker_metadata(...)["multicast"]``),
+and ``zeps.stream(name)`` handles pass them on.
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ import zmq.asyncio
 
 from zeps import _netif
 from zeps.client.reconcile import MulticastStats, Reconciler
+from zeps.client.relay import Relay, configure_group_socket
 from zeps.client.session import ClientSession, Message, Since
 from zeps.errors import ConfigError, ProtocolError, RemoteProtocolError
-from zeps.options import DEFAULT_PGM_RATE_KBPS, DEFAULT_PGM_RECOVERY_MS, MulticastOptions
+from zeps.options import MulticastOptions
 from zeps.protocol import DeliverRun
 from zeps.protocol.multicast import decode_message, topic
 
@@ -43,6 +45,8 @@ if TYPE_CHECKING:
     from zeps.client.sync import StreamClient
 
 __all__ = ["AsyncMulticastSubscription", "MulticastSubscription", "multicast_options"]
+
+_MIN_STALL = 1.5  # seconds
 
 
 def multicast_options(multicast: MulticastOptions | str | dict[str, Any]) -> MulticastOptions:
@@ -74,18 +78,35 @@ class _Group:
         self.interface = _netif.resolve(interface, options.group)
         self.endpoint = _netif.endpoint(options.transport, options.group, options.port, self.interface)
         self.stream = stream
-        #: silent this long (3 heartbeats by default) and the subscription fetches what it lacks
-        self.stall = stall if stall is not None else 3 * options.heartbeat_ms / 1000
+        #: silent this long and the subscription fetches what it lacks: by default 3 heartbeats, and at
+        #: least 1.5 s (NORM delivers in bursts up to about a second apart, under congestion control)
+        self.stall = stall if stall is not None else max(_MIN_STALL, 3 * options.heartbeat_ms / 1000)
         self.reconciler = Reconciler(pattern, since, stall=self.stall)
 
-    def configure(self, sock: Any) -> None:
-        sock.setsockopt(zmq.SUBSCRIBE, topic(self.stream))
-        sock.setsockopt(zmq.RCVHWM, 100_000)
-        sock.setsockopt(zmq.LINGER, 0)
-        if self.options.transport != "norm":  # OpenPGM sizes its receive window from these, as the sender does
-            sock.setsockopt(zmq.RATE, self.options.rate_kbps or DEFAULT_PGM_RATE_KBPS)
-            sock.setsockopt(zmq.RECOVERY_IVL, self.options.recovery_ms or DEFAULT_PGM_RECOVERY_MS)
-        sock.connect(self.endpoint)
+        self._relay: Relay | None = None
+
+    def open(self, ctx: Any) -> Any:
+        """The socket the group's messages arrive on: a SUB on the group, or over NORM the PULL end of
+        a relay child (ConfigError naming the endpoint when libzmq refuses it)."""
+        try:
+            if self.options.transport == "norm":
+                self._relay = Relay(ctx, self.options, topic(self.stream), self.endpoint)
+                return self._relay.socket
+            sock = ctx.socket(zmq.SUB)
+            configure_group_socket(sock, self.options, topic(self.stream), self.endpoint)
+            return sock
+        except zmq.ZMQError as exc:
+            raise ConfigError(f"multicast group {self.endpoint}: {exc}") from None
+
+    def check(self, now: float) -> None:
+        """Start the relay child again if libzmq aborted it."""
+        if self._relay is not None:
+            self._relay.check(now)
+            self.reconciler.stats.relay_restarts = self._relay.restarts
+
+    def close(self) -> None:
+        if self._relay is not None:
+            self._relay.close()
 
     def on_message(self, frames: list[bytes], now: float) -> None:
         try:
@@ -134,12 +155,11 @@ class MulticastSubscription:
             client.session.stream, pattern, since, multicast=multicast, interface=interface, stall=stall
         )
         self._ctx: zmq.Context[Any] = zmq.Context()
-        self.socket: zmq.Socket[Any] = self._ctx.socket(zmq.SUB)  #: the group's socket
         try:
-            self._group.configure(self.socket)
-        except zmq.ZMQError as exc:
+            self.socket: zmq.Socket[Any] = self._group.open(self._ctx)  #: where the group's messages arrive
+        except ConfigError:
             self._ctx.destroy(linger=0)
-            raise ConfigError(f"multicast group {self._group.endpoint}: {exc}") from None
+            raise
         client._watch(self)
         now = time.monotonic()
         self._send(client.session.fetch(self._group.reconciler.start(now)))
@@ -167,6 +187,7 @@ class MulticastSubscription:
             except zmq.Again:
                 break
             self._group.on_message(frames, now)
+        self._group.check(now)
         self._send(self._group.on_peering(self._client.session, now))
 
     def receive_many(self, timeout: float, max_messages: int = 100_000) -> list[Message]:
@@ -187,6 +208,7 @@ class MulticastSubscription:
 
     def close(self) -> None:
         self._client._unwatch(self)
+        self._group.close()
         self._ctx.destroy(linger=0)
 
     def __enter__(self) -> MulticastSubscription:
@@ -217,12 +239,11 @@ class AsyncMulticastSubscription:
             client.session.stream, pattern, since, multicast=multicast, interface=interface, stall=stall
         )
         self._ctx = zmq.asyncio.Context()
-        self.socket: zmq.asyncio.Socket = self._ctx.socket(zmq.SUB)  #: the group's socket
         try:
-            self._group.configure(self.socket)
-        except zmq.ZMQError as exc:
+            self.socket: zmq.asyncio.Socket = self._group.open(self._ctx)  #: where the group's messages arrive
+        except ConfigError:
             self._ctx.destroy(linger=0)
-            raise ConfigError(f"multicast group {self._group.endpoint}: {exc}") from None
+            raise
         client._watch(self)
 
     async def _start(self) -> AsyncMulticastSubscription:
@@ -256,6 +277,7 @@ class AsyncMulticastSubscription:
             except zmq.Again:
                 break
             self._group.on_message(frames, now)
+        self._group.check(now)
         frames = self._group.on_peering(client.session, now)
         if frames:
             await client._send(frames)
@@ -277,6 +299,7 @@ class AsyncMulticastSubscription:
 
     async def close(self) -> None:
         self._client._unwatch(self)
+        self._group.close()
         self._ctx.destroy(linger=0)
 
     async def __aenter__(self) -> AsyncMulticastSubscription:

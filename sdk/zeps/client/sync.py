@@ -442,6 +442,6 @@ class StreamClient:
         dict its member node holds), every gap filled from the journal, each record once in sequence
         order (see :mod:`zeps.client.multicast`). ``interface``: this host's interface for the group (a
         name or an IPv4 address; default: the one the route to the group uses). ``stall``: seconds
-        without a word from the group before fetching what is missing (default: 3 heartbeats). This
+        without a word from the group before fetching what is missing (default: 3 heartbeats, at least 1.5). This
         client's peering becomes the subscription's: it fetches, and cannot also subscribe."""
         return MulticastSubscription(self, pattern, since, multicast=multicast, interface=interface, stall=stall)
