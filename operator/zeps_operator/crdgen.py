@@ -5,7 +5,8 @@
 
 Pydantic's JSON schema is turned into a Kubernetes *structural* schema: references inlined,
 ``Optional`` as ``nullable``, ``exclusiveMinimum`` as the boolean form apiextensions/v1 uses,
-titles dropped, and a CEL rule ``self == oldSelf`` on every field the models mark immutable.
+titles dropped, a CEL rule ``self == oldSelf`` on every field the models mark immutable, and the
+CEL rules a model states itself (``x-kubernetes-validations`` in its ``json_schema_extra``).
 """
 
 from __future__ import annotations
@@ -76,10 +77,11 @@ def structural(schema: dict[str, Any], defs: dict[str, Any] | None = None) -> di
 
 
 def _immutable(out: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+    rules = list(node.get("x-kubernetes-validations", []))
     if node.get("x-zeps-immutable"):
-        out["x-kubernetes-validations"] = [
-            {"rule": "self == oldSelf", "message": "is immutable; create a new resource"}
-        ]
+        rules.append({"rule": "self == oldSelf", "message": "is immutable; create a new resource"})
+    if rules:
+        out["x-kubernetes-validations"] = rules
     return out
 
 

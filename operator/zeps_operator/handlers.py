@@ -443,7 +443,7 @@ def stream_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **kwargs
         facts = members[member].metadata
         patch.status["endpoint"] = facts.get("endpoint", "")
         patch.status["curvePublicKey"] = facts.get("curvePublicKey", "")
-        for key in ("lastSequence", "journalBytes"):
+        for key in ("lastSequence", "journalBytes", "multicast"):
             if key in facts:
                 patch.status[key] = facts[key]
     if available and registered:

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.alias_generators import to_camel
 
 from zeps.journal import DEFAULT_MAX_PRODUCERS, DEFAULT_PRODUCER_TTL_MS
-from zeps.options import BatchOptions, QueueOptions, TopicOptions
+from zeps.options import BatchOptions, MulticastOptions, QueueOptions, TopicOptions
 from zeps.resources import GROUP, PLURALS, VERSION
 
 __all__ = [
@@ -114,6 +114,36 @@ class Producers(_Model):
     max: int = Field(DEFAULT_MAX_PRODUCERS, ge=1, description="Producers the broker remembers at most.")
 
 
+class _MulticastFields(_Model):
+    """Where the broker's pod meets the multicast network: most pod networks carry no multicast."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "self.transport != 'norm' || (!has(self.rateKbps) && !has(self.recoveryMs))",
+                 "message": "rateKbps and recoveryMs are for pgm and epgm: libzmq 4.3.4 runs NORM's own congestion "
+                 "control and repair window"},
+            ]
+        }
+    )  # fmt: skip
+    host_network: bool = Field(
+        False,
+        description="Run the broker pod on its node's network (hostNetwork), where the group's interface is. The "
+        "broker's port is then taken on the node.",
+    )
+    networks: str | None = Field(
+        None,
+        description="A secondary network for the broker pod that carries multicast: the value of its "
+        "k8s.v1.cni.cncf.io/networks annotation (Multus), e.g. 'multicast-net'. Name its interface in interface.",
+    )
+
+
+class Multicast(_MulticastFields, MulticastOptions):
+    """The broker's multicast output (seed 004): each live record once to a NORM or PGM group, never
+    history; receivers reconcile it with the journal. Off unless set. Its fields are the SDK's
+    :class:`~zeps.options.MulticastOptions` (one source for the CRD, the broker's flags and the SDK)."""
+
+
 class StreamSpec(_Model):
     """A ZEPS broker with a journal: journalled high-rate pub/sub with replay."""
 
@@ -136,6 +166,11 @@ class StreamSpec(_Model):
     curve: bool = Field(False, description="Encrypt and authenticate with CURVE (a key pair in a Secret).")
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field("ClusterIP")
     port: int = Field(5555, ge=1024, le=65535, description="The broker's ZeroMQ port.")
+    multicast: Multicast | None = Field(
+        None,
+        description="Also send each live record once to a multicast group (NORM or PGM). Most pod networks carry no "
+        "multicast: set hostNetwork, or a secondary network (networks).",
+    )
     deletion_policy: DeletionPolicy = _DELETION
 
 
@@ -200,6 +235,11 @@ KINDS = [
             "journalBytes": ("integer", "Journal size."),
             "lastSequence": ("integer", "Last durable sequence."),
             "brokerReady": ("boolean", "The broker is available and registered."),
+            "multicast": (
+                "object",
+                "The broker's multicast output as receivers need it (transport, group, port, rate_kbps, "
+                "recovery_ms, heartbeat_ms), as the broker publishes it in its member node.",
+            ),
             "zookeeper": ("string", "ZooKeeper connect string."),
             "path": ("string", "The stream's ZooKeeper path."),
         },

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from zeps.paths import DEFAULT_CHROOT, paths_of
-from zeps_operator.models import StreamSpec
+from zeps_operator.models import Multicast, StreamSpec
 
 __all__ = [
     "BROKER_DATA",
@@ -148,6 +148,24 @@ def _labels(name: str) -> dict[str, str]:
     }
 
 
+def _multicast_pod(multicast: Multicast, template: dict[str, Any], container: dict[str, Any]) -> None:
+    """Where the broker's pod meets a network that carries multicast (most pod networks do not): the
+    node's own (hostNetwork) or a secondary one (a Multus annotation). PGM sends raw IP packets: its
+    container runs as root with NET_RAW as its only capability (a capability added to a non-root
+    container is not in its effective set)."""
+    pod = template["spec"]
+    if multicast.host_network:
+        pod["hostNetwork"] = True
+        pod["dnsPolicy"] = "ClusterFirstWithHostNet"  # the cluster's DNS still (ZooKeeper's Service)
+    if multicast.networks:
+        template["metadata"]["annotations"] = {"k8s.v1.cni.cncf.io/networks": multicast.networks}
+    if multicast.transport == "pgm":
+        container["securityContext"] = {
+            **container["securityContext"], "runAsNonRoot": False, "runAsUser": 0,
+            "capabilities": {"drop": ["ALL"], "add": ["NET_RAW"]},
+        }  # fmt: skip
+
+
 def stream_objects(namespace: str, name: str, spec: StreamSpec, settings: Settings) -> list[dict[str, Any]]:
     """ConfigMap, PersistentVolumeClaim, Deployment and Service of a ZepsStream's broker. ``spec`` is
     the typed spec (defaults come from the model, never from here)."""
@@ -176,6 +194,14 @@ def stream_objects(namespace: str, name: str, spec: StreamSpec, settings: Settin
         env["ZEPS_BROKER_RETENTION_BYTES"] = str(retention.bytes)
     if spec.curve:
         env["ZEPS_BROKER_CURVE_SECRET_KEY"] = "/etc/zeps/curve/broker.key_secret"
+    multicast = spec.multicast
+    if multicast is not None:
+        env["ZEPS_BROKER_MULTICAST"] = multicast.url
+        env["ZEPS_BROKER_MULTICAST_HEARTBEAT"] = str(multicast.heartbeat_ms)
+        for key, value in (("INTERFACE", multicast.interface), ("RATE", multicast.rate_kbps),
+                           ("RECOVERY", multicast.recovery_ms)):  # fmt: skip
+            if value is not None:
+                env[f"ZEPS_BROKER_MULTICAST_{key}"] = str(value)
     storage = spec.storage
     pvc: dict[str, Any] = {
         "apiVersion": "v1",
@@ -214,6 +240,19 @@ def stream_objects(namespace: str, name: str, spec: StreamSpec, settings: Settin
             "capabilities": {"drop": ["ALL"]},
         },
     }
+    pod: dict[str, Any] = {
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 10001,
+            "fsGroup": 10001,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": volumes,
+    }
+    template: dict[str, Any] = {"metadata": {"labels": labels}, "spec": pod}
+    if multicast is not None:
+        _multicast_pod(multicast, template, container)
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -222,19 +261,7 @@ def stream_objects(namespace: str, name: str, spec: StreamSpec, settings: Settin
             "replicas": 1,
             "strategy": {"type": "Recreate"},  # one writer per journal: never two brokers at once
             "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": 10001,
-                        "fsGroup": 10001,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
-                    "containers": [container],
-                    "volumes": volumes,
-                },
-            },
+            "template": template,
         },
     }
     return [

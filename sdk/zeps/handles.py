@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from zeps.client import StreamClient
+from zeps.client.multicast import MulticastSubscription
+from zeps.client.session import Since
 from zeps.config import Resolved, require_queue_mode, resolve
 from zeps.coordination import Topic, shared_client
 from zeps.coordination.batches import BatchQueue
@@ -129,6 +131,27 @@ class StreamHandle(_Forwarding):
     def _make(self) -> StreamClient:
         s = self.settings
         return StreamClient(s.endpoint, s.name, server_public_key=s.public_key or None).connect()
+
+    def subscribe_multicast(
+        self, pattern: str = "", *, since: Since = "latest", interface: str | None = None, stall: float | None = None
+    ) -> MulticastSubscription:
+        """A multicast subscription (see :meth:`zeps.client.StreamClient.subscribe_multicast`) on a
+        peering of its own, closed with it; the group's settings from the resource's status (what its
+        broker publishes) or ``ZEPS_STREAM_<NAME>_MULTICAST``. ConfigError if the stream has none."""
+        s = self.settings
+        multicast = (
+            s.multicast
+            or resolve("ZepsStream", s.name, namespace=s.namespace, endpoint=s.endpoint, needs=("multicast",)).multicast
+        )
+        client = StreamClient(s.endpoint, s.name, server_public_key=s.public_key or None).connect()
+        try:
+            subscription = client.subscribe_multicast(pattern, since=since, multicast=multicast, interface=interface,
+                                                      stall=stall)  # fmt: skip
+        except BaseException:
+            client.close()
+            raise
+        subscription.owns_client = True
+        return subscription
 
 
 def topic(name: str, namespace: str | None = None, **settings: Any) -> TopicHandle:

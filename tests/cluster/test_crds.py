@@ -39,8 +39,15 @@ def test_kubectl_applies_the_crds_and_defaults_fill_in(crds: ControlPlane, names
         ("ZepsStream", {"storage": {"size": "lots"}}, "spec.storage.size"),
         ("ZepsStream", {"fsync": "sometimes"}, "spec.fsync"),
         ("ZepsStream", {"producers": {"ttlSeconds": 0}}, "spec.producers.ttlSeconds"),
+        ("ZepsStream", {"multicast": {"transport": "udp", "group": "239.1.2.3", "port": 5601}},
+         "spec.multicast.transport"),
+        ("ZepsStream", {"multicast": {"transport": "epgm", "group": "10.1.2.3", "port": 5601}},
+         "spec.multicast.group"),
+        ("ZepsStream", {"multicast": {"transport": "epgm", "group": "239.1.2.3"}}, "spec.multicast.port"),
+        ("ZepsStream", {"multicast": {"transport": "norm", "group": "239.1.2.3", "port": 5601, "rateKbps": 1000}},
+         "rateKbps and recoveryMs are for pgm and epgm"),
     ],
-)
+)  # fmt: skip
 def test_invalid_specs_are_rejected_naming_the_field(
     crds: ControlPlane, namespace: str, kind: str, spec: dict[str, Any], field: str
 ) -> None:
@@ -59,3 +66,14 @@ def test_immutable_fields_cannot_change(crds: ControlPlane, namespace: str) -> N
     _apply(crds, namespace, stream)
     stream["spec"] = {"storage": {"storageClassName": "slow"}}
     assert "spec.storage.storageClassName" in _rejected(crds, namespace, stream)
+
+
+def test_a_multicast_output_is_accepted_and_defaulted(crds: ControlPlane, namespace: str) -> None:
+    """The CEL rule lets pgm/epgm take a rate, and norm none, with the API server's null defaults."""
+    for name, multicast in (("epgm", {"transport": "epgm", "group": "239.1.2.3", "port": 5601, "rateKbps": 5000}),
+                            ("norm", {"transport": "norm", "group": "239.1.2.4", "port": 5602})):  # fmt: skip
+        body = {"apiVersion": "zeps.dev/v1alpha1", "kind": "ZepsStream", "metadata": {"name": f"mc-{name}"},
+                "spec": {"multicast": multicast}}  # fmt: skip
+        _apply(crds, namespace, body)
+        spec = json.loads(crds.kubectl("get", "zepsstream", f"mc-{name}", "-n", namespace, "-o", "json"))["spec"]
+        assert spec["multicast"]["heartbeatMs"] == 100 and spec["multicast"]["hostNetwork"] is False

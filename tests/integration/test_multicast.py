@@ -68,6 +68,16 @@ def _worker(lab: NetLab, host: int, role: str, tmp: Path, load: tuple[int, int],
     return lab.process(host, f"{role}@{host}", argv, log_path=tmp / f"{role}-{host}.log")
 
 
+def _broker(lab: NetLab, tmp: Path, multicast: str, *flags: str) -> ManagedProcess:
+    """A broker in host 0 with a multicast output, serving."""
+    argv = [sys.executable, "-m", "zeps.broker.main", "--stream", "prices", "--data-dir", str(tmp / "data"),
+            "--bind", f"tcp://{lab.address(0)}:{PORT}", "--fsync", "never", "--multicast", multicast,
+            *flags]  # fmt: skip
+    broker = lab.process(0, "broker", argv, log_path=tmp / "broker.log")
+    broker.wait_ready(lambda: "zeps-broker: serving" in broker.log_path.read_text(), timeout=30)
+    return broker
+
+
 def _expected(count: int, prefix: str) -> list[list[int]]:
     """The sequence ranges a receiver with ``prefix`` must get (sequence = publish index + 1)."""
     keys = KEYS.split(",")
@@ -89,13 +99,8 @@ def test_receivers_in_other_namespaces_get_every_record_once_through_loss(transp
     with NetLab(hosts=3) as lab:
         group = f"239.192.{lab.net}.{ {'norm': 1, 'pgm': 2, 'epgm': 3}[transport] }"
         multicast = f"{transport}://{group}:6{lab.net:03d}"
-        argv = [sys.executable, "-m", "zeps.broker.main", "--stream", "prices", "--data-dir", str(tmp_path / "data"),
-                "--bind", f"tcp://{lab.address(0)}:{PORT}", "--fsync", "never", "--multicast", multicast,
-                "--log-level", "INFO"]  # fmt: skip
-        if transport != "norm":
-            argv += ["--multicast-recovery", "1000"]  # PGM repairs up to 1 s back; the blackout is longer
-        broker = lab.process(0, "broker", argv, log_path=tmp_path / "broker.log")
-        broker.wait_ready(lambda: "zeps-broker: serving" in broker.log_path.read_text(), timeout=30)
+        # PGM repairs up to 1 s back; the blackout is longer
+        _broker(lab, tmp_path, multicast, *([] if transport == "norm" else ["--multicast-recovery", "1000"]))
         pgm = {} if transport == "norm" else {"recovery_ms": 1000}
         options = json.dumps({"transport": transport, "group": group, "port": int(multicast.rsplit(":", 1)[1]), **pgm})
 
@@ -156,3 +161,32 @@ def test_a_fetch_returns_a_range_of_the_journal_and_what_it_covered(tmp_path: Pa
                 client.start("eu.")
     finally:
         server.stop()
+
+
+def test_a_handle_subscribes_with_its_resource_s_settings(tmp_path: Path) -> None:
+    """``zeps.stream(name).subscribe_multicast()`` in a pod-like process: the endpoint and the group
+    come from the environment (the resource's status stands behind them in a pod)."""
+    with NetLab(hosts=2) as lab:
+        group, port = f"239.192.{lab.net}.9", 7000 + lab.net
+        endpoint = f"tcp://{lab.address(0)}:{PORT}"
+        _broker(lab, tmp_path, f"epgm://{group}:{port}")
+        script = (
+            "import json, os, zeps\n"
+            "from zeps.client import Seq\n"
+            f"os.environ.update(ZEPS_STREAM_PRICES_ENDPOINT='{endpoint}', ZEPS_NAMESPACE='shop',\n"
+            f"                  ZEPS_STREAM_PRICES_MULTICAST='epgm://{group}:{port}')\n"
+            "with zeps.stream('prices').subscribe_multicast('eu.', since=Seq(0)) as sub:\n"
+            "    print(json.dumps({'ready': True}), flush=True)\n"
+            "    got = []\n"
+            "    while len(got) < 200:\n"
+            "        got += sub.receive_many(5.0)\n"
+            "    stats = sub.stats\n"
+            "    print(json.dumps({'sequences': [m.sequence for m in got], 'multicast': stats.multicast_records}))\n"
+        )
+        receiver = lab.process(1, "handle", [sys.executable, "-c", script], log_path=tmp_path / "handle.log")
+        _json(receiver, "ready", timeout=30)
+        publisher = _worker(lab, 0, "publish", tmp_path, (300, 1000), "--keys", "eu.a,us.b,eu.c")
+        _json(publisher, "published", timeout=30)
+        result = _json(receiver, "sequences", timeout=30)
+    assert result["sequences"] == [i + 1 for i in range(300) if i % 3 != 1]
+    assert result["multicast"] > 0

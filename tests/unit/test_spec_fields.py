@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from types import UnionType
 from typing import Any, Literal, get_args, get_origin
 
 import pytest
 from pydantic import BaseModel
 
 import zeps.handles
-from zeps.broker.main import parse_args, settings
+from zeps.broker.main import multicast_options, parse_args, settings
 from zeps.config import Resolved
 from zeps.errors import ConfigError
 from zeps.options import BatchOptions, QueueOptions, TopicOptions
@@ -35,6 +36,8 @@ def _paths(model: type[BaseModel], prefix: str = "") -> set[str]:
     for name, info in model.model_fields.items():
         alias = info.alias or name
         annotation = info.annotation
+        if isinstance(annotation, UnionType):  # an optional block: its fields
+            annotation = next(a for a in get_args(annotation) if a is not type(None))
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             out |= _paths(annotation, f"{prefix}{alias}.")
         else:
@@ -106,9 +109,10 @@ def _broker(spec: dict[str, Any], mp: pytest.MonkeyPatch, tmp: Path) -> tuple[An
     for key, value in by_kind["ConfigMap"]["data"].items():
         mp.setenv(key, value)
     mp.setenv("ZEPS_BROKER_DATA_DIR", str(tmp))
-    config, curve, _registration = settings(parse_args([]))
+    args = parse_args([])
+    config, curve, _registration = settings(args)
     container = by_kind["Deployment"]["spec"]["template"]["spec"]["containers"][0]
-    return by_kind, container, config, curve
+    return by_kind, container, config, curve, multicast_options(args)
 
 
 def _stream(path: str, value: Any, effect: Callable[..., Any]) -> Check:
@@ -119,10 +123,19 @@ def _stream(path: str, value: Any, effect: Callable[..., Any]) -> Check:
         for part in outer:
             node = node.setdefault(part, {})
         node[last] = value
-        by_kind, container, config, curve = _broker(spec, mp, tmp)
-        assert effect(by_kind=by_kind, container=container, config=config, curve=curve), path
+        if outer == ["multicast"]:  # a field of the block: the rest of a valid one around it
+            spec["multicast"] = {**_MULTICAST, **node}
+        by_kind, container, config, curve, multicast = _broker(spec, mp, tmp)
+        assert effect(by_kind=by_kind, container=container, config=config, curve=curve, multicast=multicast), path
 
     return check
+
+
+_MULTICAST = {"transport": "epgm", "group": "239.192.0.1", "port": 5601}
+
+
+def _pod(by_kind: dict[str, Any]) -> dict[str, Any]:
+    return by_kind["Deployment"]["spec"]["template"]  # type: ignore[no-any-return]
 
 
 STREAM_CHECKS: dict[str, Check] = {
@@ -177,6 +190,33 @@ STREAM_CHECKS: dict[str, Check] = {
         ),
     ),
     "deletionPolicy": _deletion,
+    "multicast.transport": _stream(
+        "multicast.transport",
+        "pgm",
+        lambda multicast, container, **_: (  # PGM sends raw IP packets: root with NET_RAW alone
+            multicast.transport == "pgm" and container["securityContext"]["capabilities"]["add"] == ["NET_RAW"]
+        ),
+    ),
+    "multicast.group": _stream("multicast.group", "239.1.2.3", lambda multicast, **_: multicast.group == "239.1.2.3"),
+    "multicast.port": _stream("multicast.port", 6001, lambda multicast, **_: multicast.port == 6001),
+    "multicast.interface": _stream("multicast.interface", "net1", lambda multicast, **_: multicast.interface == "net1"),
+    "multicast.rateKbps": _stream("multicast.rateKbps", 2000, lambda multicast, **_: multicast.rate_kbps == 2000),
+    "multicast.recoveryMs": _stream("multicast.recoveryMs", 3000, lambda multicast, **_: multicast.recovery_ms == 3000),
+    "multicast.heartbeatMs": _stream(
+        "multicast.heartbeatMs", 250, lambda multicast, **_: multicast.heartbeat_ms == 250
+    ),
+    "multicast.hostNetwork": _stream(
+        "multicast.hostNetwork",
+        True,
+        lambda by_kind, **_: (
+            _pod(by_kind)["spec"]["hostNetwork"] and _pod(by_kind)["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
+        ),
+    ),
+    "multicast.networks": _stream(
+        "multicast.networks",
+        "mcast",
+        lambda by_kind, **_: _pod(by_kind)["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] == "mcast",
+    ),
 }
 
 CHECKS: dict[str, dict[str, Check]] = {

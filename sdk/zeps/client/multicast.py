@@ -206,10 +206,16 @@ class MulticastSubscription:
         while True:
             yield from self.receive_many(1.0)
 
+    #: close the client with the subscription (a handle's subscription has a peering of its own)
+    owns_client = False
+
     def close(self) -> None:
         self._client._unwatch(self)
         self._group.close()
         self._ctx.destroy(linger=0)
+        if self.owns_client:
+            self.owns_client = False
+            self._client.close()
 
     def __enter__(self) -> MulticastSubscription:
         return self

@@ -11,11 +11,14 @@ Environment variables (what a pod gets; the operator's status shows the same val
 ``ZEPS_ZOOKEEPER_USER`` / ``_PASSWORD``   the namespace's ZooKeeper digest identity, when ACLs are on
 ``ZEPS_STREAM_<NAME>_ENDPOINT``         a stream's broker endpoint (``<NAME>`` upper-case, ``-`` → ``_``)
 ``ZEPS_STREAM_<NAME>_PUBLIC_KEY``       its CURVE public key, when CURVE is on
+``ZEPS_STREAM_<NAME>_MULTICAST``        its multicast output, ``transport://group:port`` (or the JSON of
+                                       the broker's settings: ``{"transport": …, "rate_kbps": …}``)
 ======================================  ===============================================================
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from zeps.errors import ConfigError
+from zeps.options import MulticastOptions
 from zeps.paths import DEFAULT_CHROOT, chroot_of, validate_name
 from zeps.resources import PLURALS, Kind
 
@@ -44,6 +48,8 @@ class Resolved(BaseModel):
     auth: tuple[str, str] | None = None
     endpoint: str = ""
     public_key: str = ""
+    #: a stream's multicast output as receivers need it (the broker's member node, via the status)
+    multicast: dict[str, Any] = {}
     spec: dict[str, Any] = {}
 
 
@@ -78,6 +84,18 @@ def _env_auth() -> tuple[str, str] | None:
     return (user, password) if user else None
 
 
+def _env_multicast(value: str) -> dict[str, Any]:
+    """``ZEPS_STREAM_<NAME>_MULTICAST``: a URL or the JSON of the broker's multicast settings, checked."""
+    if not value:
+        return {}
+    if not value.lstrip().startswith("{"):
+        return MulticastOptions.from_url(value).model_dump(exclude={"interface"})
+    try:
+        return MulticastOptions.make(**json.loads(value)).model_dump(exclude={"interface"})
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"ZEPS_STREAM_<NAME>_MULTICAST: {exc}; give transport://group:port") from None
+
+
 def resolve(
     kind: Kind,
     name: str,
@@ -88,7 +106,8 @@ def resolve(
     auth: tuple[str, str] | None = None,
     endpoint: str | None = None,
     public_key: str | None = None,
-    needs: tuple[Literal["zookeeper", "endpoint"], ...] | None = None,
+    multicast: dict[str, Any] | None = None,
+    needs: tuple[Literal["zookeeper", "endpoint", "multicast"], ...] | None = None,
 ) -> Resolved:
     """Settings for one resource: explicit arguments, then environment, then the resource's status.
 
@@ -104,6 +123,7 @@ def resolve(
         "auth": auth or _env_auth(),
         "endpoint": endpoint or os.environ.get(f"ZEPS_STREAM_{env_key}_ENDPOINT", ""),
         "public_key": public_key or os.environ.get(f"ZEPS_STREAM_{env_key}_PUBLIC_KEY", ""),
+        "multicast": multicast or _env_multicast(os.environ.get(f"ZEPS_STREAM_{env_key}_MULTICAST", "")),
         "spec": {},
     }
     needed = needs or (("endpoint",) if kind == "ZepsStream" else ("zookeeper",))
@@ -116,11 +136,13 @@ def resolve(
         found["zookeeper"] = found["zookeeper"] or status.get("zookeeper", "")
         found["endpoint"] = found["endpoint"] or status.get("endpoint", "")
         found["public_key"] = found["public_key"] or status.get("curvePublicKey", "")
+        found["multicast"] = found["multicast"] or status.get("multicast") or {}
         if not found["chroot"]:
             found["chroot"] = chroot_of(kind, ns, name, status.get("path", "")) or ""
     found["chroot"] = found["chroot"] or DEFAULT_CHROOT
     if not all(found[k] for k in needed):
-        what = " and ".join({"endpoint": "broker endpoint", "zookeeper": "ZooKeeper connect string"}[k]
+        what = " and ".join({"endpoint": "broker endpoint", "zookeeper": "ZooKeeper connect string",
+                             "multicast": "multicast output (spec.multicast)"}[k]
                             for k in needed if not found[k])  # fmt: skip
         raise ConfigError(f"{kind} {ns}/{name}: no {what} in arguments, environment or the resource's status")
     return Resolved(kind=kind, name=name, namespace=ns, **found)
