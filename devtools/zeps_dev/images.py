@@ -51,11 +51,12 @@ ROOTFS: Mapping[str, tuple[str, ...]] = {
         "libseccomp2", "pigz", "bash", "ca-certificates", "jq", "procps",
     ),
     "kube-proxy": ("iptables", "nftables", "conntrack"),
-    "python": ("python3", "ca-certificates"),
-    "python-build": ("python3", "python3-venv", "python3-pip"),
+    # libzmq5: Debian's libzmq (PGM and NORM), which the wheels' pyzmq is built against (_wheels)
+    "python": ("python3", "ca-certificates", "libzmq5"),
+    "python-build": ("python3", "python3-venv", "python3-pip", "libzmq5"),
     "java": ("openjdk-17-jre-headless", "bash"),
     # Spark's driver and executors: the JVM, the Python that runs pyspark's workers, tini as PID 1
-    "spark": ("python3", "openjdk-17-jre-headless", "tini", "bash", "procps", "ca-certificates"),
+    "spark": ("python3", "openjdk-17-jre-headless", "tini", "bash", "procps", "ca-certificates", "libzmq5"),
 }
 # fmt: on
 
@@ -420,8 +421,10 @@ class ImageBuilder:
         return tag
 
     def _wheels(self, venv_python: Path, extras: str, into: Path) -> None:
-        """The zeps wheel with ``extras`` and every dependency, at the versions of constraints.txt."""
-        pip = [str(venv_python), "-m", "pip", "wheel", "-q", "--disable-pip-version-check"]
+        """The zeps wheel with ``extras`` and every dependency, at the versions of constraints.txt;
+        pyzmq built here against Debian's libzmq (PGM and NORM for the multicast output; the images
+        carry libzmq5 and no compiler), as ``make setup`` builds it for .venv."""
+        pip = [str(venv_python), "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-binary", "pyzmq"]
         constraints = str(REPOSITORY / "constraints.txt")
         run_tool([*pip, "-c", constraints, "-w", str(into), f"{REPOSITORY}[{extras}]"], timeout=1200)
 
