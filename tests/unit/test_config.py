@@ -84,3 +84,20 @@ def test_the_tests_fixtures_load_without_the_extras() -> None:
         "assert not loaded, f'conftest imported {loaded}'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_stream_s_multicast_output_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZEPS_STREAM_PRICES_ENDPOINT", "tcp://broker:5555")
+    monkeypatch.setenv("ZEPS_STREAM_PRICES_MULTICAST", "epgm://239.192.0.1:5601")
+    assert resolve("ZepsStream", "prices").multicast == {
+        "transport": "epgm", "group": "239.192.0.1", "port": 5601, "rate_kbps": None, "recovery_ms": None,
+        "heartbeat_ms": 100,
+    }  # fmt: skip
+    monkeypatch.setenv("ZEPS_STREAM_PRICES_MULTICAST", '{"transport": "pgm", "group": "239.1.1.1", "port": 6000, '
+                       '"rate_kbps": 5000}')  # fmt: skip
+    assert resolve("ZepsStream", "prices").multicast["rate_kbps"] == 5000
+    for bad, problem in (("epgm:239.1.1.1", "is not transport://group:port"), ('{"transport": 1', "not JSON|Expecting"),
+                         ("norm://10.0.0.1:6000", "group")):  # fmt: skip
+        monkeypatch.setenv("ZEPS_STREAM_PRICES_MULTICAST", bad)
+        with pytest.raises(ConfigError, match=problem):
+            resolve("ZepsStream", "prices")
