@@ -15,7 +15,8 @@ NORM stream may then not sync, and gets the flow from the journal. So the lossy 
 one, checked for every record once, and the early one on a clean link must get most of its flow
 from the group.
 
-Needs root for the namespaces: without it these tests are skipped, saying so (CI runs as root)."""
+The lab needs root for the namespaces: without it those tests are skipped, saying so (CI runs as
+root)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from zeps.client import StreamClient
 from zeps_dev.netlab import NetLab, available
 from zeps_dev.process import ManagedProcess, wait_until
 
-pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
+needs_lab = pytest.mark.skipif(available() is not None, reason=str(available()))
 
 PORT = 5555
 KEYS = "eu.fr,us.ny,eu.de"
@@ -92,6 +93,7 @@ def _expected(count: int, prefix: str) -> list[list[int]]:
     return out
 
 
+@needs_lab
 @pytest.mark.slow
 @pytest.mark.parametrize("transport", ["norm", "pgm", "epgm"])
 def test_receivers_in_other_namespaces_get_every_record_once_through_loss(transport: str, tmp_path: Path) -> None:
@@ -163,6 +165,7 @@ def test_a_fetch_returns_a_range_of_the_journal_and_what_it_covered(tmp_path: Pa
         server.stop()
 
 
+@needs_lab
 def test_a_handle_subscribes_with_its_resource_s_settings(tmp_path: Path) -> None:
     """``zeps.stream(name).subscribe_multicast()`` in a pod-like process: the endpoint and the group
     come from the environment (the resource's status stands behind them in a pod)."""
