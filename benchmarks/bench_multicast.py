@@ -25,33 +25,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from zeps_dev.netlab import NetLab, available
-from zeps_dev.process import ManagedProcess, cpu_seconds, wait_until
+from zeps_dev.process import cpu_seconds
 
 RECORDS, RATE = 60_000, 6_000  # 10 s of publishing
 PORT = 5555
 TRANSPORT = "epgm"
-
-
-def _json(proc: ManagedProcess, key: str, timeout: float) -> dict[str, Any]:
-    def found() -> dict[str, Any] | None:
-        for line in reversed(proc.log_path.read_text(errors="replace").splitlines()):
-            if line.startswith("{") and key in line:
-                return dict(json.loads(line))
-        return None
-
-    def done() -> bool:
-        if found() is not None:
-            return True
-        proc.check_alive()
-        return False
-
-    wait_until(done, timeout=timeout, interval=0.2, what=f"{proc.name} to print {key}")
-    result = found()
-    assert result is not None
-    return result
 
 
 def run(role: str, receivers: int, tmp: Path) -> dict[str, float]:
@@ -75,12 +55,12 @@ def run(role: str, receivers: int, tmp: Path) -> dict[str, float]:
             argv = [*worker, role, *common, *(extra if role == "multicast" else [])]
             procs.append(lab.process(host, f"{role}-{host}", argv, log_path=data / f"receiver-{host}.log"))
         for proc in procs:
-            _json(proc, "ready", timeout=60)
+            proc.json_line("ready", timeout=60)
         assert broker.pid is not None
         before = cpu_seconds(broker.pid)
         publisher = lab.process(0, "publisher", [*worker, "publish", *common], log_path=data / "publisher.log")
-        _json(publisher, "published", timeout=300)
-        results = [_json(proc, "ranges", timeout=300) for proc in procs]
+        publisher.json_line("published", timeout=300)
+        results = [proc.json_line("ranges", timeout=300) for proc in procs]
         used = cpu_seconds(broker.pid) - before
     for result in results:
         if result["count"] != RECORDS or result["ranges"] != [[1, RECORDS]]:

@@ -6,6 +6,7 @@ import abc
 import atexit
 import contextlib
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -16,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from zeps.errors import SetupError
 
@@ -199,6 +200,27 @@ class ManagedProcess:
         except SetupError as exc:
             self.check_alive()
             raise SetupError(f"{exc}; last log lines ({self.log_path}):\n{self.log_tail()}") from None
+
+    def json_line(self, key: str, *, timeout: float) -> dict[str, Any]:
+        """The last JSON object line holding ``key`` in the process's log, waiting for it (SetupError
+        with the log's tail if the process exits without printing one)."""
+
+        def found() -> dict[str, Any] | None:
+            for line in reversed(self.log_path.read_text(errors="replace").splitlines()):
+                if line.startswith("{") and key in line:
+                    return dict(json.loads(line))
+            return None
+
+        def done() -> bool:
+            if found() is not None:
+                return True
+            self.check_alive()  # exited without it: its log says why
+            return False
+
+        wait_until(done, timeout=timeout, interval=0.2, what=f"{self.name} to print {key}")
+        result = found()
+        assert result is not None
+        return result
 
     def log_tail(self, lines: int = 20) -> str:
         try:

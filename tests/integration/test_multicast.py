@@ -24,13 +24,12 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from zeps.client import StreamClient
 from zeps_dev.netlab import NetLab, available
-from zeps_dev.process import ManagedProcess, wait_until
+from zeps_dev.process import ManagedProcess
 
 needs_lab = pytest.mark.skipif(available() is not None, reason=str(available()))
 
@@ -39,27 +38,6 @@ KEYS = "eu.fr,us.ny,eu.de"
 # (messages, per second): 6 and 12 seconds of publishing. libzmq 4.3.4's NORM keeps to its congestion
 # control's rate, which starts low and climbs for seconds (README, multicast): a slower stream for it
 LOAD = {"norm": (12_000, 1_000), "pgm": (24_000, 4_000), "epgm": (24_000, 4_000)}
-
-
-def _json(proc: ManagedProcess, key: str, timeout: float) -> dict[str, Any]:
-    """The last JSON line holding ``key`` that ``proc`` printed (waiting for it)."""
-
-    def found() -> dict[str, Any] | None:
-        for line in reversed(proc.log_path.read_text(errors="replace").splitlines()):
-            if line.startswith("{") and key in line:
-                return dict(json.loads(line))
-        return None
-
-    def done() -> bool:
-        if found() is not None:
-            return True
-        proc.check_alive()  # exited without it: its log says why
-        return False
-
-    wait_until(done, timeout=timeout, interval=0.2, what=f"{proc.name} to print {key}")
-    result = found()
-    assert result is not None
-    return result
 
 
 def _worker(lab: NetLab, host: int, role: str, tmp: Path, load: tuple[int, int], *args: str) -> ManagedProcess:
@@ -111,7 +89,7 @@ def test_receivers_in_other_namespaces_get_every_record_once_through_loss(transp
             lab.drop(1, 0.03)
         lab.drop(2, 0.03)  # loses packets at random
         early = _worker(lab, 1, "multicast", tmp_path, load, "--multicast", options)
-        _json(early, "ready", timeout=30)
+        early.json_line("ready", timeout=30)
         publisher = _worker(lab, 0, "publish", tmp_path, load)
         time.sleep(1.5)
         if not norm:
@@ -123,9 +101,9 @@ def test_receivers_in_other_namespaces_get_every_record_once_through_loss(transp
         if not norm:
             lab.restore(1)
             lab.drop(1, 0.03)
-        published = _json(publisher, "published", timeout=60)
+        published = publisher.json_line("published", timeout=60)
         assert published["published"] == load[0]
-        first, second = _json(early, "ranges", timeout=90), _json(late, "ranges", timeout=90)
+        first, second = early.json_line("ranges", timeout=90), late.json_line("ranges", timeout=90)
         dropped = lab.dropped(2)
 
     for result, prefix in ((first, ""), (second, "eu.")):
@@ -187,9 +165,9 @@ def test_a_handle_subscribes_with_its_resource_s_settings(tmp_path: Path) -> Non
             "    print(json.dumps({'sequences': [m.sequence for m in got], 'multicast': stats.multicast_records}))\n"
         )
         receiver = lab.process(1, "handle", [sys.executable, "-c", script], log_path=tmp_path / "handle.log")
-        _json(receiver, "ready", timeout=30)
+        receiver.json_line("ready", timeout=30)
         publisher = _worker(lab, 0, "publish", tmp_path, (300, 1000), "--keys", "eu.a,us.b,eu.c")
-        _json(publisher, "published", timeout=30)
-        result = _json(receiver, "sequences", timeout=30)
+        publisher.json_line("published", timeout=30)
+        result = receiver.json_line("sequences", timeout=30)
     assert result["sequences"] == [i + 1 for i in range(300) if i % 3 != 1]
     assert result["multicast"] > 0

@@ -400,10 +400,8 @@ class BrokerCore:
             self._invalid(session.peer, f"at most {self.config.max_subscriptions} subscriptions per peering",
                           Refusal.LIMIT, version=session.conn.version, forget=False)  # fmt: skip
             return
-        try:
-            matcher = compile_pattern(command.pattern, allow_regex=self.config.matching == "prefix-and-regex")
-        except PatternError as exc:
-            self._invalid(session.peer, str(exc), Refusal.PATTERN_REFUSED, version=session.conn.version, forget=False)
+        matcher = self._matcher(session, command.pattern)
+        if matcher is None:
             return
         journal = session.stream.journal
         if isinstance(command, SubscribeTime):
@@ -420,16 +418,22 @@ class BrokerCore:
         else:
             self._lagging.append(sub)
 
+    def _matcher(self, session: _Session, pattern: str) -> Matcher | None:
+        """The matcher of a subscription's or a fetch's ``pattern``; None (and INVALID) if refused."""
+        try:
+            return compile_pattern(pattern, allow_regex=self.config.matching == "prefix-and-regex")
+        except PatternError as exc:
+            self._invalid(session.peer, str(exc), Refusal.PATTERN_REFUSED, version=session.conn.version, forget=False)
+            return None
+
     def _fetch(self, session: _Session, command: Fetch) -> None:
         """FETCH: a replay of ``first`` .. ``last`` that ends with FETCH-END (see the module's notes)."""
         if any(sub.end is not None for sub in session.subscriptions):
             self._invalid(session.peer, "one FETCH at a time per peering: wait for FETCH-END", Refusal.LIMIT,
                           version=session.conn.version, forget=False)  # fmt: skip
             return
-        try:
-            matcher = compile_pattern(command.pattern, allow_regex=self.config.matching == "prefix-and-regex")
-        except PatternError as exc:
-            self._invalid(session.peer, str(exc), Refusal.PATTERN_REFUSED, version=session.conn.version, forget=False)
+        matcher = self._matcher(session, command.pattern)
+        if matcher is None:
             return
         stream, journal = session.stream, session.stream.journal
         end = min(command.last, stream.routed)

@@ -136,7 +136,36 @@ class _Group:
         return [Message._make(output.popleft()) for _ in range(min(most, len(output)))]
 
 
-class MulticastSubscription:
+class _Subscription:
+    """What both clients' subscriptions hold: the group (its socket in a context of its own), watched
+    by the client's waits and closed with it."""
+
+    def __init__(self, client: Any, ctx: Any, group: _Group) -> None:
+        self._client, self._ctx, self._group = client, ctx, group
+        try:
+            self.socket = group.open(ctx)  #: where the group's messages arrive
+        except ConfigError:
+            ctx.destroy(linger=0)
+            raise
+        client._watch(self)
+
+    @property
+    def stats(self) -> MulticastStats:
+        """Where the records came from (the group, fetches) and the gaps filled."""
+        return self._group.reconciler.stats
+
+    @property
+    def endpoint(self) -> str:
+        """The group's ZeroMQ endpoint on this host's interface."""
+        return self._group.endpoint
+
+    def _close_group(self) -> None:
+        self._client._unwatch(self)
+        self._group.close()
+        self._ctx.destroy(linger=0)
+
+
+class MulticastSubscription(_Subscription):
     """A multicast subscription of a :class:`~zeps.client.StreamClient` (see the module's notes):
     iterate it, or take what arrived with :meth:`receive_many`. Not thread-safe."""
 
@@ -150,29 +179,10 @@ class MulticastSubscription:
         interface: str | None,
         stall: float | None,
     ) -> None:
-        self._client = client
-        self._group = _Group(
-            client.session.stream, pattern, since, multicast=multicast, interface=interface, stall=stall
-        )
-        self._ctx: zmq.Context[Any] = zmq.Context()
-        try:
-            self.socket: zmq.Socket[Any] = self._group.open(self._ctx)  #: where the group's messages arrive
-        except ConfigError:
-            self._ctx.destroy(linger=0)
-            raise
-        client._watch(self)
-        now = time.monotonic()
-        self._send(client.session.fetch(self._group.reconciler.start(now)))
-
-    @property
-    def stats(self) -> MulticastStats:
-        """Where the records came from (the group, fetches) and the gaps filled."""
-        return self._group.reconciler.stats
-
-    @property
-    def endpoint(self) -> str:
-        """The group's ZeroMQ endpoint on this host's interface."""
-        return self._group.endpoint
+        group = _Group(client.session.stream, pattern, since, multicast=multicast, interface=interface, stall=stall)
+        super().__init__(client, zmq.Context(), group)
+        self._client: StreamClient = client
+        self._send(client.session.fetch(group.reconciler.start(time.monotonic())))
 
     def _send(self, frames: list[bytes]) -> None:
         if frames:
@@ -210,9 +220,7 @@ class MulticastSubscription:
     owns_client = False
 
     def close(self) -> None:
-        self._client._unwatch(self)
-        self._group.close()
-        self._ctx.destroy(linger=0)
+        self._close_group()
         if self.owns_client:
             self.owns_client = False
             self._client.close()
@@ -226,7 +234,7 @@ class MulticastSubscription:
         self.close()
 
 
-class AsyncMulticastSubscription:
+class AsyncMulticastSubscription(_Subscription):
     """A multicast subscription of an :class:`~zeps.client.AsyncStreamClient`: the same as
     :class:`MulticastSubscription`, awaited (``async for``, ``await receive_many``, ``async with``)."""
 
@@ -240,29 +248,13 @@ class AsyncMulticastSubscription:
         interface: str | None,
         stall: float | None,
     ) -> None:
-        self._client = client
-        self._group = _Group(
-            client.session.stream, pattern, since, multicast=multicast, interface=interface, stall=stall
-        )
-        self._ctx = zmq.asyncio.Context()
-        try:
-            self.socket: zmq.asyncio.Socket = self._group.open(self._ctx)  #: where the group's messages arrive
-        except ConfigError:
-            self._ctx.destroy(linger=0)
-            raise
-        client._watch(self)
+        group = _Group(client.session.stream, pattern, since, multicast=multicast, interface=interface, stall=stall)
+        super().__init__(client, zmq.asyncio.Context(), group)
+        self._client: AsyncStreamClient = client
 
     async def _start(self) -> AsyncMulticastSubscription:
         await self._client._send(self._client.session.fetch(self._group.reconciler.start(time.monotonic())))
         return self
-
-    @property
-    def stats(self) -> MulticastStats:
-        return self._group.reconciler.stats
-
-    @property
-    def endpoint(self) -> str:
-        return self._group.endpoint
 
     async def _step(self, wait: float) -> None:
         """Wait up to ``wait`` for the group or the peering, then handle what came from both."""
@@ -304,9 +296,7 @@ class AsyncMulticastSubscription:
                 yield message
 
     async def close(self) -> None:
-        self._client._unwatch(self)
-        self._group.close()
-        self._ctx.destroy(linger=0)
+        self._close_group()
 
     async def __aenter__(self) -> AsyncMulticastSubscription:
         return self

@@ -43,7 +43,7 @@ from datetime import datetime
 from typing import Literal, NamedTuple
 
 from zeps._records import Records, encode_record
-from zeps.errors import ConfigError, LocalProtocolError, ProducerError, RemoteProtocolError
+from zeps.errors import ConfigError, LocalProtocolError, ProducerError, ProtocolError, RemoteProtocolError
 from zeps.protocol import (
     LATEST,
     Attach,
@@ -321,6 +321,20 @@ class ClientSession:
             self._credited, self._consumed = True, 0
             frames.append(self.conn.send(Credit(credit=self.credit_window)))
         return frames
+
+    def fetched(self, messages: list[Message]) -> tuple[bool, Fetched | None]:
+        """The open fetch's progress: its records delivered so far move into ``messages``; returns
+        whether any came, and the result once its FETCH-END did (ProtocolError if the broker refused
+        it: the fetch is over)."""
+        rows = self.take(1 << 30)
+        messages += map(Message._make, rows)
+        if self.fetch_ends:
+            first, last = self.fetch_ends.popleft()
+            return bool(rows), Fetched(messages, first, last)
+        if self.errors:
+            self.fetch_open = self._fetch_sent = None
+            raise ProtocolError(f"broker refused: {self.errors.popleft()}")
+        return bool(rows), None
 
     def _fetch_ended(self, end: FetchEnd) -> None:
         asked, sent = self.fetch_open, self._fetch_sent

@@ -414,17 +414,12 @@ class StreamClient:
         self._send_all(self.session.fetch(command), deadline)
         messages: list[Message] = []
         while True:
-            rows = self.session.take(1 << 30)
-            if rows:
-                messages += map(Message._make, rows)
+            progress, result = self.session.fetched(messages)
+            if result is not None:
+                return result
+            if progress:
                 deadline = time.monotonic() + self.timeout  # silence counts, not the length of the fetch
-            if self.session.fetch_ends:
-                first, last = self.session.fetch_ends.popleft()
-                return Fetched(messages, first, last)
-            if self.session.errors:
-                self.session.fetch_open = None
-                raise ProtocolError(f"broker refused: {self.session.errors.popleft()}")
-            if time.monotonic() >= deadline:
+            elif time.monotonic() >= deadline:
                 raise BrokerUnavailableError(f"broker at {self.endpoint} did not end the fetch in {self.timeout:.0f}s")
             self._pump(0.05)
 
