@@ -273,27 +273,35 @@ def stream() -> None:
     """Journalled pub/sub through a ZEPS broker."""
 
 
-def _stream_client(ctx: click.Context, name: str) -> Any:
+def _stream_client(ctx: click.Context, name: str, producer_id: str | None = None) -> Any:
     from zeps.client import StreamClient  # noqa: PLC0415
     from zeps.config import resolve  # noqa: PLC0415
 
     s = resolve("ZepsStream", name, namespace=ctx.obj["namespace"], **_settings(ctx))
-    return StreamClient(s.endpoint, s.name, server_public_key=s.public_key or None)
+    return StreamClient(s.endpoint, s.name, server_public_key=s.public_key or None, producer_id=producer_id)
 
 
 @stream.command("publish")
 @click.argument("name")
 @click.argument("key")
 @click.argument("bodies", nargs=-1, required=True)
+@click.option("--producer-id", default=None,
+              help="Publish as this idempotent producer: run again with the same id and BODIES (a retry after a "
+              "failure), it publishes only those the broker does not hold yet.")  # fmt: skip
 @click.pass_context
 @reporting_errors
-def stream_publish(ctx: click.Context, *, name: str, key: str, bodies: tuple[str, ...]) -> None:
+def stream_publish(
+    ctx: click.Context, *, name: str, key: str, bodies: tuple[str, ...], producer_id: str | None
+) -> None:
     """Publish BODIES under routing KEY to stream NAME (confirmed by the broker before exiting)."""
-    with _stream_client(ctx, name) as client:
-        for body in bodies:
+    with _stream_client(ctx, name, producer_id) as client:
+        held = client.producer_sequence if producer_id else 0  # a named producer: what an earlier run published
+        for body in bodies[held:]:
             client.publish(key, body.encode())
         client.flush()
-    emit(ctx, f"published {len(bodies)}", {"published": len(bodies)})
+    published = max(len(bodies) - held, 0)
+    emit(ctx, f"published {published}" + (f" ({held} held already)" if held else ""),
+         {"published": published, "held": held})  # fmt: skip
 
 
 def _print_messages(ctx: click.Context, name: str, *, pattern: str, since: Any, count: int, timeout: float) -> None:

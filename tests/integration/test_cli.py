@@ -138,6 +138,18 @@ def test_stream_publish_replay_tail(zeps: Zeps, broker: BrokerServer) -> None:
     assert zeps(*ep, "stream", "tail", "prices", "--timeout", "1").returncode == 1, "nothing new: exit 1"
 
 
+def test_a_publish_run_again_with_its_producer_id_publishes_only_what_the_broker_lacks(
+    zeps: Zeps, broker: BrokerServer
+) -> None:
+    ep = ["--endpoint", broker.endpoint, "--json"]
+    first = zeps(*ep, "stream", "publish", "prices", "k", "a", "b", "--producer-id", "job-42")
+    assert json.loads(first.stdout) == {"published": 2, "held": 0}
+    retry = zeps(*ep, "stream", "publish", "prices", "k", "a", "b", "c", "--producer-id", "job-42")
+    assert json.loads(retry.stdout) == {"published": 1, "held": 2}
+    replay = zeps(*ep, "stream", "replay", "prices", "--since", "0", "--timeout", "1")
+    assert [json.loads(line)["body"] for line in replay.stdout.splitlines()] == ["a", "b", "c"]
+
+
 def test_errors_say_what_to_do(zeps: Zeps, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ZEPS_", "KUBE"))}
     env["KUBECONFIG"] = str(tmp_path / "nothing")
