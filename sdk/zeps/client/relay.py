@@ -14,6 +14,7 @@ SPEC being the JSON :class:`Relay` writes.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import json
@@ -67,6 +68,7 @@ class Relay:
         self._started = 0.0
         self.restarts = 0  #: times the child died (libzmq aborted it) and was started again
         self._spawn()
+        atexit.register(self.close)  # a process that exits without closing its subscription leaves nothing
 
     def _spawn(self) -> None:
         with self._log.open("ab") as out:
@@ -84,6 +86,7 @@ class Relay:
         self._spawn()
 
     def close(self) -> None:
+        atexit.unregister(self.close)
         if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait(10)
