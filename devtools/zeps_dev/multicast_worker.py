@@ -28,7 +28,8 @@ from zeps.client import AsyncStreamClient, Message, Seq, StreamClient
 from zeps.client.reconcile import MulticastStats
 
 
-def _ranges(sequences: list[int]) -> list[list[int]]:
+def ranges(sequences: list[int]) -> list[list[int]]:
+    """``sequences`` (increasing) as [first, last] runs of consecutive ones."""
     out: list[list[int]] = []
     for s in sequences:
         if out and s == out[-1][1] + 1:
@@ -42,7 +43,7 @@ def _report(got: list[Message], started: float, **extra: Any) -> None:
     sequences = [m.sequence for m in got]
     print(json.dumps({
         "count": len(got),
-        "ranges": _ranges(sequences),
+        "ranges": ranges(sequences),
         "in_order": all(a < b for a, b in itertools.pairwise(sequences)),
         "bodies_ok": all(m.body == b"%d" % (m.sequence - 1) for m in got),
         "seconds": (time.monotonic() - started) if got else 0.0,
@@ -50,9 +51,9 @@ def _report(got: list[Message], started: float, **extra: Any) -> None:
     }), flush=True)  # fmt: skip
 
 
-def _wanted(count: int, keys: list[str], prefix: str) -> int:
-    """How many of ``count`` publishes (keys cycling through ``keys``) match ``prefix``."""
-    return sum(1 for i in range(count) if keys[i % len(keys)].startswith(prefix))
+def wanted_sequences(count: int, keys: list[str], prefix: str) -> list[int]:
+    """The sequences of ``count`` publishes (keys cycling through ``keys``) that match ``prefix``."""
+    return [i + 1 for i in range(count) if keys[i % len(keys)].startswith(prefix)]
 
 
 def publish(args: argparse.Namespace) -> None:
@@ -72,7 +73,7 @@ def publish(args: argparse.Namespace) -> None:
 
 def receive(args: argparse.Namespace) -> None:
     keys = args.keys.split(",")
-    wanted = _wanted(args.count, keys, args.prefix)
+    wanted = len(wanted_sequences(args.count, keys, args.prefix))
     got: list[Message] = []
     deadline = time.monotonic() + args.timeout
     started = 0.0
@@ -104,7 +105,7 @@ def _stats(stats: MulticastStats) -> dict[str, Any]:
 
 async def receive_aio(args: argparse.Namespace) -> None:
     """``multicast`` with the asyncio client (the same names, awaited)."""
-    wanted = _wanted(args.count, args.keys.split(","), args.prefix)
+    wanted = len(wanted_sequences(args.count, args.keys.split(","), args.prefix))
     got: list[Message] = []
     deadline, started = time.monotonic() + args.timeout, 0.0
     async with AsyncStreamClient(args.endpoint, args.stream, timeout=30) as client:

@@ -11,7 +11,6 @@ No ZeroMQ here: the adapters pass ``zmq.has`` to :func:`require_transport`.
 from __future__ import annotations
 
 import fcntl
-import ipaddress
 import secrets
 import socket
 import struct
@@ -78,13 +77,8 @@ def resolve(interface: str | None, group: str) -> Interface:
 def endpoint(transport: str, group: str, port: int, interface: Interface) -> str:
     """The ZeroMQ endpoint of ``transport`` (norm, pgm, epgm) for ``group``:``port`` on ``interface``.
     A NORM endpoint carries a random node id: NORM tells its members apart by it, and the default
-    (the host's address) would be the same for every receiver on one host."""
-    try:
-        multicast = ipaddress.IPv4Address(group).is_multicast
-    except ValueError:
-        multicast = False
-    if not multicast:
-        raise ConfigError(f"{group!r} is not an IPv4 multicast address (224.0.0.0 - 239.255.255.255)")
+    (the host's address) would be the same for every receiver on one host. ``group`` is a checked
+    multicast address (:class:`zeps.options.MulticastOptions` validates it)."""
     if transport == "norm":
         return f"norm://{1 + secrets.randbelow(0x7FFFFFFE)},{interface.name};{group}:{port}"  # atoi() in libzmq: int
     if transport in ("pgm", "epgm"):

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from zeps.client import StreamClient
+from zeps_dev.multicast_worker import ranges, wanted_sequences
 from zeps_dev.netlab import NetLab, available
 from zeps_dev.process import ManagedProcess
 
@@ -59,16 +60,7 @@ def _broker(lab: NetLab, tmp: Path, multicast: str, *flags: str) -> ManagedProce
 
 def _expected(count: int, prefix: str) -> list[list[int]]:
     """The sequence ranges a receiver with ``prefix`` must get (sequence = publish index + 1)."""
-    keys = KEYS.split(",")
-    out: list[list[int]] = []
-    for i in range(count):
-        if keys[i % len(keys)].startswith(prefix):
-            s = i + 1
-            if out and out[-1][1] == s - 1:
-                out[-1][1] = s
-            else:
-                out.append([s, s])
-    return out
+    return ranges(wanted_sequences(count, KEYS.split(","), prefix))
 
 
 @needs_lab

@@ -73,7 +73,6 @@ class Reconciler:
         self._tail = 0  # the highest TAIL (or run end) heard from the group
         self._heard = 0.0  # when the group was last heard from
         self._fetch: Fetch | None = None  # the fetch in flight
-        self._fetched_to = 0  # the last sequence the fetch in flight delivered (a resent fetch repeats some)
         self._history = self._first_fetch(since)
 
     def _first_fetch(self, since: Since) -> Fetch:
@@ -87,7 +86,7 @@ class Reconciler:
     def start(self, now: float) -> Fetch:
         """The history fetch: send it first (the group is already being read)."""
         self._heard = now
-        self._fetch, self._fetched_to = self._history, 0
+        self._fetch = self._history
         self.stats.fetches += 1
         return self._history
 
@@ -111,7 +110,7 @@ class Reconciler:
         if len(self.stats.gap_ranges) >= 100:
             del self.stats.gap_ranges[0]
         self.stats.gap_ranges.append((first, last))
-        self._fetch, self._fetched_to = Fetch(pattern=self.pattern, first=first, last=last), 0
+        self._fetch = Fetch(pattern=self.pattern, first=first, last=last)
         return self._fetch
 
     @property
@@ -168,13 +167,10 @@ class Reconciler:
 
     # -- the peering ----------------------------------------------------------------------------
     def on_fetched(self, rows: list[Row]) -> None:
-        """Records the fetch in flight delivered (the broker filtered them by the prefix)."""
-        floor = max(self.next or 0, self._fetched_to + 1)
-        fresh = [row for row in rows if row[0] >= floor]
-        if fresh:
-            self.output.extend(fresh)
-            self.stats.fetched_records += len(fresh)
-            self._fetched_to = fresh[-1][0]
+        """Records the fetch in flight delivered (the broker filtered them by the prefix; the session
+        already dropped what a fetch sent again after a re-attach repeats)."""
+        self.output.extend(rows)
+        self.stats.fetched_records += len(rows)
 
     def on_fetch_end(self, first: int, last: int) -> None:
         """FETCH-END of the fetch in flight: it covered ``first`` .. ``last``."""
