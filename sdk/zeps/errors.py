@@ -10,8 +10,9 @@ Below it, errors are grouped by who has to act (the CLI's exit code in brackets,
 * :class:`CoordinationError` [4] — ZooKeeper said no (a lost lock, a conflicting owner), or could not
   be reached in time (:class:`~zeps.coordination.admin.ZooKeeperUnavailableError` is both).
 * :class:`ProtocolError` [4] — a ZEPS conversation broke; ``LocalProtocolError`` means we misused the
-  protocol, ``RemoteProtocolError`` means the peer did (h11's split); ``ProducerError``: the broker
-  refused an idempotent producer's publishes (fenced, expired, out of sequence).
+  protocol, ``RemoteProtocolError`` means the peer did (h11's split); ``PublishRefusedError``: the
+  broker refused publishes (too large, journal full), ``ProducerError`` among them: it refused an
+  idempotent producer's publishes (fenced, expired, out of sequence).
 * :class:`DataLossError` [5] — data the request needs is gone (retention removed it): asking again
   does not help; ask for what still exists, or accept the loss where the API offers that.
 
@@ -28,8 +29,10 @@ __all__ = [
     "CoordinationError",
     "DataLossError",
     "LocalProtocolError",
+    "MessageTooLargeError",
     "ProducerError",
     "ProtocolError",
+    "PublishRefusedError",
     "RemoteProtocolError",
     "SetupError",
     "UnavailableError",
@@ -76,10 +79,21 @@ class RemoteProtocolError(ProtocolError):
     """The peer sent something the protocol does not allow."""
 
 
-class ProducerError(ProtocolError):
+class PublishRefusedError(ProtocolError):
+    """The broker refused this client's publishes (the message says why and what to do): a message
+    over the stream's size limit, or a full journal volume (attach again and resend: the client does
+    that after raising this). Publishes it refused are not journaled and stay unconfirmed."""
+
+
+class ProducerError(PublishRefusedError):
     """The broker refused this client's idempotent publishes (the message says why and what to do):
     fenced (a newer client claimed the producer name), unknown (it expired), out of sequence, or
     not supported by the broker. Publishes it refused are not journaled and stay unconfirmed."""
+
+
+class MessageTooLargeError(ConfigError):
+    """A message body is over the limit the client was given (the stream's ``maxMessageBytes``):
+    nothing was sent. Split the message, or raise the stream's limit and the client's."""
 
 
 def exit_code(exc: ZepsError) -> int:

@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 
 from harness import ZooKeeperHarness
 from zeps.broker import BrokerConfig, BrokerServer
-from zeps.client import Seq, StreamClient
 from zeps.coordination.queue import WorkQueue
 from zeps.options import QueueOptions
+from zeps.protocol import Attach, Subscribe, encode
 from zeps_dev.process import ManagedProcess, free_port, wait_until
 
 Zeps = Callable[..., subprocess.CompletedProcess[str]]
@@ -180,9 +181,12 @@ def test_broker_command_and_stream_lag(zeps: Zeps, zookeeper: ZooKeeperHarness, 
     broker.start()
     try:
         assert zeps("--endpoint", endpoint, "stream", "publish", "prices", "eu.fr", "1", "2", "3").returncode == 0
-        slow = StreamClient(endpoint, "prices", credit_window=1)  # no credit for even one message
+        slow = zmq.Context.instance().socket(zmq.DEALER)  # a raw peer that subscribes and grants no credit
+        slow.setsockopt(zmq.LINGER, 0)
+        slow.connect(endpoint)
         with slow:
-            slow.start("eu.", since=Seq(0))
+            for command in (Attach(stream="prices", version=1), Subscribe(pattern="eu.", latest=0)):
+                slow.send(encode(command))
 
             def lag() -> dict[str, Any]:
                 out = zeps("--json", "stream", "lag", "prices", "--position", "1")

@@ -113,7 +113,8 @@ def test_slow_consumer_falls_back_to_the_journal_and_catches_up(broker_factory: 
     message, in order, none twice."""
     broker = broker_factory()
     stream = broker.core.streams["prices"]
-    with StreamClient(broker.endpoint, "prices", credit_window=4096) as slow:  # ~30 messages of credit
+    # ~30 messages of credit
+    with StreamClient(broker.endpoint, "prices", credit_window=4096, max_message_bytes=1024) as slow:
         slow.start("")
         wait_until(lambda: stream.live_set, timeout=5, what="the subscription to be live")
         _publish(broker.endpoint, 2000)  # arrives far faster than the credit allows

@@ -58,16 +58,32 @@ def _producing(producer: str | None = None, held: int = 0, epoch: int = 1) -> Cl
     return session
 
 
-def test_credit_is_granted_back_after_half_the_window_is_consumed() -> None:
-    session = _attached(credit_window=1000)
+def test_credit_goes_back_as_the_application_takes_half_the_window() -> None:
+    """Credit is returned when the application takes deliveries, never when they merely arrive: a
+    consumer that stops taking holds at most its window, and the broker stops sending."""
+    session = _attached(credit_window=2000, max_message_bytes=500)
     frames = session.subscribe("", Seq(0))
-    assert [decode(f) for f in frames] == [Subscribe(pattern="", latest=0), Credit(credit=1000)]
-    deliver = encode(Deliver(sequence=1, key="k", body=b"x" * 200))
-    assert session.receive(deliver) == []  # about 215 bytes consumed: under half
-    session.receive(encode(Deliver(sequence=2, key="k", body=b"x" * 200)))
-    [grant] = [decode(f) for f in session.receive(encode(Deliver(sequence=3, key="k", body=b"x" * 200)))]
-    assert isinstance(grant, Credit) and 500 <= grant.credit <= 700  # what was consumed, given back
-    assert [row[0] for row in session.take(10)] == [1, 2, 3]
+    assert [decode(f) for f in frames] == [Subscribe(pattern="", latest=0), Credit(credit=2000)]
+    for sequence in (1, 2, 3, 4, 5):
+        assert session.receive(encode(Deliver(sequence=sequence, key="k", body=b"x" * 400))) == []
+    assert session.outbox == [] and 2000 <= session.inbox_bytes <= 2100  # arrived, not taken: no credit back
+    assert [row[0] for row in session.take(2)] == [1, 2]
+    assert session.take_outbox() == []  # about 830 bytes taken: under half the window
+    assert session.take_one()[0] == 3
+    [grant] = [decode(f) for f in session.take_outbox()]
+    assert isinstance(grant, Credit) and 1000 <= grant.credit <= 1300  # what was taken, given back
+    assert [row[0] for row in session.take(10)] == [4, 5] and session.inbox_bytes == 0
+
+
+def test_a_re_attach_grants_the_window_less_what_the_inbox_still_holds() -> None:
+    session = _attached(credit_window=2000, max_message_bytes=500)
+    session.subscribe("", Seq(0))
+    session.receive(encode(Deliver(sequence=1, key="k", body=b"x" * 400)))
+    held = session.inbox_bytes
+    session.disconnected()
+    session.attach()
+    frames = [decode(f) for f in session.receive(encode(AttachOk()))]
+    assert frames == [Subscribe(pattern="", latest=1), Credit(credit=2000 - held)]
 
 
 def test_a_ping_ok_confirms_the_publishes_before_its_ping() -> None:
@@ -192,14 +208,15 @@ def _run_frame(first: int, last: int) -> bytes:
 
 
 def test_a_fetch_open_when_the_peering_drops_goes_on_after_what_it_delivered() -> None:
-    session = _attached(credit_window=1000)
+    session = _attached(credit_window=2000, max_message_bytes=500)
     frames = [decode(f) for f in session.fetch(Fetch(pattern="", first=1, last=10))]
-    assert frames == [Fetch(pattern="", first=1, last=10), Credit(credit=1000)]
+    assert frames == [Fetch(pattern="", first=1, last=10), Credit(credit=2000)]
     session.receive(_run_frame(1, 4))
     session.disconnected()
     session.attach()
     again = [decode(f) for f in session.receive(encode(AttachOk()))]
-    assert again == [Fetch(pattern="", first=5, last=10), Credit(credit=1000)]  # after what came
+    held = session.inbox_bytes  # 1..4, not taken yet: their credit stays with them
+    assert again == [Fetch(pattern="", first=5, last=10), Credit(credit=2000 - held)]  # after what came
     session.receive(_run_frame(4, 10))  # 4 again (sent before the drop): kept once
     session.receive(encode(FetchEnd(first=5, last=10)))
     assert [row[0] for row in session.take(100)] == list(range(1, 11))

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zeps._records import encode_record
-from zeps.journal import Journal, JournalConfig, JournalError, Record
+from zeps.journal import Journal, JournalConfig, JournalError, JournalWriteError, Record
+from zeps.journal.producers import Producer
 
 
 def _journal(path: Path, **config: object) -> Journal:
@@ -247,3 +251,63 @@ def test_a_read_skips_what_a_damaged_closed_segment_lost(tmp_path: Path, caplog:
 def test_segment_sizes_a_journal_cannot_index_are_refused(segment_bytes: int) -> None:
     with pytest.raises(JournalError, match=f"segment_bytes={segment_bytes}: must be between 1 and"):
         JournalConfig(segment_bytes=segment_bytes)
+
+
+class FullDisk:
+    """A volume with ``free`` bytes left, for the journal's writes: a write that does not fit is cut
+    short, the next raises ENOSPC, as the kernel does. (Faked by replacing ``os.write``/``os.writev``
+    in the journal module: filling a real volume needs root and a mount namespace, which the
+    integration test of the broker does; here the undo logic is checked record by record.)"""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, free: int) -> None:
+        self.free = free
+        module = "zeps.journal.log.os"
+        real_write = os.write
+        monkeypatch.setattr(f"{module}.write", lambda fd, data: real_write(fd, self._take(data)))
+        monkeypatch.setattr(f"{module}.writev", lambda fd, parts: real_write(fd, self._take(b"".join(parts))))
+
+    def _take(self, data: bytes | memoryview) -> bytes | memoryview:
+        if self.free <= 0 and len(data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        part = data[: self.free]
+        self.free -= len(part)
+        return part
+
+
+def _files(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+
+
+@pytest.mark.parametrize("segment_bytes", [1 << 20, 600])  # one segment; rolls in the middle of the append
+def test_a_full_volume_fails_the_whole_append_and_leaves_the_journal_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, segment_bytes: int
+) -> None:
+    j = _journal(tmp_path, segment_bytes=segment_bytes, index_interval_bytes=100, fsync="always")
+    for i in range(5):
+        j.append(f"k{i}", b"x" * 50)
+    before, state = _files(tmp_path), (j.next_sequence, j.durable, j.size_bytes)
+    disk = FullDisk(monkeypatch, free=300)  # room for a few records of the next append, not all
+    with pytest.raises(JournalWriteError, match="No space left on device") as failed:
+        j.append_many([(f"n{i}", b"y" * 50) for i in range(20)])
+    assert failed.value.space and failed.value.errno == errno.ENOSPC
+    assert _files(tmp_path) == before, "nothing of the failed append is left on disk"
+    assert (j.next_sequence, j.durable, j.size_bytes) == state
+    disk.free = 1 << 20  # space again (retention, a bigger volume)
+    assert j.append("after", b"z") == 6, "the next append takes the next sequence"
+    j.close()
+    again = _journal(tmp_path, segment_bytes=segment_bytes, tail_cache_bytes=0)
+    assert [(r.sequence, r.key) for r in _all(again)] == [*((i + 1, f"k{i}") for i in range(5)), (6, "after")]
+
+
+def test_a_failed_group_leaves_the_producer_marks_as_they_were(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    j, now = _journal(tmp_path, fsync="always"), int(time.time() * 1000)  # recent: not expired at open
+    j.append_many([("a", b"1")], changes={"p": Producer(1, 1, now)})
+    disk = FullDisk(monkeypatch, free=10)
+    with pytest.raises(JournalWriteError):
+        j.append_many([("a", b"2"), ("a", b"3")], changes={"p": Producer(1, 3, now), "q": Producer(1, 1, now)})
+    disk.free = 1 << 20
+    j.append_many([("b", b"4")], changes={"q": Producer(1, 1, now)})  # the next group's mark
+    j.close()
+    again = _journal(tmp_path)
+    assert {name: p.sequence for name, p in again.producers.producers.items()} == {"p": 1, "q": 1}
+    assert [r.body for r in _all(again)] == [b"1", b"4"]

@@ -63,7 +63,7 @@ from typing import Literal
 
 from zeps.broker.matching import Matcher, PatternError, PrefixTrie, compile_pattern
 from zeps.errors import ProtocolError
-from zeps.journal import Chunk, Journal, JournalConfig
+from zeps.journal import Chunk, Journal, JournalConfig, JournalWriteError
 from zeps.journal.producers import Producer, ProducerRefusedError, ProducerState, frozen
 from zeps.protocol import (
     LATEST,
@@ -98,6 +98,7 @@ from zeps.protocol import (
 )
 from zeps.protocol.commands import CODES_SINCE, PROTOCOL
 from zeps.protocol.connection import SUPPORTED_VERSIONS
+from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES, MAX_CREDIT_BYTES, max_frame_bytes
 
 __all__ = ["BrokerConfig", "BrokerCore", "Outgoing"]
 
@@ -126,6 +127,15 @@ class BrokerConfig:
     multicast_max_bytes: int = 1024 * 1024
     #: newly durable records wait this long for more to fill a multicast message (fewer, fuller messages)
     multicast_linger_s: float = 0.005
+    #: a message body's limit (ZepsStream ``maxMessageBytes``): a larger one is refused with TOO_LARGE
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    #: a session's credit at most: CREDIT beyond it is clamped (what a peer can make the broker queue)
+    max_credit_bytes: int = MAX_CREDIT_BYTES
+
+    @property
+    def max_frame_bytes(self) -> int:
+        """The largest frame a peer may send (the adapter's ``ZMQ_MAXMSGSIZE``)."""
+        return max_frame_bytes(self.max_message_bytes)
 
 
 @dataclass
@@ -177,6 +187,9 @@ class _Stream:
     messages_replayed: int = 0  # of messages_out: served from the journal to subscriptions behind the tail
     fell_behind: int = 0  # times a live subscription lost pace (no credit, a full socket) and went to replay
     duplicates: int = 0  # publishes of idempotent producers dropped: the journal held them already
+    refused_too_large: int = 0  # frames refused: a message body over max_message_bytes
+    refused_journal_full: int = 0  # publishes refused: the journal's volume was full
+    journal_full_logged: float = 0.0  # when a full journal was last logged (once a minute at most)
     multicast_records: int = 0  # records queued for the multicast group
     multicast_oversize: int = 0  # records too large for a multicast message: receivers fetch them
     multicast_at: float = 0.0  # when the stream last queued something for the group (monotonic)
@@ -198,6 +211,7 @@ class _Pending:
     #: the producers the open group changes: the table's own entries, frozen when the group closes
     changes: dict[str, ProducerState] = field(default_factory=dict)
     start: int = 0  # size when the open group began
+    peers: set[bytes] = field(default_factory=set)  # who published these (refused if the write fails)
 
     def add(self, items: Iterable[tuple[str, bytes]], size: int) -> None:
         self.entries.extend(items)
@@ -289,24 +303,13 @@ class BrokerCore:
             self._attach(peer, conn, command, now)
             return
         assert session is not None  # the state machine only allows other commands after ATTACH
-        # idempotent producers' publishes first: every client sends them unless told not to
-        if isinstance(command, PublishSeq):
-            self._publish_seq(session, command.sequence, ((command.key, command.body),),
-                              len(command.key) + len(command.body))  # fmt: skip
-        elif isinstance(command, PublishBatchSeq):
-            self._publish_seq(session, command.sequence, command.items, len(command.entries))
-        elif isinstance(command, Publish):
-            self._appending(session.stream).add(((command.key, command.body),), len(command.key) + len(command.body))
-            session.stream.messages_in += 1
-            session.stream.bytes_in += len(command.body)
-        elif isinstance(command, PublishBatch):
-            self._appending(session.stream).add(command.items, len(command.entries))
-            session.stream.messages_in += len(command.items)
-            session.stream.bytes_in += len(command.entries)
+        # publishes first (idempotent ones before plain): every client sends them unless told not to
+        if isinstance(command, PublishSeq | PublishBatchSeq | Publish | PublishBatch):
+            self._publish(session, command)
         elif isinstance(command, Produce):
             self._produce(session, command)
         elif isinstance(command, Credit):
-            session.credit += command.credit
+            session.credit = min(session.credit + command.credit, self.config.max_credit_bytes)
             session.blocked_until = 0.0
             for sub in session.subscriptions:
                 if not sub.live and sub not in self._lagging:
@@ -320,6 +323,52 @@ class BrokerCore:
         elif isinstance(command, Detach):
             self._send(peer, conn.send(DetachOk()))
             self._forget(session)
+
+    def _publish(self, session: _Session, command: PublishSeq | PublishBatchSeq | Publish | PublishBatch) -> None:
+        """A publish: bodies over the limit refuse the frame (TOO_LARGE); an idempotent producer's go
+        through its table; the rest wait in the stream's append buffer for the loop's flush."""
+        limit, stream = self.config.max_message_bytes, session.stream
+        if isinstance(command, PublishSeq):
+            if len(command.body) > limit:
+                self._too_large(session, len(command.body))
+                return
+            self._publish_seq(session, command.sequence, ((command.key, command.body),),
+                              len(command.key) + len(command.body))  # fmt: skip
+        elif isinstance(command, PublishBatchSeq):
+            if len(command.entries) > limit and self._oversized(session, command.items):
+                return
+            self._publish_seq(session, command.sequence, command.items, len(command.entries))
+        elif isinstance(command, Publish):
+            if len(command.body) > limit:
+                self._too_large(session, len(command.body))
+                return
+            pending = self._appending(stream)
+            pending.add(((command.key, command.body),), len(command.key) + len(command.body))
+            pending.peers.add(session.peer)
+            stream.messages_in += 1
+            stream.bytes_in += len(command.body)
+        else:
+            if len(command.entries) > limit and self._oversized(session, command.items):
+                return
+            pending = self._appending(stream)
+            pending.add(command.items, len(command.entries))
+            pending.peers.add(session.peer)
+            stream.messages_in += len(command.items)
+            stream.bytes_in += len(command.entries)
+
+    def _oversized(self, session: _Session, items: tuple[tuple[str, bytes], ...]) -> bool:
+        """Whether a batch holds a body over the limit (then refused whole: nothing of it is journaled)."""
+        largest = max(len(body) for _, body in items)
+        if largest > self.config.max_message_bytes:
+            self._too_large(session, largest)
+            return True
+        return False
+
+    def _too_large(self, session: _Session, size: int) -> None:
+        session.stream.refused_too_large += 1
+        self._invalid(session.peer, f"a message body of {size} bytes is over this stream's limit of "
+                      f"{self.config.max_message_bytes} (maxMessageBytes); nothing of the frame was journaled",
+                      Refusal.TOO_LARGE, version=session.conn.version, forget=False)  # fmt: skip
 
     def _appending(self, stream: _Stream) -> _Pending:
         pending = self._appends.get(stream.name)
@@ -337,6 +386,7 @@ class BrokerCore:
         if changed:  # a new producer or epoch: journaled (a group mark with no record) before PRODUCE-OK goes
             pending = self._appending(session.stream)
             pending.changes[command.producer] = session.stream.journal.producers.producers[command.producer]
+            pending.peers.add(session.peer)
         session.producer, session.epoch = command.producer, producer.epoch
         answer = ProduceOk(epoch=producer.epoch, sequence=producer.sequence, base=producer.base)
         self._send(session.peer, session.conn.send(answer))
@@ -356,6 +406,7 @@ class BrokerCore:
             pending = self._appending(stream)
             pending.changes[session.producer] = known  # before add(): a group it closes holds the change
             pending.add(items, size)
+            pending.peers.add(session.peer)
             stream.messages_in += len(items)
             stream.bytes_in += size
             return
@@ -371,6 +422,7 @@ class BrokerCore:
             pending = self._appending(stream)
             pending.changes[session.producer] = table.producers[session.producer]
             pending.add(fresh, size)
+            pending.peers.add(session.peer)
             stream.messages_in += len(fresh)
             stream.bytes_in += size
 
@@ -482,7 +534,13 @@ class BrokerCore:
         durable to live subscriptions."""
         self._clock_ms = _now_ms()
         for name, pending in self._appends.items():
-            self._write(self.streams[name].journal, pending)
+            stream = self.streams[name]
+            try:
+                self._write(stream.journal, pending)
+            except JournalWriteError as exc:
+                if not exc.space:
+                    raise  # not a full volume: a broken disk, fatal (the broker exits non-zero)
+                self._refuse_writes(stream, pending, exc)
         self._appends.clear()
         for stream in self.streams.values():
             stream.journal.maybe_sync(idle=idle)
@@ -498,6 +556,36 @@ class BrokerCore:
                 part = entries if begin == 0 and end == len(entries) else entries[begin:end]
                 journal.append_many(part, changes=changes or None)
             begin = end
+
+    def _refuse_writes(self, stream: _Stream, pending: _Pending, exc: JournalWriteError) -> None:
+        """The journal's volume is full: the flush's publishes are refused, never confirmed. The
+        journal undid the failed append; the producer table goes back to what the journal holds; the
+        publishers lose the PING-OKs and PRODUCE-OKs queued for them in this loop (their barriers
+        cover refused publishes), get JOURNAL_FULL, and are forgotten (their claims may be undone), so
+        they attach again and resend. Publishes of groups written before the failure may come again:
+        an idempotent producer's are dropped as duplicates, plain ones are at-least-once anyway."""
+        table, journaled = stream.journal.producers, stream.journal.journaled
+        for name in {n for _, changes in pending.groups for n in changes} | pending.changes.keys():
+            if name in journaled:
+                table.producers[name] = ProducerState(*journaled[name])
+            else:
+                table.producers.pop(name, None)
+        refused = len(pending.entries)
+        stream.refused_journal_full += refused
+        self._pending = deque(o for o in self._pending if o.subscription is not None or o.peer not in pending.peers)
+        reason = (f"stream {stream.name}: its journal's volume is full ({exc.args[0]}); publishes since this "
+                  "peering's last confirmation were not journaled: attach again and resend them")  # fmt: skip
+        for peer in pending.peers:
+            session = self.sessions.get(peer)
+            version = session.conn.version if session is not None else 0
+            if session is not None:
+                self._forget(session)
+            self._invalid(peer, reason, Refusal.JOURNAL_FULL, version=version, forget=False)
+        now = time.monotonic()
+        if now - stream.journal_full_logged >= 60:
+            stream.journal_full_logged = now
+            log.error("%s: refusing publishes (%d so far; retention or a larger volume makes room)", exc,
+                      stream.refused_journal_full)  # fmt: skip
 
     def _route(self, stream: _Stream) -> None:
         journal = stream.journal

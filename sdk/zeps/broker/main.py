@@ -22,6 +22,7 @@ from zeps.broker.server import BrokerServer, CurveConfig, Registration
 from zeps.errors import ConfigError, ZepsError
 from zeps.journal import DEFAULT_MAX_PRODUCERS, DEFAULT_PRODUCER_TTL_MS, JournalConfig
 from zeps.options import MulticastOptions
+from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES_CEILING
 
 __all__ = ["main", "multicast_options", "parse_args", "settings"]
 
@@ -57,7 +58,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ttl", type=float, default=float(_env("TTL", "30") or 30))
     p.add_argument("--curve-secret-key", default=_env("CURVE_SECRET_KEY"), help="zmq certificate with the secret key")
     p.add_argument("--curve-clients-dir", default=_env("CURVE_CLIENTS_DIR"), help="allowed client public keys")
-    p.add_argument("--metrics-port", type=int, default=_env_int("METRICS_PORT"))
+    p.add_argument("--metrics-port", type=int, default=_env_int("METRICS_PORT"),
+                   help="serve Prometheus metrics on this port [ZEPS_BROKER_METRICS_PORT]")  # fmt: skip
+    p.add_argument("--metrics-address", default=_env("METRICS_ADDRESS", "127.0.0.1"),
+                   help="the address metrics are served on; 0.0.0.0 in a pod, so that other pods can scrape "
+                   "them [ZEPS_BROKER_METRICS_ADDRESS]")  # fmt: skip
+    p.add_argument("--max-message-bytes", type=int,
+                   default=int(_env("MAX_MESSAGE_BYTES") or DEFAULT_MAX_MESSAGE_BYTES),
+                   help="the largest message body accepted; a larger one is refused (TOO_LARGE) "
+                   "[ZEPS_BROKER_MAX_MESSAGE_BYTES]")  # fmt: skip
     p.add_argument("--zookeeper", default=_env("ZOOKEEPER"), help="register in ZooKeeper (host:port,…)")
     p.add_argument("--namespace", default=_env("NAMESPACE", "default"))
     p.add_argument("--chroot", default=_env("CHROOT", "/zeps"))
@@ -104,8 +113,12 @@ def settings(args: argparse.Namespace) -> tuple[BrokerConfig, CurveConfig | None
     journal = JournalConfig(segment_bytes=args.segment_bytes, fsync=args.fsync, retention_ms=args.retention_ms,
                             retention_bytes=args.retention_bytes, producer_ttl_ms=int(args.producer_ttl * 1000),
                             max_producers=args.max_producers)  # fmt: skip
+    if not 0 < args.max_message_bytes <= MAX_MESSAGE_BYTES_CEILING:
+        raise ConfigError(f"--max-message-bytes={args.max_message_bytes}: must be between 1 and "
+                          f"{MAX_MESSAGE_BYTES_CEILING}")  # fmt: skip
     config = BrokerConfig(Path(args.data_dir), tuple(args.stream), journal=journal, heartbeat_s=args.heartbeat,
-                          ttl_s=args.ttl, matching=args.matching)  # fmt: skip
+                          ttl_s=args.ttl, matching=args.matching,
+                          max_message_bytes=args.max_message_bytes)  # fmt: skip
     curve = None
     if args.curve_secret_key:
         clients = Path(args.curve_clients_dir) if args.curve_clients_dir else None
@@ -122,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config, curve, registration = settings(args)
     except ZepsError as exc:
-        print(f"zeps-broker: journal settings (--segment-bytes, --producer-ttl, --max-producers): {exc}",
-              file=sys.stderr)  # fmt: skip
+        print(f"zeps-broker: settings (--segment-bytes, --producer-ttl, --max-producers, --max-message-bytes): "
+              f"{exc}", file=sys.stderr)  # fmt: skip
         return 2
     try:
         multicast = multicast_options(args)
@@ -131,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"zeps-broker: multicast settings: {exc}", file=sys.stderr)
         return 2
     server = BrokerServer(config, bind=args.bind, curve=curve, metrics_port=args.metrics_port,
-                          registration=registration, multicast=multicast)  # fmt: skip
+                          metrics_address=args.metrics_address, registration=registration,
+                          multicast=multicast)  # fmt: skip
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -147,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         break  # the loop ended by itself (removed from the manifest, or failed)
     server.stop()
+    if server.failure:  # the loop failed: Kubernetes must see a failure (and restart the pod), never a success
+        print(f"zeps-broker: fatal: {server.failure}", file=sys.stderr)
+        return 1
     if server.refused:
         print(f"zeps-broker: {server.refused}", file=sys.stderr)
         return 3

@@ -38,6 +38,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from zeps import _netif
 from zeps.broker.core import BrokerConfig, BrokerCore
 from zeps.errors import ConfigError
+from zeps.journal import JournalError
 from zeps.options import DEFAULT_PGM_RATE_KBPS, DEFAULT_PGM_RECOVERY_MS, MulticastOptions
 
 __all__ = ["BrokerServer", "CurveConfig", "Registration", "make_curve_certificate"]
@@ -45,6 +46,8 @@ __all__ = ["BrokerServer", "CurveConfig", "Registration", "make_curve_certificat
 log = logging.getLogger(__name__)
 
 _READ_BATCH = 2000  # frames read per loop before the broker writes, routes and sends
+_READ_BYTES = 16 << 20  # ... or this many bytes: what a loop holds in memory before its journal write
+_RCVHWM = 1000  # frames waiting from one peer in ZeroMQ's receive queue (each at most max_frame_bytes)
 _MULTICAST_BACKLOG = 16 << 20  # bytes of multicast messages waiting for the group's pipe, at most
 # libzmq 4.3.4's NORM engine writes a message into the NORM stream in 2 KiB pieces, and its receivers
 # lose every message that spans more than one (checked here: a 2,030-byte frame arrives, 2,040 never):
@@ -90,6 +93,7 @@ class BrokerServer:
         bind: str = "tcp://127.0.0.1:*",
         curve: CurveConfig | None = None,
         metrics_port: int | None = None,
+        metrics_address: str = "127.0.0.1",
         registration: Registration | None = None,
         multicast: MulticastOptions | None = None,
     ) -> None:
@@ -101,6 +105,7 @@ class BrokerServer:
         self.bind = bind
         self.curve = curve
         self.metrics_port = metrics_port
+        self.metrics_address = metrics_address  #: where metrics are served (a pod: 0.0.0.0, its port's interfaces)
         self.registration = registration
         self.multicast = multicast
         self.multicast_endpoint = ""  #: the ZeroMQ endpoint of the multicast output, once started
@@ -141,6 +146,8 @@ class BrokerServer:
         self._memberships: dict[str, Any] = {}  # stream name -> this broker's membership in its group
         self._last_facts = 0.0
         self.refused: str | None = None  #: why the broker stopped serving (not in the manifest…)
+        #: why the broker's loop failed (a disk error, a bug): it stopped serving; zeps-broker exits 1
+        self.failure: str | None = None
 
     def facts(self, stream: str) -> dict[str, Any]:
         """What this broker last published about ``stream`` in its group member node (endpoint,
@@ -167,8 +174,11 @@ class BrokerServer:
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, 10_000)
-        sock.setsockopt(zmq.RCVHWM, 10_000)
+        sock.setsockopt(zmq.SNDHWM, 10_000)  # deliveries are bounded by each session's credit besides
+        sock.setsockopt(zmq.RCVHWM, _RCVHWM)
+        # a larger frame drops its peer's connection before it is read into memory (a 256 MiB PUBLISH
+        # from a raw peer took the broker from 56 to 825 MB); clients never send one (zeps.protocol.limits)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_frame_bytes)
         if self.curve is not None:
             self._setup_curve(ctx, sock)
         sock.bind(self.bind)
@@ -178,7 +188,7 @@ class BrokerServer:
             self._multicast_ctx = zmq.Context()  # NORM can keep busy; the ROUTER's I/O must not wait behind it
             self._pub = self._open_multicast(self._multicast_ctx, self.multicast)
         if self.metrics_port is not None:
-            self._metrics, _ = start_http_server(self.metrics_port, addr="127.0.0.1", registry=self.registry)
+            self._metrics, _ = start_http_server(self.metrics_port, addr=self.metrics_address, registry=self.registry)
         if self.registration is not None:
             self._register(self.registration)
         self._thread = threading.Thread(target=self._loop, name="zeps-broker", daemon=True)
@@ -316,9 +326,9 @@ class BrokerServer:
                 busy = core._lagging or core._appends or core.multicast_pending
                 wait = 0 if core.replay_ready(time.monotonic()) else 1 if busy else 50
                 events = dict(poller.poll(wait))
-                received = 0
+                received = size = 0
                 if sock in events:
-                    while received < _READ_BATCH:
+                    while received < _READ_BATCH and size < _READ_BYTES:
                         try:
                             peer, frame = sock.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:
@@ -327,7 +337,8 @@ class BrokerServer:
                             continue  # a multipart message of another shape: not ZEPS
                         core.receive(peer, frame)
                         received += 1
-                core.flush_appends(idle=received < _READ_BATCH)
+                        size += len(frame)
+                core.flush_appends(idle=received < _READ_BATCH and size < _READ_BYTES)
                 self._send(core.pump())
                 if self._pub is not None:
                     self._send_multicast(core.take_multicast())
@@ -337,11 +348,18 @@ class BrokerServer:
                     core.tick(now)
                     self._send(core.pump())
                     self._update_metrics()
-        except Exception:
+        except JournalError as exc:  # a broken disk: the cause is the message, no traceback needed
+            self.failure = str(exc)
+            log.error("broker loop failed: %s", exc)
+        except Exception as exc:
+            self.failure = f"{type(exc).__name__}: {exc}"
             log.exception("broker loop failed")
-            raise
         finally:
-            core.close()
+            try:
+                core.close()  # writes what is buffered: may fail on the same disk
+            except Exception as exc:
+                self.failure = self.failure or f"closing the journals: {exc}"
+                log.error("closing the journals failed: %s", exc)
             sock.close(linger=0)
             if self._pub is not None:
                 self._pub.close(linger=0)

@@ -40,6 +40,7 @@ from zeps.client.sync import (
 from zeps.errors import ProducerError, ProtocolError
 from zeps.options import MulticastOptions
 from zeps.protocol import LATEST, Fetch
+from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES
 
 __all__ = ["AsyncStreamClient"]
 
@@ -62,10 +63,11 @@ class AsyncStreamClient:
         producer_id: str | None = None,
         idempotent: bool = True,
         generation: int = 0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         self.endpoint = check_endpoint(endpoint)
         self.session = ClientSession(stream, credit_window=credit_window, producer=producer_id, idempotent=idempotent,
-                                     generation=generation)  # fmt: skip
+                                     generation=generation, max_message_bytes=max_message_bytes)  # fmt: skip
         self.heartbeat, self.ttl, self.timeout = heartbeat, ttl, timeout
         self.server_public_key = server_public_key
         self.client_keys = client_keys
@@ -137,6 +139,8 @@ class AsyncStreamClient:
                 if await self._disconnected():
                     await self._reconnect()
                     continue
+                for frame in self.session.take_outbox():  # CREDIT made due by takes since (a fetch's)
+                    await sock.send(frame)
                 if await sock.poll(100):
                     answers: list[bytes] = []
                     while True:
@@ -245,9 +249,9 @@ class AsyncStreamClient:
     async def _room(self) -> None:
         """Wait while max_unconfirmed messages wait for the broker's confirmation."""
         deadline = time.monotonic() + self.timeout
+        self.session.check_publishes()
         while self.session.unconfirmed >= self.max_unconfirmed:
-            if self.session.producer_error:
-                raise ProducerError(self.session.producer_error)
+            self.session.check_publishes()
             if time.monotonic() >= deadline:
                 raise BrokerUnavailableError(f"broker at {self.endpoint} has not confirmed messages in time")
             await self._wait(0.05)
@@ -256,8 +260,7 @@ class AsyncStreamClient:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         await self._send(self.session.confirm())
         while self.session.unconfirmed:
-            if self.session.producer_error:
-                raise ProducerError(f"{self.session.producer_error} ({self.session.unconfirmed} publishes unconfirmed)")
+            self.session.check_publishes()
             if time.monotonic() >= deadline:
                 raise BrokerUnavailableError(f"{self.session.unconfirmed} publishes unconfirmed after the timeout")
             await self._wait(0.05)
@@ -266,16 +269,33 @@ class AsyncStreamClient:
         await self._send(self.session.subscribe(pattern, since))
 
     async def receive(self, timeout: float) -> Message | None:
-        return Message._make(self.session.take_one()) if await self._wait_for_messages(timeout) else None
+        if not await self._wait_for_messages(timeout):
+            return None
+        row = self.session.take_one()
+        await self._give_credit()
+        return Message._make(row)
 
     async def receive_many(self, timeout: float, max_messages: int = 100_000) -> list[Message]:
         return list(map(Message._make, await self.receive_rows(timeout, max_messages)))
 
     async def receive_rows(self, timeout: float, max_messages: int = 100_000) -> list[Row]:
-        return self.session.take(max_messages) if await self._wait_for_messages(timeout) else []
+        if not await self._wait_for_messages(timeout):
+            return []
+        rows = self.session.take(max_messages)
+        await self._give_credit()
+        return rows
 
     async def receive_records(self, timeout: float) -> list[Records]:
-        return self.session.take_records() if await self._wait_for_messages(timeout) else []
+        if not await self._wait_for_messages(timeout):
+            return []
+        runs = self.session.take_records()
+        await self._give_credit()
+        return runs
+
+    async def _give_credit(self) -> None:
+        """Send the CREDIT that taking messages made due (credit goes back as the application takes)."""
+        if self.session.outbox:
+            await self._send(self.session.take_outbox())
 
     async def _wait_for_messages(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -298,6 +318,7 @@ class AsyncStreamClient:
         deadline = time.monotonic() + self.timeout
         while True:
             progress, result = self.session.fetched(messages)
+            await self._give_credit()
             if result is not None:
                 return result
             if progress:

@@ -129,7 +129,7 @@ class _Group:
         while session.fetch_ends:
             self.reconciler.on_fetch_end(*session.fetch_ends.popleft())
         fetch = self.reconciler.poll(now)
-        return session.fetch(fetch) if fetch is not None else []
+        return session.take_outbox() + (session.fetch(fetch) if fetch is not None else [])
 
     def take(self, most: int) -> list[Message]:
         output = self.reconciler.output

@@ -10,8 +10,12 @@ this object; they only move frames.
   per message on older brokers); a version 3 broker delivers DELIVER-BATCH (a version 4 one
   DELIVER-RUN: the same records with their index and one CRC32C), unpacked here into the same
   :class:`Message`\ s.
-* **Credit.** The session grants ``credit_window`` bytes at subscribe and tops it up whenever half of
-  it was consumed by deliveries.
+* **Credit.** The session grants ``credit_window`` bytes at subscribe and gives credit back as the
+  application *takes* messages from the inbox (:meth:`ClientSession.take` and its kin), once half the
+  window was taken: deliveries the application has not taken hold their credit, so a consumer that
+  stops taking holds at most its window in memory, and the broker switches it to replay from the
+  journal until it takes again. The CREDIT frames due wait in :attr:`ClientSession.outbox`; the
+  clients send them after every take.
 * **Resume.** Each delivered sequence is remembered; after a reconnect every subscription is sent
   again with ``latest`` = the last sequence received: no gap, no duplicate.
 * **Publishes survive a broker crash.** ZEPS has no publish acknowledgement, so the session puts a
@@ -43,7 +47,15 @@ from datetime import datetime
 from typing import Literal, NamedTuple
 
 from zeps._records import Records, encode_record
-from zeps.errors import ConfigError, LocalProtocolError, ProducerError, ProtocolError, RemoteProtocolError
+from zeps.errors import (
+    ConfigError,
+    LocalProtocolError,
+    MessageTooLargeError,
+    ProducerError,
+    ProtocolError,
+    PublishRefusedError,
+    RemoteProtocolError,
+)
 from zeps.protocol import (
     LATEST,
     Attach,
@@ -80,6 +92,7 @@ from zeps.protocol import (
 )
 from zeps.protocol.commands import CODES_SINCE
 from zeps.protocol.connection import SUPPORTED_VERSIONS
+from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES, MAX_CREDIT_BYTES, MAX_MESSAGE_BYTES_CEILING
 
 __all__ = ["ClientSession", "Fetched", "Message", "Records", "Row", "Seq", "Since", "Time"]
 
@@ -90,6 +103,8 @@ _LEGACY_NOT_ATTACHED = re.compile(r"^[A-Z-]+ is not allowed when await attach$")
 _PRODUCES_SINCE = 6
 _FETCHES_SINCE = 7
 _PRODUCER_REFUSALS = (Refusal.FENCED, Refusal.PRODUCER_UNKNOWN, Refusal.OUT_OF_SEQUENCE, Refusal.PRODUCER_LIMIT)
+_PUBLISH_REFUSALS = (Refusal.TOO_LARGE, Refusal.JOURNAL_FULL)
+_DELIVERY_OVERHEAD = 1024  # a delivery's bytes besides the body: frame, record header, key (255), index
 
 
 @dataclass(frozen=True)
@@ -136,6 +151,28 @@ class Fetched(NamedTuple):
     last: int
 
 
+def _check_settings(
+    max_message_bytes: int, credit_window: int, producer: str | None, *, idempotent: bool, generation: int
+) -> None:
+    """ConfigError naming the setting unless the session's settings work (limits: a broker's, from
+    :mod:`zeps.protocol.limits`)."""
+    if producer is not None and not (producer.isascii() and producer.isprintable() and " " not in producer
+                                     and 0 < len(producer) < 256):  # fmt: skip
+        raise ConfigError(f"producer_id={producer!r}: a producer name is 1-255 printable ASCII, no spaces")
+    if not 0 <= generation < 2**64:
+        raise ConfigError(f"generation={generation}: a generation is 0 (none) to 2^64-1")
+    if generation and producer is None:
+        raise ConfigError("generation= numbers the units of work of a named producer: give producer_id= too")
+    if producer is not None and not idempotent:
+        raise ConfigError("producer_id= names an idempotent producer: leave idempotent=True, or drop producer_id")
+    if not 0 < max_message_bytes <= MAX_MESSAGE_BYTES_CEILING:
+        raise ConfigError(f"max_message_bytes={max_message_bytes}: must be between 1 and {MAX_MESSAGE_BYTES_CEILING}")
+    if not max_message_bytes + _DELIVERY_OVERHEAD <= credit_window <= MAX_CREDIT_BYTES:
+        raise ConfigError(f"credit_window={credit_window}: must be between max_message_bytes + {_DELIVERY_OVERHEAD} "
+                          f"({max_message_bytes + _DELIVERY_OVERHEAD}: a delivery of the largest message must fit) "
+                          f"and {MAX_CREDIT_BYTES} (the broker's cap)")  # fmt: skip
+
+
 @dataclass
 class _Sub:
     pattern: str
@@ -154,16 +191,9 @@ class ClientSession:
         producer: str | None = None,
         idempotent: bool = True,
         generation: int = 0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
-        if producer is not None and not (producer.isascii() and producer.isprintable() and " " not in producer
-                                         and 0 < len(producer) < 256):  # fmt: skip
-            raise ConfigError(f"producer_id={producer!r}: a producer name is 1-255 printable ASCII, no spaces")
-        if not 0 <= generation < 2**64:
-            raise ConfigError(f"generation={generation}: a generation is 0 (none) to 2^64-1")
-        if generation and producer is None:
-            raise ConfigError("generation= numbers the units of work of a named producer: give producer_id= too")
-        if producer is not None and not idempotent:
-            raise ConfigError("producer_id= names an idempotent producer: leave idempotent=True, or drop producer_id")
+        _check_settings(max_message_bytes, credit_window, producer, idempotent=idempotent, generation=generation)
         self.stream = stream
         #: the idempotent producer's name (None: plain, at-least-once publishes); named by the caller or random
         self.producer = producer if producer is not None else f"zeps-{secrets.token_hex(8)}" if idempotent else None
@@ -179,6 +209,10 @@ class ClientSession:
         self._claimed = self.named_producer
         self._produce_sent = False  # PRODUCE went out on this peering
         self.producer_error: str | None = None  #: why the broker refused this producer (raise ProducerError)
+        #: why the broker refused publishes (TOO_LARGE, JOURNAL_FULL), and its code: see :meth:`check_publishes`
+        self.publish_refused: str | None = None
+        self.publish_refused_code: int | None = None
+        self.max_message_bytes = max_message_bytes
         self.credit_window = credit_window
         self.confirm_every = confirm_every
         self.version = max(SUPPORTED_VERSIONS)
@@ -193,6 +227,9 @@ class ClientSession:
         #: single rows (DELIVER from an older broker)
         self.inbox: deque[Records | Row] = deque()
         self._head = 0  # records of inbox[0] already handed out, when it is a run
+        self._sizes: deque[int] = deque()  # each inbox entry's frame size: credit given back once it is taken
+        self.inbox_bytes = 0  #: delivery bytes not yet taken by the application: at most the credit window
+        self.outbox: list[bytes] = []  #: frames due to the broker now (CREDIT for what the application took)
         self.errors: deque[str] = deque()
         self._consumed = 0
         self._unconfirmed: deque[tuple[bytes, int]] = deque()  # (publish frame, messages in it) not confirmed
@@ -318,8 +355,8 @@ class ClientSession:
         self._fetch_sent = command
         frames = [self.conn.send(command)]
         if not self._credited:
-            self._credited, self._consumed = True, 0
-            frames.append(self.conn.send(Credit(credit=self.credit_window)))
+            self._credited = True
+            frames += self._grant_window()
         return frames
 
     def fetched(self, messages: list[Message]) -> tuple[bool, Fetched | None]:
@@ -365,8 +402,14 @@ class ClientSession:
             command = Subscribe(pattern=sub.pattern, latest=sub.since.after)
         else:
             command = Subscribe(pattern=sub.pattern, latest=0 if sub.since == "earliest" else LATEST)
+        return [self.conn.send(command), *self._grant_window()]
+
+    def _grant_window(self) -> list[bytes]:
+        """CREDIT for a new subscription or fetch: the window, less what the inbox still holds (after a
+        re-attach, deliveries of the old peering the application has not taken yet)."""
         self._consumed = 0
-        return [self.conn.send(command), self.conn.send(Credit(credit=self.credit_window))]
+        grant = self.credit_window - self.inbox_bytes
+        return [self.conn.send(Credit(credit=grant))] if grant > 0 else []
 
     def _take_sequences(self, count: int) -> tuple[int | None, list[bytes]]:
         """The producer sequence of the first of ``count`` publishes (None: plain publishes), and the
@@ -384,7 +427,29 @@ class ClientSession:
             return first, [self._produce()] if self.attached else []
         return first, []
 
+    def check_publishes(self) -> None:
+        """Raise what the broker said of this client's publishes: :class:`ProducerError` (the producer
+        was refused: every later publish would be too) or :class:`PublishRefusedError`. A refusal for
+        a full journal is raised once: the broker forgot the peering, and the client attaches again
+        at its next turn and resends what is unconfirmed (the volume may have room by then)."""
+        if self.producer_error is not None:
+            raise ProducerError(f"{self.producer_error} ({self.unconfirmed} publishes unconfirmed)")
+        if self.publish_refused is not None:
+            error = PublishRefusedError(f"broker refused publishes: {self.publish_refused} "
+                                        f"({self.unconfirmed} publishes unconfirmed)")  # fmt: skip
+            if self.publish_refused_code == Refusal.JOURNAL_FULL:
+                self.publish_refused = self.publish_refused_code = None
+                self.forgotten = True  # attach again: the re-attach resends the unconfirmed publishes
+            raise error
+
+    def _check_size(self, body: bytes) -> None:
+        if len(body) > self.max_message_bytes:
+            raise MessageTooLargeError(f"a message body of {len(body)} bytes is over max_message_bytes="
+                                       f"{self.max_message_bytes} (the stream's maxMessageBytes): nothing was "
+                                       "sent; split the message, or raise both limits")  # fmt: skip
+
     def publish(self, key: str, body: bytes) -> list[bytes]:
+        self._check_size(body)
         sequence, claim = self._take_sequences(1)
         # while detached the frame waits for ATTACH-OK (on_attached resends it), so it is encoded
         # outside the state machine; it is checked like any other once it is sent
@@ -400,6 +465,8 @@ class ClientSession:
     def publish_many(self, items: list[tuple[str, bytes]], *, batch_bytes: int = 256 * 1024) -> list[bytes]:
         """Frames publishing ``items`` in order: PUBLISH-BATCHes of up to ``batch_bytes`` on a
         version 3 peering, one PUBLISH per message otherwise."""
+        for _, body in items:  # before any frame is made: all of them go, or none
+            self._check_size(body)
         if self.attached and self.conn.version < 3:
             return [f for key, body in items for f in self.publish(key, body)]
         frames: list[bytes] = []
@@ -452,11 +519,11 @@ class ClientSession:
                 end = min(len(entry), self._head + most - len(out))
                 out += entry.rows(self._head, end)
                 if end == len(entry):
-                    inbox.popleft()
+                    self._taken()
                     end = 0
                 self._head = end
             else:
-                inbox.popleft()
+                self._taken()
                 out.append(entry)
         return out
 
@@ -464,12 +531,12 @@ class ClientSession:
         """The oldest delivered row (the inbox must not be empty)."""
         entry = self.inbox[0]
         if not isinstance(entry, Records):
-            self.inbox.popleft()
+            self._taken()
             return entry
         row = entry.row(self._head)
         self._head += 1
         if self._head == len(entry):
-            self.inbox.popleft()
+            self._taken()
             self._head = 0
         return row
 
@@ -479,7 +546,8 @@ class ClientSession:
         out = []
         inbox = self.inbox
         while inbox:
-            entry = inbox.popleft()
+            entry = inbox[0]
+            self._taken()
             if isinstance(entry, Records):
                 out.append(entry.part(self._head))
                 self._head = 0
@@ -503,28 +571,48 @@ class ClientSession:
             self.next_sequence = answer.sequence + 1
             self.generation_held = answer.sequence - answer.base
 
-    def _delivered_run(self, run: Records) -> None:
-        """A run of delivered records into the inbox, without what arrived before (a re-attach resends)."""
+    def _delivered_run(self, run: Records, size: int) -> None:
+        """A run of delivered records (a frame of ``size`` bytes) into the inbox, without what arrived
+        before (a re-attach resends); a run with nothing new gives its credit back at once."""
         if self._fetching:  # a fetch's records: a range of its own, not a subscription's resume point
             if self._fetched_to and run.sequence(0) <= self._fetched_to:
                 run = run.after(self._fetched_to)
             if len(run):
-                self.inbox.append(run)
                 self._fetched_to = run.sequence(-1)
-            return
-        if self.last_sequence is not None and run.sequence(0) <= self.last_sequence:
-            run = run.after(self.last_sequence)
+        else:
+            if self.last_sequence is not None and run.sequence(0) <= self.last_sequence:
+                run = run.after(self.last_sequence)
+            if len(run):
+                self.last_sequence = run.sequence(-1)
         if len(run):
-            self.inbox.append(run)
-            self.last_sequence = run.sequence(-1)
+            self._held(run, size)
+        else:
+            self._consume(size)
 
-    def _consume(self, size: int) -> list[bytes]:
-        """A delivery of ``size`` bytes arrived: CREDIT for what was consumed once half the window is."""
+    def _held(self, entry: Records | Row, size: int) -> None:
+        """A delivery of ``size`` bytes into the inbox: its credit is given back once it is taken."""
+        self.inbox.append(entry)
+        self._sizes.append(size)
+        self.inbox_bytes += size
+
+    def _taken(self) -> None:
+        """The application took the inbox's oldest entry (it is dropped): its credit is due."""
+        self.inbox.popleft()
+        size = self._sizes.popleft()
+        self.inbox_bytes -= size
+        self._consume(size)
+
+    def _consume(self, size: int) -> None:
+        """``size`` delivery bytes are done with: CREDIT (in :attr:`outbox`) once half the window is."""
         self._consumed += size
-        if self._consumed >= self.credit_window // 2:
+        if self._consumed >= self.credit_window // 2 and self.attached:
             grant, self._consumed = self._consumed, 0
-            return [self.conn.send(Credit(credit=grant))]
-        return []
+            self.outbox.append(self.conn.send(Credit(credit=grant)))
+
+    def take_outbox(self) -> list[bytes]:
+        """The frames due to the broker now (CREDIT for what the application took), emptied."""
+        frames, self.outbox = self.outbox, []
+        return frames
 
     def receive(self, frame: bytes) -> list[bytes]:
         """Handle one frame from the broker; returns frames to send in answer."""
@@ -535,15 +623,17 @@ class ClientSession:
             return self.on_attached()
         if isinstance(command, DeliverBatch | DeliverRun):
             assert command.run is not None  # decode() checks the records and sets it
-            self._delivered_run(command.run)
-            return self._consume(len(frame))
+            self._delivered_run(command.run, len(frame))
+            return []
         if isinstance(command, Deliver | DeliverTs):
             ts = command.timestamp if isinstance(command, DeliverTs) else None
+            size = deliver_size(command.sequence, command.key, len(command.body), timestamps=ts is not None)
             if self.last_sequence is None or command.sequence > self.last_sequence:
-                self.inbox.append((command.sequence, command.key, command.body, ts))
+                self._held((command.sequence, command.key, command.body, ts), size)
                 self.last_sequence = command.sequence
-            return self._consume(deliver_size(command.sequence, command.key, len(command.body),
-                                              timestamps=ts is not None))  # fmt: skip
+            else:
+                self._consume(size)
+            return []
         if isinstance(command, Ping):
             return [self.conn.send(PingOk())]
         if isinstance(command, ProduceOk):
@@ -553,7 +643,7 @@ class ClientSession:
             self._fetch_ended(command)
             return []
         if isinstance(command, PingOk):
-            if self.producer_error is not None:
+            if self.producer_error is not None or self.publish_refused is not None:
                 return []  # the broker refused publishes before this barrier: they stay unconfirmed
             if self._barriers:
                 covered = self._barriers.popleft()
@@ -564,6 +654,9 @@ class ClientSession:
         if isinstance(command, InvalidCode):  # version 5: decided on the code, never on the text
             if self.attached and command.code in _PRODUCER_REFUSALS:  # PRODUCE or a publish refused
                 self.producer_error = f"broker refused producer {self.producer!r}: {command.reason}"
+                return []
+            if self.attached and command.code in _PUBLISH_REFUSALS:
+                self.publish_refused, self.publish_refused_code = command.reason, command.code
                 return []
             if not self.attached:
                 if command.code == Refusal.VERSION_UNSUPPORTED and self.version > 1:

@@ -29,6 +29,7 @@ from zeps.client.session import ClientSession, Fetched, Message, Records, Row, S
 from zeps.errors import ConfigError, ProducerError, ProtocolError, UnavailableError, ZepsError
 from zeps.options import MulticastOptions
 from zeps.protocol import LATEST, Fetch
+from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES
 
 __all__ = ["BrokerUnavailableError", "StreamClient", "discover"]
 
@@ -138,10 +139,11 @@ class StreamClient:
         producer_id: str | None = None,
         idempotent: bool = True,
         generation: int = 0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         self.endpoint = check_endpoint(endpoint)
         self.session = ClientSession(stream, credit_window=credit_window, producer=producer_id, idempotent=idempotent,
-                                     generation=generation)  # fmt: skip
+                                     generation=generation, max_message_bytes=max_message_bytes)  # fmt: skip
         self.heartbeat, self.ttl, self.timeout = heartbeat, ttl, timeout
         self.server_public_key = server_public_key
         self.client_keys = client_keys
@@ -259,6 +261,8 @@ class StreamClient:
         """Wait up to ``wait`` seconds for input and handle all of it; True if anything arrived."""
         assert self._sock is not None and self._monitor is not None
         self._last_pump = time.monotonic()
+        for frame in self.session.take_outbox():  # CREDIT made due by takes since (a fetch's)
+            self._sock.send(frame)
         events = dict(self._poller.poll(max(0, int(wait * 1000))))
         got = False
         if self._monitor in events:
@@ -339,9 +343,9 @@ class StreamClient:
         if now - self._last_pump > 0.001:
             self._pump(0)
         deadline = now + self.timeout
+        self.session.check_publishes()
         while self.session.unconfirmed >= self.max_unconfirmed:
-            if self.session.producer_error:
-                raise ProducerError(self.session.producer_error)
+            self.session.check_publishes()
             if time.monotonic() >= deadline:
                 raise BrokerUnavailableError(
                     f"broker at {self.endpoint} has not confirmed {self.session.unconfirmed} messages in time"
@@ -354,8 +358,7 @@ class StreamClient:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         self._send_all(self.session.confirm(), deadline)
         while self.session.unconfirmed:
-            if self.session.producer_error:
-                raise ProducerError(f"{self.session.producer_error} ({self.session.unconfirmed} publishes unconfirmed)")
+            self.session.check_publishes()
             if time.monotonic() >= deadline:
                 raise BrokerUnavailableError(f"{self.session.unconfirmed} publishes unconfirmed after the timeout")
             self._pump(0.05)
@@ -365,14 +368,20 @@ class StreamClient:
         self._send_all(self.session.subscribe(pattern, since), time.monotonic() + self.timeout)
         while True:
             while self.session.inbox:
-                yield Message._make(self.session.take_one())
+                row = self.session.take_one()
+                self._give_credit()
+                yield Message._make(row)
             if self.session.errors:
                 raise ProtocolError(f"broker refused: {self.session.errors.popleft()}")
             self._pump(0.1)
 
     def receive(self, timeout: float) -> Message | None:
         """The next delivered message within ``timeout`` seconds, else None."""
-        return Message._make(self.session.take_one()) if self._wait_for_messages(timeout) else None
+        if not self._wait_for_messages(timeout):
+            return None
+        row = self.session.take_one()
+        self._give_credit()
+        return Message._make(row)
 
     def receive_many(self, timeout: float, max_messages: int = 100_000) -> list[Message]:
         """The messages delivered so far, up to ``max_messages``, waiting up to ``timeout`` seconds
@@ -382,12 +391,25 @@ class StreamClient:
     def receive_rows(self, timeout: float, max_messages: int = 100_000) -> list[Row]:
         """As :meth:`receive_many`, as plain ``(sequence, key, body, timestamp_ms)`` tuples (Message's
         field order) — the cheapest way to consume a replay in bulk (the Spark source uses it)."""
-        return self.session.take(max_messages) if self._wait_for_messages(timeout) else []
+        if not self._wait_for_messages(timeout):
+            return []
+        rows = self.session.take(max_messages)
+        self._give_credit()
+        return rows
 
     def receive_records(self, timeout: float) -> list[Records]:
         """As :meth:`receive_rows`, undecoded: every run of records delivered so far (each checked:
         lengths, CRC32C, sequence order), for a reader that decodes them column by column."""
-        return self.session.take_records() if self._wait_for_messages(timeout) else []
+        if not self._wait_for_messages(timeout):
+            return []
+        runs = self.session.take_records()
+        self._give_credit()
+        return runs
+
+    def _give_credit(self) -> None:
+        """Send the CREDIT that taking messages made due (credit goes back as the application takes)."""
+        if self.session.outbox:
+            self._send_all(self.session.take_outbox(), time.monotonic() + self.timeout)
 
     def _wait_for_messages(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

@@ -8,6 +8,7 @@ from zeps.journal.log import (
     Journal,
     JournalConfig,
     JournalError,
+    JournalWriteError,
     Record,
 )
 
@@ -19,5 +20,6 @@ __all__ = [
     "Journal",
     "JournalConfig",
     "JournalError",
+    "JournalWriteError",
     "Record",
 ]

@@ -44,12 +44,13 @@ Readers only see records up to :attr:`Journal.durable` — the synced tail (or t
 from __future__ import annotations
 
 import bisect
+import errno
 import logging
 import os
 import struct
 import time
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
 from pathlib import Path
@@ -72,6 +73,7 @@ __all__ = [
     "Journal",
     "JournalConfig",
     "JournalError",
+    "JournalWriteError",
     "Record",
 ]
 
@@ -88,6 +90,18 @@ _MAX_SEGMENT_BYTES = 1 << 31  # offsets in a .off file are 4 bytes; a record may
 
 class JournalError(ZepsError):
     """The journal cannot do what was asked (closed, unreadable segment, bad configuration)."""
+
+
+class JournalWriteError(JournalError):
+    """An append failed in the file system (``errno`` says how: ENOSPC for a full volume). The journal
+    undid it: nothing of that append is on disk or in the table, and the journal takes appends again
+    (they may fail the same way). ``space`` is true for a full volume or an exhausted quota: the
+    broker refuses the publishes and keeps serving; any other error is fatal for the broker."""
+
+    def __init__(self, journal: str, error: OSError) -> None:
+        super().__init__(f"journal {journal}: could not write: {error.strerror or error} (errno {error.errno})")
+        self.errno = error.errno
+        self.space = error.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +197,25 @@ class _Segment:
         return self.path.with_suffix(".off")
 
 
+@dataclass(frozen=True, slots=True)
+class _Savepoint:
+    """The journal's state before an append: what :meth:`Journal._rollback` restores if it fails."""
+
+    segments: int
+    size: int  # the active segment's
+    last_seq: int
+    last_ts: int
+    index: int  # entries of its index
+    marks: int
+    next: int  # the journal's
+    synced: int
+    since_index: int
+    last_ts_all: int
+    marks_unsynced: bool
+    unsynced_since: float | None
+    journaled: dict[str, Producer | None]  # the producers the append changes, as journaled before it
+
+
 class Journal:
     """One stream's journal. The broker's single writer calls ``append``; readers call ``read``."""
 
@@ -236,6 +269,12 @@ class Journal:
         return sum(s.size for s in self._segments)
 
     @property
+    def journaled(self) -> Mapping[str, Producer]:
+        """The idempotent producers as the marks written so far hold them (:attr:`producers` runs
+        ahead of this by what the broker has not appended yet)."""
+        return self._journaled
+
+    @property
     def last_timestamp_ms(self) -> int:
         return self._last_ts
 
@@ -266,6 +305,13 @@ class Journal:
     def _open_active(self, seg: _Segment) -> None:
         self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._off_fd = os.open(seg.offsets_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def _close_files(self) -> None:
+        """Close the active segment's files (marked closed first: a number is never closed twice)."""
+        fd, off_fd, self._fd, self._off_fd = self._fd, self._off_fd, -1, -1
+        for number in (fd, off_fd):
+            if number >= 0:
+                os.close(number)
 
     def _log_path(self, base: int) -> Path:
         return self.directory / f"{base:0{_NAME_DIGITS}d}.log"
@@ -324,9 +370,62 @@ class Journal:
         """Append records in one write; returns the sequence of the last one. With ``changes`` (the
         idempotent producers these records advance, as they are once written; a claim's change may
         come with no record) the records are one group: a group mark first, all in one segment —
-        it rolls first if the segment is three quarters full, so keep groups to a quarter of one."""
+        it rolls first if the segment is three quarters full, so keep groups to a quarter of one.
+
+        All or nothing: if the file system fails it (a full volume), the journal is put back as it was
+        before the call (files truncated, the producers' marks as they were) and
+        :class:`JournalWriteError` is raised; :class:`JournalError` if even that fails."""
         if self._fd < 0:
             raise JournalError(f"journal {self.name} is not open")
+        save = self._savepoint(changes)
+        try:
+            return self._append_many(entries, timestamp_ms, changes)
+        except OSError as exc:
+            self._rollback(save, exc)
+            raise JournalWriteError(self.name, exc) from None
+
+    def _savepoint(self, changes: dict[str, Producer] | None) -> _Savepoint:
+        seg = self._segments[-1]
+        journaled = {name: self._journaled.get(name) for name in changes} if changes else {}
+        return _Savepoint(len(self._segments), seg.size, seg.last_seq, seg.last_ts, len(seg.index), len(seg.marks),
+                          self._next, self._synced, self._since_index, self._last_ts, self._marks_unsynced,
+                          self._unsynced_since, journaled)  # fmt: skip
+
+    def _rollback(self, save: _Savepoint, cause: OSError) -> None:
+        """Undo a failed append: segments it opened are removed, the active one cut back to where it
+        ended, the state restored. A failure here is fatal (JournalError): the files no longer say
+        what the journal holds."""
+        seg = self._segments[save.segments - 1]
+        try:
+            if len(self._segments) > save.segments:  # it rolled: drop the segments it began
+                self._close_files()
+                for new in self._segments[save.segments :]:
+                    for path in (new.path, new.path.with_suffix(".idx"), new.offsets_path):
+                        path.unlink(missing_ok=True)
+                del self._segments[save.segments :]
+                self._open_active(seg)
+            records = max(save.last_seq - seg.base + 1, 0)
+            os.truncate(seg.path, save.size)
+            os.truncate(seg.offsets_path, records * _OFFSET)
+            os.truncate(seg.path.with_suffix(".idx"), save.index * _INDEX.size)
+        except OSError as exc:
+            raise JournalError(f"journal {self.name}: a write failed ({cause.strerror}) and could not be undone: "
+                               f"{exc}") from None  # fmt: skip
+        seg.size, seg.last_seq, seg.last_ts = save.size, save.last_seq, save.last_ts
+        del seg.index[save.index :]
+        del seg.marks[save.marks :]
+        self._next, self._synced, self._since_index = save.next, save.synced, save.since_index
+        self._last_ts = save.last_ts_all
+        self._marks_unsynced, self._unsynced_since = save.marks_unsynced, save.unsynced_since
+        for name, producer in save.journaled.items():
+            if producer is None:
+                self._journaled.pop(name, None)
+            else:
+                self._journaled[name] = producer
+
+    def _append_many(
+        self, entries: Iterable[tuple[str, bytes]], timestamp_ms: int | None, changes: dict[str, Producer] | None
+    ) -> int:
         now = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
         ts = max(now, self._last_ts)
         seg, mark = self._segments[-1], b""
@@ -445,8 +544,7 @@ class Journal:
 
     def _roll(self) -> _Segment:
         self.sync()  # a closed segment is fully durable
-        os.close(self._fd)
-        os.close(self._off_fd)
+        self._close_files()
         seg = _Segment(self._next, self._log_path(self._next), last_seq=self._next - 1)
         self._segments.append(seg)
         self._open_active(seg)
@@ -599,10 +697,10 @@ class Journal:
 
     def close(self) -> None:
         if self._fd >= 0:
-            self.sync()
-            os.close(self._fd)
-            os.close(self._off_fd)
-            self._fd = self._off_fd = -1
+            try:
+                self.sync()
+            finally:
+                self._close_files()
 
 
 def _walk_segment(data: bytes, base: int) -> tuple[array[int], list[tuple[int, int, int, dict[str, Producer]]], int]:

@@ -71,6 +71,12 @@ skips a sequence. The producer table lives in the journal (:mod:`zeps.journal.pr
   reached the broker), ``PRODUCER_LIMIT`` (the producer table is full). A refused publish is not
   journaled.
 
+Refusal codes added later, within version 5's INVALID-CODE (a client treats a code it does not know
+as a refusal of what it just asked): ``TOO_LARGE`` (11: a body over the stream's message limit,
+:mod:`zeps.protocol.limits`; nothing of the frame is journaled) and ``JOURNAL_FULL`` (12: the journal's
+volume is full; the peering's publishes since its last PING-OK were not journaled, the broker forgot
+the peering, and the client attaches again and resends them).
+
 **Version 7 extension** (negotiated the same way): bounded replay and the multicast output (seed 004,
 "Multicast Output": real-time data over NORM or PGM, history never; a client that wants both uses a
 ZEPS peering and the multicast group, and reconciles them).
@@ -100,7 +106,8 @@ Conventions zeps adds on top of the grammar (all within its bytes):
 * SUBSCRIBE ``latest`` is the last sequence the client has: delivery starts after it. 0 means
   "from the oldest retained message"; 2^64-1 (:data:`LATEST`) means "only messages from now on".
 * A pattern is a routing-key prefix ("" matches everything), or a regular expression when it starts
-  with ``~`` (``~^eu\\.(fr|de)\\.``), matched with ``re.search`` against the key.
+  with ``~`` (``~^eu\\.(fr|de)\\.``), searched for in the key (anywhere, as ``re.search`` does) by
+  RE2, in time linear in the key (:mod:`zeps.broker.matching`).
 * Stream names, keys and patterns are VCHAR (printable ASCII, no spaces) as the grammar says;
   INVALID's ``reason`` is printable ASCII and may contain spaces.
 """
@@ -279,6 +286,9 @@ class Refusal(IntEnum):
     PRODUCER_UNKNOWN = 8  #: the broker does not know the producer epoch resumed: it expired (version 6)
     OUT_OF_SEQUENCE = 9  #: a producer sequence beyond the next one: publishes in between were lost (version 6)
     PRODUCER_LIMIT = 10  #: the stream's producer table is full: a new producer must wait for idle ones to expire (6)
+    TOO_LARGE = 11  #: a message body over the stream's maxMessageBytes: nothing of the frame was journaled
+    JOURNAL_FULL = 12  #: the journal's volume is full: the peering's publishes since its last PING-OK are not
+    #: journaled (none of them is confirmed) and the broker forgot the peering: attach again, resend
 
 
 @dataclass(frozen=True, slots=True)
