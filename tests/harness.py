@@ -157,7 +157,13 @@ class CuttingProxy:
     def close(self) -> None:
         self._closed = True
         self._listener.close()
+        self.drop()
+
+    def drop(self) -> None:
+        """Close every connection through the proxy now (with ``refusing``: ZooKeeper is unreachable)."""
         for conn in self._conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 conn.close()
 

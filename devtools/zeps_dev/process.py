@@ -159,6 +159,19 @@ class ManagedProcess:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    def wait(self, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds for the process to exit by itself; its exit code
+        (SetupError naming the process if it is still running then)."""
+        if self._proc is None:
+            raise SetupError(f"{self.name} was never started")
+        try:
+            code = self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise SetupError(f"{self.name} still runs after {timeout:.0f}s") from None
+        with _live_lock:
+            _live.discard(self)
+        return code
+
     def start(self) -> None:
         if self.running():
             return

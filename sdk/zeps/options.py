@@ -76,6 +76,14 @@ class TopicOptions(_Options):
         le=1_000_000,
         description="Bytes per ZooKeeper transaction; must stay under the server's jute.maxbuffer (1 MiB).",
     )
+    max_async_pending: int = Field(
+        10_000,
+        ge=1,
+        le=1_000_000,
+        description="Messages publish_async may hold before they are durable; one more waits up to block_timeout "
+        "for room, then raises QueueFullError (a publisher faster than ZooKeeper is held back, not buffered "
+        "without bound).",
+    )
 
 
 class QueueOptions(_Options):

@@ -67,7 +67,7 @@ def test_rejoins_with_the_same_identity_after_session_expiry(zookeeper: ZooKeepe
     again = observer.members()["phoenix"]
     assert again.session_id != first_session and again.session_id == group.client.client_id[0]
     assert again.metadata == {"pod": "p-1"}
-    assert member.last_error is None
+    assert member.failure is None
 
 
 def test_watch_keeps_working_after_its_own_session_expires(zookeeper: ZooKeeperHarness) -> None:

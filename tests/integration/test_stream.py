@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import signal
@@ -432,6 +433,35 @@ def test_registration_discovery_and_manifest(
     assert refused._zk is None and refused.core.streams["prices"].journal._fd < 0
 
 
+def test_a_broker_that_cannot_register_again_after_its_session_expired_stops_as_a_failure(
+    zookeeper: ZooKeeperHarness, broker_factory: BrokerFactory
+) -> None:
+    """Its session expired and another session took its member id: serving unregistered would hide it
+    from clients and the operator, so it stops, with a failure (zeps-broker then exits 1)."""
+    reg = Registration(zookeeper.connect_string, "shop", "prices-0", chroot=zookeeper.root, takeover_timeout=1)
+    broker = broker_factory(registration=reg)
+    node = f"{StreamPaths.of('shop', 'prices', chroot=zookeeper.root).brokers.members}/prices-0"
+    rival = zookeeper.client()
+    took = threading.Event()
+
+    def take_it(data: bytes | None, _stat: Any) -> bool:  # the moment the expired session's node goes
+        if data is None and not took.is_set():
+            with contextlib.suppress(Exception):
+                rival.create(node, b"{}", ephemeral=True)
+                took.set()
+        return not took.is_set()
+
+    for _ in range(5):  # bounded: the broker may win the race for the node; expire it again then
+        rival.DataWatch(node, take_it)
+        zookeeper.expire_session(broker._zk, wait_reconnect=False)
+        if took.wait(5):
+            break
+    assert took.is_set(), "the rival never got the member id"
+    wait_until(lambda: broker.failure is not None, timeout=20, what="the broker to fail")
+    assert "could not register in ZooKeeper again" in (broker.failure or "")
+    assert broker.wait(10), "the broker stopped serving"
+
+
 def test_live_facts_are_written_to_zookeeper_only_when_they_change(
     zookeeper: ZooKeeperHarness, broker_factory: BrokerFactory
 ) -> None:
@@ -719,3 +749,78 @@ def test_publish_many_with_live_and_replaying_pattern_subscribers(broker_factory
         replayed = _collect(late, 2000)
         assert [m.sequence for m in replayed] == list(range(3, 6001, 3))
         assert all(m.body == b"%d" % (m.sequence - 1) for m in replayed)
+
+
+def test_an_asyncio_consumer_that_stops_taking_holds_its_window_and_catches_up_from_the_journal(
+    broker_factory: BrokerFactory,
+) -> None:
+    """Credit goes back when the application takes a delivery: the asyncio reader task keeps reading
+    the socket, but a consumer that takes nothing holds at most its window, and the broker switches it
+    to replay; once it takes again it catches up from the journal, nothing lost, nothing twice."""
+    broker = broker_factory()
+    stream = broker.core.streams["prices"]
+    window, body = 64 * 1024, bytes(1000)
+
+    async def scenario() -> tuple[int, list[int]]:
+        async with AsyncStreamClient(broker.endpoint, "prices", credit_window=window, max_message_bytes=4096) as c:
+            await c.start("", since="earliest")
+            with StreamClient(broker.endpoint, "prices") as publisher:  # 2 MB: 30 windows
+                publisher.publish_many((f"k{i}", body) for i in range(2000))
+                publisher.flush()
+            await asyncio.sleep(1)  # the reader task runs all along; the application takes nothing
+            held = c.session.inbox_bytes
+            sequences: list[int] = []
+            while len(sequences) < 2000:
+                batch = await c.receive_many(10)
+                assert batch, f"stalled after {len(sequences)} messages"
+                sequences += [m.sequence for m in batch]
+            return held, sequences
+
+    held, sequences = asyncio.run(scenario())
+    assert 0 < held <= window, f"{held} bytes held by a consumer with a {window}-byte window"
+    assert sequences == list(range(1, 2001))
+    assert stream.fell_behind >= 1 and stream.messages_replayed > 0, "it went to replay, and came back"
+
+
+def test_close_raises_when_publishes_stay_unconfirmed(broker_factory: BrokerFactory) -> None:
+    """close() confirms what was published; what it cannot confirm is an error, raised after
+    the client has closed its sockets, never dropped in silence."""
+    broker = broker_factory()
+    client = StreamClient(broker.endpoint, "prices", timeout=1).connect()
+    broker.stop()  # nobody will confirm
+    client.publish("k", b"lost?")
+    with pytest.raises(BrokerUnavailableError, match="1 publishes unconfirmed"):
+        client.close()
+    assert client._sock is None  # closed all the same
+
+    async def scenario() -> None:
+        other = broker_factory()
+        c = await AsyncStreamClient(other.endpoint, "prices", timeout=1).connect()
+        other.stop()
+        await c.publish("k", b"lost?")
+        with pytest.raises(BrokerUnavailableError, match="1 publishes unconfirmed"):
+            await c.close()
+        assert c._reader is not None and c._reader.done() and c._sock is None
+
+    asyncio.run(scenario())
+
+
+def test_the_asyncio_client_raises_when_its_re_attach_is_refused(tmp_path: Path) -> None:
+    """A broker restarted without the stream refuses the re-attach: receive() raises, rather than
+    returning None forever."""
+    port = free_port()
+    first = BrokerServer(BrokerConfig(tmp_path / "a", ("prices",)), bind=f"tcp://127.0.0.1:{port}").start()
+
+    async def scenario() -> None:
+        async with AsyncStreamClient(first.endpoint, "prices", heartbeat=0.2, ttl=1) as c:
+            await c.start("")
+            first.stop()
+            other = BrokerServer(BrokerConfig(tmp_path / "b", ("other",)), bind=f"tcp://127.0.0.1:{port}").start()
+            try:
+                with pytest.raises(BrokerUnavailableError, match="not served by this broker"):
+                    for _ in range(100):  # bounded: 10 s
+                        await c.receive(0.1)
+            finally:
+                other.stop()
+
+    asyncio.run(scenario())

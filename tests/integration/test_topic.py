@@ -13,6 +13,7 @@ from kazoo.exceptions import NoAuthError
 
 from harness import CuttingProxy, WorkerProcess, ZooKeeperHarness, until
 from zeps.coordination import Message, NoSubscribersError, QueueFullError, Topic, connect
+from zeps.errors import CoordinationError
 from zeps.envelope import decode_node
 from zeps.options import TopicOptions
 
@@ -260,6 +261,47 @@ def test_connection_loss_during_publish_never_duplicates(zookeeper: ZooKeeperHar
             client.close()
     finally:
         proxy.close()
+
+
+def test_publish_async_holds_at_most_max_async_pending_while_zookeeper_is_away(zookeeper: ZooKeeperHarness) -> None:
+    """publish_async queued without bound: a publisher faster than ZooKeeper (or ZooKeeper away) grew
+    the handle's memory forever. At most max_async_pending wait; one more waits block_timeout, then
+    QueueFullError."""
+    host, port = zookeeper.connect_string.split(":")
+    proxy = CuttingProxy((host, int(port)))
+    client = connect(proxy.address)
+    try:
+        options = TopicOptions.make(max_async_pending=3, block_timeout=0.5)
+        topic = Topic(client, "events", chroot=zookeeper.root, options=options)
+        zookeeper.client().create(topic.paths.queue("a"), makepath=True)
+        until(lambda: len(topic.queues()) == 1, "queues", 10)
+        proxy.refusing = True
+        proxy.drop()  # ZooKeeper is away: nothing becomes durable
+        held = [topic.publish_async(b"%d" % i) for i in range(3)]
+        with pytest.raises(QueueFullError, match="max_async_pending"):
+            topic.publish_async(b"one too many")
+        proxy.refusing = False  # back: what was held goes out
+        assert [f.result(60) for f in held] == [f"{topic.client_id}.{i}" for i in (1, 2, 3)]
+        topic.close()
+    finally:
+        client.stop()
+        client.close()
+        proxy.close()
+
+
+def test_a_closed_topic_handle_stops_watching_the_queue_list(zookeeper: ZooKeeperHarness) -> None:
+    """Each handle watched the queue list forever: handles made and closed on a shared client piled up
+    watches (and kept every handle alive). After close() the watch ends at its next event."""
+    client = zookeeper.client()
+    listeners = len(client.state_listeners)
+    topic = Topic(client, "events", chroot=zookeeper.root)
+    assert topic.queues() == frozenset()
+    assert len(client.state_listeners) == listeners + 1  # the watch follows the session
+    topic.close()
+    zookeeper.client().create(topic.paths.queue("late"), makepath=True)  # the watch's next event
+    until(lambda: len(client.state_listeners) == listeners, "the watch to end", 10)
+    with pytest.raises(CoordinationError, match="closed"):
+        topic.queues()
 
 
 def test_no_subscribers(topic_factory: Callable[..., Topic]) -> None:

@@ -538,8 +538,9 @@ class BrokerCore:
             try:
                 self._write(stream.journal, pending)
             except JournalWriteError as exc:
-                if not exc.space:
-                    raise  # not a full volume: a broken disk, fatal (the broker exits non-zero)
+                if not exc.space:  # not a full volume: a broken disk, fatal (the broker exits non-zero)
+                    self._appends.clear()  # none of it was confirmed; closing must not try it again
+                    raise
                 self._refuse_writes(stream, pending, exc)
         self._appends.clear()
         for stream in self.streams.values():

@@ -81,6 +81,8 @@ class Registration:
     member: str
     chroot: str = "/zeps"
     advertise: str | None = None  #: the endpoint clients should use (default: the bound one)
+    #: how long to wait for another session to let go of this member id (after a restart, a rejoin)
+    takeover_timeout: float = 60.0
 
 
 class BrokerServer:
@@ -272,7 +274,8 @@ class BrokerServer:
                     f"({', '.join(sorted(manifest)) or 'empty'}): refusing to serve"
                 )
                 raise ConfigError(self.refused)
-            self._memberships[name] = group.join(reg.member, metadata)
+            self._memberships[name] = group.join(reg.member, metadata, takeover_timeout=reg.takeover_timeout,
+                                                 on_failure=self._membership_failed)  # fmt: skip
 
             def on_status(status: Any, name: str = name) -> None:
                 if status.manifest is not None and reg.member not in status.manifest:
@@ -281,6 +284,13 @@ class BrokerServer:
                     self._stop.set()
 
             group.watch(on_status=on_status)
+
+    def _membership_failed(self, exc: BaseException) -> None:
+        """A rejoin after a ZooKeeper session expiry failed: serving unregistered would hide the broker
+        from its clients and the operator (and another broker may hold the id): stop, as a failure."""
+        self.failure = f"could not register in ZooKeeper again after its session expired: {exc}"
+        log.error("%s: stopping", self.failure)
+        self._stop.set()
 
     def stop(self) -> None:
         self._stop.set()

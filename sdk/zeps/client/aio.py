@@ -37,7 +37,7 @@ from zeps.client.sync import (
     configure_curve,
     configure_dealer,
 )
-from zeps.errors import ProducerError, ProtocolError
+from zeps.errors import ProducerError, ProtocolError, ZepsError
 from zeps.options import MulticastOptions
 from zeps.protocol import LATEST, Fetch
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES
@@ -160,9 +160,16 @@ class AsyncStreamClient:
                 if sock is self._sock:  # not a socket we replaced on purpose
                     raise
 
+    def _check_refused(self) -> None:
+        """BrokerUnavailableError if the broker refused this client's (re-)attach: waiting cannot help."""
+        if self.session.refused:
+            raise BrokerUnavailableError(f"broker at {self.endpoint} refused: {self.session.refused}")
+
     async def _keepalive(self) -> None:
         now = time.monotonic()
         silent = now - self.session.last_heard
+        if self.session.refused:
+            return  # a refused attach: nothing to keep alive; the application's waits raise it
         if self.session.forgotten or (self.session.attached and silent > self.ttl):
             await self._reconnect()
         elif self.session.attached and silent > self.heartbeat and now - self._last_ping > self.heartbeat:
@@ -170,6 +177,13 @@ class AsyncStreamClient:
             await self._send([self.session.ping()])
 
     async def _wait(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the reader task to hand something in (BrokerUnavailableError if the
+        broker refused the attach; the reader task's own failure, if it failed)."""
+        self._check_refused()
+        if self._reader is not None and self._reader.done() and not self._reader.cancelled():
+            error = self._reader.exception()
+            if error is not None:
+                raise BrokerUnavailableError(f"the client's reader failed: {error!r}") from error
         self._arrived.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._arrived.wait(), timeout)
@@ -183,23 +197,29 @@ class AsyncStreamClient:
             await sock.send(frame)
 
     async def close(self) -> None:
-        """Confirm outstanding publishes (bounded by ``timeout``), detach, close (again: nothing)."""
+        """Confirm outstanding publishes (bounded by ``timeout``), detach, close (again: nothing).
+        Publishes the broker did not confirm are an error (the one :meth:`flush` raises), raised once
+        everything is closed."""
+        unconfirmed: ZepsError | None = None
         if self._sock is not None:
             try:
                 await self.flush()
-                frame = self.session.detach()
+            except ZepsError as exc:
+                unconfirmed = exc
+            frame = self.session.detach()
+            with contextlib.suppress(zmq.ZMQError):
                 if frame:
                     await self._send([frame])
-            except (BrokerUnavailableError, zmq.ZMQError):
-                pass
         if self._reader is not None:
             self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, zmq.ZMQError):
+            with contextlib.suppress(asyncio.CancelledError, zmq.ZMQError, ZepsError):
                 await self._reader
         self._close_socket()
         for watched in list(self._watched):
             await watched.close()
         self._ctx.term()
+        if unconfirmed is not None:
+            raise unconfirmed
 
     def _watch(self, subscription: AsyncMulticastSubscription) -> None:
         self._watched.append(subscription)
@@ -218,7 +238,12 @@ class AsyncStreamClient:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        await self.close()
+        try:
+            await self.close()
+        except ZepsError as error:
+            if exc is None:
+                raise
+            exc.add_note(f"and closing the client failed: {error}")  # the block's own error goes on
 
     # -- the API --------------------------------------------------------------------------------
     @property
@@ -302,6 +327,7 @@ class AsyncStreamClient:
         while not self.session.inbox:
             if self.session.errors:
                 raise ProtocolError(f"broker refused: {self.session.errors.popleft()}")
+            self._check_refused()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False

@@ -15,6 +15,7 @@ the last sequence it received, and resend publishes the broker had not confirmed
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable, Iterator
 from itertools import islice
@@ -218,19 +219,24 @@ class StreamClient:
         self._sock = self._monitor = None
 
     def close(self) -> None:
-        """Confirm outstanding publishes (bounded by ``timeout``), detach, close."""
+        """Confirm outstanding publishes (bounded by ``timeout``), detach, close. Publishes the broker
+        did not confirm are an error (the one :meth:`flush` raises), raised once everything is closed."""
+        unconfirmed: ZepsError | None = None
         if self._sock is not None:
             try:
                 self.flush()
-                frame = self.session.detach()
+            except ZepsError as exc:
+                unconfirmed = exc
+            frame = self.session.detach()
+            with contextlib.suppress(zmq.ZMQError):
                 if frame:
                     self._sock.send(frame, zmq.NOBLOCK)
-            except (zmq.ZMQError, ZepsError):
-                pass
             self._close_socket()
         for watched in list(self._watched):
             watched.close()
         self._ctx.term()
+        if unconfirmed is not None:
+            raise unconfirmed
 
     def __enter__(self) -> StreamClient:
         try:
@@ -242,7 +248,12 @@ class StreamClient:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.close()
+        try:
+            self.close()
+        except ZepsError as error:
+            if exc is None:
+                raise
+            exc.add_note(f"and closing the client failed: {error}")  # the block's own error goes on
 
     # -- I/O ------------------------------------------------------------------------------------
     def _send_all(self, frames: list[bytes], deadline: float) -> None:

@@ -92,10 +92,20 @@ class Group:
     # -- membership ---------------------------------------------------------------------------
     @zookeeper_errors
     def join(
-        self, member_id: str, metadata: Mapping[str, Any] | None = None, *, takeover_timeout: float = 60.0
+        self,
+        member_id: str,
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        takeover_timeout: float = 60.0,
+        on_failure: Callable[[BaseException], None] | None = None,
     ) -> Membership:
-        """Join as ``member_id`` and stay joined (across session expiry) until :meth:`Membership.leave`."""
-        membership = Membership(self, validate_member_id(member_id), dict(metadata or {}), takeover_timeout)
+        """Join as ``member_id`` and stay joined (across session expiry) until :meth:`Membership.leave`.
+        If a rejoin after a session expiry fails (another live session holds the id past
+        ``takeover_timeout``, ZooKeeper refuses), the membership is over: :attr:`Membership.failure`
+        says why and ``on_failure`` is called with it (on kazoo's thread), so that the member stops
+        acting as one (a broker stops serving)."""
+        membership = Membership(self, validate_member_id(member_id), dict(metadata or {}), takeover_timeout,
+                                on_failure)  # fmt: skip
         membership._start()
         return membership
 
@@ -183,7 +193,14 @@ def _parse_manifest(data: bytes) -> frozenset[str]:
 class Membership:
     """This process's membership in a group, kept alive across session expiry."""
 
-    def __init__(self, group: Group, member_id: str, metadata: dict[str, Any], takeover_timeout: float) -> None:
+    def __init__(
+        self,
+        group: Group,
+        member_id: str,
+        metadata: dict[str, Any],
+        takeover_timeout: float,
+        on_failure: Callable[[BaseException], None] | None = None,
+    ) -> None:
         self.group = group
         self.member_id = member_id
         self.path = group.paths.member(member_id)
@@ -193,8 +210,9 @@ class Membership:
         self._left = False
         self._lost = False
         self._lock = threading.Lock()
-        #: rejoin failures are kept here (and logged) because they happen on a background thread
-        self.last_error: BaseException | None = None
+        #: why a rejoin failed: the membership is over (logged, and given to ``on_failure``)
+        self.failure: BaseException | None = None
+        self._on_failure = on_failure
 
     @property
     def client(self) -> KazooClient:
@@ -276,9 +294,11 @@ class Membership:
                 return
             try:
                 self._create_node()
-            except Exception as exc:  # logged and kept: this runs on a background thread
-                self.last_error = exc
+            except Exception as exc:  # this runs on a background thread: kept, logged, and handed on
+                self.failure = exc
                 log.error("could not rejoin %s after session expiry: %s", self.path, exc)
+                if self._on_failure is not None:
+                    self._on_failure(exc)
                 return
             log.info("rejoined %s after session expiry", self.path)
             self._joined.set()

@@ -142,6 +142,7 @@ class Topic:
         self._ensured = False
         self._batcher: _Batcher | None = None
         self._publish_lock = threading.Lock()
+        self._closed = False
 
     # -- setup ----------------------------------------------------------------------------------
     @zookeeper_errors
@@ -154,18 +155,25 @@ class Topic:
         self._ensured = True
 
     def _watch_queues(self) -> None:
-        """Start caching the queue list (once per handle); kazoo re-arms the watch after reconnects."""
+        """Start caching the queue list (once per handle); kazoo re-arms the watch after reconnects.
+        :meth:`close` ends it: kazoo drops the watch at its next event (ZooKeeper's watches cannot be
+        withdrawn; kazoo's end when their function returns False)."""
         with self._queues_lock:
+            if self._closed:
+                raise CoordinationError(f"topic handle {self.name!r} is closed")
             if self._queues is not None:
                 return
         self.ensure()
         ready = threading.Event()
 
-        def changed(children: list[str]) -> None:
+        def changed(children: list[str]) -> bool:
             with self._queues_changed:
+                if self._closed:
+                    return False  # the handle is closed: kazoo stops calling, and lets go of it
                 self._queues = frozenset(children)
                 self._queues_changed.notify_all()
             ready.set()
+            return True
 
         self.client.ChildrenWatch(self.paths.messages, changed)
         if not ready.wait(30):
@@ -413,8 +421,12 @@ class Topic:
         return TopicCleaner(self, identifier=identifier or self.client_id)
 
     def close(self) -> None:
+        """Publish what publish_async queued, stop its publisher, and stop watching the queue list."""
         if self._batcher is not None:
             self._batcher.close()
+        with self._queues_lock:
+            self._closed = True
+            self._queues = None
 
 
 @dataclass
@@ -436,8 +448,14 @@ class _Batcher:
         self._thread.start()
 
     def submit(self, envelope: Envelope) -> Future[str]:
-        future: Future[str] = Future()
+        """Queue ``envelope``: at most ``max_async_pending`` wait at once; past that, wait up to
+        ``block_timeout`` for room, then QueueFullError."""
+        options, future = self.topic.options, Future[str]()
         with self._idle:
+            if not self._idle.wait_for(lambda: self._outstanding < options.max_async_pending, options.block_timeout):
+                raise QueueFullError(f"topic {self.topic.name!r}: {self._outstanding} publish_async messages still "
+                                     f"wait to be durable (max_async_pending); ZooKeeper is slower than this "
+                                     f"publisher, or unreachable, for {options.block_timeout:g}s")  # fmt: skip
             self._outstanding += 1
         self._queue.put((envelope, future))
         return future

@@ -1,0 +1,182 @@
+"""What a hostile peer can cost a real broker process: bounded memory, and everyone else still served.
+
+The broker runs as ``zeps-broker`` in a process of its own, so its memory is its own: the tests read
+its resident set (``VmRSS``) and its peak (``VmHWM``) from ``/proc``. Peers are raw DEALER sockets
+speaking frames built from the grammar, as an attacker would; an honest client publishes and
+subscribes beside them. The bounds asserted are the README's limits table.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from zeps.client import Seq, StreamClient
+from zeps.protocol import (
+    Attach,
+    AttachOk,
+    Credit,
+    InvalidCode,
+    Publish,
+    Refusal,
+    Subscribe,
+    SubscribeOk,
+    decode,
+    encode,
+    encode_publish_batch,
+)
+from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES, MAX_CREDIT_BYTES
+from zeps_dev.process import ManagedProcess, free_port, wait_until
+
+MiB = 1 << 20
+#: what one hostile peer may add to the broker's resident memory at most: a session's credit
+#: (64 MiB of deliveries queued for it), the journal's tail cache (16 MiB), a loop's reads (16 MiB,
+#: and their records until written) and allocator slack; measured: about 60 MiB besides the credit
+PEER_BOUND = MAX_CREDIT_BYTES + 96 * MiB
+
+
+class Broker:
+    """A ``zeps-broker`` process and its memory."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.process = ManagedProcess(
+            "zeps-broker",
+            [sys.executable, "-m", "zeps.broker.main", "--stream", "prices", "--data-dir", str(tmp_path / "journal"),
+             "--bind", self.endpoint, "--fsync", "never"],
+            log_path=tmp_path / "broker.log",
+        )  # fmt: skip
+
+    def start(self) -> None:
+        self.process.start()
+        self.process.wait_ready(lambda: "serving prices" in self.process.log_tail(), timeout=30)
+
+    def memory(self, field: str = "VmRSS") -> int:
+        """The broker's resident memory now (``VmRSS``) or at its peak so far (``VmHWM``), bytes."""
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError(f"no {field} for the broker")
+
+
+class RawPeer:
+    """A DEALER speaking raw frames: attached with version 7, answers decoded."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.ctx: zmq.Context[Any] = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, 0)
+        self.sock.connect(endpoint)
+        self.sock.send(encode(Attach(stream="prices", version=7)))
+        assert self.recv() == AttachOk()
+
+    def recv(self, timeout: float = 5.0) -> Any:
+        return decode(self.sock.recv()) if self.sock.poll(int(timeout * 1000)) else None
+
+    def close(self) -> None:
+        self.sock.close()
+        self.ctx.term()
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    server = Broker(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.process.stop()
+
+
+def _honest_round_trip(endpoint: str, n: int = 100) -> None:
+    """Another client publishes and reads its messages back: the broker serves others meanwhile."""
+    key = f"honest.{time.monotonic_ns()}"
+    with StreamClient(endpoint, "prices", timeout=20) as client:
+        client.publish_many((key, b"%d" % i) for i in range(n))
+        client.flush()
+        client.start(key, since=Seq(0))
+        got: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while len(got) < n and time.monotonic() < deadline:
+            got += [m.body for m in client.receive_many(0.5)]
+    assert got == [b"%d" % i for i in range(n)]
+
+
+def test_an_oversized_frame_costs_the_broker_nothing(broker: Broker) -> None:
+    """One 256 MiB PUBLISH from a raw peer grew the broker from 56 to 825 MB; ZeroMQ now drops the
+    peer's connection at the frame's header, before reading it into memory."""
+    _honest_round_trip(broker.endpoint)
+    before = broker.memory()
+    peer = RawPeer(broker.endpoint)
+    try:
+        peer.sock.send(encode(Publish(key="k", body=bytes(256 * MiB))), copy=False)
+        time.sleep(3)  # what the broker makes of it, if anything: nothing is answered, so wait a while
+        assert peer.recv(0.5) is None
+    finally:
+        peer.close()
+    _honest_round_trip(broker.endpoint)
+    assert broker.memory("VmHWM") - before < 32 * MiB, "the frame was never read into memory"
+
+
+def test_a_message_over_the_limit_is_refused_and_nothing_of_its_frame_is_journaled(broker: Broker) -> None:
+    peer = RawPeer(broker.endpoint)
+    try:
+        big = bytes(DEFAULT_MAX_MESSAGE_BYTES + 1)  # over the limit, within the frame bound: read, refused
+        peer.sock.send(encode(Publish(key="k", body=big)))
+        answer = peer.recv()
+        assert isinstance(answer, InvalidCode) and answer.code == Refusal.TOO_LARGE, answer
+        assert f"{len(big)} bytes is over this stream's limit" in answer.reason
+        peer.sock.send(encode_publish_batch([("small", b"x"), ("big", big)]))  # a batch goes whole or not at all
+        answer = peer.recv()
+        assert isinstance(answer, InvalidCode) and answer.code == Refusal.TOO_LARGE
+    finally:
+        peer.close()
+    with StreamClient(broker.endpoint, "prices") as client:
+        assert client.fetch().messages == [], "nothing of the refused frames was journaled"
+
+
+def test_a_peer_granting_huge_credit_and_reading_nothing_holds_at_most_the_credit_cap(broker: Broker) -> None:
+    """Credit is capped (64 MiB): a peer that grants 2^63 and never reads makes the broker queue that
+    much for it, not the whole stream, while 512 MiB are published (without the cap: 400 MiB and more)."""
+    peer = RawPeer(broker.endpoint)
+    peer.sock.setsockopt(zmq.RCVBUF, 4096)  # a peer that reads nothing: the kernel buffers little for it
+    try:
+        peer.sock.send(encode(Subscribe(pattern="", latest=0)))
+        assert peer.recv() == SubscribeOk()
+        for _ in range(4):
+            peer.sock.send(encode(Credit(credit=2**62)))
+        before = broker.memory()
+        body = bytes(64 * 1024)
+        with StreamClient(broker.endpoint, "prices", timeout=30) as publisher:
+            for _ in range(8):
+                publisher.publish_many(("flood", body) for _ in range(1024))  # 64 MiB
+                publisher.flush()
+        _honest_round_trip(broker.endpoint)
+        grew = broker.memory("VmHWM") - before
+        assert grew < PEER_BOUND, f"the broker grew by {grew / MiB:.0f} MiB for one peer"
+    finally:
+        peer.close()
+
+
+def test_ten_thousand_subscriptions_from_one_peer_are_refused_past_the_limit(broker: Broker) -> None:
+    peer = RawPeer(broker.endpoint)
+    try:
+        before = broker.memory()
+        for i in range(10_000):
+            peer.sock.send(encode(Subscribe(pattern=f"~^k{i}(a|b)*c", latest=0)))
+        answers = [peer.recv() for _ in range(10_000)]
+        assert answers.count(SubscribeOk()) == 64
+        refused = [a for a in answers if isinstance(a, InvalidCode)]
+        assert len(refused) == 10_000 - 64 and {a.code for a in refused} == {Refusal.LIMIT}
+        _honest_round_trip(broker.endpoint)
+        assert broker.memory("VmHWM") - before < 32 * MiB
+    finally:
+        peer.close()
+    assert broker.process.running()
