@@ -32,7 +32,7 @@ from zeps.protocol import (
     encode_publish_batch,
 )
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES, MAX_CREDIT_BYTES
-from zeps_dev.process import ManagedProcess, free_port, wait_until
+from zeps_dev.process import ManagedProcess, free_port
 
 MiB = 1 << 20
 #: what one hostile peer may add to the broker's resident memory at most: a session's credit

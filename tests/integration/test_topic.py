@@ -13,8 +13,8 @@ from kazoo.exceptions import NoAuthError
 
 from harness import CuttingProxy, WorkerProcess, ZooKeeperHarness, until
 from zeps.coordination import Message, NoSubscribersError, QueueFullError, Topic, connect
-from zeps.errors import CoordinationError
 from zeps.envelope import decode_node
+from zeps.errors import CoordinationError
 from zeps.options import TopicOptions
 
 
