@@ -6,6 +6,7 @@ import errno
 import itertools
 import logging
 import os
+import struct
 import time
 from pathlib import Path
 
@@ -240,11 +241,47 @@ def test_a_read_skips_what_a_damaged_closed_segment_lost(tmp_path: Path, caplog:
     first.write_bytes(bytes(data))
     caplog.set_level(logging.WARNING, logger="zeps.journal.log")
     again = _journal(tmp_path, segment_bytes=500, tail_cache_bytes=0)
-    assert "a closed segment was damaged" in caplog.text
+    assert caplog.text == "", "open reads the closed segment's seal, not its records"
     lost = int(second.stem) - 1
     assert [r.sequence for r in _all(again)] == [s for s in range(1, 41) if s != lost]
+    assert f"record {lost} (offset" in caplog.text and "is damaged" in caplog.text  # found when first read
+    assert again.damaged_records == 1
     chunk = again.read_chunk(lost)
     assert chunk is not None and chunk.first == lost + 1, "the lost record reads as the next one there is"
+
+
+def test_open_reads_only_the_active_segment_and_the_closed_ones_seals(tmp_path: Path) -> None:
+    """Startup does not grow with retention: a closed segment's records are not read at open (here
+    they are garbage, of the right size: open cannot tell), only when a reader first asks for them."""
+    j = _journal(tmp_path, segment_bytes=1000, index_interval_bytes=200)
+    for i in range(100):
+        j.append(f"k{i}", b"x" * 60, timestamp_ms=1000 + i)
+    j.close()
+    logs = sorted(tmp_path.glob("*.log"))
+    assert len(logs) > 5 and all(p.with_suffix(".seal").exists() for p in logs[:-1])
+    for closed in logs[1:-1]:
+        closed.write_bytes(bytes(closed.stat().st_size))  # zeros: every record fails its CRC
+    again = _journal(tmp_path, segment_bytes=1000)
+    assert again.next_sequence == 101 and again.first_sequence == 1
+    assert again.seek_time(1000 + 5) == 6 and again.seek_time(1000 + 95) == 96  # intact segments serve seeks
+    assert again.damaged_records == 0, "nothing damaged was read yet"
+    survivors = [r.sequence for r in _all(again)]
+    assert survivors[0] == 1 and survivors[-1] == 100 and again.damaged_records == 100 - len(survivors)
+    assert again.damaged_records > 0
+
+
+def test_a_seal_that_does_not_match_its_segment_is_ignored(tmp_path: Path) -> None:
+    j = _journal(tmp_path, segment_bytes=1000)
+    for i in range(30):
+        j.append(f"k{i}", b"x" * 60)
+    j.close()
+    first = sorted(tmp_path.glob("*.log"))[0]
+    first.with_suffix(".seal").write_bytes(b"ZEPSEAL1" + b"\0" * 40)  # damaged: read whole instead
+    with first.open("ab") as f:
+        f.write(b"torn")  # and the segment grew behind the seal's back
+    again = _journal(tmp_path, segment_bytes=1000)
+    assert [r.sequence for r in _all(again)] == list(range(1, 31))
+    assert first.stat().st_size % 1 == 0 and _journal(tmp_path, segment_bytes=1000).next_sequence == 31
 
 
 @pytest.mark.parametrize("segment_bytes", [0, -1, (1 << 31) + 1])
@@ -311,3 +348,21 @@ def test_a_failed_group_leaves_the_producer_marks_as_they_were(tmp_path: Path, m
     again = _journal(tmp_path)
     assert {name: p.sequence for name, p in again.producers.producers.items()} == {"p": 1, "q": 1}
     assert [r.body for r in _all(again)] == [b"1", b"4"]
+
+
+def test_a_last_segment_without_a_snapshot_replays_every_segments_marks(tmp_path: Path) -> None:
+    """A journal from before seals (no snapshot when the table was empty), or a crash right after a
+    roll, leaves a last segment without a snapshot: the table then comes from every segment's marks."""
+    j, now = _journal(tmp_path, segment_bytes=600), int(time.time() * 1000)
+    j.append_many([("a", b"x" * 50)], changes={"p": Producer(1, 7, now)})
+    while len(list(tmp_path.glob("*.log"))) < 2:
+        j.append("b", b"y" * 50)
+    j.append("b", b"after the roll")
+    j.close()
+    last = sorted(tmp_path.glob("*.log"))[-1]
+    data = last.read_bytes()
+    (length,) = struct.unpack_from("!I", data)
+    last.write_bytes(data[4 + length :])  # the snapshot that opens it, gone
+    again = _journal(tmp_path, segment_bytes=600)
+    assert {name: p.sequence for name, p in again.producers.producers.items()} == {"p": 7}
+    assert _all(again)[-1].body == b"after the roll"

@@ -781,16 +781,11 @@ class BrokerCore:
             )
             stalled = False
             queued = len(self._pending)
-            if chunk is not None:
-                matches = sub.matcher.matches
-                picks = None if sub.matcher.prefix == "" else [i for i, k in enumerate(chunk.keys) if matches(k)]
+            if chunk is None:  # nothing left of cursor .. last: a damaged closed segment lost it
+                sub.cursor = max(sub.cursor, last + 1)
+            else:
                 before = self._queued_bytes
-                if picks == []:
-                    sub.cursor = chunk.last + 1
-                else:
-                    stop = self._deliver(sub, chunk, picks)
-                    if stop is not None:
-                        sub.cursor, stalled = stop, True
+                stalled = self._replay(sub, chunk)
                 budget -= max(self._queued_bytes - before, 1)
             for item in itertools.islice(self._pending, queued, None):
                 item.replayed = True
@@ -812,6 +807,20 @@ class BrokerCore:
         out = list(self._pending)
         self._pending.clear()
         return out
+
+    def _replay(self, sub: _Subscription, chunk: Chunk) -> bool:
+        """Deliver what ``sub`` takes of ``chunk`` (read from the journal at its cursor) and move the
+        cursor on; True if it ran out of credit before the end (stalled)."""
+        matches = sub.matcher.matches
+        picks = None if sub.matcher.prefix == "" else [i for i, k in enumerate(chunk.keys) if matches(k)]
+        if picks == []:
+            sub.cursor = chunk.last + 1
+            return False
+        stop = self._deliver(sub, chunk, picks)
+        if stop is None:
+            return False
+        sub.cursor = stop
+        return True
 
     def unsent(self, item: Outgoing, now: float | None = None) -> None:
         """The adapter could not send ``item`` (the peer's queue is full): undo the delivery."""

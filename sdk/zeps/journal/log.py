@@ -27,6 +27,16 @@ went; an append whose group mark reached the disk without all of its records is 
 sequence continues from the last good record — or from the segment's name when it
 is empty — so sequences never restart, even after retention removed everything.
 
+Closed segments are not read at open, so start-up does not grow with retention: a segment is
+*sealed* when it closes (its files fsynced, then ``.seal``: its size, last record, index length and
+producer marks, with a CRC), and open reads the seal, the index and the size of the offsets file. A
+sealed segment's records are CRC-checked when a reader first asks for them; a damaged record is
+logged, counted (:attr:`Journal.damaged_records`) and the segment cut before it, as open does for an
+unsealed segment. The producer table comes from the last segment alone: every segment but the
+first starts with a snapshot of it (an empty one too), made durable before any record follows. A
+closed segment without a seal, or whose files disagree with it (a journal from before seals, a
+crash during a roll), is read whole once and sealed.
+
 Durability (``fsync`` policy) and what a crash can lose — a process crash (kill -9) loses nothing
 that ``append`` returned, since every append is written to the kernel at once; the policy is about
 machine crashes and power loss:
@@ -86,6 +96,12 @@ _OFFSET = array("I").itemsize  # bytes per entry of a .off file
 DEFAULT_PRODUCER_TTL_MS = 24 * 3600 * 1000  # the broker's --producer-ttl, the ZepsStream's producers.ttlSeconds
 DEFAULT_MAX_PRODUCERS = 100_000  # --max-producers, producers.max
 _MAX_SEGMENT_BYTES = 1 << 31  # offsets in a .off file are 4 bytes; a record may overshoot segment_bytes
+# a closed segment's seal (.seal): magic, size, last sequence, last timestamp, index entries, marks,
+# then each mark's (start, end), then a CRC32C of all that
+_SEAL_MAGIC = b"ZEPSEAL1"
+_SEAL_HEAD = struct.Struct("!8sQQQII")
+_SEAL_MARK = struct.Struct("!QQ")
+_SEAL_CRC = struct.Struct("!I")
 
 
 class JournalError(ZepsError):
@@ -191,6 +207,7 @@ class _Segment:
     last_ts: int = 0
     index: list[tuple[int, int, int]] = field(default_factory=list)  # (seq, ts, offset)
     marks: list[tuple[int, int]] = field(default_factory=list)  # producer marks: (start, end) offsets
+    verified_to: int = 0  # offset up to which its records' CRCs were checked (a sealed one: as they are read)
 
     @property
     def offsets_path(self) -> Path:
@@ -235,6 +252,8 @@ class Journal:
         self._cache_bytes = 0
         self._since_index = 0
         self._marks_unsynced = False
+        #: records found damaged in closed segments as they were first read (no longer served)
+        self.damaged_records = 0
         #: idempotent producers, as the broker checks them (ahead of the journal by what it has not
         #: appended yet); rebuilt from the marks at open, and their changes reach the marks through
         #: append_many(changes=…)
@@ -282,8 +301,16 @@ class Journal:
     def open(self) -> Journal:
         self.directory.mkdir(parents=True, exist_ok=True)
         bases = sorted(int(p.stem) for p in self.directory.glob("*.log") if p.stem.isdigit())
-        for base in bases:
-            self._segments.append(self._load(base, last=base == bases[-1]))
+        for base in bases[:-1]:  # closed segments: their seal, else a full read (which seals them)
+            seg = self._load_sealed(base)
+            if seg is None:
+                seg = self._load(base, last=False)
+                self._seal(seg)
+            self._segments.append(seg)
+        if bases:  # the active segment, whose tail may be torn: read and checked whole
+            self._segments.append(self._load(bases[-1], last=True))
+            if len(bases) > 1 and not self._segments[-1].marks:
+                self._replay_closed_marks()
         if not self._segments:
             self._segments.append(_Segment(1, self._log_path(1), last_seq=0))
         active = self._segments[-1]
@@ -347,10 +374,65 @@ class Journal:
                 os.fsync(f.fileno())
         if not last and good_end < len(data):
             log.warning("journal %s: a closed segment was damaged; later segments continue from their names", self.name)
-        seg.size = good_end
+        seg.size = seg.verified_to = good_end
         self._write_index(seg)
         seg.offsets_path.write_bytes(starts.tobytes())
         return seg
+
+    def _load_sealed(self, base: int) -> _Segment | None:
+        """A closed segment from its seal, without reading its records (None if there is no seal, or it
+        does not match the files: then the segment is read whole). Its records are CRC-checked when
+        first read (:meth:`_verify`); its producer marks are not replayed (the next segment's snapshot
+        holds what they did)."""
+        path = self._log_path(base)
+        try:
+            raw = path.with_suffix(".seal").read_bytes()
+            size = path.stat().st_size
+            off_size = path.with_suffix(".off").stat().st_size
+            idx = path.with_suffix(".idx").read_bytes()
+        except FileNotFoundError:
+            return None
+        sealed = _read_seal(raw)
+        if sealed is None:
+            log.warning("journal %s: the seal of %s is damaged; reading the segment whole", self.name, path.name)
+            return None
+        seal_size, last_seq, last_ts, entries, marks = sealed
+        records = last_seq - base + 1
+        if (seal_size, off_size, len(idx)) != (size, records * _OFFSET, entries * _INDEX.size) or records < 0:
+            log.warning("journal %s: %s does not match its seal (size %d, offsets %d, index %d); reading it whole",
+                        self.name, path.name, size, off_size, len(idx))  # fmt: skip
+            return None
+        index = list(_INDEX.iter_unpack(idx))
+        return _Segment(base, path, size=size, last_seq=last_seq, last_ts=last_ts, index=index, marks=marks)
+
+    def _seal(self, seg: _Segment) -> None:
+        """Write ``seg``'s seal, once it is closed and its files are durable: what :meth:`_load_sealed`
+        reads instead of the records (size, last record, producer marks, index length), with a CRC."""
+        for sibling in (seg.offsets_path, seg.path.with_suffix(".idx")):
+            _fsync_file(sibling)
+        body = _SEAL_HEAD.pack(_SEAL_MAGIC, seg.size, seg.last_seq, seg.last_ts, len(seg.index), len(seg.marks))
+        body += b"".join(_SEAL_MARK.pack(*mark) for mark in seg.marks)
+        raw = body + _SEAL_CRC.pack(crc32c.crc32c(body))
+        fd = os.open(seg.path.with_suffix(".seal"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            self._flush(fd, memoryview(raw))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _replay_closed_marks(self) -> None:
+        """The active segment does not start with a snapshot (a journal from before empty snapshots, or
+        a crash right after a roll): the producer table is rebuilt from every closed segment's marks
+        instead, reading them (and checking them) whole."""
+        log.warning("journal %s: the last segment has no producer snapshot; replaying every segment's marks",
+                    self.name)  # fmt: skip
+        active = self._segments.pop()
+        self.producers.producers.clear()
+        self._journaled.clear()
+        closed, self._segments = self._segments, []
+        for seg in closed:
+            self._segments.append(self._load(seg.base, last=False))
+        self._segments.append(self._load(active.base, last=True))
 
     def _write_index(self, seg: _Segment) -> None:
         seg.path.with_suffix(".idx").write_bytes(b"".join(_INDEX.pack(*e) for e in seg.index))
@@ -403,6 +485,7 @@ class Journal:
                     for path in (new.path, new.path.with_suffix(".idx"), new.offsets_path):
                         path.unlink(missing_ok=True)
                 del self._segments[save.segments :]
+                seg.path.with_suffix(".seal").unlink(missing_ok=True)  # active again: not sealed
                 self._open_active(seg)
             records = max(save.last_seq - seg.base + 1, 0)
             os.truncate(seg.path, save.size)
@@ -543,15 +626,22 @@ class Journal:
             data = data[written:]
 
     def _roll(self) -> _Segment:
+        """Close the active segment (durable, sealed: the next open reads its seal, not its records)
+        and begin the next with a snapshot of the producer table, made durable before any record
+        follows it: the last segment alone then rebuilds the table at open."""
         self.sync()  # a closed segment is fully durable
+        closed = self._segments[-1]
         self._close_files()
+        self._seal(closed)
         seg = _Segment(self._next, self._log_path(self._next), last_seq=self._next - 1)
         self._segments.append(seg)
         self._open_active(seg)
         self._since_index = self.config.index_interval_bytes
+        # retention removes whole segments: each starts with the table as journaled (empty, too)
         table = {name: p for name, p in self._journaled.items() if name in self.producers.producers}
-        if table:  # retention removes whole segments: each starts with the table as journaled
-            self._flush(self._fd, memoryview(self._place_mark(seg, _mark_body(SNAPSHOT, 0, table))))
+        self._flush(self._fd, memoryview(self._place_mark(seg, _mark_body(SNAPSHOT, 0, table))))
+        os.fsync(self._fd)
+        _fsync_file(self.directory)  # the new segment's name is durable too
         return seg
 
     def sync(self) -> None:
@@ -625,20 +715,21 @@ class Journal:
             return parts[0] if len(parts) == 1 else _join(parts)
         return self._read_disk(start, end, max_records, max_bytes)
 
-    def _read_disk(self, start: int, end: int, max_records: int, max_bytes: int) -> Chunk:
+    def _read_disk(self, start: int, end: int, max_records: int, max_bytes: int) -> Chunk | None:
         """Records ``start ..`` (at most to ``end`` and to the end of its segment) from disk: where
         they start comes from the segment's .off file, so this costs two preads and no Python work
         per record beyond the slice of offsets. A sequence lost with a damaged closed segment reads
-        as the next segment's first (like a gap retention left)."""
+        as the next segment's first (like a gap retention left); None if nothing of ``start .. end``
+        is left."""
         i = bisect.bisect_right(self._segments, start, key=attrgetter("base")) - 1
         seg = self._segments[max(i, 0)]
         while start > seg.last_seq and i + 1 < len(self._segments):
             i += 1
             seg = self._segments[i]
             start = seg.base
+        if start > min(end, seg.last_seq):
+            return None  # gone with the damaged part of a closed segment
         last = min(end, seg.last_seq, start + max(max_records, 1) - 1)
-        if last < start:
-            raise JournalError(f"journal {self.name}: no sequence {start} in {seg.path.name}")
         k = start - seg.base
         starts = array("I")
         with open(seg.offsets_path, "rb") as f:
@@ -652,6 +743,11 @@ class Journal:
         base = starts[0]
         with open(seg.path, "rb") as f:
             data = os.pread(f.fileno(), starts[count] - base, base)
+        if seg.verified_to < starts[count]:  # a sealed segment: its records are checked as first read
+            good = self._verify(seg, start, data, starts, count)
+            if good == 0:  # the first record asked for is damaged: the segment ends before it
+                return self._read_disk(start, end, max_records, max_bytes)
+            count = good
         if count + 1 < len(starts):
             del starts[count + 1 :]
         first_mark = bisect.bisect_left(seg.marks, base, key=itemgetter(0))
@@ -661,6 +757,28 @@ class Journal:
             starts = array("I", [o - base for o in starts])
         return Chunk(start, data, starts)
 
+    def _verify(self, seg: _Segment, start: int, data: bytes, starts: array[int], count: int) -> int:
+        """Check the CRCs of records ``start ..`` of a closed segment, read as ``data`` (from offset
+        ``starts[0]``; ``starts[i]`` is record ``start + i``'s offset): how many of the ``count`` are
+        intact. At a damaged one the segment is cut in memory (reads skip to the next segment, as
+        after a damaged segment at open) and an error is logged; the file is left for inspection."""
+        base, view, unpack, crc = starts[0], memoryview(data), RECORD.unpack_from, crc32c.crc32c
+        for i in range(count):
+            at = starts[i] - base
+            length, checksum, sequence, _, _ = unpack(data, at)
+            end = at + 4 + length
+            if end > len(data) or sequence != start + i or crc(view[at + 8 : end]) != checksum:
+                log.error("journal %s: segment %s: record %d (offset %d) is damaged; sequences %d..%d of this segment "
+                          "are not served", self.name, seg.path.name, start + i, starts[i], start + i,
+                          seg.last_seq)  # fmt: skip
+                self.damaged_records += seg.last_seq - (start + i) + 1
+                seg.last_seq, seg.size = start + i - 1, starts[i]
+                del seg.index[bisect.bisect_left(seg.index, start + i, key=itemgetter(0)) :]
+                return i
+        if base <= seg.verified_to:
+            seg.verified_to = max(seg.verified_to, starts[count])
+        return count
+
     def seek_time(self, timestamp_ms: int) -> int:
         """The sequence of the first retained record at or after ``timestamp_ms`` (next if none)."""
         for seg in self._segments:
@@ -669,7 +787,10 @@ class Journal:
             j = max(bisect.bisect_left(seg.index, timestamp_ms, key=itemgetter(1)) - 1, 0)
             seq = seg.index[j][0] if seg.index else seg.base
             while seq <= seg.last_seq:
-                batch = self._read_disk(seq, seg.last_seq, 1000, 1 << 20).records()
+                chunk = self._read_disk(seq, seg.last_seq, 1000, 1 << 20)
+                if chunk is None:  # the rest of the segment was damaged
+                    break
+                batch = chunk.records()
                 for record in batch:
                     if record.timestamp_ms >= timestamp_ms:
                         return record.sequence
@@ -690,6 +811,7 @@ class Journal:
             oldest.path.unlink(missing_ok=True)
             oldest.path.with_suffix(".idx").unlink(missing_ok=True)
             oldest.offsets_path.unlink(missing_ok=True)
+            oldest.path.with_suffix(".seal").unlink(missing_ok=True)
             self._segments.pop(0)
             removed.append(oldest.base)
             log.info("journal %s: retention removed segment %d..%d", self.name, oldest.base, oldest.last_seq)
@@ -738,6 +860,29 @@ def _walk_segment(data: bytes, base: int) -> tuple[array[int], list[tuple[int, i
         del marks[-1]
         offset = group_at
     return starts, marks, offset
+
+
+def _read_seal(raw: bytes) -> tuple[int, int, int, int, list[tuple[int, int]]] | None:
+    """(size, last sequence, last timestamp, index entries, marks) of a seal; None if it is damaged."""
+    if len(raw) < _SEAL_HEAD.size + _SEAL_CRC.size:
+        return None
+    body, (crc,) = raw[: -_SEAL_CRC.size], _SEAL_CRC.unpack_from(raw, len(raw) - _SEAL_CRC.size)
+    if crc32c.crc32c(body) != crc:
+        return None
+    magic, size, last_seq, last_ts, entries, count = _SEAL_HEAD.unpack_from(body)
+    if magic != _SEAL_MAGIC or len(body) != _SEAL_HEAD.size + count * _SEAL_MARK.size:
+        return None
+    marks = [(int(a), int(b)) for a, b in _SEAL_MARK.iter_unpack(body[_SEAL_HEAD.size :])]
+    return size, last_seq, last_ts, entries, marks
+
+
+def _fsync_file(path: Path) -> None:
+    """fsync a file (or a directory: its entries) by path."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _cut_marks(data: bytes, base: int, starts: array[int], marks: list[tuple[int, int]]) -> tuple[bytes, array[int]]:

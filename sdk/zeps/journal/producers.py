@@ -12,12 +12,15 @@ delivered (:class:`~zeps.journal.log.Journal` cuts them out of what it reads):
   them to a quarter of a segment, cutting a large flush at the ends of idempotent publishes).
   Recovery drops a group whose records did not all reach the disk, mark included: a group is all or
   nothing, so the table never claims a record the journal lost.
-* a **snapshot mark** opens every segment but the first: the whole table as journaled then. Retention
-  removes whole segments, so the oldest retained segment starts with everything the removed ones held.
+* a **snapshot mark** opens every segment but the first: the whole table as journaled then (also when
+  it is empty), made durable before any record follows. Retention removes whole segments, so the
+  oldest retained segment starts with everything the removed ones held; and the last segment alone
+  rebuilds the table at open (closed segments are not read then).
 
-At open the journal replays the marks of every segment in order (it reads them all anyway to rebuild
-its indexes). Producers idle longer than the TTL (no claim, no publish) are forgotten then and on
-every :meth:`ProducerTable.expire`; the table holds at most ``max_producers``.
+At open the journal replays the marks of the last segment: its snapshot, then its groups (a last
+segment without a snapshot, from a journal older than seals, makes it replay every segment's).
+Producers idle longer than the TTL (no claim, no publish) are forgotten then and on every
+:meth:`ProducerTable.expire`; the table holds at most ``max_producers``.
 
 A mark is a journal record (:mod:`zeps._records`) whose timestamp is 2^64-1 (no record has it), whose
 sequence is that of the record before it, and whose key is empty; its body, numbers in network order::
