@@ -278,7 +278,7 @@ def _stream_client(ctx: click.Context, name: str, producer_id: str | None = None
     from zeps.config import resolve  # noqa: PLC0415
 
     s = resolve("ZepsStream", name, namespace=ctx.obj["namespace"], **_settings(ctx))
-    return StreamClient(s.endpoint, s.name, server_public_key=s.public_key or None, producer_id=producer_id)
+    return StreamClient.of(s, producer_id=producer_id)
 
 
 @stream.command("publish")

@@ -130,7 +130,7 @@ class StreamHandle(_Forwarding):
 
     def _make(self) -> StreamClient:
         s = self.settings
-        return StreamClient(s.endpoint, s.name, server_public_key=s.public_key or None).connect()
+        return StreamClient.of(s).connect()
 
     def subscribe_multicast(
         self, pattern: str = "", *, since: Since = "latest", interface: str | None = None, stall: float | None = None
@@ -143,7 +143,7 @@ class StreamHandle(_Forwarding):
             s.multicast
             or resolve("ZepsStream", s.name, namespace=s.namespace, endpoint=s.endpoint, needs=("multicast",)).multicast
         )
-        client = StreamClient(s.endpoint, s.name, server_public_key=s.public_key or None).connect()
+        client = StreamClient.of(s).connect()
         try:
             subscription = client.subscribe_multicast(pattern, since=since, multicast=multicast, interface=interface,
                                                       stall=stall)  # fmt: skip

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -498,10 +499,51 @@ def test_curve_encrypts_and_admits_only_known_clients(broker_factory: BrokerFact
     with StreamClient(broker.endpoint, "prices", server_public_key=server_key, client_keys=client_keys) as c:
         c.publish("k", b"secret")
         c.flush()
-    stranger = StreamClient(broker.endpoint, "prices", server_public_key=server_key, timeout=2)  # random keys
-    with pytest.raises(BrokerUnavailableError):
+    stranger = StreamClient(broker.endpoint, "prices", server_public_key=server_key, timeout=5)  # random keys
+    with pytest.raises(BrokerUnavailableError, match="refused the CURVE handshake: this client has no key"):
         stranger.connect()
     stranger.close()
+    made_up = zmq.curve_keypair()
+    impostor = StreamClient(broker.endpoint, "prices", server_public_key=server_key, timeout=5,
+                            client_keys=(made_up[0].decode(), made_up[1].decode()))  # fmt: skip
+    with pytest.raises(BrokerUnavailableError, match=re.escape(f"client key {made_up[0].decode()} is not among")):
+        impostor.connect()
+    impostor.close()
+
+
+def test_a_client_taken_off_the_list_is_cut_off_at_once_without_a_restart(
+    broker_factory: BrokerFactory, tmp_path: Path
+) -> None:
+    """The broker reads its clients file again when it changes (the operator rewrites it when
+    spec.curveClients changes): a revoked client's session ends with UNAUTHORIZED, its next
+    connection is refused at the handshake, and the others go on."""
+    server_public, server_secret = zmq.auth.create_certificates(str(tmp_path), "server")
+    server_key = zmq.auth.load_certificate(server_public)[0].decode()
+    pairs = {name: tuple(k.decode() for k in zmq.curve_keypair()) for name in ("orders", "audit")}
+    clients = tmp_path / "clients.json"
+    clients.write_text(json.dumps({name: public for name, (public, _) in pairs.items()}))
+    broker = broker_factory(curve=CurveConfig(Path(server_secret), clients))
+
+    def client(name: str) -> StreamClient:
+        return StreamClient(broker.endpoint, "prices", server_public_key=server_key, client_keys=pairs[name],
+                            timeout=5).connect()  # type: ignore[arg-type]  # fmt: skip
+
+    orders, audit = client("orders"), client("audit")
+    orders.start("")
+    audit.start("")
+    clients.write_text(json.dumps({"audit": pairs["audit"][0]}))  # orders revoked
+    with pytest.raises(BrokerUnavailableError, match="was revoked"):
+        for _ in range(100):  # bounded: 10 s
+            orders.receive(0.1)
+    orders.close()
+    with pytest.raises(BrokerUnavailableError, match="refused the CURVE handshake"):
+        client("orders")
+    audit.publish("k", b"still served")
+    audit.flush()
+    message = audit.receive(5)
+    assert message is not None and message.body == b"still served"
+    audit.close()
+    assert broker.wait(0) is False, "the broker never restarted"
 
 
 def test_async_client_speaks_curve(broker_factory: BrokerFactory, tmp_path: Path) -> None:
@@ -575,7 +617,7 @@ def _parameters(function: Callable[..., Any]) -> list[tuple[str, Any, Any, str]]
 
 def test_async_client_has_the_same_api_as_the_blocking_one() -> None:
     """Same public names, same constructor, same parameters for every method (awaited, or async
-    iterators where the blocking client returns iterators)."""
+    iterators where the blocking client returns iterators; alternate constructors are plain)."""
     sync_api = {n for n in dir(StreamClient) if not n.startswith("_")}
     async_api = {n for n in dir(AsyncStreamClient) if not n.startswith("_")}
     assert sync_api == async_api
@@ -584,6 +626,8 @@ def test_async_client_has_the_same_api_as_the_blocking_one() -> None:
         blocking, awaited = getattr(StreamClient, name), getattr(AsyncStreamClient, name)
         if callable(blocking):
             assert _parameters(blocking) == _parameters(awaited), name
+            if isinstance(inspect.getattr_static(AsyncStreamClient, name), classmethod):
+                continue  # an alternate constructor (of): makes the client, awaits nothing
             assert inspect.iscoroutinefunction(awaited) or inspect.isasyncgenfunction(awaited), name
         else:
             assert type(blocking) is type(awaited), name

@@ -233,6 +233,7 @@ class _Session:
     blocked_until: float = 0.0  # the socket refused a send: wait before trying again
     producer: str | None = None  # the producer name this session claimed (PRODUCE), and its epoch
     epoch: int = 0
+    key: str | None = None  # the CURVE public key its connection authenticated with (a CURVE broker)
 
     @property
     def timestamps(self) -> bool:
@@ -263,6 +264,10 @@ class BrokerCore:
         self._clock_ms = _now_ms()  # wall time for producers' last activity (TTL): set once per flush
         self._multicast: list[list[bytes]] = []  # messages for the multicast group, oldest first
         self.invalid_frames = 0
+        #: the client public keys admitted (a CURVE broker with a list of clients; None: anyone)
+        self.authorized: frozenset[str] | None = None
+        #: the key a peer without a session authenticated with, for its next frame (the adapter sets it)
+        self.peer_keys: dict[bytes, str | None] = {}
 
     def open(self) -> BrokerCore:
         for name in self.config.streams:
@@ -282,6 +287,7 @@ class BrokerCore:
         """Handle one frame from ``peer``. Bad input gets INVALID; other peers are unaffected."""
         now = time.monotonic() if now is None else now
         session = self.sessions.get(peer)
+        key = self.peer_keys.pop(peer, None) if session is None and self.peer_keys else None
         conn = session.conn if session else Connection("broker")
         try:
             command = conn.receive(frame)
@@ -300,7 +306,7 @@ class BrokerCore:
         if session is not None:
             session.last_heard = now
         if isinstance(command, Attach):
-            self._attach(peer, conn, command, now)
+            self._attach(peer, conn, command, now, key)
             return
         assert session is not None  # the state machine only allows other commands after ATTACH
         # publishes first (idempotent ones before plain): every client sends them unless told not to
@@ -434,7 +440,11 @@ class BrokerCore:
         if forget:
             self.sessions.pop(peer, None)
 
-    def _attach(self, peer: bytes, conn: Connection, command: Attach, now: float) -> None:
+    def _attach(self, peer: bytes, conn: Connection, command: Attach, now: float, key: str | None = None) -> None:
+        if self.authorized is not None and key not in self.authorized:
+            self._invalid(peer, "this client's CURVE key is not (or no longer) among the stream's clients",
+                          Refusal.UNAUTHORIZED, version=command.version, forget=True)  # fmt: skip
+            return
         stream = self.streams.get(command.stream)
         if stream is None:
             self._invalid(peer, f"stream {command.stream!r} is not served by this broker", Refusal.STREAM_UNKNOWN,
@@ -444,8 +454,17 @@ class BrokerCore:
             self._invalid(peer, "broker is at its session limit; try again later", Refusal.BUSY,
                           version=command.version, forget=True)  # fmt: skip
             return
-        self.sessions[peer] = _Session(peer, conn, stream, last_heard=now, last_ping=now)
+        self.sessions[peer] = _Session(peer, conn, stream, last_heard=now, last_ping=now, key=key)
         self._send(peer, conn.send(AttachOk()))
+
+    def authorize(self, keys: frozenset[str]) -> None:
+        """The client keys admitted from now on: attached sessions whose key is no longer among them
+        are forgotten at once and told so (UNAUTHORIZED); their connections' next ATTACH is refused."""
+        self.authorized = keys
+        for session in [s for s in self.sessions.values() if s.key not in keys]:
+            self._forget(session)
+            self._invalid(session.peer, "this client's CURVE key was revoked: it is no longer among the stream's "
+                          "clients", Refusal.UNAUTHORIZED, version=session.conn.version, forget=False)  # fmt: skip
 
     def _subscribe(self, session: _Session, command: Subscribe | SubscribeTime) -> None:
         if len(session.subscriptions) >= self.config.max_subscriptions:

@@ -57,7 +57,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heartbeat", type=float, default=float(_env("HEARTBEAT", "5") or 5))
     p.add_argument("--ttl", type=float, default=float(_env("TTL", "30") or 30))
     p.add_argument("--curve-secret-key", default=_env("CURVE_SECRET_KEY"), help="zmq certificate with the secret key")
-    p.add_argument("--curve-clients-dir", default=_env("CURVE_CLIENTS_DIR"), help="allowed client public keys")
+    p.add_argument("--curve-clients", "--curve-clients-dir", dest="curve_clients",
+                   default=_env("CURVE_CLIENTS") or _env("CURVE_CLIENTS_DIR"),
+                   help="the clients admitted: a directory of zmq public certificates, or a JSON file "
+                   '{"name": "public key"}; read again when it changes (a client taken off is cut off at once); '
+                   "unset: any client key (encryption only) [ZEPS_BROKER_CURVE_CLIENTS]")  # fmt: skip
     p.add_argument("--metrics-port", type=int, default=_env_int("METRICS_PORT"),
                    help="serve Prometheus metrics on this port [ZEPS_BROKER_METRICS_PORT]")  # fmt: skip
     p.add_argument("--metrics-address", default=_env("METRICS_ADDRESS", "127.0.0.1"),
@@ -121,7 +125,7 @@ def settings(args: argparse.Namespace) -> tuple[BrokerConfig, CurveConfig | None
                           max_message_bytes=args.max_message_bytes)  # fmt: skip
     curve = None
     if args.curve_secret_key:
-        clients = Path(args.curve_clients_dir) if args.curve_clients_dir else None
+        clients = Path(args.curve_clients) if args.curve_clients else None
         curve = CurveConfig(Path(args.curve_secret_key), clients)
     registration = None
     if args.zookeeper:

@@ -5,8 +5,12 @@
   replayed later — and an unroutable peer (EHOSTUNREACH) is forgotten. ZeroMQ never drops silently.
 * Publishers are read in bounded batches per loop, so a flood cannot starve deliveries; when the
   broker is behind, ZeroMQ's receive high-water mark pushes back on publishers (they block).
-* Optional CURVE: the broker's secret key from a certificate file; with a directory of allowed
-  client public keys, pyzmq's authenticator admits only those clients.
+* Optional CURVE: the broker's secret key from a certificate file, and who may connect
+  (:class:`CurveConfig`): a ZAP handler (pyzmq's authenticator, with :class:`AllowedClients` as its
+  credentials provider) admits only the listed client public keys. The list is read again when it
+  changes (every second): a client taken off it is refused at its next connection, and its
+  attached sessions are forgotten at once with INVALID-CODE ``UNAUTHORIZED`` (each session keeps the
+  key its connection authenticated with, from the frame's ``User-Id``) — no restart.
 * Optional registration in ZooKeeper: the broker joins ``streams/<name>/brokers/<member>`` with its
   endpoint and public key, and honours the manifest: a member that the manifest does not list
   refuses to serve (a rogue broker stops at once).
@@ -20,6 +24,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import socket
@@ -41,7 +46,7 @@ from zeps.errors import ConfigError
 from zeps.journal import JournalError
 from zeps.options import DEFAULT_PGM_RATE_KBPS, DEFAULT_PGM_RECOVERY_MS, MulticastOptions
 
-__all__ = ["BrokerServer", "CurveConfig", "Registration", "make_curve_certificate"]
+__all__ = ["AllowedClients", "BrokerServer", "CurveConfig", "Registration", "make_curve_certificate"]
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +74,60 @@ def make_curve_certificate() -> tuple[str, str]:
 @dataclass(frozen=True)
 class CurveConfig:
     secret_key_file: Path  #: a zmq certificate file with the broker's secret key
-    clients_dir: Path | None = None  #: allowed client public keys; None: any client (encryption only)
+    #: who may connect: a directory of zmq public certificates, or a JSON file ``{"name": "public key"}``
+    #: (what the operator mounts), read again when it changes; None: any client (encryption only)
+    clients: Path | None = None
+
+
+class AllowedClients:
+    """The client public keys a CURVE broker admits, from :attr:`CurveConfig.clients`: the ZAP
+    handler's credentials provider (``callback``, on the authenticator's thread) and the broker loop's
+    list for revocations (``reload``). The set is replaced whole, never changed in place."""
+
+    def __init__(self, source: Path) -> None:
+        self.source = source
+        self.keys: frozenset[str] = frozenset()
+        self._seen: object = None
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key.decode("ascii", "replace") in self.keys
+
+    def reload(self) -> bool:
+        """Read the list again; True if it changed. A list that cannot be read keeps the last one
+        (logged): a half-written update must not open the broker, nor lock everyone out."""
+        try:
+            if self.source.is_dir():
+                stamp: object = sorted((p.name, p.stat().st_mtime_ns) for p in self.source.iterdir())
+                if stamp == self._seen:
+                    return False
+                keys = {str(public) for public in _public_keys(self.source)}
+            else:
+                raw = self.source.read_bytes()
+                stamp = raw
+                if stamp == self._seen:
+                    return False
+                listed = json.loads(raw)
+                if not isinstance(listed, dict) or not all(isinstance(k, str) for k in listed.values()):
+                    raise ValueError('not a JSON object {"name": "public key"}')
+                keys = set(listed.values())
+        except (OSError, ValueError) as exc:
+            log.error("CURVE clients %s could not be read (%s): keeping the %d keys admitted so far",
+                      self.source, exc, len(self.keys))  # fmt: skip
+            return False
+        self._seen = stamp
+        changed = frozenset(keys) != self.keys
+        self.keys = frozenset(keys)
+        return changed
+
+
+def _public_keys(directory: Path) -> list[str]:
+    """The public keys of the zmq certificates (``*.key``, ``*.key_secret``) in ``directory``."""
+    keys = []
+    for path in sorted(directory.iterdir()):
+        if path.suffix in (".key", ".key_secret"):
+            public, _ = zmq.auth.load_certificate(str(path))
+            keys.append(public.decode())
+    return keys
 
 
 @dataclass(frozen=True)
@@ -122,6 +180,8 @@ class BrokerServer:
         self._thread: threading.Thread | None = None
         self._ctx: zmq.Context[Any] | None = None
         self._auth: ThreadAuthenticator | None = None
+        #: the client keys a CURVE broker admits (None: no CURVE, or any client)
+        self.allowed: AllowedClients | None = None
         self._zk: Any = None
         self._metrics: Any = None  # the metrics HTTP server, when serving metrics
         self.registry = CollectorRegistry()
@@ -242,9 +302,13 @@ class BrokerServer:
             raise ConfigError(f"{self.curve.secret_key_file} holds no secret key; use the .key_secret certificate")
         self._auth = ThreadAuthenticator(ctx)
         self._auth.start()
-        if self.curve.clients_dir is not None:
-            self._auth.configure_curve(domain="*", location=str(self.curve.clients_dir))
+        if self.curve.clients is not None:
+            self.allowed = AllowedClients(self.curve.clients)
+            self.allowed.reload()
+            self.core.authorized = self.allowed.keys
+            self._auth.configure_curve_callback(domain="*", credentials_provider=self.allowed)
         else:
+            log.warning("CURVE encrypts, but admits any client key: give the clients allowed (--curve-clients)")
             self._auth.configure_curve(domain="*", location=zmq.auth.CURVE_ALLOW_ANY)
         sock.setsockopt(zmq.CURVE_SERVER, 1)
         sock.setsockopt(zmq.CURVE_SECRETKEY, secret)
@@ -336,25 +400,16 @@ class BrokerServer:
                 busy = core._lagging or core._appends or core.multicast_pending
                 wait = 0 if core.replay_ready(time.monotonic()) else 1 if busy else 50
                 events = dict(poller.poll(wait))
-                received = size = 0
-                if sock in events:
-                    while received < _READ_BATCH and size < _READ_BYTES:
-                        try:
-                            peer, frame = sock.recv_multipart(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        except ValueError:
-                            continue  # a multipart message of another shape: not ZEPS
-                        core.receive(peer, frame)
-                        received += 1
-                        size += len(frame)
-                core.flush_appends(idle=received < _READ_BATCH and size < _READ_BYTES)
+                idle = self._read(sock) if sock in events else True
+                core.flush_appends(idle=idle)
                 self._send(core.pump())
                 if self._pub is not None:
                     self._send_multicast(core.take_multicast())
                 now = time.monotonic()
                 if now - last_tick >= 1.0:
                     last_tick = now
+                    if self.allowed is not None and self.allowed.reload():  # revocations apply at once
+                        core.authorize(self.allowed.keys)
                     core.tick(now)
                     self._send(core.pump())
                     self._update_metrics()
@@ -373,6 +428,36 @@ class BrokerServer:
             sock.close(linger=0)
             if self._pub is not None:
                 self._pub.close(linger=0)
+
+    def _read(self, sock: zmq.Socket[Any]) -> bool:
+        """Hand the core what arrived, up to a batch (frames or bytes); True if that was all of it."""
+        received = size = 0
+        while received < _READ_BATCH and size < _READ_BYTES:
+            try:
+                if self.allowed is None:
+                    peer, frame = sock.recv_multipart(zmq.NOBLOCK)
+                else:  # each session keeps the key its connection authenticated with
+                    peer, frame = self._receive_authenticated(sock)
+            except zmq.Again:
+                return True
+            except ValueError:
+                continue  # a multipart message of another shape: not ZEPS
+            self.core.receive(peer, frame)
+            received += 1
+            size += len(frame)
+        return False
+
+    def _receive_authenticated(self, sock: zmq.Socket[Any]) -> tuple[bytes, bytes]:
+        """(peer, frame), telling the core which client key the peer's connection authenticated with
+        when the peer has no session yet (an ATTACH is checked against the allowed keys)."""
+        parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+        if len(parts) != 2:
+            raise ValueError("not a ZEPS message")
+        peer = parts[0].bytes
+        if peer not in self.core.sessions:
+            user = parts[1].get("User-Id")
+            self.core.peer_keys[peer] = user if isinstance(user, str) else None
+        return peer, parts[1].bytes
 
     def _send(self, outgoing: list[Any]) -> None:
         blocked: set[bytes] = set()

@@ -36,7 +36,10 @@ from zeps.client.sync import (
     close_dealer,
     configure_curve,
     configure_dealer,
+    curve_keys,
+    refused_handshake,
 )
+from zeps.config import Resolved
 from zeps.errors import ProducerError, ProtocolError, ZepsError
 from zeps.options import MulticastOptions
 from zeps.protocol import LATEST, Fetch
@@ -80,6 +83,13 @@ class AsyncStreamClient:
         self._last_ping = 0.0
         self._watched: list[AsyncMulticastSubscription] = []  # closed with the client
         self.reconnects = 0
+
+    @classmethod
+    def of(cls, settings: Resolved, **options: Any) -> AsyncStreamClient:
+        """A client of a resolved stream (see :meth:`StreamClient.of`). Not connected yet."""
+        server_key, client_keys = curve_keys(settings)
+        return cls(settings.endpoint, settings.name, server_public_key=server_key, client_keys=client_keys,
+                   max_message_bytes=settings.max_message_bytes, **options)  # fmt: skip
 
     # -- connection -----------------------------------------------------------------------------
     async def connect(self) -> AsyncStreamClient:
@@ -128,6 +138,9 @@ class AsyncStreamClient:
                 event = parse_monitor_message(await monitor.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 break
+            refused = refused_handshake(event["event"], self.client_keys)
+            if refused is not None:
+                self.session.refused = refused
             lost = lost or (event["event"] == zmq.EVENT_DISCONNECTED and self.session.attached)
         return lost
 

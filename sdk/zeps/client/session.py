@@ -658,6 +658,10 @@ class ClientSession:
             if self.attached and command.code in _PUBLISH_REFUSALS:
                 self.publish_refused, self.publish_refused_code = command.reason, command.code
                 return []
+            if command.code == Refusal.UNAUTHORIZED:  # revoked: no attach can help
+                self.attached = False
+                self.refused, self.refused_code = command.reason, command.code
+                return []
             if not self.attached:
                 if command.code == Refusal.VERSION_UNSUPPORTED and self.version > 1:
                     self.version -= 1  # attach again with the version below

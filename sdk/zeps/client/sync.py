@@ -19,14 +19,17 @@ import contextlib
 import time
 from collections.abc import Iterable, Iterator
 from itertools import islice
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import zmq
+import zmq.auth
 from zmq.utils.monitor import recv_monitor_message
 
 from zeps.client.multicast import MulticastSubscription
 from zeps.client.session import ClientSession, Fetched, Message, Records, Row, Since, Time
+from zeps.config import Resolved
 from zeps.errors import ConfigError, ProducerError, ProtocolError, UnavailableError, ZepsError
 from zeps.options import MulticastOptions
 from zeps.protocol import LATEST, Fetch
@@ -98,8 +101,22 @@ def configure_dealer(sock: Any) -> None:
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
 
 
-#: socket events both clients watch: a lost connection is re-attached at once, not after ``ttl``
-MONITORED = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+#: socket events both clients watch: a lost connection is re-attached at once, not after ``ttl``; a
+#: CURVE handshake the broker refused (its ZAP handler: not an admitted key) is an error at once
+MONITORED = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+
+
+def refused_handshake(event: int, client_keys: tuple[str, str] | None) -> str | None:
+    """Why the broker refused this client, if ``event`` (a monitor event) says it refused the CURVE
+    handshake: its ZAP handler does not admit the client's key."""
+    if event != zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return None
+    if client_keys is None:
+        return ("the broker refused the CURVE handshake: this client has no key of its own (a random one was "
+                "used); give it the client certificate the operator made (ZEPS_STREAM_<NAME>_CURVE_CLIENT, or "
+                "client_keys=) and list the client in the stream's spec.curveClients")  # fmt: skip
+    return (f"the broker refused the CURVE handshake: client key {client_keys[0]} is not among the stream's "
+            "clients (spec.curveClients), or was revoked")  # fmt: skip
 
 
 def close_dealer(sock: Any, monitor: Any) -> None:
@@ -110,6 +127,31 @@ def close_dealer(sock: Any, monitor: Any) -> None:
         if monitor is not None:
             monitor.close(linger=0)
         sock.close(linger=0)
+
+
+def curve_keys(settings: Resolved) -> tuple[str | None, tuple[str, str] | None]:
+    """(the broker's public key, this client's key pair) for a resolved stream. The client's pair from
+    the certificate ``settings.curve_client`` names (``client.key_secret`` of the Secret the operator
+    made for it); the broker's key as given, else from the ``server.key`` beside that certificate (the
+    same Secret: the operator's word, which ZooKeeper cannot change), else the resource's status."""
+    if not settings.curve_client:
+        return settings.public_key or None, None
+    path = Path(settings.curve_client)
+    try:
+        public, secret = zmq.auth.load_certificate(str(path))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"ZEPS_STREAM_<NAME>_CURVE_CLIENT={path}: not a readable zmq certificate ({exc}); mount "
+            "the Secret the operator made for this client and name its client.key_secret"
+        ) from None
+    if secret is None:
+        raise ConfigError(f"ZEPS_STREAM_<NAME>_CURVE_CLIENT={path} holds no secret key: name client.key_secret, "
+                          "not client.key")  # fmt: skip
+    server = settings.public_key
+    beside = path.with_name("server.key")
+    if beside.exists():
+        server = zmq.auth.load_certificate(str(beside))[0].decode()
+    return server or None, (public.decode(), secret.decode())
 
 
 def configure_curve(sock: Any, server_public_key: str | None, client_keys: tuple[str, str] | None) -> None:
@@ -157,6 +199,15 @@ class StreamClient:
         self._poller = zmq.Poller()
         self._watched: list[MulticastSubscription] = []  # their sockets wake the client's waits too
         self.reconnects = 0
+
+    @classmethod
+    def of(cls, settings: Resolved, **options: Any) -> StreamClient:
+        """A client of a resolved stream (:func:`zeps.config.resolve`; what ``zeps.stream()``, the CLI and
+        the Spark source use): its endpoint, CURVE keys (:func:`curve_keys`) and message limit; ``options``
+        as for the constructor. Not connected yet."""
+        server_key, client_keys = curve_keys(settings)
+        return cls(settings.endpoint, settings.name, server_public_key=server_key, client_keys=client_keys,
+                   max_message_bytes=settings.max_message_bytes, **options)  # fmt: skip
 
     # -- connection -----------------------------------------------------------------------------
     def connect(self) -> StreamClient:
@@ -278,7 +329,10 @@ class StreamClient:
         got = False
         if self._monitor in events:
             event = recv_monitor_message(self._monitor)
-            if event["event"] == zmq.EVENT_DISCONNECTED and self.session.attached and not reading_only:
+            refused = refused_handshake(event["event"], self.client_keys)
+            if refused is not None:
+                self.session.refused = refused
+            elif event["event"] == zmq.EVENT_DISCONNECTED and self.session.attached and not reading_only:
                 self._reconnect()
                 return True
         if self._sock in events:

@@ -10,7 +10,12 @@ Environment variables (what a pod gets; the operator's status shows the same val
                                         own namespace, or ``default``)
 ``ZEPS_ZOOKEEPER_USER`` / ``_PASSWORD``   the namespace's ZooKeeper digest identity, when ACLs are on
 ``ZEPS_STREAM_<NAME>_ENDPOINT``         a stream's broker endpoint (``<NAME>`` upper-case, ``-`` → ``_``)
-``ZEPS_STREAM_<NAME>_PUBLIC_KEY``       its CURVE public key, when CURVE is on
+``ZEPS_STREAM_<NAME>_PUBLIC_KEY``       its CURVE public key, when CURVE is on (else the ``server.key``
+                                        beside the client certificate, else the resource's status)
+``ZEPS_STREAM_<NAME>_CURVE_CLIENT``     this client's CURVE certificate, ``client.key_secret`` of the
+                                        Secret the operator made for it (``<stream>-curve-<client>``,
+                                        mounted in the pod): a stream with CURVE admits listed clients only
+``ZEPS_STREAM_<NAME>_MAX_MESSAGE_BYTES``  its message limit (else the resource's spec, else 1 MiB)
 ``ZEPS_STREAM_<NAME>_MULTICAST``        its multicast output, ``transport://group:port`` (or the JSON of
                                        the broker's settings: ``{"transport": …, "rate_kbps": …}``)
 ======================================  ===============================================================
@@ -28,6 +33,7 @@ from pydantic import BaseModel, ConfigDict
 from zeps.errors import ConfigError
 from zeps.options import MulticastOptions
 from zeps.paths import DEFAULT_CHROOT, chroot_of, validate_name
+from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES
 from zeps.resources import PLURALS, Kind
 
 __all__ = ["Resolved", "default_namespace", "require_queue_mode", "resolve"]
@@ -50,6 +56,10 @@ class Resolved(BaseModel):
     public_key: str = ""
     #: a stream's multicast output as receivers need it (the broker's member node, via the status)
     multicast: dict[str, Any] = {}
+    #: a stream's client CURVE certificate (a path: the key itself is never in the settings, which Spark
+    #: ships to executors in the plan; they mount the same Secret)
+    curve_client: str = ""
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  #: a stream's message limit (its spec.maxMessageBytes)
     spec: dict[str, Any] = {}
 
 
@@ -84,6 +94,15 @@ def _env_auth() -> tuple[str, str] | None:
     return (user, password) if user else None
 
 
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name, "")
+    if not value:
+        return None
+    if not value.isdigit():
+        raise ConfigError(f"{name}={value!r}: a number of bytes, e.g. 1048576")
+    return int(value)
+
+
 def _env_multicast(value: str) -> dict[str, Any]:
     """``ZEPS_STREAM_<NAME>_MULTICAST``: a URL or the JSON of the broker's multicast settings, checked."""
     if not value:
@@ -107,6 +126,8 @@ def resolve(
     endpoint: str | None = None,
     public_key: str | None = None,
     multicast: dict[str, Any] | None = None,
+    curve_client: str | None = None,
+    max_message_bytes: int | None = None,
     needs: tuple[Literal["zookeeper", "endpoint", "multicast"], ...] | None = None,
 ) -> Resolved:
     """Settings for one resource: explicit arguments, then environment, then the resource's status.
@@ -124,6 +145,8 @@ def resolve(
         "endpoint": endpoint or os.environ.get(f"ZEPS_STREAM_{env_key}_ENDPOINT", ""),
         "public_key": public_key or os.environ.get(f"ZEPS_STREAM_{env_key}_PUBLIC_KEY", ""),
         "multicast": multicast or _env_multicast(os.environ.get(f"ZEPS_STREAM_{env_key}_MULTICAST", "")),
+        "curve_client": curve_client or os.environ.get(f"ZEPS_STREAM_{env_key}_CURVE_CLIENT", ""),
+        "max_message_bytes": max_message_bytes or _env_int(f"ZEPS_STREAM_{env_key}_MAX_MESSAGE_BYTES"),
         "spec": {},
     }
     needed = needs or (("endpoint",) if kind == "ZepsStream" else ("zookeeper",))
@@ -137,9 +160,11 @@ def resolve(
         found["endpoint"] = found["endpoint"] or status.get("endpoint", "")
         found["public_key"] = found["public_key"] or status.get("curvePublicKey", "")
         found["multicast"] = found["multicast"] or status.get("multicast") or {}
+        found["max_message_bytes"] = found["max_message_bytes"] or spec.get("maxMessageBytes")
         if not found["chroot"]:
             found["chroot"] = chroot_of(kind, ns, name, status.get("path", "")) or ""
     found["chroot"] = found["chroot"] or DEFAULT_CHROOT
+    found["max_message_bytes"] = found["max_message_bytes"] or DEFAULT_MAX_MESSAGE_BYTES
     if not all(found[k] for k in needed):
         what = " and ".join({"endpoint": "broker endpoint", "zookeeper": "ZooKeeper connect string",
                              "multicast": "multicast output (spec.multicast)"}[k]

@@ -75,7 +75,9 @@ Refusal codes added later, within version 5's INVALID-CODE (a client treats a co
 as a refusal of what it just asked): ``TOO_LARGE`` (11: a body over the stream's message limit,
 :mod:`zeps.protocol.limits`; nothing of the frame is journaled) and ``JOURNAL_FULL`` (12: the journal's
 volume is full; the peering's publishes since its last PING-OK were not journaled, the broker forgot
-the peering, and the client attaches again and resends them).
+the peering, and the client attaches again and resends them), ``UNAUTHORIZED`` (13: a CURVE broker
+with a list of clients does not, or no longer, admit the key the peer's connection authenticated
+with; its sessions are forgotten).
 
 **Version 7 extension** (negotiated the same way): bounded replay and the multicast output (seed 004,
 "Multicast Output": real-time data over NORM or PGM, history never; a client that wants both uses a
@@ -289,6 +291,7 @@ class Refusal(IntEnum):
     TOO_LARGE = 11  #: a message body over the stream's maxMessageBytes: nothing of the frame was journaled
     JOURNAL_FULL = 12  #: the journal's volume is full: the peering's publishes since its last PING-OK are not
     #: journaled (none of them is confirmed) and the broker forgot the peering: attach again, resend
+    UNAUTHORIZED = 13  #: a CURVE broker does not (or no longer) admit this client's key: waiting cannot help
 
 
 @dataclass(frozen=True, slots=True)

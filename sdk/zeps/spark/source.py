@@ -179,7 +179,7 @@ class _StreamRead:
             return
         s = self.settings
         matcher = compile_pattern(self.pattern) if self.pattern else None
-        with StreamClient(s.endpoint, s.name, server_public_key=s.public_key or None, credit_window=32 << 20) as c:
+        with StreamClient.of(s, credit_window=32 << 20) as c:
             c.start("", since=Seq(part.start))
             expected = part.start + 1  # the next sequence the range needs
             pending: list[Records] = []  # handed to Spark in Arrow batches of about _ARROW_ROWS rows
@@ -256,7 +256,7 @@ class ZepsStreamReader(DataSourceStreamReader, _StreamRead):
             return {name: int(json.loads(starting)[name])}
         if starting.isdigit():  # epoch milliseconds: start before the first message at or after it
             s = self.settings
-            with StreamClient(s.endpoint, s.name, server_public_key=s.public_key or None) as c:
+            with StreamClient.of(s) as c:
                 c.start("", since=Time(int(starting) / 1000))
                 first = c.receive(5)
             return {name: (first.sequence - 1) if first else _durable_tail(self.settings)[0]}
@@ -387,8 +387,7 @@ def _publish_rows(settings: Resolved, rows: Iterator[Any], write_id: str) -> _Co
     """Publish a task's rows exactly once, however often Spark runs the task (see the module docstring)."""
     producer, generation = task_producer(write_id)
     count = 0
-    with StreamClient(settings.endpoint, settings.name, server_public_key=settings.public_key or None,
-                      producer_id=producer, generation=generation) as client:  # fmt: skip
+    with StreamClient.of(settings, producer_id=producer, generation=generation) as client:
         held = client.generation_sequence  # rows an earlier attempt of this task published
         for row in rows:
             count += 1
