@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import socket
 import subprocess
 import time
@@ -267,6 +268,8 @@ class KindStack(LocalServer):
         self.zeps_image = ""
         self.zookeeper_image = ""
         self.spark_image = ""
+        #: the operator's ZooKeeper identity on this cluster (the ensemble's super user): new each stack
+        self.zookeeper_password = secrets.token_hex(12)
         self.timings: dict[str, float] = {}
 
     def start(self) -> None:
@@ -320,6 +323,7 @@ class KindStack(LocalServer):
             f"zookeeper.ensemble.image.repository={zk_repository}",
             f"zookeeper.ensemble.image.tag={zk_tag}",
             "zookeeper.ensemble.image.pullPolicy=Never",
+            f"zookeeper.auth.password={self.zookeeper_password}",  # ACLs work as users set them up
             "operator.resyncSeconds=10",
         ]
 

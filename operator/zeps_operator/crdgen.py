@@ -64,6 +64,9 @@ def structural(schema: dict[str, Any], defs: dict[str, Any] | None = None) -> di
     elif kind == "array":
         out["type"] = "array"
         out["items"] = structural(node.get("items", {}), defs)
+        for key in ("minItems", "maxItems", "x-kubernetes-list-type"):
+            if key in node:
+                out[key] = node[key]
     elif kind:
         out["type"] = kind
     for key in ("minimum", "maximum", "pattern", "minLength", "maxLength", "default"):

@@ -18,7 +18,7 @@ import kopf
 from prometheus_client import Counter, start_http_server
 from pydantic import BaseModel
 
-from zeps.broker.server import make_curve_certificate
+from zeps.broker.certificates import make_certificate
 from zeps.coordination import Group, Topic, connect, digest_acl
 from zeps.coordination.admin import (
     PathConflictError,
@@ -33,6 +33,7 @@ from zeps.options import TopicOptions
 from zeps.paths import QueuePaths, StreamPaths, TopicPaths
 from zeps.resources import GROUP, PLURALS, VERSION
 from zeps_operator.cleaning import Cleaning
+from zeps_operator.curve import CURVE_SECRET, StreamKeys, client_secret, forget_keys, plan_keys
 from zeps_operator.diffbase import StatusDiffBase
 from zeps_operator.freshness import ReadCache, read_after_creation
 from zeps_operator.kube import InvalidSecretError, Kube
@@ -40,12 +41,15 @@ from zeps_operator.leadership import LeaseKeeper
 from zeps_operator.models import QueueSpec, StreamSpec, TopicSpec
 from zeps_operator.plan import (
     NAMESPACE_AUTH_SECRET,
+    STREAM_LABEL,
     Settings,
     condition,
     ready_at,
     ready_condition,
+    receiver_settings,
     retains_data,
     status_changes,
+    stream_endpoint,
     stream_member,
     stream_objects,
     zookeeper_layout,
@@ -430,21 +434,27 @@ def stream_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **kwargs
     if group.manifest() != frozenset({member}):
         group.set_manifest([member])
     typed = StreamSpec.model_validate(dict(spec))
-    if typed.curve:
-        _ensure_curve_secret(body, namespace, name)
-    for obj in stream_objects(namespace, name, typed, state.settings):
-        kopf.adopt(obj, owner=body)
+    public_key = _ensure_curve(body, namespace, name, typed.curve_clients) if typed.curve else ""
+    zookeeper_auth = _namespace_acl(namespace, read_after=read_after) is not None
+    retain = retains_data(dict(spec))
+    for obj in stream_objects(namespace, name, typed, state.settings, zookeeper_auth=zookeeper_auth):
+        if not (retain and obj["kind"] == "PersistentVolumeClaim"):  # a retained journal outlives the stream
+            kopf.adopt(obj, owner=body)
         state.kube.apply(obj)
     available = state.kube.deployment_available(namespace, f"{name}-broker")
     members = group.members()
     registered = member in members
     patch.status["brokerReady"] = available and registered
     if registered:
+        # where clients connect and whose key they trust: the operator's own word (its Service, its
+        # Secret), never what a member node in ZooKeeper says; the broker's live facts are only facts
+        patch.status["endpoint"] = stream_endpoint(namespace, name, typed)
+        patch.status["curvePublicKey"] = public_key
+        if typed.multicast is not None:
+            patch.status["multicast"] = receiver_settings(typed.multicast)
         facts = members[member].metadata
-        patch.status["endpoint"] = facts.get("endpoint", "")
-        patch.status["curvePublicKey"] = facts.get("curvePublicKey", "")
-        for key in ("lastSequence", "journalBytes", "multicast"):
-            if key in facts:
+        for key in ("lastSequence", "journalBytes"):
+            if isinstance(facts.get(key), int):
                 patch.status[key] = facts[key]
     if available and registered:
         _ready(body, patch, True, "BrokerReady", "the broker is available and registered", generation=generation)
@@ -454,24 +464,27 @@ def stream_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **kwargs
         raise kopf.TemporaryError(why, delay=5)
 
 
-def _ensure_curve_secret(body: kopf.Body, namespace: str, name: str) -> None:
-    """The broker's CURVE key pair, made once and kept in a Secret (never rotated behind its back)."""
-    if state.kube.secret_data(namespace, f"{name}-curve") is not None:
-        return
-    public, secret_text = make_curve_certificate()
-    secret = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {
-            "name": f"{name}-curve",
-            "namespace": namespace,
-            "annotations": {"zeps.dev/curve-public-key": public},
-        },
-        "stringData": {"broker.key_secret": secret_text},
-    }
-    kopf.adopt(secret, owner=body)
-    state.kube.apply(secret)
-    kopf.info(body, reason="CurveKeys", message="created the broker's CURVE key pair")
+def _ensure_curve(body: kopf.Body, namespace: str, name: str, clients: list[str]) -> str:
+    """The stream's CURVE keys in the namespace's Secret (made once, kept), its admitted clients set to
+    ``clients``, each client's own Secret made once (:mod:`zeps_operator.curve`); the broker's public key."""
+    planned: list[StreamKeys] = []
+
+    def change(data: dict[str, str]) -> dict[str, str]:
+        planned.append(plan_keys(data, name, clients, make=make_certificate))
+        return planned[-1].data
+
+    state.kube.update_secret(namespace, CURVE_SECRET, change, labels={"app.kubernetes.io/managed-by": "zeps-operator"})
+    keys = planned[-1]
+    if keys.changed:
+        kopf.info(body, reason="CurveKeys", message=f"CURVE clients admitted: {', '.join(clients) or 'none'}")
+    for client in keys.clients:
+        secret = client_secret(namespace, name, client, keys, {"app.kubernetes.io/managed-by": "zeps-operator",
+                                                                 STREAM_LABEL: name})  # fmt: skip
+        kopf.adopt(secret, owner=body)
+        if state.kube.create_once(secret):
+            made = secret["metadata"]["name"]
+            kopf.info(body, reason="CurveClient", message=f"made Secret {made} for client {client}")
+    return keys.public_key
 
 
 # -- deletion ------------------------------------------------------------------------------------
@@ -487,8 +500,12 @@ def deleted(body: kopf.Body, spec: kopf.Spec, retry: int, **_: Any) -> None:
     if kind == "Topic":
         state.cleaning.forget(target)
     if retains_data(dict(spec)):
-        kopf.info(body, reason="Retained", message="deletionPolicy Retain: ZooKeeper data kept")
+        kept = "ZooKeeper data, journal volume and CURVE keys" if kind == "ZepsStream" else "ZooKeeper data"
+        kopf.info(body, reason="Retained", message=f"deletionPolicy Retain: {kept} kept")
         return
+    if kind == "ZepsStream":  # its keys go with it (its journal volume too: the stream owns it)
+        state.kube.update_secret(meta["namespace"], CURVE_SECRET, lambda data: forget_keys(data, meta["name"]),
+                                 labels={"app.kubernetes.io/managed-by": "zeps-operator"})  # fmt: skip
     if state.zk is None or not state.zk.connected:
         if retry < state.settings.delete_retries:
             raise kopf.TemporaryError("ZooKeeper is unreachable; will retry", delay=2)

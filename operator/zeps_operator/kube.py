@@ -94,6 +94,52 @@ class Kube:
             force_conflicts=True,
         )
 
+    def create_once(self, obj: dict[str, Any]) -> bool:
+        """Create ``obj`` (a namespaced core/v1 Secret) unless one of its name exists: True if made. What
+        exists is left as it is and never read (the operator may create Secrets, not read them)."""
+        assert obj["apiVersion"] == "v1" and obj["kind"] == "Secret"
+        body: Any = obj  # the client serialises a plain manifest as it does its models
+        try:
+            self._core.create_namespaced_secret(obj["metadata"]["namespace"], body)
+        except ApiException as exc:
+            if exc.status == _CONFLICT:
+                return False
+            raise
+        return True
+
+    def update_secret(
+        self,
+        namespace: str,
+        name: str,
+        change: Callable[[dict[str, str]], dict[str, str]],
+        *,
+        labels: dict[str, str],
+        attempts: int = 10,
+    ) -> dict[str, str]:
+        """Read the Secret's data (empty if there is none), write ``change(data)`` back if it differs,
+        as a compare-and-set on its resourceVersion (made, if missing), retried when another writer
+        came first: two streams of a namespace never lose each other's keys. Returns the data written."""
+        for _ in range(attempts):
+            current = _unless_missing(lambda: self._core.read_namespaced_secret(name, namespace))
+            data = {k: base64.b64decode(v).decode() for k, v in ((current.data if current else None) or {}).items()}
+            wanted = change(dict(data))
+            if wanted == data and (current is not None or not wanted):
+                return data  # nothing to write (nor a Secret to make just to leave it empty)
+            encoded: dict[str, Any] = {k: base64.b64encode(v.encode()).decode() for k, v in wanted.items()}
+            try:
+                if current is None:
+                    body = k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=name, labels=labels), data=encoded)
+                    self._core.create_namespaced_secret(namespace, body)
+                else:
+                    current.data = encoded
+                    self._core.replace_namespaced_secret(name, namespace, current)  # resourceVersion: CAS
+            except ApiException as exc:
+                if exc.status != _CONFLICT:
+                    raise
+                continue  # another writer came first: read again
+            return wanted
+        raise RuntimeError(f"Secret {namespace}/{name}: {attempts} conflicting writers in a row; try again")
+
     def release_lease(self, namespace: str, name: str, *, identity: str) -> None:
         """Give the Lease up if ``identity`` holds it (another replica takes it at once, not after its
         duration); a compare-and-set like every Lease write, so a newer holder is never cleared."""

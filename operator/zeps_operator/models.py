@@ -8,13 +8,14 @@ the API server itself refuses to change it — no webhook.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.alias_generators import to_camel
 
 from zeps.journal import DEFAULT_MAX_PRODUCERS, DEFAULT_PRODUCER_TTL_MS
 from zeps.options import BatchOptions, MulticastOptions, QueueOptions, TopicOptions
+from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES_CEILING
 from zeps.resources import GROUP, PLURALS, VERSION
 
 __all__ = [
@@ -163,7 +164,26 @@ class StreamSpec(_Model):
         "patterns; prefix refuses a ~regex subscription with INVALID (no regular expression runs in the broker).",
     )
     producers: Producers = Field(default_factory=Producers)
-    curve: bool = Field(False, description="Encrypt and authenticate with CURVE (a key pair in a Secret).")
+    max_message_bytes: int = Field(
+        DEFAULT_MAX_MESSAGE_BYTES,
+        ge=1,
+        le=MAX_MESSAGE_BYTES_CEILING,
+        description="The largest message body the broker accepts; a larger one is refused (TOO_LARGE) and nothing of "
+        "its frame is journaled. Clients refuse it before sending (they read this field).",
+    )
+    curve: bool = Field(
+        False,
+        description="Encrypt with CURVE and admit only the clients in curveClients (the broker's key pair, and each "
+        "client's, in the namespace's zeps-curve Secret).",
+    )
+    curve_clients: list[Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]] = Field(
+        default_factory=list,
+        max_length=256,
+        description="With curve: the clients admitted. Each gets a Secret <stream>-curve-<client> (client.key_secret, "
+        "server.key) for its pods to mount (ZEPS_STREAM_<NAME>_CURVE_CLIENT=.../client.key_secret); a client taken "
+        "off the list is cut off at once, without a broker restart.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field("ClusterIP")
     port: int = Field(5555, ge=1024, le=65535, description="The broker's ZeroMQ port.")
     multicast: Multicast | None = Field(

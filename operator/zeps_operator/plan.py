@@ -14,12 +14,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from zeps.options import MulticastOptions
 from zeps.paths import DEFAULT_CHROOT, paths_of
+from zeps_operator.curve import broker_volume
 from zeps_operator.models import Multicast, StreamSpec
 
 __all__ = [
     "BROKER_DATA",
     "NAMESPACE_AUTH_SECRET",
+    "STREAM_LABEL",
     "Settings",
     "condition",
     "stream_member",
@@ -28,6 +31,8 @@ __all__ = [
 ]
 
 BROKER_DATA = "/var/lib/zeps"
+#: the label naming a stream on what outlives it (its journal's PVC, with deletionPolicy Retain)
+STREAM_LABEL = "zeps.dev/stream"
 METRICS_PORT = 9102
 #: the broker image when neither the ZepsStream nor the operator's environment names one
 DEFAULT_BROKER_IMAGE = "ghcr.io/zeps-dev/zeps:0.1.0"
@@ -140,6 +145,18 @@ def stream_member(name: str) -> str:
     return f"{name}-0"
 
 
+def stream_endpoint(namespace: str, name: str, spec: StreamSpec) -> str:
+    """Where clients reach a stream's broker: its Service (what the broker advertises, too)."""
+    return f"tcp://{name}-broker.{namespace}.svc:{spec.port}"
+
+
+def receiver_settings(multicast: Multicast) -> dict[str, Any]:
+    """What a stream's multicast receivers need (``status.multicast``), from the spec: the group and
+    the settings both ends share, as the broker's own (``MulticastOptions``, no interface)."""
+    shared = MulticastOptions.model_fields.keys() - {"interface"}
+    return MulticastOptions.model_validate(multicast.model_dump(include=shared)).model_dump(exclude={"interface"})
+
+
 def _labels(name: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "zeps-broker",
@@ -166,9 +183,15 @@ def _multicast_pod(multicast: Multicast, template: dict[str, Any], container: di
         }  # fmt: skip
 
 
-def stream_objects(namespace: str, name: str, spec: StreamSpec, settings: Settings) -> list[dict[str, Any]]:
+def stream_objects(
+    namespace: str, name: str, spec: StreamSpec, settings: Settings, *, zookeeper_auth: bool = False
+) -> list[dict[str, Any]]:
     """ConfigMap, PersistentVolumeClaim, Deployment and Service of a ZepsStream's broker. ``spec`` is
-    the typed spec (defaults come from the model, never from here)."""
+    the typed spec (defaults come from the model, never from here). ``zookeeper_auth``: the namespace
+    has ZooKeeper credentials (its zeps-zookeeper-auth Secret): the broker registers with them, and
+    its member node gets their ACL. The PVC carries a label naming the stream (``zeps.dev/stream``):
+    with ``deletionPolicy: Retain`` it has no owner, outlives the stream, and a stream made again with
+    the same name takes it over (the handlers decide ownership)."""
     labels = _labels(name)
     port = spec.port
     service = f"{name}-broker"
@@ -177,7 +200,7 @@ def stream_objects(namespace: str, name: str, spec: StreamSpec, settings: Settin
         "ZEPS_BROKER_STREAMS": name,
         "ZEPS_BROKER_DATA_DIR": BROKER_DATA,
         "ZEPS_BROKER_BIND": f"tcp://0.0.0.0:{port}",
-        "ZEPS_BROKER_ADVERTISE": f"tcp://{service}.{namespace}.svc:{port}",
+        "ZEPS_BROKER_ADVERTISE": stream_endpoint(namespace, name, spec),
         "ZEPS_BROKER_FSYNC": spec.fsync,
         "ZEPS_BROKER_MATCHING": spec.matching,
         "ZEPS_BROKER_PRODUCER_TTL": str(spec.producers.ttl_seconds),
@@ -187,6 +210,8 @@ def stream_objects(namespace: str, name: str, spec: StreamSpec, settings: Settin
         "ZEPS_BROKER_CHROOT": settings.chroot,
         "ZEPS_BROKER_MEMBER": stream_member(name),
         "ZEPS_BROKER_METRICS_PORT": str(METRICS_PORT),
+        "ZEPS_BROKER_METRICS_ADDRESS": "0.0.0.0",  # the pod's port: other pods (Prometheus) scrape it
+        "ZEPS_BROKER_MAX_MESSAGE_BYTES": str(spec.max_message_bytes),
     }
     if retention.age_seconds:
         env["ZEPS_BROKER_RETENTION_MS"] = str(retention.age_seconds * 1000)
@@ -194,6 +219,7 @@ def stream_objects(namespace: str, name: str, spec: StreamSpec, settings: Settin
         env["ZEPS_BROKER_RETENTION_BYTES"] = str(retention.bytes)
     if spec.curve:
         env["ZEPS_BROKER_CURVE_SECRET_KEY"] = "/etc/zeps/curve/broker.key_secret"
+        env["ZEPS_BROKER_CURVE_CLIENTS"] = "/etc/zeps/curve/clients.json"
     multicast = spec.multicast
     if multicast is not None:
         env["ZEPS_BROKER_MULTICAST"] = multicast.url
@@ -206,7 +232,7 @@ def stream_objects(namespace: str, name: str, spec: StreamSpec, settings: Settin
     pvc: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": {"name": f"{name}-journal", "namespace": namespace, "labels": labels},
+        "metadata": {"name": f"{name}-journal", "namespace": namespace, "labels": {**labels, STREAM_LABEL: name}},
         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": storage.size}}},
     }
     if storage.storage_class_name:
@@ -217,8 +243,13 @@ def stream_objects(namespace: str, name: str, spec: StreamSpec, settings: Settin
     ]
     mounts: list[dict[str, Any]] = [{"name": "journal", "mountPath": BROKER_DATA}, {"name": "tmp", "mountPath": "/tmp"}]
     if spec.curve:
-        volumes.append({"name": "curve", "secret": {"secretName": f"{name}-curve"}})
+        volumes.append(broker_volume(name))
         mounts.append({"name": "curve", "mountPath": "/etc/zeps/curve", "readOnly": True})
+    pod_env: list[dict[str, Any]] = [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+    if zookeeper_auth:  # the namespace's ZooKeeper identity, straight from its Secret (never in the ConfigMap)
+        pod_env += [{"name": f"ZEPS_BROKER_ZOOKEEPER_{key.upper()}",
+                     "valueFrom": {"secretKeyRef": {"name": NAMESPACE_AUTH_SECRET, "key": key}}}
+                    for key in ("user", "password")]  # fmt: skip
     probe = {"tcpSocket": {"port": "zeps"}, "periodSeconds": 10}
     resources = spec.resources
     container = {
@@ -227,7 +258,7 @@ def stream_objects(namespace: str, name: str, spec: StreamSpec, settings: Settin
         "imagePullPolicy": settings.broker_image_pull_policy,
         "command": ["zeps-broker"],
         "envFrom": [{"configMapRef": {"name": f"{name}-broker"}}],
-        "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        "env": pod_env,
         "ports": [{"name": "zeps", "containerPort": port}, {"name": "metrics", "containerPort": METRICS_PORT}],
         "volumeMounts": mounts,
         "readinessProbe": {**probe, "initialDelaySeconds": 2},

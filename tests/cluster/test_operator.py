@@ -6,6 +6,7 @@ from the Deployment's own pod template (command and environment) as a local proc
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -20,10 +21,12 @@ from kazoo.client import KazooClient
 from kubernetes import client
 
 from harness import ZooKeeperHarness
+from zeps.broker.certificates import public_key_of
 from zeps.client import StreamClient
 from zeps.coordination import Topic, connect
 from zeps_dev import ControlPlane, OperatorProcess, ZooKeeperServer
 from zeps_dev.process import ManagedProcess, free_port, wait_until
+from zeps_operator.curve import CURVE_SECRET
 
 CHROOT = "/operator-tests"
 
@@ -504,8 +507,9 @@ def test_zepsstream_broker_objects_and_a_runnable_pod_template(
         try:
             _wait_ready(crds, namespace, "zepsstream", "prices", timeout=90)
             status = _get(crds, namespace, "zepsstream", "prices")["status"]
-            assert status["brokerReady"] is True and status["endpoint"] == f"tcp://127.0.0.1:{port}"
-            with StreamClient(status["endpoint"], "prices") as c:
+            # the endpoint is the operator's word (its Service), not what the member node in ZooKeeper says
+            assert status["brokerReady"] is True and status["endpoint"] == f"tcp://prices-broker.{namespace}.svc:5555"
+            with StreamClient(f"tcp://127.0.0.1:{port}", "prices") as c:  # no cluster DNS here: the local broker
                 c.start("", since="earliest")
                 c.publish("eu.fr", b"through the operator's broker")
                 message = c.receive(10)
@@ -523,21 +527,46 @@ def test_zepsstream_broker_objects_and_a_runnable_pod_template(
         core.delete_persistent_volume(f"journal-{namespace}")
 
 
-def test_curve_keys_live_in_a_secret(
+def test_curve_keys_live_in_the_namespaces_secret_and_each_client_gets_its_own(
     operator: OperatorProcess, crds: ControlPlane, namespace: str, kube_api: Any
 ) -> None:
-    _apply(crds, namespace, "ZepsStream", "secure", {"curve": True})
+    """The broker's key pair and its clients' in the namespace's zeps-curve Secret (made once, kept),
+    each listed client's certificate in a Secret of its own, the broker pod mounting its own items."""
+    _apply(crds, namespace, "ZepsStream", "secure", {"curve": True, "curveClients": ["orders", "audit"]})
     core = client.CoreV1Api(kube_api)
 
-    def secret() -> Any:
-        return core.read_namespaced_secret("secure-curve", namespace)
+    def secret(name: str) -> Any:
+        try:
+            return core.read_namespaced_secret(name, namespace)
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
 
-    wait_until(lambda: secret() is not None, timeout=30, what="the CURVE Secret")
-    made = secret()
-    assert made.metadata.annotations["zeps.dev/curve-public-key"] and "broker.key_secret" in made.data
-    assert made.metadata.owner_references[0].name == "secure"
+    wait_until(lambda: secret("secure-curve-audit") is not None, timeout=30, what="the client Secrets")
+    keys = {k: base64.b64decode(v).decode() for k, v in secret(CURVE_SECRET).data.items()}
+    broker_key = public_key_of(keys["secure.broker.key"])
+    assert json.loads(keys["secure.clients.json"]) == {
+        name: public_key_of(keys[f"secure.client.{name}.key_secret"]) for name in ("audit", "orders")
+    }
+    orders = secret("secure-curve-orders")
+    assert orders.metadata.owner_references[0].name == "secure"
+    assert public_key_of(base64.b64decode(orders.data["server.key"]).decode()) == broker_key
     config = core.read_namespaced_config_map("secure-broker", namespace).data or {}
     assert config["ZEPS_BROKER_CURVE_SECRET_KEY"] == "/etc/zeps/curve/broker.key_secret"
+    assert config["ZEPS_BROKER_CURVE_CLIENTS"] == "/etc/zeps/curve/clients.json"
+    volume = next(v for v in client.AppsV1Api(kube_api).read_namespaced_deployment("secure-broker", namespace)
+                  .spec.template.spec.volumes if v.name == "curve")  # fmt: skip
+    assert volume.secret.secret_name == CURVE_SECRET
+    assert {i.key for i in volume.secret.items} == {"secure.broker.key_secret", "secure.clients.json"}
+
+    # revoking orders: off the broker's list, its key kept (put back, it gets the same one)
+    _apply(crds, namespace, "ZepsStream", "secure", {"curve": True, "curveClients": ["audit"]})
+    wait_until(lambda: "orders" not in json.loads(base64.b64decode(secret(CURVE_SECRET).data["secure.clients.json"])),
+               timeout=30, what="orders off the list")  # fmt: skip
+    after = {k: base64.b64decode(v).decode() for k, v in secret(CURVE_SECRET).data.items()}
+    assert after["secure.broker.key_secret"] == keys["secure.broker.key_secret"], "the broker's key is never replaced"
+    assert after["secure.client.orders.key_secret"] == keys["secure.client.orders.key_secret"]
 
 
 def test_batch_queue_lag_in_status(

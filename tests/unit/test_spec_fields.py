@@ -11,6 +11,7 @@ do no I/O, so the handles get a placeholder client (said here, as the standards 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from types import UnionType
@@ -20,10 +21,12 @@ import pytest
 from pydantic import BaseModel
 
 import zeps.handles
+from zeps.broker.certificates import make_certificate, public_key_of
 from zeps.broker.main import multicast_options, parse_args, settings
 from zeps.config import Resolved
 from zeps.errors import ConfigError
 from zeps.options import BatchOptions, QueueOptions, TopicOptions
+from zeps_operator.curve import plan_keys
 from zeps_operator.models import KINDS, StreamSpec
 from zeps_operator.plan import Settings, retains_data, stream_objects
 
@@ -138,6 +141,18 @@ def _pod(by_kind: dict[str, Any]) -> dict[str, Any]:
     return by_kind["Deployment"]["spec"]["template"]  # type: ignore[no-any-return]
 
 
+def _curve_clients(_value: Any, _mp: pytest.MonkeyPatch, _tmp: Path) -> None:
+    """spec.curveClients: the operator's plan of the namespace's CURVE Secret admits those clients'
+    keys (the broker reads that list: test_stream's revocation test), and gives each its certificate."""
+    keys = plan_keys({}, "prices", ["orders", "audit"], make=make_certificate)
+    admitted = json.loads(keys.data["prices.clients.json"])
+    assert sorted(admitted) == ["audit", "orders"] and sorted(keys.clients) == ["audit", "orders"]
+    assert admitted["orders"] == public_key_of(keys.clients["orders"])
+    fewer = plan_keys(keys.data, "prices", ["audit"], make=make_certificate)
+    assert list(json.loads(fewer.data["prices.clients.json"])) == ["audit"]  # orders revoked, its key kept
+    assert fewer.data["prices.client.orders.key_secret"] == keys.clients["orders"]
+
+
 STREAM_CHECKS: dict[str, Check] = {
     "image": _stream(
         "image", "registry.local/zeps:9", lambda container, **_: container["image"] == "registry.local/zeps:9"
@@ -176,9 +191,13 @@ STREAM_CHECKS: dict[str, Check] = {
         "curve",
         True,
         lambda curve, container, **_: (
-            curve is not None and any(m["name"] == "curve" for m in container["volumeMounts"])
+            curve is not None
+            and curve.clients is not None  # authenticates: only the listed clients
+            and any(m["name"] == "curve" for m in container["volumeMounts"])
         ),
     ),
+    "curveClients": _curve_clients,
+    "maxMessageBytes": _stream("maxMessageBytes", 4096, lambda config, **_: config.max_message_bytes == 4096),
     "serviceType": _stream(
         "serviceType", "NodePort", lambda by_kind, **_: by_kind["Service"]["spec"]["type"] == "NodePort"
     ),

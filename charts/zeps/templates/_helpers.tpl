@@ -15,3 +15,13 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 {{ fail "set zookeeper.connect (host:port,…) or zookeeper.ensemble.enabled=true" }}
 {{- end -}}
 {{- end -}}
+
+{{- /* The Secret (keys user, password) with the operator's ZooKeeper identity: the user's own
+(zookeeper.auth.existingSecret), or the one the chart makes from zookeeper.auth.user/password; "" for none. */ -}}
+{{- define "zeps.zookeeperAuthSecret" -}}
+{{- if .Values.zookeeper.auth.existingSecret -}}
+{{ .Values.zookeeper.auth.existingSecret }}
+{{- else if .Values.zookeeper.auth.password -}}
+{{ .Release.Name }}-zookeeper-auth
+{{- end -}}
+{{- end -}}

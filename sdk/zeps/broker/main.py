@@ -99,6 +99,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _zookeeper_auth() -> tuple[str, str] | None:
+    """The namespace's ZooKeeper identity, from the environment only (a password in a flag shows in
+    ``ps``): ZEPS_BROKER_ZOOKEEPER_USER and ZEPS_BROKER_ZOOKEEPER_PASSWORD (the operator sets both from
+    the namespace's zeps-zookeeper-auth Secret)."""
+    user, password = _env("ZOOKEEPER_USER") or "", _env("ZOOKEEPER_PASSWORD") or ""
+    if bool(user) != bool(password):
+        raise ConfigError("set both ZEPS_BROKER_ZOOKEEPER_USER and ZEPS_BROKER_ZOOKEEPER_PASSWORD, or neither")
+    return (user, password) if user else None
+
+
 def multicast_options(args: argparse.Namespace) -> MulticastOptions | None:
     """The multicast output the flags ask for (None: none); ConfigError naming the bad one."""
     tuning = {"interface": args.multicast_interface, "rate_kbps": args.multicast_rate,
@@ -129,7 +139,8 @@ def settings(args: argparse.Namespace) -> tuple[BrokerConfig, CurveConfig | None
         curve = CurveConfig(Path(args.curve_secret_key), clients)
     registration = None
     if args.zookeeper:
-        registration = Registration(args.zookeeper, args.namespace, args.member, args.chroot, args.advertise)
+        registration = Registration(args.zookeeper, args.namespace, args.member, args.chroot, args.advertise,
+                                    auth=_zookeeper_auth())  # fmt: skip
     return config, curve, registration
 
 

@@ -46,7 +46,7 @@ from zeps.errors import ConfigError
 from zeps.journal import JournalError
 from zeps.options import DEFAULT_PGM_RATE_KBPS, DEFAULT_PGM_RECOVERY_MS, MulticastOptions
 
-__all__ = ["AllowedClients", "BrokerServer", "CurveConfig", "Registration", "make_curve_certificate"]
+__all__ = ["AllowedClients", "BrokerServer", "CurveConfig", "Registration"]
 
 log = logging.getLogger(__name__)
 
@@ -58,17 +58,6 @@ _MULTICAST_BACKLOG = 16 << 20  # bytes of multicast messages waiting for the gro
 # lose every message that spans more than one (checked here: a 2,030-byte frame arrives, 2,040 never):
 # NORM runs are cut to this size, and a larger record reaches receivers through the journal only
 _NORM_MESSAGE_BYTES = 2000
-
-
-def make_curve_certificate() -> tuple[str, str]:
-    """A new CURVE key pair as (public key, the secret certificate file's text) — what the operator
-    puts in a stream's Secret; the broker reads the file with ``--curve-secret-key``."""
-    import tempfile  # noqa: PLC0415
-
-    with tempfile.TemporaryDirectory() as tmp:
-        public_file, secret_file = zmq.auth.create_certificates(tmp, "broker")
-        public, _ = zmq.auth.load_certificate(public_file)
-        return public.decode(), Path(secret_file).read_text()
 
 
 @dataclass(frozen=True)
@@ -141,6 +130,9 @@ class Registration:
     advertise: str | None = None  #: the endpoint clients should use (default: the bound one)
     #: how long to wait for another session to let go of this member id (after a restart, a rejoin)
     takeover_timeout: float = 60.0
+    #: the namespace's ZooKeeper digest identity (user, password): the broker's session authenticates
+    #: with it and its member node gets its ACL, so no other ZooKeeper user can forge or change it
+    auth: tuple[str, str] | None = None
 
 
 class BrokerServer:
@@ -319,7 +311,7 @@ class BrokerServer:
         from zeps.coordination import Group, connect  # noqa: PLC0415 — ZooKeeper only when registering
         from zeps.paths import StreamPaths  # noqa: PLC0415
 
-        self._zk = connect(reg.zookeeper)
+        self._zk = connect(reg.zookeeper, auth=reg.auth)
         metadata = {
             "endpoint": reg.advertise or self.endpoint,
             "curvePublicKey": self.public_key,

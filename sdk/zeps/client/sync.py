@@ -80,9 +80,15 @@ def read_broker_metadata(
         client.close()
 
 
-def discover(zookeeper: str, namespace: str, stream: str, *, chroot: str = "/zeps") -> tuple[str, str]:
-    """The (endpoint, CURVE public key) of the live broker of ``stream``, from its ZooKeeper group."""
-    meta = read_broker_metadata(zookeeper, namespace, stream, chroot=chroot)
+def discover(
+    zookeeper: str, namespace: str, stream: str, *, chroot: str = "/zeps", auth: tuple[str, str] | None = None
+) -> tuple[str, str]:
+    """The (endpoint, CURVE public key) of the live broker of ``stream``, from its ZooKeeper group
+    (``auth``: the namespace's ZooKeeper identity, where ACLs are on). What a member node says is only
+    as trustworthy as who may write it: with the namespace's ACL, its brokers; without, anyone. So
+    take the broker's key from a source of your own (the Secret the operator made, the resource's
+    status) when it matters: a forged node's endpoint then fails the CURVE handshake."""
+    meta = read_broker_metadata(zookeeper, namespace, stream, chroot=chroot, auth=auth)
     return str(meta["endpoint"]), str(meta.get("curvePublicKey", ""))
 
 

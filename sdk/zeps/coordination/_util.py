@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import KazooException, NoNodeError, NotEmptyError, RolledBackError
+from kazoo.exceptions import KazooException, NoAuthError, NoNodeError, NotEmptyError, RolledBackError
 from kazoo.retry import KazooRetry
 
 from zeps.errors import CoordinationError
@@ -37,6 +37,12 @@ def zookeeper_errors(method: Callable[Concatenate[S, P], R]) -> Callable[Concate
     def boundary(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return method(self, *args, **kwargs)
+        except NoAuthError as exc:
+            raise CoordinationError(
+                f"{type(self).__name__}.{method.__name__}: ZooKeeper refused (NoAuth): this client's ZooKeeper "
+                "identity may not touch these nodes; use the namespace's own (ZEPS_ZOOKEEPER_USER and "
+                "ZEPS_ZOOKEEPER_PASSWORD from its zeps-zookeeper-auth Secret)"
+            ) from exc
         except KazooException as exc:
             raise CoordinationError(f"{type(self).__name__}.{method.__name__}: ZooKeeper: {exc!r}") from exc
 
