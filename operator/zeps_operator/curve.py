@@ -13,11 +13,14 @@ read back: it never reads a Secret it did not make). Its data keys, per stream `
 ``<s>.client.<c>.key_secret``       client ``<c>``'s certificate, kept so that a client taken off
                                     the list and put back gets the same key (and its Secret stays
                                     right)
+``<s>.multicast.key``               with a multicast output: the key its messages are signed with
+                                    (hex; :mod:`zeps.protocol.multicast`), for the broker and clients
 ==================================  ================================================================
 
 Each listed client also gets a Secret of its own, ``<s>-curve-<c>``, for its pods to mount:
-``client.key_secret`` (its certificate) and ``server.key`` (the broker's public certificate: clients
-take the broker's key from there, the operator's word, not from ZooKeeper). The operator makes it
+``client.key_secret`` (its certificate), ``server.key`` (the broker's public certificate: clients
+take the broker's key from there, the operator's word, not from ZooKeeper) and, with a multicast
+output, ``multicast.key``. The operator makes it
 once and never reads it. A key pair, once made, is never replaced behind its users' backs.
 
 Everything here is pure: :func:`plan_keys` decides, the handlers read and write through the adapter.
@@ -26,6 +29,7 @@ Everything here is pure: :func:`plan_keys` decides, the handlers read and write 
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +48,7 @@ __all__ = [
 
 #: the one Secret per namespace that holds the CURVE keys the operator made there
 CURVE_SECRET = "zeps-curve"
-BROKER_CERT, BROKER_PUBLIC, CLIENTS = "broker.key_secret", "broker.key", "clients.json"
+BROKER_CERT, BROKER_PUBLIC, CLIENTS, MULTICAST_KEY = "broker.key_secret", "broker.key", "clients.json", "multicast.key"
 
 
 def _key(stream: str, item: str) -> str:
@@ -64,14 +68,23 @@ class StreamKeys:
     public_key: str  #: the broker's public key
     server_public: str  #: the broker's public certificate (a client Secret's ``server.key``)
     clients: dict[str, str]  #: each listed client's certificate text (secret), for its own Secret
+    multicast_key: str = ""  #: the multicast output's signing key (hex), when the stream has one
 
 
 def plan_keys(
-    data: Mapping[str, str], stream: str, clients: Sequence[str], *, make: Callable[[str], Certificate]
+    data: Mapping[str, str],
+    stream: str,
+    clients: Sequence[str],
+    *,
+    make: Callable[[str], Certificate],
+    multicast: bool = False,
 ) -> StreamKeys:
     """The namespace Secret's data with ``stream``'s keys made where missing (``make``) and its list
-    of admitted clients set to ``clients``; keys already there are kept as they are."""
+    of admitted clients set to ``clients``; keys already there are kept as they are. ``multicast``:
+    the stream has a multicast output, whose messages get signed (a key made once, too)."""
     out = dict(data)
+    if multicast and _key(stream, MULTICAST_KEY) not in out:
+        out[_key(stream, MULTICAST_KEY)] = secrets.token_hex(32)
     if _key(stream, BROKER_CERT) not in out:
         broker = make("broker")
         out[_key(stream, BROKER_CERT)], out[_key(stream, BROKER_PUBLIC)] = broker.secret_text, broker.public_text
@@ -83,7 +96,8 @@ def plan_keys(
     admitted = {client: public_key_of(text) for client, text in sorted(certificates.items())}
     out[_key(stream, CLIENTS)] = json.dumps(admitted, sort_keys=True)
     server_public = out[_key(stream, BROKER_PUBLIC)]
-    return StreamKeys(out, out != dict(data), public_key_of(server_public), server_public, certificates)
+    return StreamKeys(out, out != dict(data), public_key_of(server_public), server_public, certificates,
+                      out.get(_key(stream, MULTICAST_KEY), "") if multicast else "")  # fmt: skip
 
 
 def forget_keys(data: Mapping[str, str], stream: str) -> dict[str, str]:
@@ -91,9 +105,11 @@ def forget_keys(data: Mapping[str, str], stream: str) -> dict[str, str]:
     return {k: v for k, v in data.items() if not k.startswith(f"{stream}.")}
 
 
-def broker_volume(stream: str) -> dict[str, Any]:
-    """The broker pod's volume: its own certificate and its list of clients, from the namespace Secret."""
-    items = [{"key": _key(stream, BROKER_CERT), "path": BROKER_CERT}, {"key": _key(stream, CLIENTS), "path": CLIENTS}]
+def broker_volume(stream: str, *, multicast: bool = False) -> dict[str, Any]:
+    """The broker pod's volume: its own certificate, its list of clients and (``multicast``) its
+    multicast key, from the namespace Secret."""
+    items = [{"key": _key(stream, item), "path": item}
+             for item in (BROKER_CERT, CLIENTS, *((MULTICAST_KEY,) if multicast else ()))]  # fmt: skip
     return {"name": "curve", "secret": {"secretName": CURVE_SECRET, "items": items, "defaultMode": 0o440}}
 
 
@@ -114,5 +130,9 @@ def client_secret(
             "labels": {**labels, "zeps.dev/curve-client": client},
             "annotations": {"zeps.dev/broker-public-key": keys.public_key},
         },
-        "stringData": {"client.key_secret": keys.clients[client], "server.key": keys.server_public},
+        "stringData": {
+            "client.key_secret": keys.clients[client],
+            "server.key": keys.server_public,
+            **({MULTICAST_KEY: keys.multicast_key} if keys.multicast_key else {}),
+        },
     }

@@ -434,7 +434,7 @@ def stream_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **kwargs
     if group.manifest() != frozenset({member}):
         group.set_manifest([member])
     typed = StreamSpec.model_validate(dict(spec))
-    public_key = _ensure_curve(body, namespace, name, typed.curve_clients) if typed.curve else ""
+    public_key = _ensure_curve(body, namespace, name, typed) if typed.curve else ""
     zookeeper_auth = _namespace_acl(namespace, read_after=read_after) is not None
     retain = retains_data(dict(spec))
     for obj in stream_objects(namespace, name, typed, state.settings, zookeeper_auth=zookeeper_auth):
@@ -464,13 +464,15 @@ def stream_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **kwargs
         raise kopf.TemporaryError(why, delay=5)
 
 
-def _ensure_curve(body: kopf.Body, namespace: str, name: str, clients: list[str]) -> str:
+def _ensure_curve(body: kopf.Body, namespace: str, name: str, spec: StreamSpec) -> str:
     """The stream's CURVE keys in the namespace's Secret (made once, kept), its admitted clients set to
-    ``clients``, each client's own Secret made once (:mod:`zeps_operator.curve`); the broker's public key."""
+    ``spec.curveClients``, each client's own Secret made once (:mod:`zeps_operator.curve`), a multicast
+    key if it has a multicast output; the broker's public key."""
     planned: list[StreamKeys] = []
+    clients = spec.curve_clients
 
     def change(data: dict[str, str]) -> dict[str, str]:
-        planned.append(plan_keys(data, name, clients, make=make_certificate))
+        planned.append(plan_keys(data, name, clients, make=make_certificate, multicast=spec.multicast is not None))
         return planned[-1].data
 
     state.kube.update_secret(namespace, CURVE_SECRET, change, labels={"app.kubernetes.io/managed-by": "zeps-operator"})

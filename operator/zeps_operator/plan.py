@@ -220,6 +220,8 @@ def stream_objects(
     if spec.curve:
         env["ZEPS_BROKER_CURVE_SECRET_KEY"] = "/etc/zeps/curve/broker.key_secret"
         env["ZEPS_BROKER_CURVE_CLIENTS"] = "/etc/zeps/curve/clients.json"
+        if spec.multicast is not None:  # anyone on the segment can send to the group: sign what the broker sends
+            env["ZEPS_BROKER_MULTICAST_KEY_FILE"] = "/etc/zeps/curve/multicast.key"
     multicast = spec.multicast
     if multicast is not None:
         env["ZEPS_BROKER_MULTICAST"] = multicast.url
@@ -243,7 +245,7 @@ def stream_objects(
     ]
     mounts: list[dict[str, Any]] = [{"name": "journal", "mountPath": BROKER_DATA}, {"name": "tmp", "mountPath": "/tmp"}]
     if spec.curve:
-        volumes.append(broker_volume(name))
+        volumes.append(broker_volume(name, multicast=spec.multicast is not None))
         mounts.append({"name": "curve", "mountPath": "/etc/zeps/curve", "readOnly": True})
     pod_env: list[dict[str, Any]] = [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
     if zookeeper_auth:  # the namespace's ZooKeeper identity, straight from its Secret (never in the ConfigMap)

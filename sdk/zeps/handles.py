@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from zeps.client import StreamClient
 from zeps.client.multicast import MulticastSubscription
 from zeps.client.session import Since
+from zeps.client.sync import multicast_key
 from zeps.config import Resolved, require_queue_mode, resolve
 from zeps.coordination import Topic, shared_client
 from zeps.coordination.batches import BatchQueue
@@ -146,7 +147,7 @@ class StreamHandle(_Forwarding):
         client = StreamClient.of(s).connect()
         try:
             subscription = client.subscribe_multicast(pattern, since=since, multicast=multicast, interface=interface,
-                                                      stall=stall)  # fmt: skip
+                                                      stall=stall, key=multicast_key(s))  # fmt: skip
         except BaseException:
             client.close()
             raise

@@ -110,6 +110,33 @@ def test_receivers_in_other_namespaces_get_every_record_once_through_loss(transp
         assert second["multicast_records"] > load[0] // 4, second  # the live flow came from the group
 
 
+@needs_lab
+def test_a_signed_stream_drops_runs_forged_on_the_segment_and_fetches_the_real_records(tmp_path: Path) -> None:
+    """A stream with CURVE signs its multicast messages: an attacker on the segment sending runs for
+    the very sequences the receiver expects next (unsigned, or with a key of its own) is dropped and
+    counted; the receiver gets every real record once, and no forged body (a receiver without the
+    key delivers those forged runs as data: checked when this test was written)."""
+    key = "5a" * 32
+    with NetLab(hosts=3) as lab:
+        group, port = f"239.192.{lab.net}.7", 7100 + lab.net
+        (tmp_path / "multicast.key").write_text(key)
+        _broker(lab, tmp_path, f"epgm://{group}:{port}", "--multicast-key-file", str(tmp_path / "multicast.key"))
+        options = json.dumps({"transport": "epgm", "group": group, "port": port})
+        load = (3000, 500)
+        receiver = _worker(lab, 1, "multicast", tmp_path, load, "--multicast", options, "--key", key)
+        receiver.json_line("ready", timeout=30)
+        forger = _worker(lab, 2, "forge", tmp_path, load, "--multicast", options, "--seconds", "8")
+        time.sleep(1.0)  # the forger's runs reach the receiver before the real ones
+        publisher = _worker(lab, 0, "publish", tmp_path, load)
+        assert publisher.json_line("published", timeout=60)["published"] == load[0]
+        result = receiver.json_line("ranges", timeout=90)
+        assert forger.json_line("forged_sent", timeout=30)["forged_sent"] > 100
+    assert result["ranges"] == _expected(load[0], "") and result["in_order"]
+    assert result["bodies_ok"], "a forged body was delivered as data"
+    assert result["forged"] > 0, result
+    assert result["multicast_records"] > 0, "the broker's own signed runs were taken from the group"
+
+
 def test_a_fetch_returns_a_range_of_the_journal_and_what_it_covered(tmp_path: Path) -> None:
     """FETCH on loopback (no multicast): a bounded replay with a prefix, and FETCH-END's range."""
     from zeps.broker.core import BrokerConfig  # noqa: PLC0415

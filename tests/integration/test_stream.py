@@ -23,12 +23,14 @@ import zmq
 import zmq.auth
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kazoo.exceptions import NoAuthError
+from kazoo.security import OPEN_ACL_UNSAFE
 
-from harness import ZooKeeperHarness
+from harness import OPERATOR_AUTH, ZooKeeperHarness
 from zeps._records import encode_record
 from zeps.broker import BrokerConfig, BrokerServer, CurveConfig, Registration
 from zeps.client import AsyncStreamClient, BrokerUnavailableError, Seq, StreamClient, Time, discover
-from zeps.coordination import Group
+from zeps.coordination import Group, digest_acl
 from zeps.errors import ConfigError, ProtocolError
 from zeps.journal import JournalConfig
 from zeps.paths import StreamPaths
@@ -406,6 +408,50 @@ def test_kill9_broker_during_10000_publishes_then_restart(tmp_path: Path) -> Non
         sub.close()
         broker.send_signal(signal.SIGTERM)
         broker.wait(30)
+
+
+def test_a_member_node_forged_by_another_zookeeper_user_cannot_redirect_a_client(
+    zookeeper: ZooKeeperHarness, broker_factory: BrokerFactory, tmp_path: Path
+) -> None:
+    """With the namespace's ACL (its zeps-zookeeper-auth identity) on the stream's subtree, the broker
+    registers with that identity and no other ZooKeeper user may add, change or remove a member node.
+    Where ACLs are off, anyone may write there: a client that takes the broker's key from the
+    operator's Secret then fails the CURVE handshake with a forged endpoint, and sends it nothing."""
+    paths = StreamPaths.of("shop", "prices", chroot=zookeeper.root).brokers
+    owner = ("shop", "shop-secret")
+    admin = zookeeper.client(auth=OPERATOR_AUTH, acl_from_auth=False)  # the operator: a super user
+    admin.ensure_path(zookeeper.root)  # above the namespaces: open
+    admin.ensure_path(paths.members, acl=digest_acl(*owner))  # as the operator lays out an ACL'd namespace
+    reg = Registration(zookeeper.connect_string, "shop", "prices-0", chroot=zookeeper.root, auth=owner)
+    broker = broker_factory(registration=reg)
+    intruder = zookeeper.client(auth=("mallory", "mallory-secret"))
+    node = f"{paths.members}/prices-0"
+    with pytest.raises(NoAuthError):
+        intruder.create(f"{paths.members}/prices-1", b'{"endpoint": "tcp://127.0.0.1:1"}', ephemeral=True)
+    with pytest.raises(NoAuthError):
+        intruder.set(node, b'{"endpoint": "tcp://127.0.0.1:1"}')
+    with pytest.raises(NoAuthError):
+        intruder.delete(node)
+    assert discover(zookeeper.connect_string, "shop", "prices", chroot=zookeeper.root, auth=owner)[0] == broker.endpoint
+
+    # no ACL: the node can be forged; the broker's key from a source of the client's own foils it
+    open_paths = StreamPaths.of("open", "prices", chroot=zookeeper.root).brokers
+    server_public, server_secret = zmq.auth.create_certificates(str(tmp_path), "real")
+    real = broker_factory(curve=CurveConfig(Path(server_secret)))
+    fake_public, fake_secret = zmq.auth.create_certificates(str(tmp_path), "fake")
+    impostor = broker_factory(curve=CurveConfig(Path(fake_secret)))
+    intruder.ensure_path(open_paths.members, acl=OPEN_ACL_UNSAFE)  # a namespace without ACLs: anyone writes
+    intruder.create(f"{open_paths.members}/prices-0", json.dumps(
+        {"endpoint": impostor.endpoint, "curvePublicKey": zmq.auth.load_certificate(fake_public)[0].decode()}
+    ).encode(), ephemeral=True, acl=OPEN_ACL_UNSAFE)  # fmt: skip
+    endpoint, _forged_key = discover(zookeeper.connect_string, "open", "prices", chroot=zookeeper.root)
+    assert endpoint == impostor.endpoint and endpoint != real.endpoint
+    trusted_key = zmq.auth.load_certificate(server_public)[0].decode()  # the operator's Secret says this
+    fooled = StreamClient(endpoint, "prices", server_public_key=trusted_key, timeout=3)
+    with pytest.raises(BrokerUnavailableError):
+        fooled.connect()
+    fooled.close()
+    assert impostor.core.sessions == {} and impostor.core.streams["prices"].journal.written == 0
 
 
 def test_registration_discovery_and_manifest(

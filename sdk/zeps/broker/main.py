@@ -24,7 +24,7 @@ from zeps.journal import DEFAULT_MAX_PRODUCERS, DEFAULT_PRODUCER_TTL_MS, Journal
 from zeps.options import MulticastOptions
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES_CEILING
 
-__all__ = ["main", "multicast_options", "parse_args", "settings"]
+__all__ = ["main", "multicast_options", "parse_args", "read_key", "settings"]
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -88,6 +88,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="pgm/epgm: ms a lost packet can be repaired [ZEPS_BROKER_MULTICAST_RECOVERY]")  # fmt: skip
     p.add_argument("--multicast-heartbeat", type=int, default=_env_int("MULTICAST_HEARTBEAT"),
                    help="ms a stream may stay silent before TAIL [ZEPS_BROKER_MULTICAST_HEARTBEAT]")  # fmt: skip
+    p.add_argument("--multicast-key-file", default=_env("MULTICAST_KEY_FILE"),
+                   help="sign each multicast message with this key (a file of hex digits; the stream's clients "
+                   "have it): receivers drop what is not signed with it [ZEPS_BROKER_MULTICAST_KEY_FILE]")  # fmt: skip
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
     args = p.parse_args(argv)
     if not args.stream:
@@ -107,6 +110,17 @@ def _zookeeper_auth() -> tuple[str, str] | None:
     if bool(user) != bool(password):
         raise ConfigError("set both ZEPS_BROKER_ZOOKEEPER_USER and ZEPS_BROKER_ZOOKEEPER_PASSWORD, or neither")
     return (user, password) if user else None
+
+
+def read_key(path: str) -> bytes:
+    """A multicast key from its file: hex digits (16 bytes at least); ConfigError naming the file."""
+    try:
+        key = bytes.fromhex(Path(path).read_text().strip())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--multicast-key-file {path}: not a readable file of hex digits ({exc})") from None
+    if len(key) < 16:
+        raise ConfigError(f"--multicast-key-file {path}: {len(key)} bytes; give 16 or more")
+    return key
 
 
 def multicast_options(args: argparse.Namespace) -> MulticastOptions | None:
@@ -155,12 +169,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         multicast = multicast_options(args)
+        multicast_key = read_key(args.multicast_key_file) if args.multicast_key_file else None
     except ZepsError as exc:
         print(f"zeps-broker: multicast settings: {exc}", file=sys.stderr)
         return 2
     server = BrokerServer(config, bind=args.bind, curve=curve, metrics_port=args.metrics_port,
                           metrics_address=args.metrics_address, registration=registration,
-                          multicast=multicast)  # fmt: skip
+                          multicast=multicast, multicast_key=multicast_key)  # fmt: skip
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -15,7 +15,8 @@
   endpoint and public key, and honours the manifest: a member that the manifest does not list
   refuses to serve (a rogue broker stops at once).
 * Optional multicast output (:class:`~zeps.options.MulticastOptions`): an XPUB socket on a NORM or
-  (E)PGM group gets each newly durable run once (never history) and TAIL on a silent stream. With
+  (E)PGM group gets each newly durable run once (never history) and TAIL on a silent stream, each
+  message signed when the broker has a multicast key (:func:`zeps.protocol.multicast.sign`). With
   ``XPUB_NODROP`` a full pipe (the PGM rate limit, NORM's congestion control) is seen, not silent:
   messages wait in a bounded backlog and the oldest are dropped past it, counted in
   ``zeps_broker_multicast_dropped``; receivers fill such gaps from the journal.
@@ -45,6 +46,7 @@ from zeps.broker.core import BrokerConfig, BrokerCore
 from zeps.errors import ConfigError
 from zeps.journal import JournalError
 from zeps.options import DEFAULT_PGM_RATE_KBPS, DEFAULT_PGM_RECOVERY_MS, MulticastOptions
+from zeps.protocol import multicast
 
 __all__ = ["AllowedClients", "BrokerServer", "CurveConfig", "Registration"]
 
@@ -148,6 +150,7 @@ class BrokerServer:
         metrics_address: str = "127.0.0.1",
         registration: Registration | None = None,
         multicast: MulticastOptions | None = None,
+        multicast_key: bytes | None = None,
     ) -> None:
         if multicast is not None:  # the core sends TAIL on a silent stream every heartbeat, runs cut to size
             largest = _NORM_MESSAGE_BYTES if multicast.transport == "norm" else config.batch_bytes
@@ -160,6 +163,7 @@ class BrokerServer:
         self.metrics_address = metrics_address  #: where metrics are served (a pod: 0.0.0.0, its port's interfaces)
         self.registration = registration
         self.multicast = multicast
+        self.multicast_key = multicast_key  #: each multicast message is signed with it (zeps.protocol.multicast)
         self.multicast_endpoint = ""  #: the ZeroMQ endpoint of the multicast output, once started
         self._pub: zmq.Socket[Any] | None = None
         self._multicast_ctx: zmq.Context[Any] | None = None
@@ -274,8 +278,9 @@ class BrokerServer:
         """Send what the core queued for the group, oldest first; what the pipe cannot take waits in
         a bounded backlog (its oldest messages are dropped past it: receivers repair from the journal)."""
         assert self._pub is not None
+        key = self.multicast_key
         for message in messages:
-            self._backlog.append(message)
+            self._backlog.append(message if key is None else multicast.sign(message, key))
             self._backlog_bytes += len(message[1])
         while self._backlog:
             try:

@@ -374,10 +374,11 @@ class AsyncStreamClient:
         multicast: MulticastOptions | str | dict[str, Any],
         interface: str | None = None,
         stall: float | None = None,
+        key: bytes | None = None,
     ) -> AsyncMulticastSubscription:
         """A multicast subscription (see StreamClient.subscribe_multicast), for ``async for``."""
         return await AsyncMulticastSubscription(
-            self, pattern, since, multicast=multicast, interface=interface, stall=stall
+            self, pattern, since, multicast=multicast, interface=interface, stall=stall, key=key
         )._start()
 
     async def subscribe(self, pattern: str = "", *, since: Since = "latest") -> AsyncIterator[Message]:

@@ -38,7 +38,7 @@ from zeps.client.session import ClientSession, Message, Since
 from zeps.errors import ConfigError, ProtocolError, RemoteProtocolError
 from zeps.options import MulticastOptions
 from zeps.protocol import DeliverRun
-from zeps.protocol.multicast import decode_message, topic
+from zeps.protocol.multicast import ForgedMessageError, decode_message, topic
 
 if TYPE_CHECKING:
     from zeps.client.aio import AsyncStreamClient
@@ -72,8 +72,10 @@ class _Group:
         multicast: MulticastOptions | str | dict[str, Any],
         interface: str | None,
         stall: float | None,
+        key: bytes | None = None,
     ) -> None:
         self.options = options = multicast_options(multicast)
+        self.key = key  # a signed stream's: messages without its MAC are dropped
         _netif.require_transport(options.transport, zmq.has, zmq.zmq_version())
         self.interface = _netif.resolve(interface, options.group)
         self.endpoint = _netif.endpoint(options.transport, options.group, options.port, self.interface)
@@ -110,14 +112,16 @@ class _Group:
 
     def on_message(self, frames: list[bytes], now: float) -> None:
         try:
-            message = decode_message(frames, self.stream)
+            message = decode_message(frames, self.stream, self.key)
             if isinstance(message, DeliverRun):
                 assert message.run is not None
                 self.reconciler.on_run(message.run, now)
             else:
                 self.reconciler.on_tail(message.sequence, now)
-        except RemoteProtocolError:
+        except RemoteProtocolError as exc:
             self.reconciler.stats.bad_messages += 1  # a damaged run leaves a gap, fetched like any other
+            if isinstance(exc, ForgedMessageError):
+                self.reconciler.stats.forged += 1
 
     def on_peering(self, session: ClientSession, now: float) -> list[bytes]:
         """Hand what the peering delivered to the reconciler; the frames of the next fetch, if any."""
@@ -178,8 +182,10 @@ class MulticastSubscription(_Subscription):
         multicast: MulticastOptions | str | dict[str, Any],
         interface: str | None,
         stall: float | None,
+        key: bytes | None = None,
     ) -> None:
-        group = _Group(client.session.stream, pattern, since, multicast=multicast, interface=interface, stall=stall)
+        group = _Group(client.session.stream, pattern, since, multicast=multicast, interface=interface, stall=stall,
+                       key=key)  # fmt: skip
         super().__init__(client, zmq.Context(), group)
         self._client: StreamClient = client
         self._send(client.session.fetch(group.reconciler.start(time.monotonic())))
@@ -247,8 +253,10 @@ class AsyncMulticastSubscription(_Subscription):
         multicast: MulticastOptions | str | dict[str, Any],
         interface: str | None,
         stall: float | None,
+        key: bytes | None = None,
     ) -> None:
-        group = _Group(client.session.stream, pattern, since, multicast=multicast, interface=interface, stall=stall)
+        group = _Group(client.session.stream, pattern, since, multicast=multicast, interface=interface, stall=stall,
+                       key=key)  # fmt: skip
         super().__init__(client, zmq.asyncio.Context(), group)
         self._client: AsyncStreamClient = client
 

@@ -51,6 +51,7 @@ class MulticastStats:
     fetches: int = 0
     let_go: int = 0  #: waiting runs let go past max_waiting_bytes (fetched later instead)
     bad_messages: int = 0  #: messages from the group that failed their checks (their gap is fetched)
+    forged: int = 0  #: of those, messages without the stream key's MAC (a signed stream): not the broker's
     relay_restarts: int = 0  #: NORM only: times libzmq aborted the receiving child and another was started
     gap_ranges: list[tuple[int, int]] = field(default_factory=list)  #: the last gaps fetched (at most 100)
 

@@ -160,6 +160,21 @@ def curve_keys(settings: Resolved) -> tuple[str | None, tuple[str, str] | None]:
     return server or None, (public.decode(), secret.decode())
 
 
+def multicast_key(settings: Resolved) -> bytes | None:
+    """A signed stream's multicast key (hex digits in a file): the one ``settings.multicast_key``
+    names, else ``multicast.key`` beside the client certificate (its Secret holds both); None if none."""
+    path = Path(settings.multicast_key) if settings.multicast_key else None
+    if path is None and settings.curve_client:
+        beside = Path(settings.curve_client).with_name("multicast.key")
+        path = beside if beside.exists() else None
+    if path is None:
+        return None
+    try:
+        return bytes.fromhex(path.read_text().strip())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"multicast key {path}: not a readable file of hex digits ({exc})") from None
+
+
 def configure_curve(sock: Any, server_public_key: str | None, client_keys: tuple[str, str] | None) -> None:
     """CURVE on ``sock`` when the broker has a public key: the client's own key pair, or a fresh one."""
     if not server_public_key:
@@ -524,12 +539,16 @@ class StreamClient:
         multicast: MulticastOptions | str | dict[str, Any],
         interface: str | None = None,
         stall: float | None = None,
+        key: bytes | None = None,
     ) -> MulticastSubscription:
         """Records whose key starts with ``pattern``, from ``since`` on: history from the journal, then
         the broker's multicast group (``multicast``: its options, ``transport://group:port``, or the
         dict its member node holds), every gap filled from the journal, each record once in sequence
         order (see :mod:`zeps.client.multicast`). ``interface``: this host's interface for the group (a
         name or an IPv4 address; default: the one the route to the group uses). ``stall``: seconds
-        without a word from the group before fetching what is missing (default: 3 heartbeats, at least 1.5). This
-        client's peering becomes the subscription's: it fetches, and cannot also subscribe."""
-        return MulticastSubscription(self, pattern, since, multicast=multicast, interface=interface, stall=stall)
+        without a word from the group before fetching what is missing (default: 3 heartbeats, at least 1.5).
+        ``key``: a signed stream's multicast key (its clients' Secrets hold it): messages without its MAC
+        are dropped and their records fetched. This client's peering becomes the subscription's: it
+        fetches, and cannot also subscribe."""
+        return MulticastSubscription(self, pattern, since, multicast=multicast, interface=interface, stall=stall,
+                                     key=key)  # fmt: skip

@@ -16,6 +16,9 @@ Environment variables (what a pod gets; the operator's status shows the same val
                                         Secret the operator made for it (``<stream>-curve-<client>``,
                                         mounted in the pod): a stream with CURVE admits listed clients only
 ``ZEPS_STREAM_<NAME>_MAX_MESSAGE_BYTES``  its message limit (else the resource's spec, else 1 MiB)
+``ZEPS_STREAM_<NAME>_MULTICAST_KEY``    the file with its multicast key (a stream with CURVE signs its
+                                        multicast messages): else ``multicast.key`` beside the client
+                                        certificate (the same Secret)
 ``ZEPS_STREAM_<NAME>_MULTICAST``        its multicast output, ``transport://group:port`` (or the JSON of
                                        the broker's settings: ``{"transport": …, "rate_kbps": …}``)
 ======================================  ===============================================================
@@ -59,6 +62,7 @@ class Resolved(BaseModel):
     #: a stream's client CURVE certificate (a path: the key itself is never in the settings, which Spark
     #: ships to executors in the plan; they mount the same Secret)
     curve_client: str = ""
+    multicast_key: str = ""  #: a file with a signed stream's multicast key (a path, as curve_client)
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  #: a stream's message limit (its spec.maxMessageBytes)
     spec: dict[str, Any] = {}
 
@@ -146,6 +150,7 @@ def resolve(
         "public_key": public_key or os.environ.get(f"ZEPS_STREAM_{env_key}_PUBLIC_KEY", ""),
         "multicast": multicast or _env_multicast(os.environ.get(f"ZEPS_STREAM_{env_key}_MULTICAST", "")),
         "curve_client": curve_client or os.environ.get(f"ZEPS_STREAM_{env_key}_CURVE_CLIENT", ""),
+        "multicast_key": os.environ.get(f"ZEPS_STREAM_{env_key}_MULTICAST_KEY", ""),
         "max_message_bytes": max_message_bytes or _env_int(f"ZEPS_STREAM_{env_key}_MAX_MESSAGE_BYTES"),
         "spec": {},
     }

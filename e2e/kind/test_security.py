@@ -1,0 +1,174 @@
+"""The safety promises where they live, on kind: the journal kept by ``deletionPolicy: Retain``, CURVE
+admitting only the listed clients (and cutting one off when it is taken off the list), a namespace
+with ZooKeeper ACLs working from pods and refusing other credentials, the operator unable to read a
+Secret it did not make, and the broker's metrics scraped from another pod."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import secrets
+from typing import Any
+
+from kindapp import CHROOT, OPERATOR_NAMESPACE, RELEASE, App, ZooKeeperShell, json_lines
+
+OPERATOR = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{RELEASE}-operator"
+
+
+def _stream(name: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "zeps.dev/v1alpha1", "kind": "ZepsStream", "metadata": {"name": name},
+            "spec": {"storage": {"size": "1Gi"}, **spec}}  # fmt: skip
+
+
+def _pod(name: str, command: str, *, env: dict[str, Any] | None = None, secret: str | None = None) -> dict[str, Any]:
+    """A client pod (the zeps image, ``sh -c command``) with a writable /tmp, more environment
+    (a value, or a ``valueFrom``), and a Secret mounted at /etc/zeps/client."""
+    spec = copy.deepcopy(App.pod_spec(command))
+    container = spec["containers"][0]
+    for key, value in (env or {}).items():
+        container["env"].append(
+            {"name": key, **({"valueFrom": value} if isinstance(value, dict) else {"value": value})}
+        )
+    spec["volumes"] = [{"name": "tmp", "emptyDir": {}}]
+    container["volumeMounts"] = [{"name": "tmp", "mountPath": "/tmp"}]
+    if secret:
+        spec["volumes"].append({"name": "client", "secret": {"secretName": secret}})
+        container["volumeMounts"].append({"name": "client", "mountPath": "/etc/zeps/client", "readOnly": True})
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def _job(app: App, name: str, command: str) -> None:
+    app.apply({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+               "spec": {"backoffLimit": 0, "template": {"spec": App.pod_spec(command)}}})  # fmt: skip
+    app.cluster.kubectl("wait", "--for=condition=Complete", f"job/{name}", "-n", app.ns, "--timeout=180s", timeout=210)
+
+
+def _finished(app: App, pod: str, timeout: float = 240) -> str:
+    """The log of a pod that ran to its end, succeeded or not."""
+    app.cluster.wait_for(f"pod {pod} to end", lambda: app.get("pod", pod)["status"].get("phase") in
+                         ("Succeeded", "Failed"), timeout=timeout)  # fmt: skip
+    return app.logs(pod)
+
+
+def test_retain_keeps_the_journal_and_the_stream_made_again_continues_its_sequences(app: App) -> None:
+    app.apply(_stream("ledger", deletionPolicy="Retain"))
+    app.ready("zepsstream", "ledger", timeout=240)
+    _job(app, "first", "zeps stream publish ledger k " + " ".join(f"a{i}" for i in range(30)))
+    app.cluster.kubectl("delete", "zepsstream", "ledger", "-n", app.ns, "--timeout=120s", timeout=150)
+    app.cluster.wait_for("the broker to go", lambda: not app.get("pods", "-l", "app.kubernetes.io/instance=ledger")
+                         ["items"], timeout=120)  # fmt: skip
+    pvc = app.get("pvc", "ledger-journal")
+    assert not pvc["metadata"].get("ownerReferences"), "a retained journal has no owner to be collected with"
+    assert pvc["metadata"]["labels"]["zeps.dev/stream"] == "ledger"
+
+    app.apply(_stream("ledger", deletionPolicy="Retain"))  # made again: takes the journal over
+    app.ready("zepsstream", "ledger", timeout=240)
+    _job(app, "second", "zeps stream publish ledger k " + " ".join(f"b{i}" for i in range(10)))
+    app.run_pod("reader", "zeps --json stream replay ledger --since 0 --count 40 --timeout 60")
+    got = json_lines(app.wait_succeeded("reader"))
+    assert [m["body"] for m in got] == [f"a{i}" for i in range(30)] + [f"b{i}" for i in range(10)]
+    assert [m["sequence"] for m in got] == list(range(1, 41)), "sequences go on where the journal stopped"
+
+    app.apply(_stream("ledger", deletionPolicy="Delete"))  # now it owns its journal, and takes it along
+    app.cluster.wait_for("the stream to own its journal", lambda: bool(
+        app.get("pvc", "ledger-journal")["metadata"].get("ownerReferences")), timeout=60)  # fmt: skip
+    app.cluster.kubectl("delete", "zepsstream", "ledger", "-n", app.ns, "--timeout=120s", timeout=150)
+    app.cluster.wait_for("the journal to go with it", lambda: "ledger-journal" not in app.cluster.kubectl(
+        "get", "pvc", "-n", app.ns, "-o", "name", check=False), timeout=180)  # fmt: skip
+
+
+def test_curve_admits_the_listed_clients_only_and_cuts_one_off_without_a_restart(app: App) -> None:
+    app.apply(_stream("vault", curve=True, curveClients=["orders", "audit"]))
+    status = app.ready("zepsstream", "vault", timeout=240)["status"]
+    broker = app.get("pods", "-l", "app.kubernetes.io/instance=vault")["items"][0]
+    secret = app.get("secret", "vault-curve-orders")
+    assert status["curvePublicKey"] in base64.b64decode(secret["data"]["server.key"]).decode()
+    client = {"ZEPS_STREAM_VAULT_CURVE_CLIENT": "/etc/zeps/client/client.key_secret"}
+
+    app.apply(_pod("orders", "zeps --json stream publish vault k one two && "
+                   "zeps --json stream replay vault --since 0 --count 2 --timeout 30",
+                   env=client, secret="vault-curve-orders"))  # fmt: skip
+    assert [m["body"] for m in json_lines(app.wait_succeeded("orders")) if "body" in m] == ["one", "two"]
+
+    made_up = (
+        "python -c \"import zmq.auth; zmq.auth.create_certificates('/tmp', 'mine')\" && "
+        "ZEPS_STREAM_VAULT_CURVE_CLIENT=/tmp/mine.key_secret zeps stream publish vault k x; echo exit=$?"
+    )
+    app.apply(_pod("impostor", made_up))
+    app.apply(_pod("keyless", "zeps stream publish vault k x; echo exit=$?"))
+    impostor, keyless = _finished(app, "impostor"), _finished(app, "keyless")
+    assert "is not among the stream's clients" in impostor and "exit=4" in impostor, impostor
+    assert "this client has no key of its own" in keyless and "exit=4" in keyless, keyless
+
+    # a reader of the orders client waits; taking orders off the list ends it, the broker runs on
+    app.apply(_pod("waiting", "zeps stream replay vault --since 2 --count 1 --timeout 300; echo exit=$?",
+                   env=client, secret="vault-curve-orders"))  # fmt: skip
+    app.cluster.wait_for("the reader to run", lambda: app.get("pod", "waiting")["status"].get("phase") == "Running")
+    app.apply(_stream("vault", curve=True, curveClients=["audit"]))
+    revoked = _finished(app, "waiting", timeout=240)  # the kubelet brings the Secret's new list within its sync period
+    assert "was revoked" in revoked and "exit=4" in revoked, revoked
+    after = app.get("pod", broker["metadata"]["name"])
+    assert after["metadata"]["uid"] == broker["metadata"]["uid"]
+    assert after["status"]["containerStatuses"][0]["restartCount"] == 0, "no broker restart"
+
+
+def test_an_acl_namespace_works_from_pods_and_refuses_other_credentials(app: App, zk: ZooKeeperShell) -> None:
+    password = secrets.token_hex(8)
+    app.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "zeps-zookeeper-auth"},
+               "stringData": {"user": app.ns, "password": password}})  # fmt: skip
+    app.apply(_stream("orders"))
+    app.apply({"apiVersion": "zeps.dev/v1alpha1", "kind": "Queue", "metadata": {"name": "jobs"}, "spec": {}})
+    app.apply({"apiVersion": "zeps.dev/v1alpha1", "kind": "Topic", "metadata": {"name": "news"}, "spec": {}})
+    app.ready("zepsstream", "orders", timeout=240)
+    for kind, name in (("queue", "jobs"), ("topic", "news")):
+        app.ready(kind, name)
+    member = f"{CHROOT}/{app.ns}/streams/orders/brokers/members/orders-0"
+    assert f"digest,'{app.ns}:" in zk.run("getAcl", member), "the broker registered with the namespace's identity"
+    own = {key: {"secretKeyRef": {"name": "zeps-zookeeper-auth", "key": key.split("_")[-1].lower()}}
+           for key in ("ZEPS_ZOOKEEPER_USER", "ZEPS_ZOOKEEPER_PASSWORD")}  # fmt: skip
+    app.apply(_pod("news-reader", "zeps --json topic subscribe news --count 1 --timeout 120", env=own))
+    app.cluster.wait_for("the subscriber", lambda: app.get("topic", "news")["status"].get("subscribers") == 1)
+    app.apply(_pod("worker", "zeps --json queue put jobs j1 && zeps --json queue take jobs --timeout 30 && "
+                   "zeps --json topic publish news hello && zeps --json stream publish orders k o1 && "
+                   "zeps --json stream replay orders --since 0 --count 1 --timeout 30", env=own))  # fmt: skip
+    lines = json_lines(app.wait_succeeded("worker"))
+    assert any(m.get("body") == "j1" for m in lines) and any(m.get("body") == "o1" for m in lines), lines
+    assert [m["body"] for m in json_lines(app.wait_succeeded("news-reader"))] == ["hello"]
+
+    other = {"ZEPS_ZOOKEEPER_USER": "someone-else", "ZEPS_ZOOKEEPER_PASSWORD": "not-this-namespaces"}
+    app.apply(_pod("intruder", "zeps queue put jobs x; echo exit=$?", env=other))
+    refused = _finished(app, "intruder")
+    assert "ZooKeeper refused (NoAuth)" in refused and "exit=4" in refused, refused
+
+
+def test_the_operator_may_read_no_secret_it_did_not_make(app: App) -> None:
+    app.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "database-password"},
+               "stringData": {"password": "hunter2"}})  # fmt: skip
+
+    def can(*what: str) -> bool:
+        answer = app.cluster.kubectl("auth", "can-i", *what, "--as", OPERATOR, "-n", app.ns, check=False)
+        return answer.strip().splitlines()[-1] == "yes"
+
+    assert not can("get", "secret/database-password")
+    assert not can("list", "secrets") and not can("watch", "secrets")
+    assert not can("list", "secrets", "--all-namespaces")
+    assert not can("delete", "secret/database-password") and not can("update", "secret/database-password")
+    assert can("get", "secret/zeps-curve") and can("get", "secret/zeps-zookeeper-auth")  # its own, its input
+    assert can("create", "secrets")  # each CURVE client's Secret, which it never reads back
+    denied = app.cluster.kubectl("get", "secret", "database-password", "-n", app.ns, "--as", OPERATOR, check=False)
+    assert "forbidden" in denied.lower(), denied
+
+
+def test_the_broker_metrics_are_scraped_from_another_pod(app: App) -> None:
+    app.apply(_stream("metered"))
+    app.ready("zepsstream", "metered", timeout=240)
+    _job(app, "publish", "zeps stream publish metered k 1 2 3")
+    broker = app.get("pods", "-l", "app.kubernetes.io/instance=metered")["items"][0]
+    port = next(p["containerPort"] for p in broker["spec"]["containers"][0]["ports"] if p["name"] == "metrics")
+    url = f"http://{broker['status']['podIP']}:{port}/metrics"
+    app.run_pod("scraper", f"python -c \"import urllib.request; print(urllib.request.urlopen('{url}', timeout=30)"
+                ".read().decode())\"")  # fmt: skip
+    scraped = app.wait_succeeded("scraper")
+    assert 'zeps_broker_messages_in_total{stream="metered"} 3.0' in scraped, scraped[-2000:]
+    assert json.dumps("metered") in json.dumps(scraped)
