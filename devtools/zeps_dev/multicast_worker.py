@@ -9,9 +9,6 @@ line when done.
   got (as sequence ranges), whether each body matched its sequence, the subscription's stats, and
   the seconds from its first record to its last.
 * ``unicast``: the same through an ordinary subscription (``bench-multicast``'s baseline).
-* ``forge``: an attacker on the segment: for ``--seconds``, sends to the group runs of records with the
-  sequences a receiver expects next (from 1 on), key ``--keys``' first, body ``b"forged"``, each
-  unsigned and then with a MAC of a key of its own; prints how many it sent.
 
 ``--key`` (hex): the stream's multicast key, for a receiver of a signed stream.
 
@@ -128,37 +125,9 @@ async def receive_aio(args: argparse.Namespace) -> None:
     _report(got, started, wanted=wanted, aio=True, **extra)
 
 
-def forge(args: argparse.Namespace) -> None:
-    """Send forged runs to the group (see the module's notes)."""
-    import zmq  # noqa: PLC0415 — the lab's processes only
-
-    from zeps import _netif  # noqa: PLC0415
-    from zeps._records import encode_record  # noqa: PLC0415
-    from zeps.client.multicast import multicast_options  # noqa: PLC0415
-    from zeps.protocol import multicast  # noqa: PLC0415
-
-    options = multicast_options(args.multicast)
-    interface = _netif.resolve(None, options.group)
-    ctx: zmq.Context[Any] = zmq.Context()
-    pub = ctx.socket(zmq.PUB)
-    pub.connect(_netif.endpoint(options.transport, options.group, options.port, interface))
-    key, own_key, sent, sequence = args.keys.split(",")[0].encode(), b"not-the-stream-key-0123456789", 0, 1
-    deadline = time.monotonic() + args.seconds
-    while time.monotonic() < deadline:
-        record = encode_record(sequence, int(time.time() * 1000), key, b"forged")
-        message = multicast.encode_run(args.stream, record, (0).to_bytes(4, "big"))
-        pub.send_multipart(message)  # unsigned
-        pub.send_multipart(multicast.sign(message, own_key))  # signed with a key of its own
-        sent, sequence = sent + 2, sequence + 1
-        time.sleep(0.005)
-    pub.close(linger=1000)
-    ctx.term()
-    print(json.dumps({"forged_sent": sent}), flush=True)
-
-
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m zeps_dev.multicast_worker")
-    p.add_argument("role", choices=["publish", "multicast", "unicast", "forge"])
+    p.add_argument("role", choices=["publish", "multicast", "unicast"])
     p.add_argument("--endpoint", required=True)
     p.add_argument("--stream", default="prices")
     p.add_argument("--count", type=int, required=True)
@@ -170,14 +139,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--aio", action="store_true", help="multicast: with the asyncio client")
     p.add_argument("--key", type=bytes.fromhex, default=None, help="a signed stream's multicast key (hex)")
-    p.add_argument("--seconds", type=float, default=10.0, help="forge: for how long")
     args = p.parse_args(argv)
     if args.multicast.startswith("{"):
         args.multicast = json.loads(args.multicast)
     if args.role == "publish":
         publish(args)
-    elif args.role == "forge":
-        forge(args)
     elif args.aio:
         asyncio.run(receive_aio(args))
     else:

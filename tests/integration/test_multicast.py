@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import WORKERS
 from zeps.client import StreamClient
 from zeps_dev.multicast_worker import ranges, wanted_sequences
 from zeps_dev.netlab import NetLab, available
@@ -125,7 +126,8 @@ def test_a_signed_stream_drops_runs_forged_on_the_segment_and_fetches_the_real_r
         load = (3000, 500)
         receiver = _worker(lab, 1, "multicast", tmp_path, load, "--multicast", options, "--key", key)
         receiver.json_line("ready", timeout=30)
-        forger = _worker(lab, 2, "forge", tmp_path, load, "--multicast", options, "--seconds", "8")
+        forge = [sys.executable, str(WORKERS / "multicast_forger.py"), "--multicast", options]
+        forger = lab.process(2, "forger", forge, log_path=tmp_path / "forger.log")
         time.sleep(1.0)  # the forger's runs reach the receiver before the real ones
         publisher = _worker(lab, 0, "publish", tmp_path, load)
         assert publisher.json_line("published", timeout=60)["published"] == load[0]
