@@ -50,6 +50,7 @@ class LocalStack(LocalServer):
         self.plane = ControlPlane(workdir / "controlplane")
         self.operator: OperatorProcess | None = None
         self.brokers: list[ManagedProcess] = []
+        self.endpoints: dict[str, str] = {}  # stream -> the endpoint of its broker started here
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -113,12 +114,17 @@ class LocalStack(LocalServer):
 
     # -- using it ---------------------------------------------------------------------------------
     def env(self) -> dict[str, str]:
-        """What a client in this machine's shell needs: the SDK resolves resources from there."""
+        """What a client in this machine's shell needs: the SDK resolves resources from there. A
+        stream's status names its Service (the operator's word), which no DNS here resolves: the
+        brokers started here are named by ``ZEPS_STREAM_<NAME>_ENDPOINT``, as a user outside the
+        cluster would do."""
         return {
             "KUBECONFIG": str(self.plane.kubeconfig),
             "ZEPS_ZOOKEEPER": self.zookeeper.connect_string,
             "ZEPS_NAMESPACE": self.namespace,
             "ZEPS_TESTBIN": str(binaries_dir()),
+            **{f"ZEPS_STREAM_{name.upper().replace('-', '_')}_ENDPOINT": endpoint
+               for name, endpoint in self.endpoints.items()},  # fmt: skip
         }
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
@@ -162,4 +168,5 @@ class LocalStack(LocalServer):
         )  # fmt: skip
         broker.start()
         self.brokers.append(broker)
+        self.endpoints[stream] = f"tcp://127.0.0.1:{port}"
         return broker
