@@ -123,8 +123,10 @@ class LocalStack(LocalServer):
             "ZEPS_ZOOKEEPER": self.zookeeper.connect_string,
             "ZEPS_NAMESPACE": self.namespace,
             "ZEPS_TESTBIN": str(binaries_dir()),
-            **{f"ZEPS_STREAM_{name.upper().replace('-', '_')}_ENDPOINT": endpoint
-               for name, endpoint in self.endpoints.items()},  # fmt: skip
+            **{
+                f"ZEPS_STREAM_{name.upper().replace('-', '_')}_ENDPOINT": endpoint
+                for name, endpoint in self.endpoints.items()
+            },
         }
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
