@@ -569,6 +569,40 @@ def test_curve_keys_live_in_the_namespaces_secret_and_each_client_gets_its_own(
     assert after["secure.client.orders.key_secret"] == keys["secure.client.orders.key_secret"]
 
 
+def test_a_retained_journal_has_no_owner_and_the_broker_gets_the_namespace_s_zookeeper_identity(
+    operator: OperatorProcess, crds: ControlPlane, namespace: str, kube_api: Any
+) -> None:
+    """What the operator makes of deletionPolicy and of a namespace's ZooKeeper identity (kind runs
+    the pods: e2e/kind/test_security.py): a Retain stream's PVC has no owner and a label naming the
+    stream, a Delete one's is owned by it; the broker's pod takes the identity from the Secret."""
+    core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
+    auth = {"user": "shop", "password": "pw"}
+    core.create_namespaced_secret(
+        namespace, client.V1Secret(metadata=client.V1ObjectMeta(name="zeps-zookeeper-auth"), string_data=auth)
+    )
+    _apply(crds, namespace, "ZepsStream", "kept", {"deletionPolicy": "Retain"})
+
+    def pvc() -> Any:
+        try:
+            return core.read_namespaced_persistent_volume_claim("kept-journal", namespace)
+        except client.ApiException:
+            return None
+
+    wait_until(lambda: pvc() is not None, timeout=30, what="the journal PVC")
+    assert not pvc().metadata.owner_references and pvc().metadata.labels["zeps.dev/stream"] == "kept"
+    container = apps.read_namespaced_deployment("kept-broker", namespace).spec.template.spec.containers[0]
+    refs = {e.name: e.value_from.secret_key_ref for e in container.env if e.value_from and e.value_from.secret_key_ref}
+    assert {n: (r.name, r.key) for n, r in refs.items()} == {
+        "ZEPS_BROKER_ZOOKEEPER_USER": ("zeps-zookeeper-auth", "user"),
+        "ZEPS_BROKER_ZOOKEEPER_PASSWORD": ("zeps-zookeeper-auth", "password"),
+    }
+    config = core.read_namespaced_config_map("kept-broker", namespace).data or {}
+    assert config["ZEPS_BROKER_METRICS_ADDRESS"] == "0.0.0.0" and "PASSWORD" not in json.dumps(config)
+    _apply(crds, namespace, "ZepsStream", "kept", {"deletionPolicy": "Delete"})
+    wait_until(lambda: bool(pvc().metadata.owner_references), timeout=30, what="the stream to own its journal")
+    assert pvc().metadata.owner_references[0].name == "kept"
+
+
 def test_batch_queue_lag_in_status(
     operator: OperatorProcess, crds: ControlPlane, namespace: str, zookeeper: ZooKeeperHarness
 ) -> None:

@@ -101,3 +101,50 @@ def test_a_stream_s_multicast_output_from_the_environment(monkeypatch: pytest.Mo
         monkeypatch.setenv("ZEPS_STREAM_PRICES_MULTICAST", bad)
         with pytest.raises(ConfigError, match=problem):
             resolve("ZepsStream", "prices")
+
+
+def test_a_curve_client_takes_its_keys_from_its_secret_and_the_broker_key_beside_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A pod mounts its client Secret (client.key_secret, server.key, multicast.key) and names the
+    certificate: the broker's key comes from the same Secret, not from the status or ZooKeeper."""
+    import zmq.auth  # noqa: PLC0415
+
+    from zeps.client.sync import curve_keys, multicast_key  # noqa: PLC0415
+
+    server_public, _ = zmq.auth.create_certificates(str(tmp_path), "server")
+    _, client_secret = zmq.auth.create_certificates(str(tmp_path), "client")
+    Path(server_public).rename(tmp_path / "server.key")
+    (tmp_path / "multicast.key").write_text("ab" * 32)
+    monkeypatch.setenv("ZEPS_STREAM_PRICES_ENDPOINT", "tcp://broker:5555")
+    monkeypatch.setenv("ZEPS_STREAM_PRICES_CURVE_CLIENT", client_secret)
+    monkeypatch.setenv("ZEPS_STREAM_PRICES_MAX_MESSAGE_BYTES", "4096")
+    s = resolve("ZepsStream", "prices", namespace="shop", public_key="what-the-status-says")
+    server, client = curve_keys(s)
+    assert server == zmq.auth.load_certificate(str(tmp_path / "server.key"))[0].decode()
+    assert client is not None and client[0] == zmq.auth.load_certificate(client_secret)[0].decode()
+    assert multicast_key(s) == bytes.fromhex("ab" * 32) and s.max_message_bytes == 4096
+
+    monkeypatch.setenv("ZEPS_STREAM_PRICES_CURVE_CLIENT", str(tmp_path / "client.key"))  # the public half
+    with pytest.raises(ConfigError, match=r"holds no secret key: name client\.key_secret"):
+        curve_keys(resolve("ZepsStream", "prices", namespace="shop"))
+    monkeypatch.setenv("ZEPS_STREAM_PRICES_CURVE_CLIENT", str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="not a readable zmq certificate"):
+        curve_keys(resolve("ZepsStream", "prices", namespace="shop"))
+    monkeypatch.setenv("ZEPS_STREAM_PRICES_MAX_MESSAGE_BYTES", "1MB")
+    with pytest.raises(ConfigError, match="ZEPS_STREAM_PRICES_MAX_MESSAGE_BYTES='1MB': a number of bytes"):
+        resolve("ZepsStream", "prices", namespace="shop")
+
+
+def test_a_message_over_the_client_s_limit_is_refused_before_anything_is_sent() -> None:
+    from zeps.client.session import ClientSession  # noqa: PLC0415
+    from zeps.errors import MessageTooLargeError  # noqa: PLC0415
+
+    session = ClientSession("prices", max_message_bytes=1000, credit_window=4096)
+    with pytest.raises(MessageTooLargeError, match="1001 bytes is over max_message_bytes=1000"):
+        session.publish("k", bytes(1001))
+    with pytest.raises(MessageTooLargeError):
+        session.publish_many([("k", b"fine"), ("k", bytes(1001))])
+    assert session.unconfirmed == 0, "nothing of a refused batch waits to be sent"
+    with pytest.raises(ConfigError, match="credit_window=2000: must be between max_message_bytes"):
+        ClientSession("prices", max_message_bytes=1000, credit_window=2000)
