@@ -56,10 +56,10 @@ import sys
 import time
 from array import array
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from zeps.broker.matching import Matcher, PatternError, PrefixTrie, compile_pattern
 from zeps.errors import ProtocolError
@@ -268,6 +268,14 @@ class BrokerCore:
         self.authorized: frozenset[str] | None = None
         #: the key a peer without a session authenticated with, for its next frame (the adapter sets it)
         self.peer_keys: dict[bytes, str | None] = {}
+        self._max_body = config.max_message_bytes
+        # what an attached session's commands do, by type (ATTACH comes before a session exists)
+        self._handlers: dict[type, Callable[[_Session, Any], None]] = {
+            PublishSeq: self._on_publish_seq, PublishBatchSeq: self._on_publish_batch_seq,
+            Publish: self._on_publish, PublishBatch: self._on_publish_batch, Produce: self._produce,
+            Credit: self._on_credit, Subscribe: self._subscribe, SubscribeTime: self._subscribe, Fetch: self._fetch,
+            Ping: self._on_ping, Detach: self._on_detach,
+        }  # fmt: skip
 
     def open(self) -> BrokerCore:
         for name in self.config.streams:
@@ -309,58 +317,59 @@ class BrokerCore:
             self._attach(peer, conn, command, now, key)
             return
         assert session is not None  # the state machine only allows other commands after ATTACH
-        # publishes first (idempotent ones before plain): every client sends them unless told not to
-        if isinstance(command, PublishSeq | PublishBatchSeq | Publish | PublishBatch):
-            self._publish(session, command)
-        elif isinstance(command, Produce):
-            self._produce(session, command)
-        elif isinstance(command, Credit):
-            session.credit = min(session.credit + command.credit, self.config.max_credit_bytes)
-            session.blocked_until = 0.0
-            for sub in session.subscriptions:
-                if not sub.live and sub not in self._lagging:
-                    self._lagging.append(sub)
-        elif isinstance(command, Subscribe | SubscribeTime):
-            self._subscribe(session, command)
-        elif isinstance(command, Fetch):
-            self._fetch(session, command)
-        elif isinstance(command, Ping):
-            self._send(peer, conn.send(PingOk()))
-        elif isinstance(command, Detach):
-            self._send(peer, conn.send(DetachOk()))
-            self._forget(session)
+        handler = self._handlers.get(type(command))  # a table: one lookup, whatever the command
+        if handler is not None:
+            handler(session, command)
 
-    def _publish(self, session: _Session, command: PublishSeq | PublishBatchSeq | Publish | PublishBatch) -> None:
-        """A publish: bodies over the limit refuse the frame (TOO_LARGE); an idempotent producer's go
-        through its table; the rest wait in the stream's append buffer for the loop's flush."""
-        limit, stream = self.config.max_message_bytes, session.stream
-        if isinstance(command, PublishSeq):
-            if len(command.body) > limit:
-                self._too_large(session, len(command.body))
-                return
-            self._publish_seq(session, command.sequence, ((command.key, command.body),),
-                              len(command.key) + len(command.body))  # fmt: skip
-        elif isinstance(command, PublishBatchSeq):
-            if len(command.entries) > limit and self._oversized(session, command.items):
-                return
-            self._publish_seq(session, command.sequence, command.items, len(command.entries))
-        elif isinstance(command, Publish):
-            if len(command.body) > limit:
-                self._too_large(session, len(command.body))
-                return
-            pending = self._appending(stream)
-            pending.add(((command.key, command.body),), len(command.key) + len(command.body))
-            pending.peers.add(session.peer)
-            stream.messages_in += 1
-            stream.bytes_in += len(command.body)
-        else:
-            if len(command.entries) > limit and self._oversized(session, command.items):
-                return
-            pending = self._appending(stream)
-            pending.add(command.items, len(command.entries))
-            pending.peers.add(session.peer)
-            stream.messages_in += len(command.items)
-            stream.bytes_in += len(command.entries)
+    # -- the commands of an attached session (the table ``_handlers``) -------------------------
+    # Publishes: a body over the limit refuses the frame (TOO_LARGE); an idempotent producer's go
+    # through its table; the rest wait in the stream's append buffer for the loop's flush.
+    def _on_publish_seq(self, session: _Session, command: PublishSeq) -> None:
+        body = command.body  # the usual frame of every client: one message of an idempotent producer
+        if len(body) > self._max_body:
+            self._too_large(session, len(body))
+            return
+        self._publish_seq(session, command.sequence, ((command.key, body),), len(command.key) + len(body))
+
+    def _on_publish_batch_seq(self, session: _Session, command: PublishBatchSeq) -> None:
+        if len(command.entries) > self._max_body and self._oversized(session, command.items):
+            return
+        self._publish_seq(session, command.sequence, command.items, len(command.entries))
+
+    def _on_publish(self, session: _Session, command: Publish) -> None:
+        body, stream = command.body, session.stream
+        if len(body) > self._max_body:
+            self._too_large(session, len(body))
+            return
+        pending = self._appending(stream)
+        pending.add(((command.key, body),), len(command.key) + len(body))
+        pending.peers.add(session.peer)
+        stream.messages_in += 1
+        stream.bytes_in += len(body)
+
+    def _on_publish_batch(self, session: _Session, command: PublishBatch) -> None:
+        stream = session.stream
+        if len(command.entries) > self._max_body and self._oversized(session, command.items):
+            return
+        pending = self._appending(stream)
+        pending.add(command.items, len(command.entries))
+        pending.peers.add(session.peer)
+        stream.messages_in += len(command.items)
+        stream.bytes_in += len(command.entries)
+
+    def _on_credit(self, session: _Session, command: Credit) -> None:
+        session.credit = min(session.credit + command.credit, self.config.max_credit_bytes)
+        session.blocked_until = 0.0
+        for sub in session.subscriptions:
+            if not sub.live and sub not in self._lagging:
+                self._lagging.append(sub)
+
+    def _on_ping(self, session: _Session, _command: Ping) -> None:
+        self._send(session.peer, session.conn.send(PingOk()))
+
+    def _on_detach(self, session: _Session, _command: Detach) -> None:
+        self._send(session.peer, session.conn.send(DetachOk()))
+        self._forget(session)
 
     def _oversized(self, session: _Session, items: tuple[tuple[str, bytes], ...]) -> bool:
         """Whether a batch holds a body over the limit (then refused whole: nothing of it is journaled)."""
