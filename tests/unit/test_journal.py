@@ -366,3 +366,24 @@ def test_a_last_segment_without_a_snapshot_replays_every_segments_marks(tmp_path
     again = _journal(tmp_path, segment_bytes=600)
     assert {name: p.sequence for name, p in again.producers.producers.items()} == {"p": 7}
     assert _all(again)[-1].body == b"after the roll"
+
+
+def test_a_volume_full_in_the_middle_of_a_roll_leaves_the_journal_open_and_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group rolls to a new segment before it writes (the old one is three quarters full): the
+    volume fills while the old segment is being sealed. The roll is undone, the old segment is the
+    active one again, and the journal takes appends once there is room."""
+    j, now = _journal(tmp_path, segment_bytes=1000, fsync="always"), int(time.time() * 1000)
+    while j.size_bytes < 800:
+        j.append("k", b"x" * 40)
+    before = _files(tmp_path)
+    disk = FullDisk(monkeypatch, free=0)
+    with pytest.raises(JournalWriteError):
+        j.append_many([("k", b"grouped")], changes={"p": Producer(1, 1, now)})
+    assert _files(tmp_path) == before, "no seal, no new segment left behind"
+    disk.free = 1 << 20
+    last = j.append_many([("k", b"grouped")], changes={"p": Producer(1, 1, now)})
+    j.close()
+    again = _journal(tmp_path, segment_bytes=1000)
+    assert _all(again)[-1].sequence == last and again.producers.producers["p"].sequence == 1

@@ -305,7 +305,10 @@ class Journal:
             seg = self._load_sealed(base)
             if seg is None:
                 seg = self._load(base, last=False)
-                self._seal(seg)
+                try:
+                    self._seal(seg)
+                except OSError as exc:  # the next start reads it whole again; nothing is lost
+                    log.warning("journal %s: could not seal %s (%s)", self.name, seg.path.name, exc)
             self._segments.append(seg)
         if bases:  # the active segment, whose tail may be torn: read and checked whole
             self._segments.append(self._load(bases[-1], last=True))
@@ -485,7 +488,8 @@ class Journal:
                     for path in (new.path, new.path.with_suffix(".idx"), new.offsets_path):
                         path.unlink(missing_ok=True)
                 del self._segments[save.segments :]
-                seg.path.with_suffix(".seal").unlink(missing_ok=True)  # active again: not sealed
+            if self._fd < 0:  # it failed in a roll (or undid one): the old segment is active again, unsealed
+                seg.path.with_suffix(".seal").unlink(missing_ok=True)
                 self._open_active(seg)
             records = max(save.last_seq - seg.base + 1, 0)
             os.truncate(seg.path, save.size)
@@ -765,9 +769,12 @@ class Journal:
         base, view, unpack, crc = starts[0], memoryview(data), RECORD.unpack_from, crc32c.crc32c
         for i in range(count):
             at = starts[i] - base
-            length, checksum, sequence, _, _ = unpack(data, at)
-            end = at + 4 + length
-            if end > len(data) or sequence != start + i or crc(view[at + 8 : end]) != checksum:
+            intact = at + OVERHEAD <= len(data)
+            if intact:
+                length, checksum, sequence, _, _ = unpack(data, at)
+                end = at + 4 + length
+                intact = end <= len(data) and sequence == start + i and crc(view[at + 8 : end]) == checksum
+            if not intact:
                 log.error("journal %s: segment %s: record %d (offset %d) is damaged; sequences %d..%d of this segment "
                           "are not served", self.name, seg.path.name, start + i, starts[i], start + i,
                           seg.last_seq)  # fmt: skip
