@@ -374,7 +374,7 @@ def stream_replay(ctx: click.Context, *, name: str, since: str, pattern: str, co
 def stream_lag(ctx: click.Context, *, name: str, position: int | None) -> None:
     """How far behind the durable tail of stream NAME its subscriptions are, from the facts the
     broker publishes in ZooKeeper every second (the furthest behind first)."""
-    from zeps.client.sync import read_broker_metadata  # noqa: PLC0415
+    from zeps.client.discovery import read_broker_metadata  # noqa: PLC0415
     from zeps.config import resolve  # noqa: PLC0415
 
     s = resolve("ZepsStream", name, namespace=ctx.obj["namespace"], needs=("zookeeper",), **_settings(ctx))

@@ -14,10 +14,9 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from zeps.client import StreamClient
-from zeps.client.multicast import MulticastSubscription
+from zeps.client import MulticastSubscription, StreamClient
+from zeps.client._transport import multicast_key
 from zeps.client.session import Since
-from zeps.client.sync import multicast_key
 from zeps.config import Resolved, require_queue_mode, resolve
 from zeps.coordination import Topic, shared_client
 from zeps.coordination.batches import BatchQueue

@@ -110,7 +110,7 @@ def test_a_curve_client_takes_its_keys_from_its_secret_and_the_broker_key_beside
     certificate: the broker's key comes from the same Secret, not from the status or ZooKeeper."""
     import zmq.auth  # noqa: PLC0415
 
-    from zeps.client.sync import curve_keys, multicast_key  # noqa: PLC0415
+    from zeps.client._transport import curve_keys, multicast_key  # noqa: PLC0415
 
     server_public, _ = zmq.auth.create_certificates(str(tmp_path), "server")
     _, client_secret = zmq.auth.create_certificates(str(tmp_path), "client")

@@ -1,10 +1,11 @@
 """ZEPS clients: blocking (:class:`StreamClient`) and asyncio (:class:`AsyncStreamClient`), same names."""
 
-from zeps.client.aio import AsyncStreamClient
-from zeps.client.multicast import AsyncMulticastSubscription, MulticastSubscription
+from zeps.client._transport import BrokerUnavailableError
+from zeps.client.aio import AsyncMulticastSubscription, AsyncStreamClient
+from zeps.client.discovery import discover
 from zeps.client.reconcile import MulticastStats
 from zeps.client.session import Fetched, Message, Records, Seq, Since, Time
-from zeps.client.sync import BrokerUnavailableError, StreamClient, discover
+from zeps.client.sync import MulticastSubscription, StreamClient
 
 __all__ = [
     "AsyncMulticastSubscription", "AsyncStreamClient", "BrokerUnavailableError", "Fetched", "Message",

@@ -25,10 +25,8 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from zeps.client.multicast import AsyncMulticastSubscription
-from zeps.client.session import ClientSession, Fetched, Message, Records, Row, Since, Time
-from zeps.client.sync import (
-    _GROUP,
+from zeps.client._transport import (
+    GROUP,
     MONITORED,
     BrokerUnavailableError,
     batched,
@@ -39,13 +37,15 @@ from zeps.client.sync import (
     curve_keys,
     refused_handshake,
 )
+from zeps.client.multicast import Group, GroupSubscription
+from zeps.client.session import ClientSession, Fetched, Message, Records, Row, Since, Time
 from zeps.config import Resolved
 from zeps.errors import ProducerError, ProtocolError, ZepsError
 from zeps.options import MulticastOptions
 from zeps.protocol import LATEST, Fetch
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES
 
-__all__ = ["AsyncStreamClient"]
+__all__ = ["AsyncMulticastSubscription", "AsyncStreamClient"]
 
 
 class AsyncStreamClient:
@@ -280,7 +280,7 @@ class AsyncStreamClient:
 
     async def publish_many(self, items: Iterable[tuple[str, bytes]]) -> None:
         """Publish ``items`` (key, body) in order, many per frame (see StreamClient.publish_many)."""
-        for group in batched(items, _GROUP):
+        for group in batched(items, GROUP):
             await self._room()
             await self._send(self.session.publish_many(group))
 
@@ -387,3 +387,80 @@ class AsyncStreamClient:
             message = await self.receive(1.0)
             if message is not None:
                 yield message
+
+
+class AsyncMulticastSubscription(GroupSubscription):
+    """A multicast subscription of an :class:`~zeps.client.AsyncStreamClient`: the same as
+    :class:`MulticastSubscription`, awaited (``async for``, ``await receive_many``, ``async with``)."""
+
+    def __init__(
+        self,
+        client: AsyncStreamClient,
+        pattern: str,
+        since: Since,
+        *,
+        multicast: MulticastOptions | str | dict[str, Any],
+        interface: str | None,
+        stall: float | None,
+        key: bytes | None = None,
+    ) -> None:
+        group = Group(client.session.stream, pattern, since, multicast=multicast, interface=interface, stall=stall,
+                      key=key)  # fmt: skip
+        super().__init__(zmq.asyncio.Context(), group)
+        self._client = client
+        client._watch(self)
+
+    async def _start(self) -> AsyncMulticastSubscription:
+        await self._client._send(self._client.session.fetch(self._group.reconciler.start(time.monotonic())))
+        return self
+
+    async def _step(self, wait: float) -> None:
+        """Wait up to ``wait`` for the group or the peering, then handle what came from both."""
+        client = self._client
+        if not client.session.inbox and not client.session.fetch_ends:
+            client._arrived.clear()
+            waiters = {asyncio.ensure_future(self.socket.poll(int(wait * 1000))),
+                       asyncio.ensure_future(client._arrived.wait())}  # fmt: skip
+            _, pending = await asyncio.wait(waiters, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in pending:
+                waiter.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await waiter
+        now = time.monotonic()
+        while True:
+            try:
+                frames = await self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            self._group.on_message(frames, now)
+        self._group.check(now)
+        frames = self._group.on_peering(client.session, now)
+        if frames:
+            await client._send(frames)
+
+    async def receive_many(self, timeout: float, max_messages: int = 100_000) -> list[Message]:
+        deadline = time.monotonic() + timeout
+        await self._step(0)
+        while not self._group.reconciler.output:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            await self._step(min(remaining, 0.05))
+        return self._group.take(max_messages)
+
+    async def __aiter__(self) -> AsyncIterator[Message]:
+        while True:
+            for message in await self.receive_many(1.0):
+                yield message
+
+    async def close(self) -> None:
+        self._client._unwatch(self)
+        self._close_group()
+
+    async def __aenter__(self) -> AsyncMulticastSubscription:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()

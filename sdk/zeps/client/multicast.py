@@ -16,20 +16,18 @@ control), and the peering's TCP I/O must not wait behind it. Over NORM the group
 child process (:mod:`zeps.client.relay`): libzmq 4.3.4 aborts a process whose NORM stream breaks.
 The settings both ends of a group share (rate and repair window of PGM, the heartbeat) come with
 ``multicast``: the broker publishes them in its member node (``broker_metadata(...)["multicast"]``),
-and ``zeps.stream(name)`` handles pass them on.
+and ``zeps.stream(name)`` handles pass them on (from the resource's spec).
+
+This module holds what both clients share (:class:`Group`: the group's socket and the reconciler;
+:class:`GroupSubscription`); each subscription lives beside its client, in :mod:`zeps.client.sync`
+and :mod:`zeps.client.aio`, which never import each other.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import time
-from collections.abc import AsyncIterator, Iterator
-from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import zmq
-import zmq.asyncio
 
 from zeps import _netif
 from zeps.client.reconcile import MulticastStats, Reconciler
@@ -40,11 +38,7 @@ from zeps.options import MulticastOptions
 from zeps.protocol import DeliverRun
 from zeps.protocol.multicast import ForgedMessageError, decode_message, topic
 
-if TYPE_CHECKING:
-    from zeps.client.aio import AsyncStreamClient
-    from zeps.client.sync import StreamClient
-
-__all__ = ["AsyncMulticastSubscription", "MulticastSubscription", "multicast_options"]
+__all__ = ["Group", "GroupSubscription", "multicast_options"]
 
 _MIN_STALL = 1.5  # seconds
 
@@ -59,7 +53,7 @@ def multicast_options(multicast: MulticastOptions | str | dict[str, Any]) -> Mul
     return MulticastOptions.make(**multicast)
 
 
-class _Group:
+class Group:
     """What both clients' subscriptions share: the group's endpoint and socket options, and the
     reconciler fed from the group and from the peering."""
 
@@ -140,18 +134,19 @@ class _Group:
         return [Message._make(output.popleft()) for _ in range(min(most, len(output)))]
 
 
-class _Subscription:
-    """What both clients' subscriptions hold: the group (its socket in a context of its own), watched
-    by the client's waits and closed with it."""
+class GroupSubscription:
+    """What both clients' multicast subscriptions hold: the group (its socket in a context of its own)
+    and its reconciler. The subscriptions themselves live beside their clients
+    (:class:`zeps.client.sync.MulticastSubscription`, :class:`zeps.client.aio.AsyncMulticastSubscription`):
+    each has its client's waits watch the socket, and closes with it; this part knows no client."""
 
-    def __init__(self, client: Any, ctx: Any, group: _Group) -> None:
-        self._client, self._ctx, self._group = client, ctx, group
+    def __init__(self, ctx: Any, group: Group) -> None:
+        self._ctx, self._group = ctx, group
         try:
             self.socket = group.open(ctx)  #: where the group's messages arrive
         except ConfigError:
             ctx.destroy(linger=0)
             raise
-        client._watch(self)
 
     @property
     def stats(self) -> MulticastStats:
@@ -164,152 +159,5 @@ class _Subscription:
         return self._group.endpoint
 
     def _close_group(self) -> None:
-        self._client._unwatch(self)
         self._group.close()
         self._ctx.destroy(linger=0)
-
-
-class MulticastSubscription(_Subscription):
-    """A multicast subscription of a :class:`~zeps.client.StreamClient` (see the module's notes):
-    iterate it, or take what arrived with :meth:`receive_many`. Not thread-safe."""
-
-    def __init__(
-        self,
-        client: StreamClient,
-        pattern: str,
-        since: Since,
-        *,
-        multicast: MulticastOptions | str | dict[str, Any],
-        interface: str | None,
-        stall: float | None,
-        key: bytes | None = None,
-    ) -> None:
-        group = _Group(client.session.stream, pattern, since, multicast=multicast, interface=interface, stall=stall,
-                       key=key)  # fmt: skip
-        super().__init__(client, zmq.Context(), group)
-        self._client: StreamClient = client
-        self._send(client.session.fetch(group.reconciler.start(time.monotonic())))
-
-    def _send(self, frames: list[bytes]) -> None:
-        if frames:
-            self._client._send_all(frames, time.monotonic() + self._client.timeout)
-
-    def _step(self, wait: float) -> None:
-        self._client._pump(wait)
-        now = time.monotonic()
-        while True:
-            try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            self._group.on_message(frames, now)
-        self._group.check(now)
-        self._send(self._group.on_peering(self._client.session, now))
-
-    def receive_many(self, timeout: float, max_messages: int = 100_000) -> list[Message]:
-        """The records reconciled so far, up to ``max_messages``, waiting up to ``timeout`` seconds for
-        the first; [] if none came."""
-        deadline = time.monotonic() + timeout
-        self._step(0)
-        while not self._group.reconciler.output:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return []
-            self._step(min(remaining, 0.05))
-        return self._group.take(max_messages)
-
-    def __iter__(self) -> Iterator[Message]:
-        while True:
-            yield from self.receive_many(1.0)
-
-    #: close the client with the subscription (a handle's subscription has a peering of its own)
-    owns_client = False
-
-    def close(self) -> None:
-        self._close_group()
-        if self.owns_client:
-            self.owns_client = False
-            self._client.close()
-
-    def __enter__(self) -> MulticastSubscription:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-
-class AsyncMulticastSubscription(_Subscription):
-    """A multicast subscription of an :class:`~zeps.client.AsyncStreamClient`: the same as
-    :class:`MulticastSubscription`, awaited (``async for``, ``await receive_many``, ``async with``)."""
-
-    def __init__(
-        self,
-        client: AsyncStreamClient,
-        pattern: str,
-        since: Since,
-        *,
-        multicast: MulticastOptions | str | dict[str, Any],
-        interface: str | None,
-        stall: float | None,
-        key: bytes | None = None,
-    ) -> None:
-        group = _Group(client.session.stream, pattern, since, multicast=multicast, interface=interface, stall=stall,
-                       key=key)  # fmt: skip
-        super().__init__(client, zmq.asyncio.Context(), group)
-        self._client: AsyncStreamClient = client
-
-    async def _start(self) -> AsyncMulticastSubscription:
-        await self._client._send(self._client.session.fetch(self._group.reconciler.start(time.monotonic())))
-        return self
-
-    async def _step(self, wait: float) -> None:
-        """Wait up to ``wait`` for the group or the peering, then handle what came from both."""
-        client = self._client
-        if not client.session.inbox and not client.session.fetch_ends:
-            client._arrived.clear()
-            waiters = {asyncio.ensure_future(self.socket.poll(int(wait * 1000))),
-                       asyncio.ensure_future(client._arrived.wait())}  # fmt: skip
-            _, pending = await asyncio.wait(waiters, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-            for waiter in pending:
-                waiter.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await waiter
-        now = time.monotonic()
-        while True:
-            try:
-                frames = await self.socket.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            self._group.on_message(frames, now)
-        self._group.check(now)
-        frames = self._group.on_peering(client.session, now)
-        if frames:
-            await client._send(frames)
-
-    async def receive_many(self, timeout: float, max_messages: int = 100_000) -> list[Message]:
-        deadline = time.monotonic() + timeout
-        await self._step(0)
-        while not self._group.reconciler.output:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return []
-            await self._step(min(remaining, 0.05))
-        return self._group.take(max_messages)
-
-    async def __aiter__(self) -> AsyncIterator[Message]:
-        while True:
-            for message in await self.receive_many(1.0):
-                yield message
-
-    async def close(self) -> None:
-        self._close_group()
-
-    async def __aenter__(self) -> AsyncMulticastSubscription:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()

@@ -18,8 +18,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterable, Iterator
-from itertools import islice
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -27,162 +25,27 @@ import zmq
 import zmq.auth
 from zmq.utils.monitor import recv_monitor_message
 
-from zeps.client.multicast import MulticastSubscription
+from zeps.client._transport import (
+    GROUP,
+    MONITORED,
+    BrokerUnavailableError,
+    batched,
+    check_endpoint,
+    close_dealer,
+    configure_curve,
+    configure_dealer,
+    curve_keys,
+    refused_handshake,
+)
+from zeps.client.multicast import Group, GroupSubscription
 from zeps.client.session import ClientSession, Fetched, Message, Records, Row, Since, Time
 from zeps.config import Resolved
-from zeps.errors import ConfigError, ProducerError, ProtocolError, UnavailableError, ZepsError
+from zeps.errors import ProducerError, ProtocolError, ZepsError
 from zeps.options import MulticastOptions
 from zeps.protocol import LATEST, Fetch
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES
 
-__all__ = ["BrokerUnavailableError", "StreamClient", "discover"]
-
-_GROUP = 4096  # messages handed to the session at once by publish_many (back-pressure is checked per group)
-
-
-def batched(items: Iterable[tuple[str, bytes]], size: int) -> Iterator[list[tuple[str, bytes]]]:
-    """Lists of up to ``size`` items (itertools.batched arrives in Python 3.12)."""
-    iterator = iter(items)
-    while group := list(islice(iterator, size)):
-        yield group
-
-
-class BrokerUnavailableError(UnavailableError):
-    """No broker answered in time, went silent, or the broker refused this stream."""
-
-
-def broker_metadata(client: Any, namespace: str, stream: str, *, chroot: str = "/zeps") -> dict[str, Any]:
-    """What the live broker of ``stream`` publishes in its ZooKeeper group (``client``, a started
-    kazoo client): ``endpoint`` and ``curvePublicKey`` when it joins; ``lastSequence``,
-    ``journalBytes``, ``subscriptionCount`` and the furthest-behind ``subscriptions`` every second."""
-    from zeps.coordination import Group  # noqa: PLC0415 — ZooKeeper only for discovery
-    from zeps.paths import StreamPaths  # noqa: PLC0415
-
-    group = Group(client, StreamPaths.of(namespace, stream, chroot=chroot).brokers)
-    manifest = group.status().manifest
-    usable = [m for name, m in sorted(group.members().items()) if manifest is None or name in manifest]
-    if not usable:
-        raise BrokerUnavailableError(f"no live broker is registered for stream {namespace}/{stream}")
-    return dict(usable[0].metadata)
-
-
-def read_broker_metadata(
-    zookeeper: str, namespace: str, stream: str, *, chroot: str = "/zeps", auth: tuple[str, str] | None = None
-) -> dict[str, Any]:
-    """:func:`broker_metadata` through a ZooKeeper session of its own, closed before returning."""
-    from zeps.coordination import connect  # noqa: PLC0415 — ZooKeeper only for discovery
-
-    client = connect(zookeeper, auth=auth)
-    try:
-        return broker_metadata(client, namespace, stream, chroot=chroot)
-    finally:
-        client.stop()
-        client.close()
-
-
-def discover(
-    zookeeper: str, namespace: str, stream: str, *, chroot: str = "/zeps", auth: tuple[str, str] | None = None
-) -> tuple[str, str]:
-    """The (endpoint, CURVE public key) of the live broker of ``stream``, from its ZooKeeper group
-    (``auth``: the namespace's ZooKeeper identity, where ACLs are on). What a member node says is only
-    as trustworthy as who may write it: with the namespace's ACL, its brokers; without, anyone. So
-    take the broker's key from a source of your own (the Secret the operator made, the resource's
-    status) when it matters: a forged node's endpoint then fails the CURVE handshake."""
-    meta = read_broker_metadata(zookeeper, namespace, stream, chroot=chroot, auth=auth)
-    return str(meta["endpoint"]), str(meta.get("curvePublicKey", ""))
-
-
-def check_endpoint(endpoint: str) -> str:
-    if not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
-        raise ConfigError(f"broker endpoint {endpoint!r} must look like tcp://host:port")
-    return endpoint
-
-
-def configure_dealer(sock: Any) -> None:
-    """The DEALER options both clients use: bounded queues, quick reconnects, a short linger."""
-    sock.setsockopt(zmq.LINGER, 1000)
-    sock.setsockopt(zmq.RCVHWM, 100_000)
-    sock.setsockopt(zmq.SNDHWM, 100_000)
-    sock.setsockopt(zmq.RECONNECT_IVL, 100)
-    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
-
-
-#: socket events both clients watch: a lost connection is re-attached at once, not after ``ttl``; a
-#: CURVE handshake the broker refused (its ZAP handler: not an admitted key) is an error at once
-MONITORED = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-
-
-def refused_handshake(event: int, client_keys: tuple[str, str] | None) -> str | None:
-    """Why the broker refused this client, if ``event`` (a monitor event) says it refused the CURVE
-    handshake: its ZAP handler does not admit the client's key."""
-    if event != zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-        return None
-    if client_keys is None:
-        return ("the broker refused the CURVE handshake: this client has no key of its own (a random one was "
-                "used); give it the client certificate the operator made (ZEPS_STREAM_<NAME>_CURVE_CLIENT, or "
-                "client_keys=) and list the client in the stream's spec.curveClients")  # fmt: skip
-    return (f"the broker refused the CURVE handshake: client key {client_keys[0]} is not among the stream's "
-            "clients (spec.curveClients), or was revoked")  # fmt: skip
-
-
-def close_dealer(sock: Any, monitor: Any) -> None:
-    """Close a client's socket and its monitor at once (no linger: unsent frames are resent after a
-    re-attach, or were never confirmed)."""
-    if sock is not None:
-        sock.disable_monitor()
-        if monitor is not None:
-            monitor.close(linger=0)
-        sock.close(linger=0)
-
-
-def curve_keys(settings: Resolved) -> tuple[str | None, tuple[str, str] | None]:
-    """(the broker's public key, this client's key pair) for a resolved stream. The client's pair from
-    the certificate ``settings.curve_client`` names (``client.key_secret`` of the Secret the operator
-    made for it); the broker's key as given, else from the ``server.key`` beside that certificate (the
-    same Secret: the operator's word, which ZooKeeper cannot change), else the resource's status."""
-    if not settings.curve_client:
-        return settings.public_key or None, None
-    path = Path(settings.curve_client)
-    try:
-        public, secret = zmq.auth.load_certificate(str(path))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(
-            f"ZEPS_STREAM_<NAME>_CURVE_CLIENT={path}: not a readable zmq certificate ({exc}); mount "
-            "the Secret the operator made for this client and name its client.key_secret"
-        ) from None
-    if secret is None:
-        raise ConfigError(f"ZEPS_STREAM_<NAME>_CURVE_CLIENT={path} holds no secret key: name client.key_secret, "
-                          "not client.key")  # fmt: skip
-    server = settings.public_key
-    beside = path.with_name("server.key")
-    if beside.exists():
-        server = zmq.auth.load_certificate(str(beside))[0].decode()
-    return server or None, (public.decode(), secret.decode())
-
-
-def multicast_key(settings: Resolved) -> bytes | None:
-    """A signed stream's multicast key (hex digits in a file): the one ``settings.multicast_key``
-    names, else ``multicast.key`` beside the client certificate (its Secret holds both); None if none."""
-    path = Path(settings.multicast_key) if settings.multicast_key else None
-    if path is None and settings.curve_client:
-        beside = Path(settings.curve_client).with_name("multicast.key")
-        path = beside if beside.exists() else None
-    if path is None:
-        return None
-    try:
-        return bytes.fromhex(path.read_text().strip())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"multicast key {path}: not a readable file of hex digits ({exc})") from None
-
-
-def configure_curve(sock: Any, server_public_key: str | None, client_keys: tuple[str, str] | None) -> None:
-    """CURVE on ``sock`` when the broker has a public key: the client's own key pair, or a fresh one."""
-    if not server_public_key:
-        return
-    public, secret = client_keys or zmq.curve_keypair()
-    sock.setsockopt(zmq.CURVE_SERVERKEY, server_public_key.encode())
-    sock.setsockopt(zmq.CURVE_PUBLICKEY, public if isinstance(public, bytes) else public.encode())
-    sock.setsockopt(zmq.CURVE_SECRETKEY, secret if isinstance(secret, bytes) else secret.encode())
+__all__ = ["MulticastSubscription", "StreamClient"]
 
 
 class StreamClient:
@@ -418,7 +281,7 @@ class StreamClient:
         """Publish ``items`` (key, body) in order, many per frame: PUBLISH-BATCH on a version 3 broker
         (one PUBLISH each on older ones). The fast way to publish a burst; same guarantees as
         :meth:`publish`."""
-        for group in batched(items, _GROUP):
+        for group in batched(items, GROUP):
             deadline = self._room()
             self._send_all(self.session.publish_many(group), deadline)
 
@@ -552,3 +415,76 @@ class StreamClient:
         fetches, and cannot also subscribe."""
         return MulticastSubscription(self, pattern, since, multicast=multicast, interface=interface, stall=stall,
                                      key=key)  # fmt: skip
+
+
+class MulticastSubscription(GroupSubscription):
+    """A multicast subscription of a :class:`~zeps.client.StreamClient` (see the module's notes):
+    iterate it, or take what arrived with :meth:`receive_many`. Not thread-safe."""
+
+    def __init__(
+        self,
+        client: StreamClient,
+        pattern: str,
+        since: Since,
+        *,
+        multicast: MulticastOptions | str | dict[str, Any],
+        interface: str | None,
+        stall: float | None,
+        key: bytes | None = None,
+    ) -> None:
+        group = Group(client.session.stream, pattern, since, multicast=multicast, interface=interface, stall=stall,
+                      key=key)  # fmt: skip
+        super().__init__(zmq.Context(), group)
+        self._client = client
+        client._watch(self)
+        self._send(client.session.fetch(group.reconciler.start(time.monotonic())))
+
+    def _send(self, frames: list[bytes]) -> None:
+        if frames:
+            self._client._send_all(frames, time.monotonic() + self._client.timeout)
+
+    def _step(self, wait: float) -> None:
+        self._client._pump(wait)
+        now = time.monotonic()
+        while True:
+            try:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            self._group.on_message(frames, now)
+        self._group.check(now)
+        self._send(self._group.on_peering(self._client.session, now))
+
+    def receive_many(self, timeout: float, max_messages: int = 100_000) -> list[Message]:
+        """The records reconciled so far, up to ``max_messages``, waiting up to ``timeout`` seconds for
+        the first; [] if none came."""
+        deadline = time.monotonic() + timeout
+        self._step(0)
+        while not self._group.reconciler.output:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            self._step(min(remaining, 0.05))
+        return self._group.take(max_messages)
+
+    def __iter__(self) -> Iterator[Message]:
+        while True:
+            yield from self.receive_many(1.0)
+
+    #: close the client with the subscription (a handle's subscription has a peering of its own)
+    owns_client = False
+
+    def close(self) -> None:
+        self._client._unwatch(self)
+        self._close_group()
+        if self.owns_client:
+            self.owns_client = False
+            self._client.close()
+
+    def __enter__(self) -> MulticastSubscription:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -69,7 +69,7 @@ from pyspark.sql.types import BinaryType, DataType, LongType, StringType, Struct
 
 from zeps.broker.matching import Matcher, compile_pattern
 from zeps.client import BrokerUnavailableError, Records, Seq, StreamClient, Time
-from zeps.client.sync import broker_metadata
+from zeps.client.discovery import broker_metadata
 from zeps.config import Resolved, require_queue_mode, resolve
 from zeps.coordination import shared_client
 from zeps.coordination.batches import BatchQueue

@@ -1,0 +1,135 @@
+"""What both ZEPS clients share (:mod:`zeps.client.sync` and :mod:`zeps.client.aio` import this, never
+each other): their errors, the DEALER's options and monitor events, CURVE keys from settings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.auth
+
+from zeps.config import Resolved
+from zeps.errors import ConfigError, UnavailableError
+
+__all__ = [
+    "GROUP",
+    "MONITORED",
+    "BrokerUnavailableError",
+    "batched",
+    "check_endpoint",
+    "close_dealer",
+    "configure_curve",
+    "configure_dealer",
+    "curve_keys",
+    "multicast_key",
+    "refused_handshake",
+]
+
+GROUP = 4096  #: messages handed to the session at once by publish_many (back-pressure is checked per group)
+
+
+def batched(items: Iterable[tuple[str, bytes]], size: int) -> Iterator[list[tuple[str, bytes]]]:
+    """Lists of up to ``size`` items (itertools.batched arrives in Python 3.12)."""
+    iterator = iter(items)
+    while group := list(islice(iterator, size)):
+        yield group
+
+
+class BrokerUnavailableError(UnavailableError):
+    """No broker answered in time, went silent, or the broker refused this stream."""
+
+
+def check_endpoint(endpoint: str) -> str:
+    if not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
+        raise ConfigError(f"broker endpoint {endpoint!r} must look like tcp://host:port")
+    return endpoint
+
+
+def configure_dealer(sock: Any) -> None:
+    """The DEALER options both clients use: bounded queues, quick reconnects, a short linger."""
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.setsockopt(zmq.RCVHWM, 100_000)
+    sock.setsockopt(zmq.SNDHWM, 100_000)
+    sock.setsockopt(zmq.RECONNECT_IVL, 100)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+
+
+#: socket events both clients watch: a lost connection is re-attached at once, not after ``ttl``; a
+#: CURVE handshake the broker refused (its ZAP handler: not an admitted key) is an error at once
+MONITORED = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+
+
+def refused_handshake(event: int, client_keys: tuple[str, str] | None) -> str | None:
+    """Why the broker refused this client, if ``event`` (a monitor event) says it refused the CURVE
+    handshake: its ZAP handler does not admit the client's key."""
+    if event != zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return None
+    if client_keys is None:
+        return ("the broker refused the CURVE handshake: this client has no key of its own (a random one was "
+                "used); give it the client certificate the operator made (ZEPS_STREAM_<NAME>_CURVE_CLIENT, or "
+                "client_keys=) and list the client in the stream's spec.curveClients")  # fmt: skip
+    return (f"the broker refused the CURVE handshake: client key {client_keys[0]} is not among the stream's "
+            "clients (spec.curveClients), or was revoked")  # fmt: skip
+
+
+def close_dealer(sock: Any, monitor: Any) -> None:
+    """Close a client's socket and its monitor at once (no linger: unsent frames are resent after a
+    re-attach, or were never confirmed)."""
+    if sock is not None:
+        sock.disable_monitor()
+        if monitor is not None:
+            monitor.close(linger=0)
+        sock.close(linger=0)
+
+
+def curve_keys(settings: Resolved) -> tuple[str | None, tuple[str, str] | None]:
+    """(the broker's public key, this client's key pair) for a resolved stream. The client's pair from
+    the certificate ``settings.curve_client`` names (``client.key_secret`` of the Secret the operator
+    made for it); the broker's key as given, else from the ``server.key`` beside that certificate (the
+    same Secret: the operator's word, which ZooKeeper cannot change), else the resource's status."""
+    if not settings.curve_client:
+        return settings.public_key or None, None
+    path = Path(settings.curve_client)
+    try:
+        public, secret = zmq.auth.load_certificate(str(path))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"ZEPS_STREAM_<NAME>_CURVE_CLIENT={path}: not a readable zmq certificate ({exc}); mount "
+            "the Secret the operator made for this client and name its client.key_secret"
+        ) from None
+    if secret is None:
+        raise ConfigError(f"ZEPS_STREAM_<NAME>_CURVE_CLIENT={path} holds no secret key: name client.key_secret, "
+                          "not client.key")  # fmt: skip
+    server = settings.public_key
+    beside = path.with_name("server.key")
+    if beside.exists():
+        server = zmq.auth.load_certificate(str(beside))[0].decode()
+    return server or None, (public.decode(), secret.decode())
+
+
+def multicast_key(settings: Resolved) -> bytes | None:
+    """A signed stream's multicast key (hex digits in a file): the one ``settings.multicast_key``
+    names, else ``multicast.key`` beside the client certificate (its Secret holds both); None if none."""
+    path = Path(settings.multicast_key) if settings.multicast_key else None
+    if path is None and settings.curve_client:
+        beside = Path(settings.curve_client).with_name("multicast.key")
+        path = beside if beside.exists() else None
+    if path is None:
+        return None
+    try:
+        return bytes.fromhex(path.read_text().strip())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"multicast key {path}: not a readable file of hex digits ({exc})") from None
+
+
+def configure_curve(sock: Any, server_public_key: str | None, client_keys: tuple[str, str] | None) -> None:
+    """CURVE on ``sock`` when the broker has a public key: the client's own key pair, or a fresh one."""
+    if not server_public_key:
+        return
+    public, secret = client_keys or zmq.curve_keypair()
+    sock.setsockopt(zmq.CURVE_SERVERKEY, server_public_key.encode())
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, public if isinstance(public, bytes) else public.encode())
+    sock.setsockopt(zmq.CURVE_SECRETKEY, secret if isinstance(secret, bytes) else secret.encode())
