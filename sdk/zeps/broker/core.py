@@ -776,6 +776,12 @@ class BrokerCore:
         session.stream.bytes_out += cost
         self._pending.append(Outgoing(session.peer, frame, sub, first, cost, count))
 
+    @property
+    def busy(self) -> bool:
+        """Work waits that a loop should come back for soon (a millisecond, not a tick): subscriptions
+        behind, publishes not yet written, records gathered for the multicast group."""
+        return bool(self._lagging or self._appends or self.multicast_pending)
+
     def replay_ready(self, now: float) -> bool:
         """A lagging subscription can be served now (not waiting out a refused send): the loop
         should pump again at once rather than wait for traffic."""

@@ -394,8 +394,7 @@ class BrokerServer:
             while not self._stop.is_set():
                 # replay that can go on: no wait; appends to group or replay waiting out a full
                 # socket queue: 1 ms; nothing to do: until traffic (at most 50 ms, for the tick)
-                busy = core._lagging or core._appends or core.multicast_pending
-                wait = 0 if core.replay_ready(time.monotonic()) else 1 if busy else 50
+                wait = 0 if core.replay_ready(time.monotonic()) else 1 if core.busy else 50
                 events = dict(poller.poll(wait))
                 idle = self._read(sock) if sock in events else True
                 core.flush_appends(idle=idle)

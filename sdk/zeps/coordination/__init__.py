@@ -1,7 +1,8 @@
 """ZooKeeper recipes (kazoo): the only package in zeps that imports kazoo.
 
 * :mod:`~zeps.coordination.group` — group membership with a manifest;
-* :mod:`~zeps.coordination.topic` — broadcast Topic with an elected cleaner;
+* :mod:`~zeps.coordination.topic` — broadcast Topic: the handle and its publisher; its
+  :mod:`~zeps.coordination.subscription` and its elected :mod:`~zeps.coordination.cleaner` beside it;
 * :func:`connect` — the one place a kazoo client is made.
 """
 

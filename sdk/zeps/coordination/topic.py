@@ -37,7 +37,6 @@ sequence order.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import os
@@ -49,41 +48,28 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
-from kazoo.client import KazooClient, KazooState
+from kazoo.client import KazooClient
 from kazoo.exceptions import (
-    ConnectionClosedError,
     ConnectionLoss,
-    KazooException,
-    NodeExistsError,
     NoNodeError,
     RolledBackError,
     SessionExpiredError,
 )
-from kazoo.retry import KazooRetry
 
-from zeps.coordination._util import bounded_retry, delete_tree, zookeeper_errors
-from zeps.coordination.group import Group, Member, Membership
-from zeps.envelope import Envelope, EnvelopeError, decode_node, encode, encode_pack
+from zeps.coordination._util import bounded_retry, zookeeper_errors
+from zeps.coordination.cleaner import TopicCleaner
+from zeps.coordination.group import Group, Member
+from zeps.coordination.subscription import Message, Subscription
+from zeps.envelope import Envelope, encode, encode_pack
 from zeps.errors import CoordinationError
 from zeps.options import TopicOptions
 from zeps.paths import DEFAULT_CHROOT, TopicPaths, sequence_of, validate_member_id
 
-__all__ = [
-    "Message",
-    "NoSubscribersError",
-    "QueueFullError",
-    "Subscription",
-    "Topic",
-    "TopicCleaner",
-]
+__all__ = ["Message", "NoSubscribersError", "QueueFullError", "Subscription", "Topic", "TopicCleaner"]
 
 log = logging.getLogger(__name__)
-
-_ACK_EVERY = 64  # a subscriber acks (deletes) at least every this many messages…
-_ACK_INTERVAL = 0.05  # …or this many seconds: the most a crash can redeliver
 
 
 class NoSubscribersError(CoordinationError):
@@ -92,23 +78,6 @@ class NoSubscribersError(CoordinationError):
 
 class QueueFullError(CoordinationError):
     """A subscriber queue is at ``max_queue_depth`` and the policy is ``fail`` (or ``block`` timed out)."""
-
-
-@dataclass(frozen=True)
-class Message:
-    """One delivered message."""
-
-    topic: str
-    consumer: str
-    sequence: int  #: position in this consumer's queue (ZooKeeper's sequence suffix)
-    body: bytes
-    id: str
-    publisher: str
-    timestamp_ms: int
-    content_type: str | None
-    headers: dict[str, str] = field(default_factory=dict)
-    attempt: int = 1
-    index: int = 0  #: position inside its node (a packed publish batch)
 
 
 class Topic:
@@ -497,355 +466,3 @@ class _Batcher:
             with self._idle:
                 self._outstanding -= len(batch)
                 self._idle.notify_all()
-
-
-class Subscription:
-    """A running subscription: a thread that drains this consumer's queue into the callback."""
-
-    def __init__(
-        self, topic: Topic, callback: Callable[[Message], None], consumer_id: str, metadata: dict[str, Any]
-    ) -> None:
-        self.topic = topic
-        self.callback = callback
-        self.consumer_id = validate_member_id(consumer_id)
-        self.queue_path = topic.paths.queue(consumer_id)
-        self.parked_path = topic.paths.parked_for(consumer_id)
-        self._metadata = {
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "since": int(time.time()),
-            **metadata,
-        }
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._memberships: list[Membership] = []
-        self._attempts: dict[tuple[str, int], int] = {}
-        self._progress: dict[str, int] = {}  # node -> index of its next undelivered message
-        #: counters: delivered (callback returned), failed attempts, dropped, parked
-        self.delivered = 0
-        self.failed_attempts = 0
-        self.dropped = 0
-        self.parked = 0
-
-    @property
-    def client(self) -> KazooClient:
-        return self.topic.client
-
-    def _start(self) -> None:
-        client, paths = self.client, self.topic.paths
-        self._memberships.append(Group(client, paths.clients, acl=self.topic.acl).join(self.consumer_id))
-        self._ensure_queue()
-        self._memberships.append(
-            Group(client, paths.subscribers, acl=self.topic.acl).join(self.consumer_id, self._metadata)
-        )
-        client.add_listener(self._on_state)
-        self._thread = threading.Thread(target=self._run, name=f"zeps-topic-{self.consumer_id}", daemon=True)
-        self._thread.start()
-
-    def _ensure_queue(self) -> None:
-        with contextlib.suppress(NodeExistsError):
-            self.client.retry(self.client.create, self.queue_path, acl=self.topic.acl, makepath=True)
-
-    def _on_state(self, state: str) -> None:
-        if state == KazooState.CONNECTED:
-            self._wake.set()  # re-read after any reconnect; watches may have been lost
-
-    def _wake_up(self, _event: Any = None) -> None:
-        self._wake.set()
-
-    def _run(self) -> None:
-        retry = bounded_retry()
-        while not self._stop.is_set():
-            try:
-                self._wake.clear()
-                children = retry(self.client.get_children, self.queue_path, watch=self._wake_up)
-            except NoNodeError:
-                # removed by the cleaner while we were away: start a fresh queue
-                self._ensure_queue()
-                continue
-            except ConnectionClosedError:
-                log.warning("topic %s: the ZooKeeper client was closed; subscription %s ends",
-                            self.topic.name, self.consumer_id)  # fmt: skip
-                return
-            except KazooException as exc:
-                log.warning("topic %s: listing %s failed (%r); retrying", self.topic.name, self.queue_path, exc)
-                self._stop.wait(1)
-                continue
-            if not children:
-                self._wake.wait(5.0)  # the watch wakes us; the timeout is the safety net
-                continue
-            batch = sorted(children, key=sequence_of)[: self.topic.options.batch_size]
-            try:
-                self._process(batch, retry)
-            except KazooException as exc:
-                log.warning("topic %s: processing a batch failed (%r); will re-read", self.topic.name, exc)
-                self._stop.wait(0.5)
-
-    def _process(self, batch: list[str], retry: KazooRetry) -> None:
-        """Deliver one batch in order. Acks (deletes) go out pipelined while the batch runs, every
-        _ACK_EVERY messages or _ACK_INTERVAL seconds, so a crash redelivers at most that window."""
-        reads = [(node, self.client.get_async(f"{self.queue_path}/{node}")) for node in batch]
-        unsent: list[str] = []
-        in_flight: list[tuple[list[str], Any]] = []
-        last_ack = time.monotonic()
-        try:
-            for node, result in reads:
-                if self._stop.is_set():
-                    return
-                try:
-                    data, _ = result.get()
-                except NoNodeError:
-                    continue
-                if not self._handle(node, data, retry):
-                    return  # keep order: retry this message before any later one
-                unsent.append(node)
-                if len(unsent) >= _ACK_EVERY or time.monotonic() - last_ack >= _ACK_INTERVAL:
-                    in_flight.append(self._send_acks(unsent))
-                    unsent, last_ack = [], time.monotonic()
-        finally:
-            if unsent:
-                in_flight.append(self._send_acks(unsent))
-            self._confirm_acks(in_flight, retry)
-
-    def _send_acks(self, nodes: list[str]) -> tuple[list[str], Any]:
-        t = self.client.transaction()
-        for node in nodes:
-            t.delete(f"{self.queue_path}/{node}")
-        return nodes, t.commit_async()
-
-    def _confirm_acks(self, in_flight: list[tuple[list[str], Any]], retry: KazooRetry) -> None:
-        for nodes, result in in_flight:
-            try:
-                outcome = result.get()
-                if not any(isinstance(r, Exception) for r in outcome):
-                    continue
-            except (ConnectionLoss, SessionExpiredError):
-                pass
-            # unsure or partly gone (a retried ack that had applied): delete one by one
-            for node in nodes:
-                with contextlib.suppress(NoNodeError):
-                    retry(self.client.delete, f"{self.queue_path}/{node}")
-
-    def _handle(self, node: str, data: bytes, retry: KazooRetry) -> bool:
-        """Run the callback for each message of one node, resuming where a retry left off; True when
-        the node may be deleted (all its messages delivered, dropped or parked)."""
-        try:
-            envelopes = decode_node(data)
-        except EnvelopeError as exc:
-            log.error("topic %s: node %s is unreadable (%s); parking it", self.topic.name, node, exc)
-            self._park(node, data, retry)
-            return True
-        for index in range(self._progress.get(node, 0), len(envelopes)):
-            if not self._deliver_one(node, index, envelopes[index], retry):
-                self._progress[node] = index
-                return False
-        self._progress.pop(node, None)
-        return True
-
-    def _deliver_one(self, node: str, index: int, env: Envelope, retry: KazooRetry) -> bool:
-        key = (node, index)
-        attempt = self._attempts.get(key, 0) + 1
-        message = Message(
-            topic=self.topic.name, consumer=self.consumer_id, sequence=sequence_of(node), body=env.body, id=env.id,
-            publisher=env.publisher, timestamp_ms=env.timestamp_ms, content_type=env.content_type,
-            headers=env.headers, attempt=attempt, index=index,
-        )  # fmt: skip
-        try:
-            self.callback(message)
-        except Exception as exc:
-            self.failed_attempts += 1
-            options = self.topic.options
-            if attempt >= options.max_attempts:
-                self._attempts.pop(key, None)
-                if options.on_give_up == "keep":
-                    log.error(
-                        "topic %s: message %s failed %d times (%r); parked", self.topic.name, env.id, attempt, exc
-                    )
-                    self._park(f"{node}.{index}", encode(env), retry)
-                else:
-                    log.error(
-                        "topic %s: message %s failed %d times (%r); dropped", self.topic.name, env.id, attempt, exc
-                    )
-                    self.dropped += 1
-                return True
-            self._attempts[key] = attempt
-            self._stop.wait(min(options.retry_backoff * 2 ** (attempt - 1), 5.0))
-            return False
-        self._attempts.pop(key, None)
-        self.delivered += 1
-        return True
-
-    def _park(self, node: str, data: bytes, retry: KazooRetry) -> None:
-        retry(self.client.ensure_path, self.parked_path, acl=self.topic.acl)
-        with contextlib.suppress(NodeExistsError):
-            retry(self.client.create, f"{self.parked_path}/{node}", data, acl=self.topic.acl)
-        self.parked += 1
-
-    def stop(self) -> None:
-        """Stop delivering; the queue and registrations stay until close()/unsubscribe()."""
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(30)
-        self.client.remove_listener(self._on_state)
-
-    def close(self) -> None:
-        """Stop and leave the group (the queue stays for a restart within cleaner_grace)."""
-        self.stop()
-        for membership in reversed(self._memberships):
-            membership.leave()
-        self._memberships.clear()
-
-    def unsubscribe(self) -> None:
-        """Stop, leave, and delete this consumer's queue: no more messages are kept for it."""
-        self.close()
-        delete_tree(self.client, self.queue_path)
-
-    def __enter__(self) -> Subscription:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-
-class TopicCleaner:
-    """The topic's cleaner: elected (exactly one at a time), it removes the queues of consumers whose
-    client has been gone for ``cleaner_grace`` seconds, every ``cleaner_interval`` seconds and
-    whenever the set of live clients changes."""
-
-    def __init__(self, topic: Topic, *, identifier: str) -> None:
-        self.topic = topic
-        self.identifier = identifier
-        self._stopped = threading.Event()
-        self._wake = threading.Event()
-        self._leading = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._election: Any = None
-        self._missing_since: dict[str, float] = {}
-        #: consumers whose queues this cleaner removed
-        self.removed: list[str] = []
-
-    @property
-    def client(self) -> KazooClient:
-        return self.topic.client
-
-    def follow(self, topic: Topic) -> None:
-        """Go on cleaning through ``topic``, a new handle on the same topic (new options, say), keeping
-        when each missing consumer was first missed: a caller running passes with :meth:`clean_once`
-        keeps one cleaner across them, or the grace would start again at every pass."""
-        if topic.paths != self.topic.paths:
-            raise ValueError(f"a cleaner of {self.topic.paths.root} cannot follow {topic.paths.root}")
-        self.topic = topic
-
-    @property
-    def is_leader(self) -> bool:
-        return self._leading.is_set()
-
-    def start(self) -> TopicCleaner:
-        self.topic.ensure()
-        self._thread = threading.Thread(target=self._run, name=f"zeps-cleaner-{self.topic.name}", daemon=True)
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        while not self._stopped.is_set():
-            self._election = self.client.Election(self.topic.paths.cleaner, self.identifier)
-            try:
-                self._election.run(self._lead)
-            except KazooException as exc:
-                log.warning("cleaner election for %s interrupted (%r); retrying", self.topic.name, exc)
-                self._stopped.wait(1)
-
-    def _lead(self) -> None:
-        lost = threading.Event()
-
-        def on_state(state: str) -> bool:
-            if state != KazooState.CONNECTED:
-                lost.set()  # SUSPENDED: no longer sure we lead; LOST: we do not
-                self._wake.set()
-                return True
-            return False
-
-        def clients_changed(_children: list[str]) -> bool | None:
-            if self._stopped.is_set() or lost.is_set():
-                return False
-            self._wake.set()
-            return None
-
-        self.client.add_listener(on_state)
-        self.forget_missing()
-        self._leading.set()
-        log.info("cleaner for topic %s: %s leads", self.topic.name, self.identifier)
-        try:
-            self.client.ChildrenWatch(self.topic.paths.clients.members, clients_changed)
-            while not self._stopped.is_set() and not lost.is_set():
-                try:
-                    self.clean_once()
-                except CoordinationError as exc:
-                    log.warning("cleaner for %s: pass failed (%r)", self.topic.name, exc)
-                self._wake.wait(self._next_wait())
-                self._wake.clear()
-        finally:
-            self._leading.clear()
-            self.client.remove_listener(on_state)
-
-    def _next_wait(self) -> float:
-        interval = self.topic.options.cleaner_interval
-        due = self.next_due()
-        return interval if due is None else max(0.05, min(interval, due - time.monotonic()))
-
-    @zookeeper_errors
-    def watch_clients(self, changed: Callable[[], bool]) -> None:
-        """Call ``changed()`` now and whenever the Topic's set of live clients changes, until it
-        returns False: for a caller that runs :meth:`clean_once` itself, driven by the watch."""
-        self.client.ChildrenWatch(self.topic.paths.clients.members, lambda _children: changed() or False)
-
-    def next_due(self) -> float | None:
-        """When (``time.monotonic()``) the grace of the first consumer found missing is up; None when
-        no consumer is missing. A caller running :meth:`clean_once` itself passes again then."""
-        if not self._missing_since:
-            return None
-        return min(self._missing_since.values()) + self.topic.options.cleaner_grace
-
-    def forget_missing(self) -> None:
-        """Count every consumer's grace from the next pass (a new leader: it did not see them go)."""
-        self._missing_since.clear()
-
-    @zookeeper_errors
-    def clean_once(self) -> list[str]:
-        """One pass: remove queues whose client has been gone for the grace period."""
-        paths = self.topic.paths
-        try:
-            queues = set(self.client.get_children(paths.messages))
-        except NoNodeError:
-            return []
-        live = set(self.client.get_children(paths.clients.members))
-        now = time.monotonic()
-        for consumer in list(self._missing_since):
-            if consumer in live or consumer not in queues:
-                del self._missing_since[consumer]
-        removed = []
-        for consumer in sorted(queues - live):
-            since = self._missing_since.setdefault(consumer, now)
-            if now - since >= self.topic.options.cleaner_grace:
-                log.info(
-                    "cleaner for topic %s: removing the queue of vanished consumer %s",
-                    self.topic.name,
-                    consumer,
-                )
-                delete_tree(self.client, paths.queue(consumer))
-                del self._missing_since[consumer]
-                removed.append(consumer)
-        self.removed.extend(removed)
-        return removed
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self._wake.set()
-        if self._election is not None:
-            self._election.cancel()
-        if self._thread is not None:
-            self._thread.join(30)
