@@ -374,7 +374,10 @@ def test_kill9_broker_during_10000_publishes_then_restart(tmp_path: Path) -> Non
             line = proc.stdout.readline()
             if b"serving" in line or not line:
                 break
-        assert b"serving" in line, line
+        if b"serving" not in line:
+            proc.kill()  # never leave it behind
+            proc.wait()
+            raise AssertionError(f"the broker did not start: {line!r}")
         return proc
 
     broker = start()
