@@ -356,6 +356,23 @@ def test_silent_peers_expire_and_their_state_is_freed(broker_factory: BrokerFact
         assert message is not None and message.body == b"1" and alive.reconnects == 1
 
 
+def _start_serving(argv: list[str]) -> subprocess.Popen[bytes]:
+    """A broker process, once it serves. A kill -9 in the middle of a write leaves a torn group, which
+    the restart cuts off with a warning before it serves (those records were never confirmed: the
+    publisher resends them). One that does not start is killed before the test fails."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    for _ in range(20):
+        line = proc.stdout.readline()
+        if b"serving" in line or not line:
+            break
+    if b"serving" not in line:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"the broker did not start: {line!r}")
+    return proc
+
+
 def test_kill9_broker_during_10000_publishes_then_restart(tmp_path: Path) -> None:
     """The journal recovers, synced records survive, sequences continue, and a subscriber resumes
     with no gap or duplicate. The publisher resends what the broker had not confirmed, and the broker
@@ -366,19 +383,7 @@ def test_kill9_broker_during_10000_publishes_then_restart(tmp_path: Path) -> Non
             "--bind", endpoint, "--fsync", "always", "--segment-bytes", "65536"]  # fmt: skip
 
     def start() -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        assert proc.stdout is not None
-        # a kill -9 in the middle of a write leaves a torn group, which the restart cuts off with a
-        # warning before it serves (those records were never confirmed: the publisher resends them)
-        for _ in range(20):
-            line = proc.stdout.readline()
-            if b"serving" in line or not line:
-                break
-        if b"serving" not in line:
-            proc.kill()  # never leave it behind
-            proc.wait()
-            raise AssertionError(f"the broker did not start: {line!r}")
-        return proc
+        return _start_serving(argv)
 
     broker = start()
     seen: list[int] = []
