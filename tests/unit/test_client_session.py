@@ -7,7 +7,7 @@ import pytest
 
 from zeps._records import encode_record
 from zeps.client.session import ClientSession, Seq
-from zeps.errors import ConfigError, LocalProtocolError, ProducerError
+from zeps.errors import ConfigError, LocalProtocolError, ProducerError, PublishRefusedError
 from zeps.protocol import (
     Attach,
     AttachOk,
@@ -15,6 +15,7 @@ from zeps.protocol import (
     Deliver,
     Fetch,
     FetchEnd,
+    Invalid,
     InvalidCode,
     Ping,
     PingOk,
@@ -234,3 +235,22 @@ def test_a_peering_fetches_or_subscribes_never_both() -> None:
     subscribing.subscribe("", Seq(0))
     with pytest.raises(LocalProtocolError, match="cannot fetch"):
         subscribing.fetch(Fetch(pattern="", first=1))
+
+
+def test_a_full_journal_is_raised_once_and_the_client_attaches_again_only_then() -> None:
+    """JOURNAL_FULL: publishes stay unconfirmed (a PING-OK after it confirms nothing); the broker forgot
+    the peering, but the client does not attach again by itself (each attach resends everything: a
+    loop while the volume stays full) until check_publishes has told the application."""
+    session = _attached()
+    session.publish("k", b"1")
+    session.receive(
+        encode(InvalidCode(code=Refusal.JOURNAL_FULL, reason="stream prices: its journal's volume is full"))
+    )
+    session.receive(encode(PingOk()))
+    assert session.unconfirmed == 1, "refused publishes stay unconfirmed"
+    session.receive(encode(Invalid(reason="PUBLISH is not allowed when await attach")))  # it forgot us
+    assert not session.forgotten, "no attach until the application has seen the refusal"
+    with pytest.raises(PublishRefusedError, match="volume is full"):
+        session.check_publishes()
+    assert session.forgotten, "now the client attaches again, and resends"
+    session.check_publishes()  # raised once

@@ -261,6 +261,8 @@ class ClientSession:
                 self.version -= 1
                 return [self.attach()]
             self.refused = reason
+        elif self.publish_refused_code == Refusal.JOURNAL_FULL:
+            pass  # it forgot us when it refused our publishes: we attach again once check_publishes says so
         elif self.conn.version >= CODES_SINCE or _LEGACY_NOT_ATTACHED.search(reason):
             self.forgotten = True  # it expired our session, or restarted: attach again
         else:
