@@ -5,7 +5,7 @@ PY := .venv/bin/python
 # Load .zeps-env (written by tools/setup.sh) so the harness finds the cached servers.
 WITH_ENV := source ./.zeps-env &&
 
-.PHONY: setup setup-python test e2e lint demo generate check-generated bench bench-operator-kind clean
+.PHONY: setup setup-python test test-unit e2e lint demo generate check-generated bench bench-operator-kind clean
 
 setup:            ## everything: .venv, ZooKeeper jars, control-plane binaries (idempotent)
 	@tools/setup.sh python zookeeper testbin
@@ -20,6 +20,10 @@ lint: setup-python  ## ruff, mypy --strict, import-linter
 
 test: setup lint  ## the whole suite: unit, integration (ZooKeeper, Spark), cluster (API server)
 	@$(WITH_ENV) $(PY) -m pytest
+
+test-unit:        ## the unit tier alone: seconds, no server started (the inner loop; `make test` runs it too)
+	@tools/setup.sh python zookeeper
+	@$(WITH_ENV) $(PY) -m pytest tests/unit
 
 e2e: setup      ## the e2e suite on a kind cluster with real nodes, images built here (see README)
 	@tools/setup.sh kind
