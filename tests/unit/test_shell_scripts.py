@@ -73,3 +73,15 @@ def test_the_executor_role_names_the_first_missing_variable() -> None:
         assert result.stderr.strip() == (
             f"zeps-spark-entrypoint: executor role without {missing} (Spark's driver sets it)"
         )
+
+
+@pytest.mark.parametrize(("user", "password"), [("zeps-operator", "s3cret"), ("u", "pa$$ w%rd\\n")])
+def test_the_zookeeper_image_makes_the_super_digest_zookeeper_and_kazoo_expect(user: str, password: str) -> None:
+    """zookeeper-run turns the chart's identity into the servers' superDigest (coreutils, no ZooKeeper
+    class: its DigestAuthenticationProvider needs jars the image does not carry): the digest kazoo
+    authenticates with, for any password."""
+    from kazoo.security import make_digest_acl_credential  # noqa: PLC0415
+
+    script = ROOT / "images" / "zookeeper" / "zookeeper-run"
+    result = subprocess.run(["bash", str(script), "digest", user, password], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == make_digest_acl_credential(user, password)
