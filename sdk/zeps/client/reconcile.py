@@ -35,7 +35,7 @@ from zeps._records import Records
 from zeps.client.session import Row, Seq, Since, Time
 from zeps.errors import ConfigError, DataLossError, RemoteProtocolError
 from zeps.protocol import LATEST, Fetch
-from zeps.protocol.commands import _is_vchar
+from zeps.protocol._fastpath import is_vchar
 
 __all__ = ["MulticastStats", "Reconciler"]
 
@@ -60,7 +60,7 @@ class Reconciler:
     """Multicast runs and fetched records in, each record once in sequence order out."""
 
     def __init__(self, pattern: str, since: Since, *, stall: float, max_waiting_bytes: int = 64 << 20) -> None:
-        if pattern.startswith("~") or not (pattern == "" or _is_vchar(pattern)):
+        if pattern.startswith("~") or not (pattern == "" or is_vchar(pattern)):
             raise ConfigError(f"pattern {pattern!r}: a multicast subscription takes a key prefix (printable ASCII, "
                               "no spaces; \"\" for every key), not a ~regex")  # fmt: skip
         self.pattern = pattern

@@ -1,9 +1,20 @@
-"""The ZEPS protocol, sans-I/O: the command codec and the per-connection state machine.
+"""The ZEPS protocol, sans-I/O: the commands, their codec and the per-connection state machine.
 
-No sockets here: :func:`encode`/:func:`decode` turn commands into frames and back, and
-:class:`Connection` says which command may travel which way in which state.
+No sockets here: :func:`encode`/:func:`decode` (:mod:`~zeps.protocol.codec`, with the hand-written
+paths of :mod:`~zeps.protocol._fastpath`) turn commands (:mod:`~zeps.protocol.commands`) into frames
+and back, and :class:`Connection` says which command may travel which way in which state. The
+protocol itself, version by version: ``docs/protocol.md``.
 """
 
+from zeps.protocol._fastpath import (
+    deliver_size,
+    encode_deliver,
+    encode_deliver_batch,
+    encode_deliver_run,
+    encode_publish_batch,
+    encode_publish_seq,
+)
+from zeps.protocol.codec import decode, encode
 from zeps.protocol.commands import (
     LATEST,
     Attach,
@@ -33,14 +44,6 @@ from zeps.protocol.commands import (
     SubscribeOk,
     SubscribeTime,
     Tail,
-    decode,
-    deliver_size,
-    encode,
-    encode_deliver,
-    encode_deliver_batch,
-    encode_deliver_run,
-    encode_publish_batch,
-    encode_publish_seq,
 )
 from zeps.protocol.connection import Connection
 

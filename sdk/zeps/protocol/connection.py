@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Literal
 
 from zeps.errors import LocalProtocolError, RemoteProtocolError
+from zeps.protocol.codec import decode, encode
 from zeps.protocol.commands import (
     Attach,
     AttachOk,
@@ -39,8 +40,6 @@ from zeps.protocol.commands import (
     Subscribe,
     SubscribeOk,
     SubscribeTime,
-    decode,
-    encode,
 )
 
 __all__ = ["RULES", "SUPPORTED_VERSIONS", "Connection", "Role", "State"]

@@ -30,7 +30,9 @@ import hashlib
 import hmac
 
 from zeps.errors import RemoteProtocolError
-from zeps.protocol.commands import DeliverRun, Tail, decode, encode, encode_deliver_run
+from zeps.protocol._fastpath import encode_deliver_run
+from zeps.protocol.codec import decode, encode
+from zeps.protocol.commands import DeliverRun, Tail
 
 __all__ = ["MAC_BYTES", "ForgedMessageError", "decode_message", "encode_run", "encode_tail", "sign", "topic"]
 
