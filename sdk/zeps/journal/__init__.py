@@ -10,6 +10,7 @@ from zeps.journal.log import (
     JournalError,
     JournalWriteError,
     Record,
+    ReplicaSlice,
 )
 
 __all__ = [
@@ -22,4 +23,5 @@ __all__ = [
     "JournalError",
     "JournalWriteError",
     "Record",
+    "ReplicaSlice",
 ]

@@ -72,6 +72,7 @@ from zeps._records import HEAD as _HEAD
 from zeps._records import META as _META
 from zeps._records import OVERHEAD, RECORD, encode_record
 from zeps.errors import ZepsError
+from zeps.journal.epochs import EpochHistory
 from zeps.journal.producers import GROUP, MARK_TIMESTAMP, SNAPSHOT, Producer, ProducerTable, decode_mark
 from zeps.journal.producers import encode_mark_body as _mark_body
 
@@ -85,6 +86,7 @@ __all__ = [
     "JournalError",
     "JournalWriteError",
     "Record",
+    "ReplicaSlice",
 ]
 
 log = logging.getLogger(__name__)
@@ -231,6 +233,20 @@ class _Savepoint:
     marks_unsynced: bool
     unsynced_since: float | None
     journaled: dict[str, Producer | None]  # the producers the append changes, as journaled before it
+    synced_size: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSlice:
+    """What a leader sends a follower (:meth:`Journal.replica_read`): ``data`` goes at ``offset`` of
+    segment ``base``; ``next_base`` (not 0): that segment ends there, the next starts at this base;
+    ``reset``: the follower's position is not one the leader can continue: start over, empty, at ``base``."""
+
+    base: int
+    offset: int
+    data: bytes
+    next_base: int = 0
+    reset: bool = False
 
 
 class Journal:
@@ -240,11 +256,18 @@ class Journal:
         self.directory = directory
         self.config = config or JournalConfig()
         self.name = name or directory.name
+        #: which leader epoch wrote which records (a replicated stream's; :mod:`zeps.journal.epochs`)
+        self.epochs = EpochHistory(directory / "epochs")
+        self._reset()
+
+    def _reset(self) -> None:
+        """The state of a journal not opened yet (``open`` reads it from the files)."""
         self._segments: list[_Segment] = []
         self._fd = -1
         self._off_fd = -1  # the active segment's .off file
         self._next = 1
         self._synced = 0
+        self._synced_size = 0  # the active segment's bytes that are durable (what a follower may copy)
         self._last_ts = 0
         self._unsynced_since: float | None = None
         self._last_sync = time.monotonic()
@@ -319,6 +342,8 @@ class Journal:
         active = self._segments[-1]
         self._next = active.last_seq + 1
         self._synced = active.last_seq  # what survived on disk is as durable as it gets
+        self._synced_size = active.size
+        self.epochs.load()
         self._last_ts = max((s.last_ts for s in self._segments), default=0)
         self._open_active(active)
         self._since_index = active.size - (active.index[-1][2] if active.index else 0)
@@ -474,7 +499,7 @@ class Journal:
         journaled = {name: self._journaled.get(name) for name in changes} if changes else {}
         return _Savepoint(len(self._segments), seg.size, seg.last_seq, seg.last_ts, len(seg.index), len(seg.marks),
                           self._next, self._synced, self._since_index, self._last_ts, self._marks_unsynced,
-                          self._unsynced_since, journaled)  # fmt: skip
+                          self._unsynced_since, journaled, self._synced_size)  # fmt: skip
 
     def _rollback(self, save: _Savepoint, cause: OSError) -> None:
         """Undo a failed append: segments it opened are removed, the active one cut back to where it
@@ -502,6 +527,7 @@ class Journal:
         del seg.index[save.index :]
         del seg.marks[save.marks :]
         self._next, self._synced, self._since_index = save.next, save.synced, save.since_index
+        self._synced_size = save.synced_size
         self._last_ts = save.last_ts_all
         self._marks_unsynced, self._unsynced_since = save.marks_unsynced, save.unsynced_since
         for name, producer in save.journaled.items():
@@ -646,6 +672,7 @@ class Journal:
         self._flush(self._fd, memoryview(self._place_mark(seg, _mark_body(SNAPSHOT, 0, table))))
         os.fsync(self._fd)
         _fsync_file(self.directory)  # the new segment's name is durable too
+        self._synced_size = seg.size
         return seg
 
     def sync(self) -> None:
@@ -653,6 +680,7 @@ class Journal:
         if self._fd >= 0 and (self._synced < self.written or self._marks_unsynced):
             os.fsync(self._fd)
         self._synced = self.written
+        self._synced_size = self._segments[-1].size if self._segments else 0
         self._marks_unsynced = False
         self._unsynced_since = None
         self._last_sync = time.monotonic()
@@ -803,6 +831,175 @@ class Journal:
                         return record.sequence
                 seq = batch[-1].sequence + 1
         return self._next
+
+    # -- replication: followers copy the leader's segment files byte for byte ------------------
+    def replica_position(self) -> tuple[int, int, int]:
+        """Where a follower's copy ends: (its active segment's base, that segment's size, last sequence)."""
+        seg = self._segments[-1]
+        return seg.base, seg.size, self.written
+
+    def _durable_size(self, seg: _Segment) -> int:
+        if seg is not self._segments[-1] or self.config.fsync == "never":
+            return seg.size
+        return self._synced_size
+
+    def replica_read(self, base: int, offset: int, last: int, max_bytes: int = 1 << 20) -> ReplicaSlice:
+        """The leader's durable bytes for a follower whose copy ends at ``offset`` of segment ``base``
+        after sequence ``last``: whole records and producer marks (never part of a group), CRC-checked.
+        A position this journal cannot continue (the segment is gone to retention, or the follower holds
+        bytes that are not ours) answers ``reset``: start over from our oldest segment."""
+        i = bisect.bisect_left(self._segments, base, key=attrgetter("base"))
+        if i == len(self._segments) or self._segments[i].base != base:
+            return self._reset_slice()
+        seg = self._segments[i]
+        durable = self._durable_size(seg)
+        if offset > durable or not self._at_boundary(seg, offset, last):
+            return self._reset_slice()
+        closed = seg is not self._segments[-1]
+        if offset == durable:
+            return ReplicaSlice(base, offset, b"", self._segments[i + 1].base if closed else 0)
+        limit = min(durable, offset + max(max_bytes, 1))
+        while True:
+            with open(seg.path, "rb") as f:
+                data = os.pread(f.fileno(), limit - offset, offset)
+            _, _, good = _walk_segment(data, last + 1)
+            if good or limit == durable:
+                break
+            limit = durable  # one group larger than max_bytes: send it whole (a quarter segment at most)
+        data = data[:good]
+        ends = closed and offset + good == durable
+        return ReplicaSlice(base, offset, data, self._segments[i + 1].base if ends else 0)
+
+    def _reset_slice(self) -> ReplicaSlice:
+        return ReplicaSlice(self._segments[0].base, 0, b"", reset=True)
+
+    def _at_boundary(self, seg: _Segment, offset: int, last: int) -> bool:
+        """Whether ``offset`` of ``seg`` is where an entry ends, after record ``last`` and before the next."""
+        if last > seg.last_seq or last < seg.base - 1:
+            return False
+        end = self._record_end(seg, last) if last >= seg.base else 0
+        if offset == end:
+            return True
+        following = self._record_start(seg, last + 1) if last < seg.last_seq else seg.size
+        return end < offset <= following and any(e == offset for _, e in seg.marks)
+
+    def _record_start(self, seg: _Segment, sequence: int) -> int:
+        with open(seg.offsets_path, "rb") as f:
+            raw = os.pread(f.fileno(), _OFFSET, (sequence - seg.base) * _OFFSET)
+        if len(raw) < _OFFSET:
+            raise JournalError(f"journal {self.name}: {seg.offsets_path.name} lacks sequence {sequence}")
+        return array("I", raw)[0]
+
+    def _record_end(self, seg: _Segment, sequence: int) -> int:
+        start = self._record_start(seg, sequence)
+        with open(seg.path, "rb") as f:
+            (length,) = struct.unpack("!I", os.pread(f.fileno(), 4, start))
+        return start + 4 + int(length)
+
+    def replica_write(self, base: int, offset: int, data: bytes) -> int:
+        """A follower appends bytes the leader sent for ``offset`` of segment ``base`` (its position):
+        whole entries, checked as recovery checks them; returns the last sequence written. Raises
+        JournalError if they do not continue this copy (the follower then asks where to go on)."""
+        seg = self._segments[-1]
+        if (seg.base, seg.size) != (base, offset):
+            raise JournalError(f"journal {self.name}: replica bytes for segment {base} at {offset}, but this "
+                               f"copy ends at {seg.size} of segment {seg.base}")  # fmt: skip
+        starts, marks, good = _walk_segment(data, self._next)
+        if good != len(data):
+            raise JournalError(f"journal {self.name}: replica bytes from the leader are damaged at {offset + good}")
+        if not data:
+            return self.written
+        save = self._savepoint(None)
+        try:
+            self._flush(self._fd, memoryview(data))
+            self._flush(self._off_fd, memoryview(array("I", (offset + s for s in starts)).tobytes()))
+        except OSError as exc:
+            self._rollback(save, exc)
+            raise JournalWriteError(self.name, exc) from None
+        index: list[tuple[int, int, int]] = []
+        since, pieces, offsets, total = self._since_index, list[bytes](), array("I", [0]), 0
+        for start in starts:
+            length, _, sequence, timestamp, _ = RECORD.unpack_from(data, start)
+            if since >= self.config.index_interval_bytes or (not seg.index and not index):
+                index.append((sequence, timestamp, offset + start))
+                since = 0
+            since += 4 + length
+            pieces.append(data[start : start + 4 + length])
+            total += 4 + length
+            offsets.append(total)
+            self._next, self._last_ts = sequence + 1, timestamp
+        for start, end, kind, producers in marks:
+            self.producers.apply(kind, producers)
+            if kind == SNAPSHOT:
+                self._journaled.clear()
+            self._journaled.update(producers)
+            seg.marks.append((offset + start, offset + end))
+            self._marks_unsynced = True
+        self._index(seg, index, self._next - 1, self._last_ts, offset + len(data))
+        seg.size = offset + len(data)  # trailing marks count too
+        self._since_index = since
+        if starts:
+            self._cache_add(Chunk(self._next - len(starts), b"".join(pieces), offsets))
+        if self._unsynced_since is None:
+            self._unsynced_since = time.monotonic()
+        if self.config.fsync == "always":
+            self.sync()
+        return self.written
+
+    def replica_roll(self, next_base: int) -> None:
+        """The leader closed the segment this copy ends with, and went on to ``next_base``: close and
+        seal ours, and begin an empty one (the leader's snapshot mark comes first in its bytes)."""
+        if next_base != self._next:
+            raise JournalError(f"journal {self.name}: the leader's next segment starts at {next_base}, but this "
+                               f"copy's next sequence is {self._next}")  # fmt: skip
+        self.sync()
+        closed = self._segments[-1]
+        self._close_files()
+        self._seal(closed)
+        seg = _Segment(next_base, self._log_path(next_base), last_seq=next_base - 1)
+        self._segments.append(seg)
+        self._open_active(seg)
+        self._since_index = self.config.index_interval_bytes
+        _fsync_file(self.directory)
+        self._synced_size = 0
+
+    def replica_reset(self, base: int) -> None:
+        """Start this copy over, empty, at segment ``base`` (the leader's oldest): everything is removed."""
+        log.warning("journal %s: starting the copy over from the leader's segment %d", self.name, base)
+        self.close()
+        for path in self.directory.iterdir():
+            if path.suffix in (".log", ".idx", ".off", ".seal"):
+                path.unlink()
+        self.epochs.clear()
+        self._log_path(base).touch()
+        _fsync_file(self.directory)
+        self._reset()
+        self.open()
+
+    def truncate_after(self, last: int) -> None:
+        """Remove every record after sequence ``last`` (and the marks after it): what a replica wrote
+        that the current leader never had. The journal is closed and opened again around the cut."""
+        if last >= self.written:
+            return
+        log.warning("journal %s: cutting records %d..%d that the leader does not have", self.name, last + 1,
+                    self.written)  # fmt: skip
+        keep = [seg for seg in self._segments if seg.base <= last]
+        if not keep:
+            self.replica_reset(last + 1)
+            return
+        tail = keep[-1]
+        end = self._record_end(tail, last) if last >= tail.base else 0
+        self.close()
+        for seg in self._segments[len(keep) :]:
+            for path in (seg.path, seg.path.with_suffix(".idx"), seg.offsets_path, seg.path.with_suffix(".seal")):
+                path.unlink(missing_ok=True)
+        tail.path.with_suffix(".seal").unlink(missing_ok=True)
+        os.truncate(tail.path, end)
+        _fsync_file(tail.path)
+        _fsync_file(self.directory)
+        self.epochs.truncate(last)
+        self._reset()
+        self.open()
 
     # -- retention ------------------------------------------------------------------------------
     def apply_retention(self, *, now_ms: int | None = None) -> list[int]:

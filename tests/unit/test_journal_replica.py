@@ -1,0 +1,176 @@
+"""A follower's journal copies the leader's byte for byte (real files): segment rolls, producer
+marks, epochs, a diverged tail cut by epoch history (KIP-101), and a copy started over."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from zeps.journal import Journal, JournalConfig, JournalError, Record
+from zeps.journal.epochs import EpochHistory, EpochHistoryError
+from zeps.journal.producers import Producer
+
+_CONFIG = JournalConfig(segment_bytes=2000, fsync="always", index_interval_bytes=300)
+
+
+def _journal(path: Path) -> Journal:
+    return Journal(path, _CONFIG, name="test").open()
+
+
+def _all(j: Journal) -> list[Record]:
+    out, seq = [], j.first_sequence
+    while batch := j.read(seq, max_records=100):
+        out += batch
+        seq = batch[-1].sequence + 1
+    return out
+
+
+def _copy(leader: Journal, follower: Journal, max_bytes: int = 700) -> int:
+    """Fetch from ``leader`` until ``follower`` has everything durable; returns the fetches made."""
+    for fetches in range(1, 10_000):
+        base, offset, last = follower.replica_position()
+        part = leader.replica_read(base, offset, last, max_bytes)
+        if part.reset:
+            follower.replica_reset(part.base)
+        elif part.data:
+            follower.replica_write(part.base, part.offset, part.data)
+        elif part.next_base:
+            follower.replica_roll(part.next_base)
+        else:
+            return fetches
+        follower.sync()
+    raise AssertionError("the copy never caught up")
+
+
+def _files(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.glob("*.log"))}
+
+
+def _publish(j: Journal, start: int, count: int, producer: str = "p") -> None:
+    """Records ``start + 1 ..`` of an idempotent producer, one append (and group mark) each."""
+    now = int(time.time() * 1000)  # the producer table forgets producers idle for a day
+    for i in range(start, start + count):
+        j.append_many([(f"k.{i % 4}", b"body-%d" % i)], timestamp_ms=1000 + i,
+                      changes={producer: Producer(1, i + 1, now)})  # fmt: skip
+
+
+def test_a_follower_copies_segments_marks_and_producers_byte_for_byte(tmp_path: Path) -> None:
+    leader = _journal(tmp_path / "leader")
+    leader.epochs.begin(1, leader.next_sequence)
+    _publish(leader, 0, 120)
+    follower = _journal(tmp_path / "follower")
+    _copy(leader, follower)
+    assert len(_files(tmp_path / "leader")) > 3  # several rolls were copied
+    assert _files(tmp_path / "follower") == _files(tmp_path / "leader")
+    assert _all(follower) == _all(leader)
+    assert follower.producers.producers["p"].sequence == 120  # the idempotent table came with the marks
+    follower.close()
+    again = _journal(tmp_path / "follower")  # the copy is a journal like any other: it opens, and goes on
+    assert _all(again) == _all(leader) and again.next_sequence == 121
+    assert again.producers.producers["p"].sequence == 120
+    again.append("k", b"as leader")
+    assert again.written == 121
+
+
+def test_a_copy_follows_a_live_leader_and_only_gets_durable_bytes(tmp_path: Path) -> None:
+    config = JournalConfig(segment_bytes=2000, fsync="group", group_commit_ms=60_000)
+    leader = Journal(tmp_path / "leader", config).open()
+    follower = _journal(tmp_path / "follower")
+    leader.append("k", b"written, not durable")
+    _copy(leader, follower)
+    assert follower.written == 0  # nothing a machine crash could take back leaves the leader
+    leader.sync()
+    _copy(leader, follower)
+    assert follower.written == 1
+    for i in range(50):
+        leader.append("k", b"%d" % i)
+        if i % 7 == 0:
+            leader.sync()
+            _copy(leader, follower, max_bytes=100)
+    leader.sync()
+    _copy(leader, follower)
+    assert _files(tmp_path / "follower") == _files(tmp_path / "leader")
+
+
+def test_a_diverged_tail_is_cut_where_the_leaders_epoch_ended(tmp_path: Path) -> None:
+    """Old leader A wrote 1..30 in epoch 1 and 31..40 that nobody copied; B (copied 1..30) leads epoch
+    2 and writes 31..45. A comes back: the end of its epoch 1 at B is 30, so it cuts 31..40 (its
+    own) and copies B's 31..45."""
+    a = _journal(tmp_path / "a")
+    a.epochs.begin(1, 1)
+    _publish(a, 0, 30)
+    b = _journal(tmp_path / "b")
+    _copy(a, b)
+    b.epochs.adopt(a.epochs.newer_than(0), b.written)
+    _publish(a, 30, 10)  # epoch 1, never copied
+    b.epochs.begin(2, b.next_sequence)
+    for i in range(15):
+        b.append("new", b"epoch 2: %d" % i, timestamp_ms=5000)
+    epoch, end = b.epochs.end_of(a.epochs.latest, b.written)
+    assert (epoch, end) == (1, 30)
+    a.truncate_after(end)
+    assert a.written == 30 and a.epochs.entries == [(1, 1)]
+    _copy(b, a)
+    a.epochs.adopt(b.epochs.newer_than(a.epochs.latest), a.written)
+    assert _all(a) == _all(b) and [r.key for r in _all(a)][30:] == ["new"] * 15
+    assert _files(tmp_path / "a") == _files(tmp_path / "b")
+    assert a.epochs.entries == [(1, 1), (2, 31)]
+    assert a.producers.producers["p"].sequence == 30  # the cut producer marks went with their records
+
+
+def test_a_cut_back_into_a_closed_segment_reopens_it(tmp_path: Path) -> None:
+    j = _journal(tmp_path)
+    _publish(j, 0, 100)
+    segments = len(_files(tmp_path))
+    j.truncate_after(10)
+    assert j.written == 10 and len(_files(tmp_path)) < segments
+    assert [r.sequence for r in _all(j)] == list(range(1, 11))
+    j.append("k", b"goes on")
+    assert j.written == 11
+
+
+def test_a_copy_behind_retention_starts_over(tmp_path: Path) -> None:
+    config = JournalConfig(segment_bytes=2000, fsync="always", retention_bytes=4000)
+    leader = Journal(tmp_path / "leader", config).open()
+    follower = _journal(tmp_path / "follower")
+    _publish(leader, 0, 20)
+    _copy(leader, follower)
+    _publish(leader, 20, 200, producer="q")
+    leader.apply_retention()
+    assert leader.first_sequence > follower.written + 1
+    _copy(leader, follower)
+    assert _files(tmp_path / "follower") == _files(tmp_path / "leader")
+    assert follower.first_sequence == leader.first_sequence
+
+
+def test_bytes_that_do_not_continue_the_copy_are_refused(tmp_path: Path) -> None:
+    leader, follower = _journal(tmp_path / "l"), _journal(tmp_path / "f")
+    _publish(leader, 0, 5)
+    part = leader.replica_read(1, 0, 0)
+    with pytest.raises(JournalError, match="segment 1 at 5, but this copy ends at 0 of segment 1"):
+        follower.replica_write(1, 5, part.data)
+    damaged = bytearray(part.data)
+    damaged[-1] ^= 0xFF
+    with pytest.raises(JournalError, match="damaged"):
+        follower.replica_write(1, 0, bytes(damaged))
+    assert follower.written == 0
+    assert leader.replica_read(1, 7, 0).reset  # not where an entry ends: start over
+
+
+def test_epoch_history_file(tmp_path: Path) -> None:
+    h = EpochHistory(tmp_path / "epochs").load()
+    assert h.end_of(3, 10) == (0, 10)
+    h.begin(1, 1)
+    h.begin(4, 20)
+    with pytest.raises(EpochHistoryError):
+        h.begin(3, 30)
+    assert EpochHistory(tmp_path / "epochs").load().entries == [(1, 1), (4, 20)]
+    assert h.end_of(1, 25) == (1, 19) and h.end_of(3, 25) == (1, 19) and h.end_of(9, 25) == (4, 25)
+    assert h.end_of(0, 25) == (0, 0)
+    h.truncate(19)
+    assert h.entries == [(1, 1)]
+    (tmp_path / "epochs").write_text("2 5\n1 9\n")
+    with pytest.raises(EpochHistoryError, match="line 2 goes backwards"):
+        EpochHistory(tmp_path / "epochs").load()
