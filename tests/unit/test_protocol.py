@@ -34,6 +34,10 @@ from zeps.protocol import (
     PublishBatch,
     PublishBatchSeq,
     PublishSeq,
+    ReplicaData,
+    ReplicaEpoch,
+    ReplicaEpochEnd,
+    ReplicaFetch,
     Subscribe,
     SubscribeOk,
     SubscribeTime,
@@ -362,7 +366,25 @@ def test_we_cannot_batch_a_key_publish_could_not_carry() -> None:
 
 
 def test_unsupported_versions_and_protocols_are_refused() -> None:
-    with pytest.raises(RemoteProtocolError, match="version 8 is not supported"):
-        Connection("broker").receive(encode(Attach(stream="s", version=8)))
+    with pytest.raises(RemoteProtocolError, match="version 9 is not supported"):
+        Connection("broker").receive(encode(Attach(stream="s", version=9)))
     with pytest.raises(RemoteProtocolError, match="protocol must be 'ZEPS'"):
         Connection("broker").receive(encode(Attach(stream="s", protocol="AMQP")))
+
+
+def test_replication_commands_need_version_8_and_round_trip() -> None:
+    """A version 7 peering never sees (or may send) the replication extension; version 8 may."""
+    fetch = ReplicaFetch(epoch=3, replica="prices-1", base=1, offset=77, last=5, durable=4, known=2)
+    data = ReplicaData(epoch=3, base=1, offset=77, next=0, commit=4, epochs=b"\0" * 16, data=b"records")
+    for command in (fetch, data, ReplicaEpoch(epoch=3, asked=2), ReplicaEpochEnd(epoch=3, found=2, end=9)):
+        assert decode(encode(command)) == command
+    old = Connection("broker")
+    old.receive(encode(Attach(stream="s", version=7)))
+    old.send(AttachOk())
+    with pytest.raises(RemoteProtocolError, match="REPLICA-FETCH needs protocol version 8"):
+        old.receive(encode(fetch))
+    new = Connection("broker")
+    new.receive(encode(Attach(stream="s", version=8)))
+    new.send(AttachOk())
+    assert new.receive(encode(fetch)) == fetch
+    assert new.send(data) == encode(data)

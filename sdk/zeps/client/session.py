@@ -91,7 +91,7 @@ from zeps.protocol import (
     encode_publish_seq,
 )
 from zeps.protocol.commands import CODES_SINCE
-from zeps.protocol.connection import SUPPORTED_VERSIONS
+from zeps.protocol.connection import CLIENT_VERSION
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES, MAX_CREDIT_BYTES, MAX_MESSAGE_BYTES_CEILING
 
 __all__ = ["ClientSession", "Fetched", "Message", "Records", "Row", "Seq", "Since", "Time"]
@@ -215,7 +215,7 @@ class ClientSession:
         self.max_message_bytes = max_message_bytes
         self.credit_window = credit_window
         self.confirm_every = confirm_every
-        self.version = max(SUPPORTED_VERSIONS)
+        self.version = CLIENT_VERSION
         self.conn = Connection("client")
         self.attached = False
         self.refused: str | None = None

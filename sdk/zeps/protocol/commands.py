@@ -46,6 +46,10 @@ __all__ = [
     "PublishBatchSeq",
     "PublishSeq",
     "Refusal",
+    "ReplicaData",
+    "ReplicaEpoch",
+    "ReplicaEpochEnd",
+    "ReplicaFetch",
     "Subscribe",
     "SubscribeOk",
     "SubscribeTime",
@@ -176,6 +180,10 @@ class Refusal(IntEnum):
     JOURNAL_FULL = 12  #: the journal's volume is full: the peering's publishes since its last PING-OK are not
     #: journaled (none of them is confirmed) and the broker forgot the peering: attach again, resend
     UNAUTHORIZED = 13  #: a CURVE broker does not (or no longer) admit this client's key: waiting cannot help
+    NOT_LEADER = 14  #: this broker is not (or no longer) the leader of the replicated stream: find the leader
+    #: in ZooKeeper and attach there (the broker forgot the peering; unconfirmed publishes are resent)
+    NOT_ENOUGH_REPLICAS = 15  #: fewer replicas than minInSync are in sync: the publishes since the last
+    #: PING-OK were not confirmed and the broker forgot the peering: attach again and resend
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,9 +349,77 @@ class Tail(Command):
     sequence: int
 
 
+@dataclass(frozen=True, slots=True)
+class ReplicaFetch(Command):
+    """Version 8 extension (replication), follower -> leader: the follower's copy ends at ``offset``
+    of segment ``base``, after sequence ``last``; ``durable`` of it is on its disk (the leader counts
+    that as acknowledged); ``known`` is the last epoch in its history; ``epoch`` the leader's epoch it
+    follows. Answered with REPLICA-DATA (at once, or when there is more)."""
+
+    ID = 26
+    NAME = "REPLICA-FETCH"
+    FIELDS = (("epoch", "number-8"), ("replica", "string"), ("base", "number-8"), ("offset", "number-8"),
+              ("last", "number-8"), ("durable", "number-8"), ("known", "number-8"), ("most", "number-8"))  # fmt: skip
+    epoch: int
+    replica: str
+    base: int
+    offset: int
+    last: int
+    durable: int
+    known: int = 0
+    most: int = 1 << 20  #: bytes wanted at most
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaData(Command):
+    """Version 8 extension, leader -> follower: ``data`` (whole journal entries, as the leader's files hold
+    them) goes at ``offset`` of segment ``base``; ``next`` (not 0): the segment ends there and the next
+    begins at that base; ``reset`` (1): start the copy over, empty, at ``base``. ``commit``: the last
+    sequence confirmed; ``epochs``: the leader's epoch history after the follower's ``known`` (pairs of
+    number-8)."""
+
+    ID = 27
+    NAME = "REPLICA-DATA"
+    FIELDS = (("epoch", "number-8"), ("base", "number-8"), ("offset", "number-8"), ("next", "number-8"),
+              ("commit", "number-8"), ("reset", "number-2"), ("epochs", "chunk"), ("data", "chunk"))  # fmt: skip
+    epoch: int
+    base: int
+    offset: int
+    next: int = 0
+    commit: int = 0
+    reset: int = 0
+    epochs: bytes = b""
+    data: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaEpoch(Command):
+    """Version 8 extension, follower -> leader: where does epoch ``asked`` end in your journal?"""
+
+    ID = 28
+    NAME = "REPLICA-EPOCH"
+    FIELDS = (("epoch", "number-8"), ("asked", "number-8"))
+    epoch: int  #: the leader epoch the follower follows
+    asked: int  #: the last epoch of the follower's own history
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaEpochEnd(Command):
+    """Version 8 extension, leader -> follower: the largest epoch not above the one asked (``found``) and
+    its last sequence in the leader's journal (``end``): the follower cuts what it holds after ``end``."""
+
+    ID = 29
+    NAME = "REPLICA-EPOCH-END"
+    FIELDS = (("epoch", "number-8"), ("found", "number-8"), ("end", "number-8"))
+    epoch: int
+    found: int
+    end: int
+
+
 COMMANDS: dict[int, type[Command]] = {
     c.ID: c
     for c in (Attach, AttachOk, Subscribe, SubscribeOk, Credit, Publish, Deliver, Ping, PingOk, Detach, DetachOk,
               Invalid, SubscribeTime, DeliverTs, PublishBatch, DeliverBatch, DeliverRun, InvalidCode, Produce,
-              ProduceOk, PublishSeq, PublishBatchSeq, Fetch, FetchEnd, Tail)
+              ProduceOk, PublishSeq, PublishBatchSeq, Fetch, FetchEnd, Tail, ReplicaFetch, ReplicaData, ReplicaEpoch,
+              ReplicaEpochEnd)
 }  # fmt: skip

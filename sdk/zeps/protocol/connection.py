@@ -37,17 +37,22 @@ from zeps.protocol.commands import (
     PublishBatch,
     PublishBatchSeq,
     PublishSeq,
+    ReplicaData,
+    ReplicaEpoch,
+    ReplicaEpochEnd,
+    ReplicaFetch,
     Subscribe,
     SubscribeOk,
     SubscribeTime,
 )
 
-__all__ = ["RULES", "SUPPORTED_VERSIONS", "Connection", "Role", "State"]
+__all__ = ["CLIENT_VERSION", "RULES", "SUPPORTED_VERSIONS", "Connection", "Role", "State"]
 
 Role = Literal["client", "broker"]
 State = Literal["AWAIT_ATTACH", "ATTACHING", "ATTACHED", "DETACHING", "CLOSED"]
 Direction = Literal["send", "receive"]
-SUPPORTED_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
+SUPPORTED_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
+CLIENT_VERSION = 7  #: what clients attach with (8 adds replication between brokers only)
 
 # What the client may do; the broker's view mirrors it (its "receive" is the client's "send").
 _CLIENT: dict[tuple[State, Direction, type[Command]], State] = {
@@ -79,6 +84,10 @@ _CLIENT: dict[tuple[State, Direction, type[Command]], State] = {
     ("ATTACHED", "receive", InvalidCode): "ATTACHED",
     ("ATTACHED", "send", Detach): "DETACHING",
     ("ATTACHED", "receive", Detach): "CLOSED",  # close-stream = C:DETACH / S:DETACH
+    ("ATTACHED", "send", ReplicaFetch): "ATTACHED",  # version 8: a follower broker is the client
+    ("ATTACHED", "send", ReplicaEpoch): "ATTACHED",
+    ("ATTACHED", "receive", ReplicaData): "ATTACHED",
+    ("ATTACHED", "receive", ReplicaEpochEnd): "ATTACHED",
     ("DETACHING", "receive", DetachOk): "CLOSED",
     ("DETACHING", "receive", Deliver): "DETACHING",  # in flight before the broker saw DETACH
     ("DETACHING", "receive", DeliverTs): "DETACHING",
@@ -110,6 +119,7 @@ RULES: dict[tuple[Role, State, Direction, type[Command]], State] = {
 _SINCE_VERSION: dict[type[Command], int] = {
     SubscribeTime: 2, DeliverTs: 2, PublishBatch: 3, DeliverBatch: 3, DeliverRun: 4, InvalidCode: 5,
     Produce: 6, ProduceOk: 6, PublishSeq: 6, PublishBatchSeq: 6, Fetch: 7, FetchEnd: 7,
+    ReplicaFetch: 8, ReplicaData: 8, ReplicaEpoch: 8, ReplicaEpochEnd: 8,
 }  # fmt: skip
 
 
