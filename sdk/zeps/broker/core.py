@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from zeps.broker.matching import Matcher, PatternError, PrefixTrie, compile_pattern
+from zeps.broker.replication import REPLICATION_VERSION, Leadership, encode_epochs
 from zeps.errors import ProtocolError
 from zeps.journal import Chunk, Journal, JournalConfig, JournalWriteError
 from zeps.journal.producers import Producer, ProducerRefusedError, ProducerState, frozen
@@ -86,6 +87,10 @@ from zeps.protocol import (
     PublishBatchSeq,
     PublishSeq,
     Refusal,
+    ReplicaData,
+    ReplicaEpoch,
+    ReplicaEpochEnd,
+    ReplicaFetch,
     Subscribe,
     SubscribeOk,
     SubscribeTime,
@@ -131,6 +136,11 @@ class BrokerConfig:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     #: a session's credit at most: CREDIT beyond it is clamped (what a peer can make the broker queue)
     max_credit_bytes: int = MAX_CREDIT_BYTES
+    #: a replicated stream with fewer in-sync replicas than minInSync: "refuse" publishes at once
+    #: (NOT_ENOUGH_REPLICAS), or "wait" until enough are back (publishers see a pause, then confirmations)
+    under_replicated: Literal["refuse", "wait"] = "refuse"
+    #: bytes a follower gets per REPLICA-DATA at most (its fetch may ask for less)
+    replica_fetch_bytes: int = 4 * 1024 * 1024
 
     @property
     def max_frame_bytes(self) -> int:
@@ -196,6 +206,22 @@ class _Stream:
     multicast_pending: list[Chunk] = field(default_factory=list)  # durable records gathered for the group
     multicast_pending_bytes: int = 0
     multicast_since: float | None = None  # when take_multicast first saw the gathered records
+    #: replication (None, False: a stream of one broker): the leader's view of its followers, or
+    #: whether this broker follows (it refuses clients, NOT_LEADER; its journal is a copy)
+    leader: Leadership | None = None
+    following: bool = False
+    #: the leader's confirmations (PING-OK, PRODUCE-OK) held until the commit point passes their
+    #: sequence (-1: the sequence is set at the next flush): [sequence, peer, frame]
+    held: deque[list[Any]] = field(default_factory=deque)
+    waiting: dict[bytes, tuple[ReplicaFetch, float]] = field(default_factory=dict)  # followers' fetches, held
+    refused_under_replicated: int = 0  # publishes refused: fewer in-sync replicas than minInSync
+
+    @property
+    def committed(self) -> int:
+        """The last sequence confirmed and delivered: the durable tail, or a replicated leader's commit."""
+        if self.leader is not None:
+            return self.leader.commit
+        return self.routed if self.following else self.journal.durable
 
 
 @dataclass(eq=False)
@@ -274,7 +300,8 @@ class BrokerCore:
             PublishSeq: self._on_publish_seq, PublishBatchSeq: self._on_publish_batch_seq,
             Publish: self._on_publish, PublishBatch: self._on_publish_batch, Produce: self._produce,
             Credit: self._on_credit, Subscribe: self._subscribe, SubscribeTime: self._subscribe, Fetch: self._fetch,
-            Ping: self._on_ping, Detach: self._on_detach,
+            Ping: self._on_ping, Detach: self._on_detach, ReplicaFetch: self._on_replica_fetch,
+            ReplicaEpoch: self._on_replica_epoch,
         }  # fmt: skip
 
     def open(self) -> BrokerCore:
@@ -365,7 +392,15 @@ class BrokerCore:
                 self._lagging.append(sub)
 
     def _on_ping(self, session: _Session, _command: Ping) -> None:
-        self._send(session.peer, session.conn.send(PingOk()))
+        self._confirm(session, session.conn.send(PingOk()))
+
+    def _confirm(self, session: _Session, frame: bytes) -> None:
+        """Send a confirmation (PING-OK, PRODUCE-OK) — a replicated leader's once committed."""
+        stream = session.stream
+        if stream.leader is None:
+            self._send(session.peer, frame)
+        else:
+            stream.held.append([-1, session.peer, frame])
 
     def _on_detach(self, session: _Session, _command: Detach) -> None:
         self._send(session.peer, session.conn.send(DetachOk()))
@@ -404,7 +439,7 @@ class BrokerCore:
             pending.peers.add(session.peer)
         session.producer, session.epoch = command.producer, producer.epoch
         answer = ProduceOk(epoch=producer.epoch, sequence=producer.sequence, base=producer.base)
-        self._send(session.peer, session.conn.send(answer))
+        self._confirm(session, session.conn.send(answer))
 
     def _publish_seq(self, session: _Session, first: int, items: tuple[tuple[str, bytes], ...], size: int) -> None:
         """An idempotent producer's publishes: journal the ones the journal does not hold yet."""
@@ -462,6 +497,10 @@ class BrokerCore:
         if len(self.sessions) >= self.config.max_sessions:
             self._invalid(peer, "broker is at its session limit; try again later", Refusal.BUSY,
                           version=command.version, forget=True)  # fmt: skip
+            return
+        if stream.following and command.version < REPLICATION_VERSION:
+            self._invalid(peer, f"this broker follows the leader of stream {stream.name!r}: attach to the leader "
+                          "(ZooKeeper names it)", Refusal.NOT_LEADER, version=command.version, forget=True)  # fmt: skip
             return
         self.sessions[peer] = _Session(peer, conn, stream, last_heard=now, last_ping=now, key=key)
         self._send(peer, conn.send(AttachOk()))
@@ -563,6 +602,8 @@ class BrokerCore:
         self._clock_ms = _now_ms()
         for name, pending in self._appends.items():
             stream = self.streams[name]
+            if stream.leader is not None and not self._replicated_enough(stream, pending):
+                continue
             try:
                 self._write(stream.journal, pending)
             except JournalWriteError as exc:
@@ -573,6 +614,8 @@ class BrokerCore:
         self._appends.clear()
         for stream in self.streams.values():
             stream.journal.maybe_sync(idle=idle)
+            if stream.leader is not None:
+                self._replicate(stream)
             self._route(stream)
 
     @staticmethod
@@ -586,6 +629,20 @@ class BrokerCore:
                 journal.append_many(part, changes=changes or None)
             begin = end
 
+    def _replicated_enough(self, stream: _Stream, pending: _Pending) -> bool:
+        """Whether a replicated leader takes the flush's publishes: not while fewer replicas than
+        minInSync are in sync, unless the stream waits for them (``under_replicated: wait``)."""
+        leader = stream.leader
+        assert leader is not None
+        if not leader.under_replicated or self.config.under_replicated == "wait":
+            return True
+        reason = (f"stream {stream.name}: {len(leader.isr)} of its replicas are in sync, fewer than minInSync "
+                  f"({leader.min_insync}); publishes since this peering's last confirmation were not journaled: "
+                  "attach again and resend them")  # fmt: skip
+        stream.refused_under_replicated += len(pending.entries)
+        self._refuse(stream, pending, reason, Refusal.NOT_ENOUGH_REPLICAS)
+        return False
+
     def _refuse_writes(self, stream: _Stream, pending: _Pending, exc: JournalWriteError) -> None:
         """The journal's volume is full: the flush's publishes are refused, never confirmed. The
         journal undid the failed append; the producer table goes back to what the journal holds; the
@@ -593,33 +650,162 @@ class BrokerCore:
         cover refused publishes), get JOURNAL_FULL, and are forgotten (their claims may be undone), so
         they attach again and resend. Publishes of groups written before the failure may come again:
         an idempotent producer's are dropped as duplicates, plain ones are at-least-once anyway."""
-        table, journaled = stream.journal.producers, stream.journal.journaled
-        for name in {n for _, changes in pending.groups for n in changes} | pending.changes.keys():
-            if name in journaled:
-                table.producers[name] = ProducerState(*journaled[name])
-            else:
-                table.producers.pop(name, None)
-        refused = len(pending.entries)
-        stream.refused_journal_full += refused
-        self._pending = deque(o for o in self._pending if o.subscription is not None or o.peer not in pending.peers)
+        stream.refused_journal_full += len(pending.entries)
         reason = (f"stream {stream.name}: its journal's volume is full ({exc.args[0]}); publishes since this "
                   "peering's last confirmation were not journaled: attach again and resend them")  # fmt: skip
-        for peer in pending.peers:
-            session = self.sessions.get(peer)
-            version = session.conn.version if session is not None else 0
-            if session is not None:
-                self._forget(session)
-            self._invalid(peer, reason, Refusal.JOURNAL_FULL, version=version, forget=False)
+        self._refuse(stream, pending, reason, Refusal.JOURNAL_FULL)
         now = time.monotonic()
         if now - stream.journal_full_logged >= 60:
             stream.journal_full_logged = now
             log.error("%s: refusing publishes (%d so far; retention or a larger volume makes room)", exc,
                       stream.refused_journal_full)  # fmt: skip
 
+    def _refuse(self, stream: _Stream, pending: _Pending, reason: str, code: Refusal) -> None:
+        """Refuse a flush's publishes (none was journaled): the producer table goes back to what the
+        journal holds, and the publishers lose the confirmations queued for them in this loop (their
+        barriers cover refused publishes), get ``code`` and are forgotten, so they attach again and resend."""
+        table, journaled = stream.journal.producers, stream.journal.journaled
+        for name in {n for _, changes in pending.groups for n in changes} | pending.changes.keys():
+            if name in journaled:
+                table.producers[name] = ProducerState(*journaled[name])
+            else:
+                table.producers.pop(name, None)
+        self._pending = deque(o for o in self._pending if o.subscription is not None or o.peer not in pending.peers)
+        for peer in pending.peers:
+            session = self.sessions.get(peer)
+            version = session.conn.version if session is not None else 0
+            if session is not None:
+                self._forget(session)
+            self._invalid(peer, reason, code, version=version, forget=False)
+
+    # -- replication (a replicated stream's leader; see zeps.broker.replication) -----------------
+    def lead(self, name: str, *, me: str, epoch: int, isr: frozenset[str], min_insync: int, now: float | None = None,
+             **tuning: float) -> None:  # fmt: skip
+        """This broker leads ``name`` from now on, in ``epoch`` (ZooKeeper raised it): its journal's epoch
+        history gets an entry, and confirmations wait for the in-sync replicas."""
+        stream = self.streams[name]
+        journal = stream.journal
+        journal.sync()
+        if epoch > journal.epochs.latest:
+            journal.epochs.begin(epoch, journal.next_sequence)
+        now = time.monotonic() if now is None else now
+        stream.leader = Leadership.begin(me, epoch, isr, min_insync=min_insync, commit=stream.routed, now=now,
+                                         **tuning)  # fmt: skip
+        stream.following = False
+        log.info("stream %s: leading in epoch %d from sequence %d (in sync: %s; confirmed up to %d)", name, epoch,
+                 journal.next_sequence, ", ".join(sorted(stream.leader.isr)), stream.routed)  # fmt: skip
+
+    def follow(self, name: str) -> None:
+        """This broker follows the leader of ``name`` (or waits for one): its client sessions are
+        forgotten and told NOT_LEADER (they find the leader and resend what was not confirmed), and
+        nothing held is confirmed."""
+        stream = self.streams[name]
+        stream.leader, stream.following = None, True
+        stream.held.clear()
+        stream.waiting.clear()
+        self._appends.pop(name, None)
+        for session in [s for s in self.sessions.values() if s.stream is stream]:
+            self._forget(session)
+            self._invalid(session.peer, f"this broker no longer leads stream {name!r}: attach to the leader",
+                          Refusal.NOT_LEADER, version=session.conn.version, forget=False)  # fmt: skip
+
+    def copied(self, name: str, commit: int) -> None:
+        """A follower's copy went on; the leader's commit point is ``commit`` (what this broker starts
+        delivering from if it is elected)."""
+        stream = self.streams[name]
+        stream.routed = max(stream.routed, min(commit, stream.journal.durable))
+
+    def isr_requests(self, now: float | None = None) -> list[tuple[str, int, frozenset[str]]]:
+        """(stream, epoch, in-sync set) to write to ZooKeeper: the leaders' sets as they should be now."""
+        now = time.monotonic() if now is None else now
+        out = []
+        for stream in self.streams.values():
+            leader = stream.leader
+            if leader is not None and (isr := leader.wanted(stream.journal.durable, now)) is not None:
+                out.append((stream.name, leader.epoch, isr))
+        return out
+
+    def isr_written(self, name: str, epoch: int, isr: frozenset[str]) -> None:
+        """ZooKeeper holds ``isr`` for the leader of ``epoch`` (ignored if this broker no longer leads it)."""
+        leader = self.streams[name].leader
+        if leader is not None and leader.epoch == epoch:
+            leader.isr_written(isr)
+            log.info("stream %s: in sync now: %s", name, ", ".join(sorted(isr)))
+            if leader.under_replicated and self.config.under_replicated == "refuse":
+                self._refuse_held(self.streams[name])
+
+    def _refuse_held(self, stream: _Stream) -> None:
+        """Too few replicas in sync: confirmations still held will not come; their publishers are told."""
+        peers = {peer for _, peer, _ in stream.held}
+        stream.held.clear()
+        for peer in peers:
+            session = self.sessions.get(peer)
+            if session is not None:
+                self._forget(session)
+                self._invalid(peer, f"stream {stream.name}: fewer replicas than minInSync are in sync; publishes "
+                              "since this peering's last confirmation are not confirmed: attach again and resend "
+                              "them", Refusal.NOT_ENOUGH_REPLICAS, version=session.conn.version,
+                              forget=False)  # fmt: skip
+
+    def _on_replica_fetch(self, session: _Session, command: ReplicaFetch) -> None:
+        stream, now = session.stream, session.last_heard  # the time receive() was given
+        leader = stream.leader
+        if leader is None or command.epoch != leader.epoch:
+            self._not_leader(session, command.epoch)
+            return
+        leader.fetched(command.replica, command.durable, stream.journal.durable, now)
+        stream.waiting[session.peer] = (command, now)
+
+    def _on_replica_epoch(self, session: _Session, command: ReplicaEpoch) -> None:
+        stream = session.stream
+        leader = stream.leader
+        if leader is None or command.epoch != leader.epoch:
+            self._not_leader(session, command.epoch)
+            return
+        found, end = stream.journal.epochs.end_of(command.asked, stream.journal.written)
+        self._send(session.peer, session.conn.send(ReplicaEpochEnd(epoch=leader.epoch, found=found, end=end)))
+
+    def _not_leader(self, session: _Session, epoch: int) -> None:
+        leader = session.stream.leader
+        mine = f"it leads epoch {leader.epoch}" if leader is not None else "it does not lead"
+        self._forget(session)
+        self._invalid(session.peer, f"not the leader of epoch {epoch} of stream {session.stream.name!r} ({mine})",
+                      Refusal.NOT_LEADER, version=session.conn.version, forget=False)  # fmt: skip
+
+    def _replicate(self, stream: _Stream, now: float | None = None) -> None:
+        """A leader's turn: answer the followers' fetches that have data (or waited a heartbeat), move
+        the commit point, and release the confirmations it covers."""
+        leader, journal = stream.leader, stream.journal
+        assert leader is not None
+        now = time.monotonic() if now is None else now
+        for held in stream.held:
+            if held[0] < 0:  # everything the peer published before it is written now
+                held[0] = journal.written
+        for peer, (fetch, since) in list(stream.waiting.items()):
+            session = self.sessions.get(peer)
+            if session is None:
+                del stream.waiting[peer]
+                continue
+            more = journal.replica_has_more(fetch.base, fetch.offset)
+            if not more and now - since < leader.heartbeat_s:
+                continue
+            part = journal.replica_read(fetch.base, fetch.offset, fetch.last,
+                                        min(fetch.most, self.config.replica_fetch_bytes))  # fmt: skip
+            epochs = encode_epochs(journal.epochs.newer_than(fetch.known))
+            answer = ReplicaData(epoch=leader.epoch, base=part.base, offset=part.offset, next=part.next_base,
+                                 commit=leader.commit, reset=int(part.reset), epochs=epochs,
+                                 data=part.data)  # fmt: skip
+            self._send(peer, session.conn.send(answer))
+            del stream.waiting[peer]
+        commit = leader.advance(journal.durable)
+        while stream.held and stream.held[0][0] <= commit:
+            _, peer, frame = stream.held.popleft()
+            self._send(peer, frame)
+
     def _route(self, stream: _Stream) -> None:
         journal = stream.journal
-        while stream.routed < journal.durable:
-            chunk = journal.read_chunk(stream.routed + 1, max_bytes=self.config.batch_bytes)
+        while stream.routed < stream.committed:
+            chunk = journal.read_chunk(stream.routed + 1, max_bytes=self.config.batch_bytes, end=stream.committed)
             if chunk is None:
                 break
             for sub, picks in self._targets(stream, chunk).items():
@@ -903,6 +1089,10 @@ class BrokerCore:
             self._leave_live(sub, sub.cursor)
         session.subscriptions.clear()
         self.sessions.pop(session.peer, None)
+        stream = session.stream
+        stream.waiting.pop(session.peer, None)
+        if stream.held:  # never a confirmation on a later peering of the same peer
+            stream.held = deque(h for h in stream.held if h[1] != session.peer)
 
     def disconnected(self, peer: bytes) -> None:
         """The adapter learnt the peer is gone (unroutable): free its state now."""

@@ -838,6 +838,11 @@ class Journal:
         seg = self._segments[-1]
         return seg.base, seg.size, self.written
 
+    def replica_has_more(self, base: int, offset: int) -> bool:
+        """Whether a follower at ``offset`` of segment ``base`` has anything to fetch (cheap: no reads)."""
+        active = self._segments[-1]
+        return base != active.base or offset < self._durable_size(active)
+
     def _durable_size(self, seg: _Segment) -> int:
         if seg is not self._segments[-1] or self.config.fsync == "never":
             return seg.size

@@ -1,0 +1,218 @@
+"""Replication in the broker's socket-free core: a leader core and follower cores (each a real
+journal in a temporary directory) exchange their frames in-process, as the adapter would over
+ZeroMQ. Elections are not here (ZooKeeper decides them: tests/integration/test_replication.py); the
+cores are told who leads, in which epoch, as the adapter tells them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from zeps.broker.core import BrokerConfig, BrokerCore
+from zeps.broker.replication import FollowerCopy
+from zeps.journal import JournalConfig
+from zeps.protocol import (
+    Attach,
+    AttachOk,
+    Credit,
+    DeliverRun,
+    InvalidCode,
+    Ping,
+    PingOk,
+    Publish,
+    Refusal,
+    ReplicaFetch,
+    Subscribe,
+    decode,
+    encode,
+)
+
+ISR = frozenset({"a", "b", "c"})
+
+
+def _core(path: Path, **config: Any) -> BrokerCore:
+    journal = JournalConfig(fsync="always", segment_bytes=4096)
+    return BrokerCore(BrokerConfig(path, ("prices",), journal=journal, **config)).open()
+
+
+class Cluster:
+    """Three cores: ``a`` leads epoch 1, ``b`` and ``c`` follow; frames travel when :meth:`turn` runs."""
+
+    def __init__(self, root: Path, **config: Any) -> None:
+        self.cores = {name: _core(root / name, **config) for name in "abc"}
+        self.leader = "a"
+        self.epoch = 1
+        self.cores["a"].lead("prices", me="a", epoch=1, isr=ISR, min_insync=2, now=0.0)
+        self.copies: dict[str, FollowerCopy] = {}
+        self.to_client: dict[bytes, list[Any]] = {}
+        self.in_flight: dict[str, list[bytes]] = {}  # frames for a follower, not delivered yet
+        for name in "bc":
+            self._follow(name)
+
+    def _follow(self, name: str) -> None:
+        self.cores[name].follow("prices")
+        copy = FollowerCopy(self.cores[name].streams["prices"].journal, "prices", name, self.epoch)
+        self.copies[name] = copy
+        self.in_flight[name] = []
+        for frame in copy.start():
+            self.cores[self.leader].receive(name.encode(), frame, now=0.0)
+
+    def send(self, peer: bytes, *commands: Any) -> None:
+        for command in commands:
+            self.cores[self.leader].receive(peer, encode(command), now=0.0)
+
+    def turn(self, *, followers: str = "bc", rounds: int = 3) -> None:
+        """Loops of every core: the leader flushes and answers; the followers named copy and fetch
+        again (frames to the others wait, as on a slow network)."""
+        leader = self.cores[self.leader]
+        for _ in range(rounds):
+            leader.flush_appends()
+            for out in leader.pump(now=0.0):
+                name = out.peer.decode()
+                if name in self.copies:
+                    self.in_flight.setdefault(name, []).append(out.frame)
+                else:
+                    self.to_client.setdefault(out.peer, []).append(decode(out.frame))
+            for name in followers:
+                frames, self.in_flight[name] = self.in_flight.get(name, []), []
+                for frame in frames:
+                    for answer in self.copies[name].receive(frame):
+                        leader.receive(name.encode(), answer, now=0.0)
+
+    def received(self, peer: bytes) -> list[Any]:
+        return self.to_client.pop(peer, [])
+
+    def close(self) -> None:
+        for core in self.cores.values():
+            core.close()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    yield c
+    c.close()
+
+
+def _keys(answers: list[Any]) -> list[str]:
+    return [row[1] for a in answers if isinstance(a, DeliverRun) for row in a.items]
+
+
+def test_a_publish_is_confirmed_and_delivered_once_a_follower_has_it(cluster: Cluster) -> None:
+    cluster.send(b"sub", Attach(stream="prices", version=7), Credit(credit=1 << 20), Subscribe(pattern=""))
+    cluster.send(b"pub", Attach(stream="prices", version=7))
+    cluster.turn(followers="")
+    cluster.received(b"sub"), cluster.received(b"pub")
+    cluster.send(b"pub", Publish(key="k", body=b"1"), Ping())
+    cluster.turn(followers="")  # no follower answers: nothing is confirmed, nothing delivered
+    assert cluster.received(b"pub") == [] and cluster.received(b"sub") == []
+    assert cluster.cores["a"].streams["prices"].journal.written == 1
+    cluster.turn(followers="b")  # one follower of two has it durably: 2 of 3 = minInSync
+    assert cluster.received(b"pub") == []  # c is still in the in-sync set: everyone in it must hold it
+    cluster.turn(followers="bc")
+    assert cluster.received(b"pub") == [PingOk()]
+    assert _keys(cluster.received(b"sub")) == ["k"]
+    for name in "bc":
+        assert cluster.cores[name].streams["prices"].journal.read(1)[0].body == b"1"
+
+
+def test_the_copies_are_the_leaders_files_byte_for_byte(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.send(b"pub", Attach(stream="prices", version=7))
+    for i in range(200):
+        cluster.send(b"pub", Publish(key=f"k.{i % 5}", body=b"x" * (i % 50)))
+        if i % 20 == 0:
+            cluster.turn()
+    cluster.turn(rounds=6)
+    leader = {p.name: p.read_bytes() for p in (tmp_path / "a" / "prices").glob("*.log")}
+    assert len(leader) >= 3  # segments rolled while they copied
+    for name in "bc":
+        assert {p.name: p.read_bytes() for p in (tmp_path / name / "prices").glob("*.log")} == leader
+        assert cluster.cores[name].streams["prices"].journal.epochs.entries == [(1, 1)]
+
+
+def test_a_follower_out_of_sync_leaves_the_set_and_too_few_refuse_publishes(cluster: Cluster) -> None:
+    a = cluster.cores["a"]
+    cluster.send(b"pub", Attach(stream="prices", version=7))
+    cluster.turn()
+    assert cluster.received(b"pub") == [AttachOk()]
+    leader = a.streams["prices"].leader
+    assert leader is not None
+    (request,) = a.isr_requests(now=leader.lag_s + 1)  # b and c fetched at 0: past lag_s, both out
+    assert request == ("prices", 1, frozenset({"a"}))
+    a.isr_written("prices", 1, frozenset({"a"}))
+    cluster.send(b"pub", Publish(key="k", body=b"lost?"), Ping())
+    cluster.turn(followers="")
+    (refusal,) = cluster.received(b"pub")
+    assert isinstance(refusal, InvalidCode) and refusal.code == Refusal.NOT_ENOUGH_REPLICAS
+    assert a.streams["prices"].journal.written == 0  # refused, never journaled
+    assert a.streams["prices"].refused_under_replicated == 1
+
+
+def test_under_replicated_wait_holds_confirmations_until_a_follower_returns(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, under_replicated="wait")
+    try:
+        a = cluster.cores["a"]
+        cluster.send(b"pub", Attach(stream="prices", version=7))
+        cluster.turn()
+        a.isr_written("prices", 1, frozenset({"a"}))
+        cluster.send(b"pub", Publish(key="k", body=b"waits"), Ping())
+        cluster.turn(followers="")
+        assert cluster.received(b"pub") == [AttachOk()]
+        a.isr_written("prices", 1, ISR)
+        cluster.turn()
+        assert cluster.received(b"pub") == [PingOk()]
+    finally:
+        cluster.close()
+
+
+def test_a_broker_that_follows_sends_clients_to_the_leader(cluster: Cluster) -> None:
+    b = cluster.cores["b"]
+    b.receive(b"client", encode(Attach(stream="prices", version=7)), now=0.0)
+    (refusal,) = [decode(o.frame) for o in b.pump(now=0.0)]
+    assert isinstance(refusal, InvalidCode) and refusal.code == Refusal.NOT_LEADER
+    cluster.send(b"pub", Attach(stream="prices", version=7))
+    cluster.turn()
+    cluster.received(b"pub")
+    cluster.cores["a"].follow("prices")  # a steps down (a newer epoch was elected)
+    assert [c.code for c in cluster.received(b"pub") if isinstance(c, InvalidCode)] == []
+    cluster.cores["a"].flush_appends()
+    out = [decode(o.frame) for o in cluster.cores["a"].pump(now=0.0) if o.peer == b"pub"]
+    assert [c.code for c in out if isinstance(c, InvalidCode)] == [Refusal.NOT_LEADER]
+
+
+def test_fetches_of_another_epoch_are_refused(cluster: Cluster) -> None:
+    a = cluster.cores["a"]
+    a.receive(b"stale", encode(Attach(stream="prices", version=8)), now=0.0)
+    a.receive(b"stale", encode(ReplicaFetch(epoch=0, replica="z", base=1, offset=0, last=0, durable=0)), now=0.0)
+    out = [decode(o.frame) for o in a.pump(now=0.0) if o.peer == b"stale"]
+    assert isinstance(out[-1], InvalidCode) and out[-1].code == Refusal.NOT_LEADER
+
+
+def test_a_new_leader_keeps_the_producer_table_and_the_old_leaders_tail_is_cut(cluster: Cluster) -> None:
+    """b is elected in epoch 2 with what it copied; a wrote more in epoch 1 that nobody copied. a
+    follows b: it cuts those records (they were never confirmed) and copies b's."""
+    from zeps.protocol import Produce, PublishSeq  # noqa: PLC0415
+
+    cluster.send(b"pub", Attach(stream="prices", version=7), Produce(producer="p", epoch=0))
+    for i in range(1, 6):
+        cluster.send(b"pub", PublishSeq(sequence=i, key="k", body=b"%d" % i))
+    cluster.turn()
+    cluster.send(b"pub", PublishSeq(sequence=6, key="k", body=b"never copied"))
+    cluster.turn(followers="")
+    a, b = cluster.cores["a"], cluster.cores["b"]
+    assert a.streams["prices"].journal.written == 6 and b.streams["prices"].journal.written == 5
+    b.lead("prices", me="b", epoch=2, isr=frozenset({"b", "c"}), min_insync=2, now=0.0)
+    assert b.streams["prices"].journal.producers.producers["p"].sequence == 5  # the table came with the marks
+    cluster.leader, cluster.epoch = "b", 2
+    cluster.copies.clear()
+    cluster._follow("a")
+    cluster._follow("c")
+    cluster.send(b"pub2", Attach(stream="prices", version=7))
+    cluster.send(b"pub2", Publish(key="k", body=b"epoch 2"))
+    cluster.turn(followers="ac", rounds=5)
+    rows = [r.body for r in a.streams["prices"].journal.read(1)]
+    assert rows == [b"1", b"2", b"3", b"4", b"5", b"epoch 2"]
+    assert a.streams["prices"].journal.epochs.entries == [(1, 1), (2, 6)]
