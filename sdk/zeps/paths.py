@@ -25,6 +25,8 @@ ACL boundary, and one subtree per resource)::
         spec                          operator-owned JSON of the reconciled spec
         manifest                      the broker members that should exist (the group's manifest)
         brokers/<member>              ephemeral JSON {endpoint, curvePublicKey, pod, startedAt}
+        replication/state             replicated streams: JSON {epoch, leader, isr}, conditional writes only
+        replication/election/<replica>-<seq>  ephemeral sequential: replicas in line to lead
 
 A group is a parent of ephemeral members (JSON metadata) plus, where the design calls
 for one, a persistent manifest of the members that should exist (streams: ``brokers/`` beside
@@ -282,6 +284,16 @@ class StreamPaths:
     @property
     def brokers(self) -> GroupPaths:
         return GroupPaths(f"{self.root}/brokers", f"{self.root}/manifest")
+
+    @property
+    def replication_state(self) -> str:
+        """A replicated stream's leader, epoch and in-sync set (JSON, changed by conditional writes only)."""
+        return f"{self.root}/replication/state"
+
+    @property
+    def election(self) -> str:
+        """Its replicas in line to lead: ephemeral sequential ``<replica>-<seq>`` nodes."""
+        return f"{self.root}/replication/election"
 
     def layout(self) -> list[str]:
         """The persistent nodes a ZepsStream needs (the manifest is written by the operator)."""

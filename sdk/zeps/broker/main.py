@@ -18,13 +18,13 @@ import threading
 from pathlib import Path
 
 from zeps.broker.core import BrokerConfig
-from zeps.broker.server import BrokerServer, CurveConfig, Registration
+from zeps.broker.server import BrokerServer, CurveConfig, Registration, Replication
 from zeps.errors import ConfigError, ZepsError
 from zeps.journal import DEFAULT_MAX_PRODUCERS, DEFAULT_PRODUCER_TTL_MS, JournalConfig
 from zeps.options import MulticastOptions
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES_CEILING
 
-__all__ = ["main", "multicast_options", "parse_args", "read_key", "settings"]
+__all__ = ["main", "multicast_options", "parse_args", "read_key", "replication", "settings"]
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -91,6 +91,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--multicast-key-file", default=_env("MULTICAST_KEY_FILE"),
                    help="sign each multicast message with this key (a file of hex digits; the stream's clients "
                    "have it): receivers drop what is not signed with it [ZEPS_BROKER_MULTICAST_KEY_FILE]")  # fmt: skip
+    p.add_argument("--min-insync", type=int, default=_env_int("MIN_INSYNC"),
+                   help="replicate the stream: this broker is one of its replicas (named by --member), and a "
+                   "publish is confirmed once this many replicas, the leader included, hold it durably "
+                   "[ZEPS_BROKER_MIN_INSYNC]")  # fmt: skip
+    p.add_argument(
+        "--replica-lag",
+        type=float,
+        default=float(_env("REPLICA_LAG") or 10),
+        help="seconds a follower may stay behind before it leaves the in-sync set [ZEPS_BROKER_REPLICA_LAG]",
+    )
+    p.add_argument("--under-replicated", choices=["refuse", "wait"], default=_env("UNDER_REPLICATED", "refuse"),
+                   help="with fewer in-sync replicas than --min-insync: refuse publishes (NOT_ENOUGH_REPLICAS) or "
+                   "hold their confirmations until enough are back [ZEPS_BROKER_UNDER_REPLICATED]")  # fmt: skip
+    p.add_argument("--zookeeper-session-timeout", type=float, default=float(_env("ZOOKEEPER_SESSION_TIMEOUT") or 6),
+                   help="seconds; a replicated stream's dead leader is replaced after about this long "
+                   "[ZEPS_BROKER_ZOOKEEPER_SESSION_TIMEOUT]")  # fmt: skip
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
     args = p.parse_args(argv)
     if not args.stream:
@@ -99,6 +115,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--data-dir is needed (or ZEPS_BROKER_DATA_DIR): the journal lives there")
     if args.zookeeper and not args.member:
         p.error("--member is needed with --zookeeper: it names this broker in the stream's group")
+    if args.min_insync is not None and (not args.zookeeper or len(args.stream) != 1 or args.min_insync < 1):
+        p.error("--min-insync (a replicated stream) needs --zookeeper and --member, exactly one --stream, and a "
+                "value of 1 or more")  # fmt: skip
     return args
 
 
@@ -135,6 +154,13 @@ def multicast_options(args: argparse.Namespace) -> MulticastOptions | None:
     return MulticastOptions.from_url(args.multicast, **{k: v for k, v in tuning.items() if v is not None})
 
 
+def replication(args: argparse.Namespace) -> Replication | None:
+    """The replication the flags ask for (None: the stream has this one broker)."""
+    if args.min_insync is None:
+        return None
+    return Replication(args.min_insync, lag_s=args.replica_lag, session_timeout_s=args.zookeeper_session_timeout)
+
+
 def settings(args: argparse.Namespace) -> tuple[BrokerConfig, CurveConfig | None, Registration | None]:
     """The broker's configuration from its parsed flags (no I/O). Raises ZepsError for a bad journal
     setting."""
@@ -145,8 +171,8 @@ def settings(args: argparse.Namespace) -> tuple[BrokerConfig, CurveConfig | None
         raise ConfigError(f"--max-message-bytes={args.max_message_bytes}: must be between 1 and "
                           f"{MAX_MESSAGE_BYTES_CEILING}")  # fmt: skip
     config = BrokerConfig(Path(args.data_dir), tuple(args.stream), journal=journal, heartbeat_s=args.heartbeat,
-                          ttl_s=args.ttl, matching=args.matching,
-                          max_message_bytes=args.max_message_bytes)  # fmt: skip
+                          ttl_s=args.ttl, matching=args.matching, max_message_bytes=args.max_message_bytes,
+                          under_replicated=args.under_replicated)  # fmt: skip
     curve = None
     if args.curve_secret_key:
         clients = Path(args.curve_clients) if args.curve_clients else None
@@ -175,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     server = BrokerServer(config, bind=args.bind, curve=curve, metrics_port=args.metrics_port,
                           metrics_address=args.metrics_address, registration=registration,
-                          multicast=multicast, multicast_key=multicast_key)  # fmt: skip
+                          multicast=multicast, multicast_key=multicast_key,
+                          replication=replication(args))  # fmt: skip
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

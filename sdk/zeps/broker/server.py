@@ -28,6 +28,7 @@ import dataclasses
 import json
 import logging
 import os
+import queue
 import socket
 import threading
 import time
@@ -43,12 +44,13 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from zeps import _netif
 from zeps.broker.core import BrokerConfig, BrokerCore
-from zeps.errors import ConfigError
-from zeps.journal import JournalError
+from zeps.broker.replication import FollowerCopy
+from zeps.errors import ConfigError, ProtocolError
+from zeps.journal import JournalError, JournalWriteError
 from zeps.options import DEFAULT_PGM_RATE_KBPS, DEFAULT_PGM_RECOVERY_MS, MulticastOptions
 from zeps.protocol import multicast
 
-__all__ = ["AllowedClients", "BrokerServer", "CurveConfig", "Registration"]
+__all__ = ["AllowedClients", "BrokerServer", "CurveConfig", "Registration", "Replication"]
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +139,29 @@ class Registration:
     auth: tuple[str, str] | None = None
 
 
+@dataclass
+class _Link:
+    """A follower's peering with its leader: a DEALER, and the copy it feeds."""
+
+    sock: zmq.Socket[Any] | None = None
+    copy: FollowerCopy | None = None
+    heard: float = 0.0  # when the leader last sent something
+    leader: str = ""  # whom we follow ("": nobody yet)
+    again: tuple[float, int, str] | None = None  # (when, epoch, leader): a follow to try again
+
+
+@dataclass(frozen=True)
+class Replication:
+    """A replicated stream (the broker serves one, and registers in ZooKeeper as one of its replicas,
+    named by its member id): see :mod:`zeps.broker.replication` and :mod:`zeps.coordination.replication`."""
+
+    min_insync: int  #: replicas (the leader included) that must hold a record durably before it is confirmed
+    lag_s: float = 10.0  #: a follower that has not caught up for this long leaves the in-sync set
+    heartbeat_s: float = 0.5  #: a follower hears from the leader at least this often
+    leader_silence_s: float = 3.0  #: a follower that heard nothing this long connects again
+    session_timeout_s: float = 6.0  #: the broker's ZooKeeper session: how soon a dead leader is replaced
+
+
 class BrokerServer:
     """Runs the broker loop on a thread. ``start()`` binds and registers; ``stop()`` undoes both."""
 
@@ -151,7 +176,11 @@ class BrokerServer:
         registration: Registration | None = None,
         multicast: MulticastOptions | None = None,
         multicast_key: bytes | None = None,
+        replication: Replication | None = None,
     ) -> None:
+        if replication is not None and (registration is None or len(config.streams) != 1):
+            raise ConfigError("a replicated broker serves one stream and registers in ZooKeeper (--zookeeper, "
+                              "--member): its replicas find each other, and elect their leader, there")  # fmt: skip
         if multicast is not None:  # the core sends TAIL on a silent stream every heartbeat, runs cut to size
             largest = _NORM_MESSAGE_BYTES if multicast.transport == "norm" else config.batch_bytes
             config = dataclasses.replace(config, multicast_heartbeat_s=multicast.heartbeat_ms / 1000,
@@ -203,6 +232,11 @@ class BrokerServer:
         self._exported: dict[tuple[int, str], int] = {}  # counter values already exported
         self._memberships: dict[str, Any] = {}  # stream name -> this broker's membership in its group
         self._last_facts = 0.0
+        self.replication = replication
+        self._election: Any = None  # this replica's part in the election (zeps.coordination.replication)
+        self._events: queue.SimpleQueue[Any] = queue.SimpleQueue()  # election events, for the loop
+        self._link = _Link()  # following: the peering with the leader
+        self._poller: zmq.Poller | None = None
         self.refused: str | None = None  #: why the broker stopped serving (not in the manifest…)
         #: why the broker's loop failed (a disk error, a bug): it stopped serving; zeps-broker exits 1
         self.failure: str | None = None
@@ -247,6 +281,8 @@ class BrokerServer:
             self._pub = self._open_multicast(self._multicast_ctx, self.multicast)
         if self.metrics_port is not None:
             self._metrics, _ = start_http_server(self.metrics_port, addr=self.metrics_address, registry=self.registry)
+        if self.replication is not None:  # no leader known yet: clients are refused until the election
+            self.core.follow(self.config.streams[0])
         if self.registration is not None:
             self._register(self.registration)
         self._thread = threading.Thread(target=self._loop, name="zeps-broker", daemon=True)
@@ -316,7 +352,8 @@ class BrokerServer:
         from zeps.coordination import Group, connect  # noqa: PLC0415 — ZooKeeper only when registering
         from zeps.paths import StreamPaths  # noqa: PLC0415
 
-        self._zk = connect(reg.zookeeper, auth=reg.auth)
+        timeout = self.replication.session_timeout_s if self.replication is not None else 10.0
+        self._zk = connect(reg.zookeeper, auth=reg.auth, session_timeout=timeout)
         metadata = {
             "endpoint": reg.advertise or self.endpoint,
             "curvePublicKey": self.public_key,
@@ -345,6 +382,21 @@ class BrokerServer:
                     self._stop.set()
 
             group.watch(on_status=on_status)
+        if self.replication is not None:
+            from zeps.coordination.replication import ReplicaElection  # noqa: PLC0415
+
+            paths = StreamPaths.of(reg.namespace, self.config.streams[0], chroot=reg.chroot)
+            self._election = ReplicaElection(self._zk, paths, reg.member, self._replica_event).start()
+
+    def _replica_event(self, event: Any) -> None:
+        """From ZooKeeper's thread. A suspended session stops confirmations at once (a new leader may be
+        elected once it expires); everything else is the loop's to act on, in order."""
+        if event.kind == "suspended":
+            leader = self.core.streams[self.config.streams[0]].leader
+            if leader is not None:
+                leader.valid = False
+                log.warning("ZooKeeper connection lost: confirming nothing until it is back")
+        self._events.put(event)
 
     def _membership_failed(self, exc: BaseException) -> None:
         """A rejoin after a ZooKeeper session expiry failed: serving unregistered would hide the broker
@@ -363,6 +415,9 @@ class BrokerServer:
             self._metrics.shutdown()
             self._metrics.server_close()
             self._metrics = None
+        if self._election is not None:
+            self._election.stop()
+            self._election = None
         if self._zk is not None:
             self._zk.stop()
             self._zk.close()
@@ -387,7 +442,7 @@ class BrokerServer:
     # -- the loop -------------------------------------------------------------------------------
     def _loop(self) -> None:
         core, sock = self.core, self._sock
-        poller = zmq.Poller()
+        poller = self._poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         last_tick = time.monotonic()
         try:
@@ -396,6 +451,8 @@ class BrokerServer:
                 # socket queue: 1 ms; nothing to do: until traffic (at most 50 ms, for the tick)
                 wait = 0 if core.replay_ready(time.monotonic()) else 1 if core.busy else 50
                 events = dict(poller.poll(wait))
+                if self.replication is not None:
+                    self._replication_turn(events)
                 idle = self._read(sock) if sock in events else True
                 core.flush_appends(idle=idle)
                 self._send(core.pump())
@@ -407,6 +464,9 @@ class BrokerServer:
                     if self.allowed is not None and self.allowed.reload():  # revocations apply at once
                         core.authorize(self.allowed.keys)
                     core.tick(now)
+                    if self._election is not None:
+                        for _, epoch, isr in core.isr_requests(now):
+                            self._election.write_isr(epoch, isr)
                     self._send(core.pump())
                     self._update_metrics()
         except JournalError as exc:  # a broken disk: the cause is the message, no traceback needed
@@ -422,8 +482,112 @@ class BrokerServer:
                 self.failure = self.failure or f"closing the journals: {exc}"
                 log.error("closing the journals failed: %s", exc)
             sock.close(linger=0)
+            self._stop_following()
             if self._pub is not None:
                 self._pub.close(linger=0)
+
+    # -- replication ----------------------------------------------------------------------------
+    def _replication_turn(self, events: dict[Any, int]) -> None:
+        """Act on the election's news, and copy from the leader while following."""
+        assert self.replication is not None
+        name = self.config.streams[0]
+        while True:
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                break
+            self._on_replica_event(name, event)
+        now = time.monotonic()
+        link = self._link
+        if link.again is not None and now >= link.again[0]:
+            _, epoch, leader = link.again
+            self._follow(name, epoch, leader)
+        sock, copy = link.sock, link.copy
+        if sock is None or copy is None:
+            return
+        if sock in events:
+            self._copy_frames(name, sock, copy)
+            link.heard = now
+        if copy.refused or now - link.heard > self.replication.leader_silence_s:
+            why = copy.refused or f"nothing from the leader for {now - link.heard:.1f}s"
+            log.warning("stream %s: following again (%s)", name, why)
+            self._retry_follow(copy.epoch, link.leader)
+
+    def _copy_frames(self, name: str, sock: zmq.Socket[Any], copy: FollowerCopy) -> None:
+        while True:
+            try:
+                frame = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            try:
+                answers = copy.receive(frame)
+            except JournalWriteError:
+                raise  # a broken disk: fatal
+            except (ProtocolError, JournalError) as exc:
+                copy.refused = f"{type(exc).__name__}: {exc}"
+                return
+            for answer in answers:
+                sock.send(answer, zmq.NOBLOCK)
+            self.core.copied(name, copy.commit)
+
+    def _on_replica_event(self, name: str, event: Any) -> None:
+        assert self.replication is not None and self.registration is not None
+        stream = self.core.streams[name]
+        if event.kind == "lead":
+            self._stop_following()
+            self.core.lead(name, me=self.registration.member, epoch=event.epoch, isr=event.isr,
+                           min_insync=self.replication.min_insync, lag_s=self.replication.lag_s,
+                           heartbeat_s=self.replication.heartbeat_s)  # fmt: skip
+        elif event.kind == "follow":
+            self._follow(name, event.epoch, event.leader)
+        elif event.kind == "isr":
+            self.core.isr_written(name, event.epoch, event.isr)
+        elif event.kind == "resumed" and stream.leader is not None and stream.leader.epoch == event.epoch:
+            stream.leader.valid = True
+            log.info("ZooKeeper connection back, same session: confirming again")
+        elif event.kind == "lost":
+            log.warning("stream %s: ZooKeeper session expired: no longer leading or following", name)
+            self._stop_following()
+            self.core.follow(name)
+
+    def _follow(self, name: str, epoch: int, leader: str) -> None:
+        """Follow ``leader`` of ``epoch``: connect to it (its endpoint from its member node) and copy."""
+        assert self.registration is not None and self.replication is not None
+        self._stop_following()
+        self._link = _Link(leader=leader)
+        self.core.follow(name)
+        if not leader:
+            return  # an election is on: the next event says who won
+        from zeps.coordination import Group  # noqa: PLC0415
+        from zeps.paths import StreamPaths  # noqa: PLC0415
+
+        reg = self.registration
+        member = Group(self._zk, StreamPaths.of(reg.namespace, name, chroot=reg.chroot).brokers).members().get(leader)
+        if member is None:  # it has not registered yet (or is gone): look again soon
+            self._retry_follow(epoch, leader)
+            return
+        assert self._ctx is not None and self._poller is not None
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(str(member.metadata["endpoint"]))
+        copy = FollowerCopy(self.core.streams[name].journal, name, reg.member, epoch)
+        for frame in copy.start():
+            sock.send(frame)
+        self._link = _Link(sock, copy, time.monotonic(), leader)
+        self._poller.register(sock, zmq.POLLIN)
+        log.info("stream %s: following %s (epoch %d) at %s", name, leader, epoch, member.metadata["endpoint"])
+
+    def _retry_follow(self, epoch: int, leader: str) -> None:
+        self._stop_following()
+        self._link = _Link(leader=leader, again=(time.monotonic() + 0.3, epoch, leader))
+
+    def _stop_following(self) -> None:
+        link = self._link
+        if link.sock is not None:
+            if self._poller is not None:
+                self._poller.unregister(link.sock)
+            link.sock.close(linger=0)
+        link.sock, link.copy = None, None
 
     def _read(self, sock: zmq.Socket[Any]) -> bool:
         """Hand the core what arrived, up to a batch (frames or bytes); True if that was all of it."""
@@ -474,6 +638,17 @@ class BrokerServer:
                 else:
                     raise
 
+    @staticmethod
+    def _replication_facts(stream: Any) -> dict[str, Any]:
+        """This replica's role, the leader's epoch and in-sync set, and each follower's lag (records)."""
+        leader = stream.leader
+        if leader is None:
+            return {"role": "follower", "written": stream.journal.written}
+        durable = stream.journal.durable
+        lag = {name: max(0, durable - f.durable) for name, f in sorted(leader.followers.items())}
+        return {"role": "leader", "epoch": leader.epoch, "inSync": sorted(leader.isr), "commit": leader.commit,
+                "followerLag": lag, "written": stream.journal.written}  # fmt: skip
+
     def _update_metrics(self) -> None:
         for name, stream in self.core.streams.items():
             self._journal_bytes.labels(name).set(stream.journal.size_bytes)
@@ -497,8 +672,10 @@ class BrokerServer:
                 served = self.core.streams.get(name)
                 if served is not None:
                     count, furthest = self.core.subscriptions(served.name)
-                    facts = {"lastSequence": served.journal.durable, "journalBytes": served.journal.size_bytes,
+                    facts = {"lastSequence": served.committed, "journalBytes": served.journal.size_bytes,
                              "subscriptionCount": count, "subscriptions": furthest}  # fmt: skip
+                    if self.replication is not None:
+                        facts["replication"] = self._replication_facts(served)
                     if all(membership.metadata.get(k) == v for k, v in facts.items()):
                         continue  # nothing new: no ZooKeeper write
                     try:

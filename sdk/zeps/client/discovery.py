@@ -8,7 +8,7 @@ from typing import Any
 
 from zeps.client._transport import BrokerUnavailableError
 
-__all__ = ["broker_metadata", "discover", "read_broker_metadata"]
+__all__ = ["LeaderLocator", "broker_metadata", "discover", "read_broker_metadata"]
 
 
 def broker_metadata(client: Any, namespace: str, stream: str, *, chroot: str = "/zeps") -> dict[str, Any]:
@@ -16,13 +16,23 @@ def broker_metadata(client: Any, namespace: str, stream: str, *, chroot: str = "
     kazoo client): ``endpoint`` and ``curvePublicKey`` when it joins; ``lastSequence``,
     ``journalBytes``, ``subscriptionCount`` and the furthest-behind ``subscriptions`` every second."""
     from zeps.coordination import Group  # noqa: PLC0415 — ZooKeeper only for discovery
+    from zeps.coordination.replication import read_replication_state  # noqa: PLC0415
     from zeps.paths import StreamPaths  # noqa: PLC0415
 
-    group = Group(client, StreamPaths.of(namespace, stream, chroot=chroot).brokers)
+    paths = StreamPaths.of(namespace, stream, chroot=chroot)
+    group = Group(client, paths.brokers)
     manifest = group.status().manifest
-    usable = [m for name, m in sorted(group.members().items()) if manifest is None or name in manifest]
+    members = group.members()
+    usable = [m for name, m in sorted(members.items()) if manifest is None or name in manifest]
     if not usable:
         raise BrokerUnavailableError(f"no live broker is registered for stream {namespace}/{stream}")
+    state = read_replication_state(client, paths)
+    if state is not None:  # a replicated stream: its leader, while it lives
+        leader = members.get(state.leader)
+        if leader is None or (manifest is not None and state.leader not in manifest):
+            raise BrokerUnavailableError(f"stream {namespace}/{stream} has no leader right now (epoch {state.epoch}'s "
+                                         f"leader {state.leader} is gone: an election is on)")  # fmt: skip
+        return dict(leader.metadata)
     return dict(usable[0].metadata)
 
 
@@ -50,3 +60,29 @@ def discover(
     status) when it matters: a forged node's endpoint then fails the CURVE handshake."""
     meta = read_broker_metadata(zookeeper, namespace, stream, chroot=chroot, auth=auth)
     return str(meta["endpoint"]), str(meta.get("curvePublicKey", ""))
+
+
+class LeaderLocator:
+    """Where a stream's broker is now (its leader, for a replicated stream): called by a client each
+    time it connects again, so it follows the leader across a failover. Keeps one ZooKeeper session,
+    opened at the first call; :meth:`close` ends it."""
+
+    def __init__(
+        self, zookeeper: str, namespace: str, stream: str, *, chroot: str = "/zeps", auth: tuple[str, str] | None = None
+    ) -> None:
+        self.zookeeper, self.namespace, self.stream, self.chroot, self.auth = zookeeper, namespace, stream, chroot, auth
+        self._client: Any = None
+
+    def __call__(self) -> str:
+        """The endpoint to connect to; BrokerUnavailableError while there is none (an election)."""
+        if self._client is None:
+            from zeps.coordination import connect  # noqa: PLC0415 — ZooKeeper only for discovery
+
+            self._client = connect(self.zookeeper, auth=self.auth)
+        return str(broker_metadata(self._client, self.namespace, self.stream, chroot=self.chroot)["endpoint"])
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.stop()
+            self._client.close()
+            self._client = None

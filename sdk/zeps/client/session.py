@@ -103,7 +103,9 @@ _LEGACY_NOT_ATTACHED = re.compile(r"^[A-Z-]+ is not allowed when await attach$")
 _PRODUCES_SINCE = 6
 _FETCHES_SINCE = 7
 _PRODUCER_REFUSALS = (Refusal.FENCED, Refusal.PRODUCER_UNKNOWN, Refusal.OUT_OF_SEQUENCE, Refusal.PRODUCER_LIMIT)
-_PUBLISH_REFUSALS = (Refusal.TOO_LARGE, Refusal.JOURNAL_FULL)
+_PUBLISH_REFUSALS = (Refusal.TOO_LARGE, Refusal.JOURNAL_FULL, Refusal.NOT_ENOUGH_REPLICAS)
+#: refusals after which the broker forgot the peering: attach again (and resend what is unconfirmed)
+_ATTACH_AGAIN = (Refusal.JOURNAL_FULL, Refusal.NOT_ENOUGH_REPLICAS)
 _DELIVERY_OVERHEAD = 1024  # a delivery's bytes besides the body: frame, record header, key (255), index
 
 
@@ -261,7 +263,7 @@ class ClientSession:
                 self.version -= 1
                 return [self.attach()]
             self.refused = reason
-        elif self.publish_refused_code == Refusal.JOURNAL_FULL:
+        elif self.publish_refused_code in _ATTACH_AGAIN:
             pass  # it forgot us when it refused our publishes: we attach again once check_publishes says so
         elif self.conn.version >= CODES_SINCE or _LEGACY_NOT_ATTACHED.search(reason):
             self.forgotten = True  # it expired our session, or restarted: attach again
@@ -439,7 +441,7 @@ class ClientSession:
         if self.publish_refused is not None:
             error = PublishRefusedError(f"broker refused publishes: {self.publish_refused} "
                                         f"({self.unconfirmed} publishes unconfirmed)")  # fmt: skip
-            if self.publish_refused_code == Refusal.JOURNAL_FULL:
+            if self.publish_refused_code in _ATTACH_AGAIN:
                 self.publish_refused = self.publish_refused_code = None
                 self.forgotten = True  # attach again: the re-attach resends the unconfirmed publishes
             raise error
@@ -659,6 +661,10 @@ class ClientSession:
                 return []
             if self.attached and command.code in _PUBLISH_REFUSALS:
                 self.publish_refused, self.publish_refused_code = command.reason, command.code
+                return []
+            if command.code == Refusal.NOT_LEADER:  # a replica that does not lead: find the leader, attach there
+                self.attached = False
+                self.forgotten = True
                 return []
             if command.code == Refusal.UNAUTHORIZED:  # revoked: no attach can help
                 self.attached = False

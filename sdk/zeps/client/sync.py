@@ -19,7 +19,7 @@ import contextlib
 import time
 from collections.abc import Iterable, Iterator
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 import zmq.auth
@@ -45,7 +45,18 @@ from zeps.options import MulticastOptions
 from zeps.protocol import LATEST, Fetch
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES
 
-__all__ = ["MulticastSubscription", "StreamClient"]
+__all__ = ["Locator", "MulticastSubscription", "StreamClient"]
+
+
+_LOCATE_EVERY = 0.2  # seconds between two questions to the locator, at least
+
+
+class Locator(Protocol):
+    """Where a stream's broker is now (:class:`zeps.client.discovery.LeaderLocator`)."""
+
+    def __call__(self) -> str: ...
+
+    def close(self) -> None: ...
 
 
 class StreamClient:
@@ -67,8 +78,12 @@ class StreamClient:
         idempotent: bool = True,
         generation: int = 0,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        locator: Locator | None = None,
     ) -> None:
         self.endpoint = check_endpoint(endpoint)
+        #: where the broker is now, asked at each reconnection (a replicated stream's leader moves)
+        self.locator = locator
+        self._located = 0.0
         self.session = ClientSession(stream, credit_window=credit_window, producer=producer_id, idempotent=idempotent,
                                      generation=generation, max_message_bytes=max_message_bytes)  # fmt: skip
         self.heartbeat, self.ttl, self.timeout = heartbeat, ttl, timeout
@@ -140,14 +155,31 @@ class StreamClient:
 
     def _reconnect(self) -> None:
         """Start over on a fresh socket, without waiting: ATTACH is queued and sent once the broker is
-        reachable; its ATTACH-OK resumes the subscriptions and resends unconfirmed publishes."""
+        reachable; its ATTACH-OK resumes the subscriptions and resends unconfirmed publishes. With a
+        locator, at the broker's endpoint now (a replicated stream's leader)."""
         self.reconnects += 1
+        self._locate()
         self.session.disconnected()
         self._close_socket()
         self._open_socket()
         assert self._sock is not None
         self._sock.send(self.session.attach())
         self.session.last_heard = time.monotonic()
+
+    def _locate(self) -> bool:
+        """Ask the locator where the broker is (at most every 0.2 s); True if it moved."""
+        if self.locator is None:
+            return False
+        wait = self._located + _LOCATE_EVERY - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)  # a replica refused us (NOT_LEADER) or an election is on: do not spin
+        self._located = time.monotonic()
+        try:
+            endpoint = check_endpoint(self.locator())
+        except BrokerUnavailableError:
+            return False  # no leader yet: the same endpoint for now, and asked again while detached
+        moved, self.endpoint = endpoint != self.endpoint, endpoint
+        return moved
 
     def _close_socket(self) -> None:
         close_dealer(self._sock, self._monitor)
@@ -169,6 +201,8 @@ class StreamClient:
             self._close_socket()
         for watched in list(self._watched):
             watched.close()
+        if self.locator is not None:
+            self.locator.close()
         self._ctx.term()
         if unconfirmed is not None:
             raise unconfirmed
@@ -248,6 +282,9 @@ class StreamClient:
             raise BrokerUnavailableError(f"broker at {self.endpoint} refused: {self.session.refused}")
         if self.session.attached and silent > self.ttl:
             self._reconnect()
+        elif not self.session.attached and self.locator is not None and now - self._located > 2 * _LOCATE_EVERY:
+            if self._locate():  # the broker we wait for is gone: its successor is elsewhere
+                self._reconnect()
         elif self.session.attached and silent > self.heartbeat and now - self._last_ping > self.heartbeat:
             self._last_ping = now
             self._send_all([self.session.ping()], now + self.timeout)
