@@ -110,9 +110,14 @@ setup_bench() {
   fi
   command -v apt-get >/dev/null 2>&1 || fail "nats-server is missing and apt-get is not available; install nats-server 2.9+"
   say "bench: installing Debian's nats-server"
+  local before
+  before=" $(pgrep -x nats-server | tr '\n' ' ') "  # servers running already are not ours: never stopped
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nats-server; } >/tmp/zeps-apt.log 2>&1 \
     || fail "apt-get install nats-server failed (see /tmp/zeps-apt.log); as root: apt-get install nats-server"
-  pkill -x nats-server 2>/dev/null || true  # the package may start a service; the benchmark runs its own
+  local pid  # the package may start a service of its own: that one (started by this install) is stopped
+  for pid in $(pgrep -x nats-server || true); do
+    case "$before" in *" $pid "*) ;; *) kill "$pid" 2>/dev/null || true ;; esac
+  done
 }
 
 for c in $components; do

@@ -80,6 +80,13 @@ class Kube:
             and (deployment.status.available_replicas or 0) >= 1
         )
 
+    def statefulset_ready(self, namespace: str, name: str) -> int:
+        """How many of the StatefulSet's pods are ready (0 when it does not exist)."""
+        statefulset = _unless_missing(lambda: k8s.AppsV1Api(self.api).read_namespaced_stateful_set(name, namespace))
+        if statefulset is None or statefulset.status is None:
+            return 0
+        return int(statefulset.status.ready_replicas or 0)
+
     # -- writes -----------------------------------------------------------------------------------
     def apply(self, obj: dict[str, Any]) -> None:
         """Server-side apply ``obj`` (namespaced) as the operator's field manager, taking over conflicts."""

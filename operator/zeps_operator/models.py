@@ -148,6 +148,29 @@ class Multicast(_MulticastFields, MulticastOptions):
 class StreamSpec(_Model):
     """A ZEPS broker with a journal: journalled high-rate pub/sub with replay."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "!has(self.minInSync) || self.minInSync <= self.replicas",
+                 "message": "minInSync counts replicas (the leader included): at most replicas"},
+            ]
+        }
+    )  # fmt: skip
+    replicas: int = Field(
+        1,
+        ge=1,
+        le=7,
+        description="Brokers holding the journal. 1: one broker (a Deployment). 2 or more (3 recommended): a "
+        "leader and followers (a StatefulSet, a volume each, spread across nodes); a publish is confirmed once "
+        "minInSync of them hold it durably, and losing the leader's pod or node loses nothing confirmed.",
+    )
+    min_in_sync: int | None = Field(
+        None,
+        ge=1,
+        le=7,
+        description="With replicas: the replicas (the leader included) that must hold a record durably before it "
+        "is confirmed; with fewer in sync, publishes are refused (NOT_ENOUGH_REPLICAS). Unset: a majority.",
+    )
     image: str | None = Field(
         None,
         description="Image with zeps-broker; unset: the operator's own image (the chart's image values).",
@@ -192,6 +215,11 @@ class StreamSpec(_Model):
         "multicast: set hostNetwork, or a secondary network (networks).",
     )
     deletion_policy: DeletionPolicy = _DELETION
+
+    @property
+    def in_sync(self) -> int:
+        """minInSync, or its default: a majority of the replicas."""
+        return self.min_in_sync or self.replicas // 2 + 1
 
 
 class Condition(_Model):

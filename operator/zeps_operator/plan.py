@@ -141,8 +141,22 @@ def retains_data(spec: dict[str, Any]) -> bool:
 
 
 def stream_member(name: str) -> str:
-    """The broker member id of a stream (one broker per stream: ``<name>-0``)."""
+    """The broker member id of a stream of one broker (a Deployment): ``<name>-0``."""
     return f"{name}-0"
+
+
+def stream_members(name: str, spec: StreamSpec, *, replicated: bool) -> list[str]:
+    """The broker members a stream should have: its one broker's, or each replica's (the StatefulSet's
+    pods, ``<name>-broker-<i>``, register under their pod names)."""
+    if not replicated:
+        return [stream_member(name)]
+    return [f"{name}-broker-{i}" for i in range(spec.replicas)]
+
+
+def replica_service(name: str) -> str:
+    """The headless Service giving each replica a DNS name (``<pod>.<service>``): followers reach their
+    leader there, and clients the leader ZooKeeper names."""
+    return f"{name}-broker-pods"
 
 
 def stream_endpoint(namespace: str, name: str, spec: StreamSpec) -> str:
@@ -184,17 +198,25 @@ def _multicast_pod(multicast: Multicast, template: dict[str, Any], container: di
 
 
 def stream_objects(
-    namespace: str, name: str, spec: StreamSpec, settings: Settings, *, zookeeper_auth: bool = False
+    namespace: str,
+    name: str,
+    spec: StreamSpec,
+    settings: Settings,
+    *,
+    zookeeper_auth: bool = False,
+    replicated: bool = False,
 ) -> list[dict[str, Any]]:
-    """ConfigMap, PersistentVolumeClaim, Deployment and Service of a ZepsStream's broker. ``spec`` is
-    the typed spec (defaults come from the model, never from here). ``zookeeper_auth``: the namespace
-    has ZooKeeper credentials (its zeps-zookeeper-auth Secret): the broker registers with them, and
-    its member node gets their ACL. The PVC carries a label naming the stream (``zeps.dev/stream``):
-    with ``deletionPolicy: Retain`` it has no owner, outlives the stream, and a stream made again with
-    the same name takes it over (the handlers decide ownership)."""
+    """ConfigMap, PersistentVolumeClaim, Deployment and Service of a ZepsStream's broker — or, for a
+    replicated stream, ConfigMap, StatefulSet, Service, headless Service and PodDisruptionBudget.
+    ``spec`` is the typed spec (defaults come from the model, never from here). ``zookeeper_auth``: the
+    namespace has ZooKeeper credentials (its zeps-zookeeper-auth Secret): the broker registers with
+    them, and its member node gets their ACL. A journal's PVC carries a label naming the stream
+    (``zeps.dev/stream``): with ``deletionPolicy: Retain`` it has no owner, outlives the stream, and a
+    stream made again with the same name takes it over (the handlers decide ownership; a StatefulSet's
+    PVCs by its retention policy)."""
     labels = _labels(name)
     port = spec.port
-    service = f"{name}-broker"
+    service_name = f"{name}-broker"
     retention = spec.retention
     env = {
         "ZEPS_BROKER_STREAMS": name,
@@ -213,6 +235,9 @@ def stream_objects(
         "ZEPS_BROKER_METRICS_ADDRESS": "0.0.0.0",  # the pod's port: other pods (Prometheus) scrape it
         "ZEPS_BROKER_MAX_MESSAGE_BYTES": str(spec.max_message_bytes),
     }
+    if replicated:  # each replica names itself and says where it is (its pod's DNS name): in the pod's env
+        del env["ZEPS_BROKER_MEMBER"], env["ZEPS_BROKER_ADVERTISE"]
+        env["ZEPS_BROKER_MIN_INSYNC"] = str(spec.in_sync)
     if retention.age_seconds:
         env["ZEPS_BROKER_RETENTION_MS"] = str(retention.age_seconds * 1000)
     if retention.bytes:
@@ -248,6 +273,12 @@ def stream_objects(
         volumes.append(broker_volume(name, multicast=spec.multicast is not None))
         mounts.append({"name": "curve", "mountPath": "/etc/zeps/curve", "readOnly": True})
     pod_env: list[dict[str, Any]] = [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+    if replicated:
+        pod_env += [
+            {"name": "ZEPS_BROKER_MEMBER", "value": "$(POD_NAME)"},
+            {"name": "ZEPS_BROKER_ADVERTISE",
+             "value": f"tcp://$(POD_NAME).{replica_service(name)}.{namespace}.svc:{port}"},
+        ]  # fmt: skip
     if zookeeper_auth:  # the namespace's ZooKeeper identity, straight from its Secret (never in the ConfigMap)
         pod_env += [{"name": f"ZEPS_BROKER_ZOOKEEPER_{key.upper()}",
                      "valueFrom": {"secretKeyRef": {"name": NAMESPACE_AUTH_SECRET, "key": key}}}
@@ -286,6 +317,26 @@ def stream_objects(
     template: dict[str, Any] = {"metadata": {"labels": labels}, "spec": pod}
     if multicast is not None:
         _multicast_pod(multicast, template, container)
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": f"{name}-broker", "namespace": namespace, "labels": labels},
+        "data": env,
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": service_name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "type": spec.service_type,
+            "selector": labels,
+            "ports": [{"name": "zeps", "port": port, "targetPort": "zeps"}],
+        },
+    }
+    if replicated:
+        volumes.remove(volumes[0])  # each replica's journal comes from the StatefulSet's claim template
+        return [config_map, _statefulset(namespace, name, spec, template, pvc), service,
+                *_replica_objects(namespace, name, spec, labels)]  # fmt: skip
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -297,23 +348,53 @@ def stream_objects(
             "template": template,
         },
     }
-    return [
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": f"{name}-broker", "namespace": namespace, "labels": labels},
-            "data": env,
+    return [config_map, pvc, deployment, service]
+
+
+def _statefulset(namespace: str, name: str, spec: StreamSpec, template: dict[str, Any], pvc: dict[str, Any]
+                 ) -> dict[str, Any]:  # fmt: skip
+    """A replicated stream's brokers: one pod and one journal volume per replica, started together (the
+    election orders them, not the StatefulSet), spread across nodes. Its volumes outlive it with
+    deletionPolicy Retain (the StatefulSet's retention policy), and go with it otherwise."""
+    labels = template["metadata"]["labels"]
+    spread = {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
+              "labelSelector": {"matchLabels": labels}}  # fmt: skip
+    anti = {"weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                               "labelSelector": {"matchLabels": labels}}}  # fmt: skip
+    pod = {**template["spec"], "topologySpreadConstraints": [spread],
+           "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [anti]}}}  # fmt: skip
+    claim = {"metadata": {"name": "journal", "labels": pvc["metadata"]["labels"]}, "spec": pvc["spec"]}
+    retain = "Retain" if spec.deletion_policy == "Retain" else "Delete"
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": f"{name}-broker", "namespace": namespace, "labels": labels},
+        "spec": {
+            "replicas": spec.replicas,
+            "serviceName": replica_service(name),
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": labels},
+            "template": {**template, "spec": pod},
+            "volumeClaimTemplates": [claim],
+            "persistentVolumeClaimRetentionPolicy": {"whenDeleted": retain, "whenScaled": "Retain"},
         },
-        pvc,
-        deployment,
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": service, "namespace": namespace, "labels": labels},
-            "spec": {
-                "type": spec.service_type,
-                "selector": labels,
-                "ports": [{"name": "zeps", "port": port, "targetPort": "zeps"}],
-            },
-        },
-    ]
+    }
+
+
+def _replica_objects(namespace: str, name: str, spec: StreamSpec, labels: dict[str, str]) -> list[dict[str, Any]]:
+    """The headless Service naming each replica, and a PodDisruptionBudget keeping minInSync of them up
+    through voluntary disruptions (a node drain waits rather than stop publishes)."""
+    headless = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": replica_service(name), "namespace": namespace, "labels": labels},
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": labels,
+                 "ports": [{"name": "zeps", "port": spec.port, "targetPort": "zeps"}]},
+    }  # fmt: skip
+    budget = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": f"{name}-broker", "namespace": namespace, "labels": labels},
+        "spec": {"minAvailable": spec.in_sync, "selector": {"matchLabels": labels}},
+    }
+    return [headless, budget]

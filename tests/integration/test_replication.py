@@ -222,7 +222,11 @@ def test_leader_kills_during_a_steady_publish_lose_nothing_confirmed(replicas: R
         until(lambda e=epoch: replicas.state().epoch > e, f"kill {kill + 1}: a new leader elected", timeout=30)
         until(lambda b=before: publisher.progressed(b + 100), f"kill {kill + 1}: confirmed again", timeout=60)
         leaders.append(replicas.leader())
-        replicas.start(leader)  # it comes back as a follower and catches up
+        if kill % 2:  # its last write was torn: half a record at the end of its active segment
+            active = max((replicas.root / leader / "prices").glob("*.log"))
+            with open(active, "ab") as f:
+                f.write(b"\x00\x00\x01\x00torn")
+        replicas.start(leader)  # it comes back as a follower, cuts what the new leader never had, catches up
         until(lambda: len(replicas.state().isr) == 3, f"kill {kill + 1}: {leader} back in sync", timeout=60)
         assert publisher.error is None, publisher.error
     publisher.stop_at = publisher.confirmed + publisher.group
@@ -259,3 +263,49 @@ def test_a_killed_follower_returns_and_catches_up(replicas: Replicas) -> None:
     replicas.stop()
     for name in replicas.names:
         _check_history(replicas.journal(name), publisher.confirmed, f"replica {name}'s journal")
+
+
+def test_the_asyncio_client_follows_the_leader_too(replicas: Replicas) -> None:
+    """An asyncio publisher (idempotent) and subscriber across two leader kills: the same history."""
+    import asyncio  # noqa: PLC0415
+
+    from zeps.client import AsyncStreamClient  # noqa: PLC0415
+
+    replicas.leader()
+    until(lambda: len(replicas.state().isr) == 3, "all three replicas in sync", timeout=30)
+
+    async def run() -> tuple[int, list[tuple[int, bytes]]]:
+        locator = replicas.locator()
+        endpoint = await asyncio.to_thread(locator)
+        pub = AsyncStreamClient(endpoint, "prices", producer_id="aio", locator=locator, timeout=60)
+        sub = AsyncStreamClient(endpoint, "prices", locator=replicas.locator(), timeout=60)
+        await pub.connect()
+        await sub.connect()
+        await sub.start("", since="earliest")
+        seen: list[tuple[int, bytes]] = []
+        n = 0
+        for kill in range(2):
+            for _ in range(20):
+                for _ in range(10):
+                    n += 1
+                    await pub.publish("k", b"%d" % n)
+                await pub.flush(timeout=60)
+            leader = await asyncio.to_thread(replicas.leader)
+            await asyncio.to_thread(replicas.kill, leader)
+            for _ in range(10):  # these wait for the election, then go to the new leader
+                n += 1
+                await pub.publish("k", b"%d" % n)
+            await pub.flush(timeout=60)
+            replicas.start(leader)
+            await asyncio.to_thread(until, lambda: len(replicas.state().isr) == 3, f"kill {kill + 1}: back in sync",
+                                    60)  # fmt: skip
+        deadline = time.monotonic() + 60
+        while len(seen) < n and time.monotonic() < deadline:
+            seen += [(m.sequence, m.body) for m in await sub.receive_many(0.5)]
+        await pub.close()
+        await sub.close()
+        return n, seen
+
+    total, seen = asyncio.run(run())
+    _check_history(seen, total, "the asyncio subscriber")
+    assert len(seen) == total

@@ -92,3 +92,38 @@ def test_status_changes_carry_only_what_differs() -> None:
     assert status_changes({}, {"path": "/zeps/a/topics/b"}) == {"path": "/zeps/a/topics/b"}  # new field
     ready_false = [{"type": "Ready", "status": "False"}]
     assert status_changes(current, {**same, "conditions": ready_false}) == {"conditions": ready_false}
+
+
+def _replicated(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    typed = StreamSpec.model_validate(spec)
+    made = stream_objects("shop", "prices", typed, Settings(zookeeper="zk:2181"), replicated=True)
+    return {f"{o['kind']}/{o['metadata']['name']}": o for o in made}
+
+
+def test_a_replicated_stream_is_a_statefulset_spread_across_nodes_with_a_budget() -> None:
+    objects = _replicated({"replicas": 3, "deletionPolicy": "Retain"})
+    assert set(objects) == {"ConfigMap/prices-broker", "StatefulSet/prices-broker", "Service/prices-broker",
+                            "Service/prices-broker-pods", "PodDisruptionBudget/prices-broker"}  # fmt: skip
+    sts = objects["StatefulSet/prices-broker"]["spec"]
+    assert sts["replicas"] == 3 and sts["serviceName"] == "prices-broker-pods"
+    assert sts["podManagementPolicy"] == "Parallel"
+    assert sts["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Retain", "whenScaled": "Retain"}
+    (claim,) = sts["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == "journal" and claim["metadata"]["labels"]["zeps.dev/stream"] == "prices"
+    pod = sts["template"]["spec"]
+    assert [v["name"] for v in pod["volumes"]] == ["tmp"]  # the journal is each replica's own claim
+    assert pod["topologySpreadConstraints"][0]["topologyKey"] == "kubernetes.io/hostname"
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["ZEPS_BROKER_MEMBER"] == "$(POD_NAME)"
+    assert env["ZEPS_BROKER_ADVERTISE"] == "tcp://$(POD_NAME).prices-broker-pods.shop.svc:5555"
+    config = objects["ConfigMap/prices-broker"]["data"]
+    assert config["ZEPS_BROKER_MIN_INSYNC"] == "2" and "ZEPS_BROKER_MEMBER" not in config  # a majority of 3
+    assert objects["Service/prices-broker-pods"]["spec"]["clusterIP"] == "None"
+    assert objects["PodDisruptionBudget/prices-broker"]["spec"]["minAvailable"] == 2
+    deleted = _replicated({"replicas": 5, "minInSync": 3})["StatefulSet/prices-broker"]["spec"]
+    assert deleted["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Delete"
+
+
+def test_min_in_sync_defaults_to_a_majority() -> None:
+    assert [StreamSpec.model_validate({"replicas": n}).in_sync for n in (1, 2, 3, 4, 5)] == [1, 2, 2, 3, 3]
+    assert StreamSpec.model_validate({"replicas": 3, "minInSync": 3}).in_sync == 3

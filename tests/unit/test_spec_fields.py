@@ -22,13 +22,13 @@ from pydantic import BaseModel
 
 import zeps.handles
 from zeps.broker.certificates import make_certificate, public_key_of
-from zeps.broker.main import multicast_options, parse_args, settings
+from zeps.broker.main import multicast_options, parse_args, replication, settings
 from zeps.config import Resolved
 from zeps.errors import ConfigError
 from zeps.options import BatchOptions, QueueOptions, TopicOptions
 from zeps_operator.curve import plan_keys
 from zeps_operator.models import KINDS, StreamSpec
-from zeps_operator.plan import Settings, retains_data, stream_objects
+from zeps_operator.plan import Settings, retains_data, stream_members, stream_objects
 
 Check = Callable[[Any, pytest.MonkeyPatch, Path], None]
 
@@ -137,6 +137,34 @@ def _stream(path: str, value: Any, effect: Callable[..., Any]) -> Check:
 _MULTICAST = {"transport": "epgm", "group": "239.192.0.1", "port": 5601}
 
 
+def _replicas(_value: Any, mp: pytest.MonkeyPatch, tmp: Path) -> None:
+    """spec.replicas: the StatefulSet's pods, the group's manifest, and each replica's broker flags."""
+    spec = StreamSpec.model_validate({"replicas": 4})
+    objects = stream_objects("ns", "prices", spec, Settings(zookeeper="zk:2181"), replicated=True)
+    sts = next(o for o in objects if o["kind"] == "StatefulSet")
+    assert sts["spec"]["replicas"] == 4
+    assert stream_members("prices", spec, replicated=True) == [f"prices-broker-{i}" for i in range(4)]
+    config = next(o for o in objects if o["kind"] == "ConfigMap")["data"]
+    for key, value in config.items():
+        mp.setenv(key, value)
+    mp.setenv("ZEPS_BROKER_DATA_DIR", str(tmp))
+    mp.setenv("ZEPS_BROKER_MEMBER", "prices-broker-0")  # the pod's env gives it its pod name
+    replica = replication(parse_args([]))
+    assert replica is not None and replica.min_insync == 3  # a majority of 4
+
+
+def _min_in_sync(_value: Any, mp: pytest.MonkeyPatch, tmp: Path) -> None:
+    spec = StreamSpec.model_validate({"replicas": 3, "minInSync": 3})
+    objects = stream_objects("ns", "prices", spec, Settings(zookeeper="zk:2181"), replicated=True)
+    for key, value in next(o for o in objects if o["kind"] == "ConfigMap")["data"].items():
+        mp.setenv(key, value)
+    mp.setenv("ZEPS_BROKER_DATA_DIR", str(tmp))
+    mp.setenv("ZEPS_BROKER_MEMBER", "prices-broker-0")
+    replica = replication(parse_args([]))
+    assert replica is not None and replica.min_insync == 3
+    assert next(o for o in objects if o["kind"] == "PodDisruptionBudget")["spec"]["minAvailable"] == 3
+
+
 def _pod(by_kind: dict[str, Any]) -> dict[str, Any]:
     return by_kind["Deployment"]["spec"]["template"]  # type: ignore[no-any-return]
 
@@ -182,6 +210,8 @@ STREAM_CHECKS: dict[str, Check] = {
         "retention.bytes", 5 << 20, lambda config, **_: config.journal.retention_bytes == 5 << 20
     ),
     "fsync": _stream("fsync", "always", lambda config, **_: config.journal.fsync == "always"),
+    "replicas": _replicas,
+    "minInSync": _min_in_sync,
     "matching": _stream("matching", "prefix", lambda config, **_: config.matching == "prefix"),
     "producers.ttlSeconds": _stream(
         "producers.ttlSeconds", 600, lambda config, **_: config.journal.producer_ttl_ms == 600_000

@@ -865,6 +865,8 @@ class BrokerCore:
             return []
         now = time.monotonic() if now is None else now
         for stream in self.streams.values():
+            if stream.following:
+                continue  # a replicated stream's multicast output is its leader's
             if stream.multicast_pending:
                 if stream.multicast_since is None:
                     stream.multicast_since = now

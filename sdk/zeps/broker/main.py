@@ -104,7 +104,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--under-replicated", choices=["refuse", "wait"], default=_env("UNDER_REPLICATED", "refuse"),
                    help="with fewer in-sync replicas than --min-insync: refuse publishes (NOT_ENOUGH_REPLICAS) or "
                    "hold their confirmations until enough are back [ZEPS_BROKER_UNDER_REPLICATED]")  # fmt: skip
-    p.add_argument("--zookeeper-session-timeout", type=float, default=float(_env("ZOOKEEPER_SESSION_TIMEOUT") or 6),
+    p.add_argument("--zookeeper-session-timeout", type=float, default=float(_env("ZOOKEEPER_SESSION_TIMEOUT") or 4),
                    help="seconds; a replicated stream's dead leader is replaced after about this long "
                    "[ZEPS_BROKER_ZOOKEEPER_SESSION_TIMEOUT]")  # fmt: skip
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))

@@ -159,7 +159,7 @@ class Replication:
     lag_s: float = 10.0  #: a follower that has not caught up for this long leaves the in-sync set
     heartbeat_s: float = 0.5  #: a follower hears from the leader at least this often
     leader_silence_s: float = 3.0  #: a follower that heard nothing this long connects again
-    session_timeout_s: float = 6.0  #: the broker's ZooKeeper session: how soon a dead leader is replaced
+    session_timeout_s: float = 4.0  #: the broker's ZooKeeper session: how soon a dead leader is replaced
 
 
 class BrokerServer:

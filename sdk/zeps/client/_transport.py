@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 import zmq.auth
@@ -16,19 +16,43 @@ from zeps.errors import ConfigError, UnavailableError
 
 __all__ = [
     "GROUP",
+    "LOCATE_EVERY",
     "MONITORED",
     "BrokerUnavailableError",
+    "Locator",
     "batched",
     "check_endpoint",
     "close_dealer",
     "configure_curve",
     "configure_dealer",
     "curve_keys",
+    "locator_of",
     "multicast_key",
     "refused_handshake",
 ]
 
 GROUP = 4096  #: messages handed to the session at once by publish_many (back-pressure is checked per group)
+LOCATE_EVERY = 0.2  #: seconds between two questions to a client's locator, at least
+
+
+class Locator(Protocol):
+    """Where a stream's broker is now (:class:`zeps.client.discovery.LeaderLocator`): asked at each
+    reconnection, so a client follows a replicated stream's leader."""
+
+    def __call__(self) -> str: ...
+
+    def close(self) -> None: ...
+
+
+def locator_of(settings: Resolved) -> Locator | None:
+    """A locator for a resolved stream whose ZooKeeper is known: the first connection goes to the
+    endpoint resolved (the operator's word), each later one to wherever the stream's leader is then."""
+    if not settings.zookeeper:
+        return None
+    from zeps.client.discovery import LeaderLocator  # noqa: PLC0415
+
+    return LeaderLocator(settings.zookeeper, settings.namespace, settings.name, chroot=settings.chroot,
+                         auth=settings.auth)  # fmt: skip
 
 
 def batched(items: Iterable[tuple[str, bytes]], size: int) -> Iterator[list[tuple[str, bytes]]]:

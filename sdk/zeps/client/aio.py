@@ -27,14 +27,17 @@ from zmq.utils.monitor import parse_monitor_message
 
 from zeps.client._transport import (
     GROUP,
+    LOCATE_EVERY,
     MONITORED,
     BrokerUnavailableError,
+    Locator,
     batched,
     check_endpoint,
     close_dealer,
     configure_curve,
     configure_dealer,
     curve_keys,
+    locator_of,
     refused_handshake,
 )
 from zeps.client.multicast import Group, GroupSubscription
@@ -67,8 +70,12 @@ class AsyncStreamClient:
         idempotent: bool = True,
         generation: int = 0,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        locator: Locator | None = None,
     ) -> None:
         self.endpoint = check_endpoint(endpoint)
+        #: where the broker is now, asked at each reconnection (a replicated stream's leader moves)
+        self.locator = locator
+        self._located = 0.0
         self.session = ClientSession(stream, credit_window=credit_window, producer=producer_id, idempotent=idempotent,
                                      generation=generation, max_message_bytes=max_message_bytes)  # fmt: skip
         self.heartbeat, self.ttl, self.timeout = heartbeat, ttl, timeout
@@ -88,6 +95,7 @@ class AsyncStreamClient:
     def of(cls, settings: Resolved, **options: Any) -> AsyncStreamClient:
         """A client of a resolved stream (see :meth:`StreamClient.of`). Not connected yet."""
         server_key, client_keys = curve_keys(settings)
+        options.setdefault("locator", locator_of(settings))
         return cls(settings.endpoint, settings.name, server_public_key=server_key, client_keys=client_keys,
                    max_message_bytes=settings.max_message_bytes, **options)  # fmt: skip
 
@@ -125,9 +133,26 @@ class AsyncStreamClient:
     async def _reconnect(self) -> None:
         """Start over on a fresh socket; ATTACH-OK resumes the subscriptions and resends what is unconfirmed."""
         self.reconnects += 1
+        await self._locate()
         self.session.disconnected()
         self._close_socket()
         self._open_socket()
+
+    async def _locate(self) -> bool:
+        """Ask the locator where the broker is (at most every 0.2 s, in a thread: it may ask
+        ZooKeeper); True if it moved."""
+        if self.locator is None:
+            return False
+        wait = self._located + LOCATE_EVERY - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)  # a replica refused us (NOT_LEADER) or an election is on: do not spin
+        self._located = time.monotonic()
+        try:
+            endpoint = check_endpoint(await asyncio.to_thread(self.locator))
+        except BrokerUnavailableError:
+            return False
+        moved, self.endpoint = endpoint != self.endpoint, endpoint
+        return moved
 
     async def _disconnected(self) -> bool:
         """True if the monitor reported the connection lost (while attached): then reconnect at once."""
@@ -185,6 +210,9 @@ class AsyncStreamClient:
             return  # a refused attach: nothing to keep alive; the application's waits raise it
         if self.session.forgotten or (self.session.attached and silent > self.ttl):
             await self._reconnect()
+        elif not self.session.attached and self.locator is not None and now - self._located > 2 * LOCATE_EVERY:
+            if await self._locate():  # the broker we wait for is gone: its successor is elsewhere
+                await self._reconnect()
         elif self.session.attached and silent > self.heartbeat and now - self._last_ping > self.heartbeat:
             self._last_ping = now
             await self._send([self.session.ping()])
@@ -230,6 +258,8 @@ class AsyncStreamClient:
         self._close_socket()
         for watched in list(self._watched):
             await watched.close()
+        if self.locator is not None:
+            self.locator.close()
         self._ctx.term()
         if unconfirmed is not None:
             raise unconfirmed

@@ -19,7 +19,7 @@ import contextlib
 import time
 from collections.abc import Iterable, Iterator
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 import zmq
 import zmq.auth
@@ -27,14 +27,17 @@ from zmq.utils.monitor import recv_monitor_message
 
 from zeps.client._transport import (
     GROUP,
+    LOCATE_EVERY,
     MONITORED,
     BrokerUnavailableError,
+    Locator,
     batched,
     check_endpoint,
     close_dealer,
     configure_curve,
     configure_dealer,
     curve_keys,
+    locator_of,
     refused_handshake,
 )
 from zeps.client.multicast import Group, GroupSubscription
@@ -45,18 +48,7 @@ from zeps.options import MulticastOptions
 from zeps.protocol import LATEST, Fetch
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES
 
-__all__ = ["Locator", "MulticastSubscription", "StreamClient"]
-
-
-_LOCATE_EVERY = 0.2  # seconds between two questions to the locator, at least
-
-
-class Locator(Protocol):
-    """Where a stream's broker is now (:class:`zeps.client.discovery.LeaderLocator`)."""
-
-    def __call__(self) -> str: ...
-
-    def close(self) -> None: ...
+__all__ = ["MulticastSubscription", "StreamClient"]
 
 
 class StreamClient:
@@ -105,6 +97,7 @@ class StreamClient:
         the Spark source use): its endpoint, CURVE keys (:func:`curve_keys`) and message limit; ``options``
         as for the constructor. Not connected yet."""
         server_key, client_keys = curve_keys(settings)
+        options.setdefault("locator", locator_of(settings))
         return cls(settings.endpoint, settings.name, server_public_key=server_key, client_keys=client_keys,
                    max_message_bytes=settings.max_message_bytes, **options)  # fmt: skip
 
@@ -170,7 +163,7 @@ class StreamClient:
         """Ask the locator where the broker is (at most every 0.2 s); True if it moved."""
         if self.locator is None:
             return False
-        wait = self._located + _LOCATE_EVERY - time.monotonic()
+        wait = self._located + LOCATE_EVERY - time.monotonic()
         if wait > 0:
             time.sleep(wait)  # a replica refused us (NOT_LEADER) or an election is on: do not spin
         self._located = time.monotonic()
@@ -282,7 +275,7 @@ class StreamClient:
             raise BrokerUnavailableError(f"broker at {self.endpoint} refused: {self.session.refused}")
         if self.session.attached and silent > self.ttl:
             self._reconnect()
-        elif not self.session.attached and self.locator is not None and now - self._located > 2 * _LOCATE_EVERY:
+        elif not self.session.attached and self.locator is not None and now - self._located > 2 * LOCATE_EVERY:
             if self._locate():  # the broker we wait for is gone: its successor is elsewhere
                 self._reconnect()
         elif self.session.attached and silent > self.heartbeat and now - self._last_ping > self.heartbeat:

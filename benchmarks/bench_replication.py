@@ -1,0 +1,461 @@
+"""``make bench-replication``: replicated ZepsStreams, side by side with NATS JetStream R3, one run.
+
+* **Failover**: three replicas (zeps: three ``zeps-broker --min-insync 2`` processes and a real
+  ZooKeeper; JetStream: a three-server ``nats-server -js`` cluster with an R3 file stream). A
+  publisher confirms every message before the next (zeps: ``publish`` + ``flush``; JetStream:
+  ``js.publish``, which waits for the ack) and a subscriber reads; the leader is killed (SIGKILL)
+  ``KILLS`` times and started again. Per kill: seconds from the kill to the first publish the new
+  leader confirms, and to the subscriber's first delivery after it. At the end every confirmed
+  message is looked for in the stream: the number missing is printed as measured.
+* **Throughput**: ``publish_many`` + ``flush`` through replicas 3 / minInSync 2 against one broker
+  without replication, same machine, alternating rounds (ratio of medians).
+* **Catch-up**: a follower rebuilt from an empty volume copies the journal (MB/s), while the publisher
+  goes on (its rate meanwhile against before).
+
+Same ZooKeeper for both zeps set-ups (tickTime 500); the brokers' session timeout is their default
+(``--zookeeper-session-timeout`` 4 s): a killed leader is replaced once its session expires, which
+bounds zeps's failover from below. JetStream's election is its own Raft (defaults). The last line
+is one JSON object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zeps.client import StreamClient
+from zeps.client.discovery import LeaderLocator
+from zeps.coordination import connect
+from zeps.coordination.replication import read_replication_state
+from zeps.paths import StreamPaths
+from zeps_dev import ZooKeeperServer
+from zeps_dev.process import free_port, wait_until
+
+KILLS = int(os.environ.get("ZEPS_BENCH_KILLS", "20"))
+THROUGHPUT_COUNT = int(os.environ.get("ZEPS_BENCH_COUNT", "200000"))
+ROUNDS = 3
+CATCHUP_MB = int(os.environ.get("ZEPS_BENCH_CATCHUP_MB", "200"))
+BODY = b"x" * 100
+CHROOT = "/bench"
+
+
+# -- zeps ---------------------------------------------------------------------------------------
+class ZepsReplicas:
+    def __init__(self, zk: ZooKeeperServer, tmp: Path, *, replicas: int = 3, min_insync: int = 2) -> None:
+        self.zk_server, self.tmp, self.min_insync = zk, tmp, min_insync
+        self.names = [f"r{i}" for i in range(replicas)]
+        self.ports = {n: free_port() for n in self.names}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.stream = f"s{free_port()}"  # a fresh stream (ZooKeeper paths) per set-up
+        self.zk = connect(zk.connect_string)
+        self.paths = StreamPaths.of("bench", self.stream, chroot=CHROOT)
+        for name in self.names:
+            self.start(name)
+        wait_until(lambda: self.isr() == len(self.names), timeout=60, what="all replicas in sync")
+
+    def start(self, name: str) -> None:
+        argv = [sys.executable, "-m", "zeps.broker.main", "--stream", self.stream, "--data-dir", str(self.tmp / name),
+                "--bind", f"tcp://127.0.0.1:{self.ports[name]}", "--zookeeper", self.zk_server.connect_string,
+                "--chroot", CHROOT, "--namespace", "bench", "--member", name, "--min-insync", str(self.min_insync),
+                "--replica-lag", "4", "--log-level", "WARNING"]  # fmt: skip
+        self.procs[name] = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def state(self) -> Any:
+        return read_replication_state(self.zk, self.paths)
+
+    def isr(self) -> int:
+        state = self.state()
+        return len(state.isr) if state is not None else 0
+
+    def locator(self) -> LeaderLocator:
+        return LeaderLocator(self.zk_server.connect_string, "bench", self.stream, chroot=CHROOT)
+
+    def client(self, **options: Any) -> StreamClient:
+        locator = self.locator()
+        wait_until(lambda: bool(locator()), timeout=30, what="a leader")
+        return StreamClient(locator(), self.stream, locator=locator, timeout=60, **options)
+
+    def kill(self, name: str) -> None:
+        self.procs[name].send_signal(signal.SIGKILL)
+        self.procs[name].wait(10)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.zk.stop()
+        self.zk.close()
+
+
+@dataclass
+class History:
+    """What a failover run saw: each confirmed message and when, each delivery and when."""
+
+    confirmed: list[int] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    received: list[tuple[int, float]] = field(default_factory=list)
+    errors: list[BaseException] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def confirm(self, n: int) -> None:
+        self.confirmed.append(n)
+        self.times.append(time.monotonic())
+
+
+def measure_kills(
+    history: History,
+    leader: Callable[[], str],
+    kill: Callable[[str], None],
+    restart: Callable[[str], None],
+    settled: Callable[[], bool],
+) -> tuple[list[float], list[float]]:
+    """Kill the leader KILLS times: seconds from each kill to the first confirmation after it, and to
+    the first delivery of a message published after it."""
+    to_confirm, to_deliver = [], []
+    wait_until(lambda: len(history.confirmed) > 50, timeout=60, what="confirmations")
+    for _ in range(KILLS):
+        wait_until(settled, timeout=120, what="every replica back in sync")
+        time.sleep(0.3)
+        victim = leader()
+        mark = len(history.confirmed)
+        killed = time.monotonic()
+        kill(victim)
+        wait_until(lambda k=killed, m=mark: any(t > k for t in history.times[m:]) or bool(history.errors),
+                   timeout=120, what="a confirmation after the kill")  # fmt: skip
+        if history.errors:
+            raise RuntimeError(f"the clients failed: {history.errors[0]!r}")
+        to_confirm.append(next(t for t in history.times[mark:] if t > killed) - killed)
+        last_before = history.confirmed[mark - 1]
+        wait_until(lambda lb=last_before: any(n > lb + 1 for n, _ in history.received[-500:]), timeout=120,
+                   what="a delivery after the kill")  # fmt: skip
+        to_deliver.append(next(t for n, t in history.received if n > last_before + 1) - killed)
+        restart(victim)
+    return to_confirm, to_deliver
+
+
+def zeps_failover(zk: ZooKeeperServer, tmp: Path) -> dict[str, Any]:
+    replicas = ZepsReplicas(zk, tmp)
+    history = History()
+
+    def publish() -> None:
+        try:
+            with replicas.client(producer_id="failover") as c:
+                n = 0
+                while not history.stop.is_set():
+                    n += 1
+                    c.publish("k", b"%d" % n)
+                    c.flush(timeout=60)
+                    history.confirm(n)
+        except BaseException as exc:  # reported by measure_kills
+            history.errors.append(exc)
+
+    def subscribe() -> None:
+        try:
+            with replicas.client() as c:
+                c.start("", since="earliest")
+                while not history.stop.is_set():
+                    now = time.monotonic()
+                    history.received.extend((int(m.body), now) for m in c.receive_many(0.05))
+        except BaseException as exc:
+            history.errors.append(exc)
+
+    threads = [threading.Thread(target=publish, daemon=True), threading.Thread(target=subscribe, daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        to_confirm, to_deliver = measure_kills(history, lambda: str(replicas.state().leader), replicas.kill,
+                                               replicas.start, lambda: replicas.isr() == 3)  # fmt: skip
+        history.stop.set()
+        for t in threads:
+            t.join(30)
+        with replicas.client() as c:
+            held = {int(m.body) for m in c.fetch("", first=1).messages}
+    finally:
+        history.stop.set()
+        replicas.stop()
+    return {"to_confirm": to_confirm, "to_deliver": to_deliver, "confirmed": len(history.confirmed),
+            "missing": len(set(history.confirmed) - held)}  # fmt: skip
+
+
+def zeps_throughput(zk: ZooKeeperServer, tmp: Path) -> dict[str, float]:
+    """Rates (msgs/s) of publish_many + flush, replicas 3 / minInSync 2 and a lone broker, alternating."""
+    rates: dict[str, list[float]] = {"replicated": [], "single": []}
+    for round_ in range(ROUNDS):
+        for kind in ("replicated", "single"):
+            where = tmp / f"tp-{kind}-{round_}"
+            if kind == "replicated":
+                system = ZepsReplicas(zk, where)
+                client = system.client(producer_id=f"tp{round_}")
+            else:
+                system = None
+                port = free_port()
+                lone = subprocess.Popen([sys.executable, "-m", "zeps.broker.main", "--stream", "tp", "--data-dir",
+                                         str(where), "--bind", f"tcp://127.0.0.1:{port}"],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                client = StreamClient(f"tcp://127.0.0.1:{port}", "tp", producer_id=f"tp{round_}", timeout=60)
+            try:
+                with client:
+                    burst = [("k", BODY)] * 1000
+                    start = time.perf_counter()
+                    for _ in range(THROUGHPUT_COUNT // len(burst)):
+                        client.publish_many(burst)
+                    client.flush(timeout=120)
+                    rates[kind].append(THROUGHPUT_COUNT / (time.perf_counter() - start))
+            finally:
+                if system is not None:
+                    system.stop()
+                else:
+                    lone.terminate()
+                    lone.wait(30)
+    return {k: statistics.median(v) for k, v in rates.items()}
+
+
+def zeps_catchup(zk: ZooKeeperServer, tmp: Path) -> dict[str, float]:
+    """A follower's volume emptied: how fast it copies the journal, and the publisher's rate meanwhile."""
+    replicas = ZepsReplicas(zk, tmp)
+    try:
+        with replicas.client(producer_id="catchup") as c:
+            burst = [("k", b"y" * 1000)] * 1000
+            for _ in range(CATCHUP_MB):
+                c.publish_many(burst)
+            c.flush(timeout=300)
+            leader = replicas.state().leader
+            follower = next(n for n in replicas.names if n != leader)
+            replicas.kill(follower)
+            shutil.rmtree(tmp / follower)
+            wait_until(lambda: follower not in replicas.state().isr, timeout=30, what="the follower out of sync")
+
+            def rate(seconds: float) -> float:
+                count, start = 0, time.perf_counter()
+                while time.perf_counter() - start < seconds:
+                    c.publish_many([("k", BODY)] * 1000)
+                    c.flush(timeout=60)
+                    count += 1000
+                return count / (time.perf_counter() - start)
+
+            before = rate(3)
+            start = time.perf_counter()
+            replicas.start(follower)
+            during = rate(2)
+            wait_until(lambda: follower in replicas.state().isr, timeout=600, what="the rebuilt follower in sync")
+            seconds = time.perf_counter() - start
+        size = sum(p.stat().st_size for p in (tmp / follower).rglob("*.log"))
+        return {"mb_per_s": size / seconds / 1e6, "journal_mb": size / 1e6, "seconds": seconds,
+                "publish_during_vs_before": during / before}  # fmt: skip
+    finally:
+        replicas.stop()
+
+
+# -- JetStream R3 -------------------------------------------------------------------------------
+class JetStreamCluster:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.ports = [free_port() for _ in range(3)]
+        self.cluster_ports = [free_port() for _ in range(3)]
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        for i in range(3):
+            self.start(i)
+        self.urls = [f"nats://127.0.0.1:{p}" for p in self.ports]
+        asyncio.run(self._create())
+
+    def start(self, i: int) -> None:
+        routes = ",".join(f"nats-route://127.0.0.1:{p}" for j, p in enumerate(self.cluster_ports) if j != i)
+        argv = ["nats-server", "-a", "127.0.0.1", "-p", str(self.ports[i]), "-js", "-sd", str(self.tmp / f"n{i}"),
+                "-n", f"n{i}", "--cluster_name", "bench", "--cluster", f"nats://127.0.0.1:{self.cluster_ports[i]}",
+                "--routes", routes]  # fmt: skip
+        self.procs[i] = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    async def _create(self) -> None:
+        import nats  # noqa: PLC0415
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                nc = await nats.connect(servers=self.urls, connect_timeout=2)
+                js = nc.jetstream()
+                await js.add_stream(name="failover", subjects=["failover.>"], storage="file", num_replicas=3)
+                await nc.close()
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+
+    async def leader(self) -> str:
+        import nats  # noqa: PLC0415
+
+        nc = await nats.connect(servers=self.urls, connect_timeout=2)
+        try:
+            info = await nc.jetstream().stream_info("failover")
+            return str(info.cluster.leader).removeprefix("n")
+        finally:
+            await nc.close()
+
+    async def current(self) -> int:
+        """Replicas of the stream that are current (the leader and its caught-up followers)."""
+        import nats  # noqa: PLC0415
+
+        try:
+            nc = await nats.connect(servers=self.urls, connect_timeout=2)
+        except Exception:
+            return 0
+        try:
+            info = await nc.jetstream().stream_info("failover")
+            return 1 + sum(1 for r in info.cluster.replicas or [] if r.current)
+        except Exception:
+            return 0
+        finally:
+            await nc.close()
+
+    async def held(self) -> set[int]:
+        """Every message the stream holds."""
+        import nats  # noqa: PLC0415
+
+        nc = await nats.connect(servers=self.urls, connect_timeout=2)
+        held: set[int] = set()
+        try:
+            sub = await nc.jetstream().pull_subscribe("failover.>", durable="audit")
+            while True:
+                try:
+                    batch = await sub.fetch(1000, timeout=2)
+                except Exception:
+                    break
+                held.update(int(m.data) for m in batch)
+        finally:
+            await nc.close()
+        return held
+
+    def kill(self, i: int) -> None:
+        self.procs[i].send_signal(signal.SIGKILL)
+        self.procs[i].wait(10)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def jetstream_failover(tmp: Path) -> dict[str, Any]:
+    cluster = JetStreamCluster(tmp)
+    history = History()
+    clients = threading.Thread(target=lambda: asyncio.run(_jetstream_clients(cluster, history)), daemon=True)
+    clients.start()
+    try:
+        to_confirm, to_deliver = measure_kills(
+            history, lambda: asyncio.run(cluster.leader()), lambda i: cluster.kill(int(i)),
+            lambda i: cluster.start(int(i)), lambda: asyncio.run(cluster.current()) == 3,
+        )  # fmt: skip
+        history.stop.set()
+        clients.join(30)
+        held = asyncio.run(cluster.held())
+    finally:
+        history.stop.set()
+        cluster.stop()
+    return {"to_confirm": to_confirm, "to_deliver": to_deliver, "confirmed": len(history.confirmed),
+            "missing": len(set(history.confirmed) - held)}  # fmt: skip
+
+
+async def _jetstream_clients(cluster: JetStreamCluster, history: History) -> None:
+    """A publisher waiting for each ack, and a pull subscriber, until ``history.stop``."""
+    import nats  # noqa: PLC0415
+
+    nc = await nats.connect(servers=cluster.urls, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
+    js = nc.jetstream(timeout=5)
+
+    async def publish() -> None:
+        n = 0
+        while not history.stop.is_set():
+            n += 1
+            while not history.stop.is_set():
+                try:
+                    await js.publish("failover.k", b"%d" % n)
+                    break
+                except Exception:  # no leader yet, a timeout: the same message again
+                    await asyncio.sleep(0.05)
+            history.confirm(n)
+
+    async def subscribe() -> None:
+        sub = await js.pull_subscribe("failover.>", durable="bench")
+        while not history.stop.is_set():
+            try:
+                for m in await sub.fetch(100, timeout=0.2):
+                    history.received.append((int(m.data), time.monotonic()))
+                    await m.ack()
+            except Exception:
+                await asyncio.sleep(0.05)
+
+    try:
+        await asyncio.gather(publish(), subscribe())
+    except BaseException as exc:
+        history.errors.append(exc)
+    finally:
+        await nc.close()
+
+
+def _quantiles(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return {"p50": round(statistics.median(ordered), 2), "p99": round(p99, 2), "max": round(ordered[-1], 2)}
+
+
+def main() -> None:
+    if shutil.which("nats-server") is None:
+        raise SystemExit("nats-server is missing: run `tools/setup.sh bench` (apt-get install nats-server)")
+    out: dict[str, Any] = {"scenario": "replication", "kills": KILLS, "cores": os.cpu_count()}
+    with tempfile.TemporaryDirectory(prefix="zeps-bench-replication-") as name:
+        tmp = Path(name)
+        zk = ZooKeeperServer(tmp / "zk")
+        zk.start()
+        try:
+            zeps = zeps_failover(zk, tmp / "failover")
+            print(json.dumps({"system": "zeps", **{k: _quantiles(v) if isinstance(v, list) else v
+                                                   for k, v in zeps.items()}}), flush=True)  # fmt: skip
+            js = jetstream_failover(tmp / "jetstream")
+            print(json.dumps({"system": "jetstream", **{k: _quantiles(v) if isinstance(v, list) else v
+                                                        for k, v in js.items()}}), flush=True)  # fmt: skip
+            throughput = zeps_throughput(zk, tmp / "throughput")
+            catchup = zeps_catchup(zk, tmp / "catchup")
+        finally:
+            zk.stop()
+    for system, result in (("zeps", zeps), ("jetstream", js)):
+        q_confirm, q_deliver = _quantiles(result["to_confirm"]), _quantiles(result["to_deliver"])
+        out[f"{system}_failover_confirm_p50_s"] = q_confirm["p50"]
+        out[f"{system}_failover_confirm_p99_s"] = q_confirm["p99"]
+        out[f"{system}_failover_deliver_p50_s"] = q_deliver["p50"]
+        out[f"{system}_failover_deliver_p99_s"] = q_deliver["p99"]
+        out[f"{system}_confirmed"] = result["confirmed"]
+        out[f"{system}_confirmed_lost"] = result["missing"]
+    out["replicated_per_s"] = round(throughput["replicated"], 1)
+    out["single_per_s"] = round(throughput["single"], 1)
+    out["replicated_vs_single"] = round(throughput["replicated"] / throughput["single"], 3)
+    out["catchup_mb_per_s"] = round(catchup["mb_per_s"], 1)
+    out["catchup_journal_mb"] = round(catchup["journal_mb"], 1)
+    out["publish_during_catchup_vs_before"] = round(catchup["publish_during_vs_before"], 3)
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
