@@ -111,7 +111,7 @@ setup_bench() {
   command -v apt-get >/dev/null 2>&1 || fail "nats-server is missing and apt-get is not available; install nats-server 2.9+"
   say "bench: installing Debian's nats-server"
   local before
-  before=" $(pgrep -x nats-server | tr '\n' ' ') "  # servers running already are not ours: never stopped
+  before=" $( (pgrep -x nats-server || true) | tr '\n' ' ') "  # servers running already are not ours: never stopped
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nats-server; } >/tmp/zeps-apt.log 2>&1 \
     || fail "apt-get install nats-server failed (see /tmp/zeps-apt.log); as root: apt-get install nats-server"
   local pid  # the package may start a service of its own: that one (started by this install) is stopped
