@@ -145,7 +145,7 @@ class FollowerCopy:
     """A follower's side of one peering with the leader: attach (version 8), cut what the leader never
     had (by epochs), then fetch and write. Frames in, frames out; the journal is written here."""
 
-    def __init__(self, journal: Journal, stream: str, replica: str, epoch: int, *, most: int = 1 << 20) -> None:
+    def __init__(self, journal: Journal, stream: str, replica: str, epoch: int, *, most: int = 4 << 20) -> None:
         self.journal, self.stream, self.replica, self.epoch, self.most = journal, stream, replica, epoch, most
         self.conn = Connection("client")
         self.commit = 0  #: the leader's commit point, as it last said

@@ -867,8 +867,11 @@ class Journal:
         while True:
             with open(seg.path, "rb") as f:
                 data = os.pread(f.fileno(), limit - offset, offset)
-            _, _, good = _walk_segment(data, last + 1)
-            if good or limit == durable:
+            if limit == durable:  # the durable end is where an append ended: whole entries, whole groups
+                good = len(data)
+                break
+            _, _, good = _walk_segment(data, last + 1)  # where the last whole entry (and group) ends
+            if good:
                 break
             limit = durable  # one group larger than max_bytes: send it whole (a quarter segment at most)
         data = data[:good]
@@ -922,16 +925,17 @@ class Journal:
             self._rollback(save, exc)
             raise JournalWriteError(self.name, exc) from None
         index: list[tuple[int, int, int]] = []
-        since, pieces, offsets, total = self._since_index, list[bytes](), array("I", [0]), 0
-        for start in starts:
-            length, _, sequence, timestamp, _ = RECORD.unpack_from(data, start)
-            if since >= self.config.index_interval_bytes or (not seg.index and not index):
+        since, interval, previous = self._since_index, self.config.index_interval_bytes, 0
+        for start in starts:  # the sparse index: a record every interval bytes (marks between them count too)
+            since += start - previous
+            previous = start
+            if since >= interval or (not seg.index and not index):
+                _, _, sequence, timestamp, _ = RECORD.unpack_from(data, start)
                 index.append((sequence, timestamp, offset + start))
                 since = 0
+        if starts:
+            length, _, sequence, timestamp, _ = RECORD.unpack_from(data, starts[-1])
             since += 4 + length
-            pieces.append(data[start : start + 4 + length])
-            total += 4 + length
-            offsets.append(total)
             self._next, self._last_ts = sequence + 1, timestamp
         for start, end, kind, producers in marks:
             self.producers.apply(kind, producers)
@@ -943,8 +947,7 @@ class Journal:
         self._index(seg, index, self._next - 1, self._last_ts, offset + len(data))
         seg.size = offset + len(data)  # trailing marks count too
         self._since_index = since
-        if starts:
-            self._cache_add(Chunk(self._next - len(starts), b"".join(pieces), offsets))
+        # no tail cache: a follower serves no reader (elected, it reads what it needs from disk)
         if self._unsynced_since is None:
             self._unsynced_since = time.monotonic()
         if self.config.fsync == "always":
