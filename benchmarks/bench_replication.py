@@ -111,13 +111,19 @@ class History:
 
     confirmed: list[int] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
+    sent: list[float] = field(default_factory=list)  # when each confirmed message was published
     received: list[tuple[int, float]] = field(default_factory=list)
     errors: list[BaseException] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
-    def confirm(self, n: int) -> None:
+    def confirm(self, n: int, sent: float) -> None:
         self.confirmed.append(n)
         self.times.append(time.monotonic())
+        self.sent.append(sent)
+
+    def first_after(self, mark: int, killed: float) -> float | None:
+        """When the first message published after ``killed`` was confirmed (None: not yet)."""
+        return next((t for t, s in zip(self.times[mark:], self.sent[mark:], strict=False) if s > killed), None)
 
 
 def measure_kills(
@@ -138,11 +144,11 @@ def measure_kills(
         mark = len(history.confirmed)
         killed = time.monotonic()
         kill(victim)
-        wait_until(lambda k=killed, m=mark: any(t > k for t in history.times[m:]) or bool(history.errors),
-                   timeout=120, what="a confirmation after the kill")  # fmt: skip
+        wait_until(lambda k=killed, m=mark: history.first_after(m, k) is not None or bool(history.errors),
+                   timeout=120, what="a confirmation of a publish made after the kill")  # fmt: skip
         if history.errors:
             raise RuntimeError(f"the clients failed: {history.errors[0]!r}")
-        to_confirm.append(next(t for t in history.times[mark:] if t > killed) - killed)
+        to_confirm.append(history.first_after(mark, killed) - killed)  # type: ignore[operator]
         last_before = history.confirmed[mark - 1]
         wait_until(lambda lb=last_before: any(n > lb + 1 for n, _ in history.received[-500:]), timeout=120,
                    what="a delivery after the kill")  # fmt: skip
@@ -161,9 +167,10 @@ def zeps_failover(zk: ZooKeeperServer, tmp: Path) -> dict[str, Any]:
                 n = 0
                 while not history.stop.is_set():
                     n += 1
+                    sent = time.monotonic()
                     c.publish("k", b"%d" % n)
                     c.flush(timeout=60)
-                    history.confirm(n)
+                    history.confirm(n, sent)
         except BaseException as exc:  # reported by measure_kills
             history.errors.append(exc)
 
@@ -332,7 +339,10 @@ class JetStreamCluster:
         nc = await nats.connect(servers=self.urls, connect_timeout=2)
         held: set[int] = set()
         try:
-            sub = await nc.jetstream().pull_subscribe("failover.>", durable="audit")
+            from nats.js.api import AckPolicy, ConsumerConfig  # noqa: PLC0415
+
+            sub = await nc.jetstream().pull_subscribe("failover.>", durable="audit",
+                                                      config=ConsumerConfig(ack_policy=AckPolicy.NONE))  # fmt: skip
             while True:
                 try:
                     batch = await sub.fetch(1000, timeout=2)
@@ -390,12 +400,13 @@ async def _jetstream_clients(cluster: JetStreamCluster, history: History) -> Non
         while not history.stop.is_set():
             n += 1
             while not history.stop.is_set():
+                sent = time.monotonic()
                 try:
                     await js.publish("failover.k", b"%d" % n)
                     break
                 except Exception:  # no leader yet, a timeout: the same message again
                     await asyncio.sleep(0.05)
-            history.confirm(n)
+            history.confirm(n, sent)
 
     async def subscribe() -> None:
         sub = await js.pull_subscribe("failover.>", durable="bench")

@@ -3,19 +3,28 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 import socket
+import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient
 
+from zeps.client import StreamClient
+from zeps.client.discovery import LeaderLocator
 from zeps.coordination import connect
+from zeps.coordination.replication import read_replication_state
 from zeps.coordination.testing import count_znodes, expire_session
+from zeps.errors import ZepsError
+from zeps.journal import Journal, JournalConfig
+from zeps.paths import StreamPaths
 from zeps_dev import ZooKeeperServer
-from zeps_dev.process import ManagedProcess, wait_until
+from zeps_dev.process import ManagedProcess, free_port, wait_until
 
 
 def until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
@@ -220,3 +229,86 @@ class CuttingProxy:
                 dst.sendall(data)
             except OSError:
                 return
+
+
+#: a replica set's ZooKeeper session: a dead leader is replaced after about this long
+REPLICA_SESSION_S = 2.0
+
+
+class ReplicaSet:
+    """Three ``zeps-broker`` processes replicating one stream (``--min-insync 2`` by default) on
+    127.0.0.1, each with its journal directory and port, electing their leader in ``zookeeper``."""
+
+    def __init__(self, zookeeper: ZooKeeperHarness, root: Path, *, min_insync: int = 2, stream: str = "prices") -> None:
+        self.zookeeper, self.root, self.min_insync, self.stream = zookeeper, root, min_insync, stream
+        self.names = ["r0", "r1", "r2"]
+        self.ports = {name: free_port() for name in self.names}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.paths = StreamPaths.of("default", stream, chroot=zookeeper.root)
+        self.zk = zookeeper.client()
+        root.mkdir(parents=True, exist_ok=True)
+
+    def start(self, name: str) -> None:
+        argv = [sys.executable, "-m", "zeps.broker.main", "--stream", self.stream, "--data-dir", str(self.root / name),
+                "--bind", f"tcp://127.0.0.1:{self.ports[name]}", "--zookeeper", self.zookeeper.connect_string,
+                "--chroot", self.zookeeper.root, "--namespace", "default", "--member", name,
+                "--min-insync", str(self.min_insync), "--zookeeper-session-timeout", str(REPLICA_SESSION_S),
+                "--replica-lag", "4", "--fsync", "group", "--segment-bytes", str(256 << 10)]  # fmt: skip
+        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 — the process writes it; closed with it
+        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+
+    def state(self) -> Any:
+        return read_replication_state(self.zk, self.paths)
+
+    def leader(self) -> str:
+        until(lambda: self.state() is not None, "a leader elected", timeout=30)
+        return str(self.state().leader)
+
+    def kill(self, name: str) -> None:
+        self.procs[name].send_signal(signal.SIGKILL)
+        self.procs[name].wait(10)
+
+    def pause(self, names: list[str]) -> None:
+        for name in names:
+            self.procs[name].send_signal(signal.SIGSTOP)
+
+    def resume(self, names: list[str]) -> None:
+        for name in names:
+            self.procs[name].send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+    def journal(self, name: str) -> list[tuple[int, bytes]]:
+        j = Journal(self.root / name / self.stream, JournalConfig(), name=self.stream).open()
+        out, seq = [], j.first_sequence
+        while batch := j.read(seq, max_records=1000):
+            out += [(r.sequence, r.body) for r in batch]
+            seq = batch[-1].sequence + 1
+        j.close()
+        return out
+
+    def locator(self) -> LeaderLocator:
+        return LeaderLocator(self.zookeeper.connect_string, "default", self.stream, chroot=self.zookeeper.root)
+
+    def client(self, **options: Any) -> StreamClient:
+        locator = self.locator()
+        endpoint = ""
+        deadline = time.monotonic() + 30
+        while not endpoint:
+            try:
+                endpoint = locator()
+            except ZepsError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        return StreamClient(endpoint, self.stream, locator=locator, timeout=60, **options)

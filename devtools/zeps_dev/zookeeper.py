@@ -101,6 +101,14 @@ class ZooKeeperServer(LocalServer):
 
     def start(self, timeout: float = 60.0) -> None:
         """Start the server and wait until it serves requests."""
+        argv = self.argv()
+        self._process = ManagedProcess("zookeeper", argv, log_path=self.workdir / "zookeeper.log")
+        self._process.start()
+        self._process.wait_ready(lambda: "Mode: standalone" in self.four_letter("srvr"), timeout=timeout)
+
+    def argv(self) -> list[str]:
+        """The server's command line (its configuration written first), for a caller that runs it
+        elsewhere — in a network namespace of the lab (set ``clientPortAddress`` in ``extra_config``)."""
         home = self.home or zookeeper_home()
         java = shutil.which("java")
         if java is None:
@@ -110,7 +118,7 @@ class ZooKeeperServer(LocalServer):
         if self.port is None:
             self.port = free_port()
         config = self._write_config()
-        argv = [
+        return [
             java,
             f"-Xmx{self.heap_mb}m",
             "-XX:+UseSerialGC",
@@ -123,9 +131,6 @@ class ZooKeeperServer(LocalServer):
             "org.apache.zookeeper.server.ZooKeeperServerMain",
             str(config),
         ]
-        self._process = ManagedProcess("zookeeper", argv, log_path=self.workdir / "zookeeper.log")
-        self._process.start()
-        self._process.wait_ready(lambda: "Mode: standalone" in self.four_letter("srvr"), timeout=timeout)
 
     def stop(self) -> None:
         if self._process is not None:

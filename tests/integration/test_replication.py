@@ -10,105 +10,18 @@ confirmed publishes; or ``--min-insync 1``: a leader kill loses what only it hel
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from harness import ReplicaSet as Replicas
 from harness import ZooKeeperHarness, until
-from zeps.client import StreamClient
-from zeps.client.discovery import LeaderLocator
-from zeps.coordination.replication import read_replication_state
-from zeps.errors import PublishRefusedError, SetupError, ZepsError
-from zeps.journal import Journal, JournalConfig
-from zeps.paths import StreamPaths
-from zeps_dev.process import free_port
+from zeps.errors import PublishRefusedError, SetupError
 
 KILLS = int(os.environ.get("ZEPS_REPLICATION_KILLS", "4"))  # the issue's count: ZEPS_REPLICATION_KILLS=50
-SESSION_S = 2.0  # the brokers' ZooKeeper session: a dead leader is replaced after about this long
-
-
-class Replicas:
-    """Three broker processes of stream ``prices``, each with its journal directory and port."""
-
-    def __init__(self, zookeeper: ZooKeeperHarness, root: Path, *, min_insync: int = 2) -> None:
-        self.zookeeper, self.root, self.min_insync = zookeeper, root, min_insync
-        self.names = ["r0", "r1", "r2"]
-        self.ports = {name: free_port() for name in self.names}
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.paths = StreamPaths.of("default", "prices", chroot=zookeeper.root)
-        self.zk = zookeeper.client()
-
-    def start(self, name: str) -> None:
-        argv = [sys.executable, "-m", "zeps.broker.main", "--stream", "prices", "--data-dir", str(self.root / name),
-                "--bind", f"tcp://127.0.0.1:{self.ports[name]}", "--zookeeper", self.zookeeper.connect_string,
-                "--chroot", self.zookeeper.root, "--namespace", "default", "--member", name,
-                "--min-insync", str(self.min_insync), "--zookeeper-session-timeout", str(SESSION_S),
-                "--replica-lag", "4", "--fsync", "group", "--segment-bytes", str(256 << 10)]  # fmt: skip
-        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 — the process writes it; closed with it
-        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-
-    def state(self) -> Any:
-        return read_replication_state(self.zk, self.paths)
-
-    def leader(self) -> str:
-        until(lambda: self.state() is not None, "a leader elected", timeout=30)
-        return str(self.state().leader)
-
-    def kill(self, name: str) -> None:
-        self.procs[name].send_signal(signal.SIGKILL)
-        self.procs[name].wait(10)
-
-    def pause(self, names: list[str]) -> None:
-        for name in names:
-            self.procs[name].send_signal(signal.SIGSTOP)
-
-    def resume(self, names: list[str]) -> None:
-        for name in names:
-            self.procs[name].send_signal(signal.SIGCONT)
-
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-
-    def journal(self, name: str) -> list[tuple[int, bytes]]:
-        j = Journal(self.root / name / "prices", JournalConfig(), name="prices").open()
-        out, seq = [], j.first_sequence
-        while batch := j.read(seq, max_records=1000):
-            out += [(r.sequence, r.body) for r in batch]
-            seq = batch[-1].sequence + 1
-        j.close()
-        return out
-
-    def locator(self) -> LeaderLocator:
-        return LeaderLocator(self.zookeeper.connect_string, "default", "prices", chroot=self.zookeeper.root)
-
-    def client(self, **options: Any) -> StreamClient:
-        locator = self.locator()
-        endpoint = ""
-        deadline = time.monotonic() + 30
-        while not endpoint:
-            try:
-                endpoint = locator()
-            except ZepsError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-        return StreamClient(endpoint, "prices", locator=locator, timeout=60, **options)
 
 
 @pytest.fixture
@@ -309,3 +222,36 @@ def test_the_asyncio_client_follows_the_leader_too(replicas: Replicas) -> None:
     total, seen = asyncio.run(run())
     _check_history(seen, total, "the asyncio subscriber")
     assert len(seen) == total
+
+
+def test_a_replica_rebuilt_from_an_empty_volume_is_not_elected_before_it_caught_up(replicas: Replicas) -> None:
+    """A follower's volume is replaced by an empty one while ZooKeeper still lists it in sync; the
+    leader then stalls and dies before the follower copies anything. The other follower, which holds
+    everything confirmed, must be elected — never the empty one."""
+    import shutil  # noqa: PLC0415
+
+    leader = replicas.leader()
+    until(lambda: len(replicas.state().isr) == 3, "all three replicas in sync", timeout=30)
+    publisher = Publisher(replicas)
+    publisher.start()
+    until(lambda: publisher.progressed(300), "publishes confirmed", timeout=30)
+    empty, other = (n for n in replicas.names if n != leader)
+    replicas.kill(empty)
+    shutil.rmtree(replicas.root / empty)
+    replicas.pause([leader])  # it copies nothing from a stalled leader
+    replicas.start(empty)
+    until(lambda: empty not in replicas.state().isr or replicas.state().leader != leader,
+          "the empty replica out of the in-sync set, or an election", timeout=30)  # fmt: skip
+    replicas.kill(leader)
+    until(lambda: replicas.state().leader != leader, "a new leader", timeout=30)
+    assert replicas.state().leader == other, "the replica with an empty journal was elected"
+    before = publisher.confirmed
+    until(lambda: publisher.progressed(before + 100), "publishes confirmed by the new leader", timeout=60)
+    replicas.start(leader)
+    until(lambda: len(replicas.state().isr) == 3, "everyone back in sync", timeout=60)
+    publisher.stop_at = publisher.confirmed + publisher.group
+    assert publisher.done.wait(60) and publisher.error is None, publisher.error
+    time.sleep(1)
+    replicas.stop()
+    for name in replicas.names:
+        _check_history(replicas.journal(name), publisher.confirmed, f"replica {name}'s journal")

@@ -216,3 +216,21 @@ def test_a_new_leader_keeps_the_producer_table_and_the_old_leaders_tail_is_cut(c
     rows = [r.body for r in a.streams["prices"].journal.read(1)]
     assert rows == [b"1", b"2", b"3", b"4", b"5", b"epoch 2"]
     assert a.streams["prices"].journal.epochs.entries == [(1, 1), (2, 6)]
+
+
+def test_a_follower_whose_copy_went_backwards_leaves_the_in_sync_set_until_it_holds_the_commit() -> None:
+    """A follower rebuilt from an empty volume while listed in sync must not stay listed: an election
+    could choose it, and it lacks what was confirmed."""
+    from zeps.broker.replication import Leadership  # noqa: PLC0415
+
+    leader = Leadership.begin("a", 1, ISR, min_insync=2, commit=0, now=0.0)
+    leader.fetched("b", 100, 100, now=1.0)
+    leader.fetched("c", 100, 100, now=1.0)
+    assert leader.advance(100) == 100
+    leader.fetched("b", 0, 100, now=2.0)  # b came back empty
+    assert leader.wanted(100, now=2.0) == frozenset({"a", "c"})
+    leader.isr_written(frozenset({"a", "c"}))
+    leader.fetched("b", 60, 120, now=3.0)
+    assert leader.wanted(120, now=3.0) is None  # behind the commit: not yet
+    leader.fetched("b", 100, 120, now=4.0)
+    assert leader.wanted(120, now=4.0) == ISR

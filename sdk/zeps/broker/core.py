@@ -703,7 +703,9 @@ class BrokerCore:
         stream.leader, stream.following = None, True
         stream.held.clear()
         stream.waiting.clear()
-        self._appends.pop(name, None)
+        if self._appends.pop(name, None) is not None:  # publishes never written: the table forgets them too
+            journal = stream.journal
+            journal.producers.producers = {n: ProducerState(*p) for n, p in journal.journaled.items()}
         for session in [s for s in self.sessions.values() if s.stream is stream]:
             self._forget(session)
             self._invalid(session.peer, f"this broker no longer leads stream {name!r}: attach to the leader",

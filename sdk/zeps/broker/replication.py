@@ -104,7 +104,9 @@ class Leadership:
         f = self.followers.get(replica)
         if f is None:
             f = self.followers[replica] = _Follower(durable, now, 0.0, leader_durable)
-        if durable >= f.target:
+        if durable < f.durable:  # it lost what it held (a new volume): out of the in-sync set at once
+            f.caught_up = float("-inf")
+        elif (durable >= f.target and f.caught_up != float("-inf")) or durable >= self.commit:
             f.caught_up = now
         f.durable, f.seen, f.target = durable, now, leader_durable
 

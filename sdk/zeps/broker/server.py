@@ -386,7 +386,9 @@ class BrokerServer:
             from zeps.coordination.replication import ReplicaElection  # noqa: PLC0415
 
             paths = StreamPaths.of(reg.namespace, self.config.streams[0], chroot=reg.chroot)
-            self._election = ReplicaElection(self._zk, paths, reg.member, self._replica_event).start()
+            journal = self.core.streams[self.config.streams[0]].journal
+            empty = lambda: journal.written == 0 and journal.epochs.latest == 0  # noqa: E731 — a new or wiped volume
+            self._election = ReplicaElection(self._zk, paths, reg.member, self._replica_event, empty=empty).start()
 
     def _replica_event(self, event: Any) -> None:
         """From ZooKeeper's thread. A suspended session stops confirmations at once (a new leader may be

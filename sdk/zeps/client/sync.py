@@ -140,7 +140,8 @@ class StreamClient:
                 raise BrokerUnavailableError(f"broker at {self.endpoint} refused: {self.session.refused}")
             if self.session.producer_error:
                 raise ProducerError(self.session.producer_error)
-            if not self._pump(deadline - time.monotonic()) and time.monotonic() >= deadline:
+            # in slices: a broker that never answers (a dead leader) is looked for again meanwhile
+            if not self._pump(min(deadline - time.monotonic(), 0.5)) and time.monotonic() >= deadline:
                 raise BrokerUnavailableError(f"no broker answered at {self.endpoint} within {self.timeout:.0f}s")
         if self.session.producer_error:  # a named producer on a broker without version 6: say so now
             raise ProducerError(self.session.producer_error)

@@ -93,9 +93,13 @@ class ReplicaElection:
     """One replica's part in its stream's election; :meth:`start` enters the line."""
 
     def __init__(self, client: KazooClient, paths: StreamPaths, replica: str,
-                 report: Callable[[ReplicaEvent], None], *, acl: list[Any] | None = None) -> None:  # fmt: skip
+                 report: Callable[[ReplicaEvent], None], *, acl: list[Any] | None = None,
+                 empty: Callable[[], bool] = lambda: False) -> None:  # fmt: skip
         self.client, self.paths, self.replica, self.report = client, paths, validate_member_id(replica), report
         self.acl = acl
+        #: whether this replica's journal holds nothing (a new or wiped volume): it may not lead a stream
+        #: that has had a leader, and it leaves the in-sync set at start if ZooKeeper still lists it
+        self.empty = empty
         self.node: str | None = None  # our place in line (its name)
         self.led: int = 0  # the epoch this replica leads (0: none)
         self._followed: tuple[int, str] | None = None
@@ -105,6 +109,8 @@ class ReplicaElection:
 
     def start(self) -> ReplicaElection:
         self.client.ensure_path(self.paths.election)
+        if self.empty():
+            self._leave_isr()
         self.client.add_listener(self._on_session)
         self.client.DataWatch(self.paths.replication_state, self._state_changed)
         self.client.handler.spawn(self.check)
@@ -159,6 +165,11 @@ class ReplicaElection:
             state, stat = None, None
         if state is not None and state.leader == self.replica and state.epoch == self.led:
             return True  # leading already
+        if state is not None and self.empty():
+            log.info("replica %s: first in line, but its journal is empty and the stream had leaders; stepping "
+                     "back when the line changes", self.replica)  # fmt: skip
+            self.client.get_children(self.paths.election, watch=self._step_back)
+            return True
         if state is not None and self.replica not in state.isr:
             log.info("replica %s: first in line but not in sync (%s); stepping back when the line changes",
                      self.replica, ", ".join(sorted(state.isr)))  # fmt: skip
@@ -196,6 +207,26 @@ class ReplicaElection:
         self.client.handler.spawn(requeue)
 
     # -- the in-sync set --------------------------------------------------------------------
+    def _leave_isr(self) -> None:
+        """Take this replica out of the in-sync set (a conditional write: the one change any replica may
+        make, and only to itself): it lost its journal, so it must not be elected as if it held it."""
+        for _ in range(5):
+            try:
+                data, stat = self.client.get(self.paths.replication_state)
+            except NoNodeError:
+                return
+            state = ReplicationState.decode(data)
+            if state is None or self.replica not in state.isr:
+                return
+            log.warning("replica %s: its journal is empty but the in-sync set lists it; leaving the set", self.replica)
+            try:
+                self.client.set(self.paths.replication_state,
+                                ReplicationState(state.epoch, state.leader, state.isr - {self.replica}).encode(),
+                                version=stat.version)  # fmt: skip
+                return
+            except BadVersionError:
+                continue
+
     def write_isr(self, epoch: int, isr: frozenset[str]) -> None:
         """Write the in-sync set of ``epoch`` (in the background); reported as ``isr`` once written.
         Not written if this replica no longer leads that epoch."""

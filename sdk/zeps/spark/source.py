@@ -26,7 +26,8 @@ Options: ``stream`` or ``queue`` (the resource name), ``namespace``, ``endpoint`
 ``chroot`` (explicit settings), ``pattern`` (prefix, or ``~regex``), ``startingOffsets``
 (``earliest`` | ``latest`` | JSON ``{"prices": 1000}`` | epoch milliseconds), ``maxOffsetsPerTrigger``,
 ``failOnDataLoss`` (true/false, default true), ``partitionSize`` (sequences per partition, default
-100000), ``startSequence``/``endSequence`` (batch reads of a stream), ``startBatch``/``endBatch``
+100000), ``leaderWaitSeconds`` (how long a micro-batch waits for a replicated stream's new leader,
+default 60), ``startSequence``/``endSequence`` (batch reads of a stream), ``startBatch``/``endBatch``
 (batch reads of a batch Queue: by default every retained batch). Written rows need ``key`` (string) and
 ``body`` (binary or string) columns.
 
@@ -47,6 +48,7 @@ and Spark converts only those.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -245,6 +247,7 @@ class ZepsStreamReader(DataSourceStreamReader, _StreamRead):
         _StreamRead.__init__(self, settings, options, columns)
         self.starting = options.get("startingoffsets", "latest")
         self.max_per_trigger = int(options["maxoffsetspertrigger"]) if options.get("maxoffsetspertrigger") else None
+        self.leader_wait = float(options.get("leaderwaitseconds", "60"))
 
     def initialOffset(self) -> dict[str, int]:  # noqa: N802 — the Spark API's names
         name, starting = self.settings.name, self.starting
@@ -266,11 +269,23 @@ class ZepsStreamReader(DataSourceStreamReader, _StreamRead):
         return ReadMaxRows(self.max_per_trigger) if self.max_per_trigger else ReadAllAvailable()
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:  # noqa: N802
-        tail, _ = _durable_tail(self.settings)
+        tail = self._tail()
         begin = start[self.settings.name]
         if isinstance(limit, ReadMaxRows):
             tail = min(tail, begin + limit.max_rows)
         return {self.settings.name: max(begin, tail)}
+
+    def _tail(self) -> int:
+        """The durable tail; while a replicated stream elects a new leader (none is registered), asked
+        again for up to ``leaderWaitSeconds`` (the micro-batch waits rather than the query failing)."""
+        deadline = time.monotonic() + self.leader_wait
+        while True:
+            try:
+                return _durable_tail(self.settings)[0]
+            except BrokerUnavailableError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.5)
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[_Range]:
         return _ranges(start[self.settings.name], end[self.settings.name], self.partition_size)

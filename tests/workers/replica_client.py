@@ -1,0 +1,84 @@
+"""A client of a replicated stream inside the network lab (the test's own process cannot reach the
+lab's namespaces). One JSON object per line on stdout.
+
+* ``state``: the stream's replication state in ZooKeeper, once: {"epoch", "leader", "isr"}.
+* ``publish``: an idempotent producer publishing ``<tag>:1``, ``<tag>:2``, …, ``--group`` per flush,
+  printing {"confirmed": n, "t": unix time} after each flush that returned. With ``--pinned
+  ENDPOINT`` it talks to that broker only (no locator: it never follows a new leader), and prints
+  {"refused": reason, "t": …} when a flush fails. It stops once ``--stop-file`` exists, or after
+  ``--seconds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+from zeps.client import StreamClient
+from zeps.client.discovery import LeaderLocator
+from zeps.coordination import connect
+from zeps.coordination.replication import read_replication_state
+from zeps.errors import ZepsError
+from zeps.paths import StreamPaths
+
+
+def _say(**fields: object) -> None:
+    print(json.dumps({**fields, "t": time.time()}), flush=True)
+
+
+def state(args: argparse.Namespace) -> None:
+    zk = connect(args.zookeeper, timeout=5)
+    try:
+        found = read_replication_state(zk, StreamPaths.of(args.namespace, args.stream, chroot=args.chroot))
+    finally:
+        zk.stop()
+        zk.close()
+    if found is None:
+        _say(epoch=0, leader="", isr=[])
+    else:
+        _say(epoch=found.epoch, leader=found.leader, isr=sorted(found.isr))
+
+
+def publish(args: argparse.Namespace) -> None:
+    if args.pinned:
+        client = StreamClient(args.pinned, args.stream, producer_id=args.tag, timeout=3)
+    else:
+        locator = LeaderLocator(args.zookeeper, args.namespace, args.stream, chroot=args.chroot)
+        client = StreamClient(locator(), args.stream, producer_id=args.tag, locator=locator, timeout=60)
+    deadline = time.monotonic() + args.seconds
+    n = 0
+    with client:
+        while time.monotonic() < deadline and not (args.stop_file and os.path.exists(args.stop_file)):
+            for _ in range(args.group):
+                n += 1
+                client.publish("k", f"{args.tag}:{n}".encode())
+            try:
+                client.flush(timeout=3 if args.pinned else 60)
+            except ZepsError as exc:
+                _say(refused=str(exc)[:200], n=n)
+                time.sleep(0.5)
+                continue
+            _say(confirmed=n)
+            time.sleep(0.02)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("what", choices=["state", "publish"])
+    p.add_argument("--zookeeper", required=True)
+    p.add_argument("--chroot", default="/zeps")
+    p.add_argument("--namespace", default="default")
+    p.add_argument("--stream", default="prices")
+    p.add_argument("--tag", default="p")
+    p.add_argument("--group", type=int, default=10)
+    p.add_argument("--pinned", default=None)
+    p.add_argument("--seconds", type=float, default=120)
+    p.add_argument("--stop-file", default=None)
+    args = p.parse_args()
+    state(args) if args.what == "state" else publish(args)
+
+
+if __name__ == "__main__":
+    main()
