@@ -40,6 +40,7 @@ from zeps.client import StreamClient
 from zeps.client.discovery import LeaderLocator
 from zeps.coordination import connect
 from zeps.coordination.replication import read_replication_state
+from zeps.errors import SetupError
 from zeps.paths import StreamPaths
 from zeps_dev import ZooKeeperServer
 from zeps_dev.process import free_port, wait_until
@@ -49,6 +50,7 @@ THROUGHPUT_COUNT = int(os.environ.get("ZEPS_BENCH_COUNT", "200000"))
 ROUNDS = 3
 CATCHUP_MB = int(os.environ.get("ZEPS_BENCH_CATCHUP_MB", "200"))
 BODY = b"x" * 100
+STALL_S = 60.0  # a subscriber that has not resumed this long after a kill is counted as stalled
 CHROOT = "/bench"
 
 
@@ -115,6 +117,7 @@ class History:
     received: list[tuple[int, float]] = field(default_factory=list)
     errors: list[BaseException] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
+    stalls: int = 0  # kills after which the subscriber did not resume within STALL_S
 
     def confirm(self, n: int, sent: float) -> None:
         self.confirmed.append(n)
@@ -150,9 +153,13 @@ def measure_kills(
             raise RuntimeError(f"the clients failed: {history.errors[0]!r}")
         to_confirm.append(history.first_after(mark, killed) - killed)  # type: ignore[operator]
         last_before = history.confirmed[mark - 1]
-        wait_until(lambda lb=last_before: any(n > lb + 1 for n, _ in history.received[-500:]), timeout=120,
-                   what="a delivery after the kill")  # fmt: skip
-        to_deliver.append(next(t for n, t in history.received if n > last_before + 1) - killed)
+        try:
+            wait_until(lambda lb=last_before: any(n > lb + 1 for n, _ in history.received[-500:]),
+                       timeout=STALL_S, what="a delivery after the kill")  # fmt: skip
+            to_deliver.append(next(t for n, t in history.received if n > last_before + 1) - killed)
+        except SetupError:  # the subscriber did not resume: counted, and the figure capped
+            history.stalls += 1
+            to_deliver.append(STALL_S)
         restart(victim)
     return to_confirm, to_deliver
 
@@ -199,7 +206,7 @@ def zeps_failover(zk: ZooKeeperServer, tmp: Path) -> dict[str, Any]:
         history.stop.set()
         replicas.stop()
     return {"to_confirm": to_confirm, "to_deliver": to_deliver, "confirmed": len(history.confirmed),
-            "missing": len(set(history.confirmed) - held)}  # fmt: skip
+            "missing": len(set(history.confirmed) - held), "stalls": history.stalls}  # fmt: skip
 
 
 def zeps_throughput(zk: ZooKeeperServer, tmp: Path) -> dict[str, float]:
@@ -385,7 +392,7 @@ def jetstream_failover(tmp: Path) -> dict[str, Any]:
         history.stop.set()
         cluster.stop()
     return {"to_confirm": to_confirm, "to_deliver": to_deliver, "confirmed": len(history.confirmed),
-            "missing": len(set(history.confirmed) - held)}  # fmt: skip
+            "missing": len(set(history.confirmed) - held), "stalls": history.stalls}  # fmt: skip
 
 
 async def _jetstream_clients(cluster: JetStreamCluster, history: History) -> None:
@@ -459,6 +466,7 @@ def main() -> None:
         out[f"{system}_failover_deliver_p99_s"] = q_deliver["p99"]
         out[f"{system}_confirmed"] = result["confirmed"]
         out[f"{system}_confirmed_lost"] = result["missing"]
+        out[f"{system}_subscriber_stalls"] = result["stalls"]
     out["replicated_per_s"] = round(throughput["replicated"], 1)
     out["single_per_s"] = round(throughput["single"], 1)
     out["replicated_vs_single"] = round(throughput["replicated"] / throughput["single"], 3)

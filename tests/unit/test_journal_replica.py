@@ -27,13 +27,16 @@ def _all(j: Journal) -> list[Record]:
     return out
 
 
-def _copy(leader: Journal, follower: Journal, max_bytes: int = 700) -> int:
-    """Fetch from ``leader`` until ``follower`` has everything durable; returns the fetches made."""
+def _copy(leader: Journal, follower: Journal, max_bytes: int = 700, *, indexed: bool = True) -> int:
+    """Fetch from ``leader`` until ``follower`` has everything durable; returns the fetches made.
+    ``indexed``: with the leader's record offsets and marks (as REPLICA-DATA carries them), else walked."""
     for fetches in range(1, 10_000):
         base, offset, last = follower.replica_position()
         part = leader.replica_read(base, offset, last, max_bytes)
         if part.reset:
             follower.replica_reset(part.base)
+        elif part.data and indexed:
+            follower.replica_write(part.base, part.offset, part.data, starts=part.starts, marks=part.marks)
         elif part.data:
             follower.replica_write(part.base, part.offset, part.data)
         elif part.next_base:
@@ -64,6 +67,14 @@ def test_a_follower_copies_segments_marks_and_producers_byte_for_byte(tmp_path: 
     _copy(leader, follower)
     assert len(_files(tmp_path / "leader")) > 3  # several rolls were copied
     assert _files(tmp_path / "follower") == _files(tmp_path / "leader")
+    walked = _journal(tmp_path / "walked")  # the same, checking every record as recovery does
+    _copy(leader, walked, indexed=False)
+    assert _files(tmp_path / "walked") == _files(tmp_path / "leader")
+    for path in (tmp_path / "leader").glob("*.off"):  # where each record starts: the leader's own entries
+        assert (tmp_path / "follower" / path.name).read_bytes() == path.read_bytes(), path.name
+    # the sparse time index is the follower's own (every ~300 bytes here): it finds the same records
+    assert [follower.seek_time(1000 + i) for i in range(0, 121, 7)] == [leader.seek_time(1000 + i)
+                                                                       for i in range(0, 121, 7)]  # fmt: skip
     assert _all(follower) == _all(leader)
     assert follower.producers.producers["p"].sequence == 120  # the idempotent table came with the marks
     follower.close()
@@ -155,6 +166,8 @@ def test_bytes_that_do_not_continue_the_copy_are_refused(tmp_path: Path) -> None
     damaged[-1] ^= 0xFF
     with pytest.raises(JournalError, match="damaged"):
         follower.replica_write(1, 0, bytes(damaged))
+    with pytest.raises(JournalError, match=r"records 1\.\.4 where 1\.\.5 were due|the last entry ends"):
+        follower.replica_write(1, 0, part.data, starts=part.starts[:-4], marks=part.marks)  # an index one short
     assert follower.written == 0
     assert leader.replica_read(1, 7, 0).reset  # not where an entry ends: start over
 

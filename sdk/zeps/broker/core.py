@@ -61,6 +61,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import crc32c
+
 from zeps.broker.matching import Matcher, PatternError, PrefixTrie, compile_pattern
 from zeps.broker.replication import REPLICATION_VERSION, Leadership, encode_epochs
 from zeps.errors import ProtocolError
@@ -794,9 +796,10 @@ class BrokerCore:
             part = journal.replica_read(fetch.base, fetch.offset, fetch.last,
                                         min(fetch.most, self.config.replica_fetch_bytes))  # fmt: skip
             epochs = encode_epochs(journal.epochs.newer_than(fetch.known))
+            crc = crc32c.crc32c(part.data, crc32c.crc32c(part.marks, crc32c.crc32c(part.starts)))
             answer = ReplicaData(epoch=leader.epoch, base=part.base, offset=part.offset, next=part.next_base,
-                                 commit=leader.commit, reset=int(part.reset), epochs=epochs,
-                                 data=part.data)  # fmt: skip
+                                 commit=leader.commit, reset=int(part.reset), epochs=epochs, crc=crc,
+                                 index=part.starts, marks=part.marks, data=part.data)  # fmt: skip
             self._send(peer, session.conn.send(answer))
             del stream.waiting[peer]
         commit = leader.advance(journal.durable)

@@ -32,6 +32,8 @@ import logging
 import struct
 from dataclasses import dataclass, field
 
+import crc32c
+
 from zeps.errors import ProtocolError
 from zeps.journal import Journal
 from zeps.protocol import (
@@ -202,10 +204,14 @@ class FollowerCopy:
                         self.epoch)  # fmt: skip
             return []
         journal = self.journal
+        crc = crc32c.crc32c(command.data, crc32c.crc32c(command.marks, crc32c.crc32c(command.index)))
+        if crc != command.crc:
+            raise ProtocolError(f"REPLICA-DATA at {command.offset} of segment {command.base} fails its CRC32C")
         if command.reset:
             journal.replica_reset(command.base)
         elif command.data:
-            journal.replica_write(command.base, command.offset, command.data)
+            journal.replica_write(command.base, command.offset, command.data, starts=command.index,
+                                  marks=command.marks)  # fmt: skip
             self.bytes_copied += len(command.data)
         elif command.next:
             journal.replica_roll(command.next)

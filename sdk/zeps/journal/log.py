@@ -58,6 +58,7 @@ import errno
 import logging
 import os
 import struct
+import sys
 import time
 from array import array
 from collections.abc import Iterable, Mapping
@@ -104,6 +105,7 @@ _SEAL_MAGIC = b"ZEPSEAL1"
 _SEAL_HEAD = struct.Struct("!8sQQQII")
 _SEAL_MARK = struct.Struct("!QQ")
 _SEAL_CRC = struct.Struct("!I")
+_MARK_SPAN = struct.Struct("!II")  # a producer mark's (start, end) in a segment, in a REPLICA-DATA
 
 
 class JournalError(ZepsError):
@@ -247,6 +249,11 @@ class ReplicaSlice:
     data: bytes
     next_base: int = 0
     reset: bool = False
+    #: where each record of ``data`` starts in the segment (4-byte offsets, network order: the leader's
+    #: .off entries), and each producer mark as (start, end) pairs likewise: the follower writes and
+    #: indexes the bytes without walking them record by record
+    starts: bytes = b""
+    marks: bytes = b""
 
 
 class Journal:
@@ -869,14 +876,26 @@ class Journal:
                 data = os.pread(f.fileno(), limit - offset, offset)
             if limit == durable:  # the durable end is where an append ended: whole entries, whole groups
                 good = len(data)
+                count = self._synced if seg is self._segments[-1] and self.config.fsync != "never" else seg.last_seq
+                count -= last
                 break
-            _, _, good = _walk_segment(data, last + 1)  # where the last whole entry (and group) ends
+            walked, _, good = _walk_segment(data, last + 1)  # where the last whole entry (and group) ends
+            count = len(walked)
             if good:
                 break
             limit = durable  # one group larger than max_bytes: send it whole (a quarter segment at most)
         data = data[:good]
+        starts = array("I")
+        if count > 0:  # the records' offsets, as the .off file holds them
+            with open(seg.offsets_path, "rb") as f:
+                starts.frombytes(os.pread(f.fileno(), count * _OFFSET, (last + 1 - seg.base) * _OFFSET))
+        if sys.byteorder == "little":
+            starts.byteswap()
+        first_mark = bisect.bisect_left(seg.marks, offset, key=itemgetter(0))
+        marks = [m for m in seg.marks[first_mark:] if m[0] < offset + good]
         ends = closed and offset + good == durable
-        return ReplicaSlice(base, offset, data, self._segments[i + 1].base if ends else 0)
+        return ReplicaSlice(base, offset, data, self._segments[i + 1].base if ends else 0,
+                            starts=starts.tobytes(), marks=b"".join(_MARK_SPAN.pack(*m) for m in marks))  # fmt: skip
 
     def _reset_slice(self) -> ReplicaSlice:
         return ReplicaSlice(self._segments[0].base, 0, b"", reset=True)
@@ -904,38 +923,93 @@ class Journal:
             (length,) = struct.unpack("!I", os.pread(f.fileno(), 4, start))
         return start + 4 + int(length)
 
-    def replica_write(self, base: int, offset: int, data: bytes) -> int:
+    def replica_write(self, base: int, offset: int, data: bytes, *, starts: bytes | None = None,
+                      marks: bytes = b"") -> int:  # fmt: skip
         """A follower appends bytes the leader sent for ``offset`` of segment ``base`` (its position):
-        whole entries, checked as recovery checks them; returns the last sequence written. Raises
-        JournalError if they do not continue this copy (the follower then asks where to go on)."""
+        whole entries; returns the last sequence written. With the leader's ``starts`` and ``marks``
+        (:class:`ReplicaSlice`; the frame's CRC covered them) the records are not walked one by one:
+        their count, first and last sequence and the end of the last entry are checked, each mark
+        decoded. Without, they are checked as recovery checks them. Raises JournalError if they do not
+        continue this copy (the follower then asks where to go on)."""
         seg = self._segments[-1]
         if (seg.base, seg.size) != (base, offset):
             raise JournalError(f"journal {self.name}: replica bytes for segment {base} at {offset}, but this "
                                f"copy ends at {seg.size} of segment {seg.base}")  # fmt: skip
-        starts, marks, good = _walk_segment(data, self._next)
-        if good != len(data):
-            raise JournalError(f"journal {self.name}: replica bytes from the leader are damaged at {offset + good}")
+        if starts is None:
+            walked, decoded, good = _walk_segment(data, self._next)
+            if good != len(data):
+                raise JournalError(f"journal {self.name}: replica bytes from the leader are damaged at {offset + good}")
+            absolute = array("I", (offset + s for s in walked))
+        else:
+            absolute, decoded = self._indexed(offset, data, starts, marks)
+        return self._copy(seg, offset, data, absolute, decoded)
+
+    def _indexed(self, offset: int, data: bytes, raw_starts: bytes, raw_marks: bytes
+                 ) -> tuple[array[int], list[tuple[int, int, int, dict[str, Producer]]]]:  # fmt: skip
+        """The record starts (segment offsets) and decoded marks (relative to ``data``) of a leader's
+        indexed slice, after the checks that need no walk (JournalError naming what is wrong)."""
+        starts = array("I")
+        starts.frombytes(raw_starts[: len(raw_starts) - len(raw_starts) % _OFFSET])
+        if sys.byteorder == "little":
+            starts.byteswap()
+        spans = [(a - offset, b - offset) for a, b in _MARK_SPAN.iter_unpack(raw_marks[: len(raw_marks) // 8 * 8])]
+
+        def bad(why: str) -> JournalError:
+            return JournalError(f"journal {self.name}: replica bytes from the leader at {offset}: {why}")
+
+        if not starts and not spans:
+            if data:
+                raise bad("bytes without an index")
+            return starts, []
+        first_entry = min(starts[0] - offset if starts else len(data), spans[0][0] if spans else len(data))
+        if first_entry != 0:
+            raise bad("the index does not start where the bytes do")
+        if starts:
+            first = RECORD.unpack_from(data, starts[0] - offset)[2]
+            length, _, last, _, _ = RECORD.unpack_from(data, starts[-1] - offset)
+            if (first, last) != (self._next, self._next + len(starts) - 1):
+                raise bad(f"records {first}..{last} where {self._next}..{self._next + len(starts) - 1} were due")
+        record_end = starts[-1] - offset + 4 + length if starts else 0
+        end = max(record_end, spans[-1][1] if spans else 0)
+        if end != len(data):
+            raise bad(f"the last entry ends at {end}, the bytes at {len(data)}")
+        decoded = []
+        for a, b in spans:
+            mark = data[a:b]
+            length, checksum, _, timestamp, klen = RECORD.unpack_from(mark)
+            if (timestamp != MARK_TIMESTAMP or klen or 4 + length != len(mark)
+                    or crc32c.crc32c(mark[8:]) != checksum):  # fmt: skip
+                raise bad(f"the producer mark at {offset + a} is damaged")
+            try:
+                kind, _, producers = decode_mark(mark[OVERHEAD:])
+            except ValueError as exc:
+                raise bad(f"the producer mark at {offset + a} does not decode: {exc}") from None
+            decoded.append((a, b, kind, producers))
+        return starts, decoded
+
+    def _copy(self, seg: _Segment, offset: int, data: bytes, starts: array[int],
+              marks: list[tuple[int, int, int, dict[str, Producer]]]) -> int:  # fmt: skip
+        """Write a follower's checked bytes (``starts``: its records, as segment offsets)."""
         if not data:
             return self.written
         save = self._savepoint(None)
         try:
             self._flush(self._fd, memoryview(data))
-            self._flush(self._off_fd, memoryview(array("I", (offset + s for s in starts)).tobytes()))
+            self._flush(self._off_fd, memoryview(starts.tobytes()))
         except OSError as exc:
             self._rollback(save, exc)
             raise JournalWriteError(self.name, exc) from None
+        # the sparse index: the first record every interval bytes, found by bisection (no walk)
         index: list[tuple[int, int, int]] = []
-        since, interval, previous = self._since_index, self.config.index_interval_bytes, 0
-        for start in starts:  # the sparse index: a record every interval bytes (marks between them count too)
-            since += start - previous
-            previous = start
-            if since >= interval or (not seg.index and not index):
-                _, _, sequence, timestamp, _ = RECORD.unpack_from(data, start)
-                index.append((sequence, timestamp, offset + start))
-                since = 0
+        interval, at, count = self.config.index_interval_bytes, 0, len(starts)
+        anchor = starts[0] - interval if count and not seg.index else offset - self._since_index
+        while (at := bisect.bisect_left(starts, anchor + interval, at)) < count:
+            _, _, sequence, timestamp, _ = RECORD.unpack_from(data, starts[at] - offset)
+            index.append((sequence, timestamp, starts[at]))
+            anchor, at = starts[at], at + 1
+        since = offset + len(data) - anchor
         if starts:
-            length, _, sequence, timestamp, _ = RECORD.unpack_from(data, starts[-1])
-            since += 4 + length
+            _, _, sequence, timestamp, _ = RECORD.unpack_from(data, starts[-1] - offset)
             self._next, self._last_ts = sequence + 1, timestamp
         for start, end, kind, producers in marks:
             self.producers.apply(kind, producers)

@@ -376,12 +376,14 @@ class ReplicaData(Command):
     them) goes at ``offset`` of segment ``base``; ``next`` (not 0): the segment ends there and the next
     begins at that base; ``reset`` (1): start the copy over, empty, at ``base``. ``commit``: the last
     sequence confirmed; ``epochs``: the leader's epoch history after the follower's ``known`` (pairs of
-    number-8)."""
+    number-8); ``index``: where each record of ``data`` starts in the segment, and ``marks``: each
+    producer mark's (start, end) (number-4 each); ``crc``: CRC32C of ``index``, ``marks`` then ``data``."""
 
     ID = 27
     NAME = "REPLICA-DATA"
     FIELDS = (("epoch", "number-8"), ("base", "number-8"), ("offset", "number-8"), ("next", "number-8"),
-              ("commit", "number-8"), ("reset", "number-2"), ("epochs", "chunk"), ("data", "chunk"))  # fmt: skip
+              ("commit", "number-8"), ("reset", "number-2"), ("epochs", "chunk"), ("crc", "number-4"),
+              ("index", "chunk"), ("marks", "chunk"), ("data", "chunk"))  # fmt: skip
     epoch: int
     base: int
     offset: int
@@ -389,6 +391,9 @@ class ReplicaData(Command):
     commit: int = 0
     reset: int = 0
     epochs: bytes = b""
+    crc: int = 0
+    index: bytes = b""
+    marks: bytes = b""
     data: bytes = b""
 
 
