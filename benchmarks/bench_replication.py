@@ -46,7 +46,7 @@ from zeps_dev import ZooKeeperServer
 from zeps_dev.process import free_port, wait_until
 
 KILLS = int(os.environ.get("ZEPS_BENCH_KILLS", "20"))
-THROUGHPUT_COUNT = int(os.environ.get("ZEPS_BENCH_COUNT", "200000"))
+THROUGHPUT_COUNT = int(os.environ.get("ZEPS_BENCH_COUNT", "1000000"))
 ROUNDS = 3
 CATCHUP_MB = int(os.environ.get("ZEPS_BENCH_CATCHUP_MB", "200"))
 BODY = b"x" * 100
