@@ -197,26 +197,10 @@ def _multicast_pod(multicast: Multicast, template: dict[str, Any], container: di
         }  # fmt: skip
 
 
-def stream_objects(
-    namespace: str,
-    name: str,
-    spec: StreamSpec,
-    settings: Settings,
-    *,
-    zookeeper_auth: bool = False,
-    replicated: bool = False,
-) -> list[dict[str, Any]]:
-    """ConfigMap, PersistentVolumeClaim, Deployment and Service of a ZepsStream's broker — or, for a
-    replicated stream, ConfigMap, StatefulSet, Service, headless Service and PodDisruptionBudget.
-    ``spec`` is the typed spec (defaults come from the model, never from here). ``zookeeper_auth``: the
-    namespace has ZooKeeper credentials (its zeps-zookeeper-auth Secret): the broker registers with
-    them, and its member node gets their ACL. A journal's PVC carries a label naming the stream
-    (``zeps.dev/stream``): with ``deletionPolicy: Retain`` it has no owner, outlives the stream, and a
-    stream made again with the same name takes it over (the handlers decide ownership; a StatefulSet's
-    PVCs by its retention policy)."""
-    labels = _labels(name)
+def _broker_env(namespace: str, name: str, spec: StreamSpec, settings: Settings, *, replicated: bool
+                ) -> dict[str, str]:  # fmt: skip
+    """The broker's settings (its flags' environment variables), for its ConfigMap."""
     port = spec.port
-    service_name = f"{name}-broker"
     retention = spec.retention
     env = {
         "ZEPS_BROKER_STREAMS": name,
@@ -238,6 +222,8 @@ def stream_objects(
     if replicated:  # each replica names itself and says where it is (its pod's DNS name): in the pod's env
         del env["ZEPS_BROKER_MEMBER"], env["ZEPS_BROKER_ADVERTISE"]
         env["ZEPS_BROKER_MIN_INSYNC"] = str(spec.in_sync)
+        if spec.catch_up_megabytes_per_second:
+            env["ZEPS_BROKER_REPLICA_CATCHUP_RATE"] = str(spec.catch_up_megabytes_per_second)
     if retention.age_seconds:
         env["ZEPS_BROKER_RETENTION_MS"] = str(retention.age_seconds * 1000)
     if retention.bytes:
@@ -255,6 +241,31 @@ def stream_objects(
                            ("RECOVERY", multicast.recovery_ms)):  # fmt: skip
             if value is not None:
                 env[f"ZEPS_BROKER_MULTICAST_{key}"] = str(value)
+    return env
+
+
+def stream_objects(
+    namespace: str,
+    name: str,
+    spec: StreamSpec,
+    settings: Settings,
+    *,
+    zookeeper_auth: bool = False,
+    replicated: bool = False,
+) -> list[dict[str, Any]]:
+    """ConfigMap, PersistentVolumeClaim, Deployment and Service of a ZepsStream's broker — or, for a
+    replicated stream, ConfigMap, StatefulSet, Service, headless Service and PodDisruptionBudget.
+    ``spec`` is the typed spec (defaults come from the model, never from here). ``zookeeper_auth``: the
+    namespace has ZooKeeper credentials (its zeps-zookeeper-auth Secret): the broker registers with
+    them, and its member node gets their ACL. A journal's PVC carries a label naming the stream
+    (``zeps.dev/stream``): with ``deletionPolicy: Retain`` it has no owner, outlives the stream, and a
+    stream made again with the same name takes it over (the handlers decide ownership; a StatefulSet's
+    PVCs by its retention policy)."""
+    labels = _labels(name)
+    port = spec.port
+    service_name = f"{name}-broker"
+    env = _broker_env(namespace, name, spec, settings, replicated=replicated)
+    multicast = spec.multicast
     storage = spec.storage
     pvc: dict[str, Any] = {
         "apiVersion": "v1",

@@ -46,6 +46,9 @@ def test_kubectl_applies_the_crds_and_defaults_fill_in(crds: ControlPlane, names
         ("ZepsStream", {"multicast": {"transport": "epgm", "group": "239.1.2.3"}}, "spec.multicast.port"),
         ("ZepsStream", {"multicast": {"transport": "norm", "group": "239.1.2.3", "port": 5601, "rateKbps": 1000}},
          "rateKbps and recoveryMs are for pgm and epgm"),
+        ("ZepsStream", {"replicas": 8}, "spec.replicas"),
+        ("ZepsStream", {"replicas": 3, "minInSync": 4}, "minInSync counts replicas"),
+        ("ZepsStream", {"replicas": 3, "curve": True}, "curve with replicas above 1 is not supported yet"),
     ],
 )  # fmt: skip
 def test_invalid_specs_are_rejected_naming_the_field(

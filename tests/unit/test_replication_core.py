@@ -234,3 +234,23 @@ def test_a_follower_whose_copy_went_backwards_leaves_the_in_sync_set_until_it_ho
     assert leader.wanted(120, now=3.0) is None  # behind the commit: not yet
     leader.fetched("b", 100, 120, now=4.0)
     assert leader.wanted(120, now=4.0) == ISR
+
+
+def test_a_replica_catching_up_is_sent_at_most_the_catch_up_rate(tmp_path: Path) -> None:
+    """With replica_catchup_bytes_per_s, a follower outside the in-sync set gets at most that many
+    bytes a second; one in the set is never held back."""
+    cluster = Cluster(tmp_path, replica_catchup_bytes_per_s=3000)
+    try:
+        a = cluster.cores["a"]
+        cluster.send(b"pub", Attach(stream="prices", version=7))
+        cluster.send(b"pub", *(Publish(key="k", body=b"x" * 90) for _ in range(100)))  # about 12 kB of records
+        a.flush_appends()
+        cluster.cores["a"].isr_written("prices", 1, frozenset({"a", "b"}))  # c is out: catching up
+        cluster.turn(rounds=20)  # within one second of the monotonic clock
+        copied = {n: cluster.cores[n].streams["prices"].journal.written for n in "bc"}
+        assert copied["b"] == 100
+        assert 0 < copied["c"] < 100  # about 3000 bytes' worth (whole records; a group may overshoot)
+        journal = cluster.cores["c"].streams["prices"].journal
+        assert journal.replica_position()[1] <= 3000 + 200
+    finally:
+        cluster.close()

@@ -153,6 +153,18 @@ def _replicas(_value: Any, mp: pytest.MonkeyPatch, tmp: Path) -> None:
     assert replica is not None and replica.min_insync == 3  # a majority of 4
 
 
+def _catch_up(_value: Any, mp: pytest.MonkeyPatch, tmp: Path) -> None:
+    """spec.catchUpMegabytesPerSecond: the leader's limit for a replica catching up (the broker's config)."""
+    spec = StreamSpec.model_validate({"replicas": 3, "catchUpMegabytesPerSecond": 40})
+    objects = stream_objects("ns", "prices", spec, Settings(zookeeper="zk:2181"), replicated=True)
+    for key, value in next(o for o in objects if o["kind"] == "ConfigMap")["data"].items():
+        mp.setenv(key, value)
+    mp.setenv("ZEPS_BROKER_DATA_DIR", str(tmp))
+    mp.setenv("ZEPS_BROKER_MEMBER", "prices-broker-0")
+    config, _curve, _registration = settings(parse_args([]))
+    assert config.replica_catchup_bytes_per_s == 40_000_000
+
+
 def _min_in_sync(_value: Any, mp: pytest.MonkeyPatch, tmp: Path) -> None:
     spec = StreamSpec.model_validate({"replicas": 3, "minInSync": 3})
     objects = stream_objects("ns", "prices", spec, Settings(zookeeper="zk:2181"), replicated=True)
@@ -212,6 +224,7 @@ STREAM_CHECKS: dict[str, Check] = {
     "fsync": _stream("fsync", "always", lambda config, **_: config.journal.fsync == "always"),
     "replicas": _replicas,
     "minInSync": _min_in_sync,
+    "catchUpMegabytesPerSecond": _catch_up,
     "matching": _stream("matching", "prefix", lambda config, **_: config.matching == "prefix"),
     "producers.ttlSeconds": _stream(
         "producers.ttlSeconds", 600, lambda config, **_: config.journal.producer_ttl_ms == 600_000

@@ -66,7 +66,7 @@ import crc32c
 from zeps.broker.matching import Matcher, PatternError, PrefixTrie, compile_pattern
 from zeps.broker.replication import REPLICATION_VERSION, Leadership, encode_epochs
 from zeps.errors import ProtocolError
-from zeps.journal import Chunk, Journal, JournalConfig, JournalWriteError
+from zeps.journal import Chunk, Journal, JournalConfig, JournalWriteError, ReplicaSlice
 from zeps.journal.producers import Producer, ProducerRefusedError, ProducerState, frozen
 from zeps.protocol import (
     LATEST,
@@ -143,6 +143,9 @@ class BrokerConfig:
     under_replicated: Literal["refuse", "wait"] = "refuse"
     #: bytes a follower gets per REPLICA-DATA at most (its fetch may ask for less)
     replica_fetch_bytes: int = 4 * 1024 * 1024
+    #: bytes a second a follower outside the in-sync set (catching up) is sent at most (None: no limit),
+    #: so that rebuilding a replica does not take the leader's disk and network from its publishers
+    replica_catchup_bytes_per_s: int | None = None
 
     @property
     def max_frame_bytes(self) -> int:
@@ -216,6 +219,7 @@ class _Stream:
     #: sequence (-1: the sequence is set at the next flush): [sequence, peer, frame]
     held: deque[list[Any]] = field(default_factory=deque)
     waiting: dict[bytes, tuple[ReplicaFetch, float]] = field(default_factory=dict)  # followers' fetches, held
+    catchup: dict[str, list[float]] = field(default_factory=dict)  # per follower catching up: [second began, bytes]
     refused_under_replicated: int = 0  # publishes refused: fewer in-sync replicas than minInSync
 
     @property
@@ -793,8 +797,18 @@ class BrokerCore:
             more = journal.replica_has_more(fetch.base, fetch.offset)
             if not more and now - since < leader.heartbeat_s:
                 continue
-            part = journal.replica_read(fetch.base, fetch.offset, fetch.last,
-                                        min(fetch.most, self.config.replica_fetch_bytes))  # fmt: skip
+            most = min(fetch.most, self.config.replica_fetch_bytes)
+            window = self._catchup_window(stream, fetch.replica, now)
+            if window is not None and window[1] <= 0:  # this second's bytes are spent: the rest in the next
+                if now - since < leader.heartbeat_s:
+                    continue
+                part = ReplicaSlice(fetch.base, fetch.offset, b"")  # a heartbeat: nothing more yet
+            else:
+                if window is not None:
+                    most = min(most, int(window[1]))
+                part = journal.replica_read(fetch.base, fetch.offset, fetch.last, most)
+                if window is not None:
+                    window[1] -= len(part.data)
             epochs = encode_epochs(journal.epochs.newer_than(fetch.known))
             crc = crc32c.crc32c(part.data, crc32c.crc32c(part.marks, crc32c.crc32c(part.starts)))
             answer = ReplicaData(epoch=leader.epoch, base=part.base, offset=part.offset, next=part.next_base,
@@ -806,6 +820,18 @@ class BrokerCore:
         while stream.held and stream.held[0][0] <= commit:
             _, peer, frame = stream.held.popleft()
             self._send(peer, frame)
+
+    def _catchup_window(self, stream: _Stream, replica: str, now: float) -> list[float] | None:
+        """A follower catching up (not in sync) under ``replica_catchup_bytes_per_s``: [when this second
+        began, the bytes it may still get in it]; None when it is not limited."""
+        rate, leader = self.config.replica_catchup_bytes_per_s, stream.leader
+        if not rate or leader is None or replica in leader.isr:
+            stream.catchup.pop(replica, None)
+            return None
+        window = stream.catchup.setdefault(replica, [now, float(rate)])
+        if now - window[0] >= 1.0:
+            window[0], window[1] = now, float(rate)
+        return window
 
     def _route(self, stream: _Stream) -> None:
         journal = stream.journal

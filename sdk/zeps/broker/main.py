@@ -104,6 +104,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--under-replicated", choices=["refuse", "wait"], default=_env("UNDER_REPLICATED", "refuse"),
                    help="with fewer in-sync replicas than --min-insync: refuse publishes (NOT_ENOUGH_REPLICAS) or "
                    "hold their confirmations until enough are back [ZEPS_BROKER_UNDER_REPLICATED]")  # fmt: skip
+    p.add_argument("--replica-catchup-rate", type=float, default=float(_env("REPLICA_CATCHUP_RATE") or 0),
+                   help="MB a second a replica catching up (out of sync: new, or back after a while) is sent at "
+                   "most by the leader; 0: no limit [ZEPS_BROKER_REPLICA_CATCHUP_RATE]")  # fmt: skip
     p.add_argument("--zookeeper-session-timeout", type=float, default=float(_env("ZOOKEEPER_SESSION_TIMEOUT") or 4),
                    help="seconds; a replicated stream's dead leader is replaced after about this long "
                    "[ZEPS_BROKER_ZOOKEEPER_SESSION_TIMEOUT]")  # fmt: skip
@@ -172,7 +175,8 @@ def settings(args: argparse.Namespace) -> tuple[BrokerConfig, CurveConfig | None
                           f"{MAX_MESSAGE_BYTES_CEILING}")  # fmt: skip
     config = BrokerConfig(Path(args.data_dir), tuple(args.stream), journal=journal, heartbeat_s=args.heartbeat,
                           ttl_s=args.ttl, matching=args.matching, max_message_bytes=args.max_message_bytes,
-                          under_replicated=args.under_replicated)  # fmt: skip
+                          under_replicated=args.under_replicated,
+                          replica_catchup_bytes_per_s=int(args.replica_catchup_rate * 1e6) or None)  # fmt: skip
     curve = None
     if args.curve_secret_key:
         clients = Path(args.curve_clients) if args.curve_clients else None

@@ -883,7 +883,7 @@ class Journal:
             count = len(walked)
             if good:
                 break
-            limit = durable  # one group larger than max_bytes: send it whole (a quarter segment at most)
+            limit = min(durable, offset + 2 * (limit - offset))  # a group larger than max_bytes goes whole
         data = data[:good]
         starts = array("I")
         if count > 0:  # the records' offsets, as the .off file holds them
