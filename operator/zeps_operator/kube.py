@@ -101,6 +101,13 @@ class Kube:
             force_conflicts=True,
         )
 
+    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+        """Delete a namespaced object (gone already: nothing to do)."""
+        if self._dynamic is None:
+            self._dynamic = DynamicClient(self.api)  # type: ignore[no-untyped-call]
+        resource = self._dynamic.resources.get(api_version=api_version, kind=kind)
+        _unless_missing(lambda: resource.delete(name=name, namespace=namespace))
+
     def create_once(self, obj: dict[str, Any]) -> bool:
         """Create ``obj`` (a namespaced core/v1 Secret) unless one of its name exists: True if made. What
         exists is left as it is and never read (the operator may create Secrets, not read them)."""

@@ -165,7 +165,8 @@ class StreamSpec(_Model):
         le=7,
         description="Brokers holding the journal. 1: one broker (a Deployment). 2 or more (3 recommended): a "
         "leader and followers (a StatefulSet, a volume each, spread across nodes); a publish is confirmed once "
-        "minInSync of them hold it durably, and losing the leader's pod or node loses nothing confirmed.",
+        "minInSync of them hold it durably, and losing the leader's pod or node loses nothing confirmed. A stream "
+        "of one broker grows replicas in place (they copy its journal); a replicated one stays a StatefulSet.",
     )
     min_in_sync: int | None = Field(
         None,

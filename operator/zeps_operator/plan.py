@@ -25,6 +25,7 @@ __all__ = [
     "STREAM_LABEL",
     "Settings",
     "condition",
+    "migration_objects",
     "stream_member",
     "stream_objects",
     "zookeeper_layout",
@@ -360,6 +361,28 @@ def stream_objects(
         },
     }
     return [config_map, pvc, deployment, service]
+
+
+def migration_objects(
+    namespace: str, name: str, spec: StreamSpec, settings: Settings, *, zookeeper_auth: bool = False
+) -> list[dict[str, Any]]:
+    """A stream of one broker growing to ``spec.replicas``: the replicated stream's objects, plus its old
+    Deployment and volume, whose broker now runs as the first replica (member ``<name>-0``, in-sync
+    set of one, advertising its pod's address) until the replicas have copied its journal. The
+    handlers then delete the Deployment (:func:`zeps_operator.streams.reconcile_stream`)."""
+    replicated = stream_objects(namespace, name, spec, settings, zookeeper_auth=zookeeper_auth, replicated=True)
+    single = stream_objects(namespace, name, spec, settings, zookeeper_auth=zookeeper_auth)
+    old = [o for o in single if o["kind"] in ("PersistentVolumeClaim", "Deployment")]
+    deployment = next(o for o in old if o["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    container["env"] = [
+        *container["env"],
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "ZEPS_BROKER_MEMBER", "value": stream_member(name)},
+        {"name": "ZEPS_BROKER_ADVERTISE", "value": f"tcp://$(POD_IP):{spec.port}"},
+        {"name": "ZEPS_BROKER_MIN_INSYNC", "value": "1"},
+    ]  # the pod's env goes over the (replicated) ConfigMap's
+    return [*replicated, *old]
 
 
 def _statefulset(namespace: str, name: str, spec: StreamSpec, template: dict[str, Any], pvc: dict[str, Any]

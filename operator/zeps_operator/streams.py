@@ -8,12 +8,13 @@ import kopf
 
 from zeps.broker.certificates import make_certificate
 from zeps.coordination import Group
-from zeps.coordination.replication import read_replication_state
+from zeps.coordination.replication import read_replication_state, seed_replication_state
 from zeps.paths import StreamPaths
 from zeps_operator.curve import CURVE_SECRET, StreamKeys, client_secret, forget_keys, plan_keys
 from zeps_operator.models import StreamSpec
 from zeps_operator.plan import (
     STREAM_LABEL,
+    migration_objects,
     receiver_settings,
     retains_data,
     stream_endpoint,
@@ -39,22 +40,28 @@ def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason
     group = Group(state.zk, paths.brokers)
     typed = StreamSpec.model_validate(dict(spec))
     replicated = replication_mode(body, typed, patch)
-    if replicated is None:
-        ready(body, patch, False, "ReplicasNotChangeable", "this stream was created with one broker (a Deployment) "
-              "and cannot be replicated in place yet: its journal would have to move. Create a stream with "
-              "replicas >= 2 (or set replicas back to 1)", generation=generation)  # fmt: skip
-        return
-    members = stream_members(name, typed, replicated=replicated)
+    migrating = replicated is None
+    members = stream_members(name, typed, replicated=replicated is not False)
+    if migrating:  # the old broker is the first replica until the new ones hold its journal
+        members = [stream_member(name), *members]
+        seed_replication(paths, stream_member(name))
     if group.manifest() != frozenset(members):
         group.set_manifest(members)
     public_key = ensure_curve(body, namespace, name, typed) if typed.curve else ""
     zookeeper_auth = namespace_acl(namespace, read_after=after) is not None
     retain = retains_data(dict(spec))
-    for obj in stream_objects(namespace, name, typed, state.settings, zookeeper_auth=zookeeper_auth,
-                              replicated=replicated):  # fmt: skip
+    if migrating:
+        objects = migration_objects(namespace, name, typed, state.settings, zookeeper_auth=zookeeper_auth)
+    else:
+        objects = stream_objects(namespace, name, typed, state.settings, zookeeper_auth=zookeeper_auth,
+                                 replicated=bool(replicated))  # fmt: skip
+    for obj in objects:
         if not (retain and obj["kind"] == "PersistentVolumeClaim"):  # a retained journal outlives the stream
             kopf.adopt(obj, owner=body)
         state.kube.apply(obj)
+    if migrating:
+        finish_migration(body, typed, group, patch, retain=retain, generation=generation)
+        return
     if replicated:
         replicated_status(body, typed, group, patch, generation=generation)
         return
@@ -85,7 +92,7 @@ def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason
 def replication_mode(body: kopf.Body, spec: StreamSpec, patch: kopf.Patch) -> bool | None:
     """Whether the stream runs replicated (a StatefulSet), decided at its first reconcile and kept in
     ``status.replicated``: a replicated stream stays one at any replicas (3 -> 1 -> 3 scales its
-    StatefulSet). None: a stream of one broker asked to replicate, which is not done in place."""
+    StatefulSet). None: a stream of one broker asked for replicas, which it grows to in place."""
     decided = body.get("status", {}).get("replicated")
     if decided is None:
         decided = spec.replicas > 1
@@ -93,6 +100,36 @@ def replication_mode(body: kopf.Body, spec: StreamSpec, patch: kopf.Patch) -> bo
     if not decided and spec.replicas > 1:
         return None
     return bool(decided)
+
+
+def seed_replication(paths: StreamPaths, first: str) -> None:
+    """Before a stream of one broker grows replicas: ZooKeeper's replication state names its broker the
+    only replica in sync (epoch 0), so that it is elected, and the new, empty replicas copy its
+    journal. Written once (a create: an existing state is left as it is)."""
+    seed_replication_state(state.zk, paths, first)
+
+
+def finish_migration(body: kopf.Body, spec: StreamSpec, group: Group, patch: kopf.Patch, *, retain: bool,
+                     generation: int) -> None:  # fmt: skip
+    """A stream growing replicas in place: once ``minInSync`` of the new replicas are in sync (they hold
+    the old broker's journal), the old Deployment goes (its broker leaves its session: the new replicas
+    elect a leader at once), and its volume too unless the stream retains data."""
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    paths = StreamPaths.of(namespace, name, chroot=state.settings.chroot)
+    replication = read_replication_state(state.zk, paths)
+    new = set(stream_members(name, spec, replicated=True))
+    copied = sorted(new & set(replication.isr)) if replication is not None else []
+    if len(copied) < spec.in_sync:
+        why = f"growing to {spec.replicas} replicas: {len(copied)} of them hold the journal, {spec.in_sync} needed"
+        ready(body, patch, False, "Replicating", why, generation=generation)
+        raise kopf.TemporaryError(why, delay=5)
+    state.kube.delete("apps/v1", "Deployment", namespace, f"{name}-broker")
+    if not retain:
+        state.kube.delete("v1", "PersistentVolumeClaim", namespace, f"{name}-journal")
+    group.set_manifest(sorted(new))
+    patch.status["replicated"] = True
+    kopf.info(body, reason="Replicated", message=f"{', '.join(copied)} hold the journal: the one broker is gone")
+    raise kopf.TemporaryError("replicated: the new replicas elect their leader", delay=2)
 
 
 def replicated_status(body: kopf.Body, spec: StreamSpec, group: Group, patch: kopf.Patch, *, generation: int) -> None:

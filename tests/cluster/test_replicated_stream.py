@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from kubernetes import client
 
 from zeps.client import StreamClient
 from zeps.client.discovery import LeaderLocator
-from zeps_dev import ControlPlane, OperatorProcess, ZooKeeperServer
+from zeps_dev import ControlPlane, ZooKeeperServer
 from zeps_dev.process import free_port, wait_until
 
 CHROOT = "/operator-tests"
@@ -35,29 +36,41 @@ def _status(plane: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
     return body.get("status", {})  # type: ignore[no-any-return]
 
 
-def _replica(apps: Any, core: Any, namespace: str, ordinal: int, tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """Replica ``ordinal`` of the StatefulSet, as its pod would run: the template's command, the
-    ConfigMap, the pod's own environment (``$(POD_NAME)`` expanded); only where it binds and what it
-    advertises are local (no cluster DNS here)."""
-    template = apps.read_namespaced_stateful_set("orders-broker", namespace).spec.template.spec
-    container = template.containers[0]
-    pod_name = f"orders-broker-{ordinal}"
-    env = dict(os.environ)
-    env.update(core.read_namespaced_config_map("orders-broker", namespace).data or {})
-    for var in container.env:
-        if var.value is not None:
-            env[var.name] = var.value.replace("$(POD_NAME)", pod_name)
-    port = free_port()
-    endpoint = f"tcp://127.0.0.1:{port}"
-    env.update({"POD_NAME": pod_name, "ZEPS_BROKER_BIND": endpoint, "ZEPS_BROKER_ADVERTISE": endpoint,
-                "ZEPS_BROKER_DATA_DIR": str(tmp / pod_name), "ZEPS_BROKER_METRICS_PORT": str(free_port()),
-                "ZEPS_BROKER_ZOOKEEPER_SESSION_TIMEOUT": "2"})  # fmt: skip
-    assert env["ZEPS_BROKER_MEMBER"] == pod_name  # the pod names itself in the group
-    command = [os.path.join(os.path.dirname(sys.executable), container.command[0]), *(container.args or [])]
-    log = open(tmp / f"{pod_name}.log", "ab")  # noqa: SIM115 — the child writes it
-    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-    log.close()
-    return proc, endpoint
+@dataclass
+class Pods:
+    """Broker pods of a namespace run here as local processes, from their templates (no kubelet)."""
+
+    core: Any
+    apps: Any
+    namespace: str
+    tmp: Path
+
+    def replica(self, ordinal: int, stream: str = "orders") -> tuple[subprocess.Popen[bytes], str]:
+        """Replica ``ordinal`` of the stream's StatefulSet, as its pod would run."""
+        template = self.apps.read_namespaced_stateful_set(f"{stream}-broker", self.namespace).spec.template.spec
+        return self.run(stream, template.containers[0], f"{stream}-broker-{ordinal}")
+
+    def run(self, stream: str, container: Any, pod_name: str, data: Path | None = None
+            ) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
+        """A broker container: its command, its ConfigMap and its own environment (``$(POD_NAME)``
+        expanded); only where it binds and what it advertises are local (no cluster DNS here)."""
+        env = dict(os.environ)
+        env.update(self.core.read_namespaced_config_map(f"{stream}-broker", self.namespace).data or {})
+        for var in container.env or []:
+            if var.value is not None:
+                env[var.name] = var.value.replace("$(POD_NAME)", pod_name)
+        endpoint = f"tcp://127.0.0.1:{free_port()}"
+        env.update({"POD_NAME": pod_name, "ZEPS_BROKER_BIND": endpoint, "ZEPS_BROKER_ADVERTISE": endpoint,
+                    "ZEPS_BROKER_DATA_DIR": str(data or self.tmp / pod_name),
+                    "ZEPS_BROKER_METRICS_PORT": str(free_port()),
+                    "ZEPS_BROKER_ZOOKEEPER_SESSION_TIMEOUT": "2"})  # fmt: skip
+        if pod_name.startswith(f"{stream}-broker-") and pod_name[-1].isdigit():  # a replica names itself
+            assert env["ZEPS_BROKER_MEMBER"] == pod_name
+        command = [os.path.join(os.path.dirname(sys.executable), container.command[0]), *(container.args or [])]
+        log = open(self.tmp / f"{pod_name}.log", "ab")  # noqa: SIM115 — the child writes it
+        proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        return proc, endpoint
 
 
 @pytest.mark.usefixtures("operator")
@@ -65,6 +78,7 @@ def test_a_replicated_stream_runs_elects_fails_over_and_scales_down(
     crds: ControlPlane, namespace: str, kube_api: Any, zookeeper_server: ZooKeeperServer, tmp_path: Path
 ) -> None:
     core, apps, policy = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api), client.PolicyV1Api(kube_api)
+    pods = Pods(core, apps, namespace, tmp_path)
     _apply(crds, namespace, "orders", {"replicas": 3, "fsync": "always"})
     wait_until(lambda: bool(apps.list_namespaced_stateful_set(namespace).items), timeout=60, what="the StatefulSet")
     sts = apps.read_namespaced_stateful_set("orders-broker", namespace)
@@ -79,7 +93,7 @@ def test_a_replicated_stream_runs_elects_fails_over_and_scales_down(
     procs: dict[int, subprocess.Popen[bytes]] = {}
     try:
         for i in range(3):
-            procs[i], _ = _replica(apps, core, namespace, i, tmp_path)
+            procs[i], _ = pods.replica(i)
         wait_until(lambda: len(_status(crds, namespace, "orders").get("replication", {}).get("inSync", [])) == 3,
                    timeout=90, what="a leader and three replicas in sync in status")  # fmt: skip
         status = _status(crds, namespace, "orders")
@@ -120,20 +134,75 @@ def test_a_replicated_stream_runs_elects_fails_over_and_scales_down(
         crds.kubectl("delete", "zepsstream", "orders", "-n", namespace, "--timeout=60s", check=False)
 
 
-def test_a_stream_of_one_broker_is_not_replicated_in_place(
-    operator: OperatorProcess, crds: ControlPlane, namespace: str, kube_api: Any
+@pytest.mark.usefixtures("operator")
+def test_a_stream_of_one_broker_grows_replicas_in_place_and_keeps_its_journal(
+    crds: ControlPlane, namespace: str, kube_api: Any, zookeeper_server: ZooKeeperServer, tmp_path: Path
 ) -> None:
-    """Its journal is on one volume: replicating it would start the new replicas empty. The operator
-    says so in a condition and leaves the broker as it is."""
-    _apply(crds, namespace, "single", {})
-    apps = client.AppsV1Api(kube_api)
-    wait_until(lambda: bool(apps.list_namespaced_deployment(namespace).items), timeout=60, what="the Deployment")
-    _apply(crds, namespace, "single", {"replicas": 3})
+    """replicas 1 -> 3 on a live stream: the old broker (its Deployment, restarted by the operator as
+    the first replica) leads, the StatefulSet's replicas copy its journal, and once two hold it the
+    Deployment and its volume go; a new replica leads, with every message of the old journal."""
+    core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
+    pods = Pods(core, apps, namespace, tmp_path)
+    pv = client.V1PersistentVolume(
+        metadata=client.V1ObjectMeta(name=f"grow-{namespace}"),
+        spec=client.V1PersistentVolumeSpec(capacity={"storage": "1Gi"}, access_modes=["ReadWriteOnce"],
+                                           host_path=client.V1HostPathVolumeSource(path=str(tmp_path / "pv")),
+                                           storage_class_name=""),
+    )  # fmt: skip
+    core.create_persistent_volume(pv)
+    spec: dict[str, Any] = {"storage": {"size": "1Gi", "storageClassName": ""}, "fsync": "always"}
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        _apply(crds, namespace, "grow", spec)
+        wait_until(lambda: bool(apps.list_namespaced_deployment(namespace).items), timeout=60, what="the Deployment")
 
-    def reason() -> str:
-        ready = [c for c in _status(crds, namespace, "single").get("conditions", []) if c["type"] == "Ready"]
-        return str(ready[0]["reason"]) if ready else ""
+        def deployment_container() -> Any:
+            return apps.read_namespaced_deployment("grow-broker", namespace).spec.template.spec.containers[0]
 
-    wait_until(lambda: reason() == "ReplicasNotChangeable", timeout=60, what="the condition")
-    assert not apps.list_namespaced_stateful_set(namespace).items
-    crds.kubectl("delete", "zepsstream", "single", "-n", namespace, "--timeout=60s", check=False)
+        old, endpoint = pods.run("grow", deployment_container(), "grow-broker-abc", data=tmp_path / "old-journal")
+        procs.append(old)
+        with StreamClient(endpoint, "grow", timeout=30) as c:
+            for i in range(30):
+                c.publish("k", b"old %d" % i)
+            c.flush()
+
+        _apply(crds, namespace, "grow", {**spec, "replicas": 3})
+        wait_until(lambda: any(e.name == "ZEPS_BROKER_MIN_INSYNC" for e in deployment_container().env or []),
+                   timeout=60, what="the old broker's pod template as the first replica")  # fmt: skip
+        old.send_signal(signal.SIGTERM)  # the Deployment's rollout: the old pod goes, the new one starts
+        old.wait(30)
+        first, _ = pods.run("grow", deployment_container(), "grow-broker-def", data=tmp_path / "old-journal")
+        procs.append(first)
+        wait_until(lambda: bool(apps.list_namespaced_stateful_set(namespace).items), timeout=60,
+                   what="the StatefulSet")  # fmt: skip
+        for i in range(3):
+            procs.append(pods.replica(i, stream="grow")[0])
+        wait_until(lambda: _status(crds, namespace, "grow").get("replicated") is True, timeout=120,
+                   what="the operator to finish growing the stream")  # fmt: skip
+        assert not apps.list_namespaced_deployment(namespace).items
+        wait_until(lambda: not core.list_namespaced_persistent_volume_claim(
+            namespace, label_selector="zeps.dev/stream=grow").items or all(
+            p.metadata.name != "grow-journal" for p in core.list_namespaced_persistent_volume_claim(namespace).items),
+            timeout=30, what="the old volume gone")  # fmt: skip
+        first.send_signal(signal.SIGTERM)  # the deleted Deployment's pod stops: a new replica leads
+        first.wait(30)
+        locator = LeaderLocator(zookeeper_server.connect_string, namespace, "grow", chroot=CHROOT)
+        wait_until(lambda: locator().startswith("tcp://"), timeout=60, what="a new leader")
+        with StreamClient(locator(), "grow", locator=locator, timeout=30) as c:
+            c.publish("k", b"new")
+            c.flush()
+            fetched = c.fetch("", first=1)
+        assert [m.body for m in fetched.messages] == [b"old %d" % i for i in range(30)] + [b"new"]
+        wait_until(lambda: str(_status(crds, namespace, "grow").get("replication", {}).get("leader", ""))
+                   .startswith("grow-broker-"), timeout=60, what="status naming a new replica the leader")  # fmt: skip
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        crds.kubectl("delete", "zepsstream", "grow", "-n", namespace, "--timeout=60s", check=False)
+        core.delete_persistent_volume(f"grow-{namespace}")

@@ -39,7 +39,7 @@ from kazoo.protocol.states import WatchedEvent, ZnodeStat
 
 from zeps.paths import StreamPaths, validate_member_id
 
-__all__ = ["ReplicaElection", "ReplicaEvent", "ReplicationState", "read_replication_state"]
+__all__ = ["ReplicaElection", "ReplicaEvent", "ReplicationState", "read_replication_state", "seed_replication_state"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,18 @@ class ReplicaEvent:
     epoch: int = 0
     leader: str = ""
     isr: frozenset[str] = frozenset()
+
+
+def seed_replication_state(client: KazooClient, paths: StreamPaths, first: str) -> bool:
+    """Name ``first`` the only replica in sync (epoch 0) unless a state exists: a stream of one broker
+    growing replicas elects that broker, and the new replicas copy its journal. True if written."""
+    if client.exists(paths.replication_state) is not None:
+        return False
+    try:
+        client.create(paths.replication_state, ReplicationState(0, first, frozenset({first})).encode(), makepath=True)
+    except NodeExistsError:
+        return False
+    return True
 
 
 def read_replication_state(client: KazooClient, paths: StreamPaths) -> ReplicationState | None:
@@ -163,8 +175,8 @@ class ReplicaElection:
             state = ReplicationState.decode(data)
         except NoNodeError:
             state, stat = None, None
-        if state is not None and state.leader == self.replica and state.epoch == self.led:
-            return True  # leading already
+        if state is not None and self.led and state.leader == self.replica and state.epoch == self.led:
+            return True  # leading already (a seeded state names us in epoch 0: we take epoch 1)
         if state is not None and self.empty():
             log.info("replica %s: first in line, but its journal is empty and the stream had leaders; stepping "
                      "back when the line changes", self.replica)  # fmt: skip
