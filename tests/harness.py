@@ -243,6 +243,7 @@ class ReplicaSet:
         self.zookeeper, self.root, self.min_insync, self.stream = zookeeper, root, min_insync, stream
         self.names = ["r0", "r1", "r2"]
         self.ports = {name: free_port() for name in self.names}
+        self.metrics = {name: free_port() for name in self.names}  # each replica's Prometheus port
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.paths = StreamPaths.of("default", stream, chroot=zookeeper.root)
         self.zk = zookeeper.client()
@@ -253,10 +254,18 @@ class ReplicaSet:
                 "--bind", f"tcp://127.0.0.1:{self.ports[name]}", "--zookeeper", self.zookeeper.connect_string,
                 "--chroot", self.zookeeper.root, "--namespace", "default", "--member", name,
                 "--min-insync", str(self.min_insync), "--zookeeper-session-timeout", str(REPLICA_SESSION_S),
-                "--replica-lag", "4", "--fsync", "group", "--segment-bytes", str(256 << 10)]  # fmt: skip
+                "--replica-lag", "4", "--fsync", "group", "--segment-bytes", str(256 << 10),
+                "--metrics-port", str(self.metrics[name])]  # fmt: skip
         log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 — the process writes it; closed with it
         self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         log.close()
+
+    def scrape(self, name: str) -> str:
+        """Replica ``name``'s Prometheus metrics, as text."""
+        import urllib.request  # noqa: PLC0415
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics[name]}/metrics", timeout=5) as answer:
+            return str(answer.read().decode())
 
     def state(self) -> Any:
         return read_replication_state(self.zk, self.paths)

@@ -170,6 +170,12 @@ def test_a_killed_follower_returns_and_catches_up(replicas: Replicas) -> None:
     until(lambda: publisher.confirmed > before + 200, "publishes confirmed by two replicas", timeout=30)
     replicas.start(follower)
     until(lambda: follower in replicas.state().isr, f"{follower} back in sync", timeout=60)
+    # what Prometheus sees: the leader and its in-sync set, a follower that follows
+    until(lambda: 'zeps_broker_replica_in_sync{stream="prices"} 3.0' in replicas.scrape(leader),
+          "the in-sync gauge", timeout=10)  # fmt: skip
+    assert 'zeps_broker_replica_leader{stream="prices"} 1.0' in replicas.scrape(leader)
+    assert f'zeps_broker_replica_follower_lag{{follower="{follower}",stream="prices"}}' in replicas.scrape(leader)
+    assert 'zeps_broker_replica_leader{stream="prices"} 0.0' in replicas.scrape(follower)
     publisher.stop_at = publisher.confirmed + publisher.group
     assert publisher.done.wait(60) and publisher.error is None, publisher.error
     time.sleep(1)  # the last commit reaches every follower at its next fetch

@@ -150,6 +150,30 @@ class _Link:
     again: tuple[float, int, str] | None = None  # (when, epoch, leader): a follow to try again
 
 
+class _ReplicationMetrics:
+    """A replicated stream's gauges: this replica's role, the epoch, the in-sync set, followers' lag."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.leader = Gauge("zeps_broker_replica_leader", "1 while this replica leads the stream", ["stream"],
+                            registry=registry)  # fmt: skip
+        self.epoch = Gauge("zeps_broker_replica_epoch", "The leader epoch this replica leads (0: it follows)",
+                           ["stream"], registry=registry)  # fmt: skip
+        self.in_sync = Gauge("zeps_broker_replica_in_sync", "Replicas in sync, the leader included (leader only)",
+                             ["stream"], registry=registry)  # fmt: skip
+        self.lag = Gauge("zeps_broker_replica_follower_lag", "Records a follower lacks of the leader's durable tail "
+                         "(leader only)", ["stream", "follower"], registry=registry)  # fmt: skip
+
+    def update(self, name: str, stream: Any) -> None:
+        leader = stream.leader
+        self.leader.labels(name).set(1 if leader is not None else 0)
+        self.epoch.labels(name).set(leader.epoch if leader is not None else 0)
+        self.in_sync.labels(name).set(len(leader.isr) if leader is not None else 0)
+        self.lag.clear()
+        if leader is not None:
+            for follower, f in leader.followers.items():
+                self.lag.labels(name, follower).set(max(0, stream.journal.durable - f.durable))
+
+
 @dataclass(frozen=True)
 class Replication:
     """A replicated stream (the broker serves one, and registers in ZooKeeper as one of its replicas,
@@ -232,10 +256,11 @@ class BrokerServer:
         self._exported: dict[tuple[int, str], int] = {}  # counter values already exported
         self._memberships: dict[str, Any] = {}  # stream name -> this broker's membership in its group
         self._last_facts = 0.0
-        self.replication = replication
+        self.replication = replication  # and its gauges, below
+        self._replication_metrics = None if replication is None else _ReplicationMetrics(self.registry)
         self._election: Any = None  # this replica's part in the election (zeps.coordination.replication)
-        self._events: queue.SimpleQueue[Any] = queue.SimpleQueue()  # election events, for the loop
-        self._link = _Link()  # following: the peering with the leader
+        # election events, for the loop; following: the peering with the leader
+        self._events, self._link = queue.SimpleQueue[Any](), _Link()
         self._poller: zmq.Poller | None = None
         self.refused: str | None = None  #: why the broker stopped serving (not in the manifest…)
         #: why the broker's loop failed (a disk error, a bug): it stopped serving; zeps-broker exits 1
@@ -654,7 +679,9 @@ class BrokerServer:
     def _update_metrics(self) -> None:
         for name, stream in self.core.streams.items():
             self._journal_bytes.labels(name).set(stream.journal.size_bytes)
-            self._last_seq.labels(name).set(stream.journal.durable)
+            self._last_seq.labels(name).set(stream.committed)
+            if self._replication_metrics is not None:
+                self._replication_metrics.update(name, stream)
             for counter, value in ((self._messages_in, stream.messages_in), (self._messages_out, stream.messages_out),
                                    (self._bytes_out, stream.bytes_out), (self._replayed, stream.messages_replayed),
                                    (self._fell_behind, stream.fell_behind),
