@@ -929,3 +929,28 @@ def test_the_asyncio_client_raises_when_its_re_attach_is_refused(tmp_path: Path)
                 other.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_client_of_a_stream_that_is_not_replicated_keeps_the_address_it_was_given(
+    zookeeper: ZooKeeperHarness, broker_factory: BrokerFactory
+) -> None:
+    """A client that resolves a stream with its ZooKeeper follows a replicated stream's leader. A
+    stream of one broker has none to follow: the client keeps the address it reached the broker at (a
+    port-forward, a NodePort, a load balancer), not the in-cluster one the broker advertises."""
+    from zeps.config import Resolved  # noqa: PLC0415
+
+    reg = Registration(zookeeper.connect_string, "shop", "prices-0", chroot=zookeeper.root,
+                       advertise="tcp://prices-broker.shop.svc:5555")  # fmt: skip
+    broker = broker_factory(registration=reg)
+    resolved = Resolved(kind="ZepsStream", name="prices", namespace="shop", zookeeper=zookeeper.connect_string,
+                        chroot=zookeeper.root, endpoint=broker.endpoint)  # fmt: skip
+    client = StreamClient.of(resolved, timeout=10)
+    assert client.locator is not None
+    with client:
+        client.publish("k", b"1")
+        client.flush()
+        client._reconnect()  # as after a dropped connection
+        client.publish("k", b"2")
+        client.flush()
+        assert client.endpoint == broker.endpoint
+    assert broker.core.streams["prices"].journal.written == 2

@@ -74,11 +74,19 @@ class LeaderLocator:
         self._client: Any = None
 
     def __call__(self) -> str:
-        """The endpoint to connect to; BrokerUnavailableError while there is none (an election)."""
+        """The leader's endpoint; BrokerUnavailableError while there is none (an election), and for a
+        stream that is not replicated: its one broker stays where the client reached it (a port-forward,
+        a NodePort or a load balancer is not the address the broker advertises in ZooKeeper)."""
+        from zeps.coordination.replication import read_replication_state  # noqa: PLC0415
+        from zeps.paths import StreamPaths  # noqa: PLC0415
+
         if self._client is None:
             from zeps.coordination import connect  # noqa: PLC0415 — ZooKeeper only for discovery
 
             self._client = connect(self.zookeeper, auth=self.auth)
+        paths = StreamPaths.of(self.namespace, self.stream, chroot=self.chroot)
+        if read_replication_state(self._client, paths) is None:
+            raise BrokerUnavailableError(f"stream {self.namespace}/{self.stream} is not replicated: no leader")
         return str(broker_metadata(self._client, self.namespace, self.stream, chroot=self.chroot)["endpoint"])
 
     def close(self) -> None:
