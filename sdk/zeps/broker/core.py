@@ -43,6 +43,12 @@ gather for ``multicast_linger_s`` (5 ms) or until they fill a message, so a tric
 does not become a packet each.
 A stream that sent nothing for a heartbeat sends TAIL (its last durable sequence), so a receiver
 learns of the records it lost even when nothing follows them.
+
+Replication (version 8, :mod:`zeps.broker.replication`). The adapter tells the core who leads a
+replicated stream (:meth:`BrokerCore.lead`, :meth:`BrokerCore.follow`), as ZooKeeper decides. A
+leader answers its followers' REPLICA-FETCH with its segment bytes, holds PING-OK and PRODUCE-OK
+until the in-sync replicas have the records durably, and routes only up to that commit point; a
+follower refuses clients (NOT_LEADER), and its journal is written by its copy of the leader's.
 """
 
 from __future__ import annotations
