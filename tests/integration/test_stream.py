@@ -954,3 +954,21 @@ def test_a_client_of_a_stream_that_is_not_replicated_keeps_the_address_it_was_gi
         client.flush()
         assert client.endpoint == broker.endpoint
     assert broker.core.streams["prices"].journal.written == 2
+
+
+def test_a_client_whose_zookeeper_is_away_stays_at_its_broker(broker_factory: BrokerFactory) -> None:
+    """Where the leader is, is advice: a client whose ZooKeeper does not answer (nothing listens at
+    its address here) reconnects to the broker it was given, after the locator's 3 s, and goes on."""
+    from zeps.config import Resolved  # noqa: PLC0415
+
+    broker = broker_factory()
+    resolved = Resolved(kind="ZepsStream", name="prices", namespace="shop", zookeeper=f"127.0.0.1:{free_port()}",
+                        endpoint=broker.endpoint)  # fmt: skip
+    with StreamClient.of(resolved, timeout=10) as client:
+        client.publish("k", b"1")
+        client.flush()
+        client._reconnect()  # as after a dropped connection: the locator fails, the endpoint stays
+        client.publish("k", b"2")
+        client.flush()
+        assert client.endpoint == broker.endpoint
+    assert broker.core.streams["prices"].journal.written == 2

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Iterable
 from types import TracebackType
@@ -49,6 +50,8 @@ from zeps.protocol import LATEST, Fetch
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES
 
 __all__ = ["AsyncMulticastSubscription", "AsyncStreamClient"]
+
+log = logging.getLogger(__name__)
 
 
 class AsyncStreamClient:
@@ -150,6 +153,9 @@ class AsyncStreamClient:
         try:
             endpoint = check_endpoint(await asyncio.to_thread(self.locator))
         except BrokerUnavailableError:
+            return False
+        except Exception as exc:
+            log.debug("could not ask where the broker is (%r): staying at %s", exc, self.endpoint)
             return False
         moved, self.endpoint = endpoint != self.endpoint, endpoint
         return moved

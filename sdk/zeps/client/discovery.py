@@ -83,7 +83,7 @@ class LeaderLocator:
         if self._client is None:
             from zeps.coordination import connect  # noqa: PLC0415 — ZooKeeper only for discovery
 
-            self._client = connect(self.zookeeper, auth=self.auth)
+            self._client = connect(self.zookeeper, auth=self.auth, timeout=3)  # a client waits on this
         paths = StreamPaths.of(self.namespace, self.stream, chroot=self.chroot)
         if read_replication_state(self._client, paths) is None:
             raise BrokerUnavailableError(f"stream {self.namespace}/{self.stream} is not replicated: no leader")

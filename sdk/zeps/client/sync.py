@@ -16,6 +16,7 @@ the last sequence it received, and resend publishes the broker had not confirmed
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterable, Iterator
 from types import TracebackType
@@ -49,6 +50,8 @@ from zeps.protocol import LATEST, Fetch
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES
 
 __all__ = ["MulticastSubscription", "StreamClient"]
+
+log = logging.getLogger(__name__)
 
 
 class StreamClient:
@@ -172,6 +175,9 @@ class StreamClient:
             endpoint = check_endpoint(self.locator())
         except BrokerUnavailableError:
             return False  # no leader yet: the same endpoint for now, and asked again while detached
+        except Exception as exc:
+            log.debug("could not ask where the broker is (%r): staying at %s", exc, self.endpoint)
+            return False
         moved, self.endpoint = endpoint != self.endpoint, endpoint
         return moved
 
