@@ -31,7 +31,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,19 @@ CATCHUP_MB = int(os.environ.get("ZEPS_BENCH_CATCHUP_MB", "200"))
 BODY = b"x" * 100
 STALL_S = 60.0  # a subscriber that has not resumed this long after a kill is counted as stalled
 CHROOT = "/bench"
+
+
+def _stop_all(procs: Iterable[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to every process still running, then up to 20 s each before SIGKILL."""
+    procs = list(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 # -- zeps ---------------------------------------------------------------------------------------
@@ -95,14 +108,7 @@ class ZepsReplicas:
         self.procs[name].wait(10)
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.procs.values():
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        _stop_all(self.procs.values())
         self.zk.stop()
         self.zk.close()
 
@@ -365,14 +371,7 @@ class JetStreamCluster:
         self.procs[i].wait(10)
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.procs.values():
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        _stop_all(self.procs.values())
 
 
 def jetstream_failover(tmp: Path) -> dict[str, Any]:

@@ -137,42 +137,38 @@ def _stream(path: str, value: Any, effect: Callable[..., Any]) -> Check:
 _MULTICAST = {"transport": "epgm", "group": "239.192.0.1", "port": 5601}
 
 
+def _replica_broker(spec: StreamSpec, mp: pytest.MonkeyPatch, tmp: Path) -> tuple[list[dict[str, Any]], Any]:
+    """A replicated stream's objects, and the parsed flags of its first replica (the ConfigMap as its
+    environment, plus the member name the pod's own env gives it)."""
+    objects = stream_objects("ns", "prices", spec, Settings(zookeeper="zk:2181"), replicated=True)
+    for key, value in next(o for o in objects if o["kind"] == "ConfigMap")["data"].items():
+        mp.setenv(key, value)
+    mp.setenv("ZEPS_BROKER_DATA_DIR", str(tmp))
+    mp.setenv("ZEPS_BROKER_MEMBER", "prices-broker-0")
+    return objects, parse_args([])
+
+
 def _replicas(_value: Any, mp: pytest.MonkeyPatch, tmp: Path) -> None:
     """spec.replicas: the StatefulSet's pods, the group's manifest, and each replica's broker flags."""
     spec = StreamSpec.model_validate({"replicas": 4})
-    objects = stream_objects("ns", "prices", spec, Settings(zookeeper="zk:2181"), replicated=True)
+    objects, args = _replica_broker(spec, mp, tmp)
     sts = next(o for o in objects if o["kind"] == "StatefulSet")
     assert sts["spec"]["replicas"] == 4
     assert stream_members("prices", spec, replicated=True) == [f"prices-broker-{i}" for i in range(4)]
-    config = next(o for o in objects if o["kind"] == "ConfigMap")["data"]
-    for key, value in config.items():
-        mp.setenv(key, value)
-    mp.setenv("ZEPS_BROKER_DATA_DIR", str(tmp))
-    mp.setenv("ZEPS_BROKER_MEMBER", "prices-broker-0")  # the pod's env gives it its pod name
-    replica = replication(parse_args([]))
+    replica = replication(args)
     assert replica is not None and replica.min_insync == 3  # a majority of 4
 
 
 def _catch_up(_value: Any, mp: pytest.MonkeyPatch, tmp: Path) -> None:
     """spec.catchUpMegabytesPerSecond: the leader's limit for a replica catching up (the broker's config)."""
-    spec = StreamSpec.model_validate({"replicas": 3, "catchUpMegabytesPerSecond": 40})
-    objects = stream_objects("ns", "prices", spec, Settings(zookeeper="zk:2181"), replicated=True)
-    for key, value in next(o for o in objects if o["kind"] == "ConfigMap")["data"].items():
-        mp.setenv(key, value)
-    mp.setenv("ZEPS_BROKER_DATA_DIR", str(tmp))
-    mp.setenv("ZEPS_BROKER_MEMBER", "prices-broker-0")
-    config, _curve, _registration = settings(parse_args([]))
+    _, args = _replica_broker(StreamSpec.model_validate({"replicas": 3, "catchUpMegabytesPerSecond": 40}), mp, tmp)
+    config, _curve, _registration = settings(args)
     assert config.replica_catchup_bytes_per_s == 40_000_000
 
 
 def _min_in_sync(_value: Any, mp: pytest.MonkeyPatch, tmp: Path) -> None:
-    spec = StreamSpec.model_validate({"replicas": 3, "minInSync": 3})
-    objects = stream_objects("ns", "prices", spec, Settings(zookeeper="zk:2181"), replicated=True)
-    for key, value in next(o for o in objects if o["kind"] == "ConfigMap")["data"].items():
-        mp.setenv(key, value)
-    mp.setenv("ZEPS_BROKER_DATA_DIR", str(tmp))
-    mp.setenv("ZEPS_BROKER_MEMBER", "prices-broker-0")
-    replica = replication(parse_args([]))
+    objects, args = _replica_broker(StreamSpec.model_validate({"replicas": 3, "minInSync": 3}), mp, tmp)
+    replica = replication(args)
     assert replica is not None and replica.min_insync == 3
     assert next(o for o in objects if o["kind"] == "PodDisruptionBudget")["spec"]["minAvailable"] == 3
 
