@@ -232,8 +232,8 @@ def test_the_asyncio_client_follows_the_leader_too(replicas: Replicas) -> None:
 
 def test_a_replica_rebuilt_from_an_empty_volume_is_not_elected_before_it_caught_up(replicas: Replicas) -> None:
     """A follower's volume is replaced by an empty one while ZooKeeper still lists it in sync; the
-    leader then stalls and dies before the follower copies anything. The other follower, which holds
-    everything confirmed, must be elected — never the empty one."""
+    leader then stalls and dies before the follower copies anything, with the empty replica first in
+    line. The other follower, which holds everything confirmed, must be elected — never the empty one."""
     import shutil  # noqa: PLC0415
 
     leader = replicas.leader()
@@ -246,8 +246,12 @@ def test_a_replica_rebuilt_from_an_empty_volume_is_not_elected_before_it_caught_
     shutil.rmtree(replicas.root / empty)
     replicas.pause([leader])  # it copies nothing from a stalled leader
     replicas.start(empty)
-    until(lambda: empty not in replicas.state().isr or replicas.state().leader != leader,
-          "the empty replica out of the in-sync set, or an election", timeout=30)  # fmt: skip
+    until(lambda: any(n.startswith(f"{empty}-") for n in replicas.zk.get_children(replicas.paths.election)),
+          "the empty replica in line", timeout=30)  # fmt: skip
+    replicas.kill(other)  # back at once: its place in line is now behind the empty replica's
+    replicas.start(other)
+    until(lambda: sum(n.startswith(f"{other}-") for n in replicas.zk.get_children(replicas.paths.election)) == 1,
+          "the other replica's old place in line gone", timeout=30)  # fmt: skip
     replicas.kill(leader)
     until(lambda: replicas.state().leader != leader, "a new leader", timeout=30)
     assert replicas.state().leader == other, "the replica with an empty journal was elected"

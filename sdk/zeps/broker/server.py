@@ -609,12 +609,14 @@ class BrokerServer:
         self._link = _Link(leader=leader, again=(time.monotonic() + 0.3, epoch, leader))
 
     def _stop_following(self) -> None:
+        """Close the peering with the leader, and forget a follow waiting to be tried again (a leader
+        must not step down for a retry left from before its election)."""
         link = self._link
         if link.sock is not None:
             if self._poller is not None:
                 self._poller.unregister(link.sock)
             link.sock.close(linger=0)
-        link.sock, link.copy = None, None
+        self._link = _Link()
 
     def _read(self, sock: zmq.Socket[Any]) -> bool:
         """Hand the core what arrived, up to a batch (frames or bytes); True if that was all of it."""

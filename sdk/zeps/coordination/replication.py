@@ -29,6 +29,7 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -177,15 +178,18 @@ class ReplicaElection:
             state, stat = None, None
         if state is not None and self.led and state.leader == self.replica and state.epoch == self.led:
             return True  # leading already (a seeded state names us in epoch 0: we take epoch 1)
+        why = None
         if state is not None and self.empty():
-            log.info("replica %s: first in line, but its journal is empty and the stream had leaders; stepping "
-                     "back when the line changes", self.replica)  # fmt: skip
-            self.client.get_children(self.paths.election, watch=self._step_back)
-            return True
-        if state is not None and self.replica not in state.isr:
-            log.info("replica %s: first in line but not in sync (%s); stepping back when the line changes",
-                     self.replica, ", ".join(sorted(state.isr)))  # fmt: skip
-            self.client.get_children(self.paths.election, watch=self._step_back)
+            why = "its journal is empty and the stream had leaders"
+        elif state is not None and self.replica not in state.isr:
+            why = f"it is not in sync ({', '.join(sorted(state.isr))})"
+        if why is not None:  # ineligible: never in the way of one that may lead
+            line = self.client.get_children(self.paths.election, watch=self._step_back)
+            behind = len(line) > 1
+            log.info("replica %s: first in line, but %s; stepping back %s", self.replica, why,
+                     "behind the others" if behind else "when the line changes")  # fmt: skip
+            if behind:  # after a second: ineligible replicas taking turns at the front do not spin
+                self.client.handler.spawn(self._requeue, self.node, 1.0)
             return True
         epoch = (state.epoch if state else 0) + 1
         isr = ((state.isr - {state.leader}) if state else frozenset()) | {self.replica}
@@ -203,20 +207,22 @@ class ReplicaElection:
         return True
 
     def _step_back(self, _event: WatchedEvent) -> None:
-        def requeue() -> None:
-            with self._lock:
-                if self._stopped or self.node is None or self.led:
-                    return
-                try:
-                    self.client.delete(f"{self.paths.election}/{self.node}")
-                except NoNodeError:
-                    pass
-                except KazooException:
-                    return
-                self.node = None
-            self.check()
+        self.client.handler.spawn(self._requeue, self.node, 0.0)
 
-        self.client.handler.spawn(requeue)
+    def _requeue(self, node: str | None, delay: float) -> None:
+        """Leave our place ``node`` in line (if it is still ours) for one at the back."""
+        time.sleep(delay)
+        with self._lock:
+            if self._stopped or self.node is None or self.node != node or self.led:
+                return
+            try:
+                self.client.delete(f"{self.paths.election}/{self.node}")
+            except NoNodeError:
+                pass
+            except KazooException:
+                return
+            self.node = None
+        self.check()
 
     # -- the in-sync set --------------------------------------------------------------------
     def _leave_isr(self) -> None:
