@@ -173,10 +173,13 @@ def zookeeper_resource(
     generation = body["metadata"].get("generation", 1)
     conditions = (body.get("status") or {}).get("conditions")
     was_ready = ready_at(conditions, generation)
-    # A resync pass can run beside the create handler: until the object has been Ready, missing
-    # paths are not drift, and the handler's event is the one to post.
+    # A resync pass can run beside the create handler: until the object has been reconciled once,
+    # missing paths are not drift, and the handler's event is the one to post. Once it has, they are,
+    # also while it shows not Ready (a pass during a ZooKeeper outage marks it so; the paths removed
+    # meanwhile are restored by the pass after it).
+    reconciled_once = (body.get("status") or {}).get("observedGeneration") is not None
     after = read_after(body, reason)
-    if reconcile(kind, body, spec, patch, quiet=timer and was_ready, read_after=after, post=post) != "ok":
+    if reconcile(kind, body, spec, patch, quiet=timer and reconciled_once, read_after=after, post=post) != "ok":
         return False
     facts(body, patch)
     ready(body, patch, True, "Reconciled", "ZooKeeper paths and spec are in place", generation=generation)
