@@ -273,12 +273,14 @@ def stream() -> None:
     """Journalled pub/sub through a ZEPS broker."""
 
 
-def _stream_client(ctx: click.Context, name: str, producer_id: str | None = None) -> Any:
+def _stream_client(
+    ctx: click.Context, name: str, producer_id: str | None = None, *, follower_reads: bool = False
+) -> Any:
     from zeps.client import StreamClient  # noqa: PLC0415
     from zeps.config import resolve  # noqa: PLC0415
 
     s = resolve("ZepsStream", name, namespace=ctx.obj["namespace"], **_settings(ctx))
-    return StreamClient.of(s, producer_id=producer_id)
+    return StreamClient.of(s, producer_id=producer_id, follower_reads=follower_reads)
 
 
 @stream.command("publish")
@@ -304,9 +306,16 @@ def stream_publish(
          {"published": published, "held": held})  # fmt: skip
 
 
-def _print_messages(ctx: click.Context, name: str, *, pattern: str, since: Any, count: int, timeout: float) -> None:
+_FOLLOWER_READS = click.option(
+    "--follower-reads", is_flag=True, help="Read a replicated stream from one of its in-sync followers, not its leader."
+)
+
+
+def _print_messages(
+    ctx: click.Context, name: str, *, pattern: str, since: Any, count: int, timeout: float, follower_reads: bool = False
+) -> None:
     seen = 0
-    with _stream_client(ctx, name) as client:
+    with _stream_client(ctx, name, follower_reads=follower_reads) as client:
         client.start(pattern, since=since)
         while not count or seen < count:
             m = client.receive(timeout)
@@ -332,11 +341,15 @@ def _print_messages(ctx: click.Context, name: str, *, pattern: str, since: Any, 
 @click.option("--pattern", default="", help="Key prefix, or ~regex.")
 @click.option("--count", type=int, default=0, help="Stop after this many (0: until quiet for --timeout).")
 @click.option("--timeout", type=float, default=10.0)
+@_FOLLOWER_READS
 @click.pass_context
 @reporting_errors
-def stream_tail(ctx: click.Context, name: str, pattern: str, count: int, timeout: float) -> None:
+def stream_tail(
+    ctx: click.Context, *, name: str, pattern: str, count: int, timeout: float, follower_reads: bool
+) -> None:
     """Print new messages of stream NAME as they arrive."""
-    _print_messages(ctx, name, pattern=pattern, since="latest", count=count, timeout=timeout)
+    _print_messages(ctx, name, pattern=pattern, since="latest", count=count, timeout=timeout,
+                    follower_reads=follower_reads)  # fmt: skip
 
 
 @stream.command("replay")
@@ -345,9 +358,12 @@ def stream_tail(ctx: click.Context, name: str, pattern: str, count: int, timeout
 @click.option("--pattern", default="")
 @click.option("--count", type=int, default=0)
 @click.option("--timeout", type=float, default=3.0, help="Stop when nothing arrives for this long.")
+@_FOLLOWER_READS
 @click.pass_context
 @reporting_errors
-def stream_replay(ctx: click.Context, *, name: str, since: str, pattern: str, count: int, timeout: float) -> None:
+def stream_replay(
+    ctx: click.Context, *, name: str, since: str, pattern: str, count: int, timeout: float, follower_reads: bool
+) -> None:
     """Print messages of stream NAME from --since on."""
     from datetime import datetime  # noqa: PLC0415
 
@@ -362,7 +378,8 @@ def stream_replay(ctx: click.Context, *, name: str, since: str, pattern: str, co
             raise ConfigError(
                 f"--since {since!r}: give a sequence number or an ISO time like 2026-11-21T10:00:00Z"
             ) from None
-    _print_messages(ctx, name, pattern=pattern, since=start, count=count, timeout=timeout)
+    _print_messages(ctx, name, pattern=pattern, since=start, count=count, timeout=timeout,
+                    follower_reads=follower_reads)  # fmt: skip
 
 
 @stream.command("lag")

@@ -9,16 +9,19 @@ confirmed publishes; or ``--min-insync 1``: a leader kill loses what only it hel
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from harness import ReplicaSet as Replicas
 from harness import ZooKeeperHarness, until
+from zeps.client import StreamClient
 from zeps.errors import PublishRefusedError, SetupError
 
 KILLS = int(os.environ.get("ZEPS_REPLICATION_KILLS", "4"))  # the issue's count: ZEPS_REPLICATION_KILLS=50
@@ -265,3 +268,113 @@ def test_a_replica_rebuilt_from_an_empty_volume_is_not_elected_before_it_caught_
     replicas.stop()
     for name in replicas.names:
         _check_history(replicas.journal(name), publisher.confirmed, f"replica {name}'s journal")
+
+
+def test_a_reader_of_followers_reads_from_one_and_moves_to_another_when_it_dies(replicas: Replicas) -> None:
+    """``follower_reads=True``: the client reads from an in-sync follower (the leader serves only
+    the publisher), everything committed, live too; its follower killed, it resumes on another
+    replica after its last sequence. It may not publish (ConfigError naming the option)."""
+    from zeps.errors import ConfigError  # noqa: PLC0415
+
+    leader = replicas.leader()
+    until(lambda: len(replicas.state().isr) == 3, "all three replicas in sync", timeout=30)
+    publisher = Publisher(replicas)
+    publisher.start()
+    until(lambda: publisher.confirmed >= 200, "publishes confirmed", timeout=30)
+    locator = replicas.locator()
+    locator.followers = True
+    reader = StreamClient(locator(), "prices", locator=locator, timeout=60, follower_reads=True)
+    with reader:
+        serving = next(n for n, port in replicas.ports.items() if reader.endpoint.endswith(f":{port}"))
+        assert serving != leader, "a reader of followers went to the leader while two followers were in sync"
+        with pytest.raises(ConfigError, match="follower_reads"):
+            reader.publish("k", b"never")
+        reader.start("", since="earliest")
+        seen: list[tuple[int, bytes]] = []
+
+        def read_to(count: int) -> bool:
+            seen.extend((m.sequence, m.body) for m in reader.receive_many(0.2))
+            return len(seen) >= count
+
+        until(lambda: read_to(300), "the follower's reader to get 300", timeout=30)
+        replicas.kill(serving)
+        before = publisher.confirmed
+        until(lambda: publisher.confirmed > before + 200, "publishes confirmed after the follower's loss", timeout=60)
+        publisher.stop_at = publisher.confirmed + publisher.group
+        assert publisher.done.wait(60) and publisher.error is None, publisher.error
+        until(lambda: read_to(publisher.confirmed), "the reader to get everything confirmed", timeout=60)
+        assert reader.reconnects >= 1 and not reader.endpoint.endswith(f":{replicas.ports[serving]}")
+    _check_history(seen, publisher.confirmed, "the reader of followers")
+
+
+def test_the_cli_replays_from_a_follower_with_follower_reads(replicas: Replicas, tmp_path: Path) -> None:
+    """``zeps stream replay --follower-reads`` pointed at a follower is served by followers (their
+    delivery counters say so, the leader's stays 0); without the flag the follower sends it on to the
+    leader."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    leader = replicas.leader()
+    until(lambda: len(replicas.state().isr) == 3, "all three replicas in sync", timeout=30)
+    with replicas.client(producer_id="cli") as publisher:
+        for n in range(1, 51):
+            publisher.publish("k", b"%d" % n)
+        publisher.flush(timeout=30)
+    follower = next(n for n in replicas.names if n != leader)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ZEPS_", "KUBE"))}
+    env["KUBECONFIG"] = str(tmp_path / "no-cluster")  # settings come from the flags
+
+    def replay(*flags: str) -> list[str]:
+        argv = [sys.executable, "-m", "zeps.cli", "--json", "-n", "default", "--zookeeper",
+                replicas.zookeeper.connect_string, "--chroot", replicas.zookeeper.root, "--endpoint",
+                f"tcp://127.0.0.1:{replicas.ports[follower]}", "stream", "replay", "prices", "--since", "0",
+                "--count", "50", "--timeout", "15", *flags]  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=True)
+        return [json.loads(line)["body"] for line in done.stdout.splitlines()]
+
+    def delivered(name: str) -> float:  # its exporter copies the count about once a second
+        lines = replicas.scrape(name).splitlines()
+        return sum(float(x.split()[-1]) for x in lines if x.startswith("zeps_broker_messages_out_total"))
+
+    followers = [n for n in replicas.names if n != leader]
+    assert replay("--follower-reads") == [str(n) for n in range(1, 51)]
+    until(lambda: sum(map(delivered, followers)) == 50, "the followers to count 50 delivered", timeout=10)
+    assert delivered(leader) == 0
+    assert replay() == [str(n) for n in range(1, 51)]  # sent on to the leader
+    until(lambda: delivered(leader) == 50, "the leader to count 50 delivered", timeout=10)
+    assert sum(map(delivered, followers)) == 50
+
+
+@pytest.mark.parametrize("emptied", [False, True], ids=["holding-its-journal", "journal-emptied-while-in-sync"])
+def test_a_replica_whose_journal_is_empty_is_not_elected_even_while_listed_in_sync(
+    zookeeper: ZooKeeperHarness, emptied: bool
+) -> None:
+    """The election's own rule, apart from the replica leaving the in-sync set at start: a replica
+    listed in sync whose journal became empty afterwards (a copy begun afresh at the leader's oldest
+    record) comes first in line when the leader goes, and must not lead. The same replica holding its
+    journal leads at once (epoch 2): the scene does reach the election."""
+    from zeps.coordination.replication import ReplicaElection, ReplicationState  # noqa: PLC0415
+    from zeps.paths import StreamPaths  # noqa: PLC0415
+
+    zk = zookeeper.client()
+    paths = StreamPaths.of("default", "prices", chroot=zookeeper.root)
+    zk.create(paths.replication_state, ReplicationState(1, "x", frozenset({"x", "e"})).encode(), makepath=True)
+    zk.ensure_path(paths.election)
+    leader_place = zk.create(f"{paths.election}/x-", b"", ephemeral=True, sequence=True)
+    empty = threading.Event()
+    events: list[Any] = []
+    election = ReplicaElection(zookeeper.client(), paths, "e", events.append, empty=empty.is_set).start()
+    try:
+        until(lambda: len(zk.get_children(paths.election)) == 2, "e in line behind x", timeout=10)
+        if emptied:
+            empty.set()
+        zk.delete(leader_place)  # the leader is gone: e is first in line
+        if emptied:
+            time.sleep(2)  # time enough to have taken the lead (it takes milliseconds)
+            state = ReplicationState.decode(zk.get(paths.replication_state)[0])
+            assert state is not None and (state.epoch, state.leader) == (1, "x"), "an empty replica took the lead"
+            assert not [e for e in events if e.kind == "lead"]
+        else:
+            until(lambda: any(e.kind == "lead" and e.epoch == 2 for e in events), "e to lead epoch 2", timeout=10)
+    finally:
+        election.stop()

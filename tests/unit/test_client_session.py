@@ -254,3 +254,14 @@ def test_a_full_journal_is_raised_once_and_the_client_attaches_again_only_then()
         session.check_publishes()
     assert session.forgotten, "now the client attaches again, and resends"
     session.check_publishes()  # raised once
+
+
+def test_a_reader_of_followers_attaches_with_version_8_and_never_publishes() -> None:
+    session = ClientSession("prices", reads_only=True)
+    assert decode(session.attach()) == Attach(stream="prices", version=8)
+    session.receive(encode(AttachOk()))
+    with pytest.raises(ConfigError, match="follower_reads"):
+        session.publish("k", b"x")
+    with pytest.raises(ConfigError, match="follower_reads"):
+        session.publish_many([("k", b"x")])
+    assert decode(session.subscribe("", "earliest")[0]) == Subscribe(pattern="", latest=0)

@@ -81,6 +81,7 @@ class Cluster:
                 for frame in frames:
                     for answer in self.copies[name].receive(frame):
                         leader.receive(name.encode(), answer, now=0.0)
+                    self.cores[name].copied("prices", self.copies[name].commit)  # as the adapter does
 
     def received(self, peer: bytes) -> list[Any]:
         return self.to_client.pop(peer, [])
@@ -254,3 +255,55 @@ def test_a_replica_catching_up_is_sent_at_most_the_catch_up_rate(tmp_path: Path)
         assert journal.replica_position()[1] <= 3000 + 200
     finally:
         cluster.close()
+
+
+def _from(core: BrokerCore, peer: bytes) -> list[Any]:
+    """What ``core`` (a follower, which the cluster's turns do not pump) sends ``peer`` now."""
+    core.flush_appends()
+    return [decode(o.frame) for o in core.pump(now=0.0) if o.peer == peer]
+
+
+def test_a_follower_serves_a_version_8_reader_only_what_is_committed(cluster: Cluster) -> None:
+    """Reads from a follower (replay load off the leader): a version 8 peer may subscribe and fetch
+    there, and gets records only once the leader's commit point (as the follower heard it) covers
+    them; a version 7 client is sent to the leader; a reader's publish is refused, never journaled."""
+    b = cluster.cores["b"]
+    for command in (Attach(stream="prices", version=8), Credit(credit=1 << 20), Subscribe(pattern="")):
+        b.receive(b"reader", encode(command), now=0.0)
+    assert _from(b, b"reader")[0] == AttachOk()
+    cluster.send(b"pub", Attach(stream="prices", version=7), Publish(key="k.1", body=b"1"), Ping())
+    cluster.turn(followers="b")  # b holds it, c does not: not committed, so b's reader gets nothing
+    assert b.streams["prices"].journal.written == 1 and _keys(_from(b, b"reader")) == []
+    cluster.turn(followers="bc", rounds=4)  # committed; the leader's next answer tells b so
+    assert cluster.received(b"pub")[-1] == PingOk()
+    assert _keys(_from(b, b"reader")) == ["k.1"]
+
+    b.receive(b"late", encode(Attach(stream="prices", version=8)), now=0.0)  # a replay from the start
+    b.receive(b"late", encode(Credit(credit=1 << 20)), now=0.0)
+    b.receive(b"late", encode(Subscribe(pattern="k.", latest=0)), now=0.0)
+    assert _keys(_from(b, b"late")) == ["k.1"]
+
+    b.receive(b"reader", encode(Publish(key="k.2", body=b"not here")), now=0.0)
+    (refusal,) = [c for c in _from(b, b"reader") if isinstance(c, InvalidCode)]
+    assert refusal.code == Refusal.NOT_LEADER and "reads only" in refusal.reason
+    assert b.streams["prices"].journal.written == 1  # the copy stays the leader's
+    b.receive(b"old", encode(Attach(stream="prices", version=7)), now=0.0)
+    (refusal,) = _from(b, b"old")
+    assert isinstance(refusal, InvalidCode) and refusal.code == Refusal.NOT_LEADER
+
+
+def test_a_followers_readers_stay_when_it_follows_a_new_leader_and_go_when_it_steps_down(cluster: Cluster) -> None:
+    b = cluster.cores["b"]
+    for command in (Attach(stream="prices", version=8), Credit(credit=1 << 20), Subscribe(pattern="")):
+        b.receive(b"reader", encode(command), now=0.0)
+    _from(b, b"reader")
+    cluster.send(b"pub", Attach(stream="prices", version=7), Publish(key="k", body=b"1"), Ping())
+    cluster.turn(rounds=4)
+    assert _keys(_from(b, b"reader")) == ["k"]
+    b.follow("prices")  # a new leader was elected (c, say): what b routed was committed, its readers stay
+    assert b"reader" in b.sessions and _from(b, b"reader") == []
+    b.lead("prices", me="b", epoch=2, isr=frozenset({"b", "c"}), min_insync=2, now=0.0)
+    assert b"reader" in b.sessions  # it serves reads as a leader too
+    b.follow("prices")  # and steps down: every client is sent to the new leader
+    refusals = [c for c in _from(b, b"reader") if isinstance(c, InvalidCode)]
+    assert [c.code for c in refusals] == [Refusal.NOT_LEADER] and b"reader" not in b.sessions

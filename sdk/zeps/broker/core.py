@@ -47,8 +47,11 @@ learns of the records it lost even when nothing follows them.
 Replication (version 8, :mod:`zeps.broker.replication`). The adapter tells the core who leads a
 replicated stream (:meth:`BrokerCore.lead`, :meth:`BrokerCore.follow`), as ZooKeeper decides. A
 leader answers its followers' REPLICA-FETCH with its segment bytes, holds PING-OK and PRODUCE-OK
-until the in-sync replicas have the records durably, and routes only up to that commit point; a
-follower refuses clients (NOT_LEADER), and its journal is written by its copy of the leader's.
+until the in-sync replicas have the records durably, and routes only up to that commit point. A
+follower's journal is written by its copy of the leader's (:meth:`BrokerCore.copied`); it refuses
+clients that attach with a version below 8 (NOT_LEADER) and serves those of version 8 reads only
+(SUBSCRIBE, FETCH: replay load taken off the leader), up to the leader's commit point as it last
+heard it, never beyond what it holds durably; their publishes get NOT_LEADER.
 """
 
 from __future__ import annotations
@@ -218,9 +221,11 @@ class _Stream:
     multicast_pending_bytes: int = 0
     multicast_since: float | None = None  # when take_multicast first saw the gathered records
     #: replication (None, False: a stream of one broker): the leader's view of its followers, or
-    #: whether this broker follows (it refuses clients, NOT_LEADER; its journal is a copy)
+    #: whether this broker follows (its journal is a copy; it serves version 8 peers reads only)
     leader: Leadership | None = None
     following: bool = False
+    #: a follower's view of the leader's commit point (it routes to its readers up to there)
+    commit: int = 0
     #: the leader's confirmations (PING-OK, PRODUCE-OK) held until the commit point passes their
     #: sequence (-1: the sequence is set at the next flush): [sequence, peer, frame]
     held: deque[list[Any]] = field(default_factory=deque)
@@ -233,7 +238,7 @@ class _Stream:
         """The last sequence confirmed and delivered: the durable tail, or a replicated leader's commit."""
         if self.leader is not None:
             return self.leader.commit
-        return self.routed if self.following else self.journal.durable
+        return min(self.commit, self.journal.durable) if self.following else self.journal.durable
 
 
 @dataclass(eq=False)
@@ -315,6 +320,9 @@ class BrokerCore:
             Ping: self._on_ping, Detach: self._on_detach, ReplicaFetch: self._on_replica_fetch,
             ReplicaEpoch: self._on_replica_epoch,
         }  # fmt: skip
+        #: a follower's: the same, but writes get NOT_LEADER (only the leader journals publishes)
+        self._following_handlers = {**self._handlers, **dict.fromkeys(
+            (PublishSeq, PublishBatchSeq, Publish, PublishBatch, Produce), self._write_on_follower)}  # fmt: skip
 
     def open(self) -> BrokerCore:
         for name in self.config.streams:
@@ -356,7 +364,8 @@ class BrokerCore:
             self._attach(peer, conn, command, now, key)
             return
         assert session is not None  # the state machine only allows other commands after ATTACH
-        handler = self._handlers.get(type(command))  # a table: one lookup, whatever the command
+        handlers = self._following_handlers if session.stream.following else self._handlers
+        handler = handlers.get(type(command))  # a table: one lookup, whatever the command
         if handler is not None:
             handler(session, command)
 
@@ -395,6 +404,14 @@ class BrokerCore:
         pending.peers.add(session.peer)
         stream.messages_in += len(command.items)
         stream.bytes_in += len(command.entries)
+
+    def _write_on_follower(self, session: _Session, _command: Any) -> None:
+        """A publish or PRODUCE sent to a follower (by a version 8 peer, attached to read): never
+        journaled here; NOT_LEADER, and the peer finds the leader."""
+        self._forget(session)
+        self._invalid(session.peer, f"this broker follows the leader of stream {session.stream.name!r}: it serves "
+                      "reads only; publish to the leader (ZooKeeper names it)", Refusal.NOT_LEADER,
+                      version=session.conn.version, forget=False)  # fmt: skip
 
     def _on_credit(self, session: _Session, command: Credit) -> None:
         session.credit = min(session.credit + command.credit, self.config.max_credit_bytes)
@@ -708,10 +725,14 @@ class BrokerCore:
                  journal.next_sequence, ", ".join(sorted(stream.leader.isr)), stream.routed)  # fmt: skip
 
     def follow(self, name: str) -> None:
-        """This broker follows the leader of ``name`` (or waits for one): its client sessions are
-        forgotten and told NOT_LEADER (they find the leader and resend what was not confirmed), and
-        nothing held is confirmed."""
+        """This broker follows the leader of ``name`` (or waits for one). Coming from leading (or from
+        serving alone), its client sessions are forgotten and told NOT_LEADER (they find the leader
+        and resend what was not confirmed), and nothing held is confirmed; a follower following a new
+        leader keeps its readers (what it routed to them was committed: every leader holds it)."""
         stream = self.streams[name]
+        if stream.following:
+            return
+        stream.commit = stream.routed  # nothing beyond what was routed until a leader says so
         stream.leader, stream.following = None, True
         stream.held.clear()
         stream.waiting.clear()
@@ -724,10 +745,14 @@ class BrokerCore:
                           Refusal.NOT_LEADER, version=session.conn.version, forget=False)  # fmt: skip
 
     def copied(self, name: str, commit: int) -> None:
-        """A follower's copy went on; the leader's commit point is ``commit`` (what this broker starts
-        delivering from if it is elected)."""
+        """A follower's copy went on; the leader's commit point is ``commit``: its readers get what it
+        holds durably up to there (and this broker starts confirming from there if it is elected)."""
         stream = self.streams[name]
-        stream.routed = max(stream.routed, min(commit, stream.journal.durable))
+        if not stream.following:
+            return  # elected meanwhile: its own commit point counts
+        stream.commit = max(stream.commit, commit)
+        stream.routed = max(stream.routed, stream.journal.first_sequence - 1)  # a copy begun afresh at the
+        self._route(stream)  # leader's oldest record has nothing before it to route
 
     def isr_requests(self, now: float | None = None) -> list[tuple[str, int, frozenset[str]]]:
         """(stream, epoch, in-sync set) to write to ZooKeeper: the leaders' sets as they should be now."""
@@ -849,7 +874,7 @@ class BrokerCore:
                 stop = self._deliver(sub, chunk, picks)
                 if stop is not None:
                     self._leave_live(sub, stop)
-            if self.config.multicast_heartbeat_s is not None:
+            if self.config.multicast_heartbeat_s is not None and not stream.following:  # the leader's output
                 self._multicast_chunk(stream, chunk)
             stream.routed = chunk.last
         for sub in stream.live_set:

@@ -44,15 +44,16 @@ class Locator(Protocol):
     def close(self) -> None: ...
 
 
-def locator_of(settings: Resolved) -> Locator | None:
+def locator_of(settings: Resolved, *, followers: bool = False) -> Locator | None:
     """A locator for a resolved stream whose ZooKeeper is known: the first connection goes to the
-    endpoint resolved (the operator's word), each later one to wherever the stream's leader is then."""
+    endpoint resolved (the operator's word), each later one to wherever the stream's leader is then
+    (``followers``: one of its in-sync followers, for a client that only reads)."""
     if not settings.zookeeper:
         return None
     from zeps.client.discovery import LeaderLocator  # noqa: PLC0415
 
     return LeaderLocator(settings.zookeeper, settings.namespace, settings.name, chroot=settings.chroot,
-                         auth=settings.auth)  # fmt: skip
+                         auth=settings.auth, followers=followers)  # fmt: skip
 
 
 def batched(items: Iterable[tuple[str, bytes]], size: int) -> Iterator[list[tuple[str, bytes]]]:

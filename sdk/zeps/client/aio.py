@@ -74,13 +74,15 @@ class AsyncStreamClient:
         generation: int = 0,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         locator: Locator | None = None,
+        follower_reads: bool = False,
     ) -> None:
         self.endpoint = check_endpoint(endpoint)
         #: where the broker is now, asked at each reconnection (a replicated stream's leader moves)
         self.locator = locator
         self._located = 0.0
         self.session = ClientSession(stream, credit_window=credit_window, producer=producer_id, idempotent=idempotent,
-                                     generation=generation, max_message_bytes=max_message_bytes)  # fmt: skip
+                                     generation=generation, max_message_bytes=max_message_bytes,
+                                     reads_only=follower_reads)  # fmt: skip
         self.heartbeat, self.ttl, self.timeout = heartbeat, ttl, timeout
         self.server_public_key = server_public_key
         self.client_keys = client_keys
@@ -98,7 +100,7 @@ class AsyncStreamClient:
     def of(cls, settings: Resolved, **options: Any) -> AsyncStreamClient:
         """A client of a resolved stream (see :meth:`StreamClient.of`). Not connected yet."""
         server_key, client_keys = curve_keys(settings)
-        options.setdefault("locator", locator_of(settings))
+        options.setdefault("locator", locator_of(settings, followers=options.get("follower_reads", False)))
         return cls(settings.endpoint, settings.name, server_public_key=server_key, client_keys=client_keys,
                    max_message_bytes=settings.max_message_bytes, **options)  # fmt: skip
 

@@ -4,6 +4,7 @@ What a member node says is only as trustworthy as who may write it (see :func:`d
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from zeps.client._transport import BrokerUnavailableError
@@ -64,13 +65,24 @@ def discover(
 
 class LeaderLocator:
     """Where a stream's broker is now (its leader, for a replicated stream): called by a client each
-    time it connects again, so it follows the leader across a failover. Keeps one ZooKeeper session,
-    opened at the first call; :meth:`close` ends it."""
+    time it connects again, so it follows the leader across a failover. ``followers``: for a client
+    that only reads (``follower_reads``), one of the leader's in-sync followers, chosen at random
+    (spreading replay load over them) and kept while it is one, or the leader while none lives.
+    Keeps one ZooKeeper session, opened at the first call; :meth:`close` ends it."""
 
     def __init__(
-        self, zookeeper: str, namespace: str, stream: str, *, chroot: str = "/zeps", auth: tuple[str, str] | None = None
+        self,
+        zookeeper: str,
+        namespace: str,
+        stream: str,
+        *,
+        chroot: str = "/zeps",
+        auth: tuple[str, str] | None = None,
+        followers: bool = False,
     ) -> None:
         self.zookeeper, self.namespace, self.stream, self.chroot, self.auth = zookeeper, namespace, stream, chroot, auth
+        self.followers = followers
+        self._follower: str | None = None  # the follower chosen last (a reader stays with it while it serves)
         self._client: Any = None
 
     def __call__(self) -> str:
@@ -85,8 +97,18 @@ class LeaderLocator:
 
             self._client = connect(self.zookeeper, auth=self.auth, timeout=3)  # a client waits on this
         paths = StreamPaths.of(self.namespace, self.stream, chroot=self.chroot)
-        if read_replication_state(self._client, paths) is None:
+        state = read_replication_state(self._client, paths)
+        if state is None:
             raise BrokerUnavailableError(f"stream {self.namespace}/{self.stream} is not replicated: no leader")
+        if self.followers:
+            from zeps.coordination import Group  # noqa: PLC0415
+
+            members = Group(self._client, paths.brokers).members()
+            live = [str(members[n].metadata["endpoint"]) for n in sorted(state.isr - {state.leader}) if n in members]
+            if self._follower not in live:  # the one chosen before while it serves, else one at random
+                self._follower = random.choice(live) if live else None  # spreading replay load over them
+            if self._follower is not None:
+                return self._follower
         return str(broker_metadata(self._client, self.namespace, self.stream, chroot=self.chroot)["endpoint"])
 
     def close(self) -> None:

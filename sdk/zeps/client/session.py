@@ -91,7 +91,7 @@ from zeps.protocol import (
     encode_publish_seq,
 )
 from zeps.protocol.commands import CODES_SINCE
-from zeps.protocol.connection import CLIENT_VERSION
+from zeps.protocol.connection import CLIENT_VERSION, FOLLOWER_READS_VERSION
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES, MAX_CREDIT_BYTES, MAX_MESSAGE_BYTES_CEILING
 
 __all__ = ["ClientSession", "Fetched", "Message", "Records", "Row", "Seq", "Since", "Time"]
@@ -194,9 +194,12 @@ class ClientSession:
         idempotent: bool = True,
         generation: int = 0,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        reads_only: bool = False,
     ) -> None:
         _check_settings(max_message_bytes, credit_window, producer, idempotent=idempotent, generation=generation)
         self.stream = stream
+        #: a reader of followers: attaches with version 8 (a follower serves it reads) and never publishes
+        self.reads_only = reads_only
         #: the idempotent producer's name (None: plain, at-least-once publishes); named by the caller or random
         self.producer = producer if producer is not None else f"zeps-{secrets.token_hex(8)}" if idempotent else None
         self.named_producer = producer is not None
@@ -217,7 +220,7 @@ class ClientSession:
         self.max_message_bytes = max_message_bytes
         self.credit_window = credit_window
         self.confirm_every = confirm_every
-        self.version = CLIENT_VERSION
+        self.version = FOLLOWER_READS_VERSION if reads_only else CLIENT_VERSION
         self.conn = Connection("client")
         self.attached = False
         self.refused: str | None = None
@@ -418,6 +421,11 @@ class ClientSession:
     def _take_sequences(self, count: int) -> tuple[int | None, list[bytes]]:
         """The producer sequence of the first of ``count`` publishes (None: plain publishes), and the
         PRODUCE to send before them if this peering has not claimed the producer yet."""
+        if self.reads_only:
+            raise ConfigError(
+                f"this client of stream {self.stream!r} reads from followers (follower_reads=True), which "
+                "never take publishes: publish through a client without follower_reads"
+            )
         if self.producer_error is not None:
             raise ProducerError(self.producer_error)
         if not self.sequencing:

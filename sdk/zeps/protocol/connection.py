@@ -46,13 +46,16 @@ from zeps.protocol.commands import (
     SubscribeTime,
 )
 
-__all__ = ["CLIENT_VERSION", "RULES", "SUPPORTED_VERSIONS", "Connection", "Role", "State"]
+__all__ = ["CLIENT_VERSION", "FOLLOWER_READS_VERSION", "RULES", "SUPPORTED_VERSIONS", "Connection", "Role", "State"]
 
 Role = Literal["client", "broker"]
 State = Literal["AWAIT_ATTACH", "ATTACHING", "ATTACHED", "DETACHING", "CLOSED"]
 Direction = Literal["send", "receive"]
 SUPPORTED_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
-CLIENT_VERSION = 7  #: what clients attach with (8 adds replication between brokers only)
+CLIENT_VERSION = 7  #: what clients attach with (8 adds replication between brokers)
+#: what a client reading from a replicated stream's followers attaches with: a follower serves a
+#: version 8 peer reads (SUBSCRIBE, FETCH) and sends one of an older version to the leader
+FOLLOWER_READS_VERSION = 8
 
 # What the client may do; the broker's view mirrors it (its "receive" is the client's "send").
 _CLIENT: dict[tuple[State, Direction, type[Command]], State] = {

@@ -27,9 +27,10 @@ Options: ``stream`` or ``queue`` (the resource name), ``namespace``, ``endpoint`
 (``earliest`` | ``latest`` | JSON ``{"prices": 1000}`` | epoch milliseconds), ``maxOffsetsPerTrigger``,
 ``failOnDataLoss`` (true/false, default true), ``partitionSize`` (sequences per partition, default
 100000), ``leaderWaitSeconds`` (how long a micro-batch waits for a replicated stream's new leader,
-default 60), ``startSequence``/``endSequence`` (batch reads of a stream), ``startBatch``/``endBatch``
-(batch reads of a batch Queue: by default every retained batch). Written rows need ``key`` (string) and
-``body`` (binary or string) columns.
+default 60), ``followerReads`` (true: executors read a replicated stream from its in-sync followers,
+taking replay load off the leader; default false), ``startSequence``/``endSequence`` (batch reads of a
+stream), ``startBatch``/``endBatch`` (batch reads of a batch Queue: by default every retained batch).
+Written rows need ``key`` (string) and ``body`` (binary or string) columns.
 
 Writes are exactly-once across task retries and query restarts. Each task publishes as an idempotent
 producer named after the query (its id, kept in the checkpoint; a batch write's own random id) and
@@ -175,13 +176,14 @@ class _StreamRead:
         self.pattern = options.get("pattern", "")
         self.fail_on_data_loss = _bool(options.get("failondataloss"), True)
         self.partition_size = int(options.get("partitionsize", "100000"))
+        self.follower_reads = _bool(options.get("followerreads"), False)
 
     def read_range(self, part: _Range) -> Iterator[pa.RecordBatch]:
         if part.end <= part.start:
             return
         s = self.settings
         matcher = compile_pattern(self.pattern) if self.pattern else None
-        with StreamClient.of(s, credit_window=32 << 20) as c:
+        with StreamClient.of(s, credit_window=32 << 20, follower_reads=self.follower_reads) as c:
             c.start("", since=Seq(part.start))
             expected = part.start + 1  # the next sequence the range needs
             pending: list[Records] = []  # handed to Spark in Arrow batches of about _ARROW_ROWS rows
