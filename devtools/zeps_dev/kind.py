@@ -5,8 +5,10 @@
 * :class:`~zeps_dev.docker.DockerEngine` — the user's engine, or a dockerd of zeps;
 * :class:`~zeps_dev.images.ImageBuilder` — the node image and the project's images, no registry;
 * :class:`KindCluster` — ``kind create cluster`` with that node image (kubeconfig in the zeps cache,
-  never the user's ``~/.kube/config``), images loaded with ``kind load``, CoreDNS answering only
-  for the cluster (no upstream forwarding: nothing in the cluster tries any address outside it);
+  never the user's ``~/.kube/config``), a control-plane node and ``workers`` worker nodes, each
+  node's pod network wired here (:func:`wire_pod_network`: what kindnetd would do), images loaded
+  with ``kind load``, CoreDNS answering only for the cluster (no upstream forwarding: nothing in the
+  cluster tries any address outside it);
 * the chart installed with helm: the operator and a 3-server ZooKeeper ensemble in pods.
 
 Stopping (also on Ctrl-C or an exception) deletes the cluster (unless ``ZEPS_KEEP_CLUSTER=1``) and
@@ -32,12 +34,23 @@ from zeps_dev.docker import DockerEngine
 from zeps_dev.images import REPOSITORY, TESTBIN_SOURCES, ImageBuilder, go_module_dir
 from zeps_dev.process import LocalServer, run_tool
 
-__all__ = ["KindCluster", "KindStack", "cache_dir", "client_pod_spec", "kind_stack_from_env"]
+__all__ = [
+    "KindCluster",
+    "KindStack",
+    "cache_dir",
+    "client_pod_spec",
+    "kind_stack_from_env",
+    "wire_pod_network",
+]
 
 CHART = REPOSITORY / "charts" / "zeps"
 DEFAULT_CLUSTER = "zeps-e2e"
 RELEASE = "zeps"
 OPERATOR_NAMESPACE = "zeps-system"
+#: the e2e cluster's worker nodes: a replicated stream's three brokers each on a node of its own, so
+#: that stopping one node container is the loss of one replica (and of one ZooKeeper server)
+E2E_WORKERS = 3
+CNI_CONFIG = "/etc/cni/net.d/10-zeps-ptp.conflist"
 
 
 def upstream_node_image() -> str:
@@ -85,10 +98,12 @@ class KindCluster(LocalServer):
         binaries: Path,
         workdir: Path,
         api_port: int = 0,
+        workers: int = 0,
         say: Callable[[str], None] = _say,
     ) -> None:
         self.engine = engine
         self.name = name
+        self.workers = workers
         self.node_image = node_image
         self.binaries = binaries
         self.workdir = workdir
@@ -130,8 +145,9 @@ class KindCluster(LocalServer):
             _check_port_free(self.api_port)
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "kind.yaml"
-        config.write_text(_kind_config(self.api_port))
-        self.say(f"kind: creating cluster {self.name} (node image {self.node_image})")
+        config.write_text(_kind_config(self.api_port, self.workers))
+        nodes = f"a control-plane node and {self.workers} workers" if self.workers else "one node"
+        self.say(f"kind: creating cluster {self.name}, {nodes} (node image {self.node_image})")
         started = time.monotonic()
         self.created = True  # from here on, stop() deletes whatever kind made
         self.kind(
@@ -139,12 +155,31 @@ class KindCluster(LocalServer):
             "--kubeconfig", str(self.kubeconfig), "--wait", "0s", "--retain",
             timeout=900,
         )  # fmt: skip
+        self.wire_pod_network()  # the nodes are NotReady until each has its CNI config
         self._cluster_dns_only()
         self.kubectl("wait", "--for=condition=Ready", "node", "--all", "--timeout=300s", timeout=330)
         self.kubectl(
             "-n", "kube-system", "rollout", "status", "deployment/coredns", "--timeout=300s", timeout=330
         )  # fmt: skip
         self.say(f"kind: cluster {self.name} ready in {time.monotonic() - started:.0f}s (kubeconfig {self.kubeconfig})")
+
+    def wire_pod_network(self, *, timeout: float = 120) -> None:
+        """:func:`wire_pod_network` for this cluster, once every node has its pod CIDR (the
+        controller-manager gives each a /24 of kind's 10.244.0.0/16 as it registers)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            nodes = json.loads(self.kubectl("get", "nodes", "-o", "json"))["items"]
+            if len(nodes) == 1 + self.workers and all(n["spec"].get("podCIDR") for n in nodes):
+                break
+            if time.monotonic() > deadline:
+                have = {n["metadata"]["name"]: n["spec"].get("podCIDR") for n in nodes}
+                raise SetupError(f"kind: not every node has a pod CIDR after {timeout:.0f}s: {have}")
+            time.sleep(1)
+
+        def docker_exec(node: str, argv: Sequence[str], data: bytes | None) -> None:
+            self.engine.docker("exec", "-i", node, *argv, input=data, timeout=60)
+
+        wire_pod_network(nodes, docker_exec)
 
     def _cluster_dns_only(self) -> None:
         """CoreDNS without its ``forward`` to the node's resolv.conf: names outside the cluster are
@@ -214,7 +249,51 @@ def client_pod_spec(image: str, command: str, *, restart: str = "Never") -> dict
     }
 
 
-def _kind_config(api_port: int) -> str:
+def cni_config(subnet: str) -> str:
+    """A node's CNI config: a ptp network on its pod CIDR ``subnet``, with ipMasq as kindnetd does
+    it: traffic from a pod to an address outside the node's pod CIDR (a pod on another node, the
+    host, where a client-mode Spark driver listens) leaves with the node's address, so replies come
+    back over the kind network whatever routes the far end has."""
+    ptp = {
+        "type": "ptp",
+        "ipMasq": True,
+        "ipam": {
+            "type": "host-local",
+            "dataDir": "/run/cni-ipam-state",
+            "routes": [{"dst": "0.0.0.0/0"}],
+            "ranges": [[{"subnet": subnet}]],
+        },
+        "mtu": 1500,
+    }
+    portmap = {"type": "portmap", "capabilities": {"portMappings": True}}
+    return json.dumps({"cniVersion": "0.3.1", "name": "zeps-kind", "plugins": [ptp, portmap]}, indent=2) + "\n"
+
+
+def wire_pod_network(
+    nodes: Sequence[dict[str, Any]], docker_exec: Callable[[str, Sequence[str], bytes | None], None]
+) -> None:
+    """What kindnetd does, without its image: on every node (``nodes``: Node objects, named as
+    their containers), the CNI config for the node's own pod CIDR, and a route to each other
+    node's pod CIDR through that node's address. Idempotent: run again after a node container
+    restarts (its routes are gone with its network namespace, and its address may have changed).
+    ``docker_exec(node, argv, stdin)`` runs a command in a node container."""
+    wired = []
+    for node in nodes:
+        cidr = node["spec"].get("podCIDR")
+        address = next((a["address"] for a in node["status"].get("addresses", []) if a["type"] == "InternalIP"), None)
+        if not cidr or not address:
+            raise SetupError(f"kind: node {node['metadata']['name']} has no pod CIDR or no InternalIP yet")
+        wired.append((node["metadata"]["name"], cidr, address))
+    for name, cidr, _address in wired:
+        # written beside it and renamed: containerd never reads a half-written config
+        write = f"mkdir -p /etc/cni/net.d && cat > {CNI_CONFIG}.new && mv {CNI_CONFIG}.new {CNI_CONFIG}"
+        docker_exec(name, ["sh", "-c", write], cni_config(cidr).encode())
+        for other, other_cidr, other_address in wired:
+            if other != name:
+                docker_exec(name, ["ip", "route", "replace", other_cidr, "via", other_address], None)
+
+
+def _kind_config(api_port: int, workers: int) -> str:
     return (
         "# written by zeps_dev.kind for make e2e\n"
         "kind: Cluster\n"
@@ -222,9 +301,9 @@ def _kind_config(api_port: int) -> str:
         "networking:\n"
         "  apiServerAddress: 127.0.0.1\n"
         f"  apiServerPort: {api_port}\n"
-        "  disableDefaultCNI: true  # the node image carries a static ptp network for its one node\n"
+        "  disableDefaultCNI: true  # no kindnetd image: zeps_dev.kind wires each node's pod network\n"
         "nodes:\n"
-        "  - role: control-plane\n"
+        "  - role: control-plane\n" + "  - role: worker\n" * workers
     )
 
 
@@ -251,9 +330,11 @@ class KindStack(LocalServer):
         cluster_name: str = DEFAULT_CLUSTER,
         keep: bool = False,
         spark: bool = False,
+        workers: int = 0,
         say: Callable[[str], None] = _say,
     ) -> None:
         self.say = say
+        self.workers = workers
         self.keep = keep
         self.spark = spark  # build and load the Spark image too (the e2e suite's Spark jobs)
         self.binaries = binaries
@@ -290,6 +371,7 @@ class KindStack(LocalServer):
                 binaries=self.binaries,
                 workdir=self.cache / "kind" / "clusters" / self.cluster_name,
                 api_port=int(os.environ.get("ZEPS_KIND_API_PORT", "0")),
+                workers=self.workers,
                 say=self.say,
             )
             self.cluster.start()
@@ -325,6 +407,8 @@ class KindStack(LocalServer):
             "zookeeper.ensemble.image.pullPolicy=Never",
             f"zookeeper.auth.password={self.zookeeper_password}",  # ACLs work as users set them up
             "operator.resyncSeconds=10",
+            # a server per worker: a node's loss then takes one server, never the quorum
+            *(["zookeeper.ensemble.antiAffinity=required"] if self.workers >= 3 else []),
         ]
 
     def install_chart(self, *, upgrade: bool = False, extra: Sequence[str] = ()) -> None:
@@ -370,7 +454,7 @@ class KindStack(LocalServer):
             self.engine.stop()
 
 
-def kind_stack_from_env(*, cluster_name: str | None = None, spark: bool = False) -> KindStack:
+def kind_stack_from_env(*, cluster_name: str | None = None, spark: bool = False, workers: int = 0) -> KindStack:
     """A KindStack with what ``tools/setup.sh`` wrote to .zeps-env (``make e2e``, ``make demo CLUSTER=kind``)."""
     from zeps_dev.controlplane import ENV_TESTBIN  # noqa: PLC0415
     from zeps_dev.zookeeper import zookeeper_home  # noqa: PLC0415
@@ -387,13 +471,14 @@ def kind_stack_from_env(*, cluster_name: str | None = None, spark: bool = False)
         cluster_name=cluster_name or os.environ.get("ZEPS_KIND_CLUSTER", DEFAULT_CLUSTER),
         keep=os.environ.get("ZEPS_KEEP_CLUSTER") == "1",
         spark=spark,
+        workers=workers,
     )
 
 
 def run_e2e(pytest_args: Sequence[str]) -> int:
     """``make e2e``: the stack up, the e2e suite on it, everything down again. Returns pytest's code."""
     started = time.monotonic()
-    stack = kind_stack_from_env(spark=True)
+    stack = kind_stack_from_env(spark=True, workers=E2E_WORKERS)
     with stack:
         _say(f"stack ready in {stack.timings['ready_s']:.0f}s; running the e2e suite")
         env = {**os.environ, **stack.env()}

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from zeps_dev.kind import E2E_WORKERS
+
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = os.environ.get("ZEPS_E2E_KIND_CLUSTER", "zeps-e2e")
 
@@ -45,9 +47,10 @@ def _cluster_containers(name: str) -> list[str]:
 
 
 def _the_suites_cluster_is_untouched(cluster: Any) -> None:
-    assert len(_cluster_containers(CLUSTER)) == 1
+    assert len(_cluster_containers(CLUSTER)) == 1 + E2E_WORKERS
     nodes = cluster.json("nodes")["items"]
-    assert [c["status"] for n in nodes for c in n["status"]["conditions"] if c["type"] == "Ready"] == ["True"]
+    ready = [c["status"] for n in nodes for c in n["status"]["conditions"] if c["type"] == "Ready"]
+    assert ready == ["True"] * (1 + E2E_WORKERS)
 
 
 def test_a_cluster_name_already_taken_is_refused_and_left_alone(cluster: Any) -> None:

@@ -48,6 +48,29 @@ def test_lint_and_render() -> None:
         "queues.zeps.dev.yaml", "topics.zeps.dev.yaml", "zepsstreams.zeps.dev.yaml"]  # fmt: skip
 
 
+def test_the_zookeeper_servers_keep_to_nodes_of_their_own() -> None:
+    """Preferred by default (a one-node cluster still runs its three servers); required on request."""
+
+    def anti_affinity(*values: str) -> dict[str, object]:
+        args = ["template", "z", str(CHART), "--kube-version", KUBE, "--set", "zookeeper.ensemble.enabled=true"]
+        rendered = _helm(*args, *(a for v in values for a in ("--set", v)))
+        assert rendered.returncode == 0, rendered.stderr
+        zookeeper = next(d for d in yaml.safe_load_all(rendered.stdout) if d and d["kind"] == "StatefulSet")
+        return dict(zookeeper["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"])
+
+    servers = {"matchLabels": {"app.kubernetes.io/name": "zookeeper", "app.kubernetes.io/instance": "z"}}
+    term = {"topologyKey": "kubernetes.io/hostname", "labelSelector": servers}
+    assert anti_affinity() == {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]
+    }
+    assert anti_affinity("zookeeper.ensemble.antiAffinity=required") == {
+        "requiredDuringSchedulingIgnoredDuringExecution": [term]
+    }
+    bad = _helm("template", "z", str(CHART), "--kube-version", KUBE, "--set", "zookeeper.ensemble.enabled=true",
+                "--set", "zookeeper.ensemble.antiAffinity=always")  # fmt: skip
+    assert bad.returncode != 0 and "antiAffinity" in bad.stderr
+
+
 def test_bad_values_are_refused_clearly() -> None:
     missing = _helm("template", "z", str(CHART), "--kube-version", KUBE)
     assert missing.returncode != 0 and "set zookeeper.connect" in missing.stderr

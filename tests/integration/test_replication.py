@@ -378,3 +378,36 @@ def test_a_replica_whose_journal_is_empty_is_not_elected_even_while_listed_in_sy
             until(lambda: any(e.kind == "lead" and e.epoch == 2 for e in events), "e to lead epoch 2", timeout=10)
     finally:
         election.stop()
+
+
+def test_the_asyncio_client_reads_from_a_follower_too(replicas: Replicas) -> None:
+    """``AsyncStreamClient(follower_reads=True)`` given the leader's endpoint goes to a follower from
+    its first connection and reads everything committed there."""
+    import asyncio  # noqa: PLC0415
+
+    from zeps.client import AsyncStreamClient  # noqa: PLC0415
+
+    leader = replicas.leader()
+    until(lambda: len(replicas.state().isr) == 3, "all three replicas in sync", timeout=30)
+    with replicas.client(producer_id="aio-reads") as publisher:
+        publisher.publish_many([("k", b"%d" % n) for n in range(1, 101)])
+        publisher.flush(timeout=30)
+
+    async def run() -> tuple[str, list[tuple[int, bytes]]]:
+        locator = replicas.locator()
+        locator.followers = True
+        given = f"tcp://127.0.0.1:{replicas.ports[leader]}"
+        reader = AsyncStreamClient(given, "prices", locator=locator, timeout=30, follower_reads=True)
+        await reader.connect()
+        await reader.start("", since="earliest")
+        seen: list[tuple[int, bytes]] = []
+        deadline = time.monotonic() + 30
+        while len(seen) < 100 and time.monotonic() < deadline:
+            seen += [(m.sequence, m.body) for m in await reader.receive_many(0.5)]
+        endpoint = reader.endpoint
+        await reader.close()
+        return endpoint, seen
+
+    endpoint, seen = asyncio.run(run())
+    assert endpoint != f"tcp://127.0.0.1:{replicas.ports[leader]}", "the reader of followers stayed with the leader"
+    _check_history(seen, 100, "the asyncio reader of followers")

@@ -89,3 +89,33 @@ def test_a_streaming_query_between_replicated_streams_is_exactly_once_across_fai
         bodies += [m.body for m in client.receive_many(1.0)]
     assert len(bodies) == ROWS, f"{len(bodies) - ROWS:+d} rows against {ROWS}"
     assert sorted(bodies) == sorted(b"%d" % i for i in range(ROWS))
+
+
+def test_a_batch_read_with_follower_reads_is_served_by_the_followers(
+    spark: Any, zookeeper: ZooKeeperHarness, tmp_path: Path
+) -> None:
+    """``followerReads``: the executors read every row from the in-sync followers; the leader, which
+    took the publishes, delivers none (the replicas' delivery counters)."""
+    spark.dataSource.register(ZepsDataSource)
+    prices = ReplicaSet(zookeeper, tmp_path / "prices")
+    for replica in prices.names:
+        prices.start(replica)
+    try:
+        until(lambda: prices.state() is not None and len(prices.state().isr) == 3, "three in sync", timeout=60)
+        _publish(prices, range(ROWS))
+        reader = spark.read.format("zeps")
+        for k, v in {**_options(zookeeper, prices), "followerReads": "true", "partitionSize": "500"}.items():
+            reader = reader.option(k, v)
+        bodies = sorted(bytes(r.body) for r in reader.load().select("body").collect())
+        assert bodies == sorted(b"%d" % i for i in range(ROWS))
+        leader = prices.leader()
+
+        def delivered(name: str) -> float:  # each replica's exporter copies its count about once a second
+            lines = prices.scrape(name).splitlines()
+            return sum(float(x.split()[-1]) for x in lines if x.startswith("zeps_broker_messages_out_total"))
+
+        until(lambda: sum(delivered(n) for n in prices.names if n != leader) >= ROWS, "the followers' counts",
+              timeout=10)  # fmt: skip
+        assert delivered(leader) == 0
+    finally:
+        prices.stop()

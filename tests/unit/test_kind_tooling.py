@@ -96,3 +96,29 @@ def test_no_engine_and_no_apt_says_what_to_install_in_one_line(tmp_path: Path) -
     lines = [line for line in result.stdout.splitlines() if line.startswith("e2e:")]
     assert len(lines) == 1 and "apt-get install docker.io" in lines[0], result.stdout
     assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_each_node_gets_a_cni_config_for_its_own_pod_cidr_and_routes_to_the_others() -> None:
+    """What ``wire_pod_network`` runs in the node containers (a recorder stands in for docker exec)."""
+    from zeps_dev.kind import CNI_CONFIG, wire_pod_network  # noqa: PLC0415
+
+    def node(name: str, cidr: str, ip: str) -> dict[str, object]:
+        addresses = [{"type": "Hostname", "address": name}, {"type": "InternalIP", "address": ip}]
+        return {"metadata": {"name": name}, "spec": {"podCIDR": cidr}, "status": {"addresses": addresses}}
+
+    ran: list[tuple[str, list[str], bytes | None]] = []
+    nodes = [node("cp", "10.244.0.0/24", "172.18.0.2"), node("w1", "10.244.1.0/24", "172.18.0.3"),
+             node("w2", "10.244.2.0/24", "172.18.0.4")]  # fmt: skip
+    wire_pod_network(nodes, lambda name, argv, data: ran.append((name, list(argv), data)))
+    configs = {name: json.loads(data) for name, argv, data in ran if data is not None}
+    assert {n: c["plugins"][0]["ipam"]["ranges"][0][0]["subnet"] for n, c in configs.items()} == {
+        "cp": "10.244.0.0/24", "w1": "10.244.1.0/24", "w2": "10.244.2.0/24"}  # fmt: skip
+    assert all(CNI_CONFIG in argv[-1] for _, argv, data in ran if data is not None)
+    routes = sorted((name, argv[3], argv[5]) for name, argv, data in ran if argv[:3] == ["ip", "route", "replace"])
+    assert routes == [
+        ("cp", "10.244.1.0/24", "172.18.0.3"), ("cp", "10.244.2.0/24", "172.18.0.4"),
+        ("w1", "10.244.0.0/24", "172.18.0.2"), ("w1", "10.244.2.0/24", "172.18.0.4"),
+        ("w2", "10.244.0.0/24", "172.18.0.2"), ("w2", "10.244.1.0/24", "172.18.0.3"),
+    ]  # fmt: skip
+    with pytest.raises(SetupError, match="w3 has no pod CIDR"):
+        wire_pod_network([*nodes, node("w3", "", "172.18.0.5")], lambda *_: None)

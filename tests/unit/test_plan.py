@@ -115,7 +115,7 @@ def test_a_replicated_stream_is_a_statefulset_spread_across_nodes_with_a_budget(
     assert pod["topologySpreadConstraints"][0]["topologyKey"] == "kubernetes.io/hostname"
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert env["ZEPS_BROKER_MEMBER"] == "$(POD_NAME)"
-    assert env["ZEPS_BROKER_ADVERTISE"] == "tcp://$(POD_NAME).prices-broker-pods.shop.svc:5555"
+    assert env["ZEPS_BROKER_ADVERTISE"] == "tcp://$(POD_IP):5555"  # no DNS lookup on failover
     config = objects["ConfigMap/prices-broker"]["data"]
     assert config["ZEPS_BROKER_MIN_INSYNC"] == "2" and "ZEPS_BROKER_MEMBER" not in config  # a majority of 3
     assert objects["Service/prices-broker-pods"]["spec"]["clusterIP"] == "None"

@@ -106,6 +106,8 @@ class AsyncStreamClient:
 
     # -- connection -----------------------------------------------------------------------------
     async def connect(self) -> AsyncStreamClient:
+        if self.session.reads_only:
+            await self._locate()  # a reader of followers goes to one from the start (the endpoint given may lead)
         self._open_socket()
         self._reader = asyncio.create_task(self._read_loop())
         deadline = time.monotonic() + self.timeout

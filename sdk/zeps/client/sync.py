@@ -108,6 +108,8 @@ class StreamClient:
 
     # -- connection -----------------------------------------------------------------------------
     def connect(self) -> StreamClient:
+        if self.session.reads_only:
+            self._locate()  # a reader of followers goes to one from the start (the endpoint given may be the leader)
         self._open_socket()
         self._attach()
         return self

@@ -1,0 +1,193 @@
+"""A replicated ZepsStream on kind with three worker nodes (README, "Replicated streams"): its three
+brokers on three nodes, a publisher Job and three subscriber pods on the control-plane node (never
+stopped here). Under load, the leader's pod is deleted, then the node of the next leader is lost
+(its node container killed, as a power cut takes a machine); the node comes back and its replica
+catches up. Every confirmed publish reaches every subscriber exactly once, in order, with no gap.
+
+Each fault prints its figure (never a timed assertion). Without replication there is no leader to
+find, no follower to take over, and the node's loss takes the one journal with it: the test fails
+waiting for confirmations.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kindapp import OPERATOR_NAMESPACE, RELEASE, STACK_DUMP_LABEL, App, ZooKeeperShell, json_lines
+
+from zeps_dev.kind import wire_pod_network
+
+WORKERS = Path(__file__).resolve().parent / "workers"
+STREAM = "ledger"  # examples/zepsstream-replicated.yaml
+COUNT, RATE, GROUP = 4000, 40.0, 20  # 100 s of publishing at least: both faults happen within it
+CONTROL_PLANE = "node-role.kubernetes.io/control-plane"
+
+
+def _figure(**fields: object) -> None:
+    print("\nFIGURE " + json.dumps(fields), flush=True)
+
+
+def _docker(*args: str) -> str:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, check=True, timeout=120).stdout.strip()
+
+
+def _on_control_plane(spec: dict[str, Any]) -> dict[str, Any]:
+    """A client pod kept off the workers, whose loss the test makes."""
+    toleration = {"key": CONTROL_PLANE, "operator": "Exists", "effect": "NoSchedule"}
+    return {**spec, "nodeSelector": {CONTROL_PLANE: ""}, "tolerations": [toleration]}
+
+
+def _replication(app: App) -> dict[str, Any]:
+    return dict(app.get("zepsstream", STREAM).get("status", {}).get("replication", {}))
+
+
+def _brokers(app: App) -> dict[str, str]:
+    """Each broker pod of the stream, and the node it is on."""
+    pods = app.get("pods", "-l", f"app.kubernetes.io/instance={STREAM}")["items"]
+    return {p["metadata"]["name"]: p["spec"].get("nodeName", "") for p in pods}
+
+
+def _confirmed(app: App) -> list[dict[str, Any]]:
+    return [m for m in json_lines(app.logs("job/publisher")) if "confirmed" in m]
+
+
+def _longest_pause(app: App, moment: float, end: float) -> float:
+    """The longest time between two confirmed flushes from ``moment`` (time.time(), when the fault
+    began; the publisher's clock is this machine's) to ``end``: what the publisher saw of the
+    failover (it confirms a flush every half second when nothing is wrong)."""
+    times = [m["t"] for m in _confirmed(app)]
+    window = [t for t in times if moment - 1 <= t <= end]
+    return max((b - a for a, b in itertools.pairwise(window)), default=0.0)
+
+
+def _start_clients(app: App) -> list[str]:
+    """Three subscriber pods replaying from the journal's start through both faults until the last
+    message, and the publisher Job (workers/ledger_publisher.py); returns the subscribers' names."""
+    subscribers = [f"subscriber-{i}" for i in range(3)]
+    for name in subscribers:
+        command = f"exec zeps --json stream replay {STREAM} --since 0 --count {COUNT} --timeout 300"
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+               "spec": _on_control_plane(App.pod_spec(command))}  # fmt: skip
+        app.apply(pod)
+    source = (WORKERS / "ledger_publisher.py").read_text()
+    app.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "publisher"},
+               "data": {"publisher.py": source}})  # fmt: skip
+    spec = _on_control_plane(App.pod_spec(f"exec python /worker/publisher.py {STREAM} {COUNT} {RATE} {GROUP}"))
+    spec["containers"][0]["volumeMounts"] = [{"name": "worker", "mountPath": "/worker"}]
+    spec["volumes"] = [{"name": "worker", "configMap": {"name": "publisher"}}]
+    app.apply({
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "publisher"},
+        "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": {"app": "publisher", STACK_DUMP_LABEL: "1"}},
+                                                 "spec": spec}},
+    })  # fmt: skip
+    return subscribers
+
+
+@pytest.mark.timeout(1200)
+def test_a_replicated_stream_loses_nothing_confirmed_to_a_pod_deletion_and_a_node_loss(
+    cluster: Any, app: App, zk: ZooKeeperShell
+) -> None:
+    app.apply_example("zepsstream-replicated.yaml")
+    app.ready("zepsstream", STREAM, timeout=300)
+    cluster.wait_for("three replicas in sync", lambda: len(_replication(app).get("inSync", [])) == 3, timeout=180)
+    brokers = _brokers(app)
+    assert len(set(brokers.values())) == 3, f"the replicas share nodes: {brokers}"
+
+    subscribers = _start_clients(app)
+
+    def confirmed_past(n: int) -> bool:
+        lines = _confirmed(app)
+        return bool(lines) and lines[-1]["confirmed"] >= n
+
+    # 1. the leader's pod deleted (its broker closes its ZooKeeper session as it stops)
+    cluster.wait_for("1,000 confirmed", lambda: confirmed_past(1000), timeout=240, interval=1)
+    first = _replication(app)
+    deleted_at, before = time.time(), _confirmed(app)[-1]["confirmed"]
+    cluster.kubectl("delete", "pod", first["leader"], "-n", app.ns, "--wait=false")
+    cluster.wait_for("confirmations after the deletion", lambda: confirmed_past(before + 10 * GROUP), timeout=240)
+    cluster.wait_for(
+        "a new leader in a later epoch, and three in sync again",
+        lambda: (r := _replication(app)).get("leader") not in ("", first["leader"]) and r["epoch"] > first["epoch"]
+        and len(r.get("inSync", [])) == 3,
+        timeout=240,
+    )  # fmt: skip
+
+    # 2. the new leader's node lost: its container killed (SIGKILL to its init, as a power cut: no
+    # broker stops cleanly, so the leader's ZooKeeper session is left to expire; that node's
+    # ZooKeeper server goes too, and maybe the operator's pod). (`docker stop -t 0` is no power cut:
+    # systemd stops the pods first, and the leader closed its session in milliseconds.)
+    second = _replication(app)
+    placed = _brokers(app)
+    node = placed[second["leader"]]
+    cluster.wait_for("1,000 more confirmed", lambda: confirmed_past(before + 1000), timeout=240, interval=1)
+    killed_at, before = time.time(), _confirmed(app)[-1]["confirmed"]
+    _docker("kill", node)
+    try:
+        cluster.wait_for("confirmations by a new leader", lambda: confirmed_past(before + 10 * GROUP), timeout=240)
+    finally:  # 3. the node comes back (whatever happened): its routes are wired again, its pods restart
+        _docker("start", node)
+        rejoined_at = time.monotonic()
+        cluster.wait_for(f"node {node} back, its pod network wired", lambda: _wired(cluster, node), timeout=180,
+                         interval=2)  # fmt: skip
+    cluster.wait_for(
+        f"the replica on {node} back in sync",
+        lambda: (r := _replication(app)).get("leader") and len(r.get("inSync", [])) == 3,  # rejoins once caught up
+        timeout=360,
+        interval=2,
+    )  # fmt: skip
+    caught_up_s = time.monotonic() - rejoined_at
+
+    # everything confirmed, delivered to every subscriber once, in order, with no gap
+    cluster.wait_for("the publisher to finish", lambda: confirmed_past(COUNT), timeout=600, interval=2)
+    expected = [str(i) for i in range(1, COUNT + 1)]
+    for name in subscribers:
+        received = json_lines(app.wait_succeeded(name, timeout=400))
+        bodies = [m["body"] for m in received]
+        assert bodies == expected, (
+            f"{name}: {len(bodies)} messages; missing {sorted(set(expected) - set(bodies), key=int)[:5]}, "
+            f"{len(bodies) - len(set(bodies))} twice"
+        )
+        sequences = [m["sequence"] for m in received]
+        assert sequences == list(range(sequences[0], sequences[0] + COUNT)), f"{name}: a gap in the sequences"
+    final = _replication(app)
+    # the cluster as found, for the tests after this one: the lost node's ZooKeeper server back in the
+    # ensemble, the operator serving (its pod may have been on that node)
+    cluster.wait_for("the ensemble whole again", zk.whole, timeout=240, interval=2)
+    cluster.kubectl("rollout", "status", f"deployment/{RELEASE}-operator", "-n", OPERATOR_NAMESPACE, "--timeout=240s",
+                    timeout=270)  # fmt: skip
+    _figure(
+        fault="replicated stream: leader pod deleted, then the next leader's node lost",
+        longest_confirmation_pause_pod_deleted_s=round(_longest_pause(app, deleted_at, killed_at), 1),
+        longest_confirmation_pause_node_lost_s=round(_longest_pause(app, killed_at, killed_at + 60), 1),
+        node_lost=node,
+        leader_on_it=second["leader"],
+        brokers=placed,
+        node_back_to_replica_in_sync_s=round(caught_up_s, 1),
+        epochs=[first["epoch"], second["epoch"], final["epoch"]],
+        confirmed=COUNT,
+        lost=0,
+        stored_twice=0,
+        flushes_retried=sum(1 for m in json_lines(app.logs("job/publisher")) if "waiting" in m),
+    )
+
+
+def _wired(cluster: Any, node: str) -> bool:
+    """Once the restarted ``node``'s kubelet reports its address (a new one, maybe), every node's
+    pod network wired again: the node's routes went with its network namespace."""
+    address = _docker("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", node)
+    nodes = cluster.json("nodes")["items"]
+    listed = next(n for n in nodes if n["metadata"]["name"] == node)
+    if address not in {a["address"] for a in listed["status"].get("addresses", [])}:
+        return False
+    wire_pod_network(nodes, _docker_exec)
+    return True
+
+
+def _docker_exec(node: str, argv: Any, data: bytes | None) -> None:
+    subprocess.run(["docker", "exec", "-i", node, *argv], input=data, capture_output=True, check=True, timeout=60)

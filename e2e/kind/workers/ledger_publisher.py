@@ -1,0 +1,49 @@
+"""Publish bodies ``1`` .. ``COUNT`` to the ZepsStream ``NAME`` at about RATE a second, GROUP per
+confirmed flush, as one idempotent producer; print ``{"confirmed": last, "t": unix time}`` after
+each flush that returned.
+
+The handle resolves ``NAME`` through the pod's ServiceAccount; for a replicated stream it finds the
+leader in ZooKeeper and follows it on failover. A flush that fails (the leader went away, too few
+replicas in sync) prints ``{"waiting": …}`` and waits again for the same publishes: the client
+resends what was not confirmed, and the new leader's producer table keeps each stored once. Gives up
+(exit 1) after 40 failed flushes in a row. Runs in the zeps image."""
+
+import json
+import sys
+import time
+
+import zeps
+from zeps.errors import ZepsError
+
+
+def say(**fields: object) -> None:
+    print(json.dumps({**fields, "t": time.time()}), flush=True)
+
+
+def main() -> None:
+    name, count, rate, group = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+    stream = zeps.stream(name)
+    started, sent, failed = time.monotonic(), 0, 0
+    while sent < count:
+        n = min(group, count - sent)
+        stream.publish_many([("ledger", str(i).encode()) for i in range(sent + 1, sent + n + 1)])
+        sent += n
+        while True:
+            try:
+                stream.flush(timeout=15)
+            except ZepsError as exc:
+                failed += 1
+                say(waiting=sent, error=f"{type(exc).__name__}: {exc}"[:200])
+                if failed >= 40:
+                    sys.exit(1)
+                time.sleep(0.5)
+                continue
+            failed = 0
+            break
+        say(confirmed=sent)
+        time.sleep(max(0.0, sent / rate - (time.monotonic() - started)))
+    stream.close()
+
+
+if __name__ == "__main__":
+    main()
