@@ -137,7 +137,8 @@ def test_a_replicated_stream_loses_nothing_confirmed_to_a_pod_deletion_and_a_nod
                          interval=2)  # fmt: skip
     cluster.wait_for(
         f"the replica on {node} back in sync",
-        lambda: (r := _replication(app)).get("leader") and len(r.get("inSync", [])) == 3,  # rejoins once caught up
+        lambda: (r := _replication(app)).get("leader") and r["epoch"] > second["epoch"]  # not the status of before
+        and len(r.get("inSync", [])) == 3,  # it rejoins the set once it caught up
         timeout=360,
         interval=2,
     )  # fmt: skip
