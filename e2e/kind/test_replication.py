@@ -126,6 +126,15 @@ def test_a_replicated_stream_loses_nothing_confirmed_to_a_pod_deletion_and_a_nod
     placed = _brokers(app)
     node = placed[second["leader"]]
     cluster.wait_for("1,000 more confirmed", lambda: confirmed_past(before + 1000), timeout=240, interval=1)
+    # what else the node takes with it (the figure's spread depends on it)
+    zookeeper_leader = next((i for i, mode in zk.modes().items() if mode == "leader"), -1)
+    zookeeper_pods = cluster.json("pods", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/name=zookeeper")["items"]
+    coredns = cluster.json("pods", "-n", "kube-system", "-l", "k8s-app=kube-dns")["items"]
+    also_lost = {
+        "zookeeper_leader": any(p["metadata"]["name"].endswith(f"-{zookeeper_leader}") and p["spec"]["nodeName"] == node
+                                for p in zookeeper_pods),
+        "coredns_pods": sum(p["spec"].get("nodeName") == node for p in coredns),
+    }  # fmt: skip
     killed_at, before = time.time(), _confirmed(app)[-1]["confirmed"]
     _docker("kill", node)
     try:
@@ -168,6 +177,7 @@ def test_a_replicated_stream_loses_nothing_confirmed_to_a_pod_deletion_and_a_nod
         longest_confirmation_pause_node_lost_s=round(_longest_pause(app, killed_at, killed_at + 60), 1),
         node_lost=node,
         leader_on_it=second["leader"],
+        also_on_it=also_lost,
         brokers=placed,
         node_back_to_replica_in_sync_s=round(caught_up_s, 1),
         epochs=[first["epoch"], second["epoch"], final["epoch"]],
