@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -187,3 +188,44 @@ def test_epoch_history_file(tmp_path: Path) -> None:
     (tmp_path / "epochs").write_text("2 5\n1 9\n")
     with pytest.raises(EpochHistoryError, match="line 2 goes backwards"):
         EpochHistory(tmp_path / "epochs").load()
+
+
+def test_a_slice_cut_below_the_durable_end_comes_from_the_index_not_a_walk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A follower further behind than ``max_bytes``: the leader cuts each slice at a record's or a
+    group mark's start found in its index and marks, without walking the records (what made a busy
+    leader's loop slow); groups (a mark and its records) still go whole, and the copy is the leader's
+    byte for byte. Plain appends and groups mixed; a group larger than ``max_bytes`` goes whole in a
+    slice of its own."""
+    import zeps.journal.log as log_module  # noqa: PLC0415
+
+    config = JournalConfig(segment_bytes=1 << 20, fsync="always", index_interval_bytes=300)
+    leader = Journal(tmp_path / "leader", config, name="test").open()
+    now = int(time.time() * 1000)
+    for i in range(300):
+        if i % 3 == 0:  # an idempotent producer's group of three records (every tenth larger than a slice)
+            body = b"G" * 200 if i % 30 == 0 else b"g" * 40
+            leader.append_many([(f"k.{i}", body)] * 3, changes={"p": Producer(1, i + 3, now)})
+        else:
+            leader.append_many([(f"k.{i}", b"x" * (i % 60))])
+    walks = []
+    real_walk = log_module._walk_segment
+    monkeypatch.setattr(log_module, "_walk_segment", lambda data, base: walks.append(base) or real_walk(data, base))
+    read = leader.replica_read
+    slices = []
+
+    def checked(base: int, offset: int, last: int, max_bytes: int) -> Any:
+        part = read(base, offset, last, max_bytes)
+        _, _, whole = real_walk(part.data, last + 1)  # where its last whole entry and group end
+        slices.append((len(part.data), whole))
+        return part
+
+    monkeypatch.setattr(leader, "replica_read", checked)
+    follower = Journal(tmp_path / "follower", config, name="test").open()
+    fetches = _copy(leader, follower, max_bytes=500)
+    assert all(size == whole for size, whole in slices), "a slice ended inside a group"
+    assert fetches > 20 and walks == []  # many slices below the durable end, none walked by the leader
+    assert 0 < sum(size > 500 for size, _ in slices) <= 10  # a slice that begins with a large group holds it whole
+    assert _files(tmp_path / "follower") == _files(tmp_path / "leader")
+    assert _all(follower) == _all(leader) and follower.producers.producers["p"].sequence == 300

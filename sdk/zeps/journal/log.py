@@ -871,13 +871,18 @@ class Journal:
         if offset == durable:
             return ReplicaSlice(base, offset, b"", self._segments[i + 1].base if closed else 0)
         limit = min(durable, offset + max(max_bytes, 1))
-        while True:
+        last_durable = self._synced if seg is self._segments[-1] and self.config.fsync != "never" else seg.last_seq
+        cut = None if limit == durable else self._replica_cut(seg, offset, last, last_durable, limit)
+        if cut is not None:  # a boundary from the index and the marks: no record is read twice
+            good, count = cut
+            with open(seg.path, "rb") as f:
+                data = os.pread(f.fileno(), good, offset)
+        while cut is None:
             with open(seg.path, "rb") as f:
                 data = os.pread(f.fileno(), limit - offset, offset)
             if limit == durable:  # the durable end is where an append ended: whole entries, whole groups
                 good = len(data)
-                count = self._synced if seg is self._segments[-1] and self.config.fsync != "never" else seg.last_seq
-                count -= last
+                count = last_durable - last
                 break
             walked, _, good = _walk_segment(data, last + 1)  # where the last whole entry (and group) ends
             count = len(walked)
@@ -896,6 +901,46 @@ class Journal:
         ends = closed and offset + good == durable
         return ReplicaSlice(base, offset, data, self._segments[i + 1].base if ends else 0,
                             starts=starts.tobytes(), marks=b"".join(_MARK_SPAN.pack(*m) for m in marks))  # fmt: skip
+
+    def _replica_cut(self, seg: _Segment, offset: int, last: int, last_durable: int, limit: int
+                     ) -> tuple[int, int] | None:  # fmt: skip
+        """Where a slice from ``offset`` (after record ``last``) ends, at or before ``limit``, as
+        (bytes, records), found in the segment's index and marks without reading the records: the
+        start of the last record or producer mark at or before ``limit``, never inside a group (a mark
+        and the records it covers). A slice that begins with a group reaching ``limit`` holds that
+        group whole. None if it would hold nothing."""
+        starts = _IndexFile(seg.offsets_path, seg.base, last + 1, last_durable)
+        marks = seg.marks
+        group_end = offset  # the end of the group the slice begins with, if it does
+        first = bisect.bisect_left(marks, offset, key=itemgetter(0))
+        if first < len(marks) and marks[first][0] == offset:
+            follows = self._group_size(seg, marks[first])
+            group_end = self._record_end(seg, last + follows) if follows else marks[first][1]
+            if group_end >= limit:
+                return group_end - offset, follows
+        following = bisect.bisect_right(starts, limit)  # records after ``last`` that start at or before limit
+        cut = starts[following - 1] if following else offset
+        before = bisect.bisect_right(marks, limit, key=itemgetter(0))  # marks that start at or before limit
+        if before and marks[before - 1][0] > offset:  # a mark begins its group: everything before it is whole
+            mark = marks[before - 1][0]
+            cut = mark if mark > cut or self._in_group(seg, marks[before - 1], cut, starts) else cut
+        cut = max(cut, group_end)
+        if cut <= offset:
+            return None
+        return cut - offset, bisect.bisect_left(starts, cut)
+
+    def _in_group(self, seg: _Segment, mark: tuple[int, int], cut: int, starts: _IndexFile) -> bool:
+        """Whether a slice cut at ``cut`` (a record's start after ``mark``) would end inside the mark's group."""
+        covered = bisect.bisect_left(starts, cut) - bisect.bisect_left(starts, mark[1])  # its records before cut
+        return covered < self._group_size(seg, mark)
+
+    @staticmethod
+    def _group_size(seg: _Segment, mark: tuple[int, int]) -> int:
+        """How many records follow the producer mark at ``mark`` (start, end) in its group."""
+        start, end = mark
+        with open(seg.path, "rb") as f:
+            entry = os.pread(f.fileno(), end - start, start)
+        return decode_mark(entry[OVERHEAD:])[1]
 
     def _reset_slice(self) -> ReplicaSlice:
         return ReplicaSlice(self._segments[0].base, 0, b"", reset=True)
@@ -1109,6 +1154,24 @@ class Journal:
                 self.sync()
             finally:
                 self._close_files()
+
+
+class _IndexFile:
+    """Records ``first`` .. ``last`` of a segment's .off file as a sequence of their start offsets,
+    read an entry at a time (for bisect: a few reads, not the file)."""
+
+    def __init__(self, path: Path, base: int, first: int, last: int) -> None:
+        self.path, self.skip, self.count = path, first - base, max(0, last - first + 1)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> int:
+        with open(self.path, "rb") as f:
+            raw = os.pread(f.fileno(), _OFFSET, (self.skip + i) * _OFFSET)
+        if len(raw) < _OFFSET:
+            raise JournalError(f"journal index {self.path.name} lacks entry {self.skip + i}")
+        return int(array("I", raw)[0])
 
 
 def _walk_segment(data: bytes, base: int) -> tuple[array[int], list[tuple[int, int, int, dict[str, Producer]]], int]:
