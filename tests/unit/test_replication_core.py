@@ -307,3 +307,27 @@ def test_a_followers_readers_stay_when_it_follows_a_new_leader_and_go_when_it_st
     b.follow("prices")  # and steps down: every client is sent to the new leader
     refusals = [c for c in _from(b, b"reader") if isinstance(c, InvalidCode)]
     assert [c.code for c in refusals] == [Refusal.NOT_LEADER] and b"reader" not in b.sessions
+
+
+def test_a_follower_without_readers_does_not_read_its_copy_back(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Routing is for readers: a follower nobody reads from only writes what it copies (reading each
+    record back cost it half its time), and a reader that comes later replays all of it."""
+    b = cluster.cores["b"]
+    journal = b.streams["prices"].journal
+    reads: list[int] = []
+    read_chunk = journal.read_chunk
+    monkeypatch.setattr(journal, "read_chunk", lambda first, **kw: reads.append(first) or read_chunk(first, **kw))
+    cluster.send(b"pub", Attach(stream="prices", version=7))
+    for i in range(50):
+        cluster.send(b"pub", Publish(key=f"k.{i}", body=b"x"))
+    cluster.turn(rounds=4)
+    assert journal.written == 50 and b.streams["prices"].routed == 50
+    assert reads == []  # copied and committed, never read back
+    for command in (Attach(stream="prices", version=8), Credit(credit=1 << 20), Subscribe(pattern="", latest=0)):
+        b.receive(b"late", encode(command), now=0.0)
+    assert _keys(_from(b, b"late")) == [f"k.{i}" for i in range(50)]
+    cluster.send(b"pub", Publish(key="k.new", body=b"y"))
+    cluster.turn(rounds=4)
+    assert _keys(_from(b, b"late")) == ["k.new"]  # live now: routed to it as it is copied

@@ -866,6 +866,10 @@ class BrokerCore:
 
     def _route(self, stream: _Stream) -> None:
         journal = stream.journal
+        multicast = self.config.multicast_heartbeat_s is not None and not stream.following  # the leader's output
+        if not stream.live_set and not multicast:  # nobody to route to (a follower without readers, say):
+            stream.routed = max(stream.routed, stream.committed)  # reading the records back is wasted work;
+            return  # a subscriber that comes later replays them from the journal
         while stream.routed < stream.committed:
             chunk = journal.read_chunk(stream.routed + 1, max_bytes=self.config.batch_bytes, end=stream.committed)
             if chunk is None:
@@ -874,7 +878,7 @@ class BrokerCore:
                 stop = self._deliver(sub, chunk, picks)
                 if stop is not None:
                     self._leave_live(sub, stop)
-            if self.config.multicast_heartbeat_s is not None and not stream.following:  # the leader's output
+            if multicast:
                 self._multicast_chunk(stream, chunk)
             stream.routed = chunk.last
         for sub in stream.live_set:
