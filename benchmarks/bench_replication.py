@@ -415,7 +415,14 @@ async def _jetstream_clients(cluster: JetStreamCluster, history: History) -> Non
             history.confirm(n, sent)
 
     async def subscribe() -> None:
-        sub = await js.pull_subscribe("failover.>", durable="bench")
+        while True:  # the cluster may still be electing its meta leader: creating the consumer times out
+            try:
+                sub = await js.pull_subscribe("failover.>", durable="bench")
+                break
+            except Exception:
+                if history.stop.is_set():
+                    return
+                await asyncio.sleep(0.2)
         while not history.stop.is_set():
             try:
                 for m in await sub.fetch(100, timeout=0.2):
