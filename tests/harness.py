@@ -239,13 +239,23 @@ class ReplicaSet:
     """Three ``zeps-broker`` processes replicating one stream (``--min-insync 2`` by default) on
     127.0.0.1, each with its journal directory and port, electing their leader in ``zookeeper``."""
 
-    def __init__(self, zookeeper: ZooKeeperHarness, root: Path, *, min_insync: int = 2, stream: str = "prices") -> None:
+    def __init__(
+        self,
+        zookeeper: ZooKeeperHarness,
+        root: Path,
+        *,
+        min_insync: int = 2,
+        stream: str = "prices",
+        partition: int = 0,
+        replicas: int = 3,
+    ) -> None:
         self.zookeeper, self.root, self.min_insync, self.stream = zookeeper, root, min_insync, stream
-        self.names = ["r0", "r1", "r2"]
+        self.partition = partition  # of a partitioned stream: its brokers pass --partition
+        self.names = [f"r{i}" if not partition else f"p{partition}-r{i}" for i in range(replicas)]
         self.ports = {name: free_port() for name in self.names}
         self.metrics = {name: free_port() for name in self.names}  # each replica's Prometheus port
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.paths = StreamPaths.of("default", stream, chroot=zookeeper.root)
+        self.paths = StreamPaths.of("default", stream, chroot=zookeeper.root, partition=partition)
         self.zk = zookeeper.client()
         root.mkdir(parents=True, exist_ok=True)
 
@@ -255,7 +265,7 @@ class ReplicaSet:
                 "--chroot", self.zookeeper.root, "--namespace", "default", "--member", name,
                 "--min-insync", str(self.min_insync), "--zookeeper-session-timeout", str(REPLICA_SESSION_S),
                 "--replica-lag", "4", "--fsync", "group", "--segment-bytes", str(256 << 10),
-                "--metrics-port", str(self.metrics[name])]  # fmt: skip
+                "--metrics-port", str(self.metrics[name]), "--partition", str(self.partition)]  # fmt: skip
         log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 — the process writes it; closed with it
         self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         log.close()
@@ -307,17 +317,29 @@ class ReplicaSet:
         return out
 
     def locator(self) -> LeaderLocator:
-        return LeaderLocator(self.zookeeper.connect_string, "default", self.stream, chroot=self.zookeeper.root)
+        return LeaderLocator(self.zookeeper.connect_string, "default", self.stream, chroot=self.zookeeper.root,
+                             partition=self.partition)  # fmt: skip
 
-    def client(self, **options: Any) -> StreamClient:
+    def located(self) -> tuple[str, LeaderLocator]:
+        """The leader's endpoint (once one is elected), and a locator that follows it (the caller
+        closes it, or gives it to a client that does)."""
         locator = self.locator()
-        endpoint = ""
         deadline = time.monotonic() + 30
-        while not endpoint:
+        while True:
             try:
-                endpoint = locator()
+                return locator(), locator
             except ZepsError:
                 if time.monotonic() > deadline:
+                    locator.close()
                     raise
                 time.sleep(0.1)
+
+    def endpoint(self) -> str:
+        """The leader's endpoint, once one is elected."""
+        endpoint, locator = self.located()
+        locator.close()
+        return endpoint
+
+    def client(self, **options: Any) -> StreamClient:
+        endpoint, locator = self.located()
         return StreamClient(endpoint, self.stream, locator=locator, timeout=60, **options)

@@ -27,6 +27,9 @@ ACL boundary, and one subtree per resource)::
         brokers/<member>              ephemeral JSON {endpoint, curvePublicKey, pod, startedAt}
         replication/state             replicated streams: JSON {epoch, leader, isr}, conditional writes only
         replication/election/<replica>-<seq>  ephemeral sequential: replicas in line to lead
+        partitions/<p>/               a partitioned stream's partition p >= 1: manifest, brokers/ and
+                                      replication/ as above (partition 0 is the stream's own, so a
+                                      stream of one partition keeps its layout when it grows)
 
 A group is a parent of ephemeral members (JSON metadata) plus, where the design calls
 for one, a persistent manifest of the members that should exist (streams: ``brokers/`` beside
@@ -41,6 +44,7 @@ import re
 from dataclasses import dataclass
 
 from zeps.errors import ConfigError
+from zeps.partitioning import MAX_PARTITIONS
 
 __all__ = [
     "DEFAULT_CHROOT",
@@ -272,14 +276,35 @@ class StreamPaths:
     """Paths of one ZepsStream: its brokers as a group with a manifest."""
 
     root: str
+    partition: int = 0  #: which of a partitioned stream's partitions (0: the stream's own nodes)
 
     @classmethod
-    def of(cls, namespace: str, name: str, *, chroot: str = DEFAULT_CHROOT) -> StreamPaths:
-        return cls(f"{_chroot(chroot)}/{validate_name('namespace', namespace)}/streams/{validate_name('stream', name)}")
+    def of(cls, namespace: str, name: str, *, chroot: str = DEFAULT_CHROOT, partition: int = 0) -> StreamPaths:
+        namespace, name = validate_name("namespace", namespace), validate_name("stream", name)
+        return cls(f"{_chroot(chroot)}/{namespace}/streams/{name}").of_partition(partition)
+
+    def of_partition(self, partition: int) -> StreamPaths:
+        """The paths of partition ``partition`` of this stream: its brokers, manifest and replication."""
+        if not 0 <= partition < MAX_PARTITIONS:
+            raise ConfigError(f"partition {partition} is out of range: a stream has partitions 0..{MAX_PARTITIONS - 1}")
+        if partition == self.partition:
+            return self
+        return StreamPaths(self.stream_root if partition == 0 else f"{self.partitions}/{partition}", partition)
+
+    @property
+    def stream_root(self) -> str:
+        """The stream's own root (partition 0's too)."""
+        return self.root if self.partition == 0 else self.root.rsplit("/partitions/", 1)[0]
+
+    @property
+    def partitions(self) -> str:
+        """Where partitions 1 and up have their nodes."""
+        return f"{self.stream_root}/partitions"
 
     @property
     def spec(self) -> str:
-        return f"{self.root}/spec"
+        """The stream's reconciled spec (one for all its partitions)."""
+        return f"{self.stream_root}/spec"
 
     @property
     def brokers(self) -> GroupPaths:

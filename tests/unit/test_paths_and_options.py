@@ -9,7 +9,7 @@ import pytest
 
 from zeps.errors import ConfigError
 from zeps.options import TopicOptions
-from zeps.paths import QueuePaths, TopicPaths, chroot_of, paths_of, sequence_of
+from zeps.paths import QueuePaths, StreamPaths, TopicPaths, chroot_of, paths_of, sequence_of
 
 
 def test_topic_layout() -> None:
@@ -101,3 +101,17 @@ def test_the_chroot_is_recovered_from_a_resource_path(kind: str) -> None:
     assert chroot_of(kind, "shop", "orders", root) == "/prod/zeps"
     assert chroot_of(kind, "shop", "other", root) is None
     assert chroot_of(kind, "shop", "orders", "") is None
+
+
+def test_a_partition_of_a_stream_has_its_own_brokers_and_replication_beside_the_streams_spec() -> None:
+    stream = StreamPaths.of("shop", "prices")
+    assert StreamPaths.of("shop", "prices", partition=0) == stream  # a stream of one partition: as before
+    two = StreamPaths.of("shop", "prices", partition=2)
+    assert two.root == "/zeps/shop/streams/prices/partitions/2" and two.partition == 2
+    assert two.brokers.members == "/zeps/shop/streams/prices/partitions/2/brokers"
+    assert two.brokers.manifest == "/zeps/shop/streams/prices/partitions/2/manifest"
+    assert two.replication_state == "/zeps/shop/streams/prices/partitions/2/replication/state"
+    assert two.spec == stream.spec == "/zeps/shop/streams/prices/spec"
+    assert two.of_partition(0) == stream and two.of_partition(1) == stream.of_partition(1)
+    with pytest.raises(ConfigError, match=r"partition 256 is out of range"):
+        stream.of_partition(256)

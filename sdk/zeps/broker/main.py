@@ -22,6 +22,7 @@ from zeps.broker.server import BrokerServer, CurveConfig, Registration, Replicat
 from zeps.errors import ConfigError, ZepsError
 from zeps.journal import DEFAULT_MAX_PRODUCERS, DEFAULT_PRODUCER_TTL_MS, JournalConfig
 from zeps.options import MulticastOptions
+from zeps.partitioning import MAX_PARTITIONS
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES_CEILING
 
 __all__ = ["main", "multicast_options", "parse_args", "read_key", "replication", "settings"]
@@ -76,6 +77,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--chroot", default=_env("CHROOT", "/zeps"))
     p.add_argument("--member", default=_env("MEMBER"), help="this broker's member id in the group")
     p.add_argument("--advertise", default=_env("ADVERTISE"), help="the endpoint clients should use")
+    p.add_argument("--partition", type=int, default=int(_env("PARTITION") or 0),
+                   help="the partition of its stream this broker serves, in a partitioned stream: it registers "
+                   "(and elects a leader) among that partition's brokers [ZEPS_BROKER_PARTITION]")  # fmt: skip
     p.add_argument("--multicast", default=_env("MULTICAST"),
                    help="also send each live record once to a multicast group: norm|pgm|epgm://GROUP:PORT "
                    "[ZEPS_BROKER_MULTICAST]")  # fmt: skip
@@ -121,6 +125,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.min_insync is not None and (not args.zookeeper or len(args.stream) != 1 or args.min_insync < 1):
         p.error("--min-insync (a replicated stream) needs --zookeeper and --member, exactly one --stream, and a "
                 "value of 1 or more")  # fmt: skip
+    if not 0 <= args.partition < MAX_PARTITIONS or (args.partition and (not args.zookeeper or len(args.stream) != 1)):
+        p.error(f"--partition must be in 0..{MAX_PARTITIONS - 1}, and a partition other than 0 needs "
+                "--zookeeper and exactly one --stream (its brokers and clients find each other there)")  # fmt: skip
     return args
 
 
@@ -184,7 +191,7 @@ def settings(args: argparse.Namespace) -> tuple[BrokerConfig, CurveConfig | None
     registration = None
     if args.zookeeper:
         registration = Registration(args.zookeeper, args.namespace, args.member, args.chroot, args.advertise,
-                                    auth=_zookeeper_auth())  # fmt: skip
+                                    auth=_zookeeper_auth(), partition=args.partition)  # fmt: skip
     return config, curve, registration
 
 

@@ -48,6 +48,7 @@ from zeps.broker.replication import FollowerCopy
 from zeps.errors import ConfigError, ProtocolError
 from zeps.journal import JournalError, JournalWriteError
 from zeps.options import DEFAULT_PGM_RATE_KBPS, DEFAULT_PGM_RECOVERY_MS, MulticastOptions
+from zeps.paths import StreamPaths
 from zeps.protocol import multicast
 
 __all__ = ["AllowedClients", "BrokerServer", "CurveConfig", "Registration", "Replication"]
@@ -137,6 +138,13 @@ class Registration:
     #: the namespace's ZooKeeper digest identity (user, password): the broker's session authenticates
     #: with it and its member node gets its ACL, so no other ZooKeeper user can forge or change it
     auth: tuple[str, str] | None = None
+    #: which partition of its stream this broker serves (0: a stream of one partition, or the first);
+    #: it registers in that partition's group and elects its leader among that partition's replicas
+    partition: int = 0
+
+    def paths(self, stream: str) -> StreamPaths:
+        """The ZooKeeper paths of ``stream``'s partition this broker serves."""
+        return StreamPaths.of(self.namespace, stream, chroot=self.chroot, partition=self.partition)
 
 
 @dataclass
@@ -375,7 +383,6 @@ class BrokerServer:
 
     def _register(self, reg: Registration) -> None:
         from zeps.coordination import Group, connect  # noqa: PLC0415 — ZooKeeper only when registering
-        from zeps.paths import StreamPaths  # noqa: PLC0415
 
         timeout = self.replication.session_timeout_s if self.replication is not None else 10.0
         self._zk = connect(reg.zookeeper, auth=reg.auth, session_timeout=timeout)
@@ -385,11 +392,12 @@ class BrokerServer:
             "pod": os.environ.get("POD_NAME", socket.gethostname()),
             "startedAt": int(time.time()),
             "streams": list(self.config.streams),
+            "partition": reg.partition,
         }
         if self.multicast is not None:  # what a receiver needs: the group, and the settings both ends share
             metadata["multicast"] = self.multicast.model_dump(exclude={"interface"})
         for name in self.config.streams:
-            group = Group(self._zk, StreamPaths.of(reg.namespace, name, chroot=reg.chroot).brokers)
+            group = Group(self._zk, reg.paths(name).brokers)
             manifest = group.manifest()
             if manifest is not None and reg.member not in manifest:
                 self.refused = (
@@ -410,7 +418,7 @@ class BrokerServer:
         if self.replication is not None:
             from zeps.coordination.replication import ReplicaElection  # noqa: PLC0415
 
-            paths = StreamPaths.of(reg.namespace, self.config.streams[0], chroot=reg.chroot)
+            paths = reg.paths(self.config.streams[0])
             journal = self.core.streams[self.config.streams[0]].journal
             empty = lambda: journal.written == 0 and journal.epochs.latest == 0  # noqa: E731 — a new or wiped volume
             self._election = ReplicaElection(self._zk, paths, reg.member, self._replica_event, empty=empty).start()
@@ -586,10 +594,9 @@ class BrokerServer:
         if not leader:
             return  # an election is on: the next event says who won
         from zeps.coordination import Group  # noqa: PLC0415
-        from zeps.paths import StreamPaths  # noqa: PLC0415
 
         reg = self.registration
-        member = Group(self._zk, StreamPaths.of(reg.namespace, name, chroot=reg.chroot).brokers).members().get(leader)
+        member = Group(self._zk, reg.paths(name).brokers).members().get(leader)
         if member is None:  # it has not registered yet (or is gone): look again soon
             self._retry_follow(epoch, leader)
             return

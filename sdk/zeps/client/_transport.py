@@ -44,16 +44,17 @@ class Locator(Protocol):
     def close(self) -> None: ...
 
 
-def locator_of(settings: Resolved, *, followers: bool = False) -> Locator | None:
+def locator_of(settings: Resolved, *, followers: bool = False, partition: int = 0) -> Locator | None:
     """A locator for a resolved stream whose ZooKeeper is known: the first connection goes to the
     endpoint resolved (the operator's word), each later one to wherever the stream's leader is then
-    (``followers``: one of its in-sync followers, for a client that only reads)."""
+    (``followers``: one of its in-sync followers, for a client that only reads; ``partition``: of
+    that partition of a partitioned stream)."""
     if not settings.zookeeper:
         return None
     from zeps.client.discovery import LeaderLocator  # noqa: PLC0415
 
     return LeaderLocator(settings.zookeeper, settings.namespace, settings.name, chroot=settings.chroot,
-                         auth=settings.auth, followers=followers)  # fmt: skip
+                         auth=settings.auth, followers=followers, partition=partition)  # fmt: skip
 
 
 def batched(items: Iterable[tuple[str, bytes]], size: int) -> Iterator[list[tuple[str, bytes]]]:

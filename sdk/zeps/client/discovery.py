@@ -12,54 +12,70 @@ from zeps.client._transport import BrokerUnavailableError
 __all__ = ["LeaderLocator", "broker_metadata", "discover", "read_broker_metadata"]
 
 
-def broker_metadata(client: Any, namespace: str, stream: str, *, chroot: str = "/zeps") -> dict[str, Any]:
-    """What the live broker of ``stream`` publishes in its ZooKeeper group (``client``, a started
-    kazoo client): ``endpoint`` and ``curvePublicKey`` when it joins; ``lastSequence``,
-    ``journalBytes``, ``subscriptionCount`` and the furthest-behind ``subscriptions`` every second."""
+def broker_metadata(
+    client: Any, namespace: str, stream: str, *, chroot: str = "/zeps", partition: int = 0
+) -> dict[str, Any]:
+    """What the live broker of ``stream`` (of its partition ``partition``) publishes in its ZooKeeper
+    group (``client``, a started kazoo client): ``endpoint`` and ``curvePublicKey`` when it joins;
+    ``lastSequence``, ``journalBytes``, ``subscriptionCount`` and the furthest-behind
+    ``subscriptions`` every second."""
     from zeps.coordination import Group  # noqa: PLC0415 — ZooKeeper only for discovery
     from zeps.coordination.replication import read_replication_state  # noqa: PLC0415
     from zeps.paths import StreamPaths  # noqa: PLC0415
 
-    paths = StreamPaths.of(namespace, stream, chroot=chroot)
+    paths = StreamPaths.of(namespace, stream, chroot=chroot, partition=partition)
+    where = f"{namespace}/{stream}" + (f" partition {partition}" if partition else "")
     group = Group(client, paths.brokers)
     manifest = group.status().manifest
     members = group.members()
     usable = [m for name, m in sorted(members.items()) if manifest is None or name in manifest]
     if not usable:
-        raise BrokerUnavailableError(f"no live broker is registered for stream {namespace}/{stream}")
+        raise BrokerUnavailableError(f"no live broker is registered for stream {where}")
     state = read_replication_state(client, paths)
     if state is not None:  # a replicated stream: its leader, while it lives
         leader = members.get(state.leader)
         if leader is None or (manifest is not None and state.leader not in manifest):
-            raise BrokerUnavailableError(f"stream {namespace}/{stream} has no leader right now (epoch {state.epoch}'s "
+            raise BrokerUnavailableError(f"stream {where} has no leader right now (epoch {state.epoch}'s "
                                          f"leader {state.leader} is gone: an election is on)")  # fmt: skip
         return dict(leader.metadata)
     return dict(usable[0].metadata)
 
 
 def read_broker_metadata(
-    zookeeper: str, namespace: str, stream: str, *, chroot: str = "/zeps", auth: tuple[str, str] | None = None
+    zookeeper: str,
+    namespace: str,
+    stream: str,
+    *,
+    chroot: str = "/zeps",
+    auth: tuple[str, str] | None = None,
+    partition: int = 0,
 ) -> dict[str, Any]:
     """:func:`broker_metadata` through a ZooKeeper session of its own, closed before returning."""
     from zeps.coordination import connect  # noqa: PLC0415 — ZooKeeper only for discovery
 
     client = connect(zookeeper, auth=auth)
     try:
-        return broker_metadata(client, namespace, stream, chroot=chroot)
+        return broker_metadata(client, namespace, stream, chroot=chroot, partition=partition)
     finally:
         client.stop()
         client.close()
 
 
 def discover(
-    zookeeper: str, namespace: str, stream: str, *, chroot: str = "/zeps", auth: tuple[str, str] | None = None
+    zookeeper: str,
+    namespace: str,
+    stream: str,
+    *,
+    chroot: str = "/zeps",
+    auth: tuple[str, str] | None = None,
+    partition: int = 0,
 ) -> tuple[str, str]:
     """The (endpoint, CURVE public key) of the live broker of ``stream``, from its ZooKeeper group
     (``auth``: the namespace's ZooKeeper identity, where ACLs are on). What a member node says is only
     as trustworthy as who may write it: with the namespace's ACL, its brokers; without, anyone. So
     take the broker's key from a source of your own (the Secret the operator made, the resource's
     status) when it matters: a forged node's endpoint then fails the CURVE handshake."""
-    meta = read_broker_metadata(zookeeper, namespace, stream, chroot=chroot, auth=auth)
+    meta = read_broker_metadata(zookeeper, namespace, stream, chroot=chroot, auth=auth, partition=partition)
     return str(meta["endpoint"]), str(meta.get("curvePublicKey", ""))
 
 
@@ -68,7 +84,8 @@ class LeaderLocator:
     time it connects again, so it follows the leader across a failover. ``followers``: for a client
     that only reads (``follower_reads``), one of the leader's in-sync followers, chosen at random
     (spreading replay load over them) and kept while it is one, or the leader while none lives.
-    Keeps one ZooKeeper session, opened at the first call; :meth:`close` ends it."""
+    ``partition``: of a partitioned stream, the partition whose broker is looked for. Keeps one
+    ZooKeeper session, opened at the first call; :meth:`close` ends it."""
 
     def __init__(
         self,
@@ -79,9 +96,10 @@ class LeaderLocator:
         chroot: str = "/zeps",
         auth: tuple[str, str] | None = None,
         followers: bool = False,
+        partition: int = 0,
     ) -> None:
         self.zookeeper, self.namespace, self.stream, self.chroot, self.auth = zookeeper, namespace, stream, chroot, auth
-        self.followers = followers
+        self.followers, self.partition = followers, partition
         self._follower: str | None = None  # the follower chosen last (a reader stays with it while it serves)
         self._client: Any = None
 
@@ -96,10 +114,11 @@ class LeaderLocator:
             from zeps.coordination import connect  # noqa: PLC0415 — ZooKeeper only for discovery
 
             self._client = connect(self.zookeeper, auth=self.auth, timeout=3)  # a client waits on this
-        paths = StreamPaths.of(self.namespace, self.stream, chroot=self.chroot)
+        paths = StreamPaths.of(self.namespace, self.stream, chroot=self.chroot, partition=self.partition)
         state = read_replication_state(self._client, paths)
         if state is None:
-            raise BrokerUnavailableError(f"stream {self.namespace}/{self.stream} is not replicated: no leader")
+            raise BrokerUnavailableError(f"stream {self.namespace}/{self.stream} (partition {self.partition}) is not "
+                                         "replicated: no leader")  # fmt: skip
         if self.followers:
             from zeps.coordination import Group  # noqa: PLC0415
 
@@ -109,7 +128,8 @@ class LeaderLocator:
                 self._follower = random.choice(live) if live else None  # spreading replay load over them
             if self._follower is not None:
                 return self._follower
-        return str(broker_metadata(self._client, self.namespace, self.stream, chroot=self.chroot)["endpoint"])
+        meta = broker_metadata(self._client, self.namespace, self.stream, chroot=self.chroot, partition=self.partition)
+        return str(meta["endpoint"])
 
     def close(self) -> None:
         if self._client is not None:

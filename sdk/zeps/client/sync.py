@@ -185,6 +185,11 @@ class StreamClient:
         moved, self.endpoint = endpoint != self.endpoint, endpoint
         return moved
 
+    def sockets(self) -> list[zmq.Socket[Any]]:
+        """The sockets this client reads (its peering, its monitor), to wait on several clients at once
+        with a ``zmq.Poller``; they change when it reconnects, so ask again before each wait."""
+        return [s for s in (self._sock, self._monitor, *(w.socket for w in self._watched)) if s is not None]
+
     def _close_socket(self) -> None:
         close_dealer(self._sock, self._monitor)
         self._sock = self._monitor = None
@@ -402,14 +407,18 @@ class StreamClient:
             self._send_all(self.session.take_outbox(), time.monotonic() + self.timeout)
 
     def _wait_for_messages(self, timeout: float) -> bool:
+        """Whether messages are in the inbox within ``timeout`` seconds; the socket is read at least
+        once, so a ``timeout`` of 0 takes what has arrived without waiting."""
         deadline = time.monotonic() + timeout
+        read = False
         while not self.session.inbox:
             if self.session.errors:
                 raise ProtocolError(f"broker refused: {self.session.errors.popleft()}")
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 and read:
                 return False
-            self._pump(min(remaining, 0.1))
+            self._pump(max(0.0, min(remaining, 0.1)))
+            read = True
         return True
 
     def start(self, pattern: str = "", *, since: Since = "latest") -> None:

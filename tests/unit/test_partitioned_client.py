@@ -1,0 +1,45 @@
+"""The partitioned client's parts that need no broker: positions and its settings' errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from zeps.client import PartitionedStreamClient, Position
+from zeps.errors import ConfigError
+
+
+def test_a_position_round_trips_through_json_and_reads_partitions_added_since_from_their_start() -> None:
+    position = Position((12, 0, 7))
+    assert Position.from_json(position.to_json()) == position
+    assert [position.after(p) for p in range(5)] == [12, 0, 7, 0, 0]  # partitions 3 and 4 came later
+    assert Position.start(2) == Position((0, 0))
+
+
+@pytest.mark.parametrize(
+    "text", ["", "[1, 2]", '{"last": "1,2"}', '{"last": [1, true]}', '{"last": [1.5]}', '{"first": [1]}']
+)
+def test_anything_but_a_saved_position_is_refused_with_what_one_looks_like(text: str) -> None:
+    with pytest.raises(ConfigError, match=r'not a saved position .*expected \{"last"'):
+        Position.from_json(text)
+
+
+def test_a_position_holds_one_sequence_per_partition_none_negative() -> None:
+    for last in [(), (1, -1), (0,) * 257]:
+        with pytest.raises(ConfigError, match=r"a position holds 1\.\.256 sequences"):
+            Position(last)
+
+
+def test_a_client_needs_an_endpoint_per_partition_and_a_locator_for_each_or_none() -> None:
+    with pytest.raises(ConfigError, match=r"1\.\.256 partitions: give an endpoint for each \(got 0\)"):
+        PartitionedStreamClient([], "orders")
+    with pytest.raises(ConfigError, match=r"a locator for each partition \(2\), or none \(got 1\)"):
+        PartitionedStreamClient(["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"], "orders", locators=[lambda: ""])
+    client = PartitionedStreamClient(["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"], "orders")
+    try:
+        with pytest.raises(ConfigError, match="start\\(\\) a subscription first"):
+            client.receive_many(0)
+        with pytest.raises(ConfigError, match=r"partitions must be some of 0\.\.1, not \[2\]"):
+            client.start(partitions=[2])
+        assert [client.partition_of(k) for k in ("a", "b")] == [1, 0]
+    finally:
+        client.close()
