@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from harness import ZooKeeperHarness
+from harness import PlainPartitions, ZooKeeperHarness
 from zeps_dev import ZooKeeperServer
 
 _counter = itertools.count()
@@ -60,3 +60,14 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+
+
+@pytest.fixture
+def plain(zookeeper: ZooKeeperHarness, tmp_path: Path) -> Iterator[list[str]]:
+    """Stream "orders" of three partitions, a broker each (not replicated), registered in ZooKeeper:
+    each partition's endpoint, partition 0 first."""
+    brokers = PlainPartitions(zookeeper, tmp_path, 3)
+    try:
+        yield brokers.endpoints()
+    finally:
+        brokers.stop()

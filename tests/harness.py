@@ -16,7 +16,7 @@ from typing import Any
 from kazoo.client import KazooClient
 
 from zeps.client import StreamClient
-from zeps.client.discovery import LeaderLocator
+from zeps.client.discovery import LeaderLocator, discover
 from zeps.coordination import connect
 from zeps.coordination.replication import read_replication_state
 from zeps.coordination.testing import count_znodes, expire_session
@@ -343,3 +343,39 @@ class ReplicaSet:
     def client(self, **options: Any) -> StreamClient:
         endpoint, locator = self.located()
         return StreamClient(endpoint, self.stream, locator=locator, timeout=60, **options)
+
+
+class PlainPartitions:
+    """One broker per partition, not replicated: ``--zookeeper --member b<p> --partition <p>``."""
+
+    def __init__(self, zookeeper: ZooKeeperHarness, root: Path, partitions: int) -> None:
+        self.zookeeper, self.procs = zookeeper, []
+        for p in range(partitions):
+            argv = [sys.executable, "-m", "zeps.broker.main", "--stream", "orders", "--data-dir", str(root / f"b{p}"),
+                    "--bind", f"tcp://127.0.0.1:{free_port()}", "--zookeeper", zookeeper.connect_string,
+                    "--chroot", zookeeper.root, "--namespace", "default", "--member", f"b{p}",
+                    "--partition", str(p), "--fsync", "never"]  # fmt: skip
+            self.procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    def endpoints(self) -> list[str]:
+        """Each partition's broker, found in its own group in ZooKeeper."""
+        found: list[str] = []
+        for p in range(len(self.procs)):
+            until(lambda p=p: self._registered(p), f"partition {p}'s broker registered", timeout=30)
+            found.append(discover(self.zookeeper.connect_string, "default", "orders", chroot=self.zookeeper.root,
+                                  partition=p)[0])  # fmt: skip
+        return found
+
+    def _registered(self, partition: int) -> bool:
+        try:
+            discover(self.zookeeper.connect_string, "default", "orders", chroot=self.zookeeper.root,
+                     partition=partition)  # fmt: skip
+            return True
+        except Exception:
+            return False
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            proc.wait(15)

@@ -114,6 +114,8 @@ def _status_schema(kind: ResourceKind) -> dict[str, Any]:
         props[name] = {"type": kind_, "description": description}
         if kind_ == "object":
             props[name]["x-kubernetes-preserve-unknown-fields"] = True
+        elif kind_ == "array":  # of objects the operator writes
+            props[name]["items"] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
     # kopf keeps its own bookkeeping in status too; let it
     return {"type": "object", "properties": props, "x-kubernetes-preserve-unknown-fields": True}
 

@@ -15,6 +15,7 @@ from pydantic.alias_generators import to_camel
 
 from zeps.journal import DEFAULT_MAX_PRODUCERS, DEFAULT_PRODUCER_TTL_MS
 from zeps.options import BatchOptions, MulticastOptions, QueueOptions, TopicOptions
+from zeps.partitioning import MAX_PARTITIONS
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES_CEILING
 from zeps.resources import GROUP, PLURALS, VERSION
 
@@ -156,6 +157,10 @@ class StreamSpec(_Model):
                 {"rule": "self.replicas == 1 || !has(self.curve) || !self.curve",
                  "message": "curve with replicas above 1 is not supported yet: the replicas' own peering is not "
                  "encrypted or admitted; use replicas 1 with curve"},
+                {"rule": "!has(self.partitions) || self.partitions == 1 || ((!has(self.curve) || !self.curve) && "
+                 "!has(self.multicast))",
+                 "message": "partitions above 1 take neither curve nor multicast yet: a partition's brokers peer "
+                 "like replicas, and receivers of a multicast group follow one sequence"},
             ]
         }
     )  # fmt: skip
@@ -168,6 +173,22 @@ class StreamSpec(_Model):
         "minInSync of them hold it durably, and losing the leader's pod or node loses nothing confirmed. A stream "
         "of one broker grows replicas in place (they copy its journal); a replicated one stays a StatefulSet.",
     )
+    partitions: int = Field(
+        1,
+        ge=1,
+        le=MAX_PARTITIONS,
+        description="Partitions: each a broker set of its own (replicas brokers each), with its own journal and "
+        "sequences; a publish goes to its key's partition (zeps.partitioning.partition_of), so order is kept per "
+        "key. Partition 0 is the stream's own broker set; partitions 1 and up run as StatefulSets "
+        "<name>-broker-p<N>. May grow on a live stream (only the keys of the slots reassigned move to the new "
+        "partitions), never shrink: the records of a partition taken away would be lost.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "self >= oldSelf", "message": "partitions can only grow: a partition taken away would take "
+                 "its records with it; make a new stream to have fewer"},
+            ]
+        },
+    )  # fmt: skip
     min_in_sync: int | None = Field(
         None,
         ge=1,
@@ -301,6 +322,11 @@ KINDS = [
             ),
             "zookeeper": ("string", "ZooKeeper connect string."),
             "path": ("string", "The stream's ZooKeeper path."),
+            "partitions": (
+                "array",
+                "With spec.partitions above 1: each partition's endpoint, leader (or broker), epoch, in-sync "
+                "replicas and last sequence, partition 0 first.",
+            ),
         },
         columns=[("Endpoint", "string", ".status.endpoint"), ("Last-Seq", "integer", ".status.lastSequence")],
     ),

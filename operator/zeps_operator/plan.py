@@ -22,8 +22,10 @@ from zeps_operator.models import Multicast, StreamSpec
 __all__ = [
     "BROKER_DATA",
     "NAMESPACE_AUTH_SECRET",
+    "PARTITION_LABEL",
     "STREAM_LABEL",
     "Settings",
+    "broker_name",
     "condition",
     "migration_objects",
     "stream_member",
@@ -34,6 +36,8 @@ __all__ = [
 BROKER_DATA = "/var/lib/zeps"
 #: the label naming a stream on what outlives it (its journal's PVC, with deletionPolicy Retain)
 STREAM_LABEL = "zeps.dev/stream"
+#: the label naming a partitioned stream's partition on its broker set (partitions 1 and up)
+PARTITION_LABEL = "zeps.dev/partition"
 METRICS_PORT = 9102
 #: the broker image when neither the ZepsStream nor the operator's environment names one
 DEFAULT_BROKER_IMAGE = "ghcr.io/zeps-dev/zeps:0.1.0"
@@ -146,23 +150,30 @@ def stream_member(name: str) -> str:
     return f"{name}-0"
 
 
-def stream_members(name: str, spec: StreamSpec, *, replicated: bool) -> list[str]:
-    """The broker members a stream should have: its one broker's, or each replica's (the StatefulSet's
-    pods, ``<name>-broker-<i>``, register under their pod names)."""
-    if not replicated:
+def broker_name(name: str, partition: int = 0) -> str:
+    """The name of the objects of a stream's broker set (Deployment or StatefulSet, ConfigMap, Service):
+    ``<name>-broker``, and ``<name>-broker-p<N>`` for partition N >= 1 of a partitioned stream."""
+    return f"{name}-broker" if partition == 0 else f"{name}-broker-p{partition}"
+
+
+def stream_members(name: str, spec: StreamSpec, *, replicated: bool, partition: int = 0) -> list[str]:
+    """The broker members a stream (or its partition ``partition``) should have: its one broker's, or
+    each replica's (the StatefulSet's pods, ``<name>-broker-<i>``, register under their pod names)."""
+    if not replicated and partition == 0:
         return [stream_member(name)]
-    return [f"{name}-broker-{i}" for i in range(spec.replicas)]
+    return [f"{broker_name(name, partition)}-{i}" for i in range(spec.replicas)]
 
 
-def replica_service(name: str) -> str:
+def replica_service(name: str, partition: int = 0) -> str:
     """The headless Service giving each replica a DNS name (``<pod>.<service>``): followers reach their
     leader there, and clients the leader ZooKeeper names."""
-    return f"{name}-broker-pods"
+    return f"{broker_name(name, partition)}-pods"
 
 
-def stream_endpoint(namespace: str, name: str, spec: StreamSpec) -> str:
-    """Where clients reach a stream's broker: its Service (what the broker advertises, too)."""
-    return f"tcp://{name}-broker.{namespace}.svc:{spec.port}"
+def stream_endpoint(namespace: str, name: str, spec: StreamSpec, partition: int = 0) -> str:
+    """Where clients reach a stream's broker (of partition ``partition``): its Service (what the broker
+    advertises, too)."""
+    return f"tcp://{broker_name(name, partition)}.{namespace}.svc:{spec.port}"
 
 
 def receiver_settings(multicast: Multicast) -> dict[str, Any]:
@@ -172,12 +183,17 @@ def receiver_settings(multicast: Multicast) -> dict[str, Any]:
     return MulticastOptions.model_validate(multicast.model_dump(include=shared)).model_dump(exclude={"interface"})
 
 
-def _labels(name: str) -> dict[str, str]:
-    return {
+def _labels(name: str, partition: int = 0) -> dict[str, str]:
+    """A broker set's labels (its selector too). Partition N >= 1 is instance ``<name>.pN``: no stream
+    is named so (a stream's name has no dot), so no other broker set's selector takes its pods."""
+    labels = {
         "app.kubernetes.io/name": "zeps-broker",
-        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/instance": name if partition == 0 else f"{name}.p{partition}",
         "app.kubernetes.io/managed-by": "zeps-operator",
     }
+    if partition:
+        labels |= {STREAM_LABEL: name, PARTITION_LABEL: str(partition)}
+    return labels
 
 
 def _multicast_pod(multicast: Multicast, template: dict[str, Any], container: dict[str, Any]) -> None:
@@ -198,8 +214,8 @@ def _multicast_pod(multicast: Multicast, template: dict[str, Any], container: di
         }  # fmt: skip
 
 
-def _broker_env(namespace: str, name: str, spec: StreamSpec, settings: Settings, *, replicated: bool
-                ) -> dict[str, str]:  # fmt: skip
+def _broker_env(namespace: str, name: str, spec: StreamSpec, settings: Settings, *, replicated: bool,
+                partition: int = 0) -> dict[str, str]:  # fmt: skip
     """The broker's settings (its flags' environment variables), for its ConfigMap."""
     port = spec.port
     retention = spec.retention
@@ -207,7 +223,7 @@ def _broker_env(namespace: str, name: str, spec: StreamSpec, settings: Settings,
         "ZEPS_BROKER_STREAMS": name,
         "ZEPS_BROKER_DATA_DIR": BROKER_DATA,
         "ZEPS_BROKER_BIND": f"tcp://0.0.0.0:{port}",
-        "ZEPS_BROKER_ADVERTISE": stream_endpoint(namespace, name, spec),
+        "ZEPS_BROKER_ADVERTISE": stream_endpoint(namespace, name, spec, partition),
         "ZEPS_BROKER_FSYNC": spec.fsync,
         "ZEPS_BROKER_MATCHING": spec.matching,
         "ZEPS_BROKER_PRODUCER_TTL": str(spec.producers.ttl_seconds),
@@ -220,6 +236,8 @@ def _broker_env(namespace: str, name: str, spec: StreamSpec, settings: Settings,
         "ZEPS_BROKER_METRICS_ADDRESS": "0.0.0.0",  # the pod's port: other pods (Prometheus) scrape it
         "ZEPS_BROKER_MAX_MESSAGE_BYTES": str(spec.max_message_bytes),
     }
+    if partition:
+        env["ZEPS_BROKER_PARTITION"] = str(partition)
     if replicated:  # each replica names itself and says where it is (its pod's DNS name): in the pod's env
         del env["ZEPS_BROKER_MEMBER"], env["ZEPS_BROKER_ADVERTISE"]
         env["ZEPS_BROKER_MIN_INSYNC"] = str(spec.in_sync)
@@ -253,6 +271,7 @@ def stream_objects(
     *,
     zookeeper_auth: bool = False,
     replicated: bool = False,
+    partition: int = 0,
 ) -> list[dict[str, Any]]:
     """ConfigMap, PersistentVolumeClaim, Deployment and Service of a ZepsStream's broker — or, for a
     replicated stream, ConfigMap, StatefulSet, Service, headless Service and PodDisruptionBudget.
@@ -261,11 +280,13 @@ def stream_objects(
     them, and its member node gets their ACL. A journal's PVC carries a label naming the stream
     (``zeps.dev/stream``): with ``deletionPolicy: Retain`` it has no owner, outlives the stream, and a
     stream made again with the same name takes it over (the handlers decide ownership; a StatefulSet's
-    PVCs by its retention policy)."""
-    labels = _labels(name)
+    PVCs by its retention policy). ``partition`` N >= 1: the broker set of that partition of a
+    partitioned stream, always a StatefulSet (``<name>-broker-p<N>``)."""
+    replicated = replicated or partition > 0
+    labels = _labels(name, partition)
     port = spec.port
-    service_name = f"{name}-broker"
-    env = _broker_env(namespace, name, spec, settings, replicated=replicated)
+    service_name = broker_name(name, partition)
+    env = _broker_env(namespace, name, spec, settings, replicated=replicated, partition=partition)
     multicast = spec.multicast
     storage = spec.storage
     pvc: dict[str, Any] = {
@@ -304,7 +325,7 @@ def stream_objects(
         "image": spec.image or settings.broker_image,
         "imagePullPolicy": settings.broker_image_pull_policy,
         "command": ["zeps-broker"],
-        "envFrom": [{"configMapRef": {"name": f"{name}-broker"}}],
+        "envFrom": [{"configMapRef": {"name": service_name}}],
         "env": pod_env,
         "ports": [{"name": "zeps", "containerPort": port}, {"name": "metrics", "containerPort": METRICS_PORT}],
         "volumeMounts": mounts,
@@ -334,7 +355,7 @@ def stream_objects(
     config_map = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": f"{name}-broker", "namespace": namespace, "labels": labels},
+        "metadata": {"name": service_name, "namespace": namespace, "labels": labels},
         "data": env,
     }
     service = {
@@ -349,8 +370,8 @@ def stream_objects(
     }
     if replicated:
         volumes.remove(volumes[0])  # each replica's journal comes from the StatefulSet's claim template
-        return [config_map, _statefulset(namespace, name, spec, template, pvc), service,
-                *_replica_objects(namespace, name, spec, labels)]  # fmt: skip
+        return [config_map, _statefulset(namespace, name, spec, template, pvc, partition=partition), service,
+                *_replica_objects(namespace, name, spec, labels, partition)]  # fmt: skip
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -387,8 +408,8 @@ def migration_objects(
     return [*replicated, *old]
 
 
-def _statefulset(namespace: str, name: str, spec: StreamSpec, template: dict[str, Any], pvc: dict[str, Any]
-                 ) -> dict[str, Any]:  # fmt: skip
+def _statefulset(namespace: str, name: str, spec: StreamSpec, template: dict[str, Any], pvc: dict[str, Any], *,
+                 partition: int = 0) -> dict[str, Any]:  # fmt: skip
     """A replicated stream's brokers: one pod and one journal volume per replica, started together (the
     election orders them, not the StatefulSet), spread across nodes. Its volumes outlive it with
     deletionPolicy Retain (the StatefulSet's retention policy), and go with it otherwise."""
@@ -404,10 +425,10 @@ def _statefulset(namespace: str, name: str, spec: StreamSpec, template: dict[str
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": {"name": f"{name}-broker", "namespace": namespace, "labels": labels},
+        "metadata": {"name": broker_name(name, partition), "namespace": namespace, "labels": labels},
         "spec": {
             "replicas": spec.replicas,
-            "serviceName": replica_service(name),
+            "serviceName": replica_service(name, partition),
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": labels},
             "template": {**template, "spec": pod},
@@ -417,20 +438,21 @@ def _statefulset(namespace: str, name: str, spec: StreamSpec, template: dict[str
     }
 
 
-def _replica_objects(namespace: str, name: str, spec: StreamSpec, labels: dict[str, str]) -> list[dict[str, Any]]:
+def _replica_objects(namespace: str, name: str, spec: StreamSpec, labels: dict[str, str], partition: int = 0
+                     ) -> list[dict[str, Any]]:  # fmt: skip
     """The headless Service naming each replica, and a PodDisruptionBudget keeping minInSync of them up
     through voluntary disruptions (a node drain waits rather than stop publishes)."""
     headless = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": replica_service(name), "namespace": namespace, "labels": labels},
+        "metadata": {"name": replica_service(name, partition), "namespace": namespace, "labels": labels},
         "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": labels,
                  "ports": [{"name": "zeps", "port": spec.port, "targetPort": "zeps"}]},
     }  # fmt: skip
     budget = {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": {"name": f"{name}-broker", "namespace": namespace, "labels": labels},
+        "metadata": {"name": broker_name(name, partition), "namespace": namespace, "labels": labels},
         "spec": {"minAvailable": spec.in_sync, "selector": {"matchLabels": labels}},
     }
     return [headless, budget]

@@ -4,6 +4,8 @@ broker's objects (:mod:`zeps_operator.plan`), its group's manifest, its CURVE ke
 
 from __future__ import annotations
 
+from typing import Any
+
 import kopf
 
 from zeps.broker.certificates import make_certificate
@@ -14,6 +16,7 @@ from zeps_operator.curve import CURVE_SECRET, StreamKeys, client_secret, forget_
 from zeps_operator.models import StreamSpec
 from zeps_operator.plan import (
     STREAM_LABEL,
+    broker_name,
     migration_objects,
     receiver_settings,
     retains_data,
@@ -55,16 +58,22 @@ def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason
     else:
         objects = stream_objects(namespace, name, typed, state.settings, zookeeper_auth=zookeeper_auth,
                                  replicated=bool(replicated))  # fmt: skip
-    for obj in objects:
-        if not (retain and obj["kind"] == "PersistentVolumeClaim"):  # a retained journal outlives the stream
-            kopf.adopt(obj, owner=body)
-        state.kube.apply(obj)
+    apply_objects(body, objects, retain=retain)
+    others = [reconcile_partition(body, typed, p, zookeeper_auth=zookeeper_auth) for p in range(1, typed.partitions)]
     if migrating:
         finish_migration(body, typed, group, patch, retain=retain, generation=generation)
         return
     if replicated:
-        replicated_status(body, typed, group, patch, generation=generation)
+        replicated_status(body, typed, group, patch, generation=generation, others=others)
         return
+    single_status(body, typed, group, patch, generation=generation, public_key=public_key, others=others)
+
+
+def single_status(body: kopf.Body, spec: StreamSpec, group: Group, patch: kopf.Patch, *, generation: int,
+                  public_key: str, others: list[dict[str, Any]]) -> None:  # fmt: skip
+    """A stream of one broker: ready once its Deployment is available and its broker registered (and
+    every other partition of a partitioned stream serves)."""
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     member = stream_member(name)
     available = state.kube.deployment_available(namespace, f"{name}-broker")
     live = group.members()
@@ -73,20 +82,32 @@ def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason
     if registered:
         # where clients connect and whose key they trust: the operator's own word (its Service, its
         # Secret), never what a member node in ZooKeeper says; the broker's live facts are only facts
-        patch.status["endpoint"] = stream_endpoint(namespace, name, typed)
+        patch.status["endpoint"] = stream_endpoint(namespace, name, spec)
         patch.status["curvePublicKey"] = public_key
-        if typed.multicast is not None:
-            patch.status["multicast"] = receiver_settings(typed.multicast)
+        if spec.multicast is not None:
+            patch.status["multicast"] = receiver_settings(spec.multicast)
         facts = live[member].metadata
         for key in ("lastSequence", "journalBytes"):
             if isinstance(facts.get(key), int):
                 patch.status[key] = facts[key]
-    if available and registered:
+    waiting = partitions_status(body, patch, others)
+    if available and registered and waiting is None:
         ready(body, patch, True, "BrokerReady", "the broker is available and registered", generation=generation)
+    elif available and registered:
+        ready(body, patch, False, "PartitionsNotReady", str(waiting), generation=generation)
+        raise kopf.TemporaryError(str(waiting), delay=5)
     else:
         why = "the broker Deployment is not available" if not available else "the broker has not registered yet"
         ready(body, patch, False, "BrokerNotReady", why, generation=generation)
         raise kopf.TemporaryError(why, delay=5)
+
+
+def apply_objects(body: kopf.Body, objects: list[dict[str, Any]], *, retain: bool) -> None:
+    """Create or update the stream's objects, owned by it (a retained journal's PVC outlives it)."""
+    for obj in objects:
+        if not (retain and obj["kind"] == "PersistentVolumeClaim"):
+            kopf.adopt(obj, owner=body)
+        state.kube.apply(obj)
 
 
 def replication_mode(body: kopf.Body, spec: StreamSpec, patch: kopf.Patch) -> bool | None:
@@ -132,7 +153,8 @@ def finish_migration(body: kopf.Body, spec: StreamSpec, group: Group, patch: kop
     raise kopf.TemporaryError("replicated: the new replicas elect their leader", delay=2)
 
 
-def replicated_status(body: kopf.Body, spec: StreamSpec, group: Group, patch: kopf.Patch, *, generation: int) -> None:
+def replicated_status(body: kopf.Body, spec: StreamSpec, group: Group, patch: kopf.Patch, *, generation: int,
+                      others: list[dict[str, Any]]) -> None:  # fmt: skip
     """A replicated stream's status: ready once minInSync replicas run and a leader serves. Who leads,
     in which epoch and with which in-sync set come from ZooKeeper's replication state (written by the
     brokers only, under the namespace's ACL); the followers' lag and the sequences are the leader's
@@ -158,14 +180,67 @@ def replicated_status(body: kopf.Body, spec: StreamSpec, group: Group, patch: ko
         for key in ("lastSequence", "journalBytes"):
             if isinstance(facts.get(key), int):
                 patch.status[key] = facts[key]
-    if patch.status["brokerReady"]:
+    waiting = partitions_status(body, patch, others)
+    if patch.status["brokerReady"] and waiting is None:
         ready(body, patch, True, "LeaderReady", f"{replication.leader if replication else ''} leads; {running} of "
               f"{spec.replicas} replicas run", generation=generation)  # fmt: skip
+    elif patch.status["brokerReady"]:
+        ready(body, patch, False, "PartitionsNotReady", str(waiting), generation=generation)
+        raise kopf.TemporaryError(str(waiting), delay=5)
     else:
         why = (f"{running} of {spec.replicas} replicas ready (minInSync {spec.in_sync})" if leader is not None
                else "no leader elected yet")  # fmt: skip
         ready(body, patch, False, "LeaderNotReady", why, generation=generation)
         raise kopf.TemporaryError(why, delay=5)
+
+
+def reconcile_partition(body: kopf.Body, spec: StreamSpec, partition: int, *, zookeeper_auth: bool) -> dict[str, Any]:
+    """Partition ``partition`` (1 and up) of a partitioned stream: its manifest, its broker set (a
+    StatefulSet of ``spec.replicas``, as a replicated stream's), and its entry in ``status.partitions``
+    (``ready``: a leader serves and minInSync replicas run)."""
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    paths = StreamPaths.of(namespace, name, chroot=state.settings.chroot, partition=partition)
+    group = Group(state.zk, paths.brokers)
+    members = stream_members(name, spec, replicated=True, partition=partition)
+    if group.manifest() != frozenset(members):
+        group.set_manifest(members)
+    objects = stream_objects(namespace, name, spec, state.settings, zookeeper_auth=zookeeper_auth, partition=partition)
+    apply_objects(body, objects, retain=False)  # its journals are the StatefulSet's claims (its retention policy)
+    running = state.kube.statefulset_ready(namespace, broker_name(name, partition))
+    replication = read_replication_state(state.zk, paths)
+    leader = group.members().get(replication.leader) if replication is not None else None
+    entry: dict[str, Any] = {
+        "partition": partition,
+        "endpoint": stream_endpoint(namespace, name, spec, partition),
+        "ready": leader is not None and running >= spec.in_sync,
+        "replicasReady": running,
+    }
+    if replication is not None:
+        entry |= {"leader": replication.leader if leader is not None else "", "epoch": replication.epoch,
+                  "inSync": sorted(replication.isr)}  # fmt: skip
+    facts = leader.metadata if leader is not None else {}
+    if isinstance(facts.get("lastSequence"), int):
+        entry["lastSequence"] = facts["lastSequence"]
+    return entry
+
+
+def partitions_status(body: kopf.Body, patch: kopf.Patch, others: list[dict[str, Any]]) -> str | None:
+    """A partitioned stream's ``status.partitions`` (partition 0 from the status just made, the others
+    from :func:`reconcile_partition`); why it cannot be Ready for them, or None."""
+    if not others:
+        return None
+    replication = patch.status.get("replication")
+    first: dict[str, Any] = {
+        "partition": 0,
+        "endpoint": patch.status.get("endpoint", ""),
+        "ready": bool(patch.status.get("brokerReady")),
+        "leader": replication["leader"] if replication else stream_member(body["metadata"]["name"]),
+    }
+    if isinstance(patch.status.get("lastSequence"), int):
+        first["lastSequence"] = patch.status["lastSequence"]
+    patch.status["partitions"] = [first, *others]
+    waiting = [str(o["partition"]) for o in others if not o["ready"]]
+    return f"partition {', '.join(waiting)} has no leader serving with minInSync replicas yet" if waiting else None
 
 
 def ensure_curve(body: kopf.Body, namespace: str, name: str, spec: StreamSpec) -> str:

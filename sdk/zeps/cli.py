@@ -276,11 +276,41 @@ def stream() -> None:
 def _stream_client(
     ctx: click.Context, name: str, producer_id: str | None = None, *, follower_reads: bool = False
 ) -> Any:
-    from zeps.client import StreamClient  # noqa: PLC0415
+    """A StreamClient, or a PartitionedStreamClient for a stream of several partitions (known from its
+    status, ZEPS_STREAM_<NAME>_PARTITIONS, or the partitions its ZooKeeper nodes show)."""
+    from zeps.client import PartitionedStreamClient, StreamClient  # noqa: PLC0415
     from zeps.config import resolve  # noqa: PLC0415
 
     s = resolve("ZepsStream", name, namespace=ctx.obj["namespace"], **_settings(ctx))
+    if not s.partitions and s.zookeeper and "partitions" not in s.spec:  # settings without the resource's spec
+        s = s.model_copy(update={"partitions": _partition_endpoints(s)})
+    if len(s.partitions) > 1 or s.spec.get("partitions", 1) > 1:
+        return PartitionedStreamClient.of(s, producer_id=producer_id, follower_reads=follower_reads)
     return StreamClient.of(s, producer_id=producer_id, follower_reads=follower_reads)
+
+
+def _partition_endpoints(s: Any) -> tuple[str, ...]:
+    """A partitioned stream's endpoint of each partition as its brokers advertise them in ZooKeeper
+    (its leader's, for a replicated partition); () for a stream of one partition."""
+    from zeps.client.discovery import broker_metadata, partition_count  # noqa: PLC0415
+    from zeps.coordination import connect  # noqa: PLC0415
+    from zeps.errors import ZepsError  # noqa: PLC0415
+
+    try:
+        client = connect(s.zookeeper, auth=s.auth)
+    except ZepsError as exc:  # the endpoint given still serves a stream of one partition
+        click.echo(f"zeps: could not look for partitions of {s.name} in ZooKeeper ({exc}); using {s.endpoint}",
+                   err=True)  # fmt: skip
+        return ()
+    try:
+        count = partition_count(client, s.namespace, s.name, chroot=s.chroot)
+        if count == 1:
+            return ()
+        return tuple(str(broker_metadata(client, s.namespace, s.name, chroot=s.chroot, partition=p)["endpoint"])
+                     for p in range(count))  # fmt: skip
+    finally:
+        client.stop()
+        client.close()
 
 
 @stream.command("publish")
@@ -296,7 +326,9 @@ def stream_publish(
     ctx: click.Context, *, name: str, key: str, bodies: tuple[str, ...], producer_id: str | None
 ) -> None:
     """Publish BODIES under routing KEY to stream NAME (confirmed by the broker before exiting)."""
-    with _stream_client(ctx, name, producer_id) as client:
+    with _stream_client(ctx, name, producer_id) as opened:
+        partitioned = hasattr(opened, "partition_of")  # every body goes to KEY's partition: its client
+        client = opened.clients[opened.partition_of(key)] if partitioned else opened
         held = client.producer_sequence if producer_id else 0  # a named producer: what an earlier run published
         for body in bodies[held:]:
             client.publish(key, body.encode())
@@ -316,22 +348,25 @@ def _print_messages(
 ) -> None:
     seen = 0
     with _stream_client(ctx, name, follower_reads=follower_reads) as client:
+        partitioned = hasattr(client, "partition_of")
+        if partitioned and type(since).__name__ == "Seq":
+            raise ConfigError(f"stream {name} is partitioned: its sequences are per partition; give --since a time, "
+                              'or a position {"last": [<sequence per partition>, ...]}')  # fmt: skip
+        if not partitioned and type(since).__name__ == "Position":
+            raise ConfigError(f"stream {name} has one partition: give --since a sequence or a time")
         client.start(pattern, since=since)
         while not count or seen < count:
             m = client.receive(timeout)
             if m is None:
                 break
             seen += 1
-            emit(
-                ctx,
-                f"{m.sequence}  {m.key}  {m.body.decode(errors='replace')}",
-                {
-                    "sequence": m.sequence,
-                    "key": m.key,
-                    "body": m.body.decode(errors="replace"),
-                    "timestamp_ms": m.timestamp_ms,
-                },
-            )
+            partition = getattr(m, "partition", None)  # a partitioned stream's: sequences are per partition
+            data = {"sequence": m.sequence, "key": m.key, "body": m.body.decode(errors="replace"),
+                    "timestamp_ms": m.timestamp_ms}  # fmt: skip
+            if partition is not None:
+                data = {"partition": partition, **data}
+            where = f"{partition}/{m.sequence}" if partition is not None else f"{m.sequence}"
+            emit(ctx, f"{where}  {m.key}  {data['body']}", data)
     if seen == 0:
         sys.exit(EXIT_EMPTY)
 
@@ -354,7 +389,8 @@ def stream_tail(
 
 @stream.command("replay")
 @click.argument("name")
-@click.option("--since", required=True, help="A sequence (replay after it) or an ISO time (2026-11-21T10:00:00Z).")
+@click.option("--since", required=True, help="A sequence (replay after it), an ISO time (2026-11-21T10:00:00Z), or "
+              'for a partitioned stream a position {"last": [<sequence per partition>, ...]}.')  # fmt: skip
 @click.option("--pattern", default="")
 @click.option("--count", type=int, default=0)
 @click.option("--timeout", type=float, default=3.0, help="Stop when nothing arrives for this long.")
@@ -367,10 +403,12 @@ def stream_replay(
     """Print messages of stream NAME from --since on."""
     from datetime import datetime  # noqa: PLC0415
 
-    from zeps.client import Seq, Time  # noqa: PLC0415
+    from zeps.client import Position, Seq, Time  # noqa: PLC0415
 
     if since.isdigit():
         start: Any = Seq(int(since))
+    elif since.lstrip().startswith("{"):
+        start = Position.from_json(since)
     else:
         try:
             start = Time(datetime.fromisoformat(since.replace("Z", "+00:00")))
@@ -384,33 +422,58 @@ def stream_replay(
 
 @stream.command("lag")
 @click.argument("name")
-@click.option("--position", type=int, default=None,
-              help="A consumer's last processed sequence (say, a Spark checkpoint's offset).")  # fmt: skip
+@click.option("--position", default=None,
+              help="A consumer's last processed sequence (say, a Spark checkpoint's offset); of a partitioned "
+              'stream, its position {"last": [<sequence per partition>, ...]}.')  # fmt: skip
 @click.pass_context
 @reporting_errors
-def stream_lag(ctx: click.Context, *, name: str, position: int | None) -> None:
-    """How far behind the durable tail of stream NAME its subscriptions are, from the facts the
-    broker publishes in ZooKeeper every second (the furthest behind first)."""
-    from zeps.client.discovery import read_broker_metadata  # noqa: PLC0415
+def stream_lag(ctx: click.Context, *, name: str, position: str | None) -> None:
+    """How far behind the durable tail of stream NAME (of each of its partitions) its subscriptions
+    are, from the facts the brokers publish in ZooKeeper every second (the furthest behind first)."""
+    from zeps.client import Position  # noqa: PLC0415
+    from zeps.client.discovery import broker_metadata, partition_count  # noqa: PLC0415
     from zeps.config import resolve  # noqa: PLC0415
+    from zeps.coordination import connect  # noqa: PLC0415
 
     s = resolve("ZepsStream", name, namespace=ctx.obj["namespace"], needs=("zookeeper",), **_settings(ctx))
-    meta = read_broker_metadata(s.zookeeper, s.namespace, s.name, chroot=s.chroot, auth=s.auth)
-    if "lastSequence" not in meta:
+    zk = connect(s.zookeeper, auth=s.auth)
+    try:
+        count = partition_count(zk, s.namespace, s.name, chroot=s.chroot)
+        metas = [broker_metadata(zk, s.namespace, s.name, chroot=s.chroot, partition=p) for p in range(count)]
+    finally:
+        zk.stop()
+        zk.close()
+    if any("lastSequence" not in meta for meta in metas):
         click.echo(f"zeps: the broker of {name} has not published its facts yet; try again in a second", err=True)
         sys.exit(EXIT_EMPTY)
-    last, subs = int(meta["lastSequence"]), list(meta.get("subscriptions", []))
-    data: dict[str, Any] = {
-        "stream": name, "lastSequence": last, "journalBytes": meta.get("journalBytes", 0),
-        "subscriptionCount": meta.get("subscriptionCount", len(subs)), "subscriptions": subs,
-    }  # fmt: skip
-    lines = [f"stream {s.namespace}/{name}: last sequence {last}, {data['journalBytes']} journal bytes, "
-             f"{data['subscriptionCount']} subscriptions"]  # fmt: skip
-    lines += [f"  {sub['peer'][:8]}#{sub['id']}  pattern {sub['pattern']!r}  lag {sub['lag']}"
-              f"{'  (live)' if sub['live'] else '  (replaying)'}" for sub in subs]  # fmt: skip
-    if position is not None:
-        data["positionLag"] = max(0, last - position)
-        lines.append(f"position {position}: {data['positionLag']} behind")
+    if position is None:
+        positions: list[int] | None = None
+    elif count == 1 and position.isdigit():
+        positions = [int(position)]
+    elif count > 1 and position.lstrip().startswith("{"):
+        positions = [Position.from_json(position).after(p) for p in range(count)]
+    else:
+        want = "a sequence number" if count == 1 else 'a position {"last": [<sequence per partition>, ...]}'
+        raise ConfigError(f"--position {position!r}: stream {name} has {count} partition(s); give {want}")
+    lines, parts = [], []
+    for p, meta in enumerate(metas):
+        last, subs = int(meta["lastSequence"]), list(meta.get("subscriptions", []))
+        part: dict[str, Any] = {
+            "partition": p, "lastSequence": last, "journalBytes": meta.get("journalBytes", 0),
+            "subscriptionCount": meta.get("subscriptionCount", len(subs)), "subscriptions": subs,
+        }  # fmt: skip
+        where = f"stream {s.namespace}/{name}" + (f" partition {p}" if count > 1 else "")
+        lines.append(f"{where}: last sequence {last}, {part['journalBytes']} journal bytes, "
+                     f"{part['subscriptionCount']} subscriptions")  # fmt: skip
+        lines += [f"  {sub['peer'][:8]}#{sub['id']}  pattern {sub['pattern']!r}  lag {sub['lag']}"
+                  f"{'  (live)' if sub['live'] else '  (replaying)'}" for sub in subs]  # fmt: skip
+        if positions is not None:
+            part["positionLag"] = max(0, last - positions[p])
+            lines.append(f"  position {positions[p]}: {part['positionLag']} behind")
+        parts.append(part)
+    data: dict[str, Any] = {"stream": name, **parts[0]} if count == 1 else {"stream": name, "partitions": parts}
+    if count > 1 and positions is not None:
+        data["positionLag"] = sum(part["positionLag"] for part in parts)
     emit(ctx, "\n".join(lines), data)
 
 

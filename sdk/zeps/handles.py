@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from zeps.client import MulticastSubscription, StreamClient
+from zeps.client import MulticastSubscription, PartitionedStreamClient, StreamClient
 from zeps.client._transport import multicast_key
 from zeps.client.session import Since
 from zeps.config import Resolved, require_queue_mode, resolve
@@ -126,10 +126,13 @@ class BatchesHandle(_Forwarding):
 
 
 class StreamHandle(_Forwarding):
-    """``zeps.stream(name)``: a ZepsStream peering (see :class:`zeps.client.StreamClient`)."""
+    """``zeps.stream(name)``: a ZepsStream peering (see :class:`zeps.client.StreamClient`); of a
+    partitioned stream, a peering with each partition (see :class:`zeps.client.PartitionedStreamClient`)."""
 
-    def _make(self) -> StreamClient:
+    def _make(self) -> StreamClient | PartitionedStreamClient:
         s = self.settings
+        if len(s.partitions) > 1 or s.spec.get("partitions", 1) > 1:
+            return PartitionedStreamClient.of(s).connect()
         return StreamClient.of(s).connect()
 
     def subscribe_multicast(

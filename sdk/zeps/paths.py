@@ -30,6 +30,9 @@ ACL boundary, and one subtree per resource)::
         partitions/<p>/               a partitioned stream's partition p >= 1: manifest, brokers/ and
                                       replication/ as above (partition 0 is the stream's own, so a
                                       stream of one partition keeps its layout when it grows)
+        consumers/<group>/members/<member>   ephemeral: a live member of a consumer group
+        consumers/<group>/owners/<p>  ephemeral; data = member: who reads partition p now
+        consumers/<group>/offsets/<p> JSON {sequence, owner}: the last sequence of p the group processed
 
 A group is a parent of ephemeral members (JSON metadata) plus, where the design calls
 for one, a persistent manifest of the members that should exist (streams: ``brokers/`` beside
@@ -49,6 +52,7 @@ from zeps.partitioning import MAX_PARTITIONS
 __all__ = [
     "DEFAULT_CHROOT",
     "LAYOUT_VERSION",
+    "ConsumerGroupPaths",
     "GroupPaths",
     "QueuePaths",
     "StreamPaths",
@@ -320,9 +324,31 @@ class StreamPaths:
         """Its replicas in line to lead: ephemeral sequential ``<replica>-<seq>`` nodes."""
         return f"{self.root}/replication/election"
 
+    def consumer_group(self, group: str) -> ConsumerGroupPaths:
+        """The nodes of consumer group ``group`` of this stream (of all its partitions)."""
+        return ConsumerGroupPaths(f"{self.stream_root}/consumers/{validate_member_id(group)}")
+
     def layout(self) -> list[str]:
         """The persistent nodes a ZepsStream needs (the manifest is written by the operator)."""
         return [self.brokers.members]
+
+
+@dataclass(frozen=True)
+class ConsumerGroupPaths:
+    """A consumer group of a (partitioned) stream: its members, who owns each partition, and the last
+    sequence of each partition it processed."""
+
+    root: str
+
+    @property
+    def members(self) -> GroupPaths:
+        return GroupPaths(f"{self.root}/members")
+
+    def owner(self, partition: int) -> str:
+        return f"{self.root}/owners/{partition}"
+
+    def offset(self, partition: int) -> str:
+        return f"{self.root}/offsets/{partition}"
 
 
 def paths_of(

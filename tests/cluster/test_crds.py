@@ -49,6 +49,11 @@ def test_kubectl_applies_the_crds_and_defaults_fill_in(crds: ControlPlane, names
         ("ZepsStream", {"replicas": 8}, "spec.replicas"),
         ("ZepsStream", {"replicas": 3, "minInSync": 4}, "minInSync counts replicas"),
         ("ZepsStream", {"replicas": 3, "curve": True}, "curve with replicas above 1 is not supported yet"),
+        ("ZepsStream", {"partitions": 0}, "spec.partitions"),
+        ("ZepsStream", {"partitions": 257}, "spec.partitions"),
+        ("ZepsStream", {"partitions": 2, "curve": True}, "partitions above 1 take neither curve nor multicast"),
+        ("ZepsStream", {"partitions": 2, "multicast": {"transport": "epgm", "group": "239.1.2.3", "port": 5601}},
+         "partitions above 1 take neither curve nor multicast"),
     ],
 )  # fmt: skip
 def test_invalid_specs_are_rejected_naming_the_field(
@@ -69,6 +74,20 @@ def test_immutable_fields_cannot_change(crds: ControlPlane, namespace: str) -> N
     _apply(crds, namespace, stream)
     stream["spec"] = {"storage": {"storageClassName": "slow"}}
     assert "spec.storage.storageClassName" in _rejected(crds, namespace, stream)
+
+
+def test_partitions_can_grow_but_never_shrink(crds: ControlPlane, namespace: str) -> None:
+    stream = {"apiVersion": "zeps.dev/v1alpha1", "kind": "ZepsStream", "metadata": {"name": "orders"},
+              "spec": {"partitions": 2}}  # fmt: skip
+    _apply(crds, namespace, stream)
+    stream["spec"] = {"partitions": 3}
+    _apply(crds, namespace, stream)
+    stream["spec"] = {"partitions": 2}
+    assert "partitions can only grow" in _rejected(crds, namespace, stream)
+    stream["spec"] = {}  # unset is the default, 1: fewer too
+    assert "partitions can only grow" in _rejected(crds, namespace, stream)
+    spec = json.loads(crds.kubectl("get", "zepsstream", "orders", "-n", namespace, "-o", "json"))["spec"]
+    assert spec["partitions"] == 3
 
 
 def test_a_multicast_output_is_accepted_and_defaulted(crds: ControlPlane, namespace: str) -> None:

@@ -2,7 +2,8 @@
 e2e suite). The StatefulSet's pods are run here from its own pod template (command, ConfigMap and
 the pod's environment with ``$(POD_NAME)`` expanded) as three local broker processes, which elect
 their leader in the real ZooKeeper; the operator shows the leader, the epoch and the in-sync set
-in status, follows a failover, and scales the stream 3 -> 1."""
+in status, follows a failover, and scales the stream 3 -> 1. A partitioned stream's broker sets run
+the same way, one per partition."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,10 +20,12 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from zeps.client import StreamClient
+from zeps.client import PartitionedStreamClient, StreamClient
 from zeps.client.discovery import LeaderLocator
+from zeps.partitioning import partition_of
 from zeps_dev import ControlPlane, ZooKeeperServer
 from zeps_dev.process import free_port, wait_until
+from zeps_operator.plan import broker_name
 
 CHROOT = "/operator-tests"
 
@@ -36,6 +40,19 @@ def _status(plane: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
     return body.get("status", {})  # type: ignore[no-any-return]
 
 
+def _stop(procs: Iterable[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to the broker processes still running, then up to 15 s each before SIGKILL."""
+    procs = list(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 @dataclass
 class Pods:
     """Broker pods of a namespace run here as local processes, from their templates (no kubelet)."""
@@ -45,17 +62,19 @@ class Pods:
     namespace: str
     tmp: Path
 
-    def replica(self, ordinal: int, stream: str = "orders") -> tuple[subprocess.Popen[bytes], str]:
-        """Replica ``ordinal`` of the stream's StatefulSet, as its pod would run."""
-        template = self.apps.read_namespaced_stateful_set(f"{stream}-broker", self.namespace).spec.template.spec
-        return self.run(stream, template.containers[0], f"{stream}-broker-{ordinal}")
+    def replica(self, ordinal: int, stream: str = "orders", partition: int = 0) -> tuple[subprocess.Popen[bytes], str]:
+        """Replica ``ordinal`` of the stream's StatefulSet (of partition ``partition``), as its pod would run."""
+        sts = broker_name(stream, partition)
+        template = self.apps.read_namespaced_stateful_set(sts, self.namespace).spec.template.spec
+        return self.run(stream, template.containers[0], f"{sts}-{ordinal}", partition=partition)
 
-    def run(self, stream: str, container: Any, pod_name: str, data: Path | None = None
+    def run(self, stream: str, container: Any, pod_name: str, data: Path | None = None, partition: int = 0
             ) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
         """A broker container: its command, its ConfigMap and its own environment (``$(POD_NAME)``
         expanded); only where it binds and what it advertises are local (no cluster DNS here)."""
         env = dict(os.environ)
-        env.update(self.core.read_namespaced_config_map(f"{stream}-broker", self.namespace).data or {})
+        config = broker_name(stream, partition)
+        env.update(self.core.read_namespaced_config_map(config, self.namespace).data or {})
         for var in container.env or []:
             if var.value is not None:
                 env[var.name] = var.value.replace("$(POD_NAME)", pod_name)
@@ -123,14 +142,7 @@ def test_a_replicated_stream_runs_elects_fails_over_and_scales_down(
         assert config["ZEPS_BROKER_MIN_INSYNC"] == "1"
         assert _status(crds, namespace, "orders")["replicated"] is True  # still a StatefulSet (its volumes)
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        _stop(procs.values())
         crds.kubectl("delete", "zepsstream", "orders", "-n", namespace, "--timeout=60s", check=False)
 
 
@@ -196,13 +208,78 @@ def test_a_stream_of_one_broker_grows_replicas_in_place_and_keeps_its_journal(
         wait_until(lambda: str(_status(crds, namespace, "grow").get("replication", {}).get("leader", ""))
                    .startswith("grow-broker-"), timeout=60, what="status naming a new replica the leader")  # fmt: skip
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        _stop(procs)
         crds.kubectl("delete", "zepsstream", "grow", "-n", namespace, "--timeout=60s", check=False)
         core.delete_persistent_volume(f"grow-{namespace}")
+
+
+@pytest.mark.usefixtures("operator")
+def test_a_partitioned_stream_runs_a_broker_set_per_partition_and_grows_on_a_live_stream(
+    crds: ControlPlane, namespace: str, kube_api: Any, zookeeper_server: ZooKeeperServer, tmp_path: Path
+) -> None:
+    """partitions 2: partition 0 is the stream's own broker (its Deployment), partition 1 a StatefulSet
+    of its own whose broker serves partition 1; status lists both; each key's records land in its
+    partition's journal. Then 2 -> 3 on the live stream: a third broker set, and the stream is not
+    Ready until it serves."""
+    core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
+    pods = Pods(core, apps, namespace, tmp_path)
+    for p in range(3):  # the partitions' journal volumes (their pods wait for them)
+        core.create_persistent_volume(client.V1PersistentVolume(
+            metadata=client.V1ObjectMeta(name=f"parts-{p}-{namespace}"),
+            spec=client.V1PersistentVolumeSpec(capacity={"storage": "1Gi"}, access_modes=["ReadWriteOnce"],
+                                               host_path=client.V1HostPathVolumeSource(path=str(tmp_path / f"pv{p}")),
+                                               storage_class_name=""),
+        ))  # fmt: skip
+    spec: dict[str, Any] = {"partitions": 2, "fsync": "always", "storage": {"size": "1Gi", "storageClassName": ""}}
+    _apply(crds, namespace, "orders", spec)
+    wait_until(lambda: len(apps.list_namespaced_stateful_set(namespace).items) == 1, timeout=60,
+               what="partition 1's StatefulSet")  # fmt: skip
+    sts = apps.read_namespaced_stateful_set("orders-broker-p1", namespace)
+    assert sts.spec.replicas == 1 and sts.metadata.owner_references[0].name == "orders"
+    assert sts.spec.template.metadata.labels["zeps.dev/partition"] == "1"
+    deployment = apps.read_namespaced_deployment("orders-broker", namespace)
+
+    def partitions() -> list[dict[str, Any]]:
+        return list(_status(crds, namespace, "orders").get("partitions", []))
+
+    def ready() -> bool:
+        conditions = _status(crds, namespace, "orders").get("conditions", [])
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        first, endpoint = pods.run("orders", deployment.spec.template.spec.containers[0], "orders-broker-abc")
+        procs.append(first)
+        procs.append(pods.replica(0, partition=1)[0])
+        wait_until(lambda: [p.get("leader") for p in partitions()] == ["orders-0", "orders-broker-p1-0"],
+                   timeout=90, what="both partitions' brokers in status")  # fmt: skip
+        assert partitions()[1]["endpoint"] == f"tcp://orders-broker-p1.{namespace}.svc:5555"
+        wait_until(ready, timeout=30, what="the stream Ready")
+
+        locators = [LeaderLocator(zookeeper_server.connect_string, namespace, "orders", chroot=CHROOT, partition=p)
+                    for p in range(2)]  # fmt: skip
+        located = [endpoint, locators[1]()]  # partition 0 is one broker: where it was reached
+        with PartitionedStreamClient(located, "orders", locators=locators, producer_id="shop", timeout=30) as c:
+            c.publish_many([(f"customer-{i}", b"%d" % i) for i in range(100)])
+            c.flush()
+            for p in range(2):
+                keys = {m.key for m in c.clients[p].fetch("", first=1).messages}
+                assert keys and all(partition_of(k, 2) == p for k in keys)
+        wait_until(lambda: sum(p.get("lastSequence", 0) for p in partitions()) == 100, timeout=30,
+                   what="each partition's last sequence in status")  # fmt: skip
+
+        _apply(crds, namespace, "orders", {**spec, "partitions": 3})
+        wait_until(lambda: len(apps.list_namespaced_stateful_set(namespace).items) == 2, timeout=60,
+                   what="partition 2's StatefulSet")  # fmt: skip
+        wait_until(lambda: not ready(), timeout=30, what="the stream not Ready while partition 2 has no broker")
+        reason = next(c for c in _status(crds, namespace, "orders")["conditions"] if c["type"] == "Ready")["reason"]
+        assert reason == "PartitionsNotReady"
+        procs.append(pods.replica(0, partition=2)[0])
+        wait_until(lambda: len(partitions()) == 3 and partitions()[2].get("leader") == "orders-broker-p2-0",
+                   timeout=90, what="partition 2 serving, in status")  # fmt: skip
+        wait_until(ready, timeout=30, what="the stream Ready again")
+    finally:
+        _stop(procs)
+        crds.kubectl("delete", "zepsstream", "orders", "-n", namespace, "--timeout=60s", check=False)
+        for p in range(3):
+            core.delete_persistent_volume(f"parts-{p}-{namespace}")

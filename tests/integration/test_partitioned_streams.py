@@ -6,69 +6,24 @@ key, resumable from a saved position; exactly once across a partition leader's S
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from harness import ReplicaSet, ZooKeeperHarness, until
 from zeps.client import PartitionedStreamClient, PartitionMessage, Position, StreamClient
-from zeps.client.discovery import discover
 from zeps.errors import PublishRefusedError
 from zeps.partitioning import partition_of
-from zeps_dev.process import free_port
 
 PARTITIONS = 3
-
-
-class PlainPartitions:
-    """One broker per partition, not replicated: ``--zookeeper --member b<p> --partition <p>``."""
-
-    def __init__(self, zookeeper: ZooKeeperHarness, root: Path, partitions: int) -> None:
-        self.zookeeper, self.procs = zookeeper, []
-        for p in range(partitions):
-            argv = [sys.executable, "-m", "zeps.broker.main", "--stream", "orders", "--data-dir", str(root / f"b{p}"),
-                    "--bind", f"tcp://127.0.0.1:{free_port()}", "--zookeeper", zookeeper.connect_string,
-                    "--chroot", zookeeper.root, "--namespace", "default", "--member", f"b{p}",
-                    "--partition", str(p), "--fsync", "never"]  # fmt: skip
-            self.procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-
-    def endpoints(self) -> list[str]:
-        """Each partition's broker, found in its own group in ZooKeeper."""
-        found: list[str] = []
-        for p in range(len(self.procs)):
-            until(lambda p=p: self._registered(p), f"partition {p}'s broker registered", timeout=30)
-            found.append(discover(self.zookeeper.connect_string, "default", "orders", chroot=self.zookeeper.root,
-                                  partition=p)[0])  # fmt: skip
-        return found
-
-    def _registered(self, partition: int) -> bool:
-        try:
-            discover(self.zookeeper.connect_string, "default", "orders", chroot=self.zookeeper.root,
-                     partition=partition)  # fmt: skip
-            return True
-        except Exception:
-            return False
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            proc.terminate()
-        for proc in self.procs:
-            proc.wait(15)
-
-
-@pytest.fixture
-def plain(zookeeper: ZooKeeperHarness, tmp_path: Path) -> Iterator[list[str]]:
-    brokers = PlainPartitions(zookeeper, tmp_path, PARTITIONS)
-    try:
-        yield brokers.endpoints()
-    finally:
-        brokers.stop()
 
 
 def _orders(count: int, start: int = 0) -> list[tuple[str, bytes]]:
@@ -209,3 +164,82 @@ def test_a_partition_leaders_kill_loses_nothing_confirmed_and_stores_nothing_twi
     finally:
         for s in sets:
             s.stop()
+
+
+def test_the_stream_handle_of_a_partitioned_stream_publishes_and_reads_by_partition(
+    plain: list[str], monkeypatch: pytest.MonkeyPatch, zookeeper: ZooKeeperHarness
+) -> None:
+    """``zeps.stream(name)`` configured as a pod's would be (ZEPS_STREAM_<NAME>_PARTITIONS) is a
+    handle on every partition."""
+    import zeps  # noqa: PLC0415
+
+    monkeypatch.setenv("ZEPS_STREAM_ORDERS_PARTITIONS", ",".join(plain))
+    stream = zeps.stream("orders", namespace="default", zookeeper=zookeeper.connect_string, chroot=zookeeper.root,
+                         endpoint=plain[0])  # fmt: skip
+    try:
+        stream.publish_many(_orders(300))
+        stream.flush()
+        got = []
+        for message in stream.subscribe("", since="earliest"):
+            got.append(message)
+            if len(got) == 300:
+                break
+    finally:
+        stream.close()
+    assert {m.partition for m in got} == set(range(PARTITIONS))
+    assert all(m.partition == partition_of(m.key, PARTITIONS) for m in got)
+    assert all(v == list(range(len(v))) for v in _per_key_in_order(got).values())
+
+
+def test_a_position_saved_between_single_receives_covers_only_what_was_handed_out(plain: list[str]) -> None:
+    """receive() takes a partition's delivery whole and hands it out one message at a time: a position
+    saved in between must not cover the messages still held, or a resume from it would skip them."""
+    with PartitionedStreamClient(plain, "orders", producer_id="shop") as client:
+        client.publish_many(_orders(600))
+        client.flush(timeout=30)
+    with PartitionedStreamClient(plain, "orders") as reader:
+        reader.start("", since="earliest")
+        first = [reader.receive(10.0) for _ in range(250)]
+        saved = reader.position
+    assert all(m is not None for m in first)
+    assert sum(saved.last) == 250  # sequences start at 1 in each partition: exactly the 250 handed out
+    with PartitionedStreamClient(plain, "orders") as reader:
+        reader.start("", since=saved)
+        rest = _read_all(reader, 350)
+    seen = [(m.partition, m.sequence) for m in [*first, *rest] if m is not None]
+    assert len(seen) == len(set(seen)) == 600
+
+
+def test_the_cli_publishes_to_a_keys_partition_replays_by_position_and_shows_each_partitions_lag(
+    plain: list[str], zookeeper: ZooKeeperHarness, tmp_path: Path
+) -> None:
+    """``zeps stream`` finds a stream's partitions in ZooKeeper: publish goes to the key's partition,
+    replay takes a position, lag shows every partition and how far a position is behind."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ZEPS_", "KUBE"))}
+    env["KUBECONFIG"] = str(tmp_path / "no-cluster")
+
+    def zeps(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "zeps.cli", "--json", "-n", "default", "--zookeeper", zookeeper.connect_string,
+                "--chroot", zookeeper.root, "--endpoint", plain[0], *args]  # fmt: skip
+        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+
+    done = zeps("stream", "publish", "orders", "customer-7", "a", "b", "c", "--producer-id", "cli")
+    assert done.returncode == 0, done.stderr
+    again = zeps("stream", "publish", "orders", "customer-7", "a", "b", "c", "--producer-id", "cli")
+    assert json.loads(again.stdout) == {"published": 0, "held": 3}  # its partition's producer table
+    p = partition_of("customer-7", PARTITIONS)
+    replay = zeps("stream", "replay", "orders", "--since", '{"last": [0, 0, 0]}', "--timeout", "2")
+    rows = [json.loads(line) for line in replay.stdout.splitlines()]
+    assert [(r["partition"], r["sequence"], r["body"]) for r in rows] == [(p, 1, "a"), (p, 2, "b"), (p, 3, "c")]
+    refused = zeps("stream", "replay", "orders", "--since", "1")
+    assert refused.returncode == 3 and "sequences are per partition" in refused.stderr
+
+    position = json.dumps({"last": [1 if q == p else 0 for q in range(PARTITIONS)]})
+
+    def lag() -> dict[str, Any]:
+        out = zeps("stream", "lag", "orders", "--position", position)
+        return json.loads(out.stdout) if out.returncode == 0 else {}
+
+    until(lambda: [q.get("lastSequence") for q in lag().get("partitions", [])] == [3 if q == p else 0
+          for q in range(PARTITIONS)], "every partition's facts", timeout=30)  # fmt: skip
+    assert lag()["positionLag"] == 2

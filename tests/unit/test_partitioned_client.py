@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from zeps.client import PartitionedStreamClient, Position
+from zeps.config import resolve
 from zeps.errors import ConfigError
 
 
@@ -43,3 +44,20 @@ def test_a_client_needs_an_endpoint_per_partition_and_a_locator_for_each_or_none
         assert [client.partition_of(k) for k in ("a", "b")] == [1, 0]
     finally:
         client.close()
+
+
+def test_settings_name_each_partitions_endpoint_and_a_short_list_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZEPS_STREAM_ORDERS_PARTITIONS", "tcp://b0:5555, tcp://b1:5555")
+    settings = resolve("ZepsStream", "orders", namespace="shop", zookeeper="zk:2181", endpoint="tcp://b0:5555")
+    assert settings.partitions == ("tcp://b0:5555", "tcp://b1:5555")
+    client = PartitionedStreamClient.of(settings)
+    try:  # each partition's client follows its own partition's leader
+        assert [c.endpoint for c in client.clients] == ["tcp://b0:5555", "tcp://b1:5555"]
+        assert [c.locator.partition for c in client.clients] == [0, 1]  # type: ignore[union-attr]
+    finally:
+        client.close()
+    with pytest.raises(ConfigError, match=r"has 3 partitions and endpoints for 2: .*ZEPS_STREAM_ORDERS_PARTITIONS"):
+        PartitionedStreamClient.of(settings.model_copy(update={"spec": {"partitions": 3}}))
+    monkeypatch.setenv("ZEPS_STREAM_ORDERS_PARTITIONS", "b0:5555,b1:5555")
+    with pytest.raises(ConfigError, match="ZEPS_STREAM_ORDERS_PARTITIONS='b0:5555,b1:5555': give each partition's"):
+        resolve("ZepsStream", "orders", namespace="shop", endpoint="tcp://b0:5555")

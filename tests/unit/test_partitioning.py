@@ -80,3 +80,13 @@ def test_out_of_range_arguments_name_the_limit() -> None:
         slots_of(3, 3)
     with pytest.raises(ValueError, match="can only grow"):
         moved_slots(3, 2)
+
+
+def test_a_consumer_group_assigns_every_partition_to_one_member_round_robin_over_sorted_ids() -> None:
+    from zeps.coordination.consumers import assign  # noqa: PLC0415
+
+    assert assign(["m2", "m1", "m3"], 7) == {"m1": [0, 3, 6], "m2": [1, 4], "m3": [2, 5]}
+    assert assign(["m1"], 3) == {"m1": [0, 1, 2]}
+    assert assign(["a", "b", "c", "d"], 2) == {"a": [0], "b": [1], "c": [], "d": []}  # more members than partitions
+    assert assign([], 3) == {}
+    assert assign(["b", "a", "a"], 2) == assign(["a", "b"], 2)  # the same set, the same answer everywhere

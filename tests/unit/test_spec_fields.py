@@ -159,6 +159,30 @@ def _replicas(_value: Any, mp: pytest.MonkeyPatch, tmp: Path) -> None:
     assert replica is not None and replica.min_insync == 3  # a majority of 4
 
 
+def _partitions(_value: Any, mp: pytest.MonkeyPatch, tmp: Path) -> None:
+    """spec.partitions: partition 2 of 3 is a StatefulSet of its own whose brokers serve partition 2
+    (they register and elect under it); partition 0 stays the stream's own broker set, and no broker
+    set's selector takes another's pods."""
+    spec = StreamSpec.model_validate({"partitions": 3, "replicas": 2})
+    objects = stream_objects("ns", "prices", spec, Settings(zookeeper="zk:2181"), partition=2)
+    by_kind = {o["kind"]: o for o in objects if o["kind"] != "Service" or "clusterIP" not in o["spec"]}
+    sts = by_kind["StatefulSet"]
+    assert sts["metadata"]["name"] == "prices-broker-p2" and sts["spec"]["replicas"] == 2
+    assert sts["spec"]["serviceName"] == "prices-broker-p2-pods"
+    assert stream_members("prices", spec, replicated=True, partition=2) == ["prices-broker-p2-0", "prices-broker-p2-1"]
+    for key, value in by_kind["ConfigMap"]["data"].items():
+        mp.setenv(key, value)
+    mp.setenv("ZEPS_BROKER_DATA_DIR", str(tmp))
+    mp.setenv("ZEPS_BROKER_MEMBER", "prices-broker-p2-0")
+    args = parse_args([])
+    _config, _curve, registration = settings(args)
+    assert registration is not None and registration.partition == 2 and replication(args) is not None
+    first = stream_objects("ns", "prices", spec, Settings(zookeeper="zk:2181"))
+    selectors = [o["spec"]["selector"] for o in (*first, *objects) if o["kind"] == "Service"]
+    pods = [o["spec"]["template"]["metadata"]["labels"] for o in (*first, *objects) if "template" in o.get("spec", {})]
+    assert [sum(all(p.get(k) == v for k, v in sel.items()) for p in pods) for sel in selectors] == [1, 1, 1]
+
+
 def _catch_up(_value: Any, mp: pytest.MonkeyPatch, tmp: Path) -> None:
     """spec.catchUpMegabytesPerSecond: the leader's limit for a replica catching up (the broker's config)."""
     _, args = _replica_broker(StreamSpec.model_validate({"replicas": 3, "catchUpMegabytesPerSecond": 40}), mp, tmp)
@@ -220,6 +244,7 @@ STREAM_CHECKS: dict[str, Check] = {
     "fsync": _stream("fsync", "always", lambda config, **_: config.journal.fsync == "always"),
     "replicas": _replicas,
     "minInSync": _min_in_sync,
+    "partitions": _partitions,
     "catchUpMegabytesPerSecond": _catch_up,
     "matching": _stream("matching", "prefix", lambda config, **_: config.matching == "prefix"),
     "producers.ttlSeconds": _stream(

@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
-from typing import Any, Protocol
+from types import TracebackType
+from typing import Any, Protocol, Self
 
 import zmq
 import zmq.auth
 
 from zeps.config import Resolved
-from zeps.errors import ConfigError, UnavailableError
+from zeps.errors import ConfigError, UnavailableError, ZepsError
 
 __all__ = [
     "GROUP",
@@ -20,6 +21,7 @@ __all__ = [
     "MONITORED",
     "BrokerUnavailableError",
     "Locator",
+    "Opened",
     "batched",
     "check_endpoint",
     "close_dealer",
@@ -159,3 +161,31 @@ def configure_curve(sock: Any, server_public_key: str | None, client_keys: tuple
     sock.setsockopt(zmq.CURVE_SERVERKEY, server_public_key.encode())
     sock.setsockopt(zmq.CURVE_PUBLICKEY, public if isinstance(public, bytes) else public.encode())
     sock.setsockopt(zmq.CURVE_SECRETKEY, secret if isinstance(secret, bytes) else secret.encode())
+
+
+class Opened:
+    """``with``: :meth:`connect` on entry, :meth:`close` on exit (a close that fails after the block
+    failed is noted on the block's error, which goes on)."""
+
+    def connect(self) -> Self:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            return self.connect()
+        except BaseException:
+            self.close()  # what it opened so far
+            raise
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            self.close()
+        except ZepsError as error:
+            if exc is None:
+                raise
+            exc.add_note(f"and closing the client failed: {error}")

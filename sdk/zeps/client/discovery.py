@@ -9,7 +9,7 @@ from typing import Any
 
 from zeps.client._transport import BrokerUnavailableError
 
-__all__ = ["LeaderLocator", "broker_metadata", "discover", "read_broker_metadata"]
+__all__ = ["LeaderLocator", "broker_metadata", "discover", "partition_count", "read_broker_metadata"]
 
 
 def broker_metadata(
@@ -39,6 +39,21 @@ def broker_metadata(
                                          f"leader {state.leader} is gone: an election is on)")  # fmt: skip
         return dict(leader.metadata)
     return dict(usable[0].metadata)
+
+
+def partition_count(client: Any, namespace: str, stream: str, *, chroot: str = "/zeps") -> int:
+    """How many partitions ``stream`` has, from ZooKeeper: 1 plus the partitions ``1, 2, …`` the
+    operator made nodes for (``streams/<name>/partitions/<p>``) without a gap; a child that is not a
+    partition number (written by someone else) is ignored."""
+    from zeps.partitioning import MAX_PARTITIONS  # noqa: PLC0415
+    from zeps.paths import StreamPaths  # noqa: PLC0415
+
+    path = StreamPaths.of(namespace, stream, chroot=chroot).partitions
+    made = set(client.get_children(path)) if client.exists(path) else set()
+    count = 1
+    while count < MAX_PARTITIONS and str(count) in made:
+        count += 1
+    return count
 
 
 def read_broker_metadata(

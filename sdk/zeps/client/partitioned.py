@@ -24,19 +24,19 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, NamedTuple
 
-import zmq
-
+from zeps.client._transport import Opened, curve_keys, locator_of
 from zeps.client.session import Message, Seq, Since
-from zeps.client.sync import StreamClient
+from zeps.client.sync import StreamClient, wait_any
+from zeps.config import Resolved
 from zeps.errors import ConfigError, ZepsError
 from zeps.partitioning import MAX_PARTITIONS, partition_of
 
-__all__ = ["PartitionMessage", "PartitionedStreamClient", "Position"]
+__all__ = ["GroupConsumer", "PartitionMessage", "PartitionedStreamClient", "Position"]
 
 
 class PartitionMessage(NamedTuple):
@@ -85,7 +85,7 @@ class Position:
         return cls(tuple(last))
 
 
-class PartitionedStreamClient:
+class PartitionedStreamClient(Opened):
     """One handle on every partition of a stream: ``endpoints[p]`` is partition ``p``'s broker (or
     its leader's, with ``locators`` following it across failovers). ``options`` go to each
     partition's :class:`~zeps.client.StreamClient`. Not thread-safe: one thread uses it."""
@@ -111,6 +111,31 @@ class PartitionedStreamClient:
         self.reading: list[int] = []  # the partitions subscribed to
         self._last: list[int] = [0] * len(self.clients)
         self._next = 0  # the partition whose messages are taken first next time (no partition starves)
+        self._held: deque[PartitionMessage] = deque()  # taken from the partitions, not handed out yet
+
+    @classmethod
+    def of(cls, settings: Resolved, **options: Any) -> PartitionedStreamClient:
+        """A client of a resolved partitioned stream (:func:`zeps.config.resolve`): each partition's
+        endpoint from ``settings.partitions`` (the operator's status, or ZEPS_STREAM_<NAME>_PARTITIONS),
+        a locator each when ZooKeeper is known (each partition's leader, across failovers), the CURVE
+        keys and message limit as :meth:`StreamClient.of`. Not connected yet."""
+        endpoints = settings.partitions or (settings.endpoint,)
+        wanted = settings.spec.get("partitions", len(endpoints))
+        if wanted != len(endpoints):
+            raise ConfigError(
+                f"ZepsStream {settings.namespace}/{settings.name} has {wanted} partitions and endpoints for "
+                f"{len(endpoints)}: wait until the operator lists them all (status.partitions), or set "
+                f"ZEPS_STREAM_{settings.name.upper().replace('-', '_')}_PARTITIONS to every partition's endpoint"
+            )
+        server_key, client_keys = curve_keys(settings)
+        followers = bool(options.get("follower_reads", False))  # a reader of each partition's followers
+        locators = (
+            [locator_of(settings, followers=followers, partition=p) for p in range(len(endpoints))]
+            if settings.zookeeper
+            else None
+        )
+        return cls(endpoints, settings.name, locators=locators, server_public_key=server_key, client_keys=client_keys,
+                   max_message_bytes=settings.max_message_bytes, **options)  # fmt: skip
 
     @property
     def partitions(self) -> int:
@@ -132,23 +157,6 @@ class PartitionedStreamClient:
                 failure = failure or exc
         if failure is not None:
             raise failure
-
-    def __enter__(self) -> PartitionedStreamClient:
-        try:
-            return self.connect()
-        except BaseException:
-            self.close()
-            raise
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        try:
-            self.close()
-        except ZepsError as error:
-            if exc is None:
-                raise
-            exc.add_note(f"and closing the client failed: {error}")
 
     # -- publishing -----------------------------------------------------------------------------
     def partition_of(self, key: str) -> int:
@@ -192,16 +200,37 @@ class PartitionedStreamClient:
             self.clients[p].start(pattern, since=start)
         self.reading = sorted({*self.reading, *chosen})
 
+    def subscribe(
+        self, pattern: str = "", *, since: Since | Position = "latest", partitions: Iterable[int] | None = None
+    ) -> Iterator[PartitionMessage]:
+        """Messages whose key matches ``pattern`` from every partition read (see :meth:`start`), forever."""
+        self.start(pattern, since=since, partitions=partitions)
+        while True:
+            yield from self.receive_many(0.1)
+
     @property
     def position(self) -> Position:
         """The last sequence taken from each partition (0: none yet)."""
         return Position(tuple(self._last))
+
+    def receive(self, timeout: float) -> PartitionMessage | None:
+        """The next message within ``timeout`` seconds, else None."""
+        if not self.reading:
+            raise ConfigError("nothing to receive: start() a subscription first")
+        if not self._held:
+            self._held.extend(self._receive(timeout, 100_000))
+        return self._handed([self._held.popleft()])[0] if self._held else None
 
     def receive_many(self, timeout: float, max_messages: int = 100_000) -> list[PartitionMessage]:
         """What every partition read has delivered so far, up to ``max_messages``, waiting up to
         ``timeout`` seconds for the first; [] if none came."""
         if not self.reading:
             raise ConfigError("nothing to receive: start() a subscription first")
+        return self._handed(self._receive(timeout, max_messages))
+
+    def _receive(self, timeout: float, max_messages: int) -> list[PartitionMessage]:
+        if self._held:  # what receive() took and has not handed out yet comes first
+            return [self._held.popleft() for _ in range(min(max_messages, len(self._held)))]
         deadline = time.monotonic() + timeout
         while True:
             got = self._take(max_messages)
@@ -217,17 +246,174 @@ class PartitionedStreamClient:
             if len(out) >= max_messages:
                 break
             messages: list[Message] = self.clients[p].receive_many(0, max_messages - len(out))
-            if messages:
-                self._last[p] = messages[-1].sequence
-                out += [PartitionMessage(p, *m) for m in messages]
+            out += [PartitionMessage(p, *m) for m in messages]
         return out
+
+    def _handed(self, messages: list[PartitionMessage]) -> list[PartitionMessage]:
+        """``messages`` go to the application now: the position moves past them."""
+        for m in messages:
+            self._last[m.partition] = m.sequence
+        return messages
 
     def _wait(self, seconds: float) -> None:
         """Until one of the partitions read has input (or ``seconds`` pass)."""
+        if seconds > 0:
+            wait_any([self.clients[p] for p in self.reading], seconds)
+
+
+class GroupConsumer(Opened):
+    """A member of consumer group ``group`` of a partitioned stream: it reads the partitions the
+    group assigns it (:func:`zeps.coordination.consumers.assign` of the live members), each from
+    right after the last sequence the group processed of it, and hands them over as members come
+    and go (``endpoints`` and ``locators`` as for :class:`PartitionedStreamClient`).
+
+    As Kafka's consumer: calling :meth:`receive_many` again (or :meth:`commit`) says that what it
+    returned before is processed; that is committed to ZooKeeper, and a partition given up is
+    committed first, so its next owner starts right after it. A member that dies leaves what it
+    processed after its last commit to be processed again by the next owner: make the handler
+    idempotent (keep the (partition, sequence) processed with its effect) where once matters.
+    Partitions nobody processed yet are read from their start (everything retained)."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        stream: str,
+        *,
+        group: str,
+        member: str,
+        zookeeper: str,
+        namespace: str = "default",
+        chroot: str = "/zeps",
+        auth: tuple[str, str] | None = None,
+        locators: Sequence[Any] | None = None,
+        pattern: str = "",
+        session_timeout: float = 10.0,
+        **options: Any,
+    ) -> None:
+        from zeps.coordination import connect  # noqa: PLC0415 — ZooKeeper only for groups
+        from zeps.coordination.consumers import ConsumerGroup  # noqa: PLC0415
+        from zeps.paths import StreamPaths  # noqa: PLC0415
+
+        if locators is not None and len(locators) != len(endpoints):
+            raise ConfigError(f"give a locator for each partition ({len(endpoints)}), or none (got {len(locators)})")
+        self.endpoints, self.stream, self.pattern = list(endpoints), stream, pattern
+        self.locators, self.options = locators, options
+        self._zk = connect(zookeeper, auth=auth, session_timeout=session_timeout)
+        paths = StreamPaths.of(namespace, stream, chroot=chroot).consumer_group(group)
+        self.group = ConsumerGroup(self._zk, paths, member)
+        self.claims: dict[int, Any] = {}  # partition -> Claim
+        self.clients: dict[int, StreamClient] = {}
+        self._handed: dict[int, int] = {}  # partition -> the last sequence handed to the application
+        self._unclaimed = False  # a partition assigned to us is still another's: claim it again soon
+        self._looked = 0.0
+
+    @classmethod
+    def of(cls, settings: Resolved, *, group: str, member: str, **options: Any) -> GroupConsumer:
+        """A member of ``group`` for a resolved partitioned stream (its ZooKeeper must be known)."""
+        if not settings.zookeeper:
+            raise ConfigError(f"a consumer group of ZepsStream {settings.namespace}/{settings.name} needs ZooKeeper: "
+                              "set ZEPS_ZOOKEEPER or read the stream's status")  # fmt: skip
+        endpoints = settings.partitions or (settings.endpoint,)
+        server_key, client_keys = curve_keys(settings)
+        locators = [locator_of(settings, partition=p) for p in range(len(endpoints))]
+        return cls(endpoints, settings.name, group=group, member=member, zookeeper=settings.zookeeper,
+                   namespace=settings.namespace, chroot=settings.chroot, auth=settings.auth, locators=locators,
+                   server_public_key=server_key, client_keys=client_keys,
+                   max_message_bytes=settings.max_message_bytes, **options)  # fmt: skip
+
+    @property
+    def assigned(self) -> list[int]:
+        """The partitions this member reads now."""
+        return sorted(self.claims)
+
+    def connect(self) -> GroupConsumer:
+        self.group.join()
+        return self
+
+    def receive_many(self, timeout: float, max_messages: int = 100_000) -> list[PartitionMessage]:
+        """Commit what the last call returned, take up or give up partitions as the group changed,
+        then what the partitions read delivered, waiting up to ``timeout`` seconds for the first."""
+        self.commit()
+        deadline = time.monotonic() + timeout
+        while True:
+            self._rebalance()
+            out: list[PartitionMessage] = []
+            for p, client in sorted(self.clients.items()):
+                if len(out) >= max_messages:
+                    break
+                out += [PartitionMessage(p, *m) for m in client.receive_many(0, max_messages - len(out))]
+            for m in out:
+                self._handed[m.partition] = m.sequence
+            if out or time.monotonic() >= deadline:
+                return out
+            self._wait(min(deadline - time.monotonic(), 0.1))
+
+    def commit(self) -> None:
+        """The group has processed everything handed out so far. A partition lost meanwhile (this
+        member's session expired and another member claimed it) is dropped: its messages handed out
+        since the last commit are the new owner's to process."""
+        from zeps.coordination.consumers import PartitionLostError  # noqa: PLC0415
+
+        for p, claim in list(self.claims.items()):
+            if self._handed.get(p, 0) > claim.sequence:
+                try:
+                    self.group.commit(claim, self._handed[p])
+                except PartitionLostError:
+                    self._drop(p)
+                    self.group.changed.set()
+
+    def _rebalance(self) -> None:
+        now = time.monotonic()
+        if not self.group.changed.is_set() and not (self._unclaimed and now - self._looked > 0.2):
+            return
+        self.group.changed.clear()
+        self._looked = now
+        wanted = set(self.group.wanted(len(self.endpoints)))
+        for p in sorted(set(self.claims) - wanted):  # another member's now: processed up to what we handed out
+            claim = self.claims[p]
+            self._drop(p)
+            self.group.release(claim)
+        self._unclaimed = False
+        for p in sorted(wanted - set(self.claims)):
+            claim = self.group.claim(p)
+            if claim is None:  # its former owner has not let go yet
+                self._unclaimed = True
+                continue
+            client = StreamClient(self.endpoints[p], self.stream, locator=self.locators[p] if self.locators else None,
+                                  **self.options)  # fmt: skip
+            client.connect()
+            client.start(self.pattern, since=Seq(claim.sequence))
+            self.claims[p], self.clients[p] = claim, client
+            self._handed[p] = claim.sequence
+
+    def _drop(self, partition: int) -> None:
+        self.claims.pop(partition, None)
+        self._handed.pop(partition, None)
+        client = self.clients.pop(partition, None)
+        if client is not None:
+            client.locator = None  # the locator is this consumer's, shared across its claims: kept open
+            client.close()
+
+    def _wait(self, seconds: float) -> None:
         if seconds <= 0:
             return
-        poller = zmq.Poller()
-        for p in self.reading:
-            for sock in self.clients[p].sockets():
-                poller.register(sock, zmq.POLLIN)
-        poller.poll(int(seconds * 1000))
+        if not self.clients:
+            time.sleep(min(seconds, 0.05))  # nothing assigned yet, or waiting for a former owner
+            return
+        wait_any(self.clients.values(), seconds)
+
+    def close(self) -> None:
+        """Commit, give every partition up (the next owners start after what was processed), leave."""
+        try:
+            self.commit()
+            for p in list(self.claims):
+                claim = self.claims[p]
+                self._drop(p)
+                self.group.release(claim)
+            self.group.leave()
+        finally:
+            for locator in self.locators or []:
+                if locator is not None:
+                    locator.close()
+            self._zk.stop()
+            self._zk.close()

@@ -32,6 +32,7 @@ from zeps.client._transport import (
     MONITORED,
     BrokerUnavailableError,
     Locator,
+    Opened,
     batched,
     check_endpoint,
     close_dealer,
@@ -49,12 +50,12 @@ from zeps.options import MulticastOptions
 from zeps.protocol import LATEST, Fetch
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES
 
-__all__ = ["MulticastSubscription", "StreamClient"]
+__all__ = ["MulticastSubscription", "StreamClient", "wait_any"]
 
 log = logging.getLogger(__name__)
 
 
-class StreamClient:
+class StreamClient(Opened):
     """One peering with a broker for one stream. Not thread-safe: one thread uses it."""
 
     def __init__(
@@ -185,11 +186,6 @@ class StreamClient:
         moved, self.endpoint = endpoint != self.endpoint, endpoint
         return moved
 
-    def sockets(self) -> list[zmq.Socket[Any]]:
-        """The sockets this client reads (its peering, its monitor), to wait on several clients at once
-        with a ``zmq.Poller``; they change when it reconnects, so ask again before each wait."""
-        return [s for s in (self._sock, self._monitor, *(w.socket for w in self._watched)) if s is not None]
-
     def _close_socket(self) -> None:
         close_dealer(self._sock, self._monitor)
         self._sock = self._monitor = None
@@ -215,23 +211,6 @@ class StreamClient:
         self._ctx.term()
         if unconfirmed is not None:
             raise unconfirmed
-
-    def __enter__(self) -> StreamClient:
-        try:
-            return self.connect()
-        except BaseException:
-            self.close()  # its sockets and context, or the context's end would wait for them forever
-            raise
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        try:
-            self.close()
-        except ZepsError as error:
-            if exc is None:
-                raise
-            exc.add_note(f"and closing the client failed: {error}")  # the block's own error goes on
 
     # -- I/O ------------------------------------------------------------------------------------
     def _send_all(self, frames: list[bytes], deadline: float) -> None:
@@ -465,6 +444,18 @@ class StreamClient:
         fetches, and cannot also subscribe."""
         return MulticastSubscription(self, pattern, since, multicast=multicast, interface=interface, stall=stall,
                                      key=key)  # fmt: skip
+
+
+def wait_any(clients: Iterable[StreamClient], timeout: float) -> None:
+    """Wait up to ``timeout`` seconds until one of ``clients`` has input (a partitioned stream's
+    readers wait on all their partitions' clients at once); their sockets change when they
+    reconnect, so the poller is made anew for each wait."""
+    poller = zmq.Poller()
+    for client in clients:
+        for sock in (client._sock, client._monitor, *(w.socket for w in client._watched)):
+            if sock is not None:
+                poller.register(sock, zmq.POLLIN)
+    poller.poll(max(0, int(timeout * 1000)))
 
 
 class MulticastSubscription(GroupSubscription):

@@ -64,6 +64,9 @@ class Resolved(BaseModel):
     curve_client: str = ""
     multicast_key: str = ""  #: a file with a signed stream's multicast key (a path, as curve_client)
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  #: a stream's message limit (its spec.maxMessageBytes)
+    #: a partitioned stream's endpoint of each partition, partition 0 first (status.partitions, or
+    #: ZEPS_STREAM_<NAME>_PARTITIONS); empty for a stream of one partition
+    partitions: tuple[str, ...] = ()
     spec: dict[str, Any] = {}
 
 
@@ -105,6 +108,16 @@ def _env_int(name: str) -> int | None:
     if not value.isdigit():
         raise ConfigError(f"{name}={value!r}: a number of bytes, e.g. 1048576")
     return int(value)
+
+
+def _env_partitions(name: str) -> tuple[str, ...]:
+    """``ZEPS_STREAM_<NAME>_PARTITIONS``: each partition's broker endpoint, comma-separated, partition 0 first."""
+    value = os.environ.get(name, "")
+    endpoints = tuple(e.strip() for e in value.split(",")) if value else ()
+    if any(not e.startswith(("tcp://", "ipc://")) for e in endpoints):
+        raise ConfigError(f"{name}={value!r}: give each partition's endpoint, comma-separated, partition 0 first "
+                          "(tcp://host:port,tcp://host:port,...)")  # fmt: skip
+    return endpoints
 
 
 def _env_multicast(value: str) -> dict[str, Any]:
@@ -152,6 +165,7 @@ def resolve(
         "curve_client": curve_client or os.environ.get(f"ZEPS_STREAM_{env_key}_CURVE_CLIENT", ""),
         "multicast_key": os.environ.get(f"ZEPS_STREAM_{env_key}_MULTICAST_KEY", ""),
         "max_message_bytes": max_message_bytes or _env_int(f"ZEPS_STREAM_{env_key}_MAX_MESSAGE_BYTES"),
+        "partitions": _env_partitions(f"ZEPS_STREAM_{env_key}_PARTITIONS"),
         "spec": {},
     }
     needed = needs or (("endpoint",) if kind == "ZepsStream" else ("zookeeper",))
@@ -166,6 +180,9 @@ def resolve(
         found["public_key"] = found["public_key"] or status.get("curvePublicKey", "")
         found["multicast"] = found["multicast"] or status.get("multicast") or {}
         found["max_message_bytes"] = found["max_message_bytes"] or spec.get("maxMessageBytes")
+        listed = status.get("partitions")
+        if not found["partitions"] and isinstance(listed, list) and len(listed) > 1:
+            found["partitions"] = tuple(str(p.get("endpoint", "")) for p in listed if isinstance(p, dict))
         if not found["chroot"]:
             found["chroot"] = chroot_of(kind, ns, name, status.get("path", "")) or ""
     found["chroot"] = found["chroot"] or DEFAULT_CHROOT

@@ -1,0 +1,161 @@
+"""Consumer groups over a partitioned stream, against a real ZooKeeper and real brokers (one per
+partition, ``--partition``): the recipe's hand-over and fencing, and members reading, joining and
+leaving while every message is processed once by the group."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from harness import WORKERS, ZooKeeperHarness, until
+from zeps.client import GroupConsumer, PartitionedStreamClient, PartitionMessage
+from zeps.coordination.consumers import ConsumerGroup, PartitionLostError
+from zeps.paths import StreamPaths
+
+PARTITIONS = 3
+
+
+def _group(zookeeper: ZooKeeperHarness, member: str, client: object | None = None) -> ConsumerGroup:
+    paths = StreamPaths.of("default", "orders", chroot=zookeeper.root).consumer_group("billing")
+    return ConsumerGroup(client or zookeeper.client(), paths, member).join()  # type: ignore[arg-type]
+
+
+def test_a_partition_passes_to_its_next_owner_after_the_last_commit_and_a_lost_owner_cannot_commit(
+    zookeeper: ZooKeeperHarness,
+) -> None:
+    a_client = zookeeper.client()
+    a, b = _group(zookeeper, "a", a_client), _group(zookeeper, "b")
+    until(lambda: a.members() == ["a", "b"], "both members")
+    assert (a.wanted(3), b.wanted(3)) == ([0, 2], [1])
+    claim = a.claim(0)
+    assert claim is not None and claim.sequence == 0
+    assert b.claim(0) is None  # a still owns it
+    a.commit(claim, 40)
+    a.release(claim)
+    taken = b.claim(0)
+    assert taken is not None and taken.sequence == 40  # right after what a processed
+    with pytest.raises(PartitionLostError, match="no longer owns partition 0"):
+        a.commit(claim, 45)  # a's claim is stale: the group's offset stays b's
+    b.commit(taken, 50)
+
+    mine = a.claim(2)
+    assert mine is not None
+    zookeeper.expire_session(a_client)  # a paused past its session: its owner node is gone
+    again = b.claim(2)
+    assert again is not None
+    with pytest.raises(PartitionLostError):
+        a.commit(mine, 7)
+    b.commit(again, 3)
+    assert b.claim(2) is not None  # its own claim, still: claiming twice is harmless
+    a.leave()
+    b.leave()
+
+
+class Member(threading.Thread):
+    """A group member processing messages into ``processed`` until told to stop (then it leaves)."""
+
+    def __init__(self, zookeeper: ZooKeeperHarness, endpoints: list[str], name: str,
+                 processed: list[tuple[int, int]]) -> None:  # fmt: skip
+        super().__init__(daemon=True)
+        self.consumer = GroupConsumer(endpoints, "orders", group="billing", member=name,
+                                      zookeeper=zookeeper.connect_string, chroot=zookeeper.root)  # fmt: skip
+        self.processed, self.stopping, self.error = processed, threading.Event(), None
+        self.partitions: set[int] = set()
+
+    def run(self) -> None:
+        try:
+            with self.consumer:
+                while not self.stopping.is_set():
+                    batch: list[PartitionMessage] = self.consumer.receive_many(0.1, max_messages=20)
+                    self.processed += [(m.partition, m.sequence) for m in batch]
+                    if batch:
+                        time.sleep(0.02)  # the work: a backlog stays while members come and go
+                    self.partitions = set(self.consumer.assigned)
+        except BaseException as exc:  # reported by the test
+            self.error = exc  # type: ignore[assignment]
+
+
+def test_members_share_the_partitions_take_over_as_they_come_and_go_and_process_each_message_once(
+    zookeeper: ZooKeeperHarness, plain: list[str]
+) -> None:
+    total = 3000
+    with PartitionedStreamClient(plain, "orders", producer_id="shop") as publisher:
+        publisher.publish_many([(f"customer-{n % 50}", b"%d" % n) for n in range(total // 2)])
+        publisher.flush(timeout=30)
+        processed: list[tuple[int, int]] = []
+        members = [Member(zookeeper, plain, name, processed) for name in ("m1", "m2")]
+        for m in members:
+            m.start()
+        until(lambda: len(processed) > 300, "the first members processing")
+        assert len(processed) < total // 2 - 300  # work is left for the third member to take over
+        third = Member(zookeeper, plain, "m3", processed)
+        third.start()  # a member joins: partitions are handed over to it
+        until(lambda: len(third.partitions) == 1 and sum(len(m.partitions) for m in members) == 2,
+              "three members with one partition each", timeout=30)  # fmt: skip
+        publisher.publish_many([(f"customer-{n % 50}", b"%d" % n) for n in range(total // 2, total)])
+        publisher.flush(timeout=30)
+        until(lambda: len(processed) > total * 2 // 3, "more processed", timeout=60)
+        assert len(processed) < total - 300  # a backlog is left for the hand-over
+        members[0].stopping.set()  # a member leaves: the others take its partition over
+        members[0].join(30)
+        until(lambda: len(processed) >= total, "every message processed", timeout=60)
+        time.sleep(0.5)  # anything processed twice would show up now
+        for m in (members[1], third):
+            m.stopping.set()
+            m.join(30)
+    assert all(m.error is None for m in (*members, third)), [m.error for m in (*members, third)]
+    twice = [k for k, n in Counter(processed).items() if n > 1]
+    assert not twice, f"processed twice: {twice[:10]}"
+    assert len(processed) == total
+    counts = Counter(p for p, _ in processed)  # each partition's sequences 1..n, every one of them
+    assert {(p, s) for p, s in processed} == {(p, s) for p in counts for s in range(1, counts[p] + 1)}
+
+
+def test_a_member_killed_mid_backlog_leaves_only_its_last_uncommitted_batch_to_be_processed_again(
+    zookeeper: ZooKeeperHarness, plain: list[str], tmp_path: Path
+) -> None:
+    """SIGKILL of a member: once its session expires (2 s) the other takes its partitions over from
+    the group's last commit. Every message is processed; the only ones processed twice are the
+    killed member's last batch (at most 20), which it processed without asking for more; an
+    idempotent handler (keyed by partition and sequence) takes effect once for each."""
+    total = 3000
+    with PartitionedStreamClient(plain, "orders", producer_id="shop") as publisher:
+        publisher.publish_many([(f"customer-{n % 50}", b"%d" % n) for n in range(total)])
+        publisher.flush(timeout=30)
+    outs = {name: tmp_path / f"{name}.out" for name in ("m1", "m2")}
+
+    def member(name: str) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, str(WORKERS / "stream_group_member.py"), "--zookeeper", zookeeper.connect_string,
+                "--chroot", zookeeper.root, "--endpoints", ",".join(plain), "--member", name,
+                "--out", str(outs[name])]  # fmt: skip
+        return subprocess.Popen(argv)
+
+    procs = {name: member(name) for name in outs}
+
+    def processed() -> list[tuple[int, int]]:
+        lines = [line for out in outs.values() if out.exists() for line in out.read_text().splitlines()]
+        return [(int(p), int(s)) for p, s in (line.split() for line in lines if line.count(" ") == 1)]
+
+    try:
+        until(lambda: len(processed()) > 600, "both members processing", timeout=30)
+        assert len(processed()) < total - 1000
+        procs["m1"].send_signal(signal.SIGKILL)
+        procs["m1"].wait(10)
+        until(lambda: len(set(processed())) >= total, "the rest processed by the other member", timeout=60)
+        time.sleep(0.5)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+            proc.wait(15)
+    seen = processed()
+    twice = [k for k, n in Counter(seen).items() if n > 1]
+    assert len(set(seen)) == total  # every message processed (an idempotent handler's effect: once each)
+    assert len(twice) <= 20, f"more than the killed member's last batch processed again: {len(twice)}"
