@@ -61,3 +61,16 @@ def test_settings_name_each_partitions_endpoint_and_a_short_list_is_refused(monk
     monkeypatch.setenv("ZEPS_STREAM_ORDERS_PARTITIONS", "b0:5555,b1:5555")
     with pytest.raises(ConfigError, match="ZEPS_STREAM_ORDERS_PARTITIONS='b0:5555,b1:5555': give each partition's"):
         resolve("ZepsStream", "orders", namespace="shop", endpoint="tcp://b0:5555")
+
+
+def test_a_client_remembers_a_bounded_number_of_keys_partitions() -> None:
+    from zeps.client import partitioned  # noqa: PLC0415
+    from zeps.partitioning import partition_of  # noqa: PLC0415
+
+    client = PartitionedStreamClient([f"tcp://127.0.0.1:{p + 1}" for p in range(3)], "orders")
+    try:
+        keys = [f"k{i}" for i in range(partitioned.ROUTES_REMEMBERED + 10)]
+        assert [client.partition_of(k) for k in keys] == [partition_of(k, 3) for k in keys]
+        assert len(client._routes) == 10  # full once: started over, never more than the bound
+    finally:
+        client.close()

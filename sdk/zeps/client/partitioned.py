@@ -39,6 +39,9 @@ from zeps.partitioning import MAX_PARTITIONS, partition_of
 __all__ = ["GroupConsumer", "PartitionMessage", "PartitionedStreamClient", "Position"]
 
 
+ROUTES_REMEMBERED = 65_536  #: keys whose partition a client remembers (then it starts over)
+
+
 class PartitionMessage(NamedTuple):
     """A message of a partitioned stream: a :class:`~zeps.client.Message` and its partition."""
 
@@ -112,6 +115,7 @@ class PartitionedStreamClient(Opened):
         self._last: list[int] = [0] * len(self.clients)
         self._next = 0  # the partition whose messages are taken first next time (no partition starves)
         self._held: deque[PartitionMessage] = deque()  # taken from the partitions, not handed out yet
+        self._routes: dict[str, int] = {}  # key -> partition, for the last keys published
 
     @classmethod
     def of(cls, settings: Resolved, **options: Any) -> PartitionedStreamClient:
@@ -160,21 +164,33 @@ class PartitionedStreamClient(Opened):
 
     # -- publishing -----------------------------------------------------------------------------
     def partition_of(self, key: str) -> int:
-        """The partition ``key``'s records go to (:func:`zeps.partitioning.partition_of`)."""
-        return partition_of(key, len(self.clients))
+        """The partition ``key``'s records go to (:func:`zeps.partitioning.partition_of`), remembered
+        for the last keys seen (computing it costs more than publishing a message)."""
+        p = self._routes.get(key)
+        if p is None:
+            if len(self._routes) >= ROUTES_REMEMBERED:
+                self._routes.clear()  # bounded: a stream of ever new keys costs the hash, never memory
+            p = self._routes[key] = partition_of(key, len(self.clients))
+        return p
 
     def publish(self, key: str, body: bytes) -> None:
-        self.clients[partition_of(key, len(self.clients))].publish(key, body)
+        self.clients[self.partition_of(key)].publish(key, body)
 
     def publish_many(self, items: Iterable[tuple[str, bytes]]) -> None:
         """Publish each to its key's partition, in order per partition (so per key)."""
-        n = len(self.clients)
-        if n == 1:
+        if len(self.clients) == 1:
             self.clients[0].publish_many(items)
             return
         by_partition: dict[int, list[tuple[str, bytes]]] = {}
+        routes, route = self._routes, self.partition_of
         for item in items:
-            by_partition.setdefault(partition_of(item[0], n), []).append(item)
+            p = routes.get(item[0])
+            if p is None:
+                p = route(item[0])
+            part = by_partition.get(p)
+            if part is None:
+                part = by_partition[p] = []
+            part.append(item)
         for p, part in by_partition.items():
             self.clients[p].publish_many(part)
 
