@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from workers import finish
 from zeps_dev import ZooKeeperServer
 from zeps_dev.process import cpu_seconds, free_port
 
@@ -82,17 +83,6 @@ def _go(procs: list[subprocess.Popen[str]]) -> None:
         proc.stdin.flush()
 
 
-def _results(procs: list[subprocess.Popen[str]]) -> list[list[float]]:
-    out = []
-    for proc in procs:
-        text, _ = proc.communicate(timeout=600)
-        fields = text.split()
-        if not fields or fields[0] != "done":
-            raise SystemExit(f"worker failed: {text!r}")
-        out.append([float(f) for f in fields[1:]])
-    return out
-
-
 def publish(system: Partitions) -> dict[str, float]:
     """PUBLISHERS processes publish PUBLISH_COUNT messages in all, started together: the rate from
     the first start to the last confirmation, and CPU µs per message of the brokers (their mean) and
@@ -102,7 +92,7 @@ def publish(system: Partitions) -> dict[str, float]:
     procs = _workers("publish", system.endpoints, each, PUBLISHERS)
     before = system.cpu()
     _go(procs)
-    results = _results(procs)  # done <start> <end> <cpu seconds>
+    results = finish(procs)  # done <start> <end> <cpu seconds>
     after = system.cpu()
     start, end = min(r[0] for r in results), max(r[1] for r in results)
     per_broker = total / len(before)  # each broker's share of the messages
@@ -117,8 +107,8 @@ def fanout(system: Partitions) -> float:
     subs = _workers("subscribe", system.endpoints, FANOUT_COUNT, FANOUT)
     publisher = _workers("publish", system.endpoints, FANOUT_COUNT, 1)
     _go(publisher)
-    [pub] = _results(publisher)
-    end = max(r[0] for r in _results(subs))
+    [pub] = finish(publisher)
+    end = max(r[0] for r in finish(subs))
     return FANOUT * FANOUT_COUNT / (end - pub[0])
 
 

@@ -40,6 +40,7 @@ from typing import Any
 
 import zmq
 
+from workers import finish
 from zeps.client import StreamClient
 from zeps_dev.process import cpu_seconds, free_port, wait_until
 
@@ -79,17 +80,6 @@ def _spawn(role: str, endpoint: str, count: int, n: int = 1, *extra: str) -> lis
         if line != "ready":
             raise SystemExit(f"{role} subscriber failed to start: {line!r}")
     return procs
-
-
-def _finish(procs: list[subprocess.Popen[str]]) -> list[list[float]]:
-    results = []
-    for p in procs:
-        out, _ = p.communicate(timeout=600)
-        fields = out.split()
-        if not fields or fields[0] != "done":
-            raise SystemExit(f"subscriber failed: {out!r}")
-        results.append([float(f) for f in fields[1:]])
-    return results
 
 
 # -- zeps ---------------------------------------------------------------------------------------
@@ -198,14 +188,14 @@ def _pace(start: float, i: int, rate: float) -> None:
 def fanout(system: Any, role: str, **how: bool) -> float:
     subs = _spawn(role, system.endpoint, FANOUT_COUNT, FANOUT)
     start = system.publish(FANOUT_COUNT, **how)
-    end = max(r[0] for r in _finish(subs))
+    end = max(r[0] for r in finish(subs))
     return FANOUT * FANOUT_COUNT / (end - start)
 
 
 def one_to_one(system: Any, role: str, **how: bool) -> float:
     subs = _spawn(role, system.endpoint, ONE_TO_ONE_COUNT)
     start = system.publish(ONE_TO_ONE_COUNT, **how)
-    end = _finish(subs)[0][0]
+    end = finish(subs)[0][0]
     return ONE_TO_ONE_COUNT / (end - start)
 
 
@@ -231,14 +221,14 @@ def _plain_and_idempotent(system: Zeps, role: str) -> dict[str, float]:
 
 def replay(system: Any, role: str) -> float:
     system.publish(REPLAY_COUNT)
-    [result] = _finish(_spawn(role, system.endpoint, REPLAY_COUNT, 1, "--replay"))
+    [result] = finish(_spawn(role, system.endpoint, REPLAY_COUNT, 1, "--replay"))
     return REPLAY_COUNT / (result[0] - result[1])
 
 
 def latency(system: Any, role: str) -> tuple[float, float]:
     subs = _spawn(role, system.endpoint, LATENCY_COUNT, 1, "--latency")
     system.publish(LATENCY_COUNT, rate=LATENCY_RATE)
-    [result] = _finish(subs)
+    [result] = finish(subs)
     return result[2], result[3]
 
 
@@ -252,7 +242,7 @@ def raw_zmq() -> float:
     start = time.time()
     for _ in range(RAW_COUNT):
         pub.send(BODY)
-    end = _finish(subs)[0][0]
+    end = finish(subs)[0][0]
     pub.close()
     ctx.term()
     return RAW_COUNT / (end - start)
