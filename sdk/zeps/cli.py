@@ -292,7 +292,7 @@ def _stream_client(
 def _partition_endpoints(s: Any) -> tuple[str, ...]:
     """A partitioned stream's endpoint of each partition as its brokers advertise them in ZooKeeper
     (its leader's, for a replicated partition); () for a stream of one partition."""
-    from zeps.client.discovery import broker_metadata, partition_count  # noqa: PLC0415
+    from zeps.client.discovery import partition_endpoints  # noqa: PLC0415
     from zeps.coordination import connect  # noqa: PLC0415
     from zeps.errors import ZepsError  # noqa: PLC0415
 
@@ -303,11 +303,7 @@ def _partition_endpoints(s: Any) -> tuple[str, ...]:
                    err=True)  # fmt: skip
         return ()
     try:
-        count = partition_count(client, s.namespace, s.name, chroot=s.chroot)
-        if count == 1:
-            return ()
-        return tuple(str(broker_metadata(client, s.namespace, s.name, chroot=s.chroot, partition=p)["endpoint"])
-                     for p in range(count))  # fmt: skip
+        return partition_endpoints(client, s.namespace, s.name, chroot=s.chroot)
     finally:
         client.stop()
         client.close()

@@ -30,6 +30,7 @@ __all__ = [
     "curve_keys",
     "locator_of",
     "multicast_key",
+    "partition_endpoint",
     "refused_handshake",
 ]
 
@@ -57,6 +58,20 @@ def locator_of(settings: Resolved, *, followers: bool = False, partition: int = 
 
     return LeaderLocator(settings.zookeeper, settings.namespace, settings.name, chroot=settings.chroot,
                          auth=settings.auth, followers=followers, partition=partition)  # fmt: skip
+
+
+def partition_endpoint(settings: Resolved, partition: int) -> str:
+    """Where partition ``partition`` of a resolved stream is served (partition 0: the stream's
+    endpoint, unless the partitions are listed); ConfigError for one the settings do not know."""
+    if settings.partitions:
+        if not 0 <= partition < len(settings.partitions):
+            last = len(settings.partitions) - 1
+            raise ConfigError(f"stream {settings.name} has partitions 0..{last}, not {partition}")
+        return settings.partitions[partition]
+    if partition:
+        raise ConfigError(f"stream {settings.name}: no endpoint is known for partition {partition} (its settings list "
+                          "no partitions: set ZEPS_STREAM_<NAME>_PARTITIONS, or read the stream's status)")  # fmt: skip
+    return settings.endpoint
 
 
 def batched(items: Iterable[tuple[str, bytes]], size: int) -> Iterator[list[tuple[str, bytes]]]:

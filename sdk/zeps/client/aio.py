@@ -39,6 +39,7 @@ from zeps.client._transport import (
     configure_dealer,
     curve_keys,
     locator_of,
+    partition_endpoint,
     refused_handshake,
 )
 from zeps.client.multicast import Group, GroupSubscription
@@ -97,12 +98,13 @@ class AsyncStreamClient:
         self.reconnects = 0
 
     @classmethod
-    def of(cls, settings: Resolved, **options: Any) -> AsyncStreamClient:
+    def of(cls, settings: Resolved, partition: int = 0, **options: Any) -> AsyncStreamClient:
         """A client of a resolved stream (see :meth:`StreamClient.of`). Not connected yet."""
         server_key, client_keys = curve_keys(settings)
-        options.setdefault("locator", locator_of(settings, followers=options.get("follower_reads", False)))
-        return cls(settings.endpoint, settings.name, server_public_key=server_key, client_keys=client_keys,
-                   max_message_bytes=settings.max_message_bytes, **options)  # fmt: skip
+        followers = options.get("follower_reads", False)
+        options.setdefault("locator", locator_of(settings, followers=followers, partition=partition))
+        return cls(partition_endpoint(settings, partition), settings.name, server_public_key=server_key,
+                   client_keys=client_keys, max_message_bytes=settings.max_message_bytes, **options)  # fmt: skip
 
     # -- connection -----------------------------------------------------------------------------
     async def connect(self) -> AsyncStreamClient:

@@ -9,7 +9,9 @@ from typing import Any
 
 from zeps.client._transport import BrokerUnavailableError
 
-__all__ = ["LeaderLocator", "broker_metadata", "discover", "partition_count", "read_broker_metadata"]
+__all__ = [
+    "LeaderLocator", "broker_metadata", "discover", "partition_count", "partition_endpoints", "read_broker_metadata",
+]  # fmt: skip
 
 
 def broker_metadata(
@@ -54,6 +56,16 @@ def partition_count(client: Any, namespace: str, stream: str, *, chroot: str = "
     while count < MAX_PARTITIONS and str(count) in made:
         count += 1
     return count
+
+
+def partition_endpoints(client: Any, namespace: str, stream: str, *, chroot: str = "/zeps") -> tuple[str, ...]:
+    """A partitioned stream's endpoint of each partition as its brokers advertise them in ZooKeeper
+    (its leader's, for a replicated partition), partition 0 first; () for a stream of one partition."""
+    count = partition_count(client, namespace, stream, chroot=chroot)
+    if count == 1:
+        return ()
+    return tuple(str(broker_metadata(client, namespace, stream, chroot=chroot, partition=p)["endpoint"])
+                 for p in range(count))  # fmt: skip
 
 
 def read_broker_metadata(

@@ -40,6 +40,7 @@ from zeps.client._transport import (
     configure_dealer,
     curve_keys,
     locator_of,
+    partition_endpoint,
     refused_handshake,
 )
 from zeps.client.multicast import Group, GroupSubscription
@@ -98,14 +99,15 @@ class StreamClient(Opened):
         self.reconnects = 0
 
     @classmethod
-    def of(cls, settings: Resolved, **options: Any) -> StreamClient:
+    def of(cls, settings: Resolved, partition: int = 0, **options: Any) -> StreamClient:
         """A client of a resolved stream (:func:`zeps.config.resolve`; what ``zeps.stream()``, the CLI and
         the Spark source use): its endpoint, CURVE keys (:func:`curve_keys`) and message limit; ``options``
         as for the constructor. Not connected yet."""
         server_key, client_keys = curve_keys(settings)
-        options.setdefault("locator", locator_of(settings, followers=options.get("follower_reads", False)))
-        return cls(settings.endpoint, settings.name, server_public_key=server_key, client_keys=client_keys,
-                   max_message_bytes=settings.max_message_bytes, **options)  # fmt: skip
+        followers = options.get("follower_reads", False)
+        options.setdefault("locator", locator_of(settings, followers=followers, partition=partition))
+        return cls(partition_endpoint(settings, partition), settings.name, server_public_key=server_key,
+                   client_keys=client_keys, max_message_bytes=settings.max_message_bytes, **options)  # fmt: skip
 
     # -- connection -----------------------------------------------------------------------------
     def connect(self) -> StreamClient:

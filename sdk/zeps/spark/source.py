@@ -19,6 +19,14 @@ pattern "" and filters by ``pattern`` itself, so a partition always yields the s
 a query from its checkpoint gives exactly-once output into an idempotent sink. ``failOnDataLoss``
 says what to do when retention removed part of a range: fail, or skip what is gone.
 
+Partitioned streams (``spec.partitions`` above 1; the partitions are found in the status, in
+``ZEPS_STREAM_<NAME>_PARTITIONS`` or in ZooKeeper): offsets are ``{"<stream>": {"<partition>":
+<sequence>, ...}}``, as Spark's Kafka source keeps them; a micro-batch covers (start, end] of each
+partition, in input partitions of ``partitionSize`` sequences of one partition each (at least
+``minPartitions`` in all, where the ranges allow); rows get a ``partition int`` column first (their
+sequence is their partition's); a partition added while the query runs is read from its start;
+``maxOffsetsPerTrigger`` is shared out among the partitions. Writes go to each row's key's partition.
+
 Batch queues (option ``queue``): offsets are batch numbers ``{"<queue>": n}``; batches are immutable,
 so this source is exactly-once too.
 
@@ -26,8 +34,9 @@ Options: ``stream`` or ``queue`` (the resource name), ``namespace``, ``endpoint`
 ``chroot`` (explicit settings), ``pattern`` (prefix, or ``~regex``), ``startingOffsets``
 (``earliest`` | ``latest`` | JSON ``{"prices": 1000}`` | epoch milliseconds), ``maxOffsetsPerTrigger``,
 ``failOnDataLoss`` (true/false, default true), ``partitionSize`` (sequences per partition, default
-100000), ``leaderWaitSeconds`` (how long a micro-batch waits for a replicated stream's new leader,
-default 60), ``followerReads`` (true: executors read a replicated stream from its in-sync followers,
+100000), ``minPartitions`` (split the ranges into at least this many input partitions),
+``leaderWaitSeconds`` (how long a micro-batch waits for a replicated stream's new leader, default
+60), ``followerReads`` (true: executors read a replicated stream from its in-sync followers,
 taking replay load off the leader; default false), ``startSequence``/``endSequence`` (batch reads of a
 stream), ``startBatch``/``endBatch`` (batch reads of a batch Queue: by default every retained batch).
 Written rows need ``key`` (string) and ``body`` (binary or string) columns.
@@ -37,7 +46,8 @@ producer named after the query (its id, kept in the checkpoint; a batch write's 
 its partition, with the micro-batch (+1) as the producer's generation (1 for a batch write): a
 retried task, or a restarted query running the same micro-batch again, claims the producer afresh
 (fencing an attempt still running), learns how many of its rows the broker already holds
-(``generation_sequence``), skips them and publishes the rest in the same order. This needs what
+(``generation_sequence``), skips them and publishes the rest in the same order. Into a partitioned
+stream the same holds per partition: each broker counts the rows of the task routed to it. This needs what
 Spark asks of an exactly-once sink anyway: a task given the same input gives the same rows, in order.
 
 Columns: a stream's rows are ``sequence long, key string, body binary, timestamp timestamp``. Spark
@@ -68,11 +78,11 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
-from pyspark.sql.types import BinaryType, DataType, LongType, StringType, StructType, TimestampType
+from pyspark.sql.types import BinaryType, DataType, IntegerType, LongType, StringType, StructType, TimestampType
 
 from zeps.broker.matching import Matcher, compile_pattern
-from zeps.client import BrokerUnavailableError, Records, Seq, StreamClient, Time
-from zeps.client.discovery import broker_metadata
+from zeps.client import BrokerUnavailableError, PartitionedStreamClient, Records, Seq, StreamClient, Time
+from zeps.client.discovery import broker_metadata, partition_endpoints
 from zeps.config import Resolved, require_queue_mode, resolve
 from zeps.coordination import shared_client
 from zeps.coordination.batches import BatchQueue
@@ -87,7 +97,9 @@ _ARROW_ROWS = 32_768  # rows per Arrow batch handed to Spark
 _ARROW_BYTES = 64 << 20  # ... or fewer, when they are large
 _STREAM_TYPES: dict[str, DataType] = {
     "sequence": LongType(), "key": StringType(), "body": BinaryType(), "timestamp": TimestampType(),
-}  # STREAM_SCHEMA's  # fmt: skip
+    "partition": IntegerType(),
+}  # STREAM_SCHEMA's, and a partitioned stream's partition  # fmt: skip
+PARTITIONED_SCHEMA = "partition int, " + STREAM_SCHEMA  #: a partitioned stream's rows (sequences are per partition)
 _QUEUE_TYPES: list[tuple[str, DataType]] = [("batch", LongType()), ("batch_id", StringType()), ("record", BinaryType())]
 _ARROW_QUEUE = pa.schema([("batch", pa.int64()), ("batch_id", pa.string()), ("record", pa.binary())])
 
@@ -115,6 +127,10 @@ def _settings(options: dict[str, str]) -> Resolved:
     settings = resolve(kind, name, namespace=options.get("namespace"), **explicit)  # type: ignore[arg-type]
     if kind == "Queue":
         require_queue_mode(settings, "batches")  # the source reads batches; work items are taken, not read
+    elif not settings.partitions and settings.zookeeper:  # a partitioned stream's partitions, from ZooKeeper
+        found = partition_endpoints(shared_client(settings.zookeeper, auth=settings.auth), settings.namespace,
+                                    settings.name, chroot=settings.chroot)  # fmt: skip
+        settings = settings.model_copy(update={"partitions": found})
     return settings
 
 
@@ -135,6 +151,10 @@ def _stream_columns(schema: StructType) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _default_columns(settings: Resolved) -> tuple[str, ...]:
+    return ("partition", *STREAM_COLUMNS) if len(settings.partitions) > 1 else STREAM_COLUMNS
+
+
 def _check_queue_schema(schema: StructType) -> None:
     if [(f.name, f.dataType) for f in schema.fields] != _QUEUE_TYPES:
         raise ConfigError(
@@ -142,8 +162,8 @@ def _check_queue_schema(schema: StructType) -> None:
         )
 
 
-def _durable_tail(settings: Resolved) -> tuple[int, str]:
-    """(last durable sequence, broker endpoint) from the stream's broker group in ZooKeeper."""
+def _durable_tail(settings: Resolved, partition: int = 0) -> tuple[int, str]:
+    """(last durable sequence, broker endpoint) from the stream's (partition's) broker group in ZooKeeper."""
     if not settings.zookeeper:
         raise ConfigError(
             f"stream {settings.name}: the zeps source needs ZooKeeper (option zookeeper=host:port) "
@@ -151,7 +171,7 @@ def _durable_tail(settings: Resolved) -> tuple[int, str]:
         )
     try:
         meta = broker_metadata(shared_client(settings.zookeeper, auth=settings.auth), settings.namespace,
-                               settings.name, chroot=settings.chroot)  # fmt: skip
+                               settings.name, chroot=settings.chroot, partition=partition)  # fmt: skip
     except BrokerUnavailableError as exc:
         raise BrokerUnavailableError(f"the zeps source cannot learn the durable tail: {exc}") from None
     return int(meta.get("lastSequence", 0)), str(meta.get("endpoint", settings.endpoint))
@@ -161,10 +181,14 @@ def _durable_tail(settings: Resolved) -> tuple[int, str]:
 class _Range(InputPartition):
     start: int  # exclusive
     end: int  # inclusive
+    partition: int = 0  # of a partitioned stream
 
 
-def _ranges(start: int, end: int, size: int) -> list[_Range]:
-    return [_Range(s, min(s + size, end)) for s in range(start, end, size)]
+def _ranges(start: int, end: int, size: int, partition: int = 0) -> list[_Range]:
+    return [_Range(s, min(s + size, end), partition) for s in range(start, end, size)]
+
+
+Offsets = dict[str, Any]  #: {"<stream>": n}; a partitioned stream's {"<stream>": {"<partition>": n, ...}}
 
 
 class _StreamRead:
@@ -176,14 +200,26 @@ class _StreamRead:
         self.pattern = options.get("pattern", "")
         self.fail_on_data_loss = _bool(options.get("failondataloss"), True)
         self.partition_size = int(options.get("partitionsize", "100000"))
+        self.min_partitions = int(options.get("minpartitions", "1"))
         self.follower_reads = _bool(options.get("followerreads"), False)
+        self.stream_partitions = max(1, len(settings.partitions))  #: the stream's, found on the driver
+
+    def split(self, spans: dict[int, tuple[int, int]]) -> list[_Range]:
+        """Input partitions for (start, end] of each stream partition: ``partitionSize`` sequences
+        each at most, and at least ``minPartitions`` in all where the spans allow (as Spark's Kafka
+        source splits large offset ranges)."""
+        total = sum(max(0, end - start) for start, end in spans.values())
+        size = self.partition_size
+        if self.min_partitions > 1 and total:
+            size = max(1, min(size, -(-total // self.min_partitions)))
+        return [r for p, (start, end) in sorted(spans.items()) for r in _ranges(start, end, size, p)]
 
     def read_range(self, part: _Range) -> Iterator[pa.RecordBatch]:
         if part.end <= part.start:
             return
         s = self.settings
         matcher = compile_pattern(self.pattern) if self.pattern else None
-        with StreamClient.of(s, credit_window=32 << 20, follower_reads=self.follower_reads) as c:
+        with StreamClient.of(s, part.partition, credit_window=32 << 20, follower_reads=self.follower_reads) as c:
             c.start("", since=Seq(part.start))
             expected = part.start + 1  # the next sequence the range needs
             pending: list[Records] = []  # handed to Spark in Arrow batches of about _ARROW_ROWS rows
@@ -207,15 +243,32 @@ class _StreamRead:
                     expected = run.sequence(-1) + 1
                 full = pending_rows >= _ARROW_ROWS or pending_bytes >= _ARROW_BYTES
                 if pending and (full or expected > part.end):
-                    batch = self._batch(pending, pending_from, part.end, matcher)
+                    batch = self._batch(pending, pending_from, part.end, matcher, part.partition)
                     pending, pending_rows, pending_bytes, pending_from = [], 0, 0, expected
                     if batch.num_rows:
                         yield batch
 
-    def _batch(self, runs: list[Records], expected: int, end: int, matcher: Matcher | None) -> pa.RecordBatch:
+    def _batch(
+        self, runs: list[Records], expected: int, end: int, matcher: Matcher | None, partition: int = 0
+    ) -> pa.RecordBatch:
         """The rows of ``runs`` up to ``end`` that match, as Arrow; the runs should start at ``expected``
         and leave no gap (retention may have made one: see _check_gaps)."""
-        columns = self.columns
+        if "partition" in self.columns:  # not in the records: the range's, added as a column of its own
+            rest = tuple(c for c in self.columns if c != "partition")
+            batch = self._records_batch(runs, expected, end, matcher, rest) if rest else None
+            rows = batch.num_rows if batch is not None else self._records_batch(
+                runs, expected, end, matcher, ("sequence",)).num_rows  # fmt: skip
+            column = pa.array(np.full(rows, partition, np.int32))
+            arrays = {"partition": column, **({n: batch.column(i) for i, n in enumerate(rest)} if batch else {})}
+            fields = [pa.field(n, pa.int32()) if n == "partition" else batch.schema.field(n)  # type: ignore[union-attr]
+                      for n in self.columns]  # fmt: skip
+            return pa.RecordBatch.from_arrays([arrays[n] for n in self.columns], schema=pa.schema(fields))
+        return self._records_batch(runs, expected, end, matcher, self.columns)
+
+    def _records_batch(
+        self, runs: list[Records], expected: int, end: int, matcher: Matcher | None, wanted: tuple[str, ...]
+    ) -> pa.RecordBatch:
+        columns = wanted
         if matcher is not None and "key" not in columns:
             columns = (*columns, "key")  # to filter by; dropped after
         sequences, batch = arrow_batch(runs, columns)
@@ -227,7 +280,7 @@ class _StreamRead:
         if matcher is not None:
             keys = batch.column(columns.index("key")).to_pylist()
             batch = batch.filter(pa.array([matcher.matches(k) for k in keys], pa.bool_()))
-            if columns != self.columns:  # the key was added last, to filter by
+            if columns != wanted:  # the key was added last, to filter by
                 batch = pa.RecordBatch.from_arrays(batch.columns[:-1], schema=batch.schema.remove(len(columns) - 1))
         return batch
 
@@ -251,52 +304,69 @@ class ZepsStreamReader(DataSourceStreamReader, _StreamRead):
         self.max_per_trigger = int(options["maxoffsetspertrigger"]) if options.get("maxoffsetspertrigger") else None
         self.leader_wait = float(options.get("leaderwaitseconds", "60"))
 
-    def initialOffset(self) -> dict[str, int]:  # noqa: N802 — the Spark API's names
-        name, starting = self.settings.name, self.starting
+    def _offsets(self, values: dict[int, int]) -> Offsets:
+        """Spark's offset of per-partition sequences: ``{"<stream>": n}`` for a stream of one partition
+        (as before partitions existed), else ``{"<stream>": {"<partition>": n, ...}}``."""
+        if self.stream_partitions == 1:
+            return {self.settings.name: values[0]}
+        return {self.settings.name: {str(p): v for p, v in sorted(values.items())}}
+
+    def _positions(self, offsets: Offsets) -> dict[int, int]:
+        """Each partition's sequence in an offset; a partition added since it was written: 0 (its start)."""
+        value = offsets[self.settings.name]
+        given = {int(p): int(v) for p, v in value.items()} if isinstance(value, dict) else {0: int(value)}
+        return {p: given.get(p, 0) for p in range(self.stream_partitions)}
+
+    def initialOffset(self) -> Offsets:  # noqa: N802 — the Spark API's names
+        name, starting, every = self.settings.name, self.starting, range(self.stream_partitions)
         if starting == "earliest":
-            return {name: 0}
+            return self._offsets(dict.fromkeys(every, 0))
         if starting == "latest":
-            return {name: _durable_tail(self.settings)[0]}
+            return self._offsets({p: _durable_tail(self.settings, p)[0] for p in every})
         if starting.lstrip().startswith("{"):
-            return {name: int(json.loads(starting)[name])}
+            return self._offsets(self._positions({name: json.loads(starting)[name]}))
         if starting.isdigit():  # epoch milliseconds: start before the first message at or after it
-            s = self.settings
-            with StreamClient.of(s) as c:
-                c.start("", since=Time(int(starting) / 1000))
-                first = c.receive(5)
-            return {name: (first.sequence - 1) if first else _durable_tail(self.settings)[0]}
+            out = {}
+            for p in every:
+                with StreamClient.of(self.settings, p) as c:
+                    c.start("", since=Time(int(starting) / 1000))
+                    first = c.receive(5)
+                out[p] = (first.sequence - 1) if first else _durable_tail(self.settings, p)[0]
+            return self._offsets(out)
         raise ConfigError(f"startingOffsets {starting!r}: use earliest, latest, a JSON offset or epoch milliseconds")
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
         return ReadMaxRows(self.max_per_trigger) if self.max_per_trigger else ReadAllAvailable()
 
-    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:  # noqa: N802
-        tail = self._tail()
-        begin = start[self.settings.name]
-        if isinstance(limit, ReadMaxRows):
-            tail = min(tail, begin + limit.max_rows)
-        return {self.settings.name: max(begin, tail)}
+    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:  # noqa: N802
+        begin = self._positions(start)
+        tails = {p: self._tail(p) for p in begin}
+        if isinstance(limit, ReadMaxRows):  # shared out among the partitions
+            share = -(-limit.max_rows // len(begin))
+            tails = {p: min(tail, begin[p] + share) for p, tail in tails.items()}
+        return self._offsets({p: max(begin[p], tails[p]) for p in begin})
 
-    def _tail(self) -> int:
+    def _tail(self, partition: int = 0) -> int:
         """The durable tail; while a replicated stream elects a new leader (none is registered), asked
         again for up to ``leaderWaitSeconds`` (the micro-batch waits rather than the query failing)."""
         deadline = time.monotonic() + self.leader_wait
         while True:
             try:
-                return _durable_tail(self.settings)[0]
+                return _durable_tail(self.settings, partition)[0]
             except BrokerUnavailableError:
                 if time.monotonic() >= deadline:
                     raise
                 time.sleep(0.5)
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[_Range]:
-        return _ranges(start[self.settings.name], end[self.settings.name], self.partition_size)
+    def partitions(self, start: Offsets, end: Offsets) -> list[_Range]:
+        first, last = self._positions(start), self._positions(end)
+        return self.split({p: (first[p], last[p]) for p in first})
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, _Range)
         return self.read_range(partition)
 
-    def commit(self, end: dict[str, int]) -> None:
+    def commit(self, end: Offsets) -> None:
         pass  # the broker's retention decides what it keeps; offsets live in Spark's checkpoint
 
 
@@ -306,11 +376,16 @@ class ZepsBatchReader(DataSourceReader, _StreamRead):
 
     def __init__(self, settings: Resolved, options: dict[str, str], columns: tuple[str, ...] = STREAM_COLUMNS) -> None:
         _StreamRead.__init__(self, settings, options, columns)
+        if self.stream_partitions > 1 and ("startsequence" in options or "endsequence" in options):
+            raise ConfigError(f"stream {settings.name} is partitioned: its sequences are per partition, so "
+                              "startSequence/endSequence name no range of it; read it whole")  # fmt: skip
         self.first = int(options.get("startsequence", "1"))
-        self.last = int(options["endsequence"]) if options.get("endsequence") else _durable_tail(settings)[0]
+        self.lasts = {p: _durable_tail(settings, p)[0] for p in range(self.stream_partitions)}
+        if options.get("endsequence"):
+            self.lasts[0] = int(options["endsequence"])
 
     def partitions(self) -> list[_Range]:
-        return _ranges(self.first - 1, self.last, self.partition_size)
+        return self.split({p: (self.first - 1, last) for p, last in self.lasts.items()})
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, _Range)
@@ -403,6 +478,8 @@ def task_producer(write_id: str) -> tuple[str, int]:
 def _publish_rows(settings: Resolved, rows: Iterator[Any], write_id: str) -> _Count:
     """Publish a task's rows exactly once, however often Spark runs the task (see the module docstring)."""
     producer, generation = task_producer(write_id)
+    if len(settings.partitions) > 1:
+        return _publish_partitioned(settings, rows, producer, generation)
     count = 0
     with StreamClient.of(settings, producer_id=producer, generation=generation) as client:
         held = client.generation_sequence  # rows an earlier attempt of this task published
@@ -412,6 +489,26 @@ def _publish_rows(settings: Resolved, rows: Iterator[Any], write_id: str) -> _Co
                 body = row["body"]
                 client.publish(str(row["key"]), body.encode() if isinstance(body, str) else bytes(body))
         client.flush(timeout=120)  # the broker confirmed every row before the task reports success
+    return _Count(count)
+
+
+def _publish_partitioned(settings: Resolved, rows: Iterator[Any], producer: str, generation: int) -> _Count:
+    """A task's rows to a partitioned stream, each to its key's partition, exactly once: the same
+    producer and generation on every partition; each partition's broker says how many of the rows
+    routed to it an earlier attempt published, and those are skipped (a task given the same input
+    routes the same rows to each partition, in the same order)."""
+    count = 0
+    with PartitionedStreamClient.of(settings, producer_id=producer, generation=generation) as client:
+        held = [c.generation_sequence for c in client.clients]
+        routed = [0] * client.partitions
+        for row in rows:
+            count += 1
+            key, body = str(row["key"]), row["body"]
+            p = client.partition_of(key)
+            routed[p] += 1
+            if routed[p] > held[p]:
+                client.clients[p].publish(key, body.encode() if isinstance(body, str) else bytes(body))
+        client.flush(timeout=120)
     return _Count(count)
 
 
@@ -447,7 +544,9 @@ class ZepsDataSource(DataSource):
         return "zeps"
 
     def schema(self) -> str:
-        return QUEUE_SCHEMA if "queue" in _normalised(self.options) else STREAM_SCHEMA
+        if "queue" in _normalised(self.options):
+            return QUEUE_SCHEMA
+        return PARTITIONED_SCHEMA if len(self._resolved().partitions) > 1 else STREAM_SCHEMA
 
     def _resolved(self) -> Resolved:
         return _settings(_normalised(self.options))
