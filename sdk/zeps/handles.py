@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from zeps.client import MulticastSubscription, PartitionedStreamClient, StreamClient
 from zeps.client._transport import multicast_key
+from zeps.client.discovery import partition_endpoints
 from zeps.client.session import Since
 from zeps.config import Resolved, require_queue_mode, resolve
 from zeps.coordination import Topic, shared_client
@@ -131,6 +132,9 @@ class StreamHandle(_Forwarding):
 
     def _make(self) -> StreamClient | PartitionedStreamClient:
         s = self.settings
+        if not s.partitions and s.zookeeper and "partitions" not in s.spec:  # settings without the resource's
+            found = partition_endpoints(self._zookeeper(), s.namespace, s.name, chroot=s.chroot)  # spec: ZooKeeper
+            s = self.settings = s.model_copy(update={"partitions": found})  # says whether it is partitioned
         if len(s.partitions) > 1 or s.spec.get("partitions", 1) > 1:
             return PartitionedStreamClient.of(s).connect()
         return StreamClient.of(s).connect()

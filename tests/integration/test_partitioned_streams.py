@@ -170,18 +170,29 @@ def test_the_stream_handle_of_a_partitioned_stream_publishes_and_reads_by_partit
     plain: list[str], monkeypatch: pytest.MonkeyPatch, zookeeper: ZooKeeperHarness
 ) -> None:
     """``zeps.stream(name)`` configured as a pod's would be (ZEPS_STREAM_<NAME>_PARTITIONS) is a
-    handle on every partition."""
+    handle on every partition; so is one given only ZooKeeper and partition 0's endpoint, which
+    finds the partitions there."""
     import zeps  # noqa: PLC0415
 
     monkeypatch.setenv("ZEPS_STREAM_ORDERS_PARTITIONS", ",".join(plain))
     stream = zeps.stream("orders", namespace="default", zookeeper=zookeeper.connect_string, chroot=zookeeper.root,
                          endpoint=plain[0])  # fmt: skip
+    monkeypatch.delenv("ZEPS_STREAM_ORDERS_PARTITIONS")
+    found = zeps.stream("orders", namespace="default", zookeeper=zookeeper.connect_string, chroot=zookeeper.root,
+                        endpoint=plain[0])  # fmt: skip
+    try:
+        found.publish("customer-1", b"found")
+        found.flush()
+        assert found.partitions == PARTITIONS
+    finally:
+        found.close()
     try:
         stream.publish_many(_orders(300))
         stream.flush()
         got = []
         for message in stream.subscribe("", since="earliest"):
-            got.append(message)
+            if message.body != b"found":
+                got.append(message)
             if len(got) == 300:
                 break
     finally:
