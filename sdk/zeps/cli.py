@@ -322,8 +322,10 @@ def stream_publish(
     ctx: click.Context, *, name: str, key: str, bodies: tuple[str, ...], producer_id: str | None
 ) -> None:
     """Publish BODIES under routing KEY to stream NAME (confirmed by the broker before exiting)."""
+    from zeps.client import PartitionedStreamClient  # noqa: PLC0415
+
     with _stream_client(ctx, name, producer_id) as opened:
-        partitioned = hasattr(opened, "partition_of")  # every body goes to KEY's partition: its client
+        partitioned = isinstance(opened, PartitionedStreamClient)  # every body goes to KEY's partition
         client = opened.clients[opened.partition_of(key)] if partitioned else opened
         held = client.producer_sequence if producer_id else 0  # a named producer: what an earlier run published
         for body in bodies[held:]:
@@ -342,13 +344,15 @@ _FOLLOWER_READS = click.option(
 def _print_messages(
     ctx: click.Context, name: str, *, pattern: str, since: Any, count: int, timeout: float, follower_reads: bool = False
 ) -> None:
+    from zeps.client import PartitionedStreamClient, Position, Seq  # noqa: PLC0415
+
     seen = 0
     with _stream_client(ctx, name, follower_reads=follower_reads) as client:
-        partitioned = hasattr(client, "partition_of")
-        if partitioned and type(since).__name__ == "Seq":
+        partitioned = isinstance(client, PartitionedStreamClient)
+        if partitioned and isinstance(since, Seq):
             raise ConfigError(f"stream {name} is partitioned: its sequences are per partition; give --since a time, "
                               'or a position {"last": [<sequence per partition>, ...]}')  # fmt: skip
-        if not partitioned and type(since).__name__ == "Position":
+        if not partitioned and isinstance(since, Position):
             raise ConfigError(f"stream {name} has one partition: give --since a sequence or a time")
         client.start(pattern, since=since)
         while not count or seen < count:

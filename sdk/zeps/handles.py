@@ -8,6 +8,7 @@ and ZeroMQ contexts do not survive a fork).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from typing import Any, TypeVar
@@ -22,11 +23,13 @@ from zeps.config import Resolved, require_queue_mode, resolve
 from zeps.coordination import Topic, shared_client
 from zeps.coordination.batches import BatchQueue
 from zeps.coordination.queue import WorkQueue
+from zeps.errors import ZepsError
 from zeps.options import BatchOptions, QueueOptions, TopicOptions
 
 __all__ = ["BatchesHandle", "QueueHandle", "StreamHandle", "TopicHandle", "batches", "queue", "stream", "topic"]
 
 M = TypeVar("M", bound=BaseModel)
+log = logging.getLogger(__name__)
 
 
 def _options(model: type[M], spec: dict[str, Any]) -> M:
@@ -132,9 +135,15 @@ class StreamHandle(_Forwarding):
 
     def _make(self) -> StreamClient | PartitionedStreamClient:
         s = self.settings
-        if not s.partitions and s.zookeeper and "partitions" not in s.spec:  # settings without the resource's
-            found = partition_endpoints(self._zookeeper(), s.namespace, s.name, chroot=s.chroot)  # spec: ZooKeeper
-            s = self.settings = s.model_copy(update={"partitions": found})  # says whether it is partitioned
+        if not s.partitions and s.zookeeper and "partitions" not in s.spec:
+            # settings given without the resource's spec: whether the stream is partitioned, ZooKeeper says
+            # (unreachable: the endpoint given serves the stream's one partition, as before)
+            try:
+                found = partition_endpoints(self._zookeeper(), s.namespace, s.name, chroot=s.chroot)
+            except ZepsError as exc:
+                log.warning("stream %s: could not look for its partitions in ZooKeeper (%s)", s.name, exc)
+                found = ()
+            s = self.settings = s.model_copy(update={"partitions": found})
         if len(s.partitions) > 1 or s.spec.get("partitions", 1) > 1:
             return PartitionedStreamClient.of(s).connect()
         return StreamClient.of(s).connect()

@@ -59,6 +59,7 @@ and Spark converts only those.
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -86,10 +87,12 @@ from zeps.client.discovery import broker_metadata, partition_endpoints
 from zeps.config import Resolved, require_queue_mode, resolve
 from zeps.coordination import shared_client
 from zeps.coordination.batches import BatchQueue
-from zeps.errors import ConfigError, DataLossError
+from zeps.errors import ConfigError, DataLossError, ZepsError
 from zeps.spark.columns import STREAM_COLUMNS, arrow_batch
 
 __all__ = ["DataLossError", "ZepsDataSource"]
+
+log = logging.getLogger(__name__)
 
 STREAM_SCHEMA = "sequence long, key string, body binary, timestamp timestamp"
 QUEUE_SCHEMA = "batch long, batch_id string, record binary"
@@ -127,9 +130,15 @@ def _settings(options: dict[str, str]) -> Resolved:
     settings = resolve(kind, name, namespace=options.get("namespace"), **explicit)  # type: ignore[arg-type]
     if kind == "Queue":
         require_queue_mode(settings, "batches")  # the source reads batches; work items are taken, not read
-    elif not settings.partitions and settings.zookeeper:  # a partitioned stream's partitions, from ZooKeeper
-        found = partition_endpoints(shared_client(settings.zookeeper, auth=settings.auth), settings.namespace,
-                                    settings.name, chroot=settings.chroot)  # fmt: skip
+    elif not settings.partitions and settings.zookeeper and "partitions" not in settings.spec:
+        # settings given without the resource's spec: whether the stream is partitioned, ZooKeeper says
+        # (a driver that cannot reach it, outside the cluster, reads one partition as before)
+        try:
+            found = partition_endpoints(shared_client(settings.zookeeper, auth=settings.auth), settings.namespace,
+                                        settings.name, chroot=settings.chroot)  # fmt: skip
+        except ZepsError as exc:
+            log.warning("stream %s: could not look for its partitions in ZooKeeper (%s): reading one", name, exc)
+            found = ()
         settings = settings.model_copy(update={"partitions": found})
     return settings
 
@@ -149,10 +158,6 @@ def _stream_columns(schema: StructType) -> tuple[str, ...]:
     if not names:
         raise ConfigError(f"the schema names no columns; a stream's rows have {STREAM_SCHEMA}")
     return tuple(names)
-
-
-def _default_columns(settings: Resolved) -> tuple[str, ...]:
-    return ("partition", *STREAM_COLUMNS) if len(settings.partitions) > 1 else STREAM_COLUMNS
 
 
 def _check_queue_schema(schema: StructType) -> None:
@@ -380,9 +385,10 @@ class ZepsBatchReader(DataSourceReader, _StreamRead):
             raise ConfigError(f"stream {settings.name} is partitioned: its sequences are per partition, so "
                               "startSequence/endSequence name no range of it; read it whole")  # fmt: skip
         self.first = int(options.get("startsequence", "1"))
-        self.lasts = {p: _durable_tail(settings, p)[0] for p in range(self.stream_partitions)}
-        if options.get("endsequence"):
-            self.lasts[0] = int(options["endsequence"])
+        if options.get("endsequence"):  # a range named in full: no need to ask ZooKeeper for the tail
+            self.lasts = {0: int(options["endsequence"])}
+        else:
+            self.lasts = {p: _durable_tail(settings, p)[0] for p in range(self.stream_partitions)}
 
     def partitions(self) -> list[_Range]:
         return self.split({p: (self.first - 1, last) for p, last in self.lasts.items()})
