@@ -420,29 +420,46 @@ def stream_replay(
                     follower_reads=follower_reads)  # fmt: skip
 
 
+def _stream_facts(s: Any, group: str | None) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """What the brokers of each partition of resolved stream ``s`` publish in ZooKeeper, and how
+    consumer ``group`` stands (None without one)."""
+    from zeps.client.discovery import broker_metadata, partition_count  # noqa: PLC0415
+    from zeps.coordination import connect  # noqa: PLC0415
+    from zeps.coordination.consumers import describe  # noqa: PLC0415
+    from zeps.paths import StreamPaths  # noqa: PLC0415
+
+    zk = connect(s.zookeeper, auth=s.auth)
+    try:
+        count = partition_count(zk, s.namespace, s.name, chroot=s.chroot)
+        metas = [broker_metadata(zk, s.namespace, s.name, chroot=s.chroot, partition=p) for p in range(count)]
+        paths = StreamPaths.of(s.namespace, s.name, chroot=s.chroot).consumer_group(group) if group else None
+        return metas, describe(zk, paths, count) if paths else None
+    finally:
+        zk.stop()
+        zk.close()
+
+
 @stream.command("lag")
 @click.argument("name")
 @click.option("--position", default=None,
               help="A consumer's last processed sequence (say, a Spark checkpoint's offset); of a partitioned "
               'stream, its position {"last": [<sequence per partition>, ...]}.')  # fmt: skip
+@click.option(
+    "--group",
+    default=None,
+    help="A consumer group of the stream: what it committed of each partition, and who reads it.",
+)
 @click.pass_context
 @reporting_errors
-def stream_lag(ctx: click.Context, *, name: str, position: str | None) -> None:
+def stream_lag(ctx: click.Context, *, name: str, position: str | None, group: str | None) -> None:
     """How far behind the durable tail of stream NAME (of each of its partitions) its subscriptions
     are, from the facts the brokers publish in ZooKeeper every second (the furthest behind first)."""
     from zeps.client import Position  # noqa: PLC0415
-    from zeps.client.discovery import broker_metadata, partition_count  # noqa: PLC0415
     from zeps.config import resolve  # noqa: PLC0415
-    from zeps.coordination import connect  # noqa: PLC0415
 
     s = resolve("ZepsStream", name, namespace=ctx.obj["namespace"], needs=("zookeeper",), **_settings(ctx))
-    zk = connect(s.zookeeper, auth=s.auth)
-    try:
-        count = partition_count(zk, s.namespace, s.name, chroot=s.chroot)
-        metas = [broker_metadata(zk, s.namespace, s.name, chroot=s.chroot, partition=p) for p in range(count)]
-    finally:
-        zk.stop()
-        zk.close()
+    metas, described = _stream_facts(s, group)
+    count = len(metas)
     if any("lastSequence" not in meta for meta in metas):
         click.echo(f"zeps: the broker of {name} has not published its facts yet; try again in a second", err=True)
         sys.exit(EXIT_EMPTY)
@@ -470,10 +487,20 @@ def stream_lag(ctx: click.Context, *, name: str, position: str | None) -> None:
         if positions is not None:
             part["positionLag"] = max(0, last - positions[p])
             lines.append(f"  position {positions[p]}: {part['positionLag']} behind")
+        if described is not None:
+            committed, owner = described["partitions"][p]["committed"], described["partitions"][p]["owner"]
+            part["group"] = {"committed": committed, "owner": owner, "lag": max(0, last - committed)}
+            lines.append(f"  group {group}: committed {committed}, {part['group']['lag']} behind, "
+                         f"read by {owner or 'nobody'}")  # fmt: skip
         parts.append(part)
     data: dict[str, Any] = {"stream": name, **parts[0]} if count == 1 else {"stream": name, "partitions": parts}
     if count > 1 and positions is not None:
         data["positionLag"] = sum(part["positionLag"] for part in parts)
+    if described is not None:
+        data["group"] = {"name": group, "members": described["members"],
+                         "lag": sum(part["group"]["lag"] for part in parts)}  # fmt: skip
+        lines.append(f"group {group}: {len(described['members'])} members {', '.join(described['members'])}; "
+                     f"{data['group']['lag']} behind in all")  # fmt: skip
     emit(ctx, "\n".join(lines), data)
 
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from zeps.client import MulticastSubscription, PartitionedStreamClient, StreamClient
+from zeps.client import GroupConsumer, MulticastSubscription, PartitionedStreamClient, StreamClient
 from zeps.client._transport import multicast_key
 from zeps.client.discovery import partition_endpoints
 from zeps.client.session import Since
@@ -134,6 +135,12 @@ class StreamHandle(_Forwarding):
     partitioned stream, a peering with each partition (see :class:`zeps.client.PartitionedStreamClient`)."""
 
     def _make(self) -> StreamClient | PartitionedStreamClient:
+        s = self._with_partitions()
+        if len(s.partitions) > 1 or s.spec.get("partitions", 1) > 1:
+            return PartitionedStreamClient.of(s).connect()
+        return StreamClient.of(s).connect()
+
+    def _with_partitions(self) -> Resolved:
         s = self.settings
         if not s.partitions and s.zookeeper and "partitions" not in s.spec:
             # settings given without the resource's spec: whether the stream is partitioned, ZooKeeper says
@@ -144,9 +151,15 @@ class StreamHandle(_Forwarding):
                 log.warning("stream %s: could not look for its partitions in ZooKeeper (%s)", s.name, exc)
                 found = ()
             s = self.settings = s.model_copy(update={"partitions": found})
-        if len(s.partitions) > 1 or s.spec.get("partitions", 1) > 1:
-            return PartitionedStreamClient.of(s).connect()
-        return StreamClient.of(s).connect()
+        return s
+
+    def consumer_group(self, group: str, *, member: str | None = None, **options: Any) -> GroupConsumer:
+        """A member of consumer group ``group`` of this stream, joined (see :class:`zeps.client.GroupConsumer`):
+        ``member`` is this host's name unless given (in a pod, the pod's name, unique while it lives).
+        Its own peerings and ZooKeeper session; close it (or use ``with``) to hand its partitions over."""
+        s = self._with_partitions()
+        name = member or socket.gethostname()
+        return GroupConsumer.of(s, group=group, member=name, **options).connect()
 
     def subscribe_multicast(
         self, pattern: str = "", *, since: Since = "latest", interface: str | None = None, stall: float | None = None

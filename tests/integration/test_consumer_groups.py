@@ -4,6 +4,8 @@ leaving while every message is processed once by the group."""
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import subprocess
 import sys
@@ -11,12 +13,14 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from harness import WORKERS, ZooKeeperHarness, until
 from zeps.client import GroupConsumer, PartitionedStreamClient, PartitionMessage
 from zeps.coordination.consumers import ConsumerGroup, PartitionLostError
+from zeps.partitioning import partition_of
 from zeps.paths import StreamPaths
 
 PARTITIONS = 3
@@ -159,3 +163,51 @@ def test_a_member_killed_mid_backlog_leaves_only_its_last_uncommitted_batch_to_b
     twice = [k for k, n in Counter(seen).items() if n > 1]
     assert len(set(seen)) == total  # every message processed (an idempotent handler's effect: once each)
     assert len(twice) <= 20, f"more than the killed member's last batch processed again: {len(twice)}"
+
+
+def test_a_member_from_the_stream_handle_takes_every_partition_in_turn(
+    zookeeper: ZooKeeperHarness, plain: list[str]
+) -> None:
+    """``zeps.stream(name).consumer_group(group)`` (given ZooKeeper and partition 0's endpoint, as a
+    pod without the resource's spec would be) is a member named after its host, reading every
+    partition of a group of one. Each call starts at the next partition, so with a backlog on
+    every partition three calls in a row each bring another partition's messages first."""
+    import socket  # noqa: PLC0415
+
+    import zeps  # noqa: PLC0415
+
+    with PartitionedStreamClient(plain, "orders", producer_id="shop") as publisher:
+        publisher.publish_many([(f"customer-{n % 50}", b"%d" % n) for n in range(600)])
+        publisher.flush(timeout=30)
+    stream = zeps.stream("orders", namespace="default", zookeeper=zookeeper.connect_string, chroot=zookeeper.root,
+                         endpoint=plain[0])  # fmt: skip
+    with stream.consumer_group("audit") as consumer:
+        assert consumer.group.member == socket.gethostname()
+        seen: set[int] = set()  # one message from each partition: its replay (a chunk of many) is arriving
+        until(lambda: seen.update(m.partition for m in consumer.receive_many(0.1, max_messages=1)) or
+              len(seen) == PARTITIONS, "a message from every partition")  # fmt: skip
+        firsts = [consumer.receive_many(5.0, max_messages=10)[0].partition for _ in range(PARTITIONS)]
+        consumer.commit()
+        handed = dict(consumer._handed)
+        last = [sum(partition_of(f"customer-{n % 50}", PARTITIONS) == p for n in range(600)) for p in range(PARTITIONS)]
+        until(lambda: [q.get("lastSequence") for q in _lag(zookeeper, plain, "audit").get("partitions", [])]
+              == last, "every partition's facts", timeout=30)  # fmt: skip
+        shown = _lag(zookeeper, plain, "audit")
+    assert sorted(firsts) == list(range(PARTITIONS)), f"a partition went first twice: {firsts}"
+    # `zeps stream lag --group` shows what the group committed of each partition and who reads it
+    assert [q["group"] for q in shown["partitions"]] == [
+        {"committed": handed[p], "owner": socket.gethostname(), "lag": last[p] - handed[p]} for p in range(PARTITIONS)
+    ]
+    assert shown["group"] == {"name": "audit", "members": [socket.gethostname()],
+                              "lag": sum(last) - sum(handed.values())}  # fmt: skip
+
+
+def _lag(zookeeper: ZooKeeperHarness, plain: list[str], group: str) -> dict[str, Any]:
+    """``zeps --json stream lag orders --group <group>``, configured without Kubernetes."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ZEPS_", "KUBE"))}
+    env["KUBECONFIG"] = "/nonexistent/kubeconfig"
+    argv = [sys.executable, "-m", "zeps.cli", "--json", "-n", "default", "--zookeeper", zookeeper.connect_string,
+            "--chroot", zookeeper.root, "--endpoint", plain[0], "stream", "lag", "orders",
+            "--group", group]  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+    return json.loads(out.stdout) if out.returncode == 0 else {}

@@ -322,6 +322,7 @@ class GroupConsumer(Opened):
         self._handed: dict[int, int] = {}  # partition -> the last sequence handed to the application
         self._unclaimed = False  # a partition assigned to us is still another's: claim it again soon
         self._looked = 0.0
+        self._turn = 0
 
     @classmethod
     def of(cls, settings: Resolved, *, group: str, member: str, **options: Any) -> GroupConsumer:
@@ -354,7 +355,9 @@ class GroupConsumer(Opened):
         while True:
             self._rebalance()
             out: list[PartitionMessage] = []
-            for p, client in sorted(self.clients.items()):
+            order = sorted(self.clients.items())
+            self._turn = (self._turn + 1) % max(1, len(order))  # which partition goes first: none starves
+            for p, client in order[self._turn :] + order[: self._turn]:
                 if len(out) >= max_messages:
                     break
                 out += [PartitionMessage(p, *m) for m in client.receive_many(0, max_messages - len(out))]

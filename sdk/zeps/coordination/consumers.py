@@ -38,7 +38,7 @@ from zeps.coordination.group import Group, Membership
 from zeps.errors import CoordinationError
 from zeps.paths import ConsumerGroupPaths, validate_member_id
 
-__all__ = ["Claim", "ConsumerGroup", "PartitionLostError", "assign"]
+__all__ = ["Claim", "ConsumerGroup", "PartitionLostError", "assign", "describe"]
 
 
 class PartitionLostError(CoordinationError):
@@ -170,3 +170,36 @@ class ConsumerGroup:
 
     def _encode(self, sequence: int) -> bytes:
         return json.dumps({"sequence": sequence, "owner": self.member}).encode()
+
+
+@zookeeper_errors
+def describe(client: KazooClient, paths: ConsumerGroupPaths, partitions: int) -> dict[str, Any]:
+    """What consumer group ``paths`` looks like now (``zeps stream lag --group``): its live members and,
+    for each partition, the sequence the group committed and the member that owns it ("" for none).
+    The nodes are anyone's to write: a value that is not ours reads as 0, a name is cut to 253 chars."""
+
+    def text(path: str) -> str:
+        try:
+            data, _stat = client.retry(client.get, path)
+        except NoNodeError:
+            return ""
+        return bytes(data[:253]).decode(errors="replace")
+
+    def sequence(path: str) -> int:
+        try:
+            data, _stat = client.retry(client.get, path)
+        except NoNodeError:
+            return 0
+        return _offset(data[:4096])
+
+    try:
+        members = sorted(client.retry(client.get_children, paths.members.members))
+    except NoNodeError:
+        members = []  # nobody joined yet
+    return {
+        "members": [m[:253] for m in members][:1000],
+        "partitions": [
+            {"partition": p, "committed": sequence(paths.offset(p)), "owner": text(paths.owner(p))}
+            for p in range(partitions)
+        ],
+    }
