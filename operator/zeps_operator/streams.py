@@ -4,6 +4,7 @@ broker's objects (:mod:`zeps_operator.plan`), its group's manifest, its CURVE ke
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -153,6 +154,16 @@ def finish_migration(body: kopf.Body, spec: StreamSpec, group: Group, patch: kop
     raise kopf.TemporaryError("replicated: the new replicas elect their leader", delay=2)
 
 
+def follower_lag(facts: Mapping[str, Any]) -> dict[str, int]:
+    """Each follower's lag as its leader publishes it in its facts (a broker's word, in ZooKeeper:
+    anything that is not a name and a number is left out)."""
+    replication = facts.get("replication")
+    lag = replication.get("followerLag") if isinstance(replication, dict) else None
+    if not isinstance(lag, dict):
+        return {}
+    return {str(k)[:253]: v for k, v in list(lag.items())[:256] if isinstance(v, int) and not isinstance(v, bool)}
+
+
 def replicated_status(body: kopf.Body, spec: StreamSpec, group: Group, patch: kopf.Patch, *, generation: int,
                       others: list[dict[str, Any]]) -> None:  # fmt: skip
     """A replicated stream's status: ready once minInSync replicas run and a leader serves. Who leads,
@@ -169,12 +180,11 @@ def replicated_status(body: kopf.Body, spec: StreamSpec, group: Group, patch: ko
     patch.status["endpoint"] = stream_endpoint(namespace, name, spec)
     if replication is not None:
         facts = leader.metadata if leader is not None else {}
-        lag = facts.get("replication", {}).get("followerLag", {})
         patch.status["replication"] = {
             "leader": replication.leader if leader is not None else "",
             "epoch": replication.epoch,
             "inSync": sorted(replication.isr),
-            "followerLag": {k: v for k, v in lag.items() if isinstance(v, int)} if isinstance(lag, dict) else {},
+            "followerLag": follower_lag(facts),
             "replicasReady": running,
         }
         for key in ("lastSequence", "journalBytes"):
@@ -215,10 +225,10 @@ def reconcile_partition(body: kopf.Body, spec: StreamSpec, partition: int, *, zo
         "ready": leader is not None and running >= spec.in_sync,
         "replicasReady": running,
     }
+    facts = leader.metadata if leader is not None else {}
     if replication is not None:
         entry |= {"leader": replication.leader if leader is not None else "", "epoch": replication.epoch,
-                  "inSync": sorted(replication.isr)}  # fmt: skip
-    facts = leader.metadata if leader is not None else {}
+                  "inSync": sorted(replication.isr), "followerLag": follower_lag(facts)}  # fmt: skip
     if isinstance(facts.get("lastSequence"), int):
         entry["lastSequence"] = facts["lastSequence"]
     return entry
@@ -236,6 +246,8 @@ def partitions_status(body: kopf.Body, patch: kopf.Patch, others: list[dict[str,
         "ready": bool(patch.status.get("brokerReady")),
         "leader": replication["leader"] if replication else stream_member(body["metadata"]["name"]),
     }
+    if replication:  # a replicated partition 0 is shown as the others are
+        first |= {k: replication[k] for k in ("epoch", "inSync", "followerLag", "replicasReady") if k in replication}
     if isinstance(patch.status.get("lastSequence"), int):
         first["lastSequence"] = patch.status["lastSequence"]
     patch.status["partitions"] = [first, *others]

@@ -1,6 +1,7 @@
 """Publish bodies ``1`` .. ``COUNT`` to the ZepsStream ``NAME`` at about RATE a second, GROUP per
 confirmed flush, as one idempotent producer; print ``{"confirmed": last, "t": unix time}`` after
-each flush that returned.
+each flush that returned. Under the key "ledger"; with a fifth argument KEYS, body n under key
+``customer-<n % KEYS>`` (a partitioned stream: spread over its partitions).
 
 The handle resolves ``NAME`` through the pod's ServiceAccount; for a replicated stream it finds the
 leader in ZooKeeper and follows it on failover. A flush that fails (the leader went away, too few
@@ -22,11 +23,16 @@ def say(**fields: object) -> None:
 
 def main() -> None:
     name, count, rate, group = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+    keys = int(sys.argv[5]) if len(sys.argv) > 5 else 0
+
+    def key(n: int) -> str:
+        return f"customer-{n % keys}" if keys else "ledger"
+
     stream = zeps.stream(name)
     started, sent, failed = time.monotonic(), 0, 0
     while sent < count:
         n = min(group, count - sent)
-        stream.publish_many([("ledger", str(i).encode()) for i in range(sent + 1, sent + n + 1)])
+        stream.publish_many([(key(i), str(i).encode()) for i in range(sent + 1, sent + n + 1)])
         sent += n
         while True:
             try:
