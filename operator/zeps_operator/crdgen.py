@@ -147,17 +147,26 @@ def crd(kind: ResourceKind) -> dict[str, Any]:
                     "storage": True,
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": columns,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": (kind.spec.__doc__ or "").strip(),
-                            "properties": {"spec": {**spec, "default": {}}, "status": _status_schema(kind)},
-                        }
-                    },
+                    "schema": {"openAPIV3Schema": _root_schema(kind, spec)},
                 }
             ],
         },
     }
+
+
+def _root_schema(kind: ResourceKind, spec: dict[str, Any]) -> dict[str, Any]:
+    root: dict[str, Any] = {
+        "type": "object",
+        "description": (kind.spec.__doc__ or "").strip(),
+        "properties": {"spec": {**spec, "default": {}}, "status": _status_schema(kind)},
+    }
+    if kind.max_name is not None:
+        root["x-kubernetes-validations"] = [{
+            "rule": f"self.metadata.name.size() <= {kind.max_name}",
+            "message": f"a {kind.kind}'s name takes at most {kind.max_name} characters (the names of the objects "
+            "made for it, and their pods' labels, must fit Kubernetes' 63)",
+        }]  # fmt: skip
+    return root
 
 
 def render_all() -> dict[str, str]:

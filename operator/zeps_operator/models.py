@@ -263,6 +263,13 @@ class Condition(_Model):
     observed_generation: int = 0
 
 
+#: A ZepsStream's brokers run as StatefulSet ``<name>-broker-p<N>`` (N up to 255, 12 characters more
+#: than the name), and Kubernetes labels each of its pods with ``controller-revision-hash:
+#: <StatefulSet>-<10-character hash>``, a label value of at most 63 characters: so the StatefulSet's
+#: name takes at most 52 characters and the stream's 40.
+MAX_STREAM_NAME = 40
+
+
 class ResourceKind(BaseModel):
     """How one kind is named, printed and validated."""
 
@@ -273,6 +280,8 @@ class ResourceKind(BaseModel):
     #: status facts: name -> (JSON type, description); Ready condition and observedGeneration are common
     status: dict[str, tuple[str, str]]
     columns: list[tuple[str, str, str]]  #: (name, type, jsonPath) besides Ready and Age
+    #: the longest name the kind takes (a CEL rule on metadata.name), when the objects made from it need one
+    max_name: int | None = None
 
 
 KINDS = [
@@ -325,9 +334,10 @@ KINDS = [
             "partitions": (
                 "array",
                 "With spec.partitions above 1: each partition's endpoint, leader (or broker), epoch, in-sync "
-                "replicas and last sequence, partition 0 first.",
+                "replicas, followers' lag and last sequence, partition 0 first.",
             ),
         },
         columns=[("Endpoint", "string", ".status.endpoint"), ("Last-Seq", "integer", ".status.lastSequence")],
+        max_name=MAX_STREAM_NAME,
     ),
 ]

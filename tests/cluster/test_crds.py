@@ -63,6 +63,13 @@ def test_invalid_specs_are_rejected_naming_the_field(
     assert field in _rejected(crds, namespace, body)
 
 
+def test_a_stream_name_too_long_for_its_brokers_statefulsets_is_rejected(crds: ControlPlane, namespace: str) -> None:
+    """40 characters fit ``<name>-broker-p255`` and its pods' revision label; 41 are refused."""
+    stream: dict[str, Any] = {"apiVersion": "zeps.dev/v1alpha1", "kind": "ZepsStream", "spec": {"partitions": 2}}
+    _apply(crds, namespace, {**stream, "metadata": {"name": "s" * 40}})
+    assert "name takes at most 40 characters" in _rejected(crds, namespace, {**stream, "metadata": {"name": "s" * 41}})
+
+
 def test_immutable_fields_cannot_change(crds: ControlPlane, namespace: str) -> None:
     queue = {"apiVersion": "zeps.dev/v1alpha1", "kind": "Queue", "metadata": {"name": "jobs"}, "spec": {"mode": "work"}}
     _apply(crds, namespace, queue)
