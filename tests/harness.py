@@ -349,13 +349,18 @@ class PlainPartitions:
     """One broker per partition, not replicated: ``--zookeeper --member b<p> --partition <p>``."""
 
     def __init__(self, zookeeper: ZooKeeperHarness, root: Path, partitions: int) -> None:
-        self.zookeeper, self.procs = zookeeper, []
-        for p in range(partitions):
-            argv = [sys.executable, "-m", "zeps.broker.main", "--stream", "orders", "--data-dir", str(root / f"b{p}"),
-                    "--bind", f"tcp://127.0.0.1:{free_port()}", "--zookeeper", zookeeper.connect_string,
-                    "--chroot", zookeeper.root, "--namespace", "default", "--member", f"b{p}",
-                    "--partition", str(p), "--fsync", "never"]  # fmt: skip
-            self.procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        self.zookeeper, self.root, self.procs = zookeeper, root, []
+        for _ in range(partitions):
+            self.add()
+
+    def add(self) -> None:
+        """One more partition's broker: the stream grows (its registration makes ``partitions/<p>``)."""
+        p, zookeeper = len(self.procs), self.zookeeper
+        argv = [sys.executable, "-m", "zeps.broker.main", "--stream", "orders", "--data-dir", str(self.root / f"b{p}"),
+                "--bind", f"tcp://127.0.0.1:{free_port()}", "--zookeeper", zookeeper.connect_string,
+                "--chroot", zookeeper.root, "--namespace", "default", "--member", f"b{p}",
+                "--partition", str(p), "--fsync", "never"]  # fmt: skip
+        self.procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
     def endpoints(self) -> list[str]:
         """Each partition's broker, found in its own group in ZooKeeper."""

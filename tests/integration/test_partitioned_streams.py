@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from harness import ReplicaSet, ZooKeeperHarness, until
+from harness import PlainPartitions, ReplicaSet, ZooKeeperHarness, until
 from zeps.client import PartitionedStreamClient, PartitionMessage, Position, StreamClient
 from zeps.errors import PublishRefusedError
 from zeps.partitioning import partition_of
@@ -254,3 +254,63 @@ def test_the_cli_publishes_to_a_keys_partition_replays_by_position_and_shows_eac
     until(lambda: [q.get("lastSequence") for q in lag().get("partitions", [])] == [3 if q == p else 0
           for q in range(PARTITIONS)], "every partition's facts", timeout=30)  # fmt: skip
     assert lag()["positionLag"] == 2
+
+
+def test_a_publisher_a_reader_and_a_group_member_take_up_partitions_added_to_a_live_stream(
+    zookeeper: ZooKeeperHarness, tmp_path: Path
+) -> None:
+    """A stream of two partitions grows to three while handles on it publish, read every partition
+    and consume as a group of one: each notices (a ZooKeeper watch), keys then go to their partition
+    among three, the reader reads the new partition from its start, the member claims it, and every
+    message is read once by each."""
+    import zeps  # noqa: PLC0415
+
+    brokers = PlainPartitions(zookeeper, tmp_path, 2)
+    try:
+        endpoints = brokers.endpoints()
+
+        def handle() -> Any:
+            return zeps.stream("orders", namespace="default", zookeeper=zookeeper.connect_string,
+                               chroot=zookeeper.root, endpoint=endpoints[0])  # fmt: skip
+
+        publisher, reader = handle(), handle()
+        member = handle().consumer_group("billing", member="m1")
+        try:
+            reader.start("", since="earliest")
+            published = _orders(200)
+            publisher.publish_many(published)
+            publisher.flush(timeout=30)
+            assert publisher.partitions == reader.partitions == 2
+            brokers.add()
+            n = 200
+
+            def grown() -> bool:  # publishing one more order at a time until the publisher has three
+                nonlocal n
+                published.extend(_orders(1, n))
+                n += 1
+                publisher.publish_many(published[-1:])
+                return bool(publisher.partitions == 3)
+
+            until(grown, "the publisher to see the third partition", timeout=30)
+            after = _orders(300, n)
+            publisher.publish_many(after)
+            publisher.flush(timeout=30)
+            published += after
+            got = _read_all(reader, len(published))
+            processed: list[PartitionMessage] = []
+            until(lambda: processed.extend(member.receive_many(0.2)) or len(processed) >= len(published),
+                  "the member to process everything", timeout=60)  # fmt: skip
+            assigned = member.assigned
+        finally:
+            for h in (publisher, reader, member):
+                h.close()
+    finally:
+        brokers.stop()
+    assert reader.partitions == 3 and assigned == [0, 1, 2]
+    for name, messages in (("reader", got), ("member", processed)):
+        assert sorted((m.key, int(m.body)) for m in messages) == sorted((k, int(b)) for k, b in published), name
+        for p in range(3):  # a key whose slot moved starts a new run in its new partition: in order in each
+            in_p = [m for m in messages if m.partition == p]
+            assert all(v == sorted(v) for v in _per_key_in_order(in_p).values()), f"{name}: partition {p} out of order"
+    assert all(m.partition == partition_of(m.key, 3) for m in got if (m.key, m.body) in set(after))
+    assert any(m.partition == 2 for m in got)

@@ -7,13 +7,16 @@ from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import zmq
 import zmq.auth
 
 from zeps.config import Resolved
 from zeps.errors import ConfigError, UnavailableError, ZepsError
+
+if TYPE_CHECKING:
+    from zeps.client.discovery import PartitionWatch
 
 __all__ = [
     "GROUP",
@@ -58,6 +61,17 @@ def locator_of(settings: Resolved, *, followers: bool = False, partition: int = 
 
     return LeaderLocator(settings.zookeeper, settings.namespace, settings.name, chroot=settings.chroot,
                          auth=settings.auth, followers=followers, partition=partition)  # fmt: skip
+
+
+def growth_of(settings: Resolved, *, followers: bool = False) -> PartitionWatch | None:
+    """What tells a client of a resolved partitioned stream that partitions were added, when its
+    ZooKeeper is known (:class:`zeps.client.discovery.PartitionWatch`); not started yet."""
+    if not settings.zookeeper:
+        return None
+    from zeps.client.discovery import PartitionWatch  # noqa: PLC0415
+
+    return PartitionWatch(settings.zookeeper, settings.namespace, settings.name, chroot=settings.chroot,
+                          auth=settings.auth, followers=followers)  # fmt: skip
 
 
 def partition_endpoint(settings: Resolved, partition: int) -> str:

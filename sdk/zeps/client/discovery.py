@@ -10,7 +10,8 @@ from typing import Any
 from zeps.client._transport import BrokerUnavailableError
 
 __all__ = [
-    "LeaderLocator", "broker_metadata", "discover", "partition_count", "partition_endpoints", "read_broker_metadata",
+    "LeaderLocator", "PartitionWatch", "broker_metadata", "discover", "partition_count", "partition_endpoints",
+    "read_broker_metadata",
 ]  # fmt: skip
 
 
@@ -157,6 +158,62 @@ class LeaderLocator:
                 return self._follower
         meta = broker_metadata(self._client, self.namespace, self.stream, chroot=self.chroot, partition=self.partition)
         return str(meta["endpoint"])
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.stop()
+            self._client.close()
+            self._client = None
+
+
+class PartitionWatch:
+    """Tells a partitioned stream's clients that the stream grew: a ZooKeeper watch on the stream's
+    ``partitions`` node keeps :attr:`count` (what :func:`partition_count` would say) up to date, from
+    ZooKeeper's thread; a client compares it with the partitions it has (an int, cheap on every call)
+    and, when the stream has more, asks :meth:`endpoints` for them on its own thread. Keeps one
+    ZooKeeper session, opened by :meth:`start`; :meth:`close` ends it."""
+
+    def __init__(
+        self,
+        zookeeper: str,
+        namespace: str,
+        stream: str,
+        *,
+        chroot: str = "/zeps",
+        auth: tuple[str, str] | None = None,
+        followers: bool = False,
+    ) -> None:
+        self.zookeeper, self.namespace, self.stream, self.chroot, self.auth = zookeeper, namespace, stream, chroot, auth
+        self.followers = followers
+        self.count = 0  #: the stream's partitions as ZooKeeper says now (0 until the watch has read them)
+        self._client: Any = None
+
+    def start(self) -> PartitionWatch:
+        from zeps.coordination import connect  # noqa: PLC0415 — ZooKeeper only for discovery
+        from zeps.partitioning import MAX_PARTITIONS  # noqa: PLC0415
+        from zeps.paths import StreamPaths  # noqa: PLC0415
+
+        def children(names: list[str]) -> None:
+            made, count = set(names), 1
+            while count < MAX_PARTITIONS and str(count) in made:  # as partition_count: 1, 2, … without a gap
+                count += 1
+            self.count = max(self.count, count)  # partitions never go away
+
+        self._client = connect(self.zookeeper, auth=self.auth, timeout=3)
+        path = StreamPaths.of(self.namespace, self.stream, chroot=self.chroot).partitions
+        self._client.ChildrenWatch(path, children)  # a stream of one partition has no such node: no watch
+        return self
+
+    def endpoints(self) -> tuple[str, ...]:
+        """Every partition's endpoint now (each one's leader's); BrokerUnavailableError while a
+        partition just added has no broker registered yet."""
+        return tuple(str(broker_metadata(self._client, self.namespace, self.stream, chroot=self.chroot,
+                                         partition=p)["endpoint"]) for p in range(self.count))  # fmt: skip
+
+    def locator(self, partition: int) -> LeaderLocator:
+        """A locator for ``partition`` (a client of a partition added follows its leader too)."""
+        return LeaderLocator(self.zookeeper, self.namespace, self.stream, chroot=self.chroot, auth=self.auth,
+                             followers=self.followers, partition=partition)  # fmt: skip
 
     def close(self) -> None:
         if self._client is not None:

@@ -23,13 +23,15 @@ are read from their start: they hold only records published after they were adde
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from zeps.client._transport import Opened, curve_keys, locator_of
+from zeps.client._transport import Opened, curve_keys, growth_of, locator_of
+from zeps.client.discovery import PartitionWatch
 from zeps.client.session import Message, Seq, Since
 from zeps.client.sync import StreamClient, wait_any
 from zeps.config import Resolved
@@ -38,6 +40,8 @@ from zeps.partitioning import MAX_PARTITIONS, partition_of
 
 __all__ = ["GroupConsumer", "PartitionMessage", "PartitionedStreamClient", "Position"]
 
+
+log = logging.getLogger(__name__)
 
 ROUTES_REMEMBERED = 65_536  #: keys whose partition a client remembers (then it starts over)
 
@@ -91,7 +95,8 @@ class Position:
 class PartitionedStreamClient(Opened):
     """One handle on every partition of a stream: ``endpoints[p]`` is partition ``p``'s broker (or
     its leader's, with ``locators`` following it across failovers). ``options`` go to each
-    partition's :class:`~zeps.client.StreamClient`. Not thread-safe: one thread uses it."""
+    partition's :class:`~zeps.client.StreamClient`. With ``growth``, partitions added to the stream
+    join the client at its next publish or receive. Not thread-safe: one thread uses it."""
 
     def __init__(
         self,
@@ -99,6 +104,7 @@ class PartitionedStreamClient(Opened):
         stream: str,
         *,
         locators: Sequence[Any] | None = None,
+        growth: PartitionWatch | None = None,
         **options: Any,
     ) -> None:
         if not 1 <= len(endpoints) <= MAX_PARTITIONS:
@@ -116,13 +122,19 @@ class PartitionedStreamClient(Opened):
         self._next = 0  # the partition whose messages are taken first next time (no partition starves)
         self._held: deque[PartitionMessage] = deque()  # taken from the partitions, not handed out yet
         self._routes: dict[str, int] = {}  # key -> partition, for the last keys published
+        self.growth, self._options = growth, options  # partitions added to the stream join this client
+        self._connected = False
+        self._pattern: str | None = None  # what a reader of every partition subscribed to (None: not that)
+        self._look_after = 0.0  # a partition added has no broker yet: look again then
 
     @classmethod
-    def of(cls, settings: Resolved, **options: Any) -> PartitionedStreamClient:
+    def of(cls, settings: Resolved, *, follow_growth: bool = True, **options: Any) -> PartitionedStreamClient:
         """A client of a resolved partitioned stream (:func:`zeps.config.resolve`): each partition's
         endpoint from ``settings.partitions`` (the operator's status, or ZEPS_STREAM_<NAME>_PARTITIONS),
         a locator each when ZooKeeper is known (each partition's leader, across failovers), the CURVE
-        keys and message limit as :meth:`StreamClient.of`. Not connected yet."""
+        keys and message limit as :meth:`StreamClient.of`, and (``follow_growth``) a
+        :class:`~zeps.client.discovery.PartitionWatch` so that partitions added later join it. Not
+        connected yet."""
         endpoints = settings.partitions or (settings.endpoint,)
         wanted = settings.spec.get("partitions", len(endpoints))
         if wanted != len(endpoints):
@@ -138,21 +150,32 @@ class PartitionedStreamClient(Opened):
             if settings.zookeeper
             else None
         )
-        return cls(endpoints, settings.name, locators=locators, server_public_key=server_key, client_keys=client_keys,
-                   max_message_bytes=settings.max_message_bytes, **options)  # fmt: skip
+        growth = growth_of(settings, followers=followers) if follow_growth else None
+        return cls(endpoints, settings.name, locators=locators, growth=growth,
+                   server_public_key=server_key, client_keys=client_keys, max_message_bytes=settings.max_message_bytes,
+                   **options)  # fmt: skip
 
     @property
     def partitions(self) -> int:
         return len(self.clients)
 
     def connect(self) -> PartitionedStreamClient:
+        if self.growth is not None and self.growth.count == 0:
+            try:
+                self.growth.start()
+            except ZepsError as exc:  # the partitions known still serve; only growth goes unnoticed
+                log.warning("stream %s: cannot watch for partitions added (%s)", self.stream, exc)
+                self.growth = None
         for client in self.clients:
             client.connect()
+        self._connected = True
         return self
 
     def close(self) -> None:
         """Close every partition's client (confirming what each holds); the first error is raised
         once all are closed."""
+        if self.growth is not None:
+            self.growth.close()
         failure: ZepsError | None = None
         for client in self.clients:
             try:
@@ -161,6 +184,34 @@ class PartitionedStreamClient(Opened):
                 failure = failure or exc
         if failure is not None:
             raise failure
+
+    def _grow(self) -> None:
+        """The stream has more partitions than this client (``growth`` says): a client for each one
+        added, once its broker is registered (until then, look again each second). From then on keys
+        go to their partition among all of them (only the slots reassigned move), and a reader of
+        every partition reads the new ones from their start."""
+        now = time.monotonic()
+        if self.growth is None or now < self._look_after:
+            return
+        try:
+            endpoints = self.growth.endpoints()
+        except ZepsError:
+            self._look_after = now + 1.0
+            return
+        for p in range(len(self.clients), len(endpoints)):
+            client = StreamClient(endpoints[p], self.stream, locator=self.growth.locator(p), **self._options)
+            if self._connected:
+                client.connect()
+            if self._pattern is not None:
+                client.start(self._pattern, since="earliest")
+                self.reading.append(p)
+            self.clients.append(client)
+            self._last.append(0)
+        self._routes.clear()
+
+    @property
+    def _grown(self) -> bool:
+        return self.growth is not None and self.growth.count > len(self.clients)
 
     # -- publishing -----------------------------------------------------------------------------
     def partition_of(self, key: str) -> int:
@@ -174,10 +225,15 @@ class PartitionedStreamClient(Opened):
         return p
 
     def publish(self, key: str, body: bytes) -> None:
+        growth = self.growth  # inline, not the property: this is the one-message path
+        if growth is not None and growth.count > len(self.clients):
+            self._grow()
         self.clients[self.partition_of(key)].publish(key, body)
 
     def publish_many(self, items: Iterable[tuple[str, bytes]]) -> None:
         """Publish each to its key's partition, in order per partition (so per key)."""
+        if self._grown:
+            self._grow()
         if len(self.clients) == 1:
             self.clients[0].publish_many(items)
             return
@@ -215,6 +271,7 @@ class PartitionedStreamClient(Opened):
                 self._last[p] = since.after(p)
             self.clients[p].start(pattern, since=start)
         self.reading = sorted({*self.reading, *chosen})
+        self._pattern = pattern if partitions is None else None  # partitions added later are read too
 
     def subscribe(
         self, pattern: str = "", *, since: Since | Position = "latest", partitions: Iterable[int] | None = None
@@ -245,6 +302,8 @@ class PartitionedStreamClient(Opened):
         return self._handed(self._receive(timeout, max_messages))
 
     def _receive(self, timeout: float, max_messages: int) -> list[PartitionMessage]:
+        if self._grown:
+            self._grow()
         if self._held:  # what receive() took and has not handed out yet comes first
             return [self._held.popleft() for _ in range(min(max_messages, len(self._held)))]
         deadline = time.monotonic() + timeout
@@ -304,6 +363,7 @@ class GroupConsumer(Opened):
         locators: Sequence[Any] | None = None,
         pattern: str = "",
         session_timeout: float = 10.0,
+        growth: PartitionWatch | None = None,
         **options: Any,
     ) -> None:
         from zeps.coordination import connect  # noqa: PLC0415 — ZooKeeper only for groups
@@ -323,6 +383,8 @@ class GroupConsumer(Opened):
         self._unclaimed = False  # a partition assigned to us is still another's: claim it again soon
         self._looked = 0.0
         self._turn = 0
+        self.growth = growth  # partitions added to the stream are shared by the group too
+        self._look_after = 0.0
 
     @classmethod
     def of(cls, settings: Resolved, *, group: str, member: str, **options: Any) -> GroupConsumer:
@@ -335,7 +397,7 @@ class GroupConsumer(Opened):
         locators = [locator_of(settings, partition=p) for p in range(len(endpoints))]
         return cls(endpoints, settings.name, group=group, member=member, zookeeper=settings.zookeeper,
                    namespace=settings.namespace, chroot=settings.chroot, auth=settings.auth, locators=locators,
-                   server_public_key=server_key, client_keys=client_keys,
+                   growth=growth_of(settings), server_public_key=server_key, client_keys=client_keys,
                    max_message_bytes=settings.max_message_bytes, **options)  # fmt: skip
 
     @property
@@ -344,8 +406,31 @@ class GroupConsumer(Opened):
         return sorted(self.claims)
 
     def connect(self) -> GroupConsumer:
+        if self.growth is not None and self.growth.count == 0:
+            try:
+                self.growth.start()
+            except ZepsError as exc:
+                log.warning("stream %s: cannot watch for partitions added (%s)", self.stream, exc)
+                self.growth = None
         self.group.join()
         return self
+
+    def _grow(self) -> None:
+        """The stream has more partitions than this member knows: learn their endpoints (once each
+        has a broker registered) and share them out again (:func:`assign` of the larger count)."""
+        now = time.monotonic()
+        if self.growth is None or now < self._look_after:
+            return
+        try:
+            endpoints = self.growth.endpoints()
+        except ZepsError:
+            self._look_after = now + 1.0
+            return
+        for p in range(len(self.endpoints), len(endpoints)):
+            self.endpoints.append(endpoints[p])
+            if self.locators is not None:
+                self.locators = [*self.locators, self.growth.locator(p)]
+        self.group.changed.set()
 
     def receive_many(self, timeout: float, max_messages: int = 100_000) -> list[PartitionMessage]:
         """Commit what the last call returned, take up or give up partitions as the group changed,
@@ -353,6 +438,8 @@ class GroupConsumer(Opened):
         self.commit()
         deadline = time.monotonic() + timeout
         while True:
+            if self.growth is not None and self.growth.count > len(self.endpoints):
+                self._grow()
             self._rebalance()
             out: list[PartitionMessage] = []
             order = sorted(self.clients.items())
@@ -434,5 +521,7 @@ class GroupConsumer(Opened):
             for locator in self.locators or []:
                 if locator is not None:
                     locator.close()
+            if self.growth is not None:
+                self.growth.close()
             self._zk.stop()
             self._zk.close()

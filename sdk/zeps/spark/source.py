@@ -504,7 +504,9 @@ def _publish_partitioned(settings: Resolved, rows: Iterator[Any], producer: str,
     routed to it an earlier attempt published, and those are skipped (a task given the same input
     routes the same rows to each partition, in the same order)."""
     count = 0
-    with PartitionedStreamClient.of(settings, producer_id=producer, generation=generation) as client:
+    # the partitions the driver saw, however the stream grows meanwhile: a retry routes every row alike
+    with PartitionedStreamClient.of(settings, follow_growth=False, producer_id=producer,
+                                    generation=generation) as client:  # fmt: skip
         held = [c.generation_sequence for c in client.clients]
         routed = [0] * client.partitions
         for row in rows:
