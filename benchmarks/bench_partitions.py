@@ -8,6 +8,8 @@ ZooKeeper) on 127.0.0.1; 100-byte messages under 1,000 keys, so every partition 
   per message of each broker (from /proc) and of the publishers.
 * **Fan-out 1 -> 10**: ten subscriber processes each reading every partition while one publisher
   publishes: deliveries per second, in all.
+* **Spark read**: the same rows read by a Spark batch query from a stream of 1 partition, one of 4,
+  and JSON-lines files (:func:`spark_reads`).
 
 The rounds alternate the partition counts (``ROUNDS`` each, medians). The machine's cores are
 printed: on 2 cores the publishers, the brokers and the subscribers share them, so a second
@@ -22,10 +24,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
-from workers import finish
+from workers import finish, local_spark
 from zeps_dev import ZooKeeperServer
 from zeps_dev.process import cpu_seconds, free_port
 
@@ -36,16 +39,18 @@ PUBLISH_COUNT = int(os.environ.get("ZEPS_BENCH_COUNT", "600000"))  # in all, ove
 PUBLISHERS = 2
 FANOUT, FANOUT_COUNT = 10, 30_000
 CHROOT = "/bench"
+SPARK_N = int(os.environ.get("ZEPS_BENCH_SPARK_N", "1000000"))  # rows the Spark reads take (0: no Spark part)
+BODY = "x" * 100
 
 
 class Partitions:
     """A broker per partition, registered in ZooKeeper under the stream's partition nodes."""
 
-    def __init__(self, zk: ZooKeeperServer, tmp: Path, count: int) -> None:
+    def __init__(self, zk: ZooKeeperServer, tmp: Path, count: int, stream: str = "orders") -> None:
         self.endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(count)]
         self.procs = []
         for p, endpoint in enumerate(self.endpoints):
-            argv = [sys.executable, "-m", "zeps.broker.main", "--stream", "orders", "--data-dir", str(tmp / f"p{p}"),
+            argv = [sys.executable, "-m", "zeps.broker.main", "--stream", stream, "--data-dir", str(tmp / f"p{p}"),
                     "--bind", endpoint, "--fsync", "group", "--zookeeper", zk.connect_string, "--chroot", CHROOT,
                     "--namespace", "bench", "--member", f"b{p}", "--partition", str(p),
                     "--log-level", "WARNING"]  # fmt: skip
@@ -112,6 +117,72 @@ def fanout(system: Partitions) -> float:
     return FANOUT * FANOUT_COUNT / (end - pub[0])
 
 
+def spark_reads(zk: ZooKeeperServer, tmp: Path) -> dict[str, float]:
+    """The same SPARK_N rows read by a Spark batch query (``local[2]``; count and the sum of body
+    lengths, so every row is built) from a stream of 1 partition, a stream of 4, and JSON-lines files
+    (Spark's json source, the baseline of ``make bench-spark``). Each read once to warm up, then three
+    rounds taking turns; rows/s of the best of each. The zeps reads have 4 input partitions each
+    (partitionSize SPARK_N / 4): the 1-partition stream's four ranges come from one broker, the
+    4-partition stream's from four."""
+    from pyspark.sql import functions as sf  # noqa: PLC0415 — only this part needs the JVM
+
+    from zeps.client import PartitionedStreamClient  # noqa: PLC0415
+    from zeps.client.discovery import read_broker_metadata  # noqa: PLC0415
+    from zeps_dev.process import wait_until  # noqa: PLC0415
+
+    rows = [(f"k.{i % 1000}", BODY) for i in range(SPARK_N)]
+    (tmp / "json").mkdir()
+    for f in range(8):
+        with open(tmp / "json" / f"part-{f}.json", "w") as out:
+            out.writelines(json.dumps({"key": k, "body": b}) + "\n" for k, b in rows[f::8])
+    systems = {n: Partitions(zk, tmp / f"spark-{n}", n, stream=f"spark{n}") for n in (1, 4)}
+    try:
+        for n, system in systems.items():
+            with PartitionedStreamClient(system.endpoints, f"spark{n}", timeout=300) as client:
+                client.publish_many((k, b.encode()) for k, b in rows)
+                client.flush(timeout=300)
+
+            def facts_say_all(n: int = n) -> bool:  # the source reads each partition's tail there
+                tails = [read_broker_metadata(zk.connect_string, "bench", f"spark{n}", chroot=CHROOT, partition=p)
+                         .get("lastSequence", 0) for p in range(n)]  # fmt: skip
+                return sum(int(t) for t in tails) == SPARK_N
+
+            wait_until(facts_say_all, timeout=60, what=f"the brokers of spark{n} to publish their tails")
+        spark = local_spark()
+
+        def zeps_df(n: int) -> Any:
+            return (spark.read.format("zeps").schema("key string, body binary").option("stream", f"spark{n}")
+                    .option("namespace", "bench").option("zookeeper", zk.connect_string).option("chroot", CHROOT)
+                    .option("endpoint", systems[n].endpoints[0]).option("partitionSize", str(SPARK_N // 4))
+                    .load())  # fmt: skip
+
+        def timed(df: Any) -> tuple[float, int]:
+            start = time.monotonic()
+            row = df.agg(sf.count("*").alias("n"), sf.sum(sf.length("body")).alias("b")).collect()[0]
+            return time.monotonic() - start, int(row["n"])
+
+        frames = {"json": spark.read.schema("key string, body string").json(str(tmp / "json")),
+                  "1": zeps_df(1), "4": zeps_df(4)}  # fmt: skip
+        for df in frames.values():
+            timed(df)
+        brokers_before = {n: sum(system.cpu()) for n, system in systems.items()}
+        rounds = [{name: timed(df) for name, df in frames.items()} for _ in range(3)]
+        broker_cpu = {n: sum(system.cpu()) - brokers_before[n] for n, system in systems.items()}  # 3 reads each
+        spark.stop()
+    finally:
+        for system in systems.values():
+            system.stop()
+    best = {name: min(r[name] for r in rounds) for name in frames}
+    assert all(n == SPARK_N for _s, n in best.values()), best
+    rate = {name: SPARK_N / s for name, (s, _n) in best.items()}
+    return {"spark_rows": SPARK_N, "spark_json_rows_per_s": rate["json"], "spark_rows_per_s_1": rate["1"],
+            "spark_rows_per_s_4": rate["4"], "spark_4_vs_1": rate["4"] / rate["1"],
+            "spark_1_vs_json": rate["1"] / rate["json"], "spark_4_vs_json": rate["4"] / rate["json"],
+            # the brokers' CPU for a read (all of a stream's brokers), µs per row: what serving replay costs
+            "spark_broker_cpu_us_per_row_1": broker_cpu[1] / (3 * SPARK_N) * 1e6,
+            "spark_broker_cpu_us_per_row_4": broker_cpu[4] / (3 * SPARK_N) * 1e6}  # fmt: skip
+
+
 def main() -> None:
     samples: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="zeps-bench-partitions-") as name:
@@ -131,14 +202,18 @@ def main() -> None:
                         system.stop()
                     print(json.dumps({"round": round_, "partitions": count,
                                       **{k: round(v, 2) for k, v in result.items()}}), flush=True)  # fmt: skip
+            spark = spark_reads(zk, tmp) if SPARK_N else {}
+            print(json.dumps({k: round(v, 3) for k, v in spark.items()}), flush=True)
         finally:
             zk.stop()
     out: dict[str, Any] = {"scenario": "partitions", "cores": os.cpu_count(), "publishers": PUBLISHERS,
                            "rounds": ROUNDS}  # fmt: skip
     out.update({k: round(statistics.median(v), 2) for k, v in sorted(samples.items())})
-    out["publish_2_vs_1"] = round(out["publish_per_s_2"] / out["publish_per_s_1"], 3)
-    out["publish_4_vs_1"] = round(out["publish_per_s_4"] / out["publish_per_s_1"], 3)
-    out["fanout_2_vs_1"] = round(out["fanout_deliveries_per_s_2"] / out["fanout_deliveries_per_s_1"], 3)
+    if ROUNDS:  # ZEPS_BENCH_ROUNDS=0: the Spark part alone
+        out["publish_2_vs_1"] = round(out["publish_per_s_2"] / out["publish_per_s_1"], 3)
+        out["publish_4_vs_1"] = round(out["publish_per_s_4"] / out["publish_per_s_1"], 3)
+        out["fanout_2_vs_1"] = round(out["fanout_deliveries_per_s_2"] / out["fanout_deliveries_per_s_1"], 3)
+    out.update({k: round(v, 3) for k, v in spark.items()})
     print(json.dumps(out), flush=True)
 
 

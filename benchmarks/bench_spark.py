@@ -22,18 +22,16 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from pyspark.sql import SparkSession
 from pyspark.sql import functions as sf
 
+from workers import local_spark
 from zeps.broker import BrokerConfig, BrokerServer, Registration
 from zeps.client import StreamClient
 from zeps.journal import JournalConfig
-from zeps.spark import ZepsDataSource
 from zeps_dev import ZooKeeperServer
 from zeps_dev.kind import spark_kind_figure
 
@@ -49,8 +47,6 @@ def _kind_figure() -> dict[str, object]:
 
 
 def main() -> None:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     with tempfile.TemporaryDirectory(prefix="zeps-bench-spark-") as tmp_name:
         tmp = Path(tmp_name)
         with ZooKeeperServer(tmp / "zk") as zk:
@@ -68,16 +64,7 @@ def main() -> None:
                     with open(tmp / "json" / f"part-{f}.json", "w") as out:
                         for i in range(f * per_file, (f + 1) * per_file):
                             out.write(json.dumps({"key": f"k.{i % 10}", "body": BODY}) + "\n")
-                spark = (
-                    SparkSession.builder.master("local[2]")
-                    .config("spark.ui.enabled", "false")
-                    .config("spark.ui.showConsoleProgress", "false")
-                    .config("spark.driver.host", "127.0.0.1")
-                    .config("spark.driver.memory", "4g")
-                    .getOrCreate()
-                )
-                spark.sparkContext.setLogLevel("ERROR")
-                spark.dataSource.register(ZepsDataSource)
+                spark = local_spark()
 
                 def timed(df: object) -> tuple[float, int]:
                     start = time.monotonic()

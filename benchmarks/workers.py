@@ -1,9 +1,35 @@
-"""What the benchmarks share about their worker processes (each a script beside them that prints
-``ready`` once set up and ``done <numbers…>`` at the end)."""
+"""What the benchmarks share: their worker processes (each a script beside them that prints
+``ready`` once set up and ``done <numbers…>`` at the end), and the local Spark session of the Spark
+reads."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
+from typing import Any
+
+
+def local_spark() -> Any:
+    """A ``local[2]`` Spark session on 127.0.0.1 (no UI, 4 GB driver), the zeps source registered;
+    its Python workers run this interpreter."""
+    from pyspark.sql import SparkSession  # noqa: PLC0415 — the JVM only for the Spark benchmarks
+
+    from zeps.spark import ZepsDataSource  # noqa: PLC0415
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.memory", "4g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(ZepsDataSource)
+    return spark
 
 
 def finish(procs: list[subprocess.Popen[str]], timeout: float = 600) -> list[list[float]]:
