@@ -47,16 +47,25 @@ class Partitions:
     """A broker per partition, registered in ZooKeeper under the stream's partition nodes."""
 
     def __init__(self, zk: ZooKeeperServer, tmp: Path, count: int, stream: str = "orders") -> None:
-        self.endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(count)]
-        self.procs = []
-        for p, endpoint in enumerate(self.endpoints):
-            argv = [sys.executable, "-m", "zeps.broker.main", "--stream", stream, "--data-dir", str(tmp / f"p{p}"),
-                    "--bind", endpoint, "--fsync", "group", "--zookeeper", zk.connect_string, "--chroot", CHROOT,
-                    "--namespace", "bench", "--member", f"b{p}", "--partition", str(p),
-                    "--log-level", "WARNING"]  # fmt: skip
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-            assert proc.stdout is not None and "serving" in proc.stdout.readline()
-            self.procs.append(proc)
+        self.endpoints: list[str] = []
+        self.procs: list[subprocess.Popen[str]] = []
+        try:
+            for p in range(count):  # each port chosen once the brokers before hold theirs: no two alike
+                endpoint = f"tcp://127.0.0.1:{free_port()}"
+                argv = [sys.executable, "-m", "zeps.broker.main", "--stream", stream, "--data-dir", str(tmp / f"p{p}"),
+                        "--bind", endpoint, "--fsync", "group", "--zookeeper", zk.connect_string, "--chroot", CHROOT,
+                        "--namespace", "bench", "--member", f"b{p}", "--partition", str(p),
+                        "--log-level", "WARNING"]  # fmt: skip
+                proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+                self.procs.append(proc)
+                assert proc.stdout is not None
+                line = proc.stdout.readline()
+                if "serving" not in line:
+                    raise SystemExit(f"partition {p}'s broker did not start: {line!r}")
+                self.endpoints.append(endpoint)
+        except BaseException:
+            self.stop()  # the brokers started so far
+            raise
 
     def cpu(self) -> list[float]:
         return [cpu_seconds(p.pid) for p in self.procs]
@@ -65,7 +74,11 @@ class Partitions:
         for proc in self.procs:
             proc.terminate()
         for proc in self.procs:
-            proc.wait(30)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
 
 
 def _workers(role: str, endpoints: list[str], count: int, n: int) -> list[subprocess.Popen[str]]:
