@@ -178,3 +178,24 @@ def test_each_group_mark_of_one_flush_holds_the_producer_as_the_group_ends(tmp_p
         held = [RECORD.unpack_from(data, at)[2] for at in starts if start < at < end]
         if held:  # a group's mark: the producer as it is once the group's records are written
             assert producers["orders-0"].sequence == held[-1]
+
+
+@pytest.mark.parametrize(
+    ("frame", "reason"),
+    [
+        (encode_publish_seq(1, "k", b"body")[:9], "PUBLISH-SEQ truncated before key"),
+        (encode_publish_seq(1, "k", b"body") + b"!", "has bytes after its last field"),
+        (encode_publish_seq(1, "k", b"body").replace(b"\x01k", b"\x01\x01"), "key is not printable ASCII"),
+    ],
+)  # fmt: skip
+def test_a_malformed_publish_seq_of_an_attached_producer_gets_invalid_and_the_session_goes_on(
+    core: BrokerCore, frame: bytes, reason: str
+) -> None:
+    """The broker takes an attached session's PUBLISH-SEQ without the state machine's objects (its
+    hot path); a malformed one still gets INVALID with the codec's reason, journals nothing, and the
+    session publishes on."""
+    _producer(core, b"p", "feed")
+    [refusal] = _send(core, b"p", frame)
+    assert isinstance(refusal, InvalidCode) and refusal.code == Refusal.BAD_FRAME and reason in refusal.reason
+    assert _send(core, b"p", encode_publish_seq(1, "k", b"fine"), Ping()) == [PingOk()]
+    assert _bodies(core) == [b"fine"]

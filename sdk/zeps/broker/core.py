@@ -105,18 +105,24 @@ from zeps.protocol import (
     Subscribe,
     SubscribeOk,
     SubscribeTime,
+    attached_broker_accepts,
     decode,
     encode,
     encode_deliver,
     encode_deliver_batch,
     encode_deliver_run,
     multicast,
+    publish_seq_fields,
 )
-from zeps.protocol.commands import CODES_SINCE, PROTOCOL
+from zeps.protocol.commands import CODES_SINCE, PROTOCOL, SIGNATURE
 from zeps.protocol.connection import SUPPORTED_VERSIONS
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES, MAX_CREDIT_BYTES, max_frame_bytes
 
 __all__ = ["BrokerConfig", "BrokerCore", "Outgoing"]
+
+#: PUBLISH-SEQ, the frame of a client publishing one message at a time, skips the state machine's
+#: objects when the state machine would take it (an attached session of a version that has it).
+_PUBLISH_SEQ_ID, _PUBLISH_SEQ_SINCE = PublishSeq.ID, attached_broker_accepts(PublishSeq)
 
 log = logging.getLogger(__name__)
 
@@ -342,6 +348,18 @@ class BrokerCore:
         """Handle one frame from ``peer``. Bad input gets INVALID; other peers are unaffected."""
         now = time.monotonic() if now is None else now
         session = self.sessions.get(peer)
+        if (
+            session is not None
+            and len(frame) > 2
+            and frame[2] == _PUBLISH_SEQ_ID
+            and _PUBLISH_SEQ_SINCE is not None
+            and session.conn.version >= _PUBLISH_SEQ_SINCE
+            and session.conn.state == "ATTACHED"
+            and frame[:2] == SIGNATURE
+            and not session.stream.following
+            and self._publish_seq_fast(session, frame, now)
+        ):
+            return
         key = self.peer_keys.pop(peer, None) if session is None and self.peer_keys else None
         conn = session.conn if session else Connection("broker")
         try:
@@ -368,6 +386,21 @@ class BrokerCore:
         handler = handlers.get(type(command))  # a table: one lookup, whatever the command
         if handler is not None:
             handler(session, command)
+
+    def _publish_seq_fast(self, session: _Session, frame: bytes, now: float) -> bool:
+        """A PUBLISH-SEQ of an attached session, as :meth:`receive` would handle it (the state machine
+        keeps the session attached), without a command object; False if the frame is malformed, for
+        the general path to refuse it with its reason."""
+        try:
+            sequence, key, body = publish_seq_fields(frame)
+        except ProtocolError:
+            return False
+        session.last_heard = now
+        if len(body) > self._max_body:
+            self._too_large(session, len(body))
+        else:
+            self._publish_seq(session, sequence, ((key, body),), len(key) + len(body))
+        return True
 
     # -- the commands of an attached session (the table ``_handlers``) -------------------------
     # Publishes: a body over the limit refuses the frame (TOO_LARGE); an idempotent producer's go

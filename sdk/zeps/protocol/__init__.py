@@ -13,6 +13,7 @@ from zeps.protocol._fastpath import (
     encode_deliver_run,
     encode_publish_batch,
     encode_publish_seq,
+    publish_seq_fields,
 )
 from zeps.protocol.codec import decode, encode
 from zeps.protocol.commands import (
@@ -49,7 +50,7 @@ from zeps.protocol.commands import (
     SubscribeTime,
     Tail,
 )
-from zeps.protocol.connection import Connection
+from zeps.protocol.connection import Connection, attached_broker_accepts
 
 __all__ = [
     "LATEST",
@@ -85,6 +86,7 @@ __all__ = [
     "SubscribeOk",
     "SubscribeTime",
     "Tail",
+    "attached_broker_accepts",
     "decode",
     "deliver_size",
     "encode",
@@ -93,4 +95,5 @@ __all__ = [
     "encode_deliver_run",
     "encode_publish_batch",
     "encode_publish_seq",
+    "publish_seq_fields",
 ]

@@ -35,6 +35,7 @@ __all__ = [
     "encode_publish_seq",
     "is_printable",
     "is_vchar",
+    "publish_seq_fields",
 ]
 
 U8, U16, U32, U64 = struct.Struct("!B"), struct.Struct("!H"), struct.Struct("!I"), struct.Struct("!Q")
@@ -216,11 +217,18 @@ def _decode_publish_batch_seq(frame: bytes) -> PublishBatchSeq:
     return PublishBatchSeq(sequence=sequence, entries=entries, items=items)
 
 
-def _decode_publish_seq(frame: bytes) -> PublishSeq:
+def publish_seq_fields(frame: bytes) -> tuple[int, str, bytes]:
+    """(sequence, key, body) of a PUBLISH-SEQ frame (its signature and id already checked), as
+    :func:`~zeps.protocol.decode` would check them; RemoteProtocolError if malformed."""
     if len(frame) < 11:
         raise RemoteProtocolError("PUBLISH-SEQ truncated before key")
     (sequence,) = U64.unpack_from(frame, 3)
     key, body = _key_and_body(frame, 11, "PUBLISH-SEQ")
+    return sequence, key, body
+
+
+def _decode_publish_seq(frame: bytes) -> PublishSeq:
+    sequence, key, body = publish_seq_fields(frame)
     return PublishSeq(sequence=sequence, key=key, body=body)
 
 

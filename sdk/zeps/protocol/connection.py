@@ -126,6 +126,14 @@ _SINCE_VERSION: dict[type[Command], int] = {
 }  # fmt: skip
 
 
+def attached_broker_accepts(command: type[Command]) -> int | None:
+    """The protocol version from which an attached broker takes ``command`` and stays attached (a
+    fast path may then skip :meth:`Connection.receive`'s checks for it); None if it does not."""
+    if RULES.get(("broker", "ATTACHED", "receive", command)) != "ATTACHED":
+        return None
+    return _SINCE_VERSION.get(command, 0)
+
+
 class Connection:
     """One side of one ZEPS peering. Holds no socket: frames in, commands out, and back."""
 
