@@ -388,3 +388,16 @@ def test_replication_commands_need_version_8_and_round_trip() -> None:
     new.send(AttachOk())
     assert new.receive(encode(fetch)) == fetch
     assert new.send(data) == encode(data)
+
+
+def test_the_hot_paths_skip_the_state_machine_only_where_it_would_keep_a_session_attached() -> None:
+    """The broker's and the client's one-message paths skip the state machine for PUBLISH-SEQ of an
+    attached session of version 6 or later: what ``stays_attached`` reads from the rules. A command
+    the rules do not keep attached (ATTACH, DETACH) gets None, so no hot path may skip it."""
+    from zeps.protocol import Attach, Detach, PublishSeq, stays_attached  # noqa: PLC0415
+
+    assert stays_attached("broker", "receive", PublishSeq) == 6
+    assert stays_attached("client", "send", PublishSeq) == 6
+    assert stays_attached("broker", "receive", Attach) is None
+    assert stays_attached("broker", "receive", Detach) is None
+    assert stays_attached("client", "receive", PublishSeq) is None  # a broker never sends one

@@ -105,7 +105,6 @@ from zeps.protocol import (
     Subscribe,
     SubscribeOk,
     SubscribeTime,
-    attached_broker_accepts,
     decode,
     encode,
     encode_deliver,
@@ -113,6 +112,7 @@ from zeps.protocol import (
     encode_deliver_run,
     multicast,
     publish_seq_fields,
+    stays_attached,
 )
 from zeps.protocol.commands import CODES_SINCE, PROTOCOL, SIGNATURE
 from zeps.protocol.connection import SUPPORTED_VERSIONS
@@ -122,7 +122,7 @@ __all__ = ["BrokerConfig", "BrokerCore", "Outgoing"]
 
 #: PUBLISH-SEQ, the frame of a client publishing one message at a time, skips the state machine's
 #: objects when the state machine would take it (an attached session of a version that has it).
-_PUBLISH_SEQ_ID, _PUBLISH_SEQ_SINCE = PublishSeq.ID, attached_broker_accepts(PublishSeq)
+_PUBLISH_SEQ_ID, _PUBLISH_SEQ_SINCE = PublishSeq.ID, stays_attached("broker", "receive", PublishSeq)
 
 log = logging.getLogger(__name__)
 

@@ -91,10 +91,14 @@ from zeps.protocol import (
     encode_publish_seq,
 )
 from zeps.protocol.commands import CODES_SINCE
-from zeps.protocol.connection import CLIENT_VERSION, FOLLOWER_READS_VERSION
+from zeps.protocol.connection import CLIENT_VERSION, FOLLOWER_READS_VERSION, stays_attached
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES, MAX_CREDIT_BYTES, MAX_MESSAGE_BYTES_CEILING
 
 __all__ = ["ClientSession", "Fetched", "Message", "Records", "Row", "Seq", "Since", "Time"]
+
+#: from this version an attached client's PUBLISH-SEQ (one message at a time) needs no check by the
+#: state machine: it would take it and stay attached (never, if the rules said otherwise)
+_PUBLISH_SEQ_SINCE = stays_attached("client", "send", PublishSeq) or 1 << 30
 
 # The exact refusals of brokers from before codes (their state machine's messages), for them alone:
 # ATTACH of a version they do not speak, and a frame from a peer they do not know (expired, restarted).
@@ -469,7 +473,11 @@ class ClientSession:
             command: Publish | PublishSeq = Publish(key=key, body=body)
             frame = encode(command)
         else:
-            command, frame = PublishSeq(sequence=sequence, key=key, body=b""), encode_publish_seq(sequence, key, body)
+            frame = encode_publish_seq(sequence, key, body)
+            conn = self.conn
+            if not self.attached or (conn.state == "ATTACHED" and conn.version >= _PUBLISH_SEQ_SINCE):
+                return claim + self._remember(frame, 1)  # the state machine would take it: no object to check
+            command = PublishSeq(sequence=sequence, key=key, body=b"")
         if self.attached:
             self.conn.sent(command)
         return claim + self._remember(frame, 1)

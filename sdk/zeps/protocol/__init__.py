@@ -50,7 +50,7 @@ from zeps.protocol.commands import (
     SubscribeTime,
     Tail,
 )
-from zeps.protocol.connection import Connection, attached_broker_accepts
+from zeps.protocol.connection import Connection, stays_attached
 
 __all__ = [
     "LATEST",
@@ -86,7 +86,6 @@ __all__ = [
     "SubscribeOk",
     "SubscribeTime",
     "Tail",
-    "attached_broker_accepts",
     "decode",
     "deliver_size",
     "encode",
@@ -96,4 +95,5 @@ __all__ = [
     "encode_publish_batch",
     "encode_publish_seq",
     "publish_seq_fields",
+    "stays_attached",
 ]

@@ -126,10 +126,11 @@ _SINCE_VERSION: dict[type[Command], int] = {
 }  # fmt: skip
 
 
-def attached_broker_accepts(command: type[Command]) -> int | None:
-    """The protocol version from which an attached broker takes ``command`` and stays attached (a
-    fast path may then skip :meth:`Connection.receive`'s checks for it); None if it does not."""
-    if RULES.get(("broker", "ATTACHED", "receive", command)) != "ATTACHED":
+def stays_attached(role: Role, direction: Direction, command: type[Command]) -> int | None:
+    """The protocol version from which an attached ``role`` may ``direction`` (send or receive)
+    ``command`` and stay attached (a hot path may then skip :meth:`Connection.receive` or
+    :meth:`Connection.sent` for it, and the objects they take); None if it may not."""
+    if RULES.get((role, "ATTACHED", direction, command)) != "ATTACHED":
         return None
     return _SINCE_VERSION.get(command, 0)
 
