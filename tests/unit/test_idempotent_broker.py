@@ -199,3 +199,14 @@ def test_a_malformed_publish_seq_of_an_attached_producer_gets_invalid_and_the_se
     assert isinstance(refusal, InvalidCode) and refusal.code == Refusal.BAD_FRAME and reason in refusal.reason
     assert _send(core, b"p", encode_publish_seq(1, "k", b"fine"), Ping()) == [PingOk()]
     assert _bodies(core) == [b"fine"]
+
+
+def test_a_malformed_plain_publish_of_an_attached_session_gets_invalid_and_the_session_goes_on(
+    core: BrokerCore,
+) -> None:
+    """The same for a plain PUBLISH (a client with ``idempotent=False``), the other one-message frame."""
+    assert _send(core, b"p", Attach(stream="prices", version=6)) == [AttachOk()]
+    [refusal] = _send(core, b"p", encode(Publish(key="k", body=b"body"))[:-1])
+    assert isinstance(refusal, InvalidCode) and refusal.code == Refusal.BAD_FRAME and "body claims" in refusal.reason
+    assert _send(core, b"p", Publish(key="k", body=b"fine"), Ping()) == [PingOk()]
+    assert _bodies(core) == [b"fine"]

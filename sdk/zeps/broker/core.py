@@ -111,6 +111,7 @@ from zeps.protocol import (
     encode_deliver_batch,
     encode_deliver_run,
     multicast,
+    publish_fields,
     publish_seq_fields,
     stays_attached,
 )
@@ -120,9 +121,10 @@ from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES, MAX_CREDIT_BYTES, ma
 
 __all__ = ["BrokerConfig", "BrokerCore", "Outgoing"]
 
-#: PUBLISH-SEQ, the frame of a client publishing one message at a time, skips the state machine's
-#: objects when the state machine would take it (an attached session of a version that has it).
-_PUBLISH_SEQ_ID, _PUBLISH_SEQ_SINCE = PublishSeq.ID, stays_attached("broker", "receive", PublishSeq)
+#: PUBLISH-SEQ and PUBLISH, the frames of a client publishing one message at a time (idempotent or
+#: not), skip the state machine's objects when it would take them (an attached session of a version
+#: that has them): command id -> the version from which it may
+_ONE_MESSAGE = {c.ID: v for c in (PublishSeq, Publish) if (v := stays_attached("broker", "receive", c)) is not None}
 
 log = logging.getLogger(__name__)
 
@@ -351,13 +353,11 @@ class BrokerCore:
         if (
             session is not None
             and len(frame) > 2
-            and frame[2] == _PUBLISH_SEQ_ID
-            and _PUBLISH_SEQ_SINCE is not None
-            and session.conn.version >= _PUBLISH_SEQ_SINCE
+            and session.conn.version >= _ONE_MESSAGE.get(frame[2], 1 << 30)
             and session.conn.state == "ATTACHED"
             and frame[:2] == SIGNATURE
             and not session.stream.following
-            and self._publish_seq_fast(session, frame, now)
+            and self._one_message(session, frame, now)
         ):
             return
         key = self.peer_keys.pop(peer, None) if session is None and self.peer_keys else None
@@ -387,19 +387,24 @@ class BrokerCore:
         if handler is not None:
             handler(session, command)
 
-    def _publish_seq_fast(self, session: _Session, frame: bytes, now: float) -> bool:
-        """A PUBLISH-SEQ of an attached session, as :meth:`receive` would handle it (the state machine
-        keeps the session attached), without a command object; False if the frame is malformed, for
-        the general path to refuse it with its reason."""
+    def _one_message(self, session: _Session, frame: bytes, now: float) -> bool:
+        """A PUBLISH-SEQ or PUBLISH of an attached session, as :meth:`receive` would handle it (the
+        state machine keeps the session attached), without a command object; False if the frame is
+        malformed, for the general path to refuse it with its reason."""
         try:
-            sequence, key, body = publish_seq_fields(frame)
+            if frame[2] == PublishSeq.ID:
+                sequence, key, body = publish_seq_fields(frame)
+            else:
+                sequence, (key, body) = -1, publish_fields(frame)
         except ProtocolError:
             return False
         session.last_heard = now
         if len(body) > self._max_body:
             self._too_large(session, len(body))
-        else:
+        elif sequence >= 0:
             self._publish_seq(session, sequence, ((key, body),), len(key) + len(body))
+        else:
+            self._append_plain(session, key, body)
         return True
 
     # -- the commands of an attached session (the table ``_handlers``) -------------------------
@@ -418,12 +423,15 @@ class BrokerCore:
         self._publish_seq(session, command.sequence, command.items, len(command.entries))
 
     def _on_publish(self, session: _Session, command: Publish) -> None:
-        body, stream = command.body, session.stream
-        if len(body) > self._max_body:
-            self._too_large(session, len(body))
+        if len(command.body) > self._max_body:
+            self._too_large(session, len(command.body))
             return
+        self._append_plain(session, command.key, command.body)
+
+    def _append_plain(self, session: _Session, key: str, body: bytes) -> None:
+        stream = session.stream
         pending = self._appending(stream)
-        pending.add(((command.key, body),), len(command.key) + len(body))
+        pending.add(((key, body),), len(key) + len(body))
         pending.peers.add(session.peer)
         stream.messages_in += 1
         stream.bytes_in += len(body)

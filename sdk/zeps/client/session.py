@@ -87,6 +87,7 @@ from zeps.protocol import (
     decode,
     deliver_size,
     encode,
+    encode_publish,
     encode_publish_batch,
     encode_publish_seq,
 )
@@ -96,9 +97,15 @@ from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES, MAX_CREDIT_BYTES, MA
 
 __all__ = ["ClientSession", "Fetched", "Message", "Records", "Row", "Seq", "Since", "Time"]
 
-#: from this version an attached client's PUBLISH-SEQ (one message at a time) needs no check by the
-#: state machine: it would take it and stay attached (never, if the rules said otherwise)
-_PUBLISH_SEQ_SINCE = stays_attached("client", "send", PublishSeq) or 1 << 30
+
+#: from these versions an attached client's PUBLISH-SEQ and PUBLISH (one message at a time) need no
+#: check by the state machine: it would take them and stay attached (never, if the rules said otherwise)
+def _unchecked_since(command: type[Publish] | type[PublishSeq]) -> int:
+    since = stays_attached("client", "send", command)
+    return 1 << 30 if since is None else since
+
+
+_PUBLISH_SEQ_SINCE, _PUBLISH_SINCE = _unchecked_since(PublishSeq), _unchecked_since(Publish)
 
 # The exact refusals of brokers from before codes (their state machine's messages), for them alone:
 # ATTACH of a version they do not speak, and a frame from a peer they do not know (expired, restarted).
@@ -469,17 +476,22 @@ class ClientSession:
         sequence, claim = self._take_sequences(1)
         # while detached the frame waits for ATTACH-OK (on_attached resends it), so it is encoded
         # outside the state machine; it is checked like any other once it is sent
+        conn = self.conn
         if sequence is None:
+            fast = encode_publish(key, body)  # None for a key the generic codec refuses, saying why
+            if fast is not None and (
+                not self.attached or (conn.state == "ATTACHED" and conn.version >= _PUBLISH_SINCE)
+            ):
+                return claim + self._remember(fast, 1)  # the state machine would take it: no object to check
             command: Publish | PublishSeq = Publish(key=key, body=body)
             frame = encode(command)
         else:
             frame = encode_publish_seq(sequence, key, body)
-            conn = self.conn
             if not self.attached or (conn.state == "ATTACHED" and conn.version >= _PUBLISH_SEQ_SINCE):
-                return claim + self._remember(frame, 1)  # the state machine would take it: no object to check
+                return claim + self._remember(frame, 1)
             command = PublishSeq(sequence=sequence, key=key, body=b"")
         if self.attached:
-            self.conn.sent(command)
+            conn.sent(command)
         return claim + self._remember(frame, 1)
 
     def publish_many(self, items: list[tuple[str, bytes]], *, batch_bytes: int = 256 * 1024) -> list[bytes]:

@@ -11,8 +11,10 @@ from zeps.protocol._fastpath import (
     encode_deliver,
     encode_deliver_batch,
     encode_deliver_run,
+    encode_publish,
     encode_publish_batch,
     encode_publish_seq,
+    publish_fields,
     publish_seq_fields,
 )
 from zeps.protocol.codec import decode, encode
@@ -92,8 +94,10 @@ __all__ = [
     "encode_deliver",
     "encode_deliver_batch",
     "encode_deliver_run",
+    "encode_publish",
     "encode_publish_batch",
     "encode_publish_seq",
+    "publish_fields",
     "publish_seq_fields",
     "stays_attached",
 ]

@@ -35,6 +35,7 @@ __all__ = [
     "encode_publish_seq",
     "is_printable",
     "is_vchar",
+    "publish_fields",
     "publish_seq_fields",
 ]
 
@@ -105,8 +106,14 @@ def _key_and_body(frame: bytes, at: int, name: str) -> tuple[str, bytes]:
     return key, frame[end + 4 :]
 
 
+def publish_fields(frame: bytes) -> tuple[str, bytes]:
+    """(key, body) of a PUBLISH frame (its signature and id already checked), as
+    :func:`~zeps.protocol.decode` would check them; RemoteProtocolError if malformed."""
+    return _key_and_body(frame, 3, "PUBLISH")
+
+
 def _decode_publish(frame: bytes) -> Publish:
-    key, body = _key_and_body(frame, 3, "PUBLISH")
+    key, body = publish_fields(frame)
     return Publish(key=key, body=body)
 
 
