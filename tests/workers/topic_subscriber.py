@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import threading
 import time
 
 from zeps.coordination import Message, Topic, connect
@@ -34,8 +33,8 @@ def main() -> int:
     args = parser.parse_args()
 
     out = open(args.out, "a", buffering=1)  # noqa: SIM115 — line-buffered for the life of the process
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stopping: list[int] = []  # set by the handler without a lock (Event.set() there can deadlock with stop.wait())
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
     client = connect(args.hosts, session_timeout=args.session_timeout)
     options = TopicOptions.make(cleaner_grace=args.cleaner_grace, cleaner_interval=args.cleaner_interval)
     topic = Topic(client, args.topic, namespace=args.namespace, chroot=args.chroot, options=options)
@@ -52,7 +51,8 @@ def main() -> int:
     sub = None if args.no_subscribe else topic.subscribe(on_message, consumer_id=args.consumer)
     out.write("ready\n")
     was_leader = False
-    while not stop.wait(0.05):
+    while not stopping:
+        time.sleep(0.05)
         if cleaner is not None and cleaner.is_leader and not was_leader:
             was_leader = True
             out.write("leader\n")

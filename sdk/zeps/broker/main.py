@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import sys
-import threading
+import time
 from pathlib import Path
 
 from zeps.broker.core import BrokerConfig
@@ -214,9 +214,12 @@ def main(argv: list[str] | None = None) -> int:
                           metrics_address=args.metrics_address, registration=registration,
                           multicast=multicast, multicast_key=multicast_key,
                           replication=replication(args))  # fmt: skip
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    # The signal handler only appends to a list. Event.set() there could deadlock: the handler runs in
+    # the main thread, possibly inside its own Event.wait() on the same Event, whose lock it then waits
+    # for (seen once: a broker that never stopped on SIGTERM).
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
+    signal.signal(signal.SIGINT, lambda signum, _frame: stopping.append(signum))
     try:
         server.start()
     except (ZepsError, OSError, ValueError) as exc:
@@ -224,10 +227,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     also = f", multicast on {server.multicast_endpoint}" if server.multicast_endpoint else ""
     print(f"zeps-broker: serving {', '.join(args.stream)} at {server.endpoint}{also}", flush=True)
-    while not stop.wait(0.2):
-        if not server.wait(0):
-            continue
-        break  # the loop ended by itself (removed from the manifest, or failed)
+    while not stopping:
+        if server.wait(0):
+            break  # the loop ended by itself (removed from the manifest, or failed)
+        time.sleep(0.2)  # a signal cuts it short
     server.stop()
     if server.failure:  # the loop failed: Kubernetes must see a failure (and restart the pod), never a success
         print(f"zeps-broker: fatal: {server.failure}", file=sys.stderr)
