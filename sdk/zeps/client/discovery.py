@@ -4,10 +4,14 @@ What a member node says is only as trustworthy as who may write it (see :func:`d
 
 from __future__ import annotations
 
+import logging
 import random
+import time
 from typing import Any
 
 from zeps.client._transport import BrokerUnavailableError
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "LeaderLocator", "PartitionWatch", "broker_metadata", "discover", "partition_count", "partition_endpoints",
@@ -48,12 +52,18 @@ def partition_count(client: Any, namespace: str, stream: str, *, chroot: str = "
     """How many partitions ``stream`` has, from ZooKeeper: 1 plus the partitions ``1, 2, …`` the
     operator made nodes for (``streams/<name>/partitions/<p>``) without a gap; a child that is not a
     partition number (written by someone else) is ignored."""
-    from zeps.partitioning import MAX_PARTITIONS  # noqa: PLC0415
     from zeps.paths import StreamPaths  # noqa: PLC0415
 
     path = StreamPaths.of(namespace, stream, chroot=chroot).partitions
-    made = set(client.get_children(path)) if client.exists(path) else set()
-    count = 1
+    return _contiguous(client.get_children(path) if client.exists(path) else [])
+
+
+def _contiguous(children: list[str]) -> int:
+    """1 plus the partitions ``1, 2, …`` among the children of a stream's ``partitions`` node, up to
+    the first gap (a child that is not a partition number, written by someone else, is ignored)."""
+    from zeps.partitioning import MAX_PARTITIONS  # noqa: PLC0415
+
+    made, count = set(children), 1
     while count < MAX_PARTITIONS and str(count) in made:
         count += 1
     return count
@@ -170,7 +180,7 @@ class PartitionWatch:
     """Tells a partitioned stream's clients that the stream grew: a ZooKeeper watch on the stream's
     ``partitions`` node keeps :attr:`count` (what :func:`partition_count` would say) up to date, from
     ZooKeeper's thread; a client compares it with the partitions it has (an int, cheap on every call)
-    and, when the stream has more, asks :meth:`endpoints` for them on its own thread. Keeps one
+    and, when the stream has more, asks :meth:`added` for them on its own thread. Keeps one
     ZooKeeper session, opened by :meth:`start`; :meth:`close` ends it."""
 
     def __init__(
@@ -187,28 +197,45 @@ class PartitionWatch:
         self.followers = followers
         self.count = 0  #: the stream's partitions as ZooKeeper says now (0 until the watch has read them)
         self._client: Any = None
+        self._look_after = 0.0  # a partition added has no broker yet: look again then
 
     def start(self) -> PartitionWatch:
+        """Open the session and set the watch, once. If ZooKeeper cannot be reached, the watch stays
+        inert (count 0) with a warning: the partitions known still serve, only growth goes unnoticed."""
         from zeps.coordination import connect  # noqa: PLC0415 — ZooKeeper only for discovery
-        from zeps.partitioning import MAX_PARTITIONS  # noqa: PLC0415
+        from zeps.errors import ZepsError  # noqa: PLC0415
         from zeps.paths import StreamPaths  # noqa: PLC0415
 
-        def children(names: list[str]) -> None:
-            made, count = set(names), 1
-            while count < MAX_PARTITIONS and str(count) in made:  # as partition_count: 1, 2, … without a gap
-                count += 1
-            self.count = max(self.count, count)  # partitions never go away
+        if self._client is not None:
+            return self
 
-        self._client = connect(self.zookeeper, auth=self.auth, timeout=3)
+        def children(names: list[str]) -> None:
+            self.count = max(self.count, _contiguous(names))  # partitions never go away
+
+        try:
+            self._client = connect(self.zookeeper, auth=self.auth, timeout=3)
+        except ZepsError as exc:
+            log.warning("stream %s: cannot watch for partitions added (%s)", self.stream, exc)
+            return self
         path = StreamPaths.of(self.namespace, self.stream, chroot=self.chroot).partitions
         self._client.ChildrenWatch(path, children)  # a stream of one partition has no such node: no watch
         return self
 
-    def endpoints(self) -> tuple[str, ...]:
-        """Every partition's endpoint now (each one's leader's); BrokerUnavailableError while a
-        partition just added has no broker registered yet."""
-        return tuple(str(broker_metadata(self._client, self.namespace, self.stream, chroot=self.chroot,
-                                         partition=p)["endpoint"]) for p in range(self.count))  # fmt: skip
+    def added(self, known: int) -> list[tuple[str, LeaderLocator]]:
+        """The endpoint and a locator of each partition after the first ``known``, once every one has
+        a broker registered; [] until then (looked up at most once a second) or if there is none."""
+        from zeps.errors import ZepsError  # noqa: PLC0415
+
+        now = time.monotonic()
+        if self.count <= known or now < self._look_after:
+            return []
+        try:
+            endpoints = [str(broker_metadata(self._client, self.namespace, self.stream, chroot=self.chroot,
+                                             partition=p)["endpoint"]) for p in range(known, self.count)]  # fmt: skip
+        except ZepsError:  # a partition just added has no broker registered yet
+            self._look_after = now + 1.0
+            return []
+        return [(endpoint, self.locator(p)) for p, endpoint in enumerate(endpoints, start=known)]
 
     def locator(self, partition: int) -> LeaderLocator:
         """A locator for ``partition`` (a client of a partition added follows its leader too)."""

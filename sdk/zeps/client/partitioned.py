@@ -23,7 +23,6 @@ are read from their start: they hold only records published after they were adde
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -40,8 +39,6 @@ from zeps.partitioning import MAX_PARTITIONS, partition_of
 
 __all__ = ["GroupConsumer", "PartitionMessage", "PartitionedStreamClient", "Position"]
 
-
-log = logging.getLogger(__name__)
 
 ROUTES_REMEMBERED = 65_536  #: keys whose partition a client remembers (then it starts over)
 
@@ -125,7 +122,6 @@ class PartitionedStreamClient(Opened):
         self.growth, self._options = growth, options  # partitions added to the stream join this client
         self._connected = False
         self._pattern: str | None = None  # what a reader of every partition subscribed to (None: not that)
-        self._look_after = 0.0  # a partition added has no broker yet: look again then
 
     @classmethod
     def of(cls, settings: Resolved, *, follow_growth: bool = True, **options: Any) -> PartitionedStreamClient:
@@ -160,12 +156,8 @@ class PartitionedStreamClient(Opened):
         return len(self.clients)
 
     def connect(self) -> PartitionedStreamClient:
-        if self.growth is not None and self.growth.count == 0:
-            try:
-                self.growth.start()
-            except ZepsError as exc:  # the partitions known still serve; only growth goes unnoticed
-                log.warning("stream %s: cannot watch for partitions added (%s)", self.stream, exc)
-                self.growth = None
+        if self.growth is not None:
+            self.growth.start()
         for client in self.clients:
             client.connect()
         self._connected = True
@@ -187,19 +179,13 @@ class PartitionedStreamClient(Opened):
 
     def _grow(self) -> None:
         """The stream has more partitions than this client (``growth`` says): a client for each one
-        added, once its broker is registered (until then, look again each second). From then on keys
-        go to their partition among all of them (only the slots reassigned move), and a reader of
-        every partition reads the new ones from their start."""
-        now = time.monotonic()
-        if self.growth is None or now < self._look_after:
-            return
-        try:
-            endpoints = self.growth.endpoints()
-        except ZepsError:
-            self._look_after = now + 1.0
-            return
-        for p in range(len(self.clients), len(endpoints)):
-            client = StreamClient(endpoints[p], self.stream, locator=self.growth.locator(p), **self._options)
+        added, once its broker is registered (:meth:`PartitionWatch.added`). From then on keys go to
+        their partition among all of them (only the slots reassigned move), and a reader of every
+        partition reads the new ones from their start."""
+        added = self.growth.added(len(self.clients)) if self.growth is not None else []
+        for endpoint, locator in added:
+            p = len(self.clients)
+            client = StreamClient(endpoint, self.stream, locator=locator, **self._options)
             if self._connected:
                 client.connect()
             if self._pattern is not None:
@@ -207,7 +193,8 @@ class PartitionedStreamClient(Opened):
                 self.reading.append(p)
             self.clients.append(client)
             self._last.append(0)
-        self._routes.clear()
+        if added:
+            self._routes.clear()
 
     @property
     def _grown(self) -> bool:
@@ -384,7 +371,6 @@ class GroupConsumer(Opened):
         self._looked = 0.0
         self._turn = 0
         self.growth = growth  # partitions added to the stream are shared by the group too
-        self._look_after = 0.0
 
     @classmethod
     def of(cls, settings: Resolved, *, group: str, member: str, **options: Any) -> GroupConsumer:
@@ -406,31 +392,21 @@ class GroupConsumer(Opened):
         return sorted(self.claims)
 
     def connect(self) -> GroupConsumer:
-        if self.growth is not None and self.growth.count == 0:
-            try:
-                self.growth.start()
-            except ZepsError as exc:
-                log.warning("stream %s: cannot watch for partitions added (%s)", self.stream, exc)
-                self.growth = None
+        if self.growth is not None:
+            self.growth.start()
         self.group.join()
         return self
 
     def _grow(self) -> None:
         """The stream has more partitions than this member knows: learn their endpoints (once each
         has a broker registered) and share them out again (:func:`assign` of the larger count)."""
-        now = time.monotonic()
-        if self.growth is None or now < self._look_after:
-            return
-        try:
-            endpoints = self.growth.endpoints()
-        except ZepsError:
-            self._look_after = now + 1.0
-            return
-        for p in range(len(self.endpoints), len(endpoints)):
-            self.endpoints.append(endpoints[p])
+        added = self.growth.added(len(self.endpoints)) if self.growth is not None else []
+        for endpoint, locator in added:
+            self.endpoints.append(endpoint)
             if self.locators is not None:
-                self.locators = [*self.locators, self.growth.locator(p)]
-        self.group.changed.set()
+                self.locators = [*self.locators, locator]
+        if added:
+            self.group.changed.set()
 
     def receive_many(self, timeout: float, max_messages: int = 100_000) -> list[PartitionMessage]:
         """Commit what the last call returned, take up or give up partitions as the group changed,
