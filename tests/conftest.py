@@ -20,6 +20,7 @@ import pytest
 
 from harness import PlainPartitions, ZooKeeperHarness
 from zeps_dev import ZooKeeperServer
+from zeps_dev.seaweedfs import SeaweedFS
 
 _counter = itertools.count()
 
@@ -35,6 +36,28 @@ def zookeeper(zookeeper_server: ZooKeeperServer, request: pytest.FixtureRequest)
         harness.close()
         if not zookeeper_server.running():  # a test stopped or killed it: bring it back for the next
             zookeeper_server.start()
+
+
+@pytest.fixture(scope="session")
+def seaweedfs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
+    """One real S3 server (SeaweedFS) for the session: the s3:// batch store's tests."""
+    server = SeaweedFS(tmp_path_factory.mktemp("seaweedfs"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(seaweedfs_server: SeaweedFS, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh bucket on the session's S3 server, and the admin's credentials in the environment (as a
+    pod gets them from the Queue's credentials Secret); returns the bucket's name."""
+    name = f"zeps-{next(_counter)}"
+    seaweedfs_server.create_bucket(name)
+    for key, value in seaweedfs_server.credentials("admin").items():
+        monkeypatch.setenv(key, value)
+    return name
 
 
 @pytest.fixture(scope="session")

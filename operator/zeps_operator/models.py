@@ -62,12 +62,9 @@ TopicSpec: type[_Model] = create_model(
 )
 
 
-class BatchSpec(_Model):
-    """Replayable batches (mode: batches)."""
-
-    inline_max_bytes: int = BatchOptions.model_fields["inline_max_bytes"]  # type: ignore[assignment]
-    store_url: str | None = BatchOptions.model_fields["store_url"]  # type: ignore[assignment]
-    retention_seconds: float = BatchOptions.model_fields["retention_seconds"]  # type: ignore[assignment]
+BatchSpec: type[_Model] = create_model(
+    "BatchSpec", __base__=_Model, __doc__="Replayable batches (mode: batches).", **_from_options(BatchOptions)
+)
 
 
 class _QueueFields(_Model):
@@ -308,6 +305,11 @@ KINDS = [
             "inFlight": ("integer", "Items taken and not acked."),
             "deadLettered": ("integer", "Dead-lettered items."),
             "consumerLag": ("object", "Batches each batch consumer still has to process."),
+            "batchStore": (
+                "string",
+                "Batch mode: the batch store's state, ready or what is wrong (its credentials Secret missing, or "
+                "lacking AWS_ACCESS_KEY_ID or AWS_SECRET_ACCESS_KEY).",
+            ),
             "zookeeper": ("string", "ZooKeeper connect string the SDK should use."),
             "path": ("string", "The queue's ZooKeeper path."),
         },

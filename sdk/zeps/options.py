@@ -120,7 +120,35 @@ class BatchOptions(_Options):
         description="Batches up to this size are stored in ZooKeeper; larger ones go to the batch store.",
     )
     store_url: str | None = Field(
-        None, description="Where large batches go: file:///path (a local or mounted directory, e.g. a PVC)."
+        None,
+        pattern=r"^(file:///|s3://[a-z0-9])",
+        max_length=1024,
+        description="Where large batches go: file:///path (a local or mounted directory, e.g. a PVC: one node "
+        "reads it) or s3://bucket/prefix (S3-compatible object storage: every node reads it).",
+    )
+    store_endpoint: str | None = Field(
+        None,
+        pattern=r"^https?://",
+        max_length=1024,
+        description="s3:// only: the S3 API's URL for an S3-compatible server (http://seaweedfs.storage:8333); "
+        "unset: AWS S3 in the store region.",
+    )
+    store_region: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9-]{1,32}$",
+        description="s3:// only: the bucket's region (unset: AWS_REGION, else us-east-1).",
+    )
+    store_path_style: bool | None = Field(
+        None,
+        description="s3:// only: path-style requests (endpoint/bucket/key) instead of virtual-hosted ones "
+        "(bucket.endpoint/key); unset: path-style exactly when an endpoint is set.",
+    )
+    store_credentials_secret: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$",
+        description="s3:// only: a Secret in the Queue's namespace with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; "
+        "pods and Spark executors mount it with envFrom (the operator checks that it exists and reports it in "
+        "status). Unset: the pod's own AWS environment (static keys or web identity).",
     )
     retention_seconds: float = Field(
         7 * 86400, ge=0, description="Batches older than this that every consumer has processed may be removed."

@@ -1,4 +1,5 @@
-"""Replayable batch queue against a real ZooKeeper server and a real directory store."""
+"""Replayable batch queue against a real ZooKeeper server, with both batch stores: a real directory
+(file://) and a real S3 server (s3://, SeaweedFS). The S3 store's own faults: test_batch_stores.py."""
 
 from __future__ import annotations
 
@@ -17,6 +18,30 @@ from zeps_dev.process import wait_until
 
 def _queue(zookeeper: ZooKeeperHarness, name: str = "orders", **options: object) -> BatchQueue:
     return BatchQueue(zookeeper.client(), name, chroot=zookeeper.root, options=BatchOptions.make(**options))
+
+
+@pytest.fixture(params=["file", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
+    """The store options of a batch queue, for each kind of store: a directory, or a bucket on the
+    session's S3 server (the admin's credentials in the environment)."""
+    if request.param == "file":
+        return {"store_url": (tmp_path / "store").as_uri()}
+    bucket = request.getfixturevalue("s3_bucket")
+    server = request.getfixturevalue("seaweedfs_server")
+    return {"store_url": f"s3://{bucket}/queues/orders", "store_endpoint": server.endpoint}
+
+
+def _objects(store: dict[str, str]) -> list[str]:
+    """The names of the batch objects in the store, sorted (listed behind zeps's back)."""
+    url = store["store_url"]
+    if url.startswith("file://"):
+        return sorted(p.name for p in Path(url.removeprefix("file://")).glob("*.batch"))
+    import obstore  # noqa: PLC0415
+    from obstore.store import S3Store  # noqa: PLC0415
+
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    client = S3Store(bucket, endpoint=store["store_endpoint"], region="us-east-1", client_options={"allow_http": True})
+    return sorted(m["path"].rpartition("/")[2] for page in obstore.list(client, prefix=prefix) for m in page)
 
 
 def test_concurrent_publishers_get_unique_linear_ids(zookeeper: ZooKeeperHarness) -> None:
@@ -115,18 +140,26 @@ def test_consumer_killed_between_processing_and_commit_reprocesses_only_that_bat
         again.stop()
 
 
-def test_large_batches_go_to_the_store_and_a_torn_write_is_never_visible(
-    zookeeper: ZooKeeperHarness, tmp_path: Path
+def test_large_batches_go_to_the_store_and_small_ones_stay_inline(
+    zookeeper: ZooKeeperHarness, store: dict[str, str]
 ) -> None:
-    store_dir = tmp_path / "store"
-    url = store_dir.as_uri()
-    q = _queue(zookeeper, inline_max_bytes=1024, store_url=url)
+    q = _queue(zookeeper, inline_max_bytes=1024, **store)
     small = q.publish([b"tiny"])
     big = q.publish([b"y" * 4096, b"z" * 10])
     assert q.read(1).records == [b"tiny"] and small == "orders-1"
     assert q.read(2).records == [b"y" * 4096, b"z" * 10]
-    assert (store_dir / f"{big}.batch").exists() and not (store_dir / f"{small}.batch").exists()
+    assert _objects(store) == [f"{big}.batch"]
+    assert _queue(zookeeper, inline_max_bytes=1024, **store).read(2).records == [b"y" * 4096, b"z" * 10], (
+        "another handle (another pod) reads it from the store too"
+    )
 
+
+def test_a_torn_file_write_is_never_visible(zookeeper: ZooKeeperHarness, tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    url = store_dir.as_uri()
+    q = _queue(zookeeper, inline_max_bytes=1024, store_url=url)
+    q.publish([b"tiny"])
+    q.publish([b"y" * 4096])
     args = ["publish", "--hosts", zookeeper.connect_string, "--chroot", zookeeper.root, "--queue", "orders",
             "--store", url, "--size-mb", "300"]  # fmt: skip
     for attempt in range(3):  # catch the writer mid-write (it writes, then fsyncs, then renames)
@@ -149,8 +182,10 @@ def test_large_batches_go_to_the_store_and_a_torn_write_is_never_visible(
     assert q.publish([b"after"]) == "orders-3"  # ids stay linear
 
 
-def test_reset_replays_and_retention_keeps_what_consumers_need(zookeeper: ZooKeeperHarness, tmp_path: Path) -> None:
-    q = _queue(zookeeper, retention_seconds=0, inline_max_bytes=8, store_url=(tmp_path / "s").as_uri())
+def test_reset_replays_and_retention_keeps_what_consumers_need(
+    zookeeper: ZooKeeperHarness, store: dict[str, str]
+) -> None:
+    q = _queue(zookeeper, retention_seconds=0, inline_max_bytes=8, **store)
     for i in range(5):
         q.publish([b"record-%d" % i])  # all larger than 8 bytes: in the store
     fast, slow = q.consumer("fast"), q.consumer("slow")
@@ -158,7 +193,7 @@ def test_reset_replays_and_retention_keeps_what_consumers_need(zookeeper: ZooKee
     slow.process_available(lambda b: None, limit=2)
     removed = q.prune()
     assert removed == ["orders-1", "orders-2"], "only what every consumer has processed"
-    assert sorted(p.name for p in (tmp_path / "s").glob("*.batch")) == [f"orders-{n}.batch" for n in (3, 4, 5)]
+    assert _objects(store) == [f"orders-{n}.batch" for n in (3, 4, 5)], "retention removed the objects"
     replay: list[int] = []
     fast.reset(3)
     fast.process_available(lambda b: replay.append(b.number))

@@ -1,15 +1,19 @@
-"""Batch format and the directory store: torn and corrupt objects are detected, never returned."""
+"""Batch format, the directory store and the S3 store's checks that need no server: torn and corrupt
+objects are detected, never returned; URLs read from ZooKeeper cannot point outside the store.
+(The S3 store against a real server: tests/integration/test_batch_stores.py.)"""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from zeps.batchstore import BatchStoreError, FileBatchStore, decode_batch, encode_batch, open_store
-from zeps.errors import ConfigError
+from zeps.batchstore import BatchLostError, BatchStoreError, FileBatchStore, decode_batch, encode_batch, open_store
+from zeps.batchstore.s3 import S3BatchStore
+from zeps.errors import ConfigError, DataLossError
 
 
 @given(st.lists(st.binary(max_size=300), max_size=20))
@@ -26,21 +30,78 @@ def test_store_round_trip_and_detects_damage(tmp_path: Path) -> None:
     raw = bytearray(path.read_bytes())
     raw[-1] ^= 0xFF
     path.write_bytes(bytes(raw))
-    with pytest.raises(BatchStoreError, match="CRC32C mismatch"):
+    with pytest.raises(BatchLostError, match="CRC32C mismatch"):
         store.get(url)
     path.write_bytes(bytes(raw[:-10]))
     with pytest.raises(BatchStoreError, match="torn"):
         store.get(url)
     store.delete(url)
-    with pytest.raises(BatchStoreError, match="missing"):
+    with pytest.raises(DataLossError, match="missing"):
         store.get(url)
     store.delete(url)  # idempotent
 
 
 def test_urls_are_checked() -> None:
-    with pytest.raises(ConfigError, match="scheme 's3' is not supported; use one of file://"):
-        open_store("s3://bucket/prefix")
+    with pytest.raises(ConfigError, match="scheme 'gs' is not supported; use one of file://, s3://"):
+        open_store("gs://bucket/prefix")
+    with pytest.raises(ConfigError, match="store_endpoint applies to s3:// stores only"):
+        open_store("file:///tmp/x", endpoint="http://127.0.0.1:1")
     with pytest.raises(ConfigError, match="file:///absolute/path"):
         FileBatchStore("file://relative/path")
     with pytest.raises(BatchStoreError, match="plain file name"):
         FileBatchStore("file:///tmp/x").put("../escape", b"")
+
+
+@pytest.fixture
+def s3_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "id")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("s3://Bucket/p", "not a valid S3 bucket name"),
+        ("s3://b/p", "not a valid S3 bucket name"),
+        ("s3://bucket/a/../b", "'..' segment"),
+        ("s3://bucket/a//b", "empty"),
+        ("s3://bucket/p?x=1", "must look like s3://bucket/prefix"),
+    ],
+)
+def test_s3_urls_are_checked(url: str, problem: str, s3_credentials: None) -> None:
+    with pytest.raises(ConfigError, match=problem):
+        open_store(url, endpoint="http://127.0.0.1:1")
+
+
+def test_s3_store_options_and_credentials_are_checked(monkeypatch: pytest.MonkeyPatch, s3_credentials: None) -> None:
+    with pytest.raises(ConfigError, match="http:// or https://"):
+        S3BatchStore("s3://bucket/p", endpoint="ftp://127.0.0.1")
+    store = S3BatchStore("s3://bucket/p/", endpoint="http://127.0.0.1:1")
+    assert (store.bucket, store.prefix, store.path_style, store.region) == ("bucket", "p", True, "us-east-1")
+    assert S3BatchStore("s3://bucket").path_style is False  # AWS itself: virtual-hosted requests
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    with pytest.raises(ConfigError, match=r"no S3 credentials.*mount the Secret 'batch-s3' with envFrom"):
+        S3BatchStore("s3://bucket/p", credentials_secret="batch-s3")
+
+
+def test_s3_object_urls_outside_the_store_are_refused(s3_credentials: None) -> None:
+    """An object URL comes from ZooKeeper, where anyone with access could write one: only this store's
+    bucket and prefix, and a plain ``<key>.batch`` name, are ever requested (no request is made here)."""
+    store = S3BatchStore("s3://bucket/queues/orders", endpoint="http://127.0.0.1:1")
+    for url in ("s3://other/queues/orders/b-1.batch", "s3://bucket/queues/b-1.batch",
+                "s3://bucket/queues/orders/../secret.batch", "s3://bucket/queues/orders/x/b-1.batch",
+                "s3://bucket/queues/orders/b-1.txt", "file:///queues/orders/b-1.batch"):  # fmt: skip
+        with pytest.raises(BatchStoreError, match="is not an object of the store"):
+            store.get(url)
+        with pytest.raises(BatchStoreError, match="is not an object of the store"):
+            store.delete(url)
+    with pytest.raises(BatchStoreError, match="plain name"):
+        store.put("../b-1", b"")
+
+
+def test_an_s3_store_pickles_without_its_client(s3_credentials: None) -> None:
+    """Spark ships handles (and so their stores) to executors: the connection pool is made there."""
+    store = S3BatchStore("s3://bucket/p", endpoint="http://127.0.0.1:1")
+    store._client()
+    copy = pickle.loads(pickle.dumps(store))
+    assert copy._store is None and copy.url == store.url and copy.endpoint == store.endpoint

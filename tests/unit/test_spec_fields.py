@@ -65,7 +65,7 @@ def _other(model: type[BaseModel], field: str) -> Any:
     elif isinstance(default, (int, float)):
         candidates = [default + 1, default - 1, 2 * default + 1]
     else:
-        candidates = ["s3://bucket/prefix", "file:///tmp/x"]
+        candidates = ["s3://bucket/prefix", "file:///tmp/x", "http://127.0.0.1:8333", "eu-west-1", True]
     for value in candidates:
         try:
             model.model_validate({field: value})

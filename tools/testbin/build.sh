@@ -2,7 +2,7 @@
 # Build binaries from the pinned Go modules beside this script into a cache directory outside the
 # repository. Two sets:
 #   test (default)  the cluster tier of `make test`: etcd, kube-apiserver, kube-controller-manager,
-#                   kube-scheduler, kubectl, kwok, helm
+#                   kube-scheduler, kubectl, kwok, helm; and SeaweedFS's weed (the batch stores' S3 server)
 #   kind            what `make e2e` adds for a kind cluster built here: kind, kubelet, kubeadm,
 #                   kube-proxy, CoreDNS and local-path-provisioner (the node image and its images)
 #
@@ -26,7 +26,7 @@ goversion=$(go env GOVERSION)
 keys=""
 
 # build name -> the module directory beside this script, and the packages it builds from it
-declare -A module=([etcd]=etcd [k8s]=k8s [kwok]=kwok [helm]=helm [k8s-node]=k8s [kind]=kind [coredns]=coredns [local-path]=local-path)
+declare -A module=([etcd]=etcd [k8s]=k8s [kwok]=kwok [helm]=helm [k8s-node]=k8s [kind]=kind [coredns]=coredns [local-path]=local-path [seaweedfs]=seaweedfs)
 declare -A targets=(
   [etcd]="."
   [k8s]="k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl"
@@ -36,10 +36,11 @@ declare -A targets=(
   [kind]="sigs.k8s.io/kind"
   [coredns]="github.com/coredns/coredns"
   [local-path]="github.com/rancher/local-path-provisioner"
+  [seaweedfs]="github.com/seaweedfs/seaweedfs/weed"
 )
 case "$set_name" in
-  test) builds="etcd k8s kwok helm" ;;
-  kind) builds="etcd k8s kwok helm k8s-node kind coredns local-path" ;;
+  test) builds="etcd k8s kwok helm seaweedfs" ;;
+  kind) builds="etcd k8s kwok helm seaweedfs k8s-node kind coredns local-path" ;;
   *) echo "setup: unknown binary set '$set_name' (test, kind)" >&2; exit 2 ;;
 esac
 
@@ -59,6 +60,7 @@ declare -A ldflags=(
   [kind]=""
   [coredns]=""
   [local-path]=""
+  [seaweedfs]=""
   [kwok]=""
   [helm]="-X helm.sh/helm/v3/internal/version.version=$helm_version -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=$k8s_major -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$k8s_minor"
 )

@@ -33,7 +33,7 @@ from typing import Any, Literal
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
-from zeps.batchstore import BatchStore, decode_batch, encode_batch, open_store
+from zeps.batchstore import BatchLostError, BatchStore, decode_batch, encode_batch, open_store
 from zeps.coordination._util import bounded_retry, commit, failures, zookeeper_errors
 from zeps.errors import ConfigError, CoordinationError
 from zeps.options import BatchOptions
@@ -80,8 +80,11 @@ class BatchQueue:
 
     @property
     def store(self) -> BatchStore | None:
-        if self._store is None and self.options.store_url:
-            self._store = open_store(self.options.store_url)
+        o = self.options
+        if self._store is None and o.store_url:
+            self._store = open_store(o.store_url, endpoint=o.store_endpoint, region=o.store_region,
+                                     path_style=o.store_path_style,
+                                     credentials_secret=o.store_credentials_secret)  # fmt: skip
         return self._store
 
     def batch_id(self, number: int) -> str:
@@ -127,7 +130,7 @@ class BatchQueue:
         if not inline and self.store is None:
             raise ConfigError(
                 f"batch of {len(body)} bytes exceeds inline_max_bytes={self.options.inline_max_bytes} and the "
-                "queue has no batch store: set store_url (file:///mounted/path)"
+                "queue has no batch store: set store_url (file:///mounted/path or s3://bucket/prefix)"
             )
         lock = self.client.Lock(self.paths.batch_lock, self.owner_id)
         if not lock.acquire(timeout=60):
@@ -189,7 +192,8 @@ class BatchQueue:
     # -- reading --------------------------------------------------------------------------------
     @zookeeper_errors
     def read(self, number: int) -> Batch:
-        """Read a retained batch; CoordinationError if it was removed by retention or never existed."""
+        """Read a retained batch; CoordinationError if it was removed by retention or never existed,
+        BatchLostError (a DataLossError naming it) if its stored object is missing or damaged."""
         batch_id = self.batch_id(number)
         retry = bounded_retry()
         try:
@@ -202,7 +206,12 @@ class BatchQueue:
             store = self.store
             if store is None:
                 raise ConfigError(f"batch {batch_id} is in a batch store but this handle has no store_url") from None
-            body = store.get(url.decode())
+            try:
+                body = store.get(url.decode(errors="replace"))
+            except BatchLostError as exc:
+                if not retry(self.client.exists, f"{self.paths.batch_refs}/{batch_id}"):  # retention got there first
+                    raise CoordinationError(f"batch {batch_id} is not retained (removed by retention)") from None
+                raise BatchLostError(f"batch {batch_id} of queue {self.name}: {exc}") from None
         return Batch(batch_id, number, decode_batch(body), stat.ctime)
 
     @zookeeper_errors

@@ -1,0 +1,77 @@
+"""The bytes of a batch and of a store object, and the errors every store raises.
+
+Batch format (inline in ZooKeeper or as a store object)::
+
+    offset  size  field
+    0       3     magic "ZQB"
+    3       1     version, 1
+    4       4     record count C, unsigned, network byte order
+    8       …     C times: length L (4 bytes) then L bytes of one record
+
+Store object format (what every store keeps, so a torn or corrupt object is detected on read)::
+
+    0       4     magic "ZBS1"
+    4       8     payload length, network byte order
+    12      4     CRC32C of the payload
+    16      …     payload (a batch, as above)
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+import crc32c
+
+from zeps._framing import join_records, split_records
+from zeps.errors import DataLossError, ZepsError
+
+__all__ = ["BatchLostError", "BatchStoreError", "decode_batch", "encode_batch", "object_header", "object_payload"]
+
+_BATCH = struct.Struct("!3sBI")
+_OBJECT = struct.Struct("!4sQI")
+
+
+class BatchStoreError(ZepsError):
+    """A batch could not be stored or read back (the store refused, or could not be reached)."""
+
+
+class BatchLostError(BatchStoreError, DataLossError):
+    """A stored batch is gone or damaged: missing, torn or failing its CRC32C. Never returned as data."""
+
+
+def encode_batch(records: Sequence[bytes]) -> bytes:
+    return _BATCH.pack(b"ZQB", 1, len(records)) + join_records(records)
+
+
+def decode_batch(data: bytes) -> list[bytes]:
+    if len(data) < _BATCH.size:
+        raise BatchStoreError(f"batch truncated: {len(data)} bytes")
+    magic, version, count = _BATCH.unpack_from(data)
+    if magic != b"ZQB" or version != 1:
+        raise BatchStoreError(f"not a version-1 batch (magic {magic!r}, version {version})")
+    return split_records(data, _BATCH.size, count, "record", _BatchFormatError)
+
+
+class _BatchFormatError(BatchStoreError):
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"batch {detail}")
+
+
+def object_header(payload: bytes) -> bytes:
+    """The 16 bytes a store writes before ``payload``."""
+    return _OBJECT.pack(b"ZBS1", len(payload), crc32c.crc32c(payload))
+
+
+def object_payload(raw: bytes | memoryview, where: str) -> bytes:
+    """The payload of a stored object, checked: BatchLostError naming ``where`` if it is torn,
+    foreign or corrupt."""
+    if len(raw) < _OBJECT.size:
+        raise BatchLostError(f"batch object {where} is torn: {len(raw)} bytes")
+    magic, length, crc = _OBJECT.unpack_from(raw)
+    payload = bytes(raw[_OBJECT.size :])
+    if magic != b"ZBS1" or len(payload) != length:
+        raise BatchLostError(f"batch object {where} is torn or foreign (expected {length} bytes, got {len(payload)})")
+    if crc32c.crc32c(payload) != crc:
+        raise BatchLostError(f"batch object {where} is corrupt: CRC32C mismatch")
+    return payload
