@@ -23,6 +23,7 @@ from zeps_dev import ZooKeeperServer
 from zeps_dev.seaweedfs import SeaweedFS
 
 _counter = itertools.count()
+S3_TEST_BUCKET = "zeps-tests"
 
 
 @pytest.fixture
@@ -40,24 +41,25 @@ def zookeeper(zookeeper_server: ZooKeeperServer, request: pytest.FixtureRequest)
 
 @pytest.fixture(scope="session")
 def seaweedfs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
-    """One real S3 server (SeaweedFS) for the session: the s3:// batch store's tests."""
+    """One real S3 server (SeaweedFS) for the session, with one bucket, S3_TEST_BUCKET: the s3://
+    batch store's tests (each under a prefix of its own: SeaweedFS gives every bucket volumes of its
+    own, so a bucket per test would use them up)."""
     server = SeaweedFS(tmp_path_factory.mktemp("seaweedfs"))
     server.start()
     try:
+        server.create_bucket(S3_TEST_BUCKET)
         yield server
     finally:
         server.stop()
 
 
 @pytest.fixture
-def s3_bucket(seaweedfs_server: SeaweedFS, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A fresh bucket on the session's S3 server, and the admin's credentials in the environment (as a
-    pod gets them from the Queue's credentials Secret); returns the bucket's name."""
-    name = f"zeps-{next(_counter)}"
-    seaweedfs_server.create_bucket(name)
+def s3_url(seaweedfs_server: SeaweedFS, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A store URL of this test's own on the session's S3 server (``s3://<bucket>/test-<n>``), and the
+    admin's credentials in the environment, as a pod gets them from the Queue's credentials Secret."""
     for key, value in seaweedfs_server.credentials("admin").items():
         monkeypatch.setenv(key, value)
-    return name
+    return f"s3://{S3_TEST_BUCKET}/test-{next(_counter)}"
 
 
 @pytest.fixture(scope="session")

@@ -85,7 +85,7 @@ class SeaweedFS(LocalServer):
             str(weed_binary()), "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={data}",
             "-filer", "-s3", f"-s3.config={self._config()}", "-s3.autoCreateBucket=false",
             "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
-            "-volume.max=32", "-master.volumeSizeLimitMB=256",  # volumes of 256 MiB, grown as needed
+            "-volume.max=64", "-master.volumeSizeLimitMB=256",  # 7 volumes of 256 MiB per bucket (sparse files)
             "-master.electionTimeout=1s",  # the lone master elects itself again soon after a restart
             f"-filer.localSocket={self.workdir / 'filer.sock'}", f"-s3.localSocket={self.workdir / 's3.sock'}",
             *(f"-{flag}={port}" for flag, port in self.ports.items()),

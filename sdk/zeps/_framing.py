@@ -15,9 +15,10 @@ def join_records(records: Sequence[bytes]) -> bytes:
     return b"".join(_LENGTH.pack(len(r)) + bytes(r) for r in records)
 
 
-def split_records(data: bytes, offset: int, count: int, what: str, error: type[Exception]) -> list[bytes]:
+def split_records(data: bytes | memoryview, offset: int, count: int, what: str, error: type[Exception]) -> list[bytes]:
     """Read ``count`` records from ``data[offset:]``, which must end exactly after the last one.
-    ``what`` names a record in error messages ("message", "record"); ``error`` is raised."""
+    ``what`` names a record in error messages ("message", "record"); ``error`` is raised. Each record
+    is its own bytes (of a memoryview, the one copy made)."""
     records = []
     for i in range(count):
         if offset + _LENGTH.size > len(data):
@@ -26,7 +27,7 @@ def split_records(data: bytes, offset: int, count: int, what: str, error: type[E
         offset += _LENGTH.size
         if offset + length > len(data):
             raise error(f"{what} {i} claims {length} bytes but only {len(data) - offset} follow")
-        records.append(data[offset : offset + length])
+        records.append(bytes(data[offset : offset + length]))  # of bytes: the slice itself, no second copy
         offset += length
     if offset != len(data):
         raise error(f"{len(data) - offset} bytes after its {count} {what}s")

@@ -153,6 +153,13 @@ class BatchOptions(_Options):
     retention_seconds: float = Field(
         7 * 86400, ge=0, description="Batches older than this that every consumer has processed may be removed."
     )
+    read_ahead: int = Field(
+        2,
+        ge=0,
+        le=16,
+        description="Batches a consumer reads ahead of its handler, in threads, to hide a store's latency: at "
+        "most this many batches more in memory (0: one at a time).",
+    )
 
 
 MulticastTransport = Literal["norm", "pgm", "epgm"]

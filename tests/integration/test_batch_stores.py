@@ -26,36 +26,42 @@ def _queue(zookeeper: ZooKeeperHarness, url: str, endpoint: str, **options: obje
     return BatchQueue(zookeeper.client(), "orders", chroot=zookeeper.root, options=opts)
 
 
-def _raw(server: SeaweedFS, bucket: str) -> S3Store:
-    """A plain S3 client, as someone else with the admin's keys would use one behind zeps's back."""
+def _prefix(url: str) -> str:
+    return url.removeprefix("s3://").partition("/")[2]
+
+
+def _raw(server: SeaweedFS, url: str) -> S3Store:
+    """A plain S3 client on the store's bucket, as someone else with the admin's keys would use one
+    behind zeps's back."""
     key, secret = server.admin
+    bucket = url.removeprefix("s3://").partition("/")[0]
     return S3Store(bucket, endpoint=server.endpoint, region="us-east-1", access_key_id=key, secret_access_key=secret,
                    client_options={"allow_http": True})  # fmt: skip
 
 
 def test_a_batch_larger_than_a_part_goes_up_in_parts_and_reads_back_whole(
-    zookeeper: ZooKeeperHarness, seaweedfs_server: SeaweedFS, s3_bucket: str
+    zookeeper: ZooKeeperHarness, seaweedfs_server: SeaweedFS, s3_url: str
 ) -> None:
-    q = _queue(zookeeper, f"s3://{s3_bucket}/q", seaweedfs_server.endpoint)
+    q = _queue(zookeeper, s3_url, seaweedfs_server.endpoint)
     records = [bytes([n]) * (1 << 20) for n in range(3 * MULTIPART_BYTES >> 20)]  # 24 MiB: three parts
     batch = q.publish(records)
     assert q.read(1).records == records
-    head = obstore.head(_raw(seaweedfs_server, s3_bucket), f"q/{batch}.batch")
+    head = obstore.head(_raw(seaweedfs_server, s3_url), f"{_prefix(s3_url)}/{batch}.batch")
     assert head["size"] == 16 + 8 + sum(4 + len(r) for r in records)  # object header + batch header + records
     assert "-" in str(head["e_tag"]), "a multipart upload's ETag is '<md5 of the parts' md5s>-<parts>'"
 
 
 def test_damaged_and_deleted_objects_are_data_loss_naming_the_batch_and_the_others_stay_readable(
-    zookeeper: ZooKeeperHarness, seaweedfs_server: SeaweedFS, s3_bucket: str
+    zookeeper: ZooKeeperHarness, seaweedfs_server: SeaweedFS, s3_url: str
 ) -> None:
-    q = _queue(zookeeper, f"s3://{s3_bucket}/q", seaweedfs_server.endpoint)
+    q = _queue(zookeeper, s3_url, seaweedfs_server.endpoint)
     for n in range(4):
         q.publish([b"%d" % n * 2000])
-    raw = _raw(seaweedfs_server, s3_bucket)
-    obstore.delete(raw, "q/orders-2.batch")
-    good = bytes(obstore.get(raw, "q/orders-3.batch").bytes())
-    obstore.put(raw, "q/orders-3.batch", good[:-1] + bytes([good[-1] ^ 1]))  # one bit flipped
-    obstore.put(raw, "q/orders-4.batch", good[: len(good) // 2])  # torn
+    raw, prefix = _raw(seaweedfs_server, s3_url), _prefix(s3_url)
+    obstore.delete(raw, f"{prefix}/orders-2.batch")
+    good = bytes(obstore.get(raw, f"{prefix}/orders-3.batch").bytes())
+    obstore.put(raw, f"{prefix}/orders-3.batch", good[:-1] + bytes([good[-1] ^ 1]))  # one bit flipped
+    obstore.put(raw, f"{prefix}/orders-4.batch", good[: len(good) // 2])  # torn
     with pytest.raises(DataLossError, match=r"batch orders-2 of queue orders: .*orders-2.batch is missing"):
         q.read(2)
     with pytest.raises(BatchLostError, match=r"batch orders-3 .* CRC32C mismatch"):
@@ -66,7 +72,7 @@ def test_damaged_and_deleted_objects_are_data_loss_naming_the_batch_and_the_othe
 
 
 def test_the_errors_a_user_meets_say_what_is_wrong_and_publish_nothing(
-    zookeeper: ZooKeeperHarness, seaweedfs_server: SeaweedFS, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+    zookeeper: ZooKeeperHarness, seaweedfs_server: SeaweedFS, s3_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     endpoint = seaweedfs_server.endpoint
     big = [b"x" * 4096]
@@ -74,18 +80,18 @@ def test_the_errors_a_user_meets_say_what_is_wrong_and_publish_nothing(
         _queue(zookeeper, "s3://no-such-bucket/q", endpoint).publish(big)
     closed = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(BatchStoreError, match=f"the S3 endpoint {closed} .* cannot be reached"):
-        _queue(zookeeper, f"s3://{s3_bucket}/q", closed).publish(big)
-    q = _queue(zookeeper, f"s3://{s3_bucket}/q", endpoint)
+        _queue(zookeeper, s3_url, closed).publish(big)
+    q = _queue(zookeeper, s3_url, endpoint)
     assert q.publish(big) == "orders-1"
     for key, value in seaweedfs_server.credentials("reader").items():  # may read, not write
         monkeypatch.setenv(key, value)
-    reader = _queue(zookeeper, f"s3://{s3_bucket}/q", endpoint)
+    reader = _queue(zookeeper, s3_url, endpoint)
     assert reader.read(1).records == big
     with pytest.raises(BatchStoreError, match=r"access denied by .*check the credentials"):
         reader.publish(big)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
     with pytest.raises(BatchStoreError, match="access denied"):
-        _queue(zookeeper, f"s3://{s3_bucket}/q", endpoint).read(1)
+        _queue(zookeeper, s3_url, endpoint).read(1)
     assert q.latest() == 1, "no failed publish made a batch"
     with pytest.raises(CoordinationError, match="orders-2 is not retained"):
         q.read(2)

@@ -26,9 +26,8 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
     session's S3 server (the admin's credentials in the environment)."""
     if request.param == "file":
         return {"store_url": (tmp_path / "store").as_uri()}
-    bucket = request.getfixturevalue("s3_bucket")
-    server = request.getfixturevalue("seaweedfs_server")
-    return {"store_url": f"s3://{bucket}/queues/orders", "store_endpoint": server.endpoint}
+    url = request.getfixturevalue("s3_url")
+    return {"store_url": url, "store_endpoint": request.getfixturevalue("seaweedfs_server").endpoint}
 
 
 def _objects(store: dict[str, str]) -> list[str]:
@@ -219,3 +218,47 @@ def test_large_batch_without_a_store_is_refused_clearly(zookeeper: ZooKeeperHarn
     q = _queue(zookeeper, inline_max_bytes=16)
     with pytest.raises(ConfigError, match="set store_url"):
         q.publish([b"x" * 100])
+
+
+def test_a_consumer_reads_ahead_while_its_handler_runs_and_handles_in_order(
+    zookeeper: ZooKeeperHarness, tmp_path: Path
+) -> None:
+    """With read_ahead 2, the store is asked for batches 2 and 3 while the handler still holds batch 1
+    (the handler waits for that, so the test cannot pass by timing); every batch is handled once, in
+    order; with read_ahead 0, nothing is read before its turn."""
+
+    class Watched(FileBatchStore):
+        def __init__(self, url: str) -> None:
+            super().__init__(url)
+            self.asked: list[str] = []
+            self.third = threading.Event()
+
+        def get(self, url: str) -> memoryview:
+            self.asked.append(Path(url).stem)
+            if Path(url).stem.endswith("-3"):
+                self.third.set()
+            return super().get(url)
+
+    for ahead in (2, 0):
+        store = Watched((tmp_path / f"s{ahead}").as_uri())
+        options = BatchOptions.make(inline_max_bytes=8, store_url=store.url, read_ahead=ahead)
+        q = BatchQueue(zookeeper.client(), f"orders{ahead}", chroot=zookeeper.root, options=options, store=store)
+        for n in range(1, 6):
+            q.publish([b"record %d" % n])
+        handled: list[tuple[int, list[str]]] = []
+
+        def handler(
+            batch: Batch, store: Watched = store, ahead: int = ahead, handled: list[tuple[int, list[str]]] = handled
+        ) -> None:
+            if batch.number == 1 and ahead:
+                assert store.third.wait(30), "batch 3 was not read while batch 1 was handled"
+            handled.append((batch.number, list(store.asked)))
+
+        consumer = q.consumer("billing")
+        consumer.register("earliest")
+        assert consumer.process_available(handler) == 5
+        assert [n for n, _ in handled] == [1, 2, 3, 4, 5] and consumer.position() == 5
+        if ahead:
+            assert {"orders2-2", "orders2-3"} <= set(handled[0][1])
+        else:
+            assert [asked for _, asked in handled] == [[f"orders0-{m}" for m in range(1, n + 1)] for n in range(1, 6)]

@@ -44,8 +44,8 @@ class BatchStore(Protocol):
         """Store ``data`` under ``key`` atomically; return the object's URL."""
         ...
 
-    def get(self, url: str) -> bytes:
-        """The object's bytes, verified; BatchLostError if missing, torn or corrupt."""
+    def get(self, url: str) -> bytes | memoryview:
+        """The object's bytes (or a view of them), verified; BatchLostError if missing, torn or corrupt."""
         ...
 
     def delete(self, url: str) -> None:

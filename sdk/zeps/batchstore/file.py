@@ -59,7 +59,7 @@ class FileBatchStore:
             os.close(dir_fd)
         return final.as_uri()
 
-    def get(self, url: str) -> bytes:
+    def get(self, url: str) -> memoryview:
         path = self._path(url)
         try:
             raw = path.read_bytes()

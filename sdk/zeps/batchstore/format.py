@@ -44,7 +44,7 @@ def encode_batch(records: Sequence[bytes]) -> bytes:
     return _BATCH.pack(b"ZQB", 1, len(records)) + join_records(records)
 
 
-def decode_batch(data: bytes) -> list[bytes]:
+def decode_batch(data: bytes | memoryview) -> list[bytes]:
     if len(data) < _BATCH.size:
         raise BatchStoreError(f"batch truncated: {len(data)} bytes")
     magic, version, count = _BATCH.unpack_from(data)
@@ -63,13 +63,13 @@ def object_header(payload: bytes) -> bytes:
     return _OBJECT.pack(b"ZBS1", len(payload), crc32c.crc32c(payload))
 
 
-def object_payload(raw: bytes | memoryview, where: str) -> bytes:
-    """The payload of a stored object, checked: BatchLostError naming ``where`` if it is torn,
-    foreign or corrupt."""
+def object_payload(raw: bytes | memoryview, where: str) -> memoryview:
+    """The payload of a stored object (a view of ``raw``: no copy), checked: BatchLostError naming
+    ``where`` if it is torn, foreign or corrupt."""
     if len(raw) < _OBJECT.size:
         raise BatchLostError(f"batch object {where} is torn: {len(raw)} bytes")
     magic, length, crc = _OBJECT.unpack_from(raw)
-    payload = bytes(raw[_OBJECT.size :])
+    payload = memoryview(raw)[_OBJECT.size :]
     if magic != b"ZBS1" or len(payload) != length:
         raise BatchLostError(f"batch object {where} is torn or foreign (expected {length} bytes, got {len(payload)})")
     if crc32c.crc32c(payload) != crc:

@@ -190,7 +190,7 @@ class S3BatchStore:
             raise self._error(exc, f"storing batch {key}") from None
         return self._object_url(path)
 
-    def get(self, url: str) -> bytes:
+    def get(self, url: str) -> memoryview:
         import obstore  # noqa: PLC0415
 
         path = self._path(url)

@@ -27,6 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -196,16 +197,17 @@ class BatchQueue:
         BatchLostError (a DataLossError naming it) if its stored object is missing or damaged."""
         batch_id = self.batch_id(number)
         retry = bounded_retry()
-        try:
-            body, stat = retry(self.client.get, f"{self.paths.batch_data}/{batch_id}")
-        except NoNodeError:
-            try:
-                url, stat = retry(self.client.get, f"{self.paths.batch_refs}/{batch_id}")
-            except NoNodeError:
-                raise CoordinationError(f"batch {batch_id} is not retained (removed, or not published yet)") from None
+        inline, ref = retry(self._lookup, batch_id)
+        body: bytes | memoryview
+        if inline is not None:
+            body, stat = inline
+        elif ref is None:
+            raise CoordinationError(f"batch {batch_id} is not retained (removed, or not published yet)")
+        else:
+            url, stat = ref
             store = self.store
             if store is None:
-                raise ConfigError(f"batch {batch_id} is in a batch store but this handle has no store_url") from None
+                raise ConfigError(f"batch {batch_id} is in a batch store but this handle has no store_url")
             try:
                 body = store.get(url.decode(errors="replace"))
             except BatchLostError as exc:
@@ -213,6 +215,19 @@ class BatchQueue:
                     raise CoordinationError(f"batch {batch_id} is not retained (removed by retention)") from None
                 raise BatchLostError(f"batch {batch_id} of queue {self.name}: {exc}") from None
         return Batch(batch_id, number, decode_batch(body), stat.ctime)
+
+    def _lookup(self, batch_id: str) -> tuple[tuple[bytes, Any] | None, tuple[bytes, Any] | None]:
+        """The batch's inline node and its store reference, each (data, stat) or None: asked for
+        together, one round trip (a batch is one or the other)."""
+        asked = [self.client.get_async(f"{parent}/{batch_id}") for parent in (self.paths.batch_data,
+                                                                              self.paths.batch_refs)]  # fmt: skip
+        found: list[tuple[bytes, Any] | None] = []
+        for result in asked:
+            try:
+                found.append(result.get())
+            except NoNodeError:
+                found.append(None)
+        return found[0], found[1]
 
     @zookeeper_errors
     def first_retained(self) -> int:
@@ -308,14 +323,40 @@ class BatchConsumer:
 
     def process_available(self, handler: Callable[[Batch], None], *, limit: int | None = None) -> int:
         """Process, in order, every batch after our position up to the latest (at most ``limit``);
-        the position advances (compare-and-set) after each handler returns. Returns the count."""
-        done = 0
+        the position advances (compare-and-set) after each handler returns. Returns the count.
+
+        While the handler runs, the next ``read_ahead`` batches are read in threads (a store's
+        latency overlaps the handler's work); a batch read ahead that is never handled (a limit, an
+        error) is dropped, never counted."""
+        ahead = self.queue.options.read_ahead
         latest = self.queue.latest()
+        if ahead == 0:
+            return self._process(handler, latest, limit, self.queue.read)
+        with ThreadPoolExecutor(ahead, thread_name_prefix=f"zeps-read-{self.name}") as pool:
+            reads: dict[int, Future[Batch]] = {}
+
+            def take(number: int) -> Batch:
+                for n in range(number, min(number + ahead, latest) + 1):
+                    if n not in reads:
+                        reads[n] = pool.submit(self.queue.read, n)
+                for n in [n for n in reads if n < number]:  # the position moved back (a reset): stale
+                    reads.pop(n).cancel()
+                return reads.pop(number).result()
+
+            try:
+                return self._process(handler, latest, limit, take)
+            finally:
+                for future in reads.values():
+                    future.cancel()
+
+    def _process(self, handler: Callable[[Batch], None], latest: int, limit: int | None,
+                 read: Callable[[int], Batch]) -> int:  # fmt: skip
+        done = 0
         while limit is None or done < limit:
             position, version = self._read_position()
             if position >= latest:
                 return done
-            batch = self.queue.read(position + 1)
+            batch = read(position + 1)
             handler(batch)
             try:
                 bounded_retry()(self.client.set, self.path, batch.id.encode(), version=version)
