@@ -24,6 +24,9 @@ from zeps_dev.seaweedfs import SeaweedFS
 
 _counter = itertools.count()
 S3_TEST_BUCKET = "zeps-tests"
+#: the session S3 server's admin keys: fixed, because the Spark session's Python workers take their
+#: environment from the JVM started with the session (a loopback test server's, nothing else's)
+S3_TEST_ADMIN = ("zeps-tests-admin", "zeps-tests-admin-secret")
 
 
 @pytest.fixture
@@ -44,7 +47,7 @@ def seaweedfs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seawe
     """One real S3 server (SeaweedFS) for the session, with one bucket, S3_TEST_BUCKET: the s3://
     batch store's tests (each under a prefix of its own: SeaweedFS gives every bucket volumes of its
     own, so a bucket per test would use them up)."""
-    server = SeaweedFS(tmp_path_factory.mktemp("seaweedfs"))
+    server = SeaweedFS(tmp_path_factory.mktemp("seaweedfs"), admin=S3_TEST_ADMIN)
     server.start()
     try:
         server.create_bucket(S3_TEST_BUCKET)
@@ -70,6 +73,8 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     warehouse: Path = tmp_path_factory.mktemp("spark-warehouse")
     os.environ["PYSPARK_PYTHON"] = sys.executable  # Python workers run this interpreter (and its zeps)
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    # the executors' S3 credentials (an s3:// batch store), as a pod's come from its Secret
+    os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"] = S3_TEST_ADMIN
     session = (
         SparkSession.builder.master("local[2,2]")  # a failed task is tried once more, as on a cluster
         .appName("zeps-tests")

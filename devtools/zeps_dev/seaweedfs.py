@@ -45,9 +45,10 @@ class SeaweedFS(LocalServer):
     """One ``weed server -s3`` with its own data directory; ports chosen once and kept across
     :meth:`restart`, data kept too (a restart is the server coming back, not a new one)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, admin: tuple[str, str] | None = None) -> None:
         self.workdir = workdir
-        self.admin = ("zeps-admin", secrets.token_hex(16))  #: (access key id, secret key) allowed everything
+        #: (access key id, secret key) allowed everything (random unless given)
+        self.admin = admin or ("zeps-admin", secrets.token_hex(16))
         self.reader = ("zeps-reader", secrets.token_hex(16))  #: allowed to read and list only
         self.ports: dict[str, int] = {}
         self._process: ManagedProcess | None = None

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import socket
-from typing import Any, TypeVar
-
-from pydantic import BaseModel
+from typing import Any
 
 from zeps.client import GroupConsumer, MulticastSubscription, PartitionedStreamClient, StreamClient
 from zeps.client._transport import multicast_key
@@ -29,14 +26,7 @@ from zeps.options import BatchOptions, QueueOptions, TopicOptions
 
 __all__ = ["BatchesHandle", "QueueHandle", "StreamHandle", "TopicHandle", "batches", "queue", "stream", "topic"]
 
-M = TypeVar("M", bound=BaseModel)
 log = logging.getLogger(__name__)
-
-
-def _options(model: type[M], spec: dict[str, Any]) -> M:
-    """SDK options from a resource spec (camelCase fields; the ones the model does not know are skipped)."""
-    snake = {re.sub(r"(?<!^)(?=[A-Z])", "_", k).lower(): v for k, v in spec.items()}
-    return model.model_validate({k: v for k, v in snake.items() if k in model.model_fields})
 
 
 class _Handle:
@@ -82,7 +72,7 @@ class TopicHandle(_Handle):
     def _make(self) -> Topic:
         s = self.settings
         return Topic(
-            self._zookeeper(), s.name, namespace=s.namespace, chroot=s.chroot, options=_options(TopicOptions, s.spec)
+            self._zookeeper(), s.name, namespace=s.namespace, chroot=s.chroot, options=TopicOptions.from_spec(s.spec)
         )
 
     def publish(self, body: bytes, **kwargs: Any) -> str:
@@ -111,7 +101,7 @@ class QueueHandle(_Forwarding):
     def _make(self) -> WorkQueue:
         s = self.settings
         return WorkQueue(
-            self._zookeeper(), s.name, namespace=s.namespace, chroot=s.chroot, options=_options(QueueOptions, s.spec)
+            self._zookeeper(), s.name, namespace=s.namespace, chroot=s.chroot, options=QueueOptions.from_spec(s.spec)
         )
 
 
@@ -126,7 +116,7 @@ class BatchesHandle(_Forwarding):
             s.name,
             namespace=s.namespace,
             chroot=s.chroot,
-            options=_options(BatchOptions, batch_spec),
+            options=BatchOptions.from_spec(batch_spec),
         )
 
 

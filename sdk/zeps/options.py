@@ -8,6 +8,8 @@ the field.
 from __future__ import annotations
 
 import ipaddress
+import re
+from collections.abc import Mapping
 from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -30,6 +32,13 @@ class _Options(BaseModel):
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
             raise ConfigError(f"invalid {cls.__name__}: {problems}") from None
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> Self:
+        """From a resource's spec (camelCase fields, as the CRD has them); fields this model does not
+        have are skipped (a Queue's spec also holds the Queue's own fields)."""
+        snake = {re.sub(r"(?<!^)(?=[A-Z])", "_", k).lower(): v for k, v in spec.items()}
+        return cls.make(**{k: v for k, v in snake.items() if k in cls.model_fields})
 
 
 class TopicOptions(_Options):

@@ -21,6 +21,7 @@ from zeps.config import Resolved
 from zeps.coordination.batches import BatchQueue
 from zeps.errors import ConfigError
 from zeps.journal import JournalConfig
+from zeps.options import BatchOptions
 from zeps.spark import ZepsDataSource, queue_sink, topic_sink
 from zeps.spark.source import _QUEUE_TYPES, DataLossError, _Range, _StreamRead
 from zeps_dev.process import wait_until
@@ -277,6 +278,29 @@ def test_batch_read_of_a_batch_queue(spark: Any, zookeeper: ZooKeeperHarness) ->
 
     assert read() == [(n + 1, f"invoices-{n + 1}", b"invoice-%d-%d" % (n, i)) for n in range(4) for i in range(2)]
     assert [row[0] for row in read(startBatch="2", endBatch="3")] == [2, 2, 3, 3]
+
+
+def test_a_batch_queue_whose_batches_are_on_s3_is_read_whole(
+    spark: Any, zookeeper: ZooKeeperHarness, seaweedfs_server: Any, s3_url: str
+) -> None:
+    """Batches in an s3:// store (a real S3 server), read by the executors: the store named in the
+    source's options, the credentials from the executors' environment. One batch is over the multipart
+    threshold; every record comes back once."""
+    endpoint = seaweedfs_server.endpoint
+    options = BatchOptions.make(inline_max_bytes=64, store_url=s3_url, store_endpoint=endpoint)
+    batches = BatchQueue(zookeeper.client(), "ledger", namespace="spark", chroot=zookeeper.root, options=options)
+    for n in range(6):
+        batches.publish([b"entry-%d-%d" % (n, i) for i in range(50)])
+    batches.publish([bytes([7]) * (3 << 20)] * 3)  # 9 MiB: uploaded in parts
+    spark.dataSource.register(ZepsDataSource)
+    reader = spark.read.format("zeps")
+    for k, v in {"queue": "ledger", "namespace": "spark", "zookeeper": zookeeper.connect_string,
+                 "chroot": zookeeper.root, "storeUrl": s3_url, "storeEndpoint": endpoint}.items():  # fmt: skip
+        reader = reader.option(k, v)
+    rows = reader.load().selectExpr("batch", "length(record) AS size", "record").collect()
+    small = sorted(bytes(r["record"]) for r in rows if r["batch"] <= 6)
+    assert small == sorted(b"entry-%d-%d" % (n, i) for n in range(6) for i in range(50))
+    assert [(r["batch"], r["size"]) for r in rows if r["batch"] == 7] == [(7, 3 << 20)] * 3
 
 
 def test_the_source_refuses_a_work_queue(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,7 +12,6 @@ import pytest
 import zeps
 from zeps.config import resolve
 from zeps.errors import ConfigError
-from zeps.handles import _options
 from zeps.options import TopicOptions
 
 
@@ -56,7 +55,7 @@ def test_without_settings_or_cluster_access_the_error_says_what_to_do(
 
 
 def test_spec_fields_become_options() -> None:
-    options = _options(TopicOptions, {"maxQueueDepth": 7, "fullQueuePolicy": "fail", "deletionPolicy": "Delete"})
+    options = TopicOptions.from_spec({"maxQueueDepth": 7, "fullQueuePolicy": "fail", "deletionPolicy": "Delete"})
     assert (options.max_queue_depth, options.full_queue_policy) == (7, "fail")
 
 

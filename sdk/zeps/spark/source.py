@@ -35,7 +35,9 @@ Options: ``stream`` or ``queue`` (the resource name), ``namespace``, ``endpoint`
 (``earliest`` | ``latest`` | JSON ``{"prices": 1000}`` | epoch milliseconds), ``maxOffsetsPerTrigger``,
 ``failOnDataLoss`` (true/false, default true), ``partitionSize`` (sequences per partition, default
 100000), ``minPartitions`` (split the ranges into at least this many input partitions),
-``leaderWaitSeconds`` (how long a micro-batch waits for a replicated stream's new leader, default
+``storeUrl``, ``storeEndpoint``, ``storeRegion``, ``storePathStyle`` (a batch Queue's store, when the
+settings are explicit rather than read from the resource; credentials always come from the executors'
+environment), ``leaderWaitSeconds`` (how long a micro-batch waits for a replicated stream's new leader, default
 60), ``followerReads`` (true: executors read a replicated stream from its in-sync followers,
 taking replay load off the leader; default false), ``startSequence``/``endSequence`` (batch reads of a
 stream), ``startBatch``/``endBatch`` (batch reads of a batch Queue: by default every retained batch).
@@ -88,6 +90,7 @@ from zeps.config import Resolved, require_queue_mode, resolve
 from zeps.coordination import shared_client
 from zeps.coordination.batches import BatchQueue
 from zeps.errors import ConfigError, DataLossError, ZepsError
+from zeps.options import BatchOptions
 from zeps.spark.columns import STREAM_COLUMNS, arrow_batch
 
 __all__ = ["DataLossError", "ZepsDataSource"]
@@ -120,6 +123,11 @@ def _bool(value: str | None, default: bool) -> bool:
     return value.lower() == "true"
 
 
+#: a batch Queue's store, as options (the Queue's spec.batches fields): for a driver that names its
+#: settings explicitly instead of reading the resource
+_STORE_OPTIONS = ("storeUrl", "storeEndpoint", "storeRegion", "storePathStyle")
+
+
 def _settings(options: dict[str, str]) -> Resolved:
     """Resolve once, on the driver: explicit options, then environment, then the resource's status."""
     kind = "Queue" if "queue" in options else "ZepsStream"
@@ -130,6 +138,12 @@ def _settings(options: dict[str, str]) -> Resolved:
     settings = resolve(kind, name, namespace=options.get("namespace"), **explicit)  # type: ignore[arg-type]
     if kind == "Queue":
         require_queue_mode(settings, "batches")  # the source reads batches; work items are taken, not read
+        store = {field: options[field.lower()] for field in _STORE_OPTIONS if field.lower() in options}
+        if store:  # the batch store named explicitly (no resource spec read): it overrides the spec's
+            spec = dict(settings.spec)
+            spec["batches"] = {**(spec.get("batches") or {}), **store}
+            BatchOptions.from_spec(spec["batches"])  # a bad value fails here, on the driver, naming the option
+            settings = settings.model_copy(update={"spec": spec})
     elif not settings.partitions and settings.zookeeper and "partitions" not in settings.spec:
         # settings given without the resource's spec: whether the stream is partitioned, ZooKeeper says
         # (a driver that cannot reach it, outside the cluster, reads one partition as before)
@@ -406,7 +420,9 @@ class _QueueRead:
 
     def _queue(self) -> BatchQueue:
         s = self.settings
-        return BatchQueue(shared_client(s.zookeeper, auth=s.auth), s.name, namespace=s.namespace, chroot=s.chroot)
+        options = BatchOptions.from_spec(s.spec.get("batches") or {})  # its batch store, where large batches are
+        return BatchQueue(shared_client(s.zookeeper, auth=s.auth), s.name, namespace=s.namespace, chroot=s.chroot,
+                          options=options)  # fmt: skip
 
     def read_batches(self, part: _Range) -> Iterator[pa.RecordBatch]:
         queue = self._queue()
