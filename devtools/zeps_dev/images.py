@@ -410,7 +410,7 @@ class ImageBuilder:
             return tag
         with tempfile.TemporaryDirectory(dir=self._scratch()) as tmp:
             context = Path(tmp)
-            self._wheels(venv_python, "operator", context / "wheels")
+            self._wheels(venv_python, "operator,s3", context / "wheels")
             self.build(
                 tag,
                 context,
@@ -437,7 +437,7 @@ class ImageBuilder:
             return tag
         with tempfile.TemporaryDirectory(dir=self._scratch()) as tmp:
             context = Path(tmp)
-            self._wheels(venv_python, "spark,kubernetes", context / "wheels")
+            self._wheels(venv_python, "spark,kubernetes,s3", context / "wheels")
             shutil.copy2(IMAGES / "spark" / "zeps-spark-entrypoint", context / "zeps-spark-entrypoint")
             shutil.copytree(examples, context / "spark", ignore=shutil.ignore_patterns("__pycache__"))
             self.build(
@@ -446,6 +446,26 @@ class ImageBuilder:
                 dockerfile=IMAGES / "spark" / "Dockerfile",
                 args={"BUILD_BASE": self.rootfs("python-build"), "RUNTIME_BASE": self.rootfs("spark")},
             )
+        self.forget_older(tag)
+        return tag
+
+    def seaweedfs_image(self) -> str:
+        """``zeps-seaweedfs:<key>``: SeaweedFS's weed (from the pinned module, built by ``tools/testbin/build.sh
+        kind``) on the Debian Python rootfs (a shell and /tmp, where weed puts its local sockets): the S3
+        server the e2e suite runs in a pod for the s3:// batch store."""
+        weed = (self.binaries / "weed").resolve()
+        if not weed.exists():
+            raise SetupError(f"{self.binaries} has no weed; run `tools/setup.sh kind` again")
+        # the build folder's name carries the hash of the module's pins (tools/testbin/build.sh)
+        tag = f"zeps-seaweedfs:{_hash(weed.parent.name, *ROOTFS['python'])}"
+        if self._cached(tag, building="weed on the Debian Python rootfs"):
+            return tag
+        with tempfile.TemporaryDirectory(dir=self._scratch()) as tmp:
+            context = Path(tmp)
+            shutil.copy2(weed, context / "weed")
+            lines = [f"FROM {self.rootfs('python')}", "COPY weed /usr/local/bin/weed", "USER 10001",
+                     'ENTRYPOINT ["/usr/local/bin/weed"]']  # fmt: skip
+            self.build(tag, context, dockerfile="\n".join(lines) + "\n")
         self.forget_older(tag)
         return tag
 

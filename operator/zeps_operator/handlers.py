@@ -164,32 +164,9 @@ def _queue_facts(body: Mapping[str, Any], patch: kopf.Patch) -> None:
     if (body.get("spec") or {}).get("mode") == "batches":
         batches = BatchQueue(state.zk, meta["name"], namespace=meta["namespace"], chroot=state.settings.chroot)
         patch.status["consumerLag"] = batches.lag()
-        batch_spec = (body.get("spec") or {}).get("batches") or {}
-        patch.status["batchStore"] = _batch_store_state(meta["namespace"], batch_spec)
     patch.status["depth"] = count_children(state.zk, paths.items, deadline=ZK_DEADLINE)
     patch.status["inFlight"] = count_children(state.zk, paths.taken, deadline=ZK_DEADLINE)
     patch.status["deadLettered"] = count_children(state.zk, paths.dead, deadline=ZK_DEADLINE)
-
-
-#: the keys a batch store's credentials Secret must have (pods mount it with envFrom)
-S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
-
-
-def _batch_store_state(namespace: str, batches: Mapping[str, Any]) -> str:
-    """``ready``, or what keeps the batch store's clients from working: its credentials Secret is
-    missing or lacks a key (read again at every resync, so fixing the Secret clears it)."""
-    if not batches.get("storeUrl"):
-        return "none: no storeUrl, so batches over inlineMaxBytes are refused"
-    secret = batches.get("storeCredentialsSecret")
-    if secret is None:
-        return "ready"
-    keys = state.kube.secret_keys(namespace, secret)
-    if keys is None:
-        return f"credentials Secret {secret} not found in namespace {namespace}"
-    missing = [k for k in S3_SECRET_KEYS if k not in keys]
-    if missing:
-        return f"credentials Secret {secret} lacks {', '.join(missing)}"
-    return "ready"
 
 
 # -- the resync of Topics and Queues (zeps_operator.resync) --------------------------------------

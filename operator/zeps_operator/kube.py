@@ -61,13 +61,6 @@ class Kube:
             return None
         return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
 
-    def secret_keys(self, namespace: str, name: str) -> set[str] | None:
-        """The keys of the Secret that have a value (nothing is decoded); None when there is no such Secret."""
-        secret = _unless_missing(lambda: self._core.read_namespaced_secret(name, namespace))
-        if secret is None:
-            return None
-        return {k for k, v in (secret.data or {}).items() if v}
-
     def credentials(self, namespace: str, secret: str) -> tuple[str, str] | None:
         """``(user, password)`` from the Secret's keys ``user`` and ``password``; None without the Secret;
         :class:`InvalidSecretError` when a key is missing or empty."""

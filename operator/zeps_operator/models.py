@@ -305,11 +305,6 @@ KINDS = [
             "inFlight": ("integer", "Items taken and not acked."),
             "deadLettered": ("integer", "Dead-lettered items."),
             "consumerLag": ("object", "Batches each batch consumer still has to process."),
-            "batchStore": (
-                "string",
-                "Batch mode: the batch store's state, ready or what is wrong (its credentials Secret missing, or "
-                "lacking AWS_ACCESS_KEY_ID or AWS_SECRET_ACCESS_KEY).",
-            ),
             "zookeeper": ("string", "ZooKeeper connect string the SDK should use."),
             "path": ("string", "The queue's ZooKeeper path."),
         },

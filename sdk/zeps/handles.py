@@ -13,11 +13,14 @@ import os
 import socket
 from typing import Any
 
+from zeps.batchstore import BatchStore, open_store
+from zeps.batchstore.s3 import credentials_in_environment
 from zeps.client import GroupConsumer, MulticastSubscription, PartitionedStreamClient, StreamClient
 from zeps.client._transport import multicast_key
 from zeps.client.discovery import partition_endpoints
 from zeps.client.session import Since
 from zeps.config import Resolved, require_queue_mode, resolve
+from zeps.config.resolver import read_secret
 from zeps.coordination import Topic, shared_client
 from zeps.coordination.batches import BatchQueue
 from zeps.coordination.queue import WorkQueue
@@ -110,14 +113,28 @@ class BatchesHandle(_Forwarding):
 
     def _make(self) -> BatchQueue:
         s = self.settings
-        batch_spec = s.spec.get("batches") or {}
+        options = BatchOptions.from_spec(s.spec.get("batches") or {})
         return BatchQueue(
             self._zookeeper(),
             s.name,
             namespace=s.namespace,
             chroot=s.chroot,
-            options=BatchOptions.from_spec(batch_spec),
+            options=options,
+            store=self._store(options),
         )
+
+    def _store(self, options: BatchOptions) -> BatchStore | None:
+        """An s3:// store whose credentials Secret the Queue names, when the environment has none: the
+        Secret read through the Kubernetes API (as this pod's ServiceAccount). Otherwise None: the queue
+        opens its store itself, credentials from the environment (a Spark executor's, from envFrom)."""
+        secret = options.store_credentials_secret
+        if not (options.store_url or "").startswith("s3://") or secret is None or credentials_in_environment():
+            return None
+        keys = read_secret(self.settings.namespace, secret, ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"),
+                           why=f"the batch store of Queue {self.settings.name}")  # fmt: skip
+        return open_store(options.store_url or "", endpoint=options.store_endpoint, region=options.store_region,
+                          path_style=options.store_path_style, credentials_secret=secret,
+                          credentials=(keys["AWS_ACCESS_KEY_ID"], keys["AWS_SECRET_ACCESS_KEY"]))  # fmt: skip
 
 
 class StreamHandle(_Forwarding):

@@ -155,9 +155,10 @@ class BatchOptions(_Options):
     store_credentials_secret: str | None = Field(
         None,
         pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$",
-        description="s3:// only: a Secret in the Queue's namespace with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; "
-        "pods and Spark executors mount it with envFrom (the operator checks that it exists and reports it in "
-        "status). Unset: the pod's own AWS environment (static keys or web identity).",
+        description="s3:// only: a Secret in the Queue's namespace with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY. "
+        "With no credentials in its environment, zeps.batches() reads it (its ServiceAccount needs get on it); Spark "
+        "executors, which have no Kubernetes access, mount it with envFrom. Unset: the environment's credentials "
+        "(static keys or web identity).",
     )
     retention_seconds: float = Field(
         7 * 86400, ge=0, description="Batches older than this that every consumer has processed may be removed."

@@ -128,6 +128,40 @@ def test_a_pickled_handle_works_where_there_is_no_kubernetes(
     item.ack()
 
 
+def test_a_batches_handle_reads_its_queue_s_store_credentials_secret(  # noqa: PLR0917 — pytest fixtures
+    operator: OperatorProcess,
+    crds: ControlPlane,
+    namespace: str,
+    kubeconfig: Path,
+    kube_api: Any,
+    seaweedfs_server: Any,
+    s3_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With no S3 credentials in the environment, ``zeps.batches()`` reads the Secret the Queue names
+    (the real API server, the real S3 server): a missing Secret, or one lacking a key, is a ConfigError
+    saying what to create; a pickled handle carries no credentials (the executor's come from envFrom)."""
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    store = {"inlineMaxBytes": 64, "storeUrl": s3_url, "storeEndpoint": seaweedfs_server.endpoint,
+             "storeCredentialsSecret": "ledger-s3"}  # fmt: skip
+    _apply(crds, namespace, "Queue", "ledger", {"mode": "batches", "batches": store})
+    missing = rf"Secret {namespace}/ledger-s3 \(the batch store of Queue ledger\) does not exist: create it with"
+    with pytest.raises(ConfigError, match=missing):
+        zeps.batches("ledger", namespace=namespace).publish([b"x" * 100])
+    core = client.CoreV1Api(kube_api)
+    key, secret = seaweedfs_server.admin
+    core.create_namespaced_secret(namespace, client.V1Secret(metadata=client.V1ObjectMeta(name="ledger-s3"),
+                                                             string_data={"AWS_ACCESS_KEY_ID": key}))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"has no AWS_SECRET_ACCESS_KEY: add it"):
+        zeps.batches("ledger", namespace=namespace).publish([b"x" * 100])
+    core.patch_namespaced_secret("ledger-s3", namespace, {"stringData": {"AWS_SECRET_ACCESS_KEY": secret}})
+    handle = zeps.batches("ledger", namespace=namespace)
+    assert handle.publish([b"x" * 100]) == "ledger-1"
+    assert handle.read(1).records == [b"x" * 100]
+    assert secret.encode() not in pickle.dumps(handle) and secret.encode() not in pickle.dumps(handle.store)
+
+
 def test_zeps_status_lists_resources_with_ready_and_facts(
     operator: OperatorProcess, crds: ControlPlane, namespace: str, kubeconfig: Path, zookeeper: ZooKeeperHarness
 ) -> None:

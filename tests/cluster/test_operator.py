@@ -658,29 +658,6 @@ def test_batch_queue_lag_in_status(
     )
 
 
-def test_a_batch_store_credentials_secret_is_checked_and_reported_in_status(
-    operator: OperatorProcess, crds: ControlPlane, namespace: str, kube_api: Any
-) -> None:
-    """The operator says, in status.batchStore, whether the Secret an s3:// store's clients mount
-    exists with both keys; a resync pass sees it created or fixed (the pods themselves: kind)."""
-    spec = {"mode": "batches", "batches": {"storeUrl": "s3://batches/orders", "storeEndpoint": "http://s3:8333",
-                                           "storeCredentialsSecret": "orders-s3"}}  # fmt: skip
-    _apply(crds, namespace, "Queue", "orders", spec)
-
-    def said() -> str:
-        return str(_get(crds, namespace, "queue", "orders").get("status", {}).get("batchStore", ""))
-
-    wait_until(lambda: said() == f"credentials Secret orders-s3 not found in namespace {namespace}", timeout=30,
-               what="the missing Secret in status")  # fmt: skip
-    core = client.CoreV1Api(kube_api)
-    secret = client.V1Secret(metadata=client.V1ObjectMeta(name="orders-s3"), string_data={"AWS_ACCESS_KEY_ID": "id"})
-    core.create_namespaced_secret(namespace, secret)
-    wait_until(lambda: said() == "credentials Secret orders-s3 lacks AWS_SECRET_ACCESS_KEY", timeout=60,
-               what="the missing key in status")  # fmt: skip
-    core.patch_namespaced_secret("orders-s3", namespace, {"stringData": {"AWS_SECRET_ACCESS_KEY": "secret"}})
-    wait_until(lambda: said() == "ready", timeout=60, what="a ready batch store in status")
-
-
 def test_a_path_owned_by_another_cluster_is_a_conflict(
     operator: OperatorProcess, crds: ControlPlane, namespace: str, zookeeper: ZooKeeperHarness
 ) -> None:

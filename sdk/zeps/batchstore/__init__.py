@@ -66,7 +66,8 @@ def _s3(url: str, **options: Any) -> BatchStore:
     return S3BatchStore(url, **options)
 
 
-#: URL scheme -> store factory (the URL, then the store options: endpoint, region, path_style, credentials_secret)
+#: URL scheme -> store factory (the URL, then the store options: endpoint, region, path_style,
+#: credentials_secret, credentials)
 STORES: dict[str, Callable[..., BatchStore]] = {"file": _file, "s3": _s3}
 
 
@@ -77,6 +78,7 @@ def open_store(
     region: str | None = None,
     path_style: bool | None = None,
     credentials_secret: str | None = None,
+    credentials: tuple[str, str] | None = None,
 ) -> BatchStore:
     """The store a URL names, with the object-storage options (ConfigError for an unknown scheme, or
     options the store does not take)."""
@@ -87,5 +89,10 @@ def open_store(
             f"{', '.join(sorted(s + '://' for s in STORES))}"
         )
     return STORES[scheme](
-        url, endpoint=endpoint, region=region, path_style=path_style, credentials_secret=credentials_secret
+        url,
+        endpoint=endpoint,
+        region=region,
+        path_style=path_style,
+        credentials_secret=credentials_secret,
+        credentials=credentials,
     )

@@ -17,11 +17,13 @@ What the store promises, and how:
 * **Bounded waits.** Connecting takes at most 5 s, a request at most ``timeout`` (60 s), and a
   failing request is retried up to eight times within 15 s; then the caller gets a BatchStoreError
   that says what failed (bucket missing, access denied, endpoint unreachable).
-* **Credentials from the environment only**: ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (and
-  ``AWS_SESSION_TOKEN``), web identity (``AWS_WEB_IDENTITY_TOKEN_FILE`` with ``AWS_ROLE_ARN``, as
-  IRSA sets them) or ECS-style container credentials. In Kubernetes the Queue's
-  ``batches.storeCredentialsSecret`` is mounted with ``envFrom``. The instance metadata service is
-  never asked: a pod without credentials gets a ConfigError naming what to set.
+* **Credentials** given by the caller (``zeps.batches()`` reads the Queue's
+  ``batches.storeCredentialsSecret`` through the Kubernetes API when the environment has none), or
+  from the environment: ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (and ``AWS_SESSION_TOKEN``;
+  a pod or a Spark executor mounts the Secret with ``envFrom``), web identity
+  (``AWS_WEB_IDENTITY_TOKEN_FILE`` with ``AWS_ROLE_ARN``, as IRSA sets them) or ECS-style container
+  credentials. The instance metadata service is never asked: a process without credentials gets a
+  ConfigError naming what to set. A pickled store carries no credentials.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from zeps.errors import ConfigError, SetupError
 if TYPE_CHECKING:
     from obstore.store import S3Store
 
-__all__ = ["MULTIPART_BYTES", "S3BatchStore"]
+__all__ = ["MULTIPART_BYTES", "S3BatchStore", "credentials_in_environment"]
 
 #: objects larger than this are uploaded in parts of this size (S3's minimum part is 5 MiB)
 MULTIPART_BYTES = 8 << 20
@@ -69,7 +71,8 @@ _DENIED = ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403 F
 _UNREACHABLE = ("error sending request", "Connection refused", "tcp connect error", "timed out", "dns error")
 
 
-def _credentials_present() -> bool:
+def credentials_in_environment() -> bool:
+    """Whether the environment holds S3 credentials of a kind this store uses."""
     return any(all(os.environ.get(name) for name in names) for names in _CREDENTIALS)
 
 
@@ -84,6 +87,7 @@ class S3BatchStore:
         region: str | None = None,
         path_style: bool | None = None,
         credentials_secret: str | None = None,
+        credentials: tuple[str, str] | None = None,
         timeout_s: float = 60.0,
     ) -> None:
         self.url = url
@@ -94,7 +98,8 @@ class S3BatchStore:
         self.region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
         #: S3-compatible servers usually want path-style requests (http://host/bucket/key); AWS virtual-hosted
         self.path_style = path_style if path_style is not None else endpoint is not None
-        if not _credentials_present():
+        self._credentials = credentials  #: (access key id, secret key), when given rather than in the environment
+        if credentials is None and not credentials_in_environment():
             where = f" (mount the Secret {credentials_secret!r} with envFrom)" if credentials_secret else ""
             raise ConfigError(f"batch store {url}: no S3 credentials in the environment; set AWS_ACCESS_KEY_ID and "
                               f"AWS_SECRET_ACCESS_KEY{where}, or web identity (AWS_WEB_IDENTITY_TOKEN_FILE, "
@@ -112,6 +117,8 @@ class S3BatchStore:
             config: dict[str, Any] = {"region": self.region, "virtual_hosted_style_request": not self.path_style}
             if self.endpoint is not None:
                 config["endpoint"] = self.endpoint
+            if self._credentials is not None:
+                config["access_key_id"], config["secret_access_key"] = self._credentials
             self._store = S3Store(
                 self.bucket,
                 config=config,  # type: ignore[arg-type]
@@ -133,7 +140,9 @@ class S3BatchStore:
         return self._store
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_store": None}
+        """Without its client, and without credentials: a pickled store (a Spark task's) finds them in
+        the environment where it is unpickled, and secrets never travel in a plan."""
+        return {**self.__dict__, "_store": None, "_credentials": None}
 
     def _where(self) -> str:
         return f"{self.endpoint or 'AWS S3'} ({self.region})"

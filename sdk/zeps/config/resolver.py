@@ -6,17 +6,19 @@ In a pod it uses the in-cluster ServiceAccount; elsewhere the kubeconfig (``KUBE
 
 from __future__ import annotations
 
+import base64
 import os
 from typing import Any
 
 from zeps.errors import ConfigError
 from zeps.resources import GROUP, PLURALS, VERSION
 
-__all__ = ["list_resources", "read_resource"]
+__all__ = ["list_resources", "read_resource", "read_secret"]
 
 
-def _api(what: str) -> Any:
-    """A CustomObjectsApi from in-cluster config or the kubeconfig; ConfigError naming ``what``."""
+def _api(what: str, *, core: bool = False) -> Any:
+    """A CustomObjectsApi (``core``: a CoreV1Api) from in-cluster config or the kubeconfig;
+    ConfigError naming ``what``."""
     try:
         from kubernetes import client, config  # noqa: PLC0415 — the operator extra is optional
     except ImportError:
@@ -35,7 +37,37 @@ def _api(what: str) -> Any:
                 f"{what}: no Kubernetes access to read it ({exc}); run in a pod, set KUBECONFIG, "
                 "or pass the settings explicitly"
             ) from None
-    return client.CustomObjectsApi()
+    return client.CoreV1Api() if core else client.CustomObjectsApi()
+
+
+def read_secret(namespace: str, name: str, keys: tuple[str, ...], *, why: str) -> dict[str, str]:
+    """``keys`` of the Secret, decoded: each must be there, UTF-8 and not empty. ``why`` says what
+    needs it, in every error (with the fix: the permission to grant, or the keys to add)."""
+    from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+
+    api = _api(f"Secret {namespace}/{name} ({why})", core=True)
+    try:
+        secret = api.read_namespaced_secret(name, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            raise ConfigError(f"Secret {namespace}/{name} ({why}) does not exist: create it with the keys "
+                              f"{', '.join(keys)}") from None  # fmt: skip
+        if exc.status == 403:
+            raise ConfigError(f"no permission to read Secret {namespace}/{name} ({why}): grant get on secrets "
+                              f"(resourceNames: [{name}]) to this pod's ServiceAccount, or mount it with "
+                              "envFrom") from None  # fmt: skip
+        raise ConfigError(f"Secret {namespace}/{name}: the Kubernetes API answered {exc.status} {exc.reason}") from None
+    data = secret.data or {}
+    out = {}
+    for key in keys:
+        try:
+            out[key] = base64.b64decode(data.get(key) or "", validate=True).decode()
+        except (ValueError, UnicodeDecodeError):
+            raise ConfigError(f"Secret {namespace}/{name}: {key} is not UTF-8 text") from None
+        if not out[key]:
+            raise ConfigError(f"Secret {namespace}/{name} ({why}) has no {key}: add it (kubectl create secret "
+                              f"generic {name} --from-literal={key}=…)")  # fmt: skip
+    return out
 
 
 def read_resource(plural: str, kind: str, name: str, namespace: str) -> dict[str, Any]:
