@@ -8,7 +8,7 @@ WITH_ENV := source ./.zeps-env &&
 .PHONY: setup setup-python test test-unit e2e lint demo generate check-generated bench bench-operator-kind clean
 
 setup:            ## everything: .venv, ZooKeeper jars, control-plane binaries (idempotent)
-	@tools/setup.sh python zookeeper testbin
+	@tools/setup.sh python zookeeper testbin promtool
 
 setup-python:
 	@tools/setup.sh python

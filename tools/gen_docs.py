@@ -1,4 +1,5 @@
-"""Regenerate the generated parts of README.md from their single sources (the option models).
+"""Regenerate the generated parts of README.md from their single sources (the option models, the
+metric objects).
 
 Each generated block sits between ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->``.
 ``python tools/gen_docs.py`` rewrites them; ``--check`` exits 1 if README.md is out of date (the
@@ -9,8 +10,11 @@ from __future__ import annotations
 
 import re
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel
 
 from zeps.options import BatchOptions, QueueOptions, TopicOptions
@@ -41,6 +45,39 @@ def crd_table(model: type[BaseModel]) -> str:
     return "\n".join([HEADER.format(source=source), *rows])
 
 
+def _metric_objects(owner: object) -> list[Any]:
+    """The Counters and Gauges an object holds (directly, or in a helper that holds them)."""
+    found = []
+    for value in vars(owner).values():
+        if isinstance(value, Counter | Gauge):
+            found.append(value)
+        elif type(value).__module__.startswith(("zeps.broker", "zeps_operator")) and hasattr(value, "__dict__"):
+            found += [v for v in vars(value).values() if isinstance(v, Counter | Gauge)]
+    return found
+
+
+def metrics_table() -> str:
+    """Every metric zeps exports, from the objects that export them: the operator's module-level ones
+    and a broker's (made, never started), replication's gauges included."""
+    import zeps_operator.metrics as operator_metrics  # noqa: PLC0415
+    from zeps.broker import BrokerConfig, BrokerServer  # noqa: PLC0415
+    from zeps.broker.server import _ReplicationMetrics  # noqa: PLC0415
+    from zeps_operator.state import RECONCILES  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory() as tmp:
+        broker = BrokerServer(BrokerConfig(data_dir=Path(tmp), streams=("s",)))
+        brokers = _metric_objects(broker) + _metric_objects(_ReplicationMetrics(CollectorRegistry()))
+    operators = [RECONCILES, *_metric_objects(operator_metrics)]
+    rows = ["| metric | type | labels | meaning | exported by |", "|---|---|---|---|---|"]
+    for where, objects in (("operator", operators), ("broker", brokers)):
+        for m in sorted(objects, key=lambda m: m._name):
+            name = m._name + ("_total" if m._type == "counter" else "")
+            labels = ", ".join(f"`{label}`" for label in m._labelnames)
+            rows.append(f"| `{name}` | {m._type} | {labels} | {m._documentation} | {where} |")
+    source = "zeps_operator.metrics, zeps_operator.state and zeps.broker.server"
+    return "\n".join([HEADER.format(source=source), *rows])
+
+
 BLOCKS = {
     "topic-options": lambda: options_table(TopicOptions),
     "queue-options": lambda: options_table(QueueOptions),
@@ -49,6 +86,7 @@ BLOCKS = {
     "crd-queue": lambda: crd_table(QueueSpec),
     "crd-stream": lambda: crd_table(StreamSpec),
     "crd-multicast": lambda: crd_table(Multicast),
+    "metrics": metrics_table,
 }
 
 

@@ -8,6 +8,8 @@
 #                built from pinned Go modules (tools/testbin/), needs Go
 #   kind       — what `make e2e` adds: kind, kubelet, kubeadm, kube-proxy and CoreDNS from pinned Go
 #                modules (tools/testbin/build.sh kind); Docker itself is set up by `make e2e`
+#   promtool   — Prometheus's promtool (and server) from Debian's prometheus package, unpacked into the
+#                cache (nothing installed, no service started): the alert rules' tests in `make test`
 #   bench      — what only the benchmarks need: Debian's nats-server (bench-stream's baseline)
 # Writes .zeps-env (git-ignored): the environment variables that point the harness at the cache.
 # Every step says what it does; a missing tool stops setup with one line naming it and the fix.
@@ -16,7 +18,7 @@ cd "$(dirname "$0")/.."
 say() { printf '[setup] %s\n' "$*" >&2; }
 fail() { printf 'setup: %s\n' "$*" >&2; exit 1; }
 
-components=${*:-python zookeeper testbin}
+components=${*:-python zookeeper testbin promtool}
 env_file=.zeps-env
 touch "$env_file"
 
@@ -103,6 +105,32 @@ setup_kind() {
   set_env ZEPS_KINDBIN "$bin"
 }
 
+setup_promtool() {
+  # The .deb is only unpacked (dpkg-deb -x): no service, no user, no files outside the cache. The folder
+  # is named by the package version apt offers, so an update (deb12u2) unpacks anew.
+  command -v apt-get >/dev/null 2>&1 || fail "promtool: apt-get is not available; install Prometheus's promtool 2.4x and set ZEPS_PROMTOOL to it"
+  local version dir cache
+  cache=${ZEPS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/zeps}
+  version=$(apt-cache policy prometheus 2>/dev/null | awk '/Candidate:/ {print $2}')
+  if [ -z "$version" ] || [ "$version" = "(none)" ]; then
+    apt-get update -qq >/tmp/zeps-apt.log 2>&1 || fail "apt-get update failed (see /tmp/zeps-apt.log)"
+    version=$(apt-cache policy prometheus 2>/dev/null | awk '/Candidate:/ {print $2}')
+  fi
+  [ -n "$version" ] && [ "$version" != "(none)" ] || fail "promtool: Debian's prometheus package is not available here"
+  dir="$cache/prometheus-$(echo "$version" | tr -c 'A-Za-z0-9.+\n-' '_')"
+  if [ ! -f "$dir/.complete" ]; then
+    say "promtool: unpacking Debian's prometheus $version (promtool for the alert rules' tests)"
+    rm -rf "$dir" && mkdir -p "$dir/deb"
+    (cd "$dir/deb" && apt-get download "prometheus=$version" >/tmp/zeps-apt.log 2>&1) \
+      || fail "apt-get download prometheus=$version failed (see /tmp/zeps-apt.log)"
+    dpkg-deb -x "$dir"/deb/prometheus_*.deb "$dir/root" || fail "dpkg-deb -x of the prometheus package failed"
+    rm -rf "$dir/deb"
+    "$dir/root/usr/bin/promtool" --version >/dev/null 2>&1 || fail "the unpacked promtool does not run ($dir)"
+    touch "$dir/.complete"
+  fi
+  set_env ZEPS_PROMTOOL "$dir/root/usr/bin/promtool"
+}
+
 setup_bench() {
   if command -v nats-server >/dev/null 2>&1; then
     say "bench: nats-server present ($(nats-server --version 2>&1))"
@@ -126,7 +154,8 @@ for c in $components; do
     zookeeper) setup_zookeeper ;;
     testbin) setup_testbin ;;
     kind) setup_kind ;;
+    promtool) setup_promtool ;;
     bench) setup_bench ;;
-    *) fail "unknown setup component '$c' (python, zookeeper, testbin, kind, bench)" ;;
+    *) fail "unknown setup component '$c' (python, zookeeper, testbin, promtool, kind, bench)" ;;
   esac
 done

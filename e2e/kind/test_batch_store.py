@@ -176,9 +176,14 @@ def test_spark_executors_on_three_nodes_read_a_batch_queue_stored_in_s3(cluster:
     app.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "ledger-s3"},
                "stringData": {"AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret}})  # fmt: skip
 
+    app.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ledger-publisher"},
+               "data": {"publisher.py": PUBLISHER}})  # fmt: skip
+
     def publisher(name: str) -> None:
-        app.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-                   "spec": App.pod_spec(f"exec python -c '{PUBLISHER}'")})  # fmt: skip
+        spec = App.pod_spec("exec python /job/publisher.py")
+        spec["containers"][0]["volumeMounts"] = [{"name": "job", "mountPath": "/job"}]
+        spec["volumes"] = [{"name": "job", "configMap": {"name": "ledger-publisher"}}]
+        app.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec})
 
     publisher("ledger-forbidden")  # the examples' zeps-client ServiceAccount may not read Secrets
     cluster.wait_for("the forbidden publisher to fail", lambda: app.get("pod", "ledger-forbidden")["status"].get(

@@ -30,6 +30,7 @@ from zeps.coordination.batches import BatchQueue
 from zeps.options import TopicOptions
 from zeps.paths import QueuePaths, TopicPaths
 from zeps.resources import GROUP, PLURALS, VERSION
+from zeps_operator import metrics
 from zeps_operator.cleaning import Cleaning
 from zeps_operator.diffbase import StatusDiffBase
 from zeps_operator.freshness import ReadCache
@@ -70,6 +71,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.background.instant_exit_timeout = ZK_DEADLINE / 2
     settings.background.cancellation_polling = 1.0
     state.zk = connect(state.settings.zookeeper, auth=state.settings.zookeeper_auth, acl_from_auth=False)
+    metrics.watch_zookeeper(lambda: state.zk is not None and state.zk.connected)
     state.kube = Kube.connect()
     s = state.settings
     state.cleaner_lease = LeaseKeeper(
@@ -125,6 +127,7 @@ def _topic_facts(body: Mapping[str, Any], patch: kopf.Patch) -> None:
     meta = body["metadata"]
     topic = TopicPaths.of(meta["namespace"], meta["name"], chroot=state.settings.chroot)
     patch.status["subscribers"] = count_children(state.zk, topic.subscribers.members, deadline=ZK_DEADLINE)
+    metrics.topic_facts(meta["namespace"], meta["name"], subscribers=patch.status["subscribers"])
 
 
 def _topic(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> Topic:
@@ -161,12 +164,16 @@ def queue_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason: k
 def _queue_facts(body: Mapping[str, Any], patch: kopf.Patch) -> None:
     meta = body["metadata"]
     paths = QueuePaths.of(meta["namespace"], meta["name"], chroot=state.settings.chroot)
+    lag: dict[str, int] = {}
     if (body.get("spec") or {}).get("mode") == "batches":
         batches = BatchQueue(state.zk, meta["name"], namespace=meta["namespace"], chroot=state.settings.chroot)
-        patch.status["consumerLag"] = batches.lag()
+        lag = batches.lag()
+        patch.status["consumerLag"] = lag
     patch.status["depth"] = count_children(state.zk, paths.items, deadline=ZK_DEADLINE)
     patch.status["inFlight"] = count_children(state.zk, paths.taken, deadline=ZK_DEADLINE)
     patch.status["deadLettered"] = count_children(state.zk, paths.dead, deadline=ZK_DEADLINE)
+    metrics.queue_facts(meta["namespace"], meta["name"], items=patch.status["depth"],
+                        in_flight=patch.status["inFlight"], dead=patch.status["deadLettered"], lag=lag)  # fmt: skip
 
 
 # -- the resync of Topics and Queues (zeps_operator.resync) --------------------------------------
@@ -234,6 +241,7 @@ def deleted(body: kopf.Body, spec: kopf.Spec, retry: int, **_: Any) -> None:
     unreachable: bounded retries, an event, then the finalizer is released (never a deadlock)."""
     kind, meta = body["kind"], body["metadata"]
     state.resync.forget(kind, meta["namespace"], meta["name"])  # a pass running on it ends first
+    metrics.forget(kind, meta["namespace"], meta["name"])
     target, _children = zookeeper_layout(kind, meta["namespace"], meta["name"], state.settings.chroot)
     if kind == "Topic":
         state.cleaning.forget(target)

@@ -206,7 +206,7 @@ def _multicast_pod(multicast: Multicast, template: dict[str, Any], container: di
         pod["hostNetwork"] = True
         pod["dnsPolicy"] = "ClusterFirstWithHostNet"  # the cluster's DNS still (ZooKeeper's Service)
     if multicast.networks:
-        template["metadata"]["annotations"] = {"k8s.v1.cni.cncf.io/networks": multicast.networks}
+        template["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] = multicast.networks
     if multicast.transport == "pgm":
         container["securityContext"] = {
             **container["securityContext"], "runAsNonRoot": False, "runAsUser": 0,
@@ -349,7 +349,10 @@ def stream_objects(
         "containers": [container],
         "volumes": volumes,
     }
-    template: dict[str, Any] = {"metadata": {"labels": labels}, "spec": pod}
+    # plain prometheus.io annotations, for a Prometheus without the operator's PodMonitor CRD (the chart
+    # ships a PodMonitor for brokers where it exists: charts/zeps/templates/monitoring.yaml)
+    scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT), "prometheus.io/path": "/metrics"}
+    template: dict[str, Any] = {"metadata": {"labels": labels, "annotations": scrape}, "spec": pod}
     if multicast is not None:
         _multicast_pod(multicast, template, container)
     config_map = {

@@ -16,6 +16,7 @@ from zeps.coordination.admin import (
     ZooKeeperUnavailableError,
     ensure_resource,
 )
+from zeps_operator import metrics
 from zeps_operator.freshness import read_after_creation
 from zeps_operator.kube import InvalidSecretError
 from zeps_operator.plan import (
@@ -106,6 +107,7 @@ def reconcile(
         return "conflict"
     if repaired and quiet:
         post(body, "Warning", "DriftRepaired", f"restored {', '.join(repaired)}")
+        metrics.DRIFT_REPAIRS.labels(kind).inc()
     patch.status["observedGeneration"] = generation
     patch.status["zookeeper"] = state.settings.zookeeper
     patch.status["path"] = root

@@ -13,6 +13,7 @@ from zeps.broker.certificates import make_certificate
 from zeps.coordination import Group
 from zeps.coordination.replication import read_replication_state, seed_replication_state
 from zeps.paths import StreamPaths
+from zeps_operator import metrics
 from zeps_operator.curve import CURVE_SECRET, StreamKeys, client_secret, forget_keys, plan_keys
 from zeps_operator.models import StreamSpec
 from zeps_operator.plan import (
@@ -80,6 +81,7 @@ def single_status(body: kopf.Body, spec: StreamSpec, group: Group, patch: kopf.P
     live = group.members()
     registered = member in live
     patch.status["brokerReady"] = available and registered
+    metrics.stream_facts(namespace, name, ready=patch.status["brokerReady"])
     if registered:
         # where clients connect and whose key they trust: the operator's own word (its Service, its
         # Secret), never what a member node in ZooKeeper says; the broker's live facts are only facts
@@ -177,6 +179,7 @@ def replicated_status(body: kopf.Body, spec: StreamSpec, group: Group, patch: ko
     live = group.members()
     leader = live.get(replication.leader) if replication is not None else None
     patch.status["brokerReady"] = leader is not None and running >= spec.in_sync
+    metrics.stream_facts(namespace, name, ready=patch.status["brokerReady"])
     patch.status["endpoint"] = stream_endpoint(namespace, name, spec)
     if replication is not None:
         facts = leader.metadata if leader is not None else {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -22,14 +23,26 @@ def _helm(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_lint_and_render() -> None:
-    lint = _helm("lint", str(CHART), "--set", "zookeeper.connect=zk:2181")
+    lint = _helm("lint", "--strict", str(CHART), "--set", "zookeeper.connect=zk:2181")
     assert lint.returncode == 0, lint.stdout + lint.stderr
     rendered = _helm("template", "z", str(CHART), "--kube-version", KUBE, "--set", "zookeeper.ensemble.enabled=true")
     assert rendered.returncode == 0, rendered.stderr
     docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
     kinds = sorted(d["kind"] for d in docs)
-    expected = ["ClusterRole", "ClusterRoleBinding", "Deployment", "Lease", "Role", "RoleBinding", "Service",
-                "ServiceAccount", "StatefulSet"]  # fmt: skip
+    expected = [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "ConfigMap",
+        "ConfigMap",
+        "Deployment",
+        "Lease",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "ServiceAccount",
+        "StatefulSet",
+    ]  # fmt: skip  (3 dashboards)
     assert kinds == expected
     cluster_rules = next(d for d in docs if d["kind"] == "ClusterRole")["rules"]
     assert not any("leases" in r["resources"] for r in cluster_rules), "Leases only in the release's namespace"
@@ -69,6 +82,41 @@ def test_the_zookeeper_servers_keep_to_nodes_of_their_own() -> None:
     bad = _helm("template", "z", str(CHART), "--kube-version", KUBE, "--set", "zookeeper.ensemble.enabled=true",
                 "--set", "zookeeper.ensemble.antiAffinity=always")  # fmt: skip
     assert bad.returncode != 0 and "antiAffinity" in bad.stderr
+
+
+def test_monitoring_objects_render_only_where_their_crds_exist() -> None:
+    """The dashboards are ConfigMaps with Grafana's sidecar label. The PrometheusRule carries
+    files/zeps-rules.yaml as it is (one source for the plain rules file
+    and the CRD); the PodMonitors select the operator's pods and every broker pod; none of them is
+    rendered for a cluster without monitoring.coreos.com/v1 (it would refuse them), and the pods keep
+    their prometheus.io annotations either way."""
+    base = ["template", "z", str(CHART), "--kube-version", KUBE, "--set", "zookeeper.connect=zk:2181"]
+    plain = [d for d in yaml.safe_load_all(_helm(*base).stdout) if d]
+    assert not [d for d in plain if d["kind"] in ("PrometheusRule", "PodMonitor")]
+    operator = next(d for d in plain if d["kind"] == "Deployment")
+    assert operator["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "9101"
+    apis = ("--api-versions", "monitoring.coreos.com/v1/PrometheusRule", "--api-versions",
+            "monitoring.coreos.com/v1/PodMonitor")  # fmt: skip
+    rendered = [
+        d for d in yaml.safe_load_all(_helm(*base, *apis, "--set", "monitoring.labels.release=kps").stdout) if d
+    ]
+    rule = next(d for d in rendered if d["kind"] == "PrometheusRule")
+    assert rule["spec"] == yaml.safe_load((CHART / "files" / "zeps-rules.yaml").read_text())
+    assert rule["metadata"]["labels"]["release"] == "kps"
+    monitors = {d["metadata"]["name"]: d["spec"] for d in rendered if d["kind"] == "PodMonitor"}
+    assert monitors["z-brokers"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "zeps-broker"
+    assert monitors["z-brokers"]["namespaceSelector"] == {"any": True}
+    assert monitors["z-operator"]["podMetricsEndpoints"] == [{"port": "metrics", "path": "/metrics"}]
+    dashboards = {
+        d["metadata"]["name"]: d for d in plain if d["kind"] == "ConfigMap" and "dashboard" in d["metadata"]["name"]
+    }
+    assert sorted(dashboards) == ["z-dashboard-operator", "z-dashboard-queues-topics", "z-dashboard-streams"]
+    for config_map in dashboards.values():
+        assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+        (body,) = config_map["data"].values()
+        assert json.loads(body)["tags"] == ["zeps"]
+    off = [d for d in yaml.safe_load_all(_helm(*base, *apis, "--set", "monitoring.rules=false").stdout) if d]
+    assert not [d for d in off if d["kind"] == "PrometheusRule"]
 
 
 def test_bad_values_are_refused_clearly() -> None:

@@ -66,6 +66,27 @@ _MULTICAST_BACKLOG = 16 << 20  # bytes of multicast messages waiting for the gro
 _NORM_MESSAGE_BYTES = 2000
 
 
+class _FreeSpace:
+    """``zeps_broker_journal_free_bytes``: free bytes on each journal's volume (for an unprivileged
+    writer), from statvfs at most once a second per stream."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.gauge = Gauge("zeps_broker_journal_free_bytes", "Free bytes on the journal's volume", ["stream"],
+                           registry=registry)  # fmt: skip
+        self._read: dict[str, float] = {}  # stream -> when its volume was last looked at
+
+    def update(self, name: str, directory: Path) -> None:
+        now = time.monotonic()
+        if now - self._read.get(name, -1.0) < 1.0:
+            return
+        self._read[name] = now
+        try:
+            vfs = os.statvfs(directory)
+        except OSError:
+            return
+        self.gauge.labels(name).set(vfs.f_bavail * vfs.f_frsize)
+
+
 @dataclass(frozen=True)
 class CurveConfig:
     secret_key_file: Path  #: a zmq certificate file with the broker's secret key
@@ -171,9 +192,12 @@ class _ReplicationMetrics:
                              ["stream"], registry=registry)  # fmt: skip
         self.lag = Gauge("zeps_broker_replica_follower_lag", "Records a follower lacks of the leader's durable tail "
                          "(leader only)", ["stream", "follower"], registry=registry)  # fmt: skip
+        self.min_in_sync = Gauge("zeps_broker_replica_min_in_sync", "Replicas that must hold a record before it "
+                                 "is confirmed (spec.minInSync)", ["stream"], registry=registry)  # fmt: skip
 
-    def update(self, name: str, stream: Any) -> None:
+    def update(self, name: str, stream: Any, min_insync: int) -> None:
         leader = stream.leader
+        self.min_in_sync.labels(name).set(min_insync)
         self.leader.labels(name).set(1 if leader is not None else 0)
         self.epoch.labels(name).set(leader.epoch if leader is not None else 0)
         self.in_sync.labels(name).set(len(leader.isr) if leader is not None else 0)
@@ -232,8 +256,7 @@ class BrokerServer:
         self._backlog: deque[list[bytes]] = deque()  # multicast messages the group's pipe could not take yet
         self._backlog_bytes = 0
         self.core = BrokerCore(config)
-        self.endpoint = ""
-        self.public_key = ""
+        self.endpoint, self.public_key = "", ""  #: where it serves, and its CURVE key, once started
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ctx: zmq.Context[Any] | None = None
@@ -260,6 +283,7 @@ class BrokerServer:
                                           "pipe stayed full past the backlog", registry=self.registry)  # fmt: skip
         self._journal_bytes = Gauge("zeps_broker_journal_bytes", "Journal size", ["stream"], registry=self.registry)
         self._last_seq = Gauge("zeps_broker_last_sequence", "Last durable sequence", ["stream"], registry=self.registry)
+        self._journal_free = _FreeSpace(self.registry)
         self._lag = Gauge("zeps_broker_subscriber_lag", "Records a subscription is behind", ["peer", "sub"],
                           registry=self.registry)  # fmt: skip
         self._exported: dict[tuple[int, str], int] = {}  # counter values already exported
@@ -703,8 +727,9 @@ class BrokerServer:
         for name, stream in self.core.streams.items():
             self._journal_bytes.labels(name).set(stream.journal.size_bytes)
             self._last_seq.labels(name).set(stream.committed)
-            if self._replication_metrics is not None:
-                self._replication_metrics.update(name, stream)
+            self._journal_free.update(name, stream.journal.directory)
+            if self._replication_metrics is not None and self.replication is not None:
+                self._replication_metrics.update(name, stream, self.replication.min_insync)
             for counter, value in ((self._messages_in, stream.messages_in), (self._messages_out, stream.messages_out),
                                    (self._bytes_out, stream.bytes_out), (self._replayed, stream.messages_replayed),
                                    (self._fell_behind, stream.fell_behind),

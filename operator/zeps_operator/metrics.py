@@ -1,0 +1,98 @@
+"""The operator's metrics about the resources it reconciles: what each Topic, Queue and ZepsStream
+looks like, as its status says, as Prometheus gauges (one series per resource, labelled
+``namespace`` and the resource's name; removed when the resource goes), and the operator's own
+health. Set by the facts the handlers and the resync gather (:mod:`zeps_operator.handlers`,
+:mod:`zeps_operator.streams`), so a scrape costs no ZooKeeper read.
+
+The alert rules (``charts/zeps/files/zeps-rules.yaml``) and the dashboards use these names; a test
+checks that every name they use is one the code exports (``tests/unit/test_monitoring.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+
+from prometheus_client import Counter, Gauge
+
+__all__ = [
+    "BATCH_CONSUMERS_SHOWN",
+    "DRIFT_REPAIRS",
+    "ZOOKEEPER_CONNECTED",
+    "forget",
+    "queue_facts",
+    "stream_facts",
+    "topic_facts",
+    "watch_zookeeper",
+]
+
+#: batch consumers reported per queue, the furthest behind first: consumer names are ZooKeeper nodes
+#: anyone with the namespace's ACL can make, so their count is not the operator's to leave unbounded
+BATCH_CONSUMERS_SHOWN = 20
+
+QUEUE_ITEMS = Gauge("zeps_queue_items", "Items waiting in a work Queue, taken ones included", ["namespace", "queue"])
+QUEUE_IN_FLIGHT = Gauge("zeps_queue_in_flight", "Items of a work Queue taken and not acked", ["namespace", "queue"])
+QUEUE_DEAD_LETTERS = Gauge("zeps_queue_dead_letters", "Dead-lettered items of a work Queue", ["namespace", "queue"])
+BATCH_CONSUMER_LAG = Gauge(
+    "zeps_batch_consumer_lag_batches",
+    f"Batches a batch Queue's consumer still has to process (the {BATCH_CONSUMERS_SHOWN} furthest behind)",
+    ["namespace", "queue", "consumer"],
+)
+TOPIC_SUBSCRIBERS = Gauge("zeps_topic_subscribers", "Live subscribers of a Topic", ["namespace", "topic"])
+STREAM_READY = Gauge(
+    "zeps_stream_broker_ready",
+    "1 while a ZepsStream's broker (its leader, with minInSync replicas running) serves and is registered",
+    ["namespace", "stream"],
+)
+DRIFT_REPAIRS = Counter("zeps_operator_drift_repairs", "ZooKeeper paths restored by a resync pass", ["kind"])
+ZOOKEEPER_CONNECTED = Gauge(
+    "zeps_operator_zookeeper_connected", "1 while the operator's ZooKeeper session is connected"
+)
+
+_BY_KIND: Mapping[str, tuple[Gauge, ...]] = {
+    "Queue": (QUEUE_ITEMS, QUEUE_IN_FLIGHT, QUEUE_DEAD_LETTERS),
+    "Topic": (TOPIC_SUBSCRIBERS,),
+    "ZepsStream": (STREAM_READY,),
+}
+
+
+def queue_facts(namespace: str, name: str, *, items: int, in_flight: int, dead: int, lag: Mapping[str, int]) -> None:
+    QUEUE_ITEMS.labels(namespace, name).set(items)
+    QUEUE_IN_FLIGHT.labels(namespace, name).set(in_flight)
+    QUEUE_DEAD_LETTERS.labels(namespace, name).set(dead)
+    _forget_consumers(namespace, name)
+    furthest = sorted(lag.items(), key=lambda kv: -kv[1])[:BATCH_CONSUMERS_SHOWN]
+    for consumer, behind in furthest:
+        BATCH_CONSUMER_LAG.labels(namespace, name, consumer).set(behind)
+
+
+def topic_facts(namespace: str, name: str, *, subscribers: int) -> None:
+    TOPIC_SUBSCRIBERS.labels(namespace, name).set(subscribers)
+
+
+def stream_facts(namespace: str, name: str, *, ready: bool) -> None:
+    STREAM_READY.labels(namespace, name).set(1 if ready else 0)
+
+
+def forget(kind: str, namespace: str, name: str) -> None:
+    """Remove a deleted resource's series (a gauge frozen at its last value would page for nothing)."""
+    for gauge in _BY_KIND.get(kind, ()):
+        with contextlib.suppress(KeyError):  # never set
+            gauge.remove(namespace, name)
+    if kind == "Queue":
+        _forget_consumers(namespace, name)
+
+
+def _forget_consumers(namespace: str, name: str) -> None:
+    # prometheus_client has no "remove by partial labels": find this queue's series among the samples
+    for metric in BATCH_CONSUMER_LAG.collect():
+        for sample in metric.samples:
+            labels = sample.labels
+            if labels.get("namespace") == namespace and labels.get("queue") == name:
+                with contextlib.suppress(KeyError):
+                    BATCH_CONSUMER_LAG.remove(namespace, name, labels["consumer"])
+
+
+def watch_zookeeper(connected: Callable[[], bool]) -> None:
+    """``zeps_operator_zookeeper_connected`` read at each scrape from ``connected``."""
+    ZOOKEEPER_CONNECTED.set_function(lambda: 1.0 if connected() else 0.0)
