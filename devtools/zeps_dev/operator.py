@@ -31,6 +31,7 @@ class OperatorProcess(LocalServer):
     ) -> None:
         self.workdir = workdir
         self.port = free_port()
+        self.metrics_port = free_port()  #: its Prometheus metrics, on 127.0.0.1
         env = {
             **os.environ,
             "KUBECONFIG": str(kubeconfig),
@@ -41,6 +42,8 @@ class OperatorProcess(LocalServer):
             "POD_NAME": identity,
             "ZEPS_ZOOKEEPER_AUTH": zookeeper_auth,
             "ZEPS_CLEANER_LEASE_SECONDS": str(cleaner_lease_seconds),
+            "ZEPS_OPERATOR_METRICS_PORT": str(self.metrics_port),
+            "ZEPS_OPERATOR_METRICS_ADDR": "127.0.0.1",
         }
         argv = [
             sys.executable,
@@ -63,6 +66,11 @@ class OperatorProcess(LocalServer):
         self.process.start()
         url = f"http://127.0.0.1:{self.port}/healthz"
         self.process.wait_ready(lambda: urllib.request.urlopen(url, timeout=2).status == 200, timeout=timeout)
+
+    def metrics(self) -> str:
+        """What a Prometheus scrape of the operator reads."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as answer:
+            return str(answer.read().decode())
 
     def stop(self) -> None:
         self.process.stop()

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
 
 from harness import ZooKeeperHarness
 from zeps.broker.certificates import public_key_of
@@ -656,6 +657,42 @@ def test_batch_queue_lag_in_status(
         timeout=30,
         what="consumer lag in status",
     )
+
+
+def test_the_operator_exports_its_resources_facts_and_forgets_deleted_ones(
+    operator: OperatorProcess, crds: ControlPlane, namespace: str, zookeeper: ZooKeeperHarness
+) -> None:
+    """A Queue's depth and a batch consumer's lag, as a Prometheus scrape of the operator reads them
+    (set as the operator reconciles and resyncs), its ZooKeeper session, and no series left once the
+    Queue is deleted."""
+    from zeps.coordination.batches import BatchQueue  # noqa: PLC0415
+    from zeps.coordination.queue import WorkQueue  # noqa: PLC0415
+
+    _apply(crds, namespace, "Queue", "jobs")
+    _apply(crds, namespace, "Queue", "ledger", {"mode": "batches"})
+    _wait_ready(crds, namespace, "queue", "jobs")
+    _wait_ready(crds, namespace, "queue", "ledger")
+    WorkQueue(_zk(zookeeper), "jobs", namespace=namespace, chroot=CHROOT).put_all([b"a", b"b", b"c"])
+    batches = BatchQueue(_zk(zookeeper), "ledger", namespace=namespace, chroot=CHROOT)
+    batches.consumer("audit").register("earliest")
+    batches.publish([b"1"])
+    batches.publish([b"2"])
+
+    def value(metric: str, **labels: str) -> float | None:
+        for family in text_string_to_metric_families(operator.metrics()):
+            for sample in family.samples:
+                if sample.name == metric and sample.labels == {"namespace": namespace, **labels}:
+                    return float(sample.value)
+        return None
+
+    wait_until(lambda: value("zeps_queue_items", queue="jobs") == 3
+               and value("zeps_batch_consumer_lag_batches", queue="ledger", consumer="audit") == 2, timeout=60,
+               what="the queue's depth and the consumer's lag in the operator's metrics")  # fmt: skip
+    assert "zeps_operator_zookeeper_connected 1.0" in operator.metrics()
+    crds.kubectl("delete", "queue", "jobs", "-n", namespace, "--wait=true")
+    wait_until(lambda: value("zeps_queue_items", queue="jobs") is None, timeout=30,
+               what="the deleted queue's series to go")  # fmt: skip
+    assert value("zeps_queue_items", queue="ledger") == 0, "the other queue's stay"
 
 
 def test_a_path_owned_by_another_cluster_is_a_conflict(
