@@ -29,20 +29,9 @@ def test_lint_and_render() -> None:
     assert rendered.returncode == 0, rendered.stderr
     docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
     kinds = sorted(d["kind"] for d in docs)
-    expected = [
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "ConfigMap",
-        "ConfigMap",
-        "ConfigMap",
-        "Deployment",
-        "Lease",
-        "Role",
-        "RoleBinding",
-        "Service",
-        "ServiceAccount",
-        "StatefulSet",
-    ]  # fmt: skip  (3 dashboards)
+    # 3 dashboard ConfigMaps; the ensemble's PodDisruptionBudget
+    expected = ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "ConfigMap", "ConfigMap", "Deployment", "Lease",
+                "PodDisruptionBudget", "Role", "RoleBinding", "Service", "ServiceAccount", "StatefulSet"]  # fmt: skip
     assert kinds == expected
     cluster_rules = next(d for d in docs if d["kind"] == "ClusterRole")["rules"]
     assert not any("leases" in r["resources"] for r in cluster_rules), "Leases only in the release's namespace"
@@ -57,6 +46,11 @@ def test_lint_and_render() -> None:
     assert pod["securityContext"]["runAsNonRoot"] and pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"]
     rules = next(d for d in docs if d["kind"] == "ClusterRole")["rules"]
     assert not any("*" in r["verbs"] or "*" in r["resources"] for r in rules), "least privilege: no wildcards"
+    budget = next(d for d in docs if d["kind"] == "PodDisruptionBudget")["spec"]
+    assert budget["maxUnavailable"] == 1, "one ZooKeeper server at a time: the quorum holds"
+    assert budget["selector"]["matchLabels"]["app.kubernetes.io/name"] == "zookeeper"
+    servers = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]["containers"][0]
+    assert servers["resources"]["requests"] == {"cpu": "100m", "memory": "512Mi"}
     assert sorted(p.name for p in (CHART / "crds").glob("*.yaml")) == [
         "queues.zeps.dev.yaml", "topics.zeps.dev.yaml", "zepsstreams.zeps.dev.yaml"]  # fmt: skip
 
