@@ -36,10 +36,34 @@ def zookeeper_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKe
     )
     server.start()
     try:
+        _check_zookeeper(server)
         yield server
     finally:
         close_shared()  # handles' shared sessions end before the server does (no retry noise at exit)
         server.stop()
+
+
+def _check_zookeeper(server: ZooKeeperServer) -> None:
+    """The tier's health check, once per session: a session, a write read back, a watch fired; a
+    failure stops the run with what is wrong rather than as a hundred tests failing alike."""
+    import threading  # noqa: PLC0415
+
+    from kazoo.client import KazooClient  # noqa: PLC0415
+
+    client = KazooClient(hosts=server.connect_string)
+    try:
+        client.start(timeout=15)
+        fired = threading.Event()
+        client.create("/tier-check", b"ok", ephemeral=True)
+        client.exists("/tier-check", watch=lambda _event: fired.set())
+        client.delete("/tier-check")
+        if not fired.wait(10) or client.exists("/tier-check") is not None:
+            raise RuntimeError("a delete did not fire its watch")
+    except Exception as exc:
+        pytest.exit(f"the ZooKeeper tier cannot run: {exc!r} (server log: {server.workdir / 'zookeeper.log'})", 3)
+    finally:
+        client.stop()
+        client.close()
 
 
 @pytest.fixture(scope="session")

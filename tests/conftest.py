@@ -87,6 +87,10 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         .getOrCreate()
     )
     try:
+        # the tier's health check: a job across two tasks on the JVM, in Python workers
+        total = session.range(0, 1000, numPartitions=2).selectExpr("sum(id) AS s").first()
+        if total is None or total["s"] != 499_500:
+            pytest.exit(f"the Spark tier cannot run: a sum over two tasks gave {total}", 3)
         yield session
     finally:
         session.stop()
