@@ -93,9 +93,32 @@ setup_zookeeper() {
   set_env ZEPS_ZOOKEEPER_HOME "$home"
 }
 
+# The test binaries' Go builds (minutes on a new machine, CPU-bound) start before the other steps
+# and run beside the Python and ZooKeeper ones (mostly downloads); setup_testbin waits for them.
+testbin_pid=""
+testbin_out=""
+start_testbin() {
+  testbin_out=$(mktemp -d)
+  tools/testbin/build.sh >"$testbin_out/stdout" 2>"$testbin_out/stderr" &
+  testbin_pid=$!
+}
+stop_testbin() {  # on any exit before it was waited for: no build outlives setup
+  if [ -n "$testbin_pid" ] && kill -0 "$testbin_pid" 2>/dev/null; then
+    pkill -TERM -P "$testbin_pid" 2>/dev/null || true
+    kill "$testbin_pid" 2>/dev/null || true
+  fi
+  [ -z "$testbin_out" ] || rm -rf "$testbin_out"
+}
+trap stop_testbin EXIT
+
 setup_testbin() {
-  local bin
-  bin=$(tools/testbin/build.sh)
+  local bin rc=0
+  [ -n "$testbin_pid" ] || start_testbin
+  wait "$testbin_pid" || rc=$?
+  testbin_pid=""
+  cat "$testbin_out/stderr" >&2
+  [ "$rc" -eq 0 ] || fail "building the test binaries failed (above)"
+  bin=$(tail -n 1 "$testbin_out/stdout")
   set_env ZEPS_TESTBIN "$bin"
 }
 
@@ -148,6 +171,7 @@ setup_bench() {
   done
 }
 
+case " $components " in *" testbin "*) start_testbin ;; esac
 for c in $components; do
   case "$c" in
     python) setup_python ;;
