@@ -15,7 +15,8 @@ What the store promises, and how:
   payload), checked on every read: a missing, torn or damaged object raises
   :class:`~zeps.batchstore.format.BatchLostError` naming it, never returns bytes.
 * **Bounded waits.** Connecting takes at most 5 s, a request at most ``timeout`` (60 s), and a
-  failing request is retried up to eight times within 15 s; then the caller gets a BatchStoreError
+  failing request is retried up to eight times within 15 s (jittered backoff from 0.1 s: a refused
+  connection gives up after about 2 s); then the caller gets a BatchStoreError
   that says what failed (bucket missing, access denied, endpoint unreachable).
 * **Credentials** given by the caller (``zeps.batches()`` reads the Queue's
   ``batches.storeCredentialsSecret`` through the Kubernetes API when the environment has none), or
