@@ -13,7 +13,7 @@ import os
 import socket
 from typing import Any
 
-from zeps.batchstore import BatchStore, open_store
+from zeps.batchstore import BatchStore
 from zeps.batchstore.s3 import credentials_in_environment
 from zeps.client import GroupConsumer, MulticastSubscription, PartitionedStreamClient, StreamClient
 from zeps.client._transport import multicast_key
@@ -22,7 +22,7 @@ from zeps.client.session import Since
 from zeps.config import Resolved, require_queue_mode, resolve
 from zeps.config.resolver import read_secret
 from zeps.coordination import Topic, shared_client
-from zeps.coordination.batches import BatchQueue
+from zeps.coordination.batches import BatchQueue, open_batch_store
 from zeps.coordination.queue import WorkQueue
 from zeps.errors import ZepsError
 from zeps.options import BatchOptions, QueueOptions, TopicOptions
@@ -132,9 +132,7 @@ class BatchesHandle(_Forwarding):
             return None
         keys = read_secret(self.settings.namespace, secret, ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"),
                            why=f"the batch store of Queue {self.settings.name}")  # fmt: skip
-        return open_store(options.store_url or "", endpoint=options.store_endpoint, region=options.store_region,
-                          path_style=options.store_path_style, credentials_secret=secret,
-                          credentials=(keys["AWS_ACCESS_KEY_ID"], keys["AWS_SECRET_ACCESS_KEY"]))  # fmt: skip
+        return open_batch_store(options, credentials=(keys["AWS_ACCESS_KEY_ID"], keys["AWS_SECRET_ACCESS_KEY"]))
 
 
 class StreamHandle(_Forwarding):

@@ -40,7 +40,7 @@ from zeps.errors import ConfigError, CoordinationError
 from zeps.options import BatchOptions
 from zeps.paths import DEFAULT_CHROOT, QueuePaths, validate_member_id
 
-__all__ = ["Batch", "BatchConsumer", "BatchQueue", "ConsumerConflictError"]
+__all__ = ["Batch", "BatchConsumer", "BatchQueue", "ConsumerConflictError", "open_batch_store"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,16 @@ class Batch:
     number: int
     records: list[bytes]
     created_ms: int
+
+
+def open_batch_store(options: BatchOptions, *, credentials: tuple[str, str] | None = None) -> BatchStore:
+    """The store ``options.store_url`` names, with the options' store settings (and ``credentials``,
+    when the caller has them rather than the environment)."""
+    if not options.store_url:
+        raise ConfigError("the batch queue has no store_url")
+    return open_store(options.store_url, endpoint=options.store_endpoint, region=options.store_region,
+                      path_style=options.store_path_style, credentials_secret=options.store_credentials_secret,
+                      credentials=credentials)  # fmt: skip
 
 
 class BatchQueue:
@@ -81,11 +91,8 @@ class BatchQueue:
 
     @property
     def store(self) -> BatchStore | None:
-        o = self.options
-        if self._store is None and o.store_url:
-            self._store = open_store(o.store_url, endpoint=o.store_endpoint, region=o.store_region,
-                                     path_style=o.store_path_style,
-                                     credentials_secret=o.store_credentials_secret)  # fmt: skip
+        if self._store is None and self.options.store_url:
+            self._store = open_batch_store(self.options)
         return self._store
 
     def batch_id(self, number: int) -> str:
