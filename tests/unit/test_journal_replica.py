@@ -229,3 +229,40 @@ def test_a_slice_cut_below_the_durable_end_comes_from_the_index_not_a_walk(
     assert 0 < sum(size > 500 for size, _ in slices) <= 10  # a slice that begins with a large group holds it whole
     assert _files(tmp_path / "follower") == _files(tmp_path / "leader")
     assert _all(follower) == _all(leader) and follower.producers.producers["p"].sequence == 300
+
+
+def _open_journal_files(path: Path) -> list[str]:
+    """This process's descriptors on files under ``path`` (deleted ones too: Linux shows them)."""
+    fds = Path("/proc/self/fd")
+    names = []
+    for fd in fds.iterdir():
+        try:
+            target = str(fd.readlink())
+        except OSError:
+            continue  # closed since the listing
+        if target.startswith(str(path)):
+            names.append(target)
+    return names
+
+
+def test_the_readers_descriptors_are_bounded_and_closed_before_their_files_go(tmp_path: Path) -> None:
+    """A leader keeps its segment files open for reading between fetches (a fetch reads them several
+    times), at most 8 of them, and closes a descriptor before retention or a truncation removes its
+    file, so no deleted segment stays open and nothing is read from one."""
+    config = JournalConfig(segment_bytes=2000, fsync="always", retention_bytes=4000, index_interval_bytes=300)
+    leader = Journal(tmp_path / "leader", config).open()
+    _publish(leader, 0, 300)
+    follower = _journal(tmp_path / "follower")
+    _copy(leader, follower, max_bytes=300)  # from the oldest segment kept, through every later one
+    readers = [p for p in _open_journal_files(tmp_path / "leader") if p.endswith(".log") or p.endswith(".off")]
+    assert 2 <= len(readers) <= 8 + 2, readers  # the cache's 8, and the active segment's two writers
+    _publish(leader, 300, 200)
+    assert leader.apply_retention()
+    assert not [p for p in _open_journal_files(tmp_path) if "(deleted)" in p]
+    assert _all(leader)[0].sequence == leader.first_sequence  # reads open what they need again
+    follower.truncate_after(follower.written - 50)  # a cut closes and reopens the follower's files
+    assert not [p for p in _open_journal_files(tmp_path) if "(deleted)" in p]
+    assert [r.sequence for r in _all(follower)][-1] == follower.written
+    leader.close()
+    follower.close()
+    assert _open_journal_files(tmp_path) == []

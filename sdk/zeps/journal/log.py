@@ -265,10 +265,12 @@ class Journal:
         self.name = name or directory.name
         #: which leader epoch wrote which records (a replicated stream's; :mod:`zeps.journal.epochs`)
         self.epochs = EpochHistory(directory / "epochs")
+        self._readers = _Readers()
         self._reset()
 
     def _reset(self) -> None:
         """The state of a journal not opened yet (``open`` reads it from the files)."""
+        self._readers.close()
         self._segments: list[_Segment] = []
         self._fd = -1
         self._off_fd = -1  # the active segment's .off file
@@ -516,6 +518,7 @@ class Journal:
         try:
             if len(self._segments) > save.segments:  # it rolled: drop the segments it began
                 self._close_files()
+                self._readers.close()
                 for new in self._segments[save.segments :]:
                     for path in (new.path, new.path.with_suffix(".idx"), new.offsets_path):
                         path.unlink(missing_ok=True)
@@ -771,8 +774,7 @@ class Journal:
         last = min(end, seg.last_seq, start + max(max_records, 1) - 1)
         k = start - seg.base
         starts = array("I")
-        with open(seg.offsets_path, "rb") as f:
-            raw = os.pread(f.fileno(), (last - start + 2) * _OFFSET, k * _OFFSET)
+        raw = self._readers.pread(seg.offsets_path, (last - start + 2) * _OFFSET, k * _OFFSET)
         starts.frombytes(raw[: len(raw) - len(raw) % _OFFSET])
         if len(starts) == last - start + 1:
             starts.append(seg.size)  # the segment's last record ends where the segment does
@@ -780,8 +782,7 @@ class Journal:
             raise JournalError(f"journal {self.name}: {seg.offsets_path.name} lacks sequences {start}..{last}")
         count = max(bisect.bisect_right(starts, starts[0] + max_bytes) - 1, 1)
         base = starts[0]
-        with open(seg.path, "rb") as f:
-            data = os.pread(f.fileno(), starts[count] - base, base)
+        data = self._readers.pread(seg.path, starts[count] - base, base)
         if seg.verified_to < starts[count]:  # a sealed segment: its records are checked as first read
             good = self._verify(seg, start, data, starts, count)
             if good == 0:  # the first record asked for is damaged: the segment ends before it
@@ -875,11 +876,9 @@ class Journal:
         cut = None if limit == durable else self._replica_cut(seg, offset, last, last_durable, limit)
         if cut is not None:  # a boundary from the index and the marks: no record is read twice
             good, count = cut
-            with open(seg.path, "rb") as f:
-                data = os.pread(f.fileno(), good, offset)
+            data = self._readers.pread(seg.path, good, offset)
         while cut is None:
-            with open(seg.path, "rb") as f:
-                data = os.pread(f.fileno(), limit - offset, offset)
+            data = self._readers.pread(seg.path, limit - offset, offset)
             if limit == durable:  # the durable end is where an append ended: whole entries, whole groups
                 good = len(data)
                 count = last_durable - last
@@ -892,8 +891,7 @@ class Journal:
         data = data[:good]
         starts = array("I")
         if count > 0:  # the records' offsets, as the .off file holds them
-            with open(seg.offsets_path, "rb") as f:
-                starts.frombytes(os.pread(f.fileno(), count * _OFFSET, (last + 1 - seg.base) * _OFFSET))
+            starts.frombytes(self._readers.pread(seg.offsets_path, count * _OFFSET, (last + 1 - seg.base) * _OFFSET))
         if sys.byteorder == "little":
             starts.byteswap()
         first_mark = bisect.bisect_left(seg.marks, offset, key=itemgetter(0))
@@ -909,7 +907,7 @@ class Journal:
         start of the last record or producer mark at or before ``limit``, never inside a group (a mark
         and the records it covers). A slice that begins with a group reaching ``limit`` holds that
         group whole. None if it would hold nothing."""
-        starts = _IndexFile(seg.offsets_path, seg.base, last + 1, last_durable)
+        starts = _IndexFile(self._readers, seg.offsets_path, seg.base, last + 1, last_durable)
         marks = seg.marks
         group_end = offset  # the end of the group the slice begins with, if it does
         first = bisect.bisect_left(marks, offset, key=itemgetter(0))
@@ -934,12 +932,10 @@ class Journal:
         covered = bisect.bisect_left(starts, cut) - bisect.bisect_left(starts, mark[1])  # its records before cut
         return covered < self._group_size(seg, mark)
 
-    @staticmethod
-    def _group_size(seg: _Segment, mark: tuple[int, int]) -> int:
+    def _group_size(self, seg: _Segment, mark: tuple[int, int]) -> int:
         """How many records follow the producer mark at ``mark`` (start, end) in its group."""
         start, end = mark
-        with open(seg.path, "rb") as f:
-            entry = os.pread(f.fileno(), end - start, start)
+        entry = self._readers.pread(seg.path, end - start, start)
         return decode_mark(entry[OVERHEAD:])[1]
 
     def _reset_slice(self) -> ReplicaSlice:
@@ -956,16 +952,14 @@ class Journal:
         return end < offset <= following and any(e == offset for _, e in seg.marks)
 
     def _record_start(self, seg: _Segment, sequence: int) -> int:
-        with open(seg.offsets_path, "rb") as f:
-            raw = os.pread(f.fileno(), _OFFSET, (sequence - seg.base) * _OFFSET)
+        raw = self._readers.pread(seg.offsets_path, _OFFSET, (sequence - seg.base) * _OFFSET)
         if len(raw) < _OFFSET:
             raise JournalError(f"journal {self.name}: {seg.offsets_path.name} lacks sequence {sequence}")
         return array("I", raw)[0]
 
     def _record_end(self, seg: _Segment, sequence: int) -> int:
         start = self._record_start(seg, sequence)
-        with open(seg.path, "rb") as f:
-            (length,) = struct.unpack("!I", os.pread(f.fileno(), 4, start))
+        (length,) = struct.unpack("!I", self._readers.pread(seg.path, 4, start))
         return start + 4 + int(length)
 
     def replica_write(self, base: int, offset: int, data: bytes, *, starts: bytes | None = None,
@@ -1139,6 +1133,8 @@ class Journal:
             too_big = self.config.retention_bytes is not None and self.size_bytes > self.config.retention_bytes
             if not (too_old or too_big):
                 break
+            self._readers.forget(oldest.path)
+            self._readers.forget(oldest.offsets_path)
             oldest.path.unlink(missing_ok=True)
             oldest.path.with_suffix(".idx").unlink(missing_ok=True)
             oldest.offsets_path.unlink(missing_ok=True)
@@ -1149,6 +1145,7 @@ class Journal:
         return removed
 
     def close(self) -> None:
+        self._readers.close()
         if self._fd >= 0:
             try:
                 self.sync()
@@ -1156,19 +1153,48 @@ class Journal:
                 self._close_files()
 
 
+class _Readers:
+    """Read-only descriptors of the files the journal reads, kept open (at most ``most``, the least
+    recently used closed first): a follower's fetch reads a segment and its .off file several times
+    (where to cut, whole groups), and Python's ``open`` costs five system calls each time. A path
+    is forgotten before its file is removed, so a descriptor never outlives what it names."""
+
+    def __init__(self, most: int = 8) -> None:
+        self.most = most
+        self._fds: dict[Path, int] = {}  # in order of use, the most recent last
+
+    def pread(self, path: Path, size: int, offset: int) -> bytes:
+        fd = self._fds.pop(path, -1)
+        if fd < 0:
+            fd = os.open(path, os.O_RDONLY)
+            if len(self._fds) >= self.most:
+                os.close(self._fds.pop(next(iter(self._fds))))
+        self._fds[path] = fd
+        return os.pread(fd, size, offset)
+
+    def forget(self, path: Path) -> None:
+        fd = self._fds.pop(path, -1)
+        if fd >= 0:
+            os.close(fd)
+
+    def close(self) -> None:
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+
 class _IndexFile:
     """Records ``first`` .. ``last`` of a segment's .off file as a sequence of their start offsets,
     read an entry at a time (for bisect: a few reads, not the file)."""
 
-    def __init__(self, path: Path, base: int, first: int, last: int) -> None:
-        self.path, self.skip, self.count = path, first - base, max(0, last - first + 1)
+    def __init__(self, readers: _Readers, path: Path, base: int, first: int, last: int) -> None:
+        self.readers, self.path, self.skip, self.count = readers, path, first - base, max(0, last - first + 1)
 
     def __len__(self) -> int:
         return self.count
 
     def __getitem__(self, i: int) -> int:
-        with open(self.path, "rb") as f:
-            raw = os.pread(f.fileno(), _OFFSET, (self.skip + i) * _OFFSET)
+        raw = self.readers.pread(self.path, _OFFSET, (self.skip + i) * _OFFSET)
         if len(raw) < _OFFSET:
             raise JournalError(f"journal index {self.path.name} lacks entry {self.skip + i}")
         return int(array("I", raw)[0])
