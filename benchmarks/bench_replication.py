@@ -6,7 +6,9 @@
   ``js.publish``, which waits for the ack) and a subscriber reads; the leader is killed (SIGKILL)
   ``KILLS`` times and started again. Per kill: seconds from the kill to the first publish the new
   leader confirms, and to the subscriber's first delivery after it. At the end every confirmed
-  message is looked for in the stream: the number missing is printed as measured.
+  message is looked for in the stream: the number missing is printed as measured. A flush refused
+  while fewer than minInSync replicas are in sync (the surviving follower out of the set for a moment
+  after a kill) is retried, as the README tells clients to: the count is printed (``publish_refusals``).
 * **Throughput**: ``publish_many`` + ``flush`` through replicas 3 / minInSync 2 against one broker
   without replication, same machine, alternating rounds (ratio of medians).
 * **Catch-up**: a follower rebuilt from an empty volume copies the journal (MB/s), while the publisher
@@ -40,7 +42,7 @@ from zeps.client import StreamClient
 from zeps.client.discovery import LeaderLocator
 from zeps.coordination import connect
 from zeps.coordination.replication import read_replication_state
-from zeps.errors import SetupError
+from zeps.errors import PublishRefusedError, SetupError
 from zeps.paths import StreamPaths
 from zeps_dev import ZooKeeperServer
 from zeps_dev.process import free_port, wait_until
@@ -124,6 +126,7 @@ class History:
     errors: list[BaseException] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
     stalls: int = 0  # kills after which the subscriber did not resume within STALL_S
+    refusals: int = 0  # flushes refused (NOT_ENOUGH_REPLICAS: a follower out of the in-sync set for a moment)
 
     def confirm(self, n: int, sent: float) -> None:
         self.confirmed.append(n)
@@ -182,7 +185,15 @@ def zeps_failover(zk: ZooKeeperServer, tmp: Path) -> dict[str, Any]:
                     n += 1
                     sent = time.monotonic()
                     c.publish("k", b"%d" % n)
-                    c.flush(timeout=60)
+                    for _ in range(200):
+                        try:
+                            c.flush(timeout=60)
+                            break
+                        except PublishRefusedError:  # too few in sync for a moment: it attaches again, resends
+                            history.refusals += 1
+                            time.sleep(0.1)
+                    else:
+                        raise RuntimeError("publishes refused 200 times in a row")
                     history.confirm(n, sent)
         except BaseException as exc:  # reported by measure_kills
             history.errors.append(exc)
@@ -212,7 +223,8 @@ def zeps_failover(zk: ZooKeeperServer, tmp: Path) -> dict[str, Any]:
         history.stop.set()
         replicas.stop()
     return {"to_confirm": to_confirm, "to_deliver": to_deliver, "confirmed": len(history.confirmed),
-            "missing": len(set(history.confirmed) - held), "stalls": history.stalls}  # fmt: skip
+            "missing": len(set(history.confirmed) - held), "stalls": history.stalls,
+            "refusals": history.refusals}  # fmt: skip
 
 
 def zeps_throughput(zk: ZooKeeperServer, tmp: Path) -> dict[str, float]:
@@ -391,7 +403,8 @@ def jetstream_failover(tmp: Path) -> dict[str, Any]:
         history.stop.set()
         cluster.stop()
     return {"to_confirm": to_confirm, "to_deliver": to_deliver, "confirmed": len(history.confirmed),
-            "missing": len(set(history.confirmed) - held), "stalls": history.stalls}  # fmt: skip
+            "missing": len(set(history.confirmed) - held), "stalls": history.stalls,
+            "refusals": history.refusals}  # fmt: skip
 
 
 async def _jetstream_clients(cluster: JetStreamCluster, history: History) -> None:
@@ -473,6 +486,7 @@ def main() -> None:
         out[f"{system}_confirmed"] = result["confirmed"]
         out[f"{system}_confirmed_lost"] = result["missing"]
         out[f"{system}_subscriber_stalls"] = result["stalls"]
+        out[f"{system}_publish_refusals"] = result["refusals"]
     out["replicated_per_s"] = round(throughput["replicated"], 1)
     out["single_per_s"] = round(throughput["single"], 1)
     out["replicated_vs_single"] = round(throughput["replicated"] / throughput["single"], 3)

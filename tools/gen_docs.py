@@ -45,14 +45,17 @@ def crd_table(model: type[BaseModel]) -> str:
     return "\n".join([HEADER.format(source=source), *rows])
 
 
-def _metric_objects(owner: object) -> list[Any]:
-    """The Counters and Gauges an object holds (directly, or in a helper that holds them)."""
+_OURS = ("zeps.broker", "zeps_operator")  # the modules whose objects hold metrics
+
+
+def _metric_objects(owner: object, depth: int = 3) -> list[Any]:
+    """The Counters and Gauges an object holds (directly, or in the helpers that hold them)."""
     found = []
     for value in vars(owner).values():
         if isinstance(value, Counter | Gauge):
             found.append(value)
-        elif type(value).__module__.startswith(("zeps.broker", "zeps_operator")) and hasattr(value, "__dict__"):
-            found += [v for v in vars(value).values() if isinstance(v, Counter | Gauge)]
+        elif depth and type(value).__module__.startswith(_OURS) and hasattr(value, "__dict__"):
+            found += _metric_objects(value, depth - 1)
     return found
 
 
@@ -61,12 +64,12 @@ def metrics_table() -> str:
     and a broker's (made, never started), replication's gauges included."""
     import zeps_operator.metrics as operator_metrics  # noqa: PLC0415
     from zeps.broker import BrokerConfig, BrokerServer  # noqa: PLC0415
-    from zeps.broker.server import _ReplicationMetrics  # noqa: PLC0415
+    from zeps.broker.metrics import ReplicationMetrics  # noqa: PLC0415
     from zeps_operator.state import RECONCILES  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory() as tmp:
         broker = BrokerServer(BrokerConfig(data_dir=Path(tmp), streams=("s",)))
-        brokers = _metric_objects(broker) + _metric_objects(_ReplicationMetrics(CollectorRegistry()))
+        brokers = _metric_objects(broker) + _metric_objects(ReplicationMetrics(CollectorRegistry()))
     operators = [RECONCILES, *_metric_objects(operator_metrics)]
     rows = ["| metric | type | labels | meaning | exported by |", "|---|---|---|---|---|"]
     for where, objects in (("operator", operators), ("broker", brokers)):
@@ -74,7 +77,7 @@ def metrics_table() -> str:
             name = m._name + ("_total" if m._type == "counter" else "")
             labels = ", ".join(f"`{label}`" for label in m._labelnames)
             rows.append(f"| `{name}` | {m._type} | {labels} | {m._documentation} | {where} |")
-    source = "zeps_operator.metrics, zeps_operator.state and zeps.broker.server"
+    source = "zeps_operator.metrics, zeps_operator.state and zeps.broker.metrics"
     return "\n".join([HEADER.format(source=source), *rows])
 
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from zeps.coordination import Topic, TopicCleaner
 from zeps.errors import CoordinationError
+from zeps_operator import metrics
 
 __all__ = ["Cleaning"]
 
@@ -115,6 +116,7 @@ class Cleaning:
                 log.warning("cleaning: pass over %s failed (%r); the next watch or sweep tries again", root, exc)
                 return
             due = cleaner.next_due()
+        metrics.cleaner_pass(cleaner.topic.namespace, cleaner.topic.name, removed=len(removed))
         if removed:
             with self._lock:
                 if root in self._cleaners:

@@ -23,7 +23,9 @@ from zeps.coordination import Topic, connect
 from zeps.coordination.admin import (
     ZooKeeperUnavailableError,
     count_children,
+    count_grandchildren,
     delete_resource,
+    oldest_child_age,
     read_spec_node,
 )
 from zeps.coordination.batches import BatchQueue
@@ -127,7 +129,9 @@ def _topic_facts(body: Mapping[str, Any], patch: kopf.Patch) -> None:
     meta = body["metadata"]
     topic = TopicPaths.of(meta["namespace"], meta["name"], chroot=state.settings.chroot)
     patch.status["subscribers"] = count_children(state.zk, topic.subscribers.members, deadline=ZK_DEADLINE)
-    metrics.topic_facts(meta["namespace"], meta["name"], subscribers=patch.status["subscribers"])
+    undelivered = count_grandchildren(state.zk, topic.messages, deadline=ZK_DEADLINE)
+    metrics.topic_facts(meta["namespace"], meta["name"], subscribers=patch.status["subscribers"],
+                        undelivered=undelivered)  # fmt: skip
 
 
 def _topic(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> Topic:
@@ -172,8 +176,10 @@ def _queue_facts(body: Mapping[str, Any], patch: kopf.Patch) -> None:
     patch.status["depth"] = count_children(state.zk, paths.items, deadline=ZK_DEADLINE)
     patch.status["inFlight"] = count_children(state.zk, paths.taken, deadline=ZK_DEADLINE)
     patch.status["deadLettered"] = count_children(state.zk, paths.dead, deadline=ZK_DEADLINE)
+    oldest = oldest_child_age(state.zk, paths.items, deadline=ZK_DEADLINE)
     metrics.queue_facts(meta["namespace"], meta["name"], items=patch.status["depth"],
-                        in_flight=patch.status["inFlight"], dead=patch.status["deadLettered"], lag=lag)  # fmt: skip
+                        in_flight=patch.status["inFlight"], dead=patch.status["deadLettered"], lag=lag,
+                        oldest_age_s=oldest)  # fmt: skip
 
 
 # -- the resync of Topics and Queues (zeps_operator.resync) --------------------------------------

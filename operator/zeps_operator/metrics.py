@@ -19,6 +19,7 @@ __all__ = [
     "BATCH_CONSUMERS_SHOWN",
     "DRIFT_REPAIRS",
     "ZOOKEEPER_CONNECTED",
+    "cleaner_pass",
     "forget",
     "queue_facts",
     "stream_facts",
@@ -38,7 +39,23 @@ BATCH_CONSUMER_LAG = Gauge(
     f"Batches a batch Queue's consumer still has to process (the {BATCH_CONSUMERS_SHOWN} furthest behind)",
     ["namespace", "queue", "consumer"],
 )
+QUEUE_OLDEST_AGE = Gauge(
+    "zeps_queue_oldest_item_age_seconds",
+    "Age of a work Queue's oldest item (0: empty; not set above 10,000 items, which are not listed)",
+    ["namespace", "queue"],
+)
 TOPIC_SUBSCRIBERS = Gauge("zeps_topic_subscribers", "Live subscribers of a Topic", ["namespace", "topic"])
+TOPIC_UNDELIVERED = Gauge(
+    "zeps_topic_undelivered_messages",
+    "Messages waiting in a Topic's subscriber queues (the first 1,000 queues, by name)",
+    ["namespace", "topic"],
+)
+TOPIC_CLEANER_PASSES = Counter(
+    "zeps_topic_cleaner_passes", "Cleaner passes over a Topic (this operator replica's)", ["namespace", "topic"]
+)
+TOPIC_QUEUES_REMOVED = Counter(
+    "zeps_topic_queues_removed", "Queues of vanished consumers the cleaner removed", ["namespace", "topic"]
+)
 STREAM_READY = Gauge(
     "zeps_stream_broker_ready",
     "1 while a ZepsStream's broker (its leader, with minInSync replicas running) serves and is registered",
@@ -49,15 +66,21 @@ ZOOKEEPER_CONNECTED = Gauge(
     "zeps_operator_zookeeper_connected", "1 while the operator's ZooKeeper session is connected"
 )
 
-_BY_KIND: Mapping[str, tuple[Gauge, ...]] = {
-    "Queue": (QUEUE_ITEMS, QUEUE_IN_FLIGHT, QUEUE_DEAD_LETTERS),
-    "Topic": (TOPIC_SUBSCRIBERS,),
+_BY_KIND: Mapping[str, tuple[Gauge | Counter, ...]] = {
+    "Queue": (QUEUE_ITEMS, QUEUE_IN_FLIGHT, QUEUE_DEAD_LETTERS, QUEUE_OLDEST_AGE),
+    "Topic": (TOPIC_SUBSCRIBERS, TOPIC_UNDELIVERED, TOPIC_CLEANER_PASSES, TOPIC_QUEUES_REMOVED),
     "ZepsStream": (STREAM_READY,),
 }
 
 
-def queue_facts(namespace: str, name: str, *, items: int, in_flight: int, dead: int, lag: Mapping[str, int]) -> None:
+def queue_facts(namespace: str, name: str, *, items: int, in_flight: int, dead: int, lag: Mapping[str, int],
+                oldest_age_s: float | None = None) -> None:  # fmt: skip
     QUEUE_ITEMS.labels(namespace, name).set(items)
+    if oldest_age_s is not None:
+        QUEUE_OLDEST_AGE.labels(namespace, name).set(oldest_age_s)
+    else:
+        with contextlib.suppress(KeyError):  # not known (too many items to list): no stale value either
+            QUEUE_OLDEST_AGE.remove(namespace, name)
     QUEUE_IN_FLIGHT.labels(namespace, name).set(in_flight)
     QUEUE_DEAD_LETTERS.labels(namespace, name).set(dead)
     _forget_consumers(namespace, name)
@@ -66,8 +89,16 @@ def queue_facts(namespace: str, name: str, *, items: int, in_flight: int, dead: 
         BATCH_CONSUMER_LAG.labels(namespace, name, consumer).set(behind)
 
 
-def topic_facts(namespace: str, name: str, *, subscribers: int) -> None:
+def topic_facts(namespace: str, name: str, *, subscribers: int, undelivered: int) -> None:
     TOPIC_SUBSCRIBERS.labels(namespace, name).set(subscribers)
+    TOPIC_UNDELIVERED.labels(namespace, name).set(undelivered)
+
+
+def cleaner_pass(namespace: str, name: str, *, removed: int) -> None:
+    """A cleaner pass over the Topic ended, having removed ``removed`` queues."""
+    TOPIC_CLEANER_PASSES.labels(namespace, name).inc()
+    if removed:
+        TOPIC_QUEUES_REMOVED.labels(namespace, name).inc(removed)
 
 
 def stream_facts(namespace: str, name: str, *, ready: bool) -> None:

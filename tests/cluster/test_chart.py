@@ -143,3 +143,40 @@ def test_installs_into_the_control_plane(
     assert client.CoordinationV1Api(kube_api).read_namespaced_lease("zeps-operator-cleaner", namespace)
     _helm("uninstall", "zeps", "--namespace", namespace, "--kubeconfig", kubeconfig)
     assert not client.CoordinationV1Api(kube_api).list_namespaced_lease(namespace).items  # helm took it away
+
+
+def test_every_object_zeps_makes_passes_the_api_server_s_strict_validation(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    """kubeconform's check, made by the API server of the control plane itself (its OpenAPI, its
+    admission): the chart rendered with its optional parts (the ZooKeeper ensemble, the operator's
+    ZooKeeper identity, the dashboards, the CRDs) and the objects the operator plans for a stream —
+    alone, replicated with multicast, a partition — sent with ``--dry-run=server --validate=strict``:
+    an unknown or misplaced field, a wrong type or a missing required field fails; nothing is stored.
+    (The PrometheusRule and PodMonitors need the Prometheus operator's CRDs, which no tier here has.)"""
+    from zeps_operator.models import StreamSpec  # noqa: PLC0415
+    from zeps_operator.plan import Settings, stream_objects  # noqa: PLC0415
+
+    rendered = _helm("template", "z", str(CHART), "--kube-version", KUBE, "--namespace", namespace, "--include-crds",
+                     "--set", "zookeeper.ensemble.enabled=true", "--set", "zookeeper.auth.password=secret")  # fmt: skip
+    assert rendered.returncode == 0, rendered.stderr
+    kinds = {d["kind"] for d in yaml.safe_load_all(rendered.stdout) if d}
+    assert {"CustomResourceDefinition", "StatefulSet", "PodDisruptionBudget", "Secret", "Deployment"} <= kinds
+    strict = ("--dry-run=server", "--validate=strict", "-n", namespace, "-f", "-")
+    out = control_plane.kubectl("apply", *strict, input=rendered.stdout)
+    assert out.count("(server dry run)") == len([d for d in yaml.safe_load_all(rendered.stdout) if d])
+    settings = Settings(zookeeper="zk:2181")
+    plain = StreamSpec.model_validate({})
+    multicast = {"transport": "epgm", "group": "239.192.0.7", "port": 5555}
+    replicated = StreamSpec.model_validate({"replicas": 3, "minInSync": 2, "multicast": multicast})
+    for objects in (stream_objects(namespace, "prices", plain, settings),
+                    stream_objects(namespace, "orders", replicated, settings, zookeeper_auth=True),
+                    stream_objects(namespace, "clicks", replicated, settings, partition=1)):  # fmt: skip
+        manifest = yaml.safe_dump_all(objects)
+        made = control_plane.kubectl("create", *strict, input=manifest)
+        assert made.count("(server dry run)") == len(objects), made
+    workload = next(o for o in objects if o["kind"] == "StatefulSet")
+    broken = yaml.safe_dump({**workload, "spec": {**workload["spec"], "replicaz": 3}})
+    refused = subprocess.run([*control_plane.kubectl_argv, "create", *strict], input=broken, capture_output=True,
+                             text=True, timeout=120, check=False)  # fmt: skip
+    assert refused.returncode != 0 and 'unknown field "spec.replicaz"' in refused.stderr, "a misspelt field fails"

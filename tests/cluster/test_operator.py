@@ -161,6 +161,10 @@ def test_the_operator_cleaner_removes_a_vanished_consumers_queue_after_its_grace
             return any("leaving" in e["message"] for e in json.loads(events)["items"])
 
         wait_until(cleaned_event, timeout=15, what="the Cleaned event")
+        removed = [s.value for f in text_string_to_metric_families(operator.metrics()) for s in f.samples
+                   if s.name == "zeps_topic_queues_removed_total"
+                   and s.labels.get("namespace") == namespace]  # fmt: skip
+        assert removed == [1.0]
     finally:
         staying.close()
         leaving.close()
@@ -662,17 +666,23 @@ def test_batch_queue_lag_in_status(
 def test_the_operator_exports_its_resources_facts_and_forgets_deleted_ones(
     operator: OperatorProcess, crds: ControlPlane, namespace: str, zookeeper: ZooKeeperHarness
 ) -> None:
-    """A Queue's depth and a batch consumer's lag, as a Prometheus scrape of the operator reads them
-    (set as the operator reconciles and resyncs), its ZooKeeper session, and no series left once the
-    Queue is deleted."""
+    """A Queue's depth and oldest item's age, a batch consumer's lag, a Topic's undelivered messages and
+    cleaner passes, as a Prometheus scrape of the operator reads them (set as the operator reconciles
+    and resyncs), its ZooKeeper session, and no series left once the Queue is deleted."""
     from zeps.coordination.batches import BatchQueue  # noqa: PLC0415
     from zeps.coordination.queue import WorkQueue  # noqa: PLC0415
 
+    zk = _zk(zookeeper)
     _apply(crds, namespace, "Queue", "jobs")
     _apply(crds, namespace, "Queue", "ledger", {"mode": "batches"})
+    _apply(crds, namespace, "Topic", "news", {"cleanerGrace": 3600, "noSubscribers": "ignore"})
     _wait_ready(crds, namespace, "queue", "jobs")
     _wait_ready(crds, namespace, "queue", "ledger")
-    WorkQueue(_zk(zookeeper), "jobs", namespace=namespace, chroot=CHROOT).put_all([b"a", b"b", b"c"])
+    _wait_ready(crds, namespace, "topic", "news")
+    WorkQueue(zk, "jobs", namespace=namespace, chroot=CHROOT).put_all([b"a", b"b", b"c"])
+    news = Topic(zk, "news", namespace=namespace, chroot=CHROOT)
+    for _ in range(3):  # three messages in the queue of a subscriber that never takes them
+        zk.create(f"{news.paths.queue('away')}/m-", b"unread", sequence=True, makepath=True)
     batches = BatchQueue(_zk(zookeeper), "ledger", namespace=namespace, chroot=CHROOT)
     batches.consumer("audit").register("earliest")
     batches.publish([b"1"])
@@ -689,8 +699,16 @@ def test_the_operator_exports_its_resources_facts_and_forgets_deleted_ones(
                and value("zeps_batch_consumer_lag_batches", queue="ledger", consumer="audit") == 2, timeout=60,
                what="the queue's depth and the consumer's lag in the operator's metrics")  # fmt: skip
     assert "zeps_operator_zookeeper_connected 1.0" in operator.metrics()
+    wait_until(lambda: value("zeps_topic_undelivered_messages", topic="news") == 3
+               and (value("zeps_topic_cleaner_passes_total", topic="news") or 0) >= 1, timeout=60,
+               what="the topic's undelivered messages and a cleaner pass over it")  # fmt: skip
+    # the items were put before the first resync read them: their age grows from one pass to the next
+    wait_until(lambda: (value("zeps_queue_oldest_item_age_seconds", queue="jobs") or 0) > 2, timeout=60,
+               what="the age of the queue's oldest item")  # fmt: skip
+    assert value("zeps_queue_oldest_item_age_seconds", queue="ledger") == 0, "an empty queue's"
     crds.kubectl("delete", "queue", "jobs", "-n", namespace, "--wait=true")
-    wait_until(lambda: value("zeps_queue_items", queue="jobs") is None, timeout=30,
+    wait_until(lambda: value("zeps_queue_items", queue="jobs") is None
+               and value("zeps_queue_oldest_item_age_seconds", queue="jobs") is None, timeout=30,
                what="the deleted queue's series to go")  # fmt: skip
     assert value("zeps_queue_items", queue="ledger") == 0, "the other queue's stay"
 

@@ -121,3 +121,32 @@ def test_a_transaction_that_loses_a_race_is_done_step_by_step(
     for node in resource_nodes(root, CHILDREN, boundary=f"{zookeeper.root}/ns"):
         assert client.exists(node) is not None, node
     assert json.loads(client.get(f"{root}/spec")[0])["owner"] == "local/uid-1"
+
+
+def test_the_oldest_child_s_age_comes_from_zookeeper_s_clock_and_is_bounded(zookeeper: ZooKeeperHarness) -> None:
+    """The age of a queue's oldest item (lowest sequence, not the first name: priorities sort first in
+    the names), measured against ZooKeeper's ctime; empty is 0; over ``most`` children, not listed."""
+    client = zookeeper.client()
+    items = f"{zookeeper.root}/q/items"
+    assert admin.oldest_child_age(client, items) == 0.0  # no such node yet: an empty queue
+    client.ensure_path(items)
+    assert admin.oldest_child_age(client, items) == 0.0
+    first = client.create(f"{items}/i-900-a-", b"", sequence=True)  # low priority, but the oldest
+    client.create(f"{items}/i-100-b-", b"", sequence=True)
+    created = client.exists(first).ctime / 1000
+    assert admin.oldest_child_age(client, items, now=created + 42.0) == pytest.approx(42.0)
+    client.delete(first)  # the next oldest is younger
+    assert admin.oldest_child_age(client, items, now=created + 42.0) < 42.0
+    assert admin.oldest_child_age(client, items, most=0) is None
+
+
+def test_grandchildren_are_counted_over_the_first_queues(zookeeper: ZooKeeperHarness) -> None:
+    client = zookeeper.client()
+    messages = f"{zookeeper.root}/t/messages"
+    assert admin.count_grandchildren(client, messages) == 0
+    for queue, count in (("a", 3), ("b", 0), ("c", 2)):
+        client.ensure_path(f"{messages}/{queue}")
+        for _ in range(count):
+            client.create(f"{messages}/{queue}/m-", b"", sequence=True)
+    assert admin.count_grandchildren(client, messages) == 5
+    assert admin.count_grandchildren(client, messages, most=2) == 3  # a and b only

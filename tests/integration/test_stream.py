@@ -133,7 +133,7 @@ def test_slow_consumer_falls_back_to_the_journal_and_catches_up(broker_factory: 
         assert stream.fell_behind >= 1
         assert stream.messages_replayed >= 1000, f"only {stream.messages_replayed} messages came from the journal"
         wait_until(lambda: stream.live_set, timeout=5, what="the caught-up subscription to be live again")
-        assert list(broker.core.lag().values()) == [0]
+        assert [sub.lag for _, sub in broker.core.lag("prices")[1]] == [0]
 
 
 def test_retention_removes_old_segments(broker_factory: BrokerFactory, tmp_path: Path) -> None:
@@ -669,6 +669,28 @@ def test_metrics_endpoint(broker_factory: BrokerFactory) -> None:
     wait_until(lambda: b'zeps_broker_messages_in_total{stream="prices"} 10.0' in exported(), timeout=10, what="metrics")
     text = exported().decode()
     assert 'zeps_broker_last_sequence{stream="prices"} 10.0' in text
+    assert 'zeps_broker_first_sequence{stream="prices"} 1.0' in text
+
+    ctx = zmq.Context.instance()
+    stranger = ctx.socket(zmq.DEALER)
+    stranger.setsockopt(zmq.LINGER, 0)
+    stranger.connect(broker.endpoint)
+    stranger.send(b"not a frame")  # refused: a peer not attached, so no stream
+    stranger.close()
+    with StreamClient(broker.endpoint, "prices", producer_id="billing") as producer:
+        producer.publish("k", b"once")
+        producer.flush()
+        wait_until(lambda: b'zeps_broker_producers{stream="prices"} 1.0' in exported(), timeout=10, what="producers")
+    _publish(broker.endpoint, 100, start=10)  # ~3 kB of deliveries: more than the smallest window takes
+    with StreamClient(broker.endpoint, "prices", max_message_bytes=16, credit_window=16 + 1024) as starved:
+        # the window fills, and nobody receives: no CREDIT follows, the subscription stops
+        starved.start("", since="earliest")
+        lines = ('zeps_broker_refused_frames_total{code="bad_frame",stream=""} 1.0',
+                 'zeps_broker_subscriptions{stream="prices"} 1.0',
+                 'zeps_broker_credit_starved_subscriptions{stream="prices"} 1.0',
+                 'zeps_broker_subscriber_lag{peer=')  # fmt: skip
+        wait_until(lambda: all(line.encode() in exported() for line in lines), timeout=10,
+                   what=f"{lines} in {exported().decode()}")  # fmt: skip
 
 
 def _parameters(function: Callable[..., Any]) -> list[tuple[str, Any, Any, str]]:

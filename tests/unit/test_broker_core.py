@@ -80,4 +80,24 @@ def test_credit_bounds_what_is_delivered_and_facts_show_the_lag(core: BrokerCore
     assert count == 1 and facts["lag"] == 7 and facts["live"] is False
     more = _send(core, b"sub", Credit(credit=100 * frame_size), now=3.0)
     assert [d.sequence for d in more] == list(range(4, 11))
-    assert core.lag() == {(b"sub".hex(), facts["id"]): 0}
+    assert [(peer, sub.id, sub.lag) for peer, sub in core.lag("prices")[1]] == [(b"sub".hex(), facts["id"], 0)]
+
+
+def test_the_states_a_stream_s_metrics_show_replaying_starved_and_refusals(core: BrokerCore) -> None:
+    """What ``zeps_broker_replay_sessions``, ``_credit_starved_subscriptions`` and
+    ``_refused_frames_total`` are made of."""
+    frame_size = len(encode(Deliver(sequence=1, key="k", body=b"x" * 10)))
+    _attach(core, b"pub")
+    _send(core, b"pub", *[Publish(key="k", body=b"x" * 10) for _ in range(10)], now=1.0)
+    _attach(core, b"late")
+    _send(core, b"late", Subscribe(pattern="", latest=0), now=2.0)  # from the start: replays; no credit yet
+    assert core.states("prices") == (0, 1)  # it stopped at once: starved, not replaying
+    core.receive(b"late", encode(Credit(credit=3 * frame_size)), now=3.0)
+    assert core.states("prices") == (1, 0)  # in line to replay
+    core.pump(now=3.0)
+    assert core.states("prices") == (0, 1)  # three delivered, starved again before the tail
+    _send(core, b"late", Credit(credit=100 * frame_size), now=4.0)
+    assert core.states("prices") == (0, 0)  # caught up: live
+    _send(core, b"late", Subscribe(pattern="~(", latest=LATEST), now=5.0)  # a regex that does not compile
+    core.receive(b"stranger", b"not a frame", now=6.0)
+    assert core.refusals == {("prices", "pattern_refused"): 1, ("", "bad_frame"): 1}

@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 import zeps_operator.state  # noqa: F401  (registers the reconcile counter)
 from zeps.broker import BrokerConfig, BrokerServer
-from zeps.broker.server import _ReplicationMetrics
+from zeps.broker.metrics import ReplicationMetrics
 from zeps_operator import metrics
 
 FILES = Path(__file__).resolve().parents[2] / "charts" / "zeps" / "files"
@@ -41,7 +41,7 @@ def _sample_names(registry: CollectorRegistry) -> set[str]:
 def _exported(tmp_path: Path) -> set[str]:
     broker = BrokerServer(BrokerConfig(data_dir=tmp_path, streams=("s",)))  # made, never started: no socket
     replication = CollectorRegistry()
-    _ReplicationMetrics(replication)
+    ReplicationMetrics(replication)
     return _sample_names(REGISTRY) | _sample_names(broker.registry) | _sample_names(replication)
 
 
@@ -54,8 +54,9 @@ def test_every_metric_the_rules_and_dashboards_name_is_exported(tmp_path: Path) 
 
 def test_a_deleted_resource_s_series_go_and_batch_consumers_are_bounded() -> None:
     lag = {f"c{i}": i for i in range(50)}
-    metrics.queue_facts("shop", "ledger", items=3, in_flight=1, dead=0, lag=lag)
-    metrics.topic_facts("shop", "news", subscribers=2)
+    metrics.queue_facts("shop", "ledger", items=3, in_flight=1, dead=0, lag=lag, oldest_age_s=12.5)
+    metrics.topic_facts("shop", "news", subscribers=2, undelivered=7)
+    metrics.cleaner_pass("shop", "news", removed=2)
     consumers = {s.labels["consumer"] for f in metrics.BATCH_CONSUMER_LAG.collect() for s in f.samples
                  if s.labels["queue"] == "ledger"}  # fmt: skip
     assert consumers == {f"c{i}" for i in range(50 - metrics.BATCH_CONSUMERS_SHOWN, 50)}, "the furthest behind"
@@ -64,3 +65,19 @@ def test_a_deleted_resource_s_series_go_and_batch_consumers_are_bounded() -> Non
     assert REGISTRY.get_sample_value("zeps_queue_items", {"namespace": "shop", "queue": "ledger"}) is None
     assert not [s for f in metrics.BATCH_CONSUMER_LAG.collect() for s in f.samples if s.labels["queue"] == "ledger"]
     assert REGISTRY.get_sample_value("zeps_topic_subscribers", {"namespace": "shop", "topic": "news"}) == 2
+    queue, topic = {"namespace": "shop", "queue": "ledger"}, {"namespace": "shop", "topic": "news"}
+    assert REGISTRY.get_sample_value("zeps_topic_queues_removed_total", topic) == 2
+    metrics.forget("Topic", "shop", "news")
+    for name in ("zeps_topic_subscribers", "zeps_topic_undelivered_messages", "zeps_topic_cleaner_passes_total",
+                 "zeps_topic_queues_removed_total"):  # fmt: skip
+        assert REGISTRY.get_sample_value(name, topic) is None, name
+    assert REGISTRY.get_sample_value("zeps_queue_oldest_item_age_seconds", queue) is None
+
+
+def test_an_oldest_age_not_known_removes_the_series_rather_than_leave_it_stale() -> None:
+    queue = {"namespace": "shop", "queue": "huge"}
+    metrics.queue_facts("shop", "huge", items=3, in_flight=0, dead=0, lag={}, oldest_age_s=30.0)
+    assert REGISTRY.get_sample_value("zeps_queue_oldest_item_age_seconds", queue) == 30.0
+    metrics.queue_facts("shop", "huge", items=20_000, in_flight=0, dead=0, lag={}, oldest_age_s=None)
+    assert REGISTRY.get_sample_value("zeps_queue_oldest_item_age_seconds", queue) is None
+    metrics.forget("Queue", "shop", "huge")

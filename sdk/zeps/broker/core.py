@@ -57,6 +57,7 @@ heard it, never beyond what it holds durably; their publishes get NOT_LEADER.
 from __future__ import annotations
 
 import bisect
+import collections
 import contextlib
 import itertools
 import logging
@@ -315,6 +316,9 @@ class BrokerCore:
         self._clock_ms = _now_ms()  # wall time for producers' last activity (TTL): set once per flush
         self._multicast: list[list[bytes]] = []  # messages for the multicast group, oldest first
         self.invalid_frames = 0
+        #: refusals sent (INVALID, INVALID-CODE), by (the peer's stream, "" before ATTACH; the code's
+        #: name): the labels are the streams served and the codes, never anything a peer chose
+        self.refusals: collections.Counter[tuple[str, str]] = collections.Counter()
         #: the client public keys admitted (a CURVE broker with a list of clients; None: anyone)
         self.authorized: frozenset[str] | None = None
         #: the key a peer without a session authenticated with, for its next frame (the adapter sets it)
@@ -549,6 +553,8 @@ class BrokerCore:
     def _invalid(self, peer: bytes, reason: str, code: Refusal, *, version: int, forget: bool) -> None:
         """Refuse: INVALID-CODE to a peer speaking (or asking for) version 5 or more, else plain INVALID."""
         text = "".join(c if 0x20 <= ord(c) <= 0x7E else "?" for c in reason)[:255]
+        session = self.sessions.get(peer)
+        self.refusals[(session.stream.name if session is not None else "", code.name.lower())] += 1
         refusal = InvalidCode(code=code, reason=text) if version >= CODES_SINCE else Invalid(reason=text)
         self._send(peer, encode(refusal))  # not through a Connection: the peer may have none
         if forget:
@@ -1210,25 +1216,33 @@ class BrokerCore:
             self._forget(session)
 
     # -- facts ----------------------------------------------------------------------------------
-    def lag(self) -> dict[tuple[str, int], int]:
-        """Per subscription (peer hex, id): records between its cursor and the durable tail."""
-        out = {}
+    def states(self, stream: str) -> tuple[int, int]:
+        """(subscriptions of ``stream`` replaying from the journal — behind the tail, or a FETCH —,
+        subscriptions stopped until their peer sends CREDIT)."""
+        replaying = {id(sub) for sub in self._lagging if sub.session.stream.name == stream}
+        starved = 0
         for session in self.sessions.values():
-            for sub in session.subscriptions:
-                out[(session.peer.hex(), sub.id)] = sub.lag
-        return out
+            if session.stream.name == stream:
+                for sub in session.subscriptions:
+                    if id(sub) not in replaying and not sub.live:
+                        starved += 1  # out of line: its last delivery stopped for credit
+        return len(replaying), starved
+
+    def lag(self, stream: str, most: int = 20) -> tuple[int, list[tuple[str, _Subscription]]]:
+        """(how many subscriptions ``stream`` has, the ``most`` furthest behind as (peer hex,
+        subscription)), furthest first: a subscription's lag is the records between its cursor and the
+        durable tail."""
+        subs = [(sub.lag, session.peer.hex(), sub) for session in self.sessions.values()
+                if session.stream.name == stream for sub in session.subscriptions]  # fmt: skip
+        subs.sort(key=lambda t: (-t[0], t[1], t[2].id))
+        return len(subs), [(peer, sub) for _, peer, sub in subs[:most]]
 
     def subscriptions(self, stream: str, most: int = 20) -> tuple[int, list[dict[str, object]]]:
         """(how many subscriptions ``stream`` has, the ``most`` furthest behind): peer, subscription
-        id, pattern, lag (records between its cursor and the durable tail) and whether it is live."""
-        subs = sorted(
-            ((sub.lag, session.peer.hex(), sub) for session in self.sessions.values()
-             if session.stream.name == stream for sub in session.subscriptions),
-            key=lambda t: (-t[0], t[1], t[2].id),
-        )  # fmt: skip
-        furthest = [{"peer": peer, "id": sub.id, "pattern": sub.matcher.pattern, "lag": lag, "live": sub.live}
-                    for lag, peer, sub in subs[:most]]  # fmt: skip
-        return len(subs), furthest
+        id, pattern, lag and whether it is live — the facts a broker publishes for its operator."""
+        count, furthest = self.lag(stream, most)
+        return count, [{"peer": peer, "id": sub.id, "pattern": sub.matcher.pattern, "lag": sub.lag, "live": sub.live}
+                       for peer, sub in furthest]  # fmt: skip
 
 
 _RUN_OVERHEAD = 15  # a DELIVER-RUN frame's bytes besides its records and their 4-byte index entries

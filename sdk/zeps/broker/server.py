@@ -39,11 +39,12 @@ from typing import Any
 
 import zmq
 import zmq.auth
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, start_http_server
 from zmq.auth.thread import ThreadAuthenticator
 
 from zeps import _netif
 from zeps.broker.core import BrokerConfig, BrokerCore
+from zeps.broker.metrics import BrokerMetrics, ReplicationMetrics
 from zeps.broker.replication import FollowerCopy
 from zeps.errors import ConfigError, ProtocolError
 from zeps.journal import JournalError, JournalWriteError
@@ -64,27 +65,6 @@ _MULTICAST_BACKLOG = 16 << 20  # bytes of multicast messages waiting for the gro
 # lose every message that spans more than one (checked here: a 2,030-byte frame arrives, 2,040 never):
 # NORM runs are cut to this size, and a larger record reaches receivers through the journal only
 _NORM_MESSAGE_BYTES = 2000
-
-
-class _FreeSpace:
-    """``zeps_broker_journal_free_bytes``: free bytes on each journal's volume (for an unprivileged
-    writer), from statvfs at most once a second per stream."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.gauge = Gauge("zeps_broker_journal_free_bytes", "Free bytes on the journal's volume", ["stream"],
-                           registry=registry)  # fmt: skip
-        self._read: dict[str, float] = {}  # stream -> when its volume was last looked at
-
-    def update(self, name: str, directory: Path) -> None:
-        now = time.monotonic()
-        if now - self._read.get(name, -1.0) < 1.0:
-            return
-        self._read[name] = now
-        try:
-            vfs = os.statvfs(directory)
-        except OSError:
-            return
-        self.gauge.labels(name).set(vfs.f_bavail * vfs.f_frsize)
 
 
 @dataclass(frozen=True)
@@ -180,33 +160,6 @@ class _Link:
     again: tuple[float, int, str] | None = None  # (when, epoch, leader): a follow to try again
 
 
-class _ReplicationMetrics:
-    """A replicated stream's gauges: this replica's role, the epoch, the in-sync set, followers' lag."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.leader = Gauge("zeps_broker_replica_leader", "1 while this replica leads the stream", ["stream"],
-                            registry=registry)  # fmt: skip
-        self.epoch = Gauge("zeps_broker_replica_epoch", "The leader epoch this replica leads (0: it follows)",
-                           ["stream"], registry=registry)  # fmt: skip
-        self.in_sync = Gauge("zeps_broker_replica_in_sync", "Replicas in sync, the leader included (leader only)",
-                             ["stream"], registry=registry)  # fmt: skip
-        self.lag = Gauge("zeps_broker_replica_follower_lag", "Records a follower lacks of the leader's durable tail "
-                         "(leader only)", ["stream", "follower"], registry=registry)  # fmt: skip
-        self.min_in_sync = Gauge("zeps_broker_replica_min_in_sync", "Replicas that must hold a record before it "
-                                 "is confirmed (spec.minInSync)", ["stream"], registry=registry)  # fmt: skip
-
-    def update(self, name: str, stream: Any, min_insync: int) -> None:
-        leader = stream.leader
-        self.min_in_sync.labels(name).set(min_insync)
-        self.leader.labels(name).set(1 if leader is not None else 0)
-        self.epoch.labels(name).set(leader.epoch if leader is not None else 0)
-        self.in_sync.labels(name).set(len(leader.isr) if leader is not None else 0)
-        self.lag.clear()
-        if leader is not None:
-            for follower, f in leader.followers.items():
-                self.lag.labels(name, follower).set(max(0, stream.journal.durable - f.durable))
-
-
 @dataclass(frozen=True)
 class Replication:
     """A replicated stream (the broker serves one, and registers in ZooKeeper as one of its replicas,
@@ -266,31 +219,11 @@ class BrokerServer:
         self._zk: Any = None
         self._metrics: Any = None  # the metrics HTTP server, when serving metrics
         self.registry = CollectorRegistry()
-        self._messages_in = Counter("zeps_broker_messages_in", "Messages published", ["stream"], registry=self.registry)
-        self._messages_out = Counter(
-            "zeps_broker_messages_out", "Messages delivered", ["stream"], registry=self.registry
-        )
-        self._bytes_out = Counter("zeps_broker_bytes_out", "DELIVER bytes sent", ["stream"], registry=self.registry)
-        self._replayed = Counter("zeps_broker_messages_replayed", "Messages delivered from the journal to "
-                                 "subscriptions behind the tail", ["stream"], registry=self.registry)  # fmt: skip
-        self._fell_behind = Counter("zeps_broker_fell_behind", "Times a live subscription lost pace and went "
-                                    "to replay", ["stream"], registry=self.registry)  # fmt: skip
-        self._duplicates = Counter("zeps_broker_duplicates_dropped", "Publishes of idempotent producers dropped: "
-                                   "the journal held them already", ["stream"], registry=self.registry)  # fmt: skip
-        self._multicast_records = Counter("zeps_broker_multicast_records", "Records queued for the multicast group",
-                                          ["stream"], registry=self.registry)  # fmt: skip
-        self._multicast_dropped = Counter("zeps_broker_multicast_dropped", "Multicast messages dropped: the group's "
-                                          "pipe stayed full past the backlog", registry=self.registry)  # fmt: skip
-        self._journal_bytes = Gauge("zeps_broker_journal_bytes", "Journal size", ["stream"], registry=self.registry)
-        self._last_seq = Gauge("zeps_broker_last_sequence", "Last durable sequence", ["stream"], registry=self.registry)
-        self._journal_free = _FreeSpace(self.registry)
-        self._lag = Gauge("zeps_broker_subscriber_lag", "Records a subscription is behind", ["peer", "sub"],
-                          registry=self.registry)  # fmt: skip
-        self._exported: dict[tuple[int, str], int] = {}  # counter values already exported
+        self.metrics = BrokerMetrics(self.registry)
         self._memberships: dict[str, Any] = {}  # stream name -> this broker's membership in its group
         self._last_facts = 0.0
         self.replication = replication  # and its gauges, below
-        self._replication_metrics = None if replication is None else _ReplicationMetrics(self.registry)
+        self._replication_metrics = None if replication is None else ReplicationMetrics(self.registry)
         self._election: Any = None  # this replica's part in the election (zeps.coordination.replication)
         # election events, for the loop; following: the peering with the leader
         self._events, self._link = queue.SimpleQueue[Any](), _Link()
@@ -384,7 +317,7 @@ class BrokerServer:
             self._backlog_bytes -= len(self._backlog.popleft()[1])
         while self._backlog_bytes > _MULTICAST_BACKLOG:
             self._backlog_bytes -= len(self._backlog.popleft()[1])
-            self._multicast_dropped.inc()
+            self.metrics.multicast_dropped.inc()
 
     def _setup_curve(self, ctx: zmq.Context[Any], sock: zmq.Socket[Any]) -> None:
         assert self.curve is not None
@@ -724,24 +657,10 @@ class BrokerServer:
                 "followerLag": lag, "written": stream.journal.written}  # fmt: skip
 
     def _update_metrics(self) -> None:
-        for name, stream in self.core.streams.items():
-            self._journal_bytes.labels(name).set(stream.journal.size_bytes)
-            self._last_seq.labels(name).set(stream.committed)
-            self._journal_free.update(name, stream.journal.directory)
-            if self._replication_metrics is not None and self.replication is not None:
+        self.metrics.update(self.core)
+        if self._replication_metrics is not None and self.replication is not None:
+            for name, stream in self.core.streams.items():
                 self._replication_metrics.update(name, stream, self.replication.min_insync)
-            for counter, value in ((self._messages_in, stream.messages_in), (self._messages_out, stream.messages_out),
-                                   (self._bytes_out, stream.bytes_out), (self._replayed, stream.messages_replayed),
-                                   (self._fell_behind, stream.fell_behind),
-                                   (self._duplicates, stream.duplicates),
-                                   (self._multicast_records, stream.multicast_records)):  # fmt: skip
-                seen = self._exported.get((id(counter), name), 0)
-                if value > seen:
-                    counter.labels(name).inc(value - seen)
-                    self._exported[(id(counter), name)] = value
-        self._lag.clear()
-        for (peer, sub), lag in self.core.lag().items():
-            self._lag.labels(peer, str(sub)).set(lag)
         now = time.monotonic()
         if self._memberships and now - self._last_facts >= 1:  # live facts: operator status, Spark offsets
             self._last_facts = now

@@ -11,11 +11,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.retry import KazooRetry, RetryFailedError
 
 from zeps.coordination._util import Op, bounded_retry, commit, delete_tree, failures
@@ -26,8 +27,10 @@ __all__ = [
     "PathConflictError",
     "ZooKeeperUnavailableError",
     "count_children",
+    "count_grandchildren",
     "delete_resource",
     "ensure_resource",
+    "oldest_child_age",
     "read_spec_node",
     "resource_nodes",
 ]
@@ -217,3 +220,43 @@ def delete_resource(client: KazooClient, root: str, *, deadline: float = 120.0) 
 def count_children(client: KazooClient, path: str, *, deadline: float = 120.0) -> int:
     stat = bounded_retry(deadline)(client.exists, path)
     return int(stat.numChildren) if stat is not None else 0
+
+
+@_bounded
+def oldest_child_age(client: KazooClient, path: str, *, most: int = 10_000, now: float | None = None,
+                     deadline: float = 120.0) -> float | None:  # fmt: skip
+    """Seconds since the oldest child of ``path`` (the lowest sequence suffix: children made
+    sequential) was created, by ZooKeeper's clock; 0.0 without children; None when there are more
+    than ``most`` (listing them would cost more than the fact is worth) or the oldest went while we
+    looked."""
+    retry = bounded_retry(deadline)
+    stat = retry(client.exists, path)
+    if stat is None or stat.numChildren == 0:
+        return 0.0
+    if stat.numChildren > most:
+        return None
+    names = sorted(retry(client.get_children, path), key=lambda name: name[-10:])[:3]
+    for name in names:  # the oldest may be taken and acked between the listing and its stat
+        child = retry(client.exists, f"{path}/{name}")
+        if child is not None:
+            return max(0.0, (time.time() if now is None else now) - int(child.ctime) / 1000)
+    return None
+
+
+@_bounded
+def count_grandchildren(client: KazooClient, path: str, *, most: int = 1000, deadline: float = 120.0) -> int:
+    """The children of the first ``most`` children of ``path`` (by name), counted: one listing and one
+    pipelined stat per child, whatever their sizes."""
+    retry = bounded_retry(deadline)
+    if retry(client.exists, path) is None:
+        return 0
+    names = sorted(retry(client.get_children, path))[:most]
+    pending = [client.exists_async(f"{path}/{name}") for name in names]
+    total = 0
+    for name, result in zip(names, pending, strict=True):
+        try:
+            stat = result.get(timeout=deadline)
+        except (KazooException, client.handler.timeout_exception):  # a lost connection: ask again, bounded
+            stat = retry(client.exists, f"{path}/{name}")
+        total += int(stat.numChildren) if stat is not None else 0
+    return total

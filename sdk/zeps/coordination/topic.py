@@ -99,7 +99,7 @@ class Topic:
         client_id: str | None = None,
     ) -> None:
         self.client = client
-        self.name = name
+        self.name, self.namespace = name, namespace
         self.paths = TopicPaths.of(namespace, name, chroot=chroot)
         self.options = options or TopicOptions()
         self.acl = acl
