@@ -414,15 +414,19 @@ def migration_objects(
 def _statefulset(namespace: str, name: str, spec: StreamSpec, template: dict[str, Any], pvc: dict[str, Any], *,
                  partition: int = 0) -> dict[str, Any]:  # fmt: skip
     """A replicated stream's brokers: one pod and one journal volume per replica, started together (the
-    election orders them, not the StatefulSet), spread across nodes. Its volumes outlive it with
-    deletionPolicy Retain (the StatefulSet's retention policy), and go with it otherwise."""
+    election orders them, not the StatefulSet), spread across nodes (and zones, where nodes have zone
+    labels). Its volumes outlive it with deletionPolicy Retain (the StatefulSet's retention policy),
+    and go with it otherwise."""
     labels = template["metadata"]["labels"]
     spread = {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
               "labelSelector": {"matchLabels": labels}}  # fmt: skip
-    anti = {"weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
-                                               "labelSelector": {"matchLabels": labels}}}  # fmt: skip
+    # zones by anti-affinity, not a second spread constraint: the scheduler's spread scoring skips every
+    # node that lacks one of its keys, so a cluster without zone labels (kind, bare metal) would lose
+    # the spread across nodes too
+    anti = [{"weight": weight, "podAffinityTerm": {"topologyKey": key, "labelSelector": {"matchLabels": labels}}}
+            for weight, key in ((100, "kubernetes.io/hostname"), (50, "topology.kubernetes.io/zone"))]  # fmt: skip
     pod = {**template["spec"], "topologySpreadConstraints": [spread],
-           "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [anti]}}}  # fmt: skip
+           "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": anti}}}  # fmt: skip
     claim = {"metadata": {"name": "journal", "labels": pvc["metadata"]["labels"]}, "spec": pvc["spec"]}
     retain = "Retain" if spec.deletion_policy == "Retain" else "Delete"
     return {

@@ -49,8 +49,13 @@ def test_lint_and_render() -> None:
     budget = next(d for d in docs if d["kind"] == "PodDisruptionBudget")["spec"]
     assert budget["maxUnavailable"] == 1, "one ZooKeeper server at a time: the quorum holds"
     assert budget["selector"]["matchLabels"]["app.kubernetes.io/name"] == "zookeeper"
-    servers = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]["containers"][0]
-    assert servers["resources"]["requests"] == {"cpu": "100m", "memory": "512Mi"}
+    ensemble = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
+    assert ensemble["containers"][0]["resources"]["requests"] == {"cpu": "100m", "memory": "512Mi"}
+    assert [c["topologyKey"] for c in ensemble["topologySpreadConstraints"]] == ["topology.kubernetes.io/zone"]
+    (spread,) = pod["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["labelSelector"]["matchLabels"] == operator["spec"]["selector"]["matchLabels"]
+    assert pod["containers"][0]["resources"]["requests"], "every pod the chart makes requests resources"
     assert sorted(p.name for p in (CHART / "crds").glob("*.yaml")) == [
         "queues.zeps.dev.yaml", "topics.zeps.dev.yaml", "zepsstreams.zeps.dev.yaml"]  # fmt: skip
 

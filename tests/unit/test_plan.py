@@ -112,7 +112,11 @@ def test_a_replicated_stream_is_a_statefulset_spread_across_nodes_with_a_budget(
     assert claim["metadata"]["name"] == "journal" and claim["metadata"]["labels"]["zeps.dev/stream"] == "prices"
     pod = sts["template"]["spec"]
     assert [v["name"] for v in pod["volumes"]] == ["tmp"]  # the journal is each replica's own claim
-    assert pod["topologySpreadConstraints"][0]["topologyKey"] == "kubernetes.io/hostname"
+    (spread,) = pod["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname" and spread["whenUnsatisfiable"] == "ScheduleAnyway"
+    preferred = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert [(t["weight"], t["podAffinityTerm"]["topologyKey"]) for t in preferred] == [
+        (100, "kubernetes.io/hostname"), (50, "topology.kubernetes.io/zone")]  # fmt: skip
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert env["ZEPS_BROKER_MEMBER"] == "$(POD_NAME)"
     assert env["ZEPS_BROKER_ADVERTISE"] == "tcp://$(POD_IP):5555"  # no DNS lookup on failover
