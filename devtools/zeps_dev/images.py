@@ -469,6 +469,29 @@ class ImageBuilder:
         self.forget_older(tag)
         return tag
 
+    def prometheus_image(self) -> str:
+        """``zeps-prometheus:<hash>``: the Prometheus server of Debian's ``prometheus`` package
+        (unpacked beside promtool by ``tools/setup.sh promtool``: ``$ZEPS_PROMTOOL``'s folder) on the
+        Debian Python rootfs: the server the e2e suite runs in a pod to scrape zeps and evaluate its
+        alert rules."""
+        promtool = os.environ.get("ZEPS_PROMTOOL", "")
+        server = Path(promtool).parent / "prometheus" if promtool else None
+        if server is None or not server.exists():
+            raise SetupError("no Prometheus server beside $ZEPS_PROMTOOL; run `tools/setup.sh promtool` (make setup)")
+        # the unpacked package's folder is named by its Debian version (tools/setup.sh)
+        version = server.parents[3].name.removeprefix("prometheus-")
+        tag = f"zeps-prometheus:{_hash(version, *ROOTFS['python'])}"
+        if self._cached(tag, building="Debian's prometheus on the Debian Python rootfs"):
+            return tag
+        with tempfile.TemporaryDirectory(dir=self._scratch()) as tmp:
+            context = Path(tmp)
+            shutil.copy2(server, context / "prometheus")
+            lines = [f"FROM {self.rootfs('python')}", "COPY prometheus /usr/local/bin/prometheus", "USER 65534",
+                     'ENTRYPOINT ["/usr/local/bin/prometheus"]']  # fmt: skip
+            self.build(tag, context, dockerfile="\n".join(lines) + "\n")
+        self.forget_older(tag)
+        return tag
+
     def zookeeper_image(self) -> str:
         """``zeps-zookeeper:<version>-<hash>``: a JRE, the pinned jars and images/zookeeper's launcher."""
         jars = sorted((self.zookeeper_home / "lib").glob("*.jar"))

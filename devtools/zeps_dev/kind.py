@@ -350,6 +350,7 @@ class KindStack(LocalServer):
         self.zookeeper_image = ""
         self.spark_image = ""
         self.seaweedfs_image = ""
+        self.prometheus_image = ""
         #: the operator's ZooKeeper identity on this cluster (the ensemble's super user): new each stack
         self.zookeeper_password = secrets.token_hex(12)
         self.timings: dict[str, float] = {}
@@ -362,6 +363,7 @@ class KindStack(LocalServer):
             self.zeps_image = self.builder.zeps_image(self.venv_python)
             self.zookeeper_image = self.builder.zookeeper_image()
             self.seaweedfs_image = self.builder.seaweedfs_image()
+            self.prometheus_image = self.builder.prometheus_image()
             if self.spark:
                 self.spark_image = self.builder.spark_image(self.venv_python)
             self.timings["images_s"] = time.monotonic() - t0
@@ -378,7 +380,8 @@ class KindStack(LocalServer):
             )
             self.cluster.start()
             self.timings["cluster_create_s"] = time.monotonic() - t1
-            images = (self.zeps_image, self.zookeeper_image, self.seaweedfs_image, self.spark_image)
+            images = (self.zeps_image, self.zookeeper_image, self.seaweedfs_image, self.prometheus_image,
+                      self.spark_image)  # fmt: skip
             self.cluster.load(*(i for i in images if i))
             self.install_chart()
             self.timings["ready_s"] = time.monotonic() - t0
@@ -435,6 +438,7 @@ class KindStack(LocalServer):
             "ZEPS_E2E_ZOOKEEPER_IMAGE": self.zookeeper_image,
             "ZEPS_E2E_SPARK_IMAGE": self.spark_image,
             "ZEPS_E2E_SEAWEEDFS_IMAGE": self.seaweedfs_image,
+            "ZEPS_E2E_PROMETHEUS_IMAGE": self.prometheus_image,
             "ZEPS_E2E_RELEASE": RELEASE,
             "ZEPS_E2E_NAMESPACE": OPERATOR_NAMESPACE,
             "ZEPS_E2E_CHART_VALUES": ",".join(self.chart_values()),

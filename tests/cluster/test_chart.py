@@ -105,7 +105,10 @@ def test_monitoring_objects_render_only_where_their_crds_exist() -> None:
     monitors = {d["metadata"]["name"]: d["spec"] for d in rendered if d["kind"] == "PodMonitor"}
     assert monitors["z-brokers"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "zeps-broker"
     assert monitors["z-brokers"]["namespaceSelector"] == {"any": True}
-    assert monitors["z-operator"]["podMetricsEndpoints"] == [{"port": "metrics", "path": "/metrics"}]
+    # the operator's own namespace label (the resource's) wins over the target's (the operator pod's)
+    assert monitors["z-operator"]["podMetricsEndpoints"] == [{"port": "metrics", "path": "/metrics",
+                                                              "honorLabels": True}]  # fmt: skip
+    assert monitors["z-brokers"]["podMetricsEndpoints"] == [{"port": "metrics", "path": "/metrics"}]
     dashboards = {
         d["metadata"]["name"]: d for d in plain if d["kind"] == "ConfigMap" and "dashboard" in d["metadata"]["name"]
     }
