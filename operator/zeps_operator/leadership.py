@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the adapter is passed in: this module's rule needs no Kubernetes client to test
@@ -24,11 +25,13 @@ log = logging.getLogger(__name__)
 class LeaseKeeper:
     """Keeps trying to hold ``namespace/name`` for ``identity``. :meth:`leading` is True only while a
     renewal succeeded within the last two thirds of the duration, so a replica cut off from the API
-    server stops cleaning before another one can take over."""
+    server stops cleaning before another one can take over. ``clock`` (monotonic seconds) is what
+    "within" is measured by: tests pass their own."""
 
-    def __init__(self, kube: Kube, namespace: str, name: str, *, identity: str, duration: int) -> None:
+    def __init__(self, kube: Kube, namespace: str, name: str, *, identity: str, duration: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         self.kube, self.namespace, self.name = kube, namespace, name
-        self.identity, self.duration = identity, duration
+        self.identity, self.duration, self.clock = identity, duration, clock
         self._holder = ""
         self._valid_until = 0.0
         self._stop = threading.Event()
@@ -44,11 +47,11 @@ class LeaseKeeper:
         return self._holder
 
     def leading(self) -> bool:
-        return self._holder == self.identity and time.monotonic() < self._valid_until
+        return self._holder == self.identity and self.clock() < self._valid_until
 
     def try_once(self) -> str:
         """One acquire-or-renew; returns the holder."""
-        asked = time.monotonic()
+        asked = self.clock()
         holder = self.kube.hold_lease(self.namespace, self.name, identity=self.identity, duration=self.duration)
         self._holder = holder
         if holder == self.identity:

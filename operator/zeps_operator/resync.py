@@ -75,11 +75,14 @@ class Entry:
 class Resync:
     """Passes over the known objects every ``interval`` seconds and calls ``reconcile(entry)`` for each
     one unchanged for ``idle`` seconds, on ``workers`` threads. ``reconcile`` must not raise: what it
-    raises is logged, and the object is passed again next time."""
+    raises is logged, and the object is passed again next time. ``clock`` (monotonic seconds) dates
+    changes and passes; a test passes its own and calls :meth:`pass_once` instead of starting the thread."""
 
-    def __init__(self, reconcile: Callable[[Entry], None], *, interval: float, idle: float, workers: int = 4) -> None:
+    def __init__(self, reconcile: Callable[[Entry], None], *, interval: float, idle: float, workers: int = 4,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         self.interval = interval
         self.idle = idle
+        self.clock = clock
         self._reconcile = reconcile
         self._known: dict[Key, Entry] = {}
         self._running: set[Key] = set()
@@ -95,7 +98,8 @@ class Resync:
 
     def stop(self) -> None:
         self._stopping.set()
-        self._thread.join(timeout=self.interval + 30)
+        if self._thread.ident is not None:  # started (a test may make its passes itself)
+            self._thread.join(timeout=self.interval + 30)
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     def saw(self, body: Mapping[str, Any]) -> None:
@@ -103,7 +107,7 @@ class Resync:
         if body["metadata"].get("deletionTimestamp"):
             self.drop(body["kind"], body["metadata"]["namespace"], body["metadata"]["name"])
             return
-        entry = Entry.of(body, seen=time.monotonic())
+        entry = Entry.of(body, seen=self.clock())
         with self._changed:
             self._known[entry.key] = entry
 
@@ -126,12 +130,18 @@ class Resync:
 
     def _run(self) -> None:
         while not self._stopping.wait(self.interval):
-            started = time.monotonic()
-            with self._changed:
-                due = [e for e in self._known.values() if started - e.seen >= self.idle]
-            done = sum(1 for passed in self._pool.map(self._pass, due) if passed)
-            self.passes += 1
-            log.debug("resync: passed %d of %d objects in %.1fs", done, len(self), time.monotonic() - started)
+            self.pass_once()
+
+    def pass_once(self) -> int:
+        """One pass: reconcile every object unchanged for ``idle`` seconds (on the pool), and return how
+        many were passed once it ends."""
+        started = self.clock()
+        with self._changed:
+            due = [e for e in self._known.values() if started - e.seen >= self.idle]
+        done = sum(1 for passed in self._pool.map(self._pass, due) if passed)
+        self.passes += 1
+        log.debug("resync: passed %d of %d objects in %.1fs", done, len(self), self.clock() - started)
+        return done
 
     def _pass(self, entry: Entry) -> bool:
         with self._changed:

@@ -107,15 +107,16 @@ def test_subscribers_in_separate_processes_all_receive_everything_in_order(
 def test_kill9_mid_callback_then_restart_with_same_identity_loses_nothing(
     zookeeper: ZooKeeperHarness, tmp_path: Path, topic_factory: Callable[..., Topic], per_node: int
 ) -> None:
-    slow = _subscriber(zookeeper, tmp_path, "steady", "--sleep", "0.05", "--session-timeout", "2").start()
+    slow = _subscriber(zookeeper, tmp_path, "steady", "--sleep", "0.05", "--session-timeout", "2",
+                       "--hold-at", "15").start()  # fmt: skip
     publisher = topic_factory(max_messages_per_node=per_node)
     until(lambda: publisher.queues() == {"steady"}, "the queue", 10)
     sent = publisher.publish_many([f"m{i}".encode() for i in range(60)])
-    until(lambda: len(slow.started_ids()) >= 15, "the callback to be mid-way", 30)
-    slow.kill()  # kill -9, most likely inside a callback
+    until(lambda: "holding" in slow.lines(), "the 15th callback to stop", 30)
+    slow.kill()  # kill -9 inside that callback: it said so, and never returns
     lines = slow.lines()
-    assert lines[-1].startswith("start "), "the kill did not land inside a callback"
-    in_flight = lines[-1].split()[1]
+    assert len(lines) >= 2 and lines[-2].startswith("start ") and lines[-1] == "holding", lines[-3:]
+    in_flight = lines[-2].split()[1]
     sent += publisher.publish_many([f"late{i}".encode() for i in range(10)])  # while it is down
 
     again = _subscriber(zookeeper, tmp_path, "steady", "--session-timeout", "2", run="-restarted").start()
@@ -158,18 +159,22 @@ def test_cleaner_removes_the_queue_of_a_subscriber_that_never_returns(
 def test_a_cleaner_following_a_new_handle_keeps_counting_the_grace(
     topic_factory: Callable[..., Topic],
 ) -> None:
-    """Passes run by hand (the operator's timer does this): the grace counts from the first pass that
-    missed the consumer, also after the cleaner follows a handle with new options; a handle on
-    another topic is refused."""
+    """Passes run by hand (the operator's timer does this), on the test's clock: the grace counts from
+    the first pass that missed the consumer, also after the cleaner follows a handle with new options;
+    a handle on another topic is refused."""
     topic = topic_factory(cleaner_grace=1.5)
     sub = topic.subscribe(lambda _m: None, consumer_id="leaving")
     sub.close()  # left the group, its queue stays
-    cleaner = topic.cleaner()
+    now = [100.0]
+    cleaner = topic.cleaner(clock=lambda: now[0])
     assert cleaner.clean_once() == []  # first missed now
-    time.sleep(1.0)
+    assert cleaner.next_due() == 101.5
+    now[0] += 1.0
     cleaner.follow(topic_factory(cleaner_grace=1.5, batch_size=50))
     assert cleaner.clean_once() == []  # 1.0 s < 1.5 s
-    time.sleep(0.6)
+    now[0] += 0.49
+    assert cleaner.clean_once() == []  # 1.49 s
+    now[0] += 0.01
     assert cleaner.clean_once() == ["leaving"]
     assert topic.queues() == frozenset()
     with pytest.raises(ValueError, match="cannot follow"):

@@ -5,7 +5,6 @@ the real API server are tested in tests/cluster (test_kube_adapter.py, test_oper
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -30,20 +29,31 @@ class _Answers:
         self.released.append(identity)
 
 
-def _keeper(kube: Any) -> LeaseKeeper:
-    return LeaseKeeper(kube, "ops", "zeps-operator-cleaner", identity="me", duration=1)
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _keeper(kube: Any, clock: _Clock | None = None) -> LeaseKeeper:
+    return LeaseKeeper(kube, "ops", "zeps-operator-cleaner", identity="me", duration=3, clock=clock or _Clock())
 
 
 def test_it_leads_only_while_its_last_renewal_is_fresh() -> None:
-    kube = _Answers("me", ConnectionError("API server away"))
-    keeper = _keeper(kube)
+    kube, clock = _Answers("me", ConnectionError("API server away")), _Clock()
+    keeper = _keeper(kube, clock)
     assert not keeper.leading() and keeper.holder == ""
     assert keeper.try_once() == "me" and keeper.leading()
+    clock.now += 1.0
     with pytest.raises(ConnectionError):
         keeper.try_once()
-    assert keeper.leading()  # still within 2/3 of the 1 s duration
-    time.sleep(0.7)
-    assert not keeper.leading()  # another replica may take the Lease soon: stop cleaning first
+    assert keeper.leading()  # still within 2/3 of the 3 s duration since the renewal that succeeded
+    clock.now += 0.99
+    assert keeper.leading()
+    clock.now += 0.02  # 2.01 s after it: another replica may take the Lease soon, stop cleaning first
+    assert not keeper.leading()
 
 
 def test_it_does_not_lead_when_another_replica_holds_the_lease() -> None:

@@ -22,11 +22,14 @@ def _body(name: str, *, rv: str = "1", deleting: bool = False, spec: dict[str, A
     return {"kind": "Topic", "metadata": meta, "spec": spec or {"maxQueueDepth": 5}, "status": {"subscribers": 1}}
 
 
-def _until(check: Any, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
+class Clock:
+    """The resync's time: moved by the test, never by waiting."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 class Recorder:
@@ -53,8 +56,14 @@ def recorder() -> Recorder:
 
 
 @pytest.fixture
-def resync(recorder: Recorder) -> Iterator[Resync]:
-    loop = Resync(recorder, interval=0.1, idle=0.3, workers=2).start()
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def resync(recorder: Recorder, clock: Clock) -> Iterator[Resync]:
+    """A loop whose thread is not started: the test makes each pass (``pass_once``) at the clock's time."""
+    loop = Resync(recorder, interval=10, idle=3, workers=2, clock=clock)
     yield loop
     recorder.hold.set()
     loop.stop()
@@ -74,50 +83,73 @@ def test_the_entry_carries_what_a_pass_reads() -> None:
     }
 
 
-def test_only_objects_unchanged_for_the_idle_time_are_passed(resync: Resync, recorder: Recorder) -> None:
+def test_only_objects_unchanged_for_the_idle_time_are_passed(resync: Resync, recorder: Recorder, clock: Clock) -> None:
     resync.saw(_body("quiet"))
-    _until(lambda: "quiet" in recorder.passed, "the first pass over the quiet object")
-    busy_until = time.monotonic() + 1.0
-    while time.monotonic() < busy_until:  # changed every 50 ms: never idle for 0.3 s
+    clock.now += 3
+    assert resync.pass_once() == 1 and recorder.passed == ["quiet"]
+    for _ in range(5):  # changed every second: never idle for 3 s
         resync.saw(_body("busy"))
-        time.sleep(0.05)
+        clock.now += 1
+        resync.pass_once()
     assert "busy" not in recorder.passed
-    _until(lambda: "busy" in recorder.passed, "the pass once it is idle")
-    assert recorder.passed.count("quiet") >= 3  # passed again every interval
+    assert recorder.passed.count("quiet") == 6  # passed again at every pass
+    clock.now += 2  # 3 s since its last change
+    resync.pass_once()
+    assert sorted(recorder.passed[-2:]) == ["busy", "quiet"]  # the busy one too, now idle
 
 
-def test_an_object_being_deleted_or_gone_is_passed_no_more(resync: Resync, recorder: Recorder) -> None:
+def test_an_object_being_deleted_or_gone_is_passed_no_more(resync: Resync, recorder: Recorder, clock: Clock) -> None:
     resync.saw(_body("a"))
     resync.saw(_body("b"))
-    _until(lambda: {"a", "b"} <= set(recorder.passed), "both passed")
+    clock.now += 3
+    assert resync.pass_once() == 2
     resync.saw(_body("a", deleting=True))
     resync.drop("Topic", "ns", "b")
-    time.sleep(0.1)
-    count = len(recorder.passed)
-    time.sleep(0.6)
-    assert len(recorder.passed) == count
-    assert len(resync) == 0
+    clock.now += 10
+    assert resync.pass_once() == 0
+    assert sorted(recorder.passed) == ["a", "b"] and len(resync) == 0
 
 
-def test_forget_waits_for_the_pass_in_flight(resync: Resync, recorder: Recorder) -> None:
+def test_forget_waits_for_the_pass_in_flight(resync: Resync, recorder: Recorder, clock: Clock) -> None:
     recorder.hold.clear()
     resync.saw(_body("slow"))
+    clock.now += 3
+    passing = threading.Thread(target=resync.pass_once)
+    passing.start()
     assert recorder.inside.wait(5)
-    released = threading.Timer(0.5, recorder.hold.set)
-    released.start()
-    started = time.monotonic()
-    resync.forget("Topic", "ns", "slow")
-    assert time.monotonic() - started >= 0.4  # returned only once the pass had ended
-    assert recorder.passed == ["slow"]
-    time.sleep(0.6)
-    assert recorder.passed == ["slow"]
+    forgetting = threading.Thread(target=resync.forget, args=("Topic", "ns", "slow"))
+    forgetting.start()
+    forgetting.join(0.2)
+    assert forgetting.is_alive(), "forget returned while the pass was still reconciling the object"
+    recorder.hold.set()  # the pass ends: forget returns
+    forgetting.join(10)
+    passing.join(10)
+    assert not forgetting.is_alive() and recorder.passed == ["slow"]
+    clock.now += 10
+    assert resync.pass_once() == 0 and recorder.passed == ["slow"]
 
 
 def test_a_failing_pass_is_logged_and_the_others_go_on(
-    resync: Resync, recorder: Recorder, caplog: pytest.LogCaptureFixture
+    resync: Resync, recorder: Recorder, clock: Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
     recorder.fail.add("bad")
     resync.saw(_body("bad"))
     resync.saw(_body("good"))
-    _until(lambda: recorder.passed.count("bad") >= 2 and recorder.passed.count("good") >= 2, "two passes of each")
+    clock.now += 3
+    assert resync.pass_once() == 2
+    assert resync.pass_once() == 2  # passed again: a failure is not remembered
+    assert sorted(recorder.passed) == ["bad", "bad", "good", "good"]
     assert "resync of Topic ns/bad failed" in caplog.text
+
+
+def test_the_thread_passes_every_interval(recorder: Recorder) -> None:
+    """The loop's own thread, on the real clock (interval and idle 0: the first pass comes at once)."""
+    loop = Resync(recorder, interval=0.01, idle=0, workers=1).start()
+    try:
+        loop.saw(_body("a"))
+        deadline = time.monotonic() + 10
+        while recorder.passed.count("a") < 2:  # two passes: it goes on after the first
+            assert time.monotonic() < deadline, "the resync thread made no second pass"
+            recorder.inside.wait(0.05)
+    finally:
+        loop.stop()

@@ -2,7 +2,8 @@
 
 Appends one line per event to --out (flushed at once, so a kill -9 loses no written line):
 ``start <id>`` before the callback's work, ``done <id> <publisher-seq>`` after it, ``leader`` when
-its cleaner is elected, ``ready`` once subscribed.
+its cleaner is elected, ``ready`` once subscribed; ``holding`` when the callback of message number
+--hold-at stops for good (a test then kills the process inside that callback, knowing it is there).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import threading
 import time
 
 from zeps.coordination import Message, Topic, connect
@@ -30,6 +32,7 @@ def main() -> int:
     parser.add_argument("--cleaner-grace", type=float, default=60.0)
     parser.add_argument("--cleaner-interval", type=float, default=30.0)
     parser.add_argument("--no-subscribe", action="store_true", help="only run the cleaner")
+    parser.add_argument("--hold-at", type=int, default=0, help="the callback of this message never returns")
     args = parser.parse_args()
 
     out = open(args.out, "a", buffering=1)  # noqa: SIM115 — line-buffered for the life of the process
@@ -39,8 +42,15 @@ def main() -> int:
     options = TopicOptions.make(cleaner_grace=args.cleaner_grace, cleaner_interval=args.cleaner_interval)
     topic = Topic(client, args.topic, namespace=args.namespace, chroot=args.chroot, options=options)
 
+    calls = [0]
+    never = threading.Event()
+
     def on_message(message: Message) -> None:
         out.write(f"start {message.id}\n")
+        calls[0] += 1
+        if calls[0] == args.hold_at:
+            out.write("holding\n")
+            never.wait()
         if args.sleep:
             time.sleep(args.sleep)
         out.write(f"done {message.id}\n")

@@ -385,9 +385,10 @@ class Topic:
         return sub
 
     # -- cleaning -------------------------------------------------------------------------------
-    def cleaner(self, *, identifier: str | None = None) -> TopicCleaner:
-        """A cleaner candidate for this topic; call ``start()`` to take part in the election."""
-        return TopicCleaner(self, identifier=identifier or self.client_id)
+    def cleaner(self, *, identifier: str | None = None, clock: Callable[[], float] = time.monotonic) -> TopicCleaner:
+        """A cleaner candidate for this topic; call ``start()`` to take part in the election. ``clock``
+        measures the grace (a test's own)."""
+        return TopicCleaner(self, identifier=identifier or self.client_id, clock=clock)
 
     def close(self) -> None:
         """Publish what publish_async queued, stop its publisher, and stop watching the queue list."""
