@@ -19,7 +19,9 @@ lint: setup-python  ## ruff, mypy --strict, import-linter
 	@echo "[lint] import-linter"; .venv/bin/lint-imports
 
 test: setup lint  ## the whole suite: unit, integration (ZooKeeper, Spark), cluster (API server)
-	@$(WITH_ENV) $(PY) -m pytest
+	@$(WITH_ENV) $(PY) -m pytest -m "not solo"
+	@echo "[test] the tests that start a stack of their own (-m solo), once the shared one is gone"
+	@$(WITH_ENV) $(PY) -m pytest -m solo
 
 test-unit:        ## the unit tier alone: seconds, no server started (the inner loop; `make test` runs it too)
 	@tools/setup.sh python zookeeper

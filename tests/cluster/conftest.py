@@ -24,6 +24,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/cluster/" in str(item.path):
             item.add_marker(pytest.mark.cluster)
+        if "solo" in getattr(item, "fixturenames", ()):  # a stack of its own: never beside the session's
+            item.add_marker(pytest.mark.solo)
 
 
 @pytest.hookimpl(wrapper=True)
