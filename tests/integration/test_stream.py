@@ -676,6 +676,8 @@ def test_metrics_endpoint(broker_factory: BrokerFactory) -> None:
     stranger.setsockopt(zmq.LINGER, 0)
     stranger.connect(broker.endpoint)
     stranger.send(b"not a frame")  # refused: a peer not attached, so no stream
+    assert stranger.poll(10_000), "no answer to a malformed frame"
+    assert isinstance(decode(stranger.recv()), Invalid | InvalidCode)
     stranger.close()
     with StreamClient(broker.endpoint, "prices", producer_id="billing") as producer:
         producer.publish("k", b"once")

@@ -141,7 +141,7 @@ def test_every_durable_run_is_queued_once_for_the_group_and_a_silent_stream_send
     later = 1.0 + LINGER + HEARTBEAT
     assert [decode_message(m, "prices") for m in core.take_multicast(now=later)] == [Tail(sequence=4)]
     assert core.take_multicast(now=later + HEARTBEAT / 2) == []  # one TAIL per heartbeat
-    assert core.streams["prices"].multicast_records == 4
+    assert core.streams["prices"].outbox.records == 4
     core.close()
 
 
@@ -162,5 +162,5 @@ def test_runs_are_cut_to_the_largest_multicast_message_and_an_oversize_record_is
     sent = [s for run in runs for s, _, _, _ in run.items]  # type: ignore[union-attr]
     assert sent == [1, 2, 3, 4, 6, 7, 8]  # record 5 (300 bytes) does not fit a message
     stream = core.streams["prices"]
-    assert stream.multicast_records == 7 and stream.multicast_oversize == 1
+    assert stream.outbox.records == 7 and stream.outbox.oversize == 1
     core.close()

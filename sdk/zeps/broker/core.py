@@ -62,22 +62,23 @@ import contextlib
 import itertools
 import logging
 import re
-import sys
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import crc32c
 
+from zeps.broker.appends import AppendBuffer
 from zeps.broker.matching import Matcher, PatternError, PrefixTrie, compile_pattern
+from zeps.broker.outbox import MulticastOutbox
 from zeps.broker.replication import REPLICATION_VERSION, Leadership, encode_epochs
 from zeps.errors import ProtocolError
 from zeps.journal import Chunk, Journal, JournalConfig, JournalWriteError, ReplicaSlice
-from zeps.journal.producers import Producer, ProducerRefusedError, ProducerState, frozen
+from zeps.journal.producers import ProducerRefusedError, ProducerState
 from zeps.protocol import (
     LATEST,
     Attach,
@@ -111,9 +112,9 @@ from zeps.protocol import (
     encode_deliver,
     encode_deliver_batch,
     encode_deliver_run,
-    multicast,
     publish_fields,
     publish_seq_fields,
+    run_index,
     stays_attached,
 )
 from zeps.protocol.commands import CODES_SINCE, PROTOCOL, SIGNATURE
@@ -223,12 +224,7 @@ class _Stream:
     refused_too_large: int = 0  # frames refused: a message body over max_message_bytes
     refused_journal_full: int = 0  # publishes refused: the journal's volume was full
     journal_full_logged: float = 0.0  # when a full journal was last logged (once a minute at most)
-    multicast_records: int = 0  # records queued for the multicast group
-    multicast_oversize: int = 0  # records too large for a multicast message: receivers fetch them
-    multicast_at: float = 0.0  # when the stream last queued something for the group (monotonic)
-    multicast_pending: list[Chunk] = field(default_factory=list)  # durable records gathered for the group
-    multicast_pending_bytes: int = 0
-    multicast_since: float | None = None  # when take_multicast first saw the gathered records
+    outbox: MulticastOutbox = field(default_factory=MulticastOutbox)  # the multicast output's (when there is one)
     #: replication (None, False: a stream of one broker): the leader's view of its followers, or
     #: whether this broker follows (its journal is a copy; it serves version 8 peers reads only)
     leader: Leadership | None = None
@@ -248,29 +244,6 @@ class _Stream:
         if self.leader is not None:
             return self.leader.commit
         return min(self.commit, self.journal.durable) if self.following else self.journal.durable
-
-
-@dataclass(eq=False)
-class _Pending:
-    """A stream's publishes since the last flush, cut into groups of about ``group_bytes`` (a quarter
-    segment: a group never spans segments), each with the changes it makes to the producer table."""
-
-    group_bytes: int
-    entries: list[tuple[str, bytes]] = field(default_factory=list)
-    size: int = 0  # bytes of the entries (keys, bodies, a few framing bytes)
-    #: closed groups: (entries end, the producers they change, as they are once entries[:end] are written)
-    groups: list[tuple[int, dict[str, Producer]]] = field(default_factory=list)
-    #: the producers the open group changes: the table's own entries, frozen when the group closes
-    changes: dict[str, ProducerState] = field(default_factory=dict)
-    start: int = 0  # size when the open group began
-    peers: set[bytes] = field(default_factory=set)  # who published these (refused if the write fails)
-
-    def add(self, items: Iterable[tuple[str, bytes]], size: int) -> None:
-        self.entries.extend(items)
-        self.size += size
-        if self.size - self.start >= self.group_bytes:
-            self.groups.append((len(self.entries), frozen(self.changes)))
-            self.changes, self.start = {}, self.size
 
 
 @dataclass(eq=False)
@@ -311,10 +284,9 @@ class BrokerCore:
         self._pending: deque[Outgoing] = deque()
         self._lagging: deque[_Subscription] = deque()
         self._ids = itertools.count(1)
-        self._appends: dict[str, _Pending] = {}
+        self._appends: dict[str, AppendBuffer] = {}
         self._queued_bytes = 0  # delivery bytes queued, ever: pump() measures its budget with it
         self._clock_ms = _now_ms()  # wall time for producers' last activity (TTL): set once per flush
-        self._multicast: list[list[bytes]] = []  # messages for the multicast group, oldest first
         self.invalid_frames = 0
         #: refusals sent (INVALID, INVALID-CODE), by (the peer's stream, "" before ATTACH; the code's
         #: name): the labels are the streams served and the codes, never anything a peer chose
@@ -494,10 +466,10 @@ class BrokerCore:
                       f"{self.config.max_message_bytes} (maxMessageBytes); nothing of the frame was journaled",
                       Refusal.TOO_LARGE, version=session.conn.version, forget=False)  # fmt: skip
 
-    def _appending(self, stream: _Stream) -> _Pending:
+    def _appending(self, stream: _Stream) -> AppendBuffer:
         pending = self._appends.get(stream.name)
         if pending is None:
-            pending = self._appends[stream.name] = _Pending(stream.journal.config.segment_bytes // 4)
+            pending = self._appends[stream.name] = AppendBuffer(stream.journal.config.segment_bytes // 4)
         return pending
 
     def _produce(self, session: _Session, command: Produce) -> None:
@@ -681,7 +653,7 @@ class BrokerCore:
             if stream.leader is not None and not self._replicated_enough(stream, pending):
                 continue
             try:
-                self._write(stream.journal, pending)
+                pending.write_to(stream.journal)
             except JournalWriteError as exc:
                 if not exc.space:  # not a full volume: a broken disk, fatal (the broker exits non-zero)
                     self._appends.clear()  # none of it was confirmed; closing must not try it again
@@ -694,18 +666,7 @@ class BrokerCore:
                 self._replicate(stream)
             self._route(stream)
 
-    @staticmethod
-    def _write(journal: Journal, pending: _Pending) -> None:
-        """Append a stream's pending publishes, group by group (a group without producers' changes is
-        a plain append, which may roll segments within it)."""
-        entries, begin = pending.entries, 0
-        for end, changes in [*pending.groups, (len(entries), frozen(pending.changes))]:
-            if end > begin or changes:
-                part = entries if begin == 0 and end == len(entries) else entries[begin:end]
-                journal.append_many(part, changes=changes or None)
-            begin = end
-
-    def _replicated_enough(self, stream: _Stream, pending: _Pending) -> bool:
+    def _replicated_enough(self, stream: _Stream, pending: AppendBuffer) -> bool:
         """Whether a replicated leader takes the flush's publishes: not while fewer replicas than
         minInSync are in sync, unless the stream waits for them (``under_replicated: wait``)."""
         leader = stream.leader
@@ -719,7 +680,7 @@ class BrokerCore:
         self._refuse(stream, pending, reason, Refusal.NOT_ENOUGH_REPLICAS)
         return False
 
-    def _refuse_writes(self, stream: _Stream, pending: _Pending, exc: JournalWriteError) -> None:
+    def _refuse_writes(self, stream: _Stream, pending: AppendBuffer, exc: JournalWriteError) -> None:
         """The journal's volume is full: the flush's publishes are refused, never confirmed. The
         journal undid the failed append; the producer table goes back to what the journal holds; the
         publishers lose the PING-OKs and PRODUCE-OKs queued for them in this loop (their barriers
@@ -736,12 +697,12 @@ class BrokerCore:
             log.error("%s: refusing publishes (%d so far; retention or a larger volume makes room)", exc,
                       stream.refused_journal_full)  # fmt: skip
 
-    def _refuse(self, stream: _Stream, pending: _Pending, reason: str, code: Refusal) -> None:
+    def _refuse(self, stream: _Stream, pending: AppendBuffer, reason: str, code: Refusal) -> None:
         """Refuse a flush's publishes (none was journaled): the producer table goes back to what the
         journal holds, and the publishers lose the confirmations queued for them in this loop (their
         barriers cover refused publishes), get ``code`` and are forgotten, so they attach again and resend."""
         table, journaled = stream.journal.producers, stream.journal.journaled
-        for name in {n for _, changes in pending.groups for n in changes} | pending.changes.keys():
+        for name in pending.producers_changed():
             if name in journaled:
                 table.producers[name] = ProducerState(*journaled[name])
             else:
@@ -926,71 +887,31 @@ class BrokerCore:
                 if stop is not None:
                     self._leave_live(sub, stop)
             if multicast:
-                self._multicast_chunk(stream, chunk)
+                stream.outbox.gather(chunk)
             stream.routed = chunk.last
         for sub in stream.live_set:
             sub.cursor = stream.routed + 1
 
-    def _multicast_chunk(self, stream: _Stream, chunk: Chunk) -> None:
-        """Gather ``chunk`` (newly durable records) for the multicast group; :meth:`take_multicast`
-        sends what was gathered once it fills a message or has waited ``multicast_linger_s``."""
-        stream.multicast_pending.append(chunk)
-        stream.multicast_pending_bytes += len(chunk.data) + 4 * len(chunk)
-
-    def _multicast_runs(self, stream: _Stream) -> None:
-        """Queue the gathered records, once, in runs whose frames fit ``multicast_max_bytes``; a
-        record too large for one alone is left out (receivers see the gap and fetch it)."""
-        chunks, stream.multicast_pending, stream.multicast_pending_bytes = stream.multicast_pending, [], 0
-        stream.multicast_since = None
-        if len(chunks) == 1:
-            data, offsets = chunks[0].data, chunks[0].offsets
-        else:  # consecutive chunks: one run of records
-            data, offsets, size = b"".join(c.data for c in chunks), array("I", [0]), 0
-            for c in chunks:
-                offsets.extend(o + size for o in c.offsets[1:])
-                size += len(c.data)
-        count, limit, begin = len(offsets) - 1, self.config.multicast_max_bytes - _RUN_OVERHEAD, 0
-        while begin < count:
-            base = offsets[begin]
-            end = bisect.bisect_right(range(begin, count + 1), limit,
-                                      key=lambda j: offsets[j] - base + 4 * (j - begin)) + begin - 1  # fmt: skip
-            if end == begin:  # record ``begin`` alone is too large
-                stream.multicast_oversize += 1
-                begin += 1
-                continue
-            starts = offsets[begin:end] if base == 0 else array("I", (o - base for o in offsets[begin:end]))
-            self._multicast.append(multicast.encode_run(stream.name, data[base : offsets[end]], _index(starts)))
-            stream.multicast_records += end - begin
-            begin = end
-
     @property
     def multicast_pending(self) -> bool:
         """Records wait for the multicast group (the loop should come back within the linger)."""
-        return any(stream.multicast_pending for stream in self.streams.values())
+        return any(stream.outbox.pending for stream in self.streams.values())
 
     def take_multicast(self, now: float | None = None) -> list[list[bytes]]:
         """The messages for the multicast group since the last call, oldest first (each two frames:
         the stream's topic and DELIVER-RUN or TAIL): a stream's gathered records once they fill a
-        message or waited ``multicast_linger_s``; TAIL for each stream silent for a heartbeat.
-        Empty without a multicast output."""
+        message or waited ``multicast_linger_s``; TAIL for each stream silent for a heartbeat
+        (:class:`~zeps.broker.outbox.MulticastOutbox`). Empty without a multicast output."""
         heartbeat = self.config.multicast_heartbeat_s
         if heartbeat is None:
             return []
         now = time.monotonic() if now is None else now
+        out: list[list[bytes]] = []
         for stream in self.streams.values():
-            if stream.following:
-                continue  # a replicated stream's multicast output is its leader's
-            if stream.multicast_pending:
-                if stream.multicast_since is None:
-                    stream.multicast_since = now
-                full = stream.multicast_pending_bytes >= self.config.multicast_max_bytes
-                if full or now - stream.multicast_since >= self.config.multicast_linger_s:
-                    self._multicast_runs(stream)
-                    stream.multicast_at = now
-            elif now - stream.multicast_at >= heartbeat:
-                self._multicast.append(multicast.encode_tail(stream.name, stream.routed))
-                stream.multicast_at = now
-        out, self._multicast = self._multicast, []
+            if not stream.following:  # a replicated stream's multicast output is its leader's
+                out += stream.outbox.take(stream.name, stream.routed, now, heartbeat=heartbeat,
+                                          linger=self.config.multicast_linger_s,
+                                          max_bytes=self.config.multicast_max_bytes)  # fmt: skip
         return out
 
     @staticmethod
@@ -1042,7 +963,7 @@ class BrokerCore:
             fits = bisect.bisect_right(range(len(offsets)), room, key=lambda i: offsets[i] + per_record * i) - 1
             if fits > 0:
                 data = chunk.data[: offsets[fits]]
-                frame = encode_deliver_run(data, _index(offsets[:fits])) if indexed else encode_deliver_batch(data)
+                frame = encode_deliver_run(data, run_index(offsets[:fits])) if indexed else encode_deliver_batch(data)
                 self._queue(sub, frame, chunk.first, fits)
             if fits < len(chunk):
                 return chunk.first + max(fits, 0)
@@ -1059,7 +980,7 @@ class BrokerCore:
                 if indexed:
                     starts = array("I", itertools.accumulate((offsets[i + 1] - offsets[i] for i in chosen[:-1]),
                                                              initial=0))  # fmt: skip
-                    frame = encode_deliver_run(records, _index(starts))
+                    frame = encode_deliver_run(records, run_index(starts))
                 else:
                     frame = encode_deliver_batch(records)
                 self._queue(sub, frame, chunk.first + picks[0], taken)
@@ -1245,19 +1166,9 @@ class BrokerCore:
                        for peer, sub in furthest]  # fmt: skip
 
 
-_RUN_OVERHEAD = 15  # a DELIVER-RUN frame's bytes besides its records and their 4-byte index entries
-
 _REFUSALS = {"fenced": Refusal.FENCED, "unknown": Refusal.PRODUCER_UNKNOWN, "out-of-sequence": Refusal.OUT_OF_SEQUENCE,
              "full": Refusal.PRODUCER_LIMIT}  # fmt: skip
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _index(starts: array[int]) -> bytes:
-    """DELIVER-RUN's index: each record's offset, 4 bytes in network byte order."""
-    index = array("I", starts)
-    if sys.byteorder == "little":
-        index.byteswap()
-    return index.tobytes()

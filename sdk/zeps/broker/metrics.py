@@ -134,7 +134,7 @@ class BrokerMetrics:
             for counter, value in ((self.messages_in, stream.messages_in), (self.messages_out, stream.messages_out),
                                    (self.bytes_out, stream.bytes_out), (self.replayed, stream.messages_replayed),
                                    (self.fell_behind, stream.fell_behind), (self.duplicates, stream.duplicates),
-                                   (self.multicast_records, stream.multicast_records)):  # fmt: skip
+                                   (self.multicast_records, stream.outbox.records)):  # fmt: skip
                 self._count(counter, (name,), value)
             count, furthest = core.lag(name, most=LAG_SERIES)
             replaying, starved = core.states(name)

@@ -7,6 +7,7 @@ protocol itself, version by version: ``docs/protocol.md``.
 """
 
 from zeps.protocol._fastpath import (
+    RUN_OVERHEAD,
     deliver_size,
     encode_deliver,
     encode_deliver_batch,
@@ -16,6 +17,7 @@ from zeps.protocol._fastpath import (
     encode_publish_seq,
     publish_fields,
     publish_seq_fields,
+    run_index,
 )
 from zeps.protocol.codec import decode, encode
 from zeps.protocol.commands import (
@@ -56,6 +58,7 @@ from zeps.protocol.connection import Connection, stays_attached
 
 __all__ = [
     "LATEST",
+    "RUN_OVERHEAD",
     "Attach",
     "AttachOk",
     "Command",
@@ -99,5 +102,6 @@ __all__ = [
     "encode_publish_seq",
     "publish_fields",
     "publish_seq_fields",
+    "run_index",
     "stays_attached",
 ]

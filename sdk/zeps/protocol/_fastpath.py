@@ -5,7 +5,9 @@ Each produces or accepts exactly the bytes the generic codec would (the tests ch
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+import sys
+from array import array
+from collections.abc import Callable, Iterable
 
 from crc32c import crc32c
 
@@ -167,6 +169,15 @@ def encode_deliver_batch(records: bytes) -> bytes:
 
 
 _RUN_HEAD = struct.Struct("!2sBII")  # signature, id, crc, index length
+RUN_OVERHEAD = _RUN_HEAD.size + 4  #: a DELIVER-RUN frame's bytes besides its records and their index entries
+
+
+def run_index(starts: Iterable[int]) -> bytes:
+    """DELIVER-RUN's index: each record's offset in the run, number-4 (network byte order)."""
+    index = array("I", starts)
+    if sys.byteorder == "little":
+        index.byteswap()
+    return index.tobytes()
 
 
 def encode_deliver_run(records: bytes, index: bytes) -> bytes:
