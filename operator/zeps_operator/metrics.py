@@ -47,7 +47,7 @@ QUEUE_OLDEST_AGE = Gauge(
 TOPIC_SUBSCRIBERS = Gauge("zeps_topic_subscribers", "Live subscribers of a Topic", ["namespace", "topic"])
 TOPIC_UNDELIVERED = Gauge(
     "zeps_topic_undelivered_messages",
-    "Messages waiting in a Topic's subscriber queues (the first 1,000 queues, by name)",
+    "Messages waiting in a Topic's subscriber queues (the first 1,000 queues by name; not set above 10,000 queues)",
     ["namespace", "topic"],
 )
 TOPIC_CLEANER_PASSES = Counter(
@@ -89,9 +89,13 @@ def queue_facts(namespace: str, name: str, *, items: int, in_flight: int, dead: 
         BATCH_CONSUMER_LAG.labels(namespace, name, consumer).set(behind)
 
 
-def topic_facts(namespace: str, name: str, *, subscribers: int, undelivered: int) -> None:
+def topic_facts(namespace: str, name: str, *, subscribers: int, undelivered: int | None) -> None:
     TOPIC_SUBSCRIBERS.labels(namespace, name).set(subscribers)
-    TOPIC_UNDELIVERED.labels(namespace, name).set(undelivered)
+    if undelivered is not None:
+        TOPIC_UNDELIVERED.labels(namespace, name).set(undelivered)
+    else:
+        with contextlib.suppress(KeyError):  # not known (too many queues to list): no stale value either
+            TOPIC_UNDELIVERED.remove(namespace, name)
 
 
 def cleaner_pass(namespace: str, name: str, *, removed: int) -> None:

@@ -150,3 +150,4 @@ def test_grandchildren_are_counted_over_the_first_queues(zookeeper: ZooKeeperHar
             client.create(f"{messages}/{queue}/m-", b"", sequence=True)
     assert admin.count_grandchildren(client, messages) == 5
     assert admin.count_grandchildren(client, messages, most=2) == 3  # a and b only
+    assert admin.count_grandchildren(client, messages, listed=2) is None  # three queues: not listed

@@ -81,3 +81,12 @@ def test_an_oldest_age_not_known_removes_the_series_rather_than_leave_it_stale()
     metrics.queue_facts("shop", "huge", items=20_000, in_flight=0, dead=0, lag={}, oldest_age_s=None)
     assert REGISTRY.get_sample_value("zeps_queue_oldest_item_age_seconds", queue) is None
     metrics.forget("Queue", "shop", "huge")
+
+
+def test_undelivered_messages_not_known_remove_the_series() -> None:
+    topic = {"namespace": "shop", "topic": "crowded"}
+    metrics.topic_facts("shop", "crowded", subscribers=1, undelivered=4)
+    assert REGISTRY.get_sample_value("zeps_topic_undelivered_messages", topic) == 4
+    metrics.topic_facts("shop", "crowded", subscribers=1, undelivered=None)  # over 10,000 queues
+    assert REGISTRY.get_sample_value("zeps_topic_undelivered_messages", topic) is None
+    metrics.forget("Topic", "shop", "crowded")

@@ -244,19 +244,24 @@ def oldest_child_age(client: KazooClient, path: str, *, most: int = 10_000, now:
 
 
 @_bounded
-def count_grandchildren(client: KazooClient, path: str, *, most: int = 1000, deadline: float = 120.0) -> int:
+def count_grandchildren(client: KazooClient, path: str, *, most: int = 1000, listed: int = 10_000,
+                        deadline: float = 120.0) -> int | None:  # fmt: skip
     """The children of the first ``most`` children of ``path`` (by name), counted: one listing and one
-    pipelined stat per child, whatever their sizes."""
+    pipelined stat per child, whatever their sizes. None when ``path`` has more than ``listed``
+    children (anyone with the ACL can make them: listing them all would cost more than the fact)."""
     retry = bounded_retry(deadline)
-    if retry(client.exists, path) is None:
+    stat = retry(client.exists, path)
+    if stat is None:
         return 0
+    if stat.numChildren > listed:
+        return None
     names = sorted(retry(client.get_children, path))[:most]
     pending = [client.exists_async(f"{path}/{name}") for name in names]
     total = 0
     for name, result in zip(names, pending, strict=True):
         try:
-            stat = result.get(timeout=deadline)
+            child = result.get(timeout=deadline)
         except (KazooException, client.handler.timeout_exception):  # a lost connection: ask again, bounded
-            stat = retry(client.exists, f"{path}/{name}")
-        total += int(stat.numChildren) if stat is not None else 0
+            child = retry(client.exists, f"{path}/{name}")
+        total += int(child.numChildren) if child is not None else 0
     return total
