@@ -38,6 +38,28 @@ def _processes_mentioning(text: str) -> list[str]:
     return found
 
 
+def _spark_jvm_under(text: str) -> int | None:
+    """The pid of a Spark JVM (SparkSubmit) whose parent's command line mentions ``text``, if one runs."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if b"org.apache.spark.deploy.SparkSubmit" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
+            parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+            if text.encode() in Path(f"/proc/{parent}/cmdline").read_bytes():
+                return int(pid)
+        except (OSError, IndexError):
+            continue
+    return None
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting to be reaped does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_demo_summary_is_consistent_and_everything_stops(tmp_path: Path) -> None:
     lines: list[str] = []
     summary = run(tmp_path / "demo", orders=3000, links=60, invalidations=12, subscribers=3, workers=3,
@@ -109,13 +131,21 @@ def test_ctrl_c_stops_everything_the_demo_started(tmp_path: Path) -> None:
                 break
         if not any("Spark: publishing" in line for line in seen):
             pytest.fail("the demo ended early:\n" + "".join(seen) + (demo.stderr.read() if demo.stderr else ""))
-        time.sleep(3)  # the Spark job is starting its JVM
+        # Ctrl-C once the Spark job's JVM runs (its driver's command line names the demo's workdir)
+        deadline = time.monotonic() + 120
+        while (jvm := _spark_jvm_under(str(tmp_path))) is None:
+            assert demo.poll() is None, "the demo ended before its Spark job's JVM was seen"
+            assert time.monotonic() < deadline, "the demo's Spark job started no JVM in 120 s"
+            time.sleep(0.05)
         os.killpg(demo.pid, signal.SIGINT)
         _, err = demo.communicate(timeout=120)
         assert demo.returncode == 130, err[-2000:]
         assert "demo interrupted; everything it started was stopped" in err
         assert _processes_mentioning(str(tmp_path)) == [], "Ctrl-C left servers running"
-        assert _processes_mentioning("zeps-demo-orders") == [], "Ctrl-C left the Spark job's JVM running"
+        deadline = time.monotonic() + 10
+        while _alive(jvm):  # killed with its process group; reaped by init
+            assert time.monotonic() < deadline, "Ctrl-C left the Spark job's JVM running"
+            time.sleep(0.05)
     finally:
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGKILL)
