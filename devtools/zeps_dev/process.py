@@ -12,6 +12,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -21,7 +22,16 @@ from typing import Any, Self
 
 from zeps.errors import SetupError
 
-__all__ = ["LocalServer", "ManagedProcess", "apt_install", "cpu_seconds", "free_port", "run_tool", "wait_until"]
+__all__ = [
+    "LocalServer",
+    "ManagedProcess",
+    "apt_install",
+    "cpu_seconds",
+    "free_port",
+    "interruptible_module",
+    "run_tool",
+    "wait_until",
+]
 
 _PR_SET_PDEATHSIG = 1
 _live: set[ManagedProcess] = set()
@@ -42,6 +52,16 @@ def cpu_seconds(pid: int) -> float:
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def interruptible_module(module: str, *args: str) -> list[str]:
+    """The argv of ``python -m module args`` with SIGINT at Python's default (KeyboardInterrupt), as a
+    terminal's shell starts a program. A process started in the background by a non-interactive
+    shell inherits SIGINT ignored, and an ignored signal stays ignored across exec: a test that
+    sends its child a Ctrl-C needs the child to hear it wherever the suite itself was started."""
+    start = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+             f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")  # fmt: skip
+    return [sys.executable, "-c", start, *args]
 
 
 def wait_until(check: Callable[[], bool], *, timeout: float, interval: float = 0.1, what: str) -> None:

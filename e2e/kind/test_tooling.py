@@ -11,13 +11,13 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from zeps_dev.kind import E2E_WORKERS
+from zeps_dev.process import interruptible_module
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = os.environ.get("ZEPS_E2E_KIND_CLUSTER", "zeps-e2e")
@@ -28,7 +28,8 @@ def _driver(**env: str) -> subprocess.Popen[str]:
     cluster is exactly what these tests check is not left behind)."""
     inherited = {k: v for k, v in os.environ.items() if k != "ZEPS_KEEP_CLUSTER"}
     return subprocess.Popen(
-        [sys.executable, "-m", "zeps_dev.kind", "e2e", "--co", "-q"],  # collect only, if it got that far
+        # collect only, if it got that far; SIGINT at its default, wherever the suite was started from
+        interruptible_module("zeps_dev.kind", "e2e", "--co", "-q"),
         env={**inherited, **env},
         cwd=ROOT,
         stdout=subprocess.PIPE,

@@ -19,6 +19,7 @@ from kazoo.client import KazooClient
 
 from zeps_dev.controlplane import binaries_dir
 from zeps_dev.demo import run
+from zeps_dev.process import interruptible_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "demo"))
 from orders_pipeline import COUNTRIES, expected  # type: ignore[import-not-found]
@@ -120,11 +121,8 @@ def test_ctrl_c_stops_everything_the_demo_started(tmp_path: Path) -> None:
     runs: the demo says so, exits 130 and leaves no server behind (its workdir is under TMPDIR)."""
     env = {**os.environ, "TMPDIR": str(tmp_path), "ZEPS_TESTBIN": str(binaries_dir())}
     env.pop("CLUSTER", None)
-    # SIGINT as a terminal's shell leaves it (default): a run started in the background by a
-    # non-interactive shell inherits it ignored, and the demo would never see the Ctrl-C
-    as_from_a_terminal = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
-                          "runpy.run_module('zeps_dev.demo', run_name='__main__')")  # fmt: skip
-    demo = subprocess.Popen([sys.executable, "-c", as_from_a_terminal], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    # SIGINT at its default, as a terminal's shell leaves it, wherever the suite was started from
+    demo = subprocess.Popen(interruptible_module("zeps_dev.demo"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, start_new_session=True)  # fmt: skip
     try:
         assert demo.stdout is not None
