@@ -457,17 +457,8 @@ class ImageBuilder:
         if not weed.exists():
             raise SetupError(f"{self.binaries} has no weed; run `tools/setup.sh kind` again")
         # the build folder's name carries the hash of the module's pins (tools/testbin/build.sh)
-        tag = f"zeps-seaweedfs:{_hash(weed.parent.name, *ROOTFS['python'])}"
-        if self._cached(tag, building="weed on the Debian Python rootfs"):
-            return tag
-        with tempfile.TemporaryDirectory(dir=self._scratch()) as tmp:
-            context = Path(tmp)
-            shutil.copy2(weed, context / "weed")
-            lines = [f"FROM {self.rootfs('python')}", "COPY weed /usr/local/bin/weed", "USER 10001",
-                     'ENTRYPOINT ["/usr/local/bin/weed"]']  # fmt: skip
-            self.build(tag, context, dockerfile="\n".join(lines) + "\n")
-        self.forget_older(tag)
-        return tag
+        return self._binary_image("zeps-seaweedfs", weed, pin=weed.parent.name, user=10001,
+                                  building="weed on the Debian Python rootfs")  # fmt: skip
 
     def prometheus_image(self) -> str:
         """``zeps-prometheus:<hash>``: the Prometheus server of Debian's ``prometheus`` package
@@ -480,14 +471,20 @@ class ImageBuilder:
             raise SetupError("no Prometheus server beside $ZEPS_PROMTOOL; run `tools/setup.sh promtool` (make setup)")
         # the unpacked package's folder is named by its Debian version (tools/setup.sh)
         version = server.parents[3].name.removeprefix("prometheus-")
-        tag = f"zeps-prometheus:{_hash(version, *ROOTFS['python'])}"
-        if self._cached(tag, building="Debian's prometheus on the Debian Python rootfs"):
+        return self._binary_image("zeps-prometheus", server, pin=version, user=65534,
+                                  building="Debian's prometheus on the Debian Python rootfs")  # fmt: skip
+
+    def _binary_image(self, repository: str, binary: Path, *, pin: str, user: int, building: str) -> str:
+        """``<repository>:<hash of pin and the rootfs>``: one program (its entrypoint, run as ``user``) on
+        the Debian Python rootfs, built once per pin."""
+        tag = f"{repository}:{_hash(pin, *ROOTFS['python'])}"
+        if self._cached(tag, building=building):
             return tag
         with tempfile.TemporaryDirectory(dir=self._scratch()) as tmp:
             context = Path(tmp)
-            shutil.copy2(server, context / "prometheus")
-            lines = [f"FROM {self.rootfs('python')}", "COPY prometheus /usr/local/bin/prometheus", "USER 65534",
-                     'ENTRYPOINT ["/usr/local/bin/prometheus"]']  # fmt: skip
+            shutil.copy2(binary, context / binary.name)
+            lines = [f"FROM {self.rootfs('python')}", f"COPY {binary.name} /usr/local/bin/{binary.name}",
+                     f"USER {user}", f'ENTRYPOINT ["/usr/local/bin/{binary.name}"]']  # fmt: skip
             self.build(tag, context, dockerfile="\n".join(lines) + "\n")
         self.forget_older(tag)
         return tag
