@@ -101,3 +101,27 @@ def test_the_states_a_stream_s_metrics_show_replaying_starved_and_refusals(core:
     _send(core, b"late", Subscribe(pattern="~(", latest=LATEST), now=5.0)  # a regex that does not compile
     core.receive(b"stranger", b"not a frame", now=6.0)
     assert core.refusals == {("prices", "pattern_refused"): 1, ("", "bad_frame"): 1}
+
+
+def test_the_subscriber_lag_series_are_the_furthest_behind_and_bounded(core: BrokerCore) -> None:
+    """The README's promise that no client adds series of its own: 25 subscriptions, 20 lag series
+    (the furthest behind), whatever the peers; refusals are labelled by stream and code only."""
+    from prometheus_client import CollectorRegistry  # noqa: PLC0415
+
+    from zeps.broker.metrics import LAG_SERIES, BrokerMetrics  # noqa: PLC0415
+
+    _attach(core, b"pub")
+    _send(core, b"pub", *[Publish(key="k", body=b"x") for _ in range(30)], now=1.0)
+    for i in range(25):  # subscriptions from sequence 1 + i, none with credit: lag 30 - i
+        peer = b"peer-%02d" % i
+        _attach(core, peer)
+        _send(core, peer, Subscribe(pattern="", latest=i), now=2.0)
+    core.receive(b"stranger", b"junk", now=3.0)
+    registry = CollectorRegistry()
+    BrokerMetrics(registry).update(core)
+    lags = [s for f in registry.collect() if f.name == "zeps_broker_subscriber_lag" for s in f.samples]
+    assert len(lags) == LAG_SERIES == 20
+    assert sorted(int(s.value) for s in lags) == list(range(11, 31)), "the 20 furthest behind"
+    refused = [s.labels for f in registry.collect() if f.name == "zeps_broker_refused_frames" for s in f.samples
+               if s.name.endswith("_total")]  # fmt: skip
+    assert refused == [{"stream": "", "code": "bad_frame"}]
