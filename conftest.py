@@ -72,9 +72,73 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
     plane = ControlPlane(tmp_path_factory.mktemp("control-plane"))
     plane.start()
     try:
+        _check_control_plane(plane)
         yield plane
     finally:
         plane.stop()
+
+
+def _check_control_plane(plane: ControlPlane) -> None:
+    """The tier's health check, once per session: what zeps's cluster tests stand on, end to end.
+
+    A namespace gets its default ServiceAccount (the service-account controller), a Deployment's pod
+    is scheduled on the kwok node and reported Running and available (controller-manager, scheduler,
+    kwok), kwok keeps the node's Lease (else the node-lifecycle controller marks every pod on it not
+    Ready after 50 s), and a ServiceAccount without roles is refused (RBAC, which the operator's own
+    role is tested against). A failure stops the run with what is wrong, the components' logs beside it."""
+    from kubernetes import client, config  # noqa: PLC0415 — an extra: only the cluster tiers need it
+    from kubernetes.client.rest import ApiException  # noqa: PLC0415
+
+    from zeps_dev.controlplane import FAKE_NODE  # noqa: PLC0415
+    from zeps_dev.process import wait_until  # noqa: PLC0415
+
+    api = config.new_client_from_config(config_file=str(plane.kubeconfig))
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    name, labels = "tier-check", {"app": "tier-check"}
+    try:
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+        wait_until(
+            lambda: bool(core.list_namespaced_service_account(name, field_selector="metadata.name=default").items),
+            timeout=60,
+            what="the service-account controller to make the namespace's default ServiceAccount",
+        )
+        template = client.V1PodTemplateSpec(
+            metadata=client.V1ObjectMeta(labels=labels),
+            spec=client.V1PodSpec(containers=[client.V1Container(name="app", image="example.invalid/check:1")]),
+        )
+        apps.create_namespaced_deployment(name, client.V1Deployment(
+            metadata=client.V1ObjectMeta(name=name),
+            spec=client.V1DeploymentSpec(replicas=1, selector=client.V1LabelSelector(match_labels=labels),
+                                         template=template),
+        ))  # fmt: skip
+        wait_until(
+            lambda: (apps.read_namespaced_deployment(name, name).status.available_replicas or 0) == 1,
+            timeout=90,
+            what=f"a Deployment's pod Running and available on the kwok node {FAKE_NODE}",
+        )
+        lease = client.CoordinationV1Api(api).read_namespaced_lease(FAKE_NODE, "kube-node-lease")
+        if lease.spec.renew_time is None:
+            raise RuntimeError(f"kwok made the Lease of {FAKE_NODE} but never renewed it")
+        core.create_namespaced_service_account(
+            name, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="nobody"))
+        )
+        token = core.create_namespaced_service_account_token("nobody", name, client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[]))).status.token  # fmt: skip
+        settings = client.Configuration()
+        settings.host, settings.ssl_ca_cert = api.configuration.host, api.configuration.ssl_ca_cert
+        settings.api_key = {"authorization": f"Bearer {token}"}
+        with client.ApiClient(settings) as as_nobody:
+            try:
+                client.CoreV1Api(as_nobody).list_namespaced_pod(name)
+                raise RuntimeError("a ServiceAccount without any role listed pods: RBAC is not enforced")
+            except ApiException as exc:
+                if exc.status != 403:
+                    raise
+        core.delete_namespace(name)
+    except Exception as exc:
+        pytest.exit(f"the cluster tier cannot run: {exc!r} (component logs: {plane.workdir})", 3)
+    finally:
+        api.close()
 
 
 @pytest.fixture(scope="session")

@@ -897,7 +897,7 @@ def test_an_asyncio_consumer_that_stops_taking_holds_its_window_and_catches_up_f
                 publisher.publish_many((f"k{i}", body) for i in range(2000))
                 publisher.flush()
             await asyncio.sleep(1)  # the reader task runs all along; the application takes nothing
-            held = c.session.inbox_bytes
+            held = c.session.inbox.held_bytes
             sequences: list[int] = []
             while len(sequences) < 2000:
                 batch = await c.receive_many(10)

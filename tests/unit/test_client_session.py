@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from zeps._records import encode_record
+from zeps.client.publishing import Unconfirmed
 from zeps.client.session import ClientSession, Seq
 from zeps.errors import ConfigError, LocalProtocolError, ProducerError, PublishRefusedError
 from zeps.protocol import (
@@ -52,7 +53,12 @@ def _producing(producer: str | None = None, held: int = 0, epoch: int = 1) -> Cl
         frames = [decode(f) for f in session.publish("k", b"first")]
         assert frames[1:] == [PublishSeq(sequence=1, key="k", body=b"first")]
     [produce] = frames[:1]
-    assert isinstance(produce, Produce) and produce.epoch == 0 and produce.producer == session.producer
+    assert (
+        isinstance(produce, Produce)
+        and produce.epoch == 0
+        and session.producer is not None
+        and produce.producer == session.producer.name
+    )
     assert session.ready == (producer is None)  # a named one waits to know where its sequence goes on
     assert session.receive(encode(ProduceOk(epoch=epoch, sequence=held))) == []
     assert session.ready
@@ -67,20 +73,20 @@ def test_credit_goes_back_as_the_application_takes_half_the_window() -> None:
     assert [decode(f) for f in frames] == [Subscribe(pattern="", latest=0), Credit(credit=2000)]
     for sequence in (1, 2, 3, 4, 5):
         assert session.receive(encode(Deliver(sequence=sequence, key="k", body=b"x" * 400))) == []
-    assert session.outbox == [] and 2000 <= session.inbox_bytes <= 2100  # arrived, not taken: no credit back
-    assert [row[0] for row in session.take(2)] == [1, 2]
+    assert session.outbox == [] and 2000 <= session.inbox.held_bytes <= 2100  # arrived, not taken: no credit back
+    assert [row[0] for row in session.inbox.take(2)] == [1, 2]
     assert session.take_outbox() == []  # about 830 bytes taken: under half the window
-    assert session.take_one()[0] == 3
+    assert session.inbox.take_one()[0] == 3
     [grant] = [decode(f) for f in session.take_outbox()]
     assert isinstance(grant, Credit) and 1000 <= grant.credit <= 1300  # what was taken, given back
-    assert [row[0] for row in session.take(10)] == [4, 5] and session.inbox_bytes == 0
+    assert [row[0] for row in session.inbox.take(10)] == [4, 5] and session.inbox.held_bytes == 0
 
 
 def test_a_re_attach_grants_the_window_less_what_the_inbox_still_holds() -> None:
     session = _attached(credit_window=2000, max_message_bytes=500)
     session.subscribe("", Seq(0))
     session.receive(encode(Deliver(sequence=1, key="k", body=b"x" * 400)))
-    held = session.inbox_bytes
+    held = session.inbox.held_bytes
     session.disconnected()
     session.attach()
     frames = [decode(f) for f in session.receive(encode(AttachOk()))]
@@ -135,7 +141,7 @@ def test_a_reattach_resumes_the_producer_s_epoch_and_resends_with_the_same_seque
     session.publish("k", b"3")  # while away: numbered, kept
     session.attach()
     frames = [decode(f) for f in session.receive(encode(AttachOk()))]
-    assert frames == [Produce(producer=session.producer or "", epoch=3),
+    assert frames == [Produce(producer=session.producer.name if session.producer else "", epoch=3),
                       *(PublishSeq(sequence=n, key="k", body=b) for n, b in ((1, b"first"), (2, b"2"), (3, b"3"))),
                       Ping()]  # fmt: skip
 
@@ -216,11 +222,11 @@ def test_a_fetch_open_when_the_peering_drops_goes_on_after_what_it_delivered() -
     session.disconnected()
     session.attach()
     again = [decode(f) for f in session.receive(encode(AttachOk()))]
-    held = session.inbox_bytes  # 1..4, not taken yet: their credit stays with them
+    held = session.inbox.held_bytes  # 1..4, not taken yet: their credit stays with them
     assert again == [Fetch(pattern="", first=5, last=10), Credit(credit=2000 - held)]  # after what came
     session.receive(_run_frame(4, 10))  # 4 again (sent before the drop): kept once
     session.receive(encode(FetchEnd(first=5, last=10)))
-    assert [row[0] for row in session.take(100)] == list(range(1, 11))
+    assert [row[0] for row in session.inbox.take(100)] == list(range(1, 11))
     assert list(session.fetch_ends) == [(1, 10)]  # reported as asked: 1..4 came before the drop
 
 
@@ -265,3 +271,19 @@ def test_a_reader_of_followers_attaches_with_version_8_and_never_publishes() -> 
     with pytest.raises(ConfigError, match="follower_reads"):
         session.publish_many([("k", b"x")])
     assert decode(session.subscribe("", "earliest")[0]) == Subscribe(pattern="", latest=0)
+
+
+def test_a_barrier_confirms_exactly_the_publishes_before_it() -> None:
+    """Two PINGs out: the first PING-OK confirms what went before the first only, the second the rest;
+    a dropped peering loses the barriers (no PING-OK will come) and keeps every frame for the resend."""
+    kept = Unconfirmed(every=3)
+    assert kept.add(b"a", 1) is False and kept.add(b"b", 1) is False
+    kept.barrier()
+    assert kept.add(b"batch", 5) is True  # 5 since the barrier: another is due
+    kept.barrier()
+    kept.confirmed()
+    assert [frame for frame, _ in kept.frames] == [b"batch"] and kept.messages == 5
+    kept.add(b"c", 1)
+    kept.disconnected()
+    kept.confirmed()  # a late answer from the dropped peering: no barrier is out, nothing is dropped
+    assert [frame for frame, _ in kept.frames] == [b"batch", b"c"] and kept.messages == 6

@@ -132,16 +132,16 @@ def test_the_inbox_hands_out_runs_and_single_deliveries_in_order_however_taken()
     session.receive(encode_deliver_batch(_run(first).data))
     session.receive(broker.send(Deliver(sequence=6, key="old", body=b"z")))  # as a version-1 broker would
     session.receive(encode_deliver_batch(_run(second).data))
-    assert session.take(2) == first[:2]
-    assert session.take_one() == first[2]
-    assert session.take(3) == [first[3], first[4], (6, "old", b"z", None)]
-    assert session.take_one() == second[0]
-    assert [r for run in session.take_records() for r in run.rows()] == second[1:]
-    assert not session.inbox and session.take(5) == []
+    assert session.inbox.take(2) == first[:2]
+    assert session.inbox.take_one() == first[2]
+    assert session.inbox.take(3) == [first[3], first[4], (6, "old", b"z", None)]
+    assert session.inbox.take_one() == second[0]
+    assert [r for run in session.inbox.take_records() for r in run.rows()] == second[1:]
+    assert not session.inbox and session.inbox.take(5) == []
 
     session.receive(broker.send(Deliver(sequence=10, key="old", body=b"z")))
     session.receive(encode_deliver_batch(_run([(11, "k", b"", 1)]).data))
-    runs = session.take_records()  # a single delivery becomes a run of one (its unknown time 0)
+    runs = session.inbox.take_records()  # a single delivery becomes a run of one (its unknown time 0)
     assert [r for run in runs for r in run.rows()] == [(10, "old", b"z", 0), (11, "k", b"", 1)]
 
 
@@ -151,7 +151,7 @@ def test_a_delivery_sent_again_after_a_reattach_is_kept_once() -> None:
     session.receive(encode_deliver_batch(_run(rows[:6]).data))
     session.receive(encode_deliver_batch(_run(rows[3:]).data))  # 4..6 again, then 7..10
     session.receive(encode_deliver_batch(_run(rows[:2]).data))  # nothing new at all
-    assert session.take(100) == rows
+    assert session.inbox.take(100) == rows
     assert session.last_sequence == 10
 
 
@@ -240,4 +240,4 @@ def test_a_session_refuses_a_damaged_run_and_keeps_what_it_had() -> None:
     damaged[-1] ^= 0xFF  # the last body byte
     with pytest.raises(RemoteProtocolError, match="fail their CRC32C"):
         session.receive(bytes(damaged))
-    assert session.take(10) == first.rows() and session.last_sequence == 3
+    assert session.inbox.take(10) == first.rows() and session.last_sequence == 3

@@ -304,7 +304,8 @@ class AsyncStreamClient:
     @property
     def producer_id(self) -> str | None:
         """This client's idempotent producer name (None with ``idempotent=False``)."""
-        return self.session.producer
+        producer = self.session.producer
+        return None if producer is None else producer.name
 
     @property
     def producer_sequence(self) -> int:
@@ -314,7 +315,8 @@ class AsyncStreamClient:
     @property
     def generation_sequence(self) -> int:
         """Publishes of this client's ``generation`` the broker held at its claim (see StreamClient)."""
-        return self.session.generation_held or 0
+        producer = self.session.producer
+        return 0 if producer is None else producer.generation_held or 0
 
     async def publish(self, key: str, body: bytes) -> None:
         await self._room()
@@ -351,7 +353,7 @@ class AsyncStreamClient:
     async def receive(self, timeout: float) -> Message | None:
         if not await self._wait_for_messages(timeout):
             return None
-        row = self.session.take_one()
+        row = self.session.inbox.take_one()
         await self._give_credit()
         return Message._make(row)
 
@@ -361,14 +363,14 @@ class AsyncStreamClient:
     async def receive_rows(self, timeout: float, max_messages: int = 100_000) -> list[Row]:
         if not await self._wait_for_messages(timeout):
             return []
-        rows = self.session.take(max_messages)
+        rows = self.session.inbox.take(max_messages)
         await self._give_credit()
         return rows
 
     async def receive_records(self, timeout: float) -> list[Records]:
         if not await self._wait_for_messages(timeout):
             return []
-        runs = self.session.take_records()
+        runs = self.session.inbox.take_records()
         await self._give_credit()
         return runs
 

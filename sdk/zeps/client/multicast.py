@@ -121,7 +121,7 @@ class Group:
         """Hand what the peering delivered to the reconciler; the frames of the next fetch, if any."""
         if session.errors:
             raise ProtocolError(f"broker refused: {session.errors.popleft()}")
-        rows = session.take(1 << 30)
+        rows = session.inbox.take(1 << 30)
         if rows:
             self.reconciler.on_fetched(rows)
         while session.fetch_ends:

@@ -1,7 +1,10 @@
 r"""The client side of a ZEPS peering, without sockets: what to send, what arrived, what to resend.
 
 Both :class:`~zeps.client.sync.StreamClient` and :class:`~zeps.client.aio.AsyncStreamClient` drive
-this object; they only move frames.
+this object; they only move frames. It keeps the peering (attach, versions, refusals, subscriptions,
+fetches) and holds two parts: the :class:`~zeps.client.inbox.Inbox` (deliveries not taken yet, and
+their credit) and the publishing state of :mod:`zeps.client.publishing` (the idempotent producer, the
+publishes not yet confirmed).
 
 * **Attach.** Version 4 first (runs checked at once), then 3 (batches), then 2 (time replay,
   timestamps), then 1: a broker that refuses a version is attached with the next lower one; time
@@ -11,11 +14,9 @@ this object; they only move frames.
   DELIVER-RUN: the same records with their index and one CRC32C), unpacked here into the same
   :class:`Message`\ s.
 * **Credit.** The session grants ``credit_window`` bytes at subscribe and gives credit back as the
-  application *takes* messages from the inbox (:meth:`ClientSession.take` and its kin), once half the
-  window was taken: deliveries the application has not taken hold their credit, so a consumer that
-  stops taking holds at most its window in memory, and the broker switches it to replay from the
-  journal until it takes again. The CREDIT frames due wait in :attr:`ClientSession.outbox`; the
-  clients send them after every take.
+  application *takes* messages from the inbox (:meth:`Inbox.take <zeps.client.inbox.Inbox.take>` and
+  its kin), once half the window was taken. The CREDIT frames due wait in
+  :attr:`ClientSession.outbox`; the clients send them after every take.
 * **Resume.** Each delivered sequence is remembered; after a reconnect every subscription is sent
   again with ``latest`` = the last sequence received: no gap, no duplicate.
 * **Publishes survive a broker crash.** ZEPS has no publish acknowledgement, so the session puts a
@@ -39,14 +40,13 @@ this object; they only move frames.
 from __future__ import annotations
 
 import re
-import secrets
 import time
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, NamedTuple
 
-from zeps._records import Records, encode_record
+from zeps._records import Records
 from zeps.errors import (
     ConfigError,
     LocalProtocolError,
@@ -74,7 +74,6 @@ from zeps.protocol import (
     InvalidCode,
     Ping,
     PingOk,
-    Produce,
     ProduceOk,
     Publish,
     PublishBatch,
@@ -94,6 +93,9 @@ from zeps.protocol import (
 from zeps.protocol.commands import CODES_SINCE
 from zeps.protocol.connection import CLIENT_VERSION, FOLLOWER_READS_VERSION, stays_attached
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES, MAX_CREDIT_BYTES, MAX_MESSAGE_BYTES_CEILING
+
+from .inbox import Inbox, Row
+from .publishing import Producer, Unconfirmed
 
 __all__ = ["ClientSession", "Fetched", "Message", "Records", "Row", "Seq", "Since", "Time"]
 
@@ -140,9 +142,6 @@ class Time:
 
 
 Since = Seq | Time | Literal["earliest", "latest"]
-
-
-Row = tuple[int, str, bytes, int | None]  #: a delivered message as a plain tuple, in Message's field order
 
 
 class Message(NamedTuple):
@@ -211,26 +210,15 @@ class ClientSession:
         self.stream = stream
         #: a reader of followers: attaches with version 8 (a follower serves it reads) and never publishes
         self.reads_only = reads_only
-        #: the idempotent producer's name (None: plain, at-least-once publishes); named by the caller or random
-        self.producer = producer if producer is not None else f"zeps-{secrets.token_hex(8)}" if idempotent else None
-        self.named_producer = producer is not None
-        self.epoch = 0  # the producer's epoch, from PRODUCE-OK (0: claim the name afresh)
-        self.generation = generation
-        self.generation_held: int | None = None  # publishes of this generation held at the first PRODUCE-OK
-        #: the next publish's producer sequence: a named producer learns it from the first PRODUCE-OK;
-        #: a random name is new, so it starts at 1
-        self.next_sequence: int | None = None if self.named_producer else 1
-        self.producing = False  # PRODUCE-OK arrived on this peering
-        # a random name is claimed at the first publish (a client that only subscribes never claims one)
-        self._claimed = self.named_producer
-        self._produce_sent = False  # PRODUCE went out on this peering
+        #: the idempotent producer (None: plain, at-least-once publishes); named by the caller or random
+        self.producer = Producer(producer, generation) if idempotent else None
+        self.unconfirmed_publishes = Unconfirmed(confirm_every)  #: kept until a barrier confirms them
         self.producer_error: str | None = None  #: why the broker refused this producer (raise ProducerError)
         #: why the broker refused publishes (TOO_LARGE, JOURNAL_FULL), and its code: see :meth:`check_publishes`
         self.publish_refused: str | None = None
         self.publish_refused_code: int | None = None
         self.max_message_bytes = max_message_bytes
         self.credit_window = credit_window
-        self.confirm_every = confirm_every
         self.version = FOLLOWER_READS_VERSION if reads_only else CLIENT_VERSION
         self.conn = Connection("client")
         self.attached = False
@@ -239,19 +227,10 @@ class ClientSession:
         self.forgotten = False  # the broker answered as if we had never attached
         self.last_sequence: int | None = None  # the last delivery received on any subscription
         self.subscriptions: list[_Sub] = []
-        #: delivered, not yet handed out: runs of records (DELIVER-BATCH, decoded when taken) or
-        #: single rows (DELIVER from an older broker)
-        self.inbox: deque[Records | Row] = deque()
-        self._head = 0  # records of inbox[0] already handed out, when it is a run
-        self._sizes: deque[int] = deque()  # each inbox entry's frame size: credit given back once it is taken
-        self.inbox_bytes = 0  #: delivery bytes not yet taken by the application: at most the credit window
+        #: delivered, not yet taken by the application (take rows with ``inbox.take`` and its kin)
+        self.inbox = Inbox(credit_window, self._give_credit)
         self.outbox: list[bytes] = []  #: frames due to the broker now (CREDIT for what the application took)
         self.errors: deque[str] = deque()
-        self._consumed = 0
-        self._unconfirmed: deque[tuple[bytes, int]] = deque()  # (publish frame, messages in it) not confirmed
-        self._unconfirmed_messages = 0
-        self._barriers: deque[int] = deque()  # unconfirmed count at each PING sent
-        self._since_barrier = 0
         self.fetch_open: Fetch | None = None  #: the fetch asked for and not ended yet
         self.fetch_ends: deque[tuple[int, int]] = deque()  #: (first, last) of each ended fetch, oldest first
         self._fetching = False  # this peering fetches (so it never subscribes)
@@ -299,38 +278,40 @@ class ClientSession:
     @property
     def ready(self) -> bool:
         """Attached, and a named producer knows where its sequence goes on (PRODUCE-OK)."""
-        return self.attached and (self.producing or not (self.sequencing and self.named_producer))
+        producer = self.producer
+        return self.attached and (producer is None or producer.producing or not (self.sequencing and producer.named))
 
     @property
     def producer_sequence(self) -> int:
         """The last producer sequence the broker confirmed holding (0: none): a restarted publisher with
         the same ``producer`` continues its input after this many items."""
-        return 0 if self.next_sequence is None else self.next_sequence - 1 - self._unconfirmed_messages
+        return 0 if self.producer is None else self.producer.confirmed(self.unconfirmed_publishes.messages)
 
     def on_attached(self) -> list[bytes]:
         """After ATTACH-OK: claim the producer, re-subscribe (resuming), resend unconfirmed publishes."""
         frames = []
-        self.producing = self._produce_sent = False
-        if self.sequencing and self._claimed:
+        producer = self.producer
+        if producer is not None:
+            producer.reattached()
+        if producer is not None and self.sequencing and producer.claimed:
             frames.append(self._produce())
-        elif self.named_producer and not self.sequencing:
+        elif producer is not None and producer.named and not self.sequencing:
             self.producer_error = (f"the broker speaks ZEPS version {self.conn.version}, without idempotent "
                                    "producers (version 6): publish without producer_id=, or upgrade it")  # fmt: skip
         for sub in self.subscriptions:
             frames += self._subscribe_frames(sub)
         if self.fetch_open is not None:
             frames += self._fetch_frames()
-        for frame, _ in self._unconfirmed:
+        for frame, _ in self.unconfirmed_publishes.frames:
             frames += self._as_version(frame)
-        if self._unconfirmed:
+        if self.unconfirmed_publishes.frames:
             frames.append(self._barrier())
         return frames
 
     def _produce(self) -> bytes:
         """PRODUCE on this peering: claim the producer (afresh with epoch 0, or resuming its epoch)."""
         assert self.producer is not None
-        self._claimed = self._produce_sent = True
-        return self.conn.send(Produce(producer=self.producer, epoch=self.epoch, generation=self.generation))
+        return self.conn.send(self.producer.produce())
 
     def _as_version(self, frame: bytes) -> list[bytes]:
         """A remembered publish frame as this peering's version can take it (the broker may be older
@@ -381,7 +362,7 @@ class ClientSession:
         """The open fetch's progress: its records delivered so far move into ``messages``; returns
         whether any came, and the result once its FETCH-END did (ProtocolError if the broker refused
         it: the fetch is over)."""
-        rows = self.take(1 << 30)
+        rows = self.inbox.take(1 << 30)
         messages += map(Message._make, rows)
         if self.fetch_ends:
             first, last = self.fetch_ends.popleft()
@@ -425,8 +406,7 @@ class ClientSession:
     def _grant_window(self) -> list[bytes]:
         """CREDIT for a new subscription or fetch: the window, less what the inbox still holds (after a
         re-attach, deliveries of the old peering the application has not taken yet)."""
-        self._consumed = 0
-        grant = self.credit_window - self.inbox_bytes
+        grant = self.inbox.grant()
         return [self.conn.send(Credit(credit=grant))] if grant > 0 else []
 
     def _take_sequences(self, count: int) -> tuple[int | None, list[bytes]]:
@@ -439,15 +419,14 @@ class ClientSession:
             )
         if self.producer_error is not None:
             raise ProducerError(self.producer_error)
-        if not self.sequencing:
+        producer = self.producer
+        if producer is None or not self.sequencing:
             return None, []
-        if self.next_sequence is None:
-            raise ProducerError("the broker has not answered PRODUCE yet: publish once the client is connected")
-        first = self.next_sequence
-        self.next_sequence += count
-        if not self._claimed or (self.attached and not self._produce_sent):  # detached: on_attached claims it
-            self._claimed = True
-            return first, [self._produce()] if self.attached else []
+        first = producer.number(count)
+        if producer.claim_due(self.attached):  # detached: on_attached claims it
+            if self.attached:
+                return first, [self._produce()]
+            producer.claimed = True
         return first, []
 
     def check_publishes(self) -> None:
@@ -518,17 +497,13 @@ class ClientSession:
 
     def _remember(self, frame: bytes, count: int) -> list[bytes]:
         """Keep a publish frame until a barrier confirms it; returns the frames to send now."""
-        self._unconfirmed.append((frame, count))
-        self._unconfirmed_messages += count
-        self._since_barrier += count
-        frames = [frame] if self.attached else []
-        if self.attached and self._since_barrier >= self.confirm_every:
-            frames.append(self._barrier())
-        return frames
+        barrier_due = self.unconfirmed_publishes.add(frame, count)
+        if not self.attached:
+            return []
+        return [frame, self._barrier()] if barrier_due else [frame]
 
     def _barrier(self) -> bytes:
-        self._since_barrier = 0
-        self._barriers.append(len(self._unconfirmed))
+        self.unconfirmed_publishes.barrier()
         return self.conn.send(Ping())
 
     def ping(self) -> bytes:
@@ -537,72 +512,19 @@ class ClientSession:
 
     def confirm(self) -> list[bytes]:
         """A barrier for the publishes not yet covered by one (call when idle, or before closing)."""
-        if self.attached and self._since_barrier:
+        if self.attached and self.unconfirmed_publishes.since_barrier:
             return [self._barrier()]
         return []
-
-    def take(self, most: int) -> list[Row]:
-        """Up to ``most`` delivered rows from the inbox, oldest first."""
-        out: list[Row] = []
-        inbox = self.inbox
-        while inbox and len(out) < most:
-            entry = inbox[0]
-            if isinstance(entry, Records):
-                end = min(len(entry), self._head + most - len(out))
-                out += entry.rows(self._head, end)
-                if end == len(entry):
-                    self._taken()
-                    end = 0
-                self._head = end
-            else:
-                self._taken()
-                out.append(entry)
-        return out
-
-    def take_one(self) -> Row:
-        """The oldest delivered row (the inbox must not be empty)."""
-        entry = self.inbox[0]
-        if not isinstance(entry, Records):
-            self._taken()
-            return entry
-        row = entry.row(self._head)
-        self._head += 1
-        if self._head == len(entry):
-            self._taken()
-            self._head = 0
-        return row
-
-    def take_records(self) -> list[Records]:
-        """Everything in the inbox as runs of records, oldest first, undecoded (a row from an older
-        broker becomes a run of one, its unknown timestamp 0)."""
-        out = []
-        inbox = self.inbox
-        while inbox:
-            entry = inbox[0]
-            self._taken()
-            if isinstance(entry, Records):
-                out.append(entry.part(self._head))
-                self._head = 0
-            else:
-                sequence, key, body, timestamp = entry
-                out.append(Records(encode_record(sequence, timestamp or 0, key.encode("latin-1"), body)))
-        return out
 
     @property
     def unconfirmed(self) -> int:
         """Messages published and not yet confirmed by the broker."""
-        return self._unconfirmed_messages
+        return self.unconfirmed_publishes.messages
 
     def detach(self) -> bytes | None:
         return self.conn.send(Detach()) if self.attached else None
 
     # -- input ----------------------------------------------------------------------------------
-    def _produced(self, answer: ProduceOk) -> None:
-        self.epoch, self.producing = answer.epoch, True
-        if self.next_sequence is None:  # the first attach: go on from what the broker holds
-            self.next_sequence = answer.sequence + 1
-            self.generation_held = answer.sequence - answer.base
-
     def _delivered_run(self, run: Records, size: int) -> None:
         """A run of delivered records (a frame of ``size`` bytes) into the inbox, without what arrived
         before (a re-attach resends); a run with nothing new gives its credit back at once."""
@@ -617,29 +539,17 @@ class ClientSession:
             if len(run):
                 self.last_sequence = run.sequence(-1)
         if len(run):
-            self._held(run, size)
+            self.inbox.hold(run, size)
         else:
-            self._consume(size)
+            self.inbox.done(size)
 
-    def _held(self, entry: Records | Row, size: int) -> None:
-        """A delivery of ``size`` bytes into the inbox: its credit is given back once it is taken."""
-        self.inbox.append(entry)
-        self._sizes.append(size)
-        self.inbox_bytes += size
-
-    def _taken(self) -> None:
-        """The application took the inbox's oldest entry (it is dropped): its credit is due."""
-        self.inbox.popleft()
-        size = self._sizes.popleft()
-        self.inbox_bytes -= size
-        self._consume(size)
-
-    def _consume(self, size: int) -> None:
-        """``size`` delivery bytes are done with: CREDIT (in :attr:`outbox`) once half the window is."""
-        self._consumed += size
-        if self._consumed >= self.credit_window // 2 and self.attached:
-            grant, self._consumed = self._consumed, 0
-            self.outbox.append(self.conn.send(Credit(credit=grant)))
+    def _give_credit(self, grant: int) -> bool:
+        """The inbox's credit of ``grant`` bytes for what the application took, as CREDIT in
+        :attr:`outbox` (False while detached: the inbox counts it on until the next grant)."""
+        if not self.attached:
+            return False
+        self.outbox.append(self.conn.send(Credit(credit=grant)))
+        return True
 
     def take_outbox(self) -> list[bytes]:
         """The frames due to the broker now (CREDIT for what the application took), emptied."""
@@ -661,15 +571,16 @@ class ClientSession:
             ts = command.timestamp if isinstance(command, DeliverTs) else None
             size = deliver_size(command.sequence, command.key, len(command.body), timestamps=ts is not None)
             if self.last_sequence is None or command.sequence > self.last_sequence:
-                self._held((command.sequence, command.key, command.body, ts), size)
+                self.inbox.hold((command.sequence, command.key, command.body, ts), size)
                 self.last_sequence = command.sequence
             else:
-                self._consume(size)
+                self.inbox.done(size)
             return []
         if isinstance(command, Ping):
             return [self.conn.send(PingOk())]
         if isinstance(command, ProduceOk):
-            self._produced(command)
+            if self.producer is not None:
+                self.producer.produced(command)
             return []
         if isinstance(command, FetchEnd):
             self._fetch_ended(command)
@@ -677,15 +588,12 @@ class ClientSession:
         if isinstance(command, PingOk):
             if self.producer_error is not None or self.publish_refused is not None:
                 return []  # the broker refused publishes before this barrier: they stay unconfirmed
-            if self._barriers:
-                covered = self._barriers.popleft()
-                for _ in range(min(covered, len(self._unconfirmed))):
-                    self._unconfirmed_messages -= self._unconfirmed.popleft()[1]
-                self._barriers = deque(b - covered for b in self._barriers)
+            self.unconfirmed_publishes.confirmed()
             return []
         if isinstance(command, InvalidCode):  # version 5: decided on the code, never on the text
             if self.attached and command.code in _PRODUCER_REFUSALS:  # PRODUCE or a publish refused
-                self.producer_error = f"broker refused producer {self.producer!r}: {command.reason}"
+                name = self.producer.name if self.producer is not None else None
+                self.producer_error = f"broker refused producer {name!r}: {command.reason}"
                 return []
             if self.attached and command.code in _PUBLISH_REFUSALS:
                 self.publish_refused, self.publish_refused_code = command.reason, command.code
@@ -718,5 +626,4 @@ class ClientSession:
         """The transport dropped: everything since the last barrier will be resent on re-attach."""
         self.attached = False
         self.forgotten = False
-        self._barriers.clear()
-        self._since_barrier = 0
+        self.unconfirmed_publishes.disconnected()

@@ -283,7 +283,8 @@ class StreamClient(Opened):
     @property
     def producer_id(self) -> str | None:
         """This client's idempotent producer name (None with ``idempotent=False``)."""
-        return self.session.producer
+        producer = self.session.producer
+        return None if producer is None else producer.name
 
     @property
     def producer_sequence(self) -> int:
@@ -296,7 +297,8 @@ class StreamClient(Opened):
     def generation_sequence(self) -> int:
         """Publishes of this client's ``generation`` the broker held when the client claimed its
         producer: a retried unit of work (a Spark task) skips that many items and goes on."""
-        return self.session.generation_held or 0
+        producer = self.session.producer
+        return 0 if producer is None else producer.generation_held or 0
 
     def publish(self, key: str, body: bytes) -> None:
         """Send a message (asynchronous, as ZEPS is). Blocks only while the broker pushes back, or
@@ -344,7 +346,7 @@ class StreamClient(Opened):
         self._send_all(self.session.subscribe(pattern, since), time.monotonic() + self.timeout)
         while True:
             while self.session.inbox:
-                row = self.session.take_one()
+                row = self.session.inbox.take_one()
                 self._give_credit()
                 yield Message._make(row)
             if self.session.errors:
@@ -355,7 +357,7 @@ class StreamClient(Opened):
         """The next delivered message within ``timeout`` seconds, else None."""
         if not self._wait_for_messages(timeout):
             return None
-        row = self.session.take_one()
+        row = self.session.inbox.take_one()
         self._give_credit()
         return Message._make(row)
 
@@ -369,7 +371,7 @@ class StreamClient(Opened):
         field order) — the cheapest way to consume a replay in bulk (the Spark source uses it)."""
         if not self._wait_for_messages(timeout):
             return []
-        rows = self.session.take(max_messages)
+        rows = self.session.inbox.take(max_messages)
         self._give_credit()
         return rows
 
@@ -378,7 +380,7 @@ class StreamClient(Opened):
         lengths, CRC32C, sequence order), for a reader that decodes them column by column."""
         if not self._wait_for_messages(timeout):
             return []
-        runs = self.session.take_records()
+        runs = self.session.inbox.take_records()
         self._give_credit()
         return runs
 
