@@ -18,6 +18,7 @@ from prometheus_client import Counter, Gauge
 __all__ = [
     "BATCH_CONSUMERS_SHOWN",
     "DRIFT_REPAIRS",
+    "RESYNC_PASSES",
     "ZOOKEEPER_CONNECTED",
     "cleaner_pass",
     "forget",
@@ -62,6 +63,9 @@ STREAM_READY = Gauge(
     ["namespace", "stream"],
 )
 DRIFT_REPAIRS = Counter("zeps_operator_drift_repairs", "ZooKeeper paths restored by a resync pass", ["kind"])
+RESYNC_PASSES = Counter(
+    "zeps_operator_resync_passes", "Resync passes completed over every known object (stalled: drift goes unrepaired)"
+)
 ZOOKEEPER_CONNECTED = Gauge(
     "zeps_operator_zookeeper_connected", "1 while the operator's ZooKeeper session is connected"
 )

@@ -25,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Self
 
+from zeps_operator import metrics
+
 __all__ = ["Entry", "Resync"]
 
 log = logging.getLogger(__name__)
@@ -140,6 +142,7 @@ class Resync:
             due = [e for e in self._known.values() if started - e.seen >= self.idle]
         done = sum(1 for passed in self._pool.map(self._pass, due) if passed)
         self.passes += 1
+        metrics.RESYNC_PASSES.inc()
         log.debug("resync: passed %d of %d objects in %.1fs", done, len(self), self.clock() - started)
         return done
 

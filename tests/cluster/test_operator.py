@@ -228,6 +228,22 @@ def _ready_and_resynced(plane: ControlPlane, name: str, spec: dict[str, Any] | N
     )
 
 
+def _resync_passes(operator: OperatorProcess) -> int:
+    """Resync passes the operator has completed (its zeps_operator_resync_passes_total)."""
+    for family in text_string_to_metric_families(operator.metrics()):
+        if family.name == "zeps_operator_resync_passes":
+            return int(family.samples[0].value)
+    raise AssertionError("the operator exports no zeps_operator_resync_passes_total")
+
+
+def _after_passes(operator: OperatorProcess, count: int, what: str) -> int:
+    """Wait until the operator has made ``count`` more resync passes (a pass starts 1 s after the one
+    before ends: the time passes on the operator's clock, however slow the machine); returns the total."""
+    target = _resync_passes(operator) + count
+    wait_until(lambda: _resync_passes(operator) >= target, timeout=30 + 5 * count, what=what)
+    return _resync_passes(operator)
+
+
 def test_an_idle_resync_makes_no_status_write_and_reads_the_namespace_secret_once_per_pass(solo: Solo) -> None:
     """With nothing changing, the 1 s resync passes of five Topics find every status field as it is and
     send no PATCH at all (kopf sends no empty patch), read the namespace's credentials Secret about once
@@ -236,19 +252,19 @@ def test_an_idle_resync_makes_no_status_write_and_reads_the_namespace_secret_onc
     names = [f"idle-{i}" for i in range(5)]
     for name in names:
         _ready_and_resynced(solo.plane, name)
-    time.sleep(2)  # the first passes have written what they found
+    first = _after_passes(solo.operator, 2, "the first passes over the five Topics")  # they wrote what they found
     started = time.monotonic()
     counts = solo.plane.request_counts()
     before = {kind: counts.get(f"{verb} {kind}", 0) for kind, verb in IDLE_COUNTED}
-    time.sleep(6)  # about five resync passes of each Topic
+    last = _after_passes(solo.operator, 5, "five resync passes of each Topic")
     counts = solo.plane.request_counts()
     after = {kind: counts.get(f"{verb} {kind}", 0) for kind, verb in IDLE_COUNTED}
     # the counters were read somewhere inside this window (a read of /metrics takes a while under load);
-    # the resync interval and the Lease's renewal interval are both 1 s: at most one per second
-    intervals = time.monotonic() - started
+    # passes counted, and the Lease's renewals at most one per second of wall time
+    passes, intervals = last - first, time.monotonic() - started
     assert after["topics"] == before["topics"]  # no PATCH
     secrets = after["secrets"] - before["secrets"]
-    assert 3 <= secrets <= intervals + 2, f"{secrets} reads in {intervals:.1f}s"  # per interval, not per Topic
+    assert 3 <= secrets <= passes + 2, f"{secrets} reads in {passes} passes"  # per pass, not per Topic
     leases = after["leases"] - before["leases"]
     assert leases <= intervals + 2, f"{leases} writes in {intervals:.1f}s"  # renewals of the one Lease only
     for name in names:
@@ -280,7 +296,7 @@ def test_events_are_posted_on_transitions_only(solo: Solo) -> None:
         timeout=30,
         what="the restarted operator to resume the Topic",
     )
-    time.sleep(3)  # three resync passes as well
+    _after_passes(solo.operator, 3, "three resync passes of the resumed operator")
     assert _events(solo.plane, "eventful", "Reconciled") == 1, "a resume or a resync posted an event"
     _apply(solo.plane, "default", "Topic", "eventful", {"cleanerGrace": 7})
     wait_until(lambda: _events(solo.plane, "eventful", "Reconciled") == 2, timeout=15, what="the change's event")
@@ -296,7 +312,7 @@ def test_a_new_topic_costs_two_patches_and_kopf_keeps_its_bookkeeping_in_status(
     before = solo.plane.request_counts().get("PATCH topics", 0)
     _apply(solo.plane, "default", "Topic", "frugal")
     _wait_ready(solo.plane, "default", "topic", "frugal")
-    time.sleep(2)  # the first resync passes: they find nothing to write
+    _after_passes(solo.operator, 2, "two resync passes over the new Topic")  # they find nothing to write
     assert solo.plane.request_counts().get("PATCH topics", 0) - before == 2
     topic = _get(solo.plane, "default", "topic", "frugal")
     assert LAST_HANDLED not in topic["metadata"].get("annotations", {})
@@ -360,7 +376,7 @@ def test_another_replica_takes_over_cleaning_when_the_lease_holder_dies(solo: So
     topic = Topic(zk, "handover", namespace="default")
     try:
         second.start()
-        time.sleep(2)  # the second replica has tried the Lease: held
+        _after_passes(second, 2, "the second replica's first passes")  # up, and trying the Lease: held
         assert _lease_holder(solo.plane) == "solo-first"
         solo.operator.process.kill()
         wait_until(lambda: _lease_holder(solo.plane) == "solo-second", timeout=20, what="the second replica to lead")

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from zeps_operator.resync import Entry, Resync
 
@@ -84,9 +85,13 @@ def test_the_entry_carries_what_a_pass_reads() -> None:
 
 
 def test_only_objects_unchanged_for_the_idle_time_are_passed(resync: Resync, recorder: Recorder, clock: Clock) -> None:
+    exported = REGISTRY.get_sample_value("zeps_operator_resync_passes_total") or 0.0
     resync.saw(_body("quiet"))
     clock.now += 3
     assert resync.pass_once() == 1 and recorder.passed == ["quiet"]
+    assert (
+        REGISTRY.get_sample_value("zeps_operator_resync_passes_total") == exported + 1
+    )  # what an operator's liveness is seen by
     for _ in range(5):  # changed every second: never idle for 3 s
         resync.saw(_body("busy"))
         clock.now += 1
