@@ -277,6 +277,17 @@ class ReplicaSet:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics[name]}/metrics", timeout=5) as answer:
             return str(answer.read().decode())
 
+    def committed(self, name: str) -> int:
+        """The last sequence replica ``name`` knows committed (its zeps_broker_last_sequence)."""
+        import re  # noqa: PLC0415
+
+        found = re.search(rf'^zeps_broker_last_sequence{{stream="{self.stream}"}} (\S+)$', self.scrape(name), re.M)
+        return int(float(found.group(1))) if found else 0
+
+    def all_hold(self, sequence: int) -> bool:
+        """Every running replica knows ``sequence`` committed (journaled, and learnt at a fetch)."""
+        return all(self.committed(name) >= sequence for name, proc in self.procs.items() if proc.poll() is None)
+
     def state(self) -> Any:
         return read_replication_state(self.zk, self.paths)
 

@@ -181,7 +181,7 @@ def test_a_killed_follower_returns_and_catches_up(replicas: Replicas) -> None:
     assert 'zeps_broker_replica_leader{stream="prices"} 0.0' in replicas.scrape(follower)
     publisher.stop_at = publisher.confirmed + publisher.group
     assert publisher.done.wait(60) and publisher.error is None, publisher.error
-    time.sleep(1)  # the last commit reaches every follower at its next fetch
+    until(lambda: replicas.all_hold(publisher.confirmed), "the last commit at every replica", timeout=30)
     replicas.stop()
     for name in replicas.names:
         _check_history(replicas.journal(name), publisher.confirmed, f"replica {name}'s journal")
@@ -264,7 +264,7 @@ def test_a_replica_rebuilt_from_an_empty_volume_is_not_elected_before_it_caught_
     until(lambda: len(replicas.state().isr) == 3, "everyone back in sync", timeout=60)
     publisher.stop_at = publisher.confirmed + publisher.group
     assert publisher.done.wait(60) and publisher.error is None, publisher.error
-    time.sleep(1)
+    until(lambda: replicas.all_hold(publisher.confirmed), "the last commit at every replica", timeout=30)
     replicas.stop()
     for name in replicas.names:
         _check_history(replicas.journal(name), publisher.confirmed, f"replica {name}'s journal")
