@@ -13,8 +13,10 @@ One run, one machine, 100-byte messages, every server and subscriber in its own 
 * raw pyzmq PUB/SUB between two processes: no broker, no journal — the physical ceiling.
 
 Scenarios: (a) 1 publisher -> 10 subscribers, deliveries/s; (b) replay of 100,000 messages to a late
-joiner, msgs/s; (c) publish->deliver latency p50/p99 at 1,000 msgs/s; plus 1->1 throughput of the
-broker against raw pyzmq. Prints one JSON line last.
+joiner, msgs/s; (c) publish->deliver latency, one publish per message, at 1,000 and 20,000 msgs/s
+for 5 s each: p50, p99, p99.9, max and the p99 of each second (the tail over time), zeps's on a fresh
+broker and again right after the throughput rounds, JetStream's after its; plus 1->1 throughput of
+the broker against raw pyzmq. Prints one JSON line last.
 
 Idempotence: zeps's throughput scenarios (a and both 1->1) run with plain publishes
 (``idempotent=False``, at-least-once) and as an idempotent producer (the clients' default: PRODUCE,
@@ -50,7 +52,7 @@ FANOUT, FANOUT_COUNT = 10, 20_000
 ONE_TO_ONE_COUNT = 300_000
 REPLAY_COUNT = 100_000
 RAW_COUNT = 500_000
-LATENCY_RATE, LATENCY_COUNT = 1000, 3000
+LATENCY_RATES, LATENCY_SECONDS = (1000, 20_000), 5
 ROUNDS = 5  # plain and idempotent zeps runs, alternating, per throughput scenario (single runs vary ±20% here)
 
 
@@ -225,11 +227,19 @@ def replay(system: Any, role: str) -> float:
     return REPLAY_COUNT / (result[0] - result[1])
 
 
-def latency(system: Any, role: str) -> tuple[float, float]:
-    subs = _spawn(role, system.endpoint, LATENCY_COUNT, 1, "--latency")
-    system.publish(LATENCY_COUNT, rate=LATENCY_RATE)
+def latency(system: Any, role: str, rate: int) -> dict[str, Any]:
+    """Publish->deliver latency (ms) of one publish per message at ``rate`` msgs/s for LATENCY_SECONDS."""
+    count = rate * LATENCY_SECONDS
+    subs = _spawn(role, system.endpoint, count, 1, "--latency")
+    system.publish(count, rate=rate)
     [result] = finish(subs)
-    return result[2], result[3]
+    p50, p99, p999, worst, *per_second = result[2:]
+    return {"p50": round(p50, 3), "p99": round(p99, 3), "p99.9": round(p999, 3), "max": round(worst, 3),
+            "p99_per_second": [round(x, 3) for x in per_second]}  # fmt: skip
+
+
+def latencies(system: Any, role: str, when: str) -> dict[str, dict[str, Any]]:
+    return {f"{when}_{rate // 1000}k": latency(system, role, rate) for rate in LATENCY_RATES}
 
 
 def raw_zmq() -> float:
@@ -252,6 +262,7 @@ def main() -> None:
     if shutil.which("nats-server") is None:
         raise SystemExit("nats-server is missing: run `tools/setup.sh bench` (apt-get install nats-server)")
     results: dict[str, float] = {}
+    tails: dict[str, dict[str, dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="zeps-bench-stream-") as tmp_name:
         tmp = Path(tmp_name)
         results["raw_zmq_per_s"] = raw_zmq()
@@ -259,18 +270,22 @@ def main() -> None:
             system = factory(tmp / name)
             try:
                 if name == "zeps":
+                    tails[name] = latencies(system, role, "fresh")
                     results.update(_plain_and_idempotent(system, role))
                 else:
+                    tails[name] = {}
                     results[f"{name}_deliveries_per_s"] = fanout(system, role)
                     results[f"{name}_1to1_per_s"] = one_to_one(system, role)
-                results[f"{name}_p50_ms"], results[f"{name}_p99_ms"] = latency(system, role)
+                tails[name].update(latencies(system, role, "after"))
+                results[f"{name}_p50_ms"] = tails[name]["after_1k"]["p50"]
+                results[f"{name}_p99_ms"] = tails[name]["after_1k"]["p99"]
                 if name == "jetstream":
                     system.reset()  # an empty stream: the replay reads exactly REPLAY_COUNT
                 results[f"{name}_replay_per_s"] = replay(system, role)
             finally:
                 system.stop()
             mine = {k: round(v, 2) for k, v in results.items() if k.startswith(name)}
-            print(json.dumps({"scenario": "stream", "system": name, **mine}), flush=True)
+            print(json.dumps({"scenario": "stream", "system": name, **mine, "latency_ms": tails[name]}), flush=True)
     zeps, js = results["zeps_deliveries_per_s"], results["jetstream_deliveries_per_s"]
     print(json.dumps({
         "scenario": "stream",
@@ -288,6 +303,14 @@ def main() -> None:
         "p50_ms": round(results["zeps_p50_ms"], 3),
         "p99_ms": round(results["zeps_p99_ms"], 3),
         "jetstream_p99_ms": round(results["jetstream_p99_ms"], 3),
+        # one publish per message: p50/p99/p99.9/max (ms) at 1k and 20k msgs/s, fresh and after load
+        **{f"zeps_{when}_{q}_ms": tails["zeps"][when][q] for when in tails["zeps"] for q in ("p50", "p99", "p99.9")},
+        **{f"zeps_{when}_max_ms": tails["zeps"][when]["max"] for when in tails["zeps"]},
+        **{f"jetstream_{when}_{q}_ms": tails["jetstream"][when][q] for when in tails["jetstream"]
+           for q in ("p50", "p99", "p99.9", "max")},
+        # CPU µs per message of one publish per message (plain): the broker's and the publisher's
+        "zeps_1to1_single_broker_cpu_us": round(results["zeps_1to1_single_broker_cpu_us"], 2),
+        "zeps_1to1_single_publisher_cpu_us": round(results["zeps_1to1_single_publisher_cpu_us"], 2),
         "zeps_idempotent_deliveries_per_s": round(results["zeps_idempotent_deliveries_per_s"], 1),
         "zeps_idempotent_1to1_per_s": round(results["zeps_idempotent_1to1_per_s"], 1),
         "zeps_idempotent_1to1_single_per_s": round(results["zeps_idempotent_1to1_single_per_s"], 1),

@@ -18,19 +18,29 @@ import zmq
 from zeps.client import Seq, StreamClient
 
 
-def _report(latencies: list[float]) -> str:
+def _report(latencies: list[tuple[float, float]]) -> str:
+    """p50, p99, p99.9 and max (ms), then the p99 of each second of the run, oldest first: the tail
+    over time (a broker that slows down after a load shows in the first seconds)."""
     if not latencies:
         return ""
-    q = statistics.quantiles(latencies, n=100)
-    return f" {q[49]:.3f} {q[98]:.3f}"
+    values = [ms for _, ms in latencies]
+    q = statistics.quantiles(values, n=1000, method="inclusive")
+    seconds: dict[int, list[float]] = {}
+    first = latencies[0][0]
+    for at, ms in latencies:
+        seconds.setdefault(int(at - first), []).append(ms)
+    per_second = [statistics.quantiles(v, n=100, method="inclusive")[98] if len(v) > 1 else v[0]
+                  for _, v in sorted(seconds.items())]  # fmt: skip
+    return "".join(f" {x:.3f}" for x in (q[499], q[989], q[998], max(values), *per_second))
 
 
-def _latency(body: bytes, out: list[float]) -> None:
-    out.append((time.time_ns() - int(body[:19])) / 1e6)
+def _latency(body: bytes, out: list[tuple[float, float]]) -> None:
+    now = time.time_ns()
+    out.append((now / 1e9, (now - int(body[:19])) / 1e6))
 
 
 def run_zeps(args: argparse.Namespace) -> None:
-    latencies: list[float] = []
+    latencies: list[tuple[float, float]] = []
     with StreamClient(args.endpoint, "bench", credit_window=16 << 20) as client:
         client.start("", since=Seq(0) if args.replay else "latest")
         print("ready", flush=True)
@@ -56,7 +66,7 @@ async def run_jetstream(args: argparse.Namespace) -> None:
     sub = await js.pull_subscribe("bench.>", durable=args.name, stream="bench",
                                   config=ConsumerConfig(deliver_policy=policy, max_ack_pending=-1))  # fmt: skip
     print("ready", flush=True)
-    latencies: list[float] = []
+    latencies: list[tuple[float, float]] = []
     n = 0
     start = time.time()
     while n < args.count:
