@@ -76,13 +76,14 @@ class Producer:
 class Unconfirmed:
     """Publish frames sent and not yet confirmed, oldest first, and the barriers that confirm them."""
 
-    __slots__ = ("_barriers", "every", "frames", "messages", "since_barrier")
+    __slots__ = ("_barriers", "_dropped", "every", "frames", "messages", "since_barrier")
 
     def __init__(self, every: int) -> None:
         self.every = every  #: a barrier after this many publishes
         self.frames: deque[tuple[bytes, int]] = deque()  #: (publish frame, messages in it)
         self.messages = 0  #: messages in :attr:`frames`
-        self._barriers: deque[int] = deque()  # len(frames) at each PING sent, oldest first
+        self._dropped = 0  # frames confirmed and dropped so far: positions count from the first frame ever kept
+        self._barriers: deque[int] = deque()  # the position after the last frame each PING out covers, oldest first
         self.since_barrier = 0  #: messages published since the last barrier
 
     def add(self, frame: bytes, count: int) -> bool:
@@ -95,17 +96,16 @@ class Unconfirmed:
     def barrier(self) -> None:
         """A PING is going out: its answer confirms every frame kept so far."""
         self.since_barrier = 0
-        self._barriers.append(len(self.frames))
+        self._barriers.append(self._dropped + len(self.frames))
 
     def confirmed(self) -> None:
         """A PING-OK: the frames its barrier covered are confirmed and dropped."""
         if not self._barriers:
             return
-        covered = self._barriers.popleft()
         frames = self.frames
-        for _ in range(min(covered, len(frames))):
+        for _ in range(min(self._barriers.popleft() - self._dropped, len(frames))):
             self.messages -= frames.popleft()[1]
-        self._barriers = deque(b - covered for b in self._barriers)
+            self._dropped += 1
 
     def disconnected(self) -> None:
         """The peering dropped: no PING-OK will come for the barriers out; every frame is resent."""

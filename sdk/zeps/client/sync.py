@@ -53,6 +53,8 @@ from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES
 
 __all__ = ["MulticastSubscription", "StreamClient", "wait_any"]
 
+_NOBLOCK = int(zmq.NOBLOCK)  # a plain int: pyzmq converts its enums at every call
+
 log = logging.getLogger(__name__)
 
 
@@ -217,10 +219,11 @@ class StreamClient(Opened):
     # -- I/O ------------------------------------------------------------------------------------
     def _send_all(self, frames: list[bytes], deadline: float) -> None:
         assert self._sock is not None
+        send = self._sock.send
         for frame in frames:
             while True:
                 try:
-                    self._sock.send(frame, zmq.NOBLOCK)
+                    send(frame, _NOBLOCK)
                     break
                 except zmq.Again:  # no connection yet, or the broker pushes back: wait, keep reading
                     if time.monotonic() >= deadline:
