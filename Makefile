@@ -7,8 +7,8 @@ WITH_ENV := source ./.zeps-env &&
 
 .PHONY: setup setup-python test test-unit e2e lint demo generate check-generated bench bench-operator-kind clean
 
-setup:            ## everything: .venv, ZooKeeper jars, control-plane binaries (idempotent)
-	@tools/setup.sh python zookeeper testbin promtool
+setup:            ## everything: .venv, ZooKeeper jars, control-plane binaries, the compiled hot path (idempotent)
+	@tools/setup.sh python zookeeper testbin promtool compiled
 
 setup-python:
 	@tools/setup.sh python
@@ -22,10 +22,12 @@ test: setup lint  ## the whole suite: unit, integration (ZooKeeper, Spark), clus
 	@$(WITH_ENV) $(PY) -m pytest -m "not solo"
 	@echo "[test] the tests that start a stack of their own (-m solo), once the shared one is gone"
 	@$(WITH_ENV) $(PY) -m pytest -m solo
+	@echo "[test] the unit tier again on the pure-Python modules (the fallback where nothing is compiled)"
+	@$(WITH_ENV) ZEPS_COMPILED= $(PY) -m pytest tests/unit
 
-test-unit:        ## the unit tier alone: seconds, no server started (the inner loop; `make test` runs it too)
+test-unit:        ## the unit tier alone, pure Python: seconds, no server, nothing compiled (the inner loop)
 	@tools/setup.sh python zookeeper
-	@$(WITH_ENV) $(PY) -m pytest tests/unit
+	@$(WITH_ENV) ZEPS_COMPILED= $(PY) -m pytest tests/unit
 
 e2e: setup      ## the e2e suite on a kind cluster with real nodes, images built here (see README)
 	@tools/setup.sh kind

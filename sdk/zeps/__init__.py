@@ -4,6 +4,11 @@ The facade: everything a user needs is named in ``__all__``; every other module 
 unless its own docstring says otherwise (``zeps.coordination.testing``).
 """
 
+# ruff: noqa: E402 — the compiled hot path is activated before any module it may replace is imported
+from zeps._compiled import activate_from_environment as _activate_compiled
+
+_activate_compiled()  # first: the compiled hot path, if ZEPS_COMPILED names a build of these sources
+
 from importlib.metadata import version as _version
 
 from zeps.coordination import (

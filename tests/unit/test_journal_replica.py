@@ -190,6 +190,7 @@ def test_epoch_history_file(tmp_path: Path) -> None:
         EpochHistory(tmp_path / "epochs").load()
 
 
+@pytest.mark.pure
 def test_a_slice_cut_below_the_durable_end_comes_from_the_index_not_a_walk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -309,6 +309,7 @@ def test_a_followers_readers_stay_when_it_follows_a_new_leader_and_go_when_it_st
     assert [c.code for c in refusals] == [Refusal.NOT_LEADER] and b"reader" not in b.sessions
 
 
+@pytest.mark.pure
 def test_a_follower_without_readers_does_not_read_its_copy_back(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -916,7 +916,7 @@ class Journal:
             group_end = self._record_end(seg, last + follows) if follows else marks[first][1]
             if group_end >= limit:
                 return group_end - offset, follows
-        following = bisect.bisect_right(starts, limit)  # records after ``last`` that start at or before limit
+        following = starts.at_most(limit)  # records after ``last`` that start at or before limit
         cut = starts[following - 1] if following else offset
         before = bisect.bisect_right(marks, limit, key=itemgetter(0))  # marks that start at or before limit
         if before and marks[before - 1][0] > offset:  # a mark begins its group: everything before it is whole
@@ -925,11 +925,11 @@ class Journal:
         cut = max(cut, group_end)
         if cut <= offset:
             return None
-        return cut - offset, bisect.bisect_left(starts, cut)
+        return cut - offset, starts.below(cut)
 
     def _in_group(self, seg: _Segment, mark: tuple[int, int], cut: int, starts: _IndexFile) -> bool:
         """Whether a slice cut at ``cut`` (a record's start after ``mark``) would end inside the mark's group."""
-        covered = bisect.bisect_left(starts, cut) - bisect.bisect_left(starts, mark[1])  # its records before cut
+        covered = starts.below(cut) - starts.below(mark[1])  # its records before cut
         return covered < self._group_size(seg, mark)
 
     def _group_size(self, seg: _Segment, mark: tuple[int, int]) -> int:
@@ -1198,6 +1198,26 @@ class _IndexFile:
         if len(raw) < _OFFSET:
             raise JournalError(f"journal index {self.path.name} lacks entry {self.skip + i}")
         return int(array("I", raw)[0])
+
+    def below(self, offset: int) -> int:
+        """How many of the records start before ``offset`` (bisect_left, a read per step)."""
+        return self._search(offset, right=False)
+
+    def at_most(self, offset: int) -> int:
+        """How many of the records start at or before ``offset`` (bisect_right, a read per step)."""
+        return self._search(offset, right=True)
+
+    def _search(self, offset: int, *, right: bool) -> int:
+        # bisect by hand: the module's bisect takes sequences, and compiled (zeps._compiled) this class is not one
+        low, high = 0, self.count
+        while low < high:
+            middle = (low + high) // 2
+            start = self[middle]
+            if start < offset or (right and start == offset):
+                low = middle + 1
+            else:
+                high = middle
+        return low
 
 
 def _walk_segment(data: bytes, base: int) -> tuple[array[int], list[tuple[int, int, int, dict[str, Producer]]], int]:
