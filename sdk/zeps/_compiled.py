@@ -4,8 +4,8 @@ zeps is pure Python, and runs as such everywhere. ``make setup`` also compiles t
 mypyc (part of mypy, which type-checks this code strictly anyway: the same annotations make the C)
 into the zeps cache, in a folder named by a hash of their sources, and puts its path in
 ``ZEPS_COMPILED`` (``.zeps-env``). A process that has ``ZEPS_COMPILED`` imports those modules from
-there, and every other module from the sources as usual; one publish per message costs a third less
-CPU in the publisher and a quarter less in the broker (``make bench-stream``).
+there, and every other module from the sources as usual; one publish per message costs about a
+quarter less CPU in the publisher and a fifth less in the broker (``make bench-stream``).
 
 The compiled modules are used only if they were built from exactly the sources beside this file
 (each source's SHA-256 is in the folder's manifest): after an edit they are skipped with a warning
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["COMPILED", "MANIFEST", "activate", "active", "source_digest"]
+__all__ = ["COMPILED", "MANIFEST", "activate", "activate_from_environment", "active", "source_digest"]
 
 #: the modules compiled, by name: the path of one published and delivered message, end to end
 COMPILED = (
