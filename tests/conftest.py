@@ -24,6 +24,11 @@ from zeps_dev.seaweedfs import SeaweedFS
 
 _counter = itertools.count()
 
+S3_TEST_BUCKET = "zeps-tests"
+#: the session S3 server's admin keys: fixed, because the Spark session's Python workers take their
+#: environment from the JVM started with the session (a loopback test server's, nothing else's)
+S3_TEST_ADMIN = ("zeps-tests-admin", "zeps-tests-admin-secret")
+
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A ``pure`` test looks inside a module zeps._compiled compiles (wraps a private function, which
@@ -33,12 +38,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
     if item.get_closest_marker("pure") is not None and active():
         pytest.skip("looks inside a compiled module: runs in make test's pure-Python unit step")
-
-
-S3_TEST_BUCKET = "zeps-tests"
-#: the session S3 server's admin keys: fixed, because the Spark session's Python workers take their
-#: environment from the JVM started with the session (a loopback test server's, nothing else's)
-S3_TEST_ADMIN = ("zeps-tests-admin", "zeps-tests-admin-secret")
 
 
 @pytest.fixture

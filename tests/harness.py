@@ -279,10 +279,12 @@ class ReplicaSet:
 
     def committed(self, name: str) -> int:
         """The last sequence replica ``name`` knows committed (its zeps_broker_last_sequence)."""
-        import re  # noqa: PLC0415
+        from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
 
-        found = re.search(rf'^zeps_broker_last_sequence{{stream="{self.stream}"}} (\S+)$', self.scrape(name), re.M)
-        return int(float(found.group(1))) if found else 0
+        for family in text_string_to_metric_families(self.scrape(name)):
+            if family.name == "zeps_broker_last_sequence":
+                return max((int(s.value) for s in family.samples if s.labels.get("stream") == self.stream), default=0)
+        return 0
 
     def all_hold(self, sequence: int) -> bool:
         """Every running replica knows ``sequence`` committed (journaled, and learnt at a fetch)."""

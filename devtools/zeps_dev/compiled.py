@@ -27,19 +27,19 @@ __all__ = ["build"]
 SDK = Path(__file__).resolve().parents[2] / "sdk"
 
 
-def _key() -> str:
-    parts = [sys.version, importlib.metadata.version("mypy"), *(f"{m}={source_digest(m)}" for m in COMPILED)]
+def _key(digests: dict[str, str]) -> str:
+    parts = [sys.version, importlib.metadata.version("mypy"), *(f"{m}={d}" for m, d in digests.items())]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
 def build(cache: Path | None = None) -> Path:
     """The build folder for the sources as they are, built first if it is not there yet."""
-    out = (cache or cache_dir()) / f"compiled-{_key()}"
+    digests = {name: source_digest(name) for name in COMPILED}  # of the sources the build copies
+    out = (cache or cache_dir()) / f"compiled-{_key(digests)}"
     if (out / ".complete").exists():
         return out
     shutil.rmtree(out, ignore_errors=True)
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    digests = {name: source_digest(name) for name in COMPILED}  # of the sources copied next
     with tempfile.TemporaryDirectory(prefix="zeps-mypyc-") as tmp:
         work = Path(tmp)
         shutil.copytree(SDK / "zeps", work / "zeps", ignore=shutil.ignore_patterns("__pycache__", "*.so"))

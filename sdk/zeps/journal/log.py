@@ -1200,24 +1200,12 @@ class _IndexFile:
         return int(array("I", raw)[0])
 
     def below(self, offset: int) -> int:
-        """How many of the records start before ``offset`` (bisect_left, a read per step)."""
-        return self._search(offset, right=False)
+        """How many of the records start before ``offset`` (a read per bisection step)."""
+        return bisect.bisect_left(range(self.count), offset, key=self.__getitem__)
 
     def at_most(self, offset: int) -> int:
-        """How many of the records start at or before ``offset`` (bisect_right, a read per step)."""
-        return self._search(offset, right=True)
-
-    def _search(self, offset: int, *, right: bool) -> int:
-        # bisect by hand: the module's bisect takes sequences, and compiled (zeps._compiled) this class is not one
-        low, high = 0, self.count
-        while low < high:
-            middle = (low + high) // 2
-            start = self[middle]
-            if start < offset or (right and start == offset):
-                low = middle + 1
-            else:
-                high = middle
-        return low
+        """How many of the records start at or before ``offset`` (a read per bisection step)."""
+        return bisect.bisect_right(range(self.count), offset, key=self.__getitem__)
 
 
 def _walk_segment(data: bytes, base: int) -> tuple[array[int], list[tuple[int, int, int, dict[str, Producer]]], int]:
