@@ -58,7 +58,13 @@ log = logging.getLogger(__name__)
 
 _NOBLOCK, _RCVMORE = int(zmq.NOBLOCK), int(zmq.RCVMORE)  # plain ints: pyzmq's enums cost a conversion each use
 _READ_BATCH = 2000  # frames read per loop before the broker writes, routes and sends
-_READ_BYTES = 16 << 20  # ... or this many bytes: what a loop holds in memory before its journal write
+# ... or this many bytes: what a loop holds in memory before its journal write. Small, because a turn
+# is also how long a replicated leader's followers wait for their next REPLICA-DATA (their fetches are
+# answered between turns) and how long subscribers wait for routing: at 16 MiB a leader under a
+# publish_many flood read the publisher's whole unconfirmed window in one turn and then idled while
+# its followers caught up (make bench-replication's throughput: replicated/single 0.59-0.64 at 16 MiB,
+# 0.73-0.75 at 64 and 256 KiB, a lone broker's rate the same)
+_READ_BYTES = 256 << 10
 _RCVHWM = 1000  # frames waiting from one peer in ZeroMQ's receive queue (each at most max_frame_bytes)
 _MULTICAST_BACKLOG = 16 << 20  # bytes of multicast messages waiting for the group's pipe, at most
 # libzmq 4.3.4's NORM engine writes a message into the NORM stream in 2 KiB pieces, and its receivers
