@@ -164,8 +164,10 @@ def _index(run: Records) -> bytes:
 
 @pytest.fixture(params=["numpy", "python"])
 def index_check(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """DELIVER-RUN's index is checked in numpy when it is installed, else by a walk: test both."""
+    """DELIVER-RUN's index is checked in numpy when it is installed (for runs of NUMPY_FROM records or
+    more), else by a walk: test both, at every length."""
     monkeypatch.setattr(_records, "HAVE_NUMPY", request.param == "numpy")
+    monkeypatch.setattr(_records, "NUMPY_FROM", 0)
     return str(request.param)
 
 
@@ -209,16 +211,39 @@ def test_the_index_is_checked_against_the_records_the_same_way_in_numpy_and_pyth
     changed = entries != list(struct.unpack(f"!{len(rows)}I", _index(run)))
     index = struct.pack(f"!{len(entries)}I", *entries)
     verdicts = []
+    numpy_from = _records.NUMPY_FROM
     for numpy in (True, False):
-        _records.HAVE_NUMPY = numpy
+        _records.HAVE_NUMPY, _records.NUMPY_FROM = numpy, 0
         try:
             verdicts.append(indexed_run(*_forged(run, index)).rows())
         except RecordFormatError as exc:
             verdicts.append(type(exc))
         finally:
-            _records.HAVE_NUMPY = True
+            _records.HAVE_NUMPY, _records.NUMPY_FROM = True, numpy_from
     assert verdicts[0] == verdicts[1]
     assert verdicts[0] == (RecordFormatError if changed else rows)
+
+
+def test_each_index_check_is_the_one_the_switches_choose(index_check: str) -> None:
+    """The two checks word a moved index entry differently: this proves the fixture's switch reaches
+    the module (compiled too), so the tests above run each check."""
+    run = _run([(s, "k", b"body", 1) for s in (1, 2)])
+    entries = list(struct.unpack("!2I", _index(run)))
+    index = struct.pack("!2I", entries[0], entries[1] + 1)
+    wording = "the records say" if index_check == "python" else "its index gives it|not where a whole record"
+    with pytest.raises(RecordFormatError, match=wording):
+        indexed_run(*_forged(run, index))
+
+
+def test_a_short_run_is_walked_and_a_long_one_checked_in_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below NUMPY_FROM records numpy's fixed cost is more than a walk's: the walk checks short runs."""
+    monkeypatch.setattr(_records, "HAVE_NUMPY", True)
+    for count, wording in ((2, "the records say"), (_records.NUMPY_FROM, "its index gives it|not where a whole")):
+        run = _run([(s, "k", b"body", 1) for s in range(1, count + 1)])
+        entries = list(struct.unpack(f"!{count}I", _index(run)))
+        entries[1] += 1
+        with pytest.raises(RecordFormatError, match=wording):
+            indexed_run(*_forged(run, struct.pack(f"!{count}I", *entries)))
 
 
 def test_records_out_of_order_are_refused_even_with_a_true_index(index_check: str) -> None:
