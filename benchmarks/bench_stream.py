@@ -15,8 +15,9 @@ One run, one machine, 100-byte messages, every server and subscriber in its own 
 Scenarios: (a) 1 publisher -> 10 subscribers, deliveries/s; (b) replay of 100,000 messages to a late
 joiner, msgs/s; (c) publish->deliver latency, one publish per message, at 1,000 and 20,000 msgs/s
 for 5 s each: p50, p99, p99.9, max and the p99 of each second (the tail over time), zeps's on a fresh
-broker and again right after the throughput rounds, JetStream's after its; plus 1->1 throughput of
-the broker against raw pyzmq. Prints one JSON line last.
+broker and again right after the throughput rounds, JetStream's after its, and the floor: raw pyzmq
+through one relay process (PUB -> SUB/PUB -> SUB) paced the same way; plus 1->1 throughput of the
+broker against raw pyzmq. Prints one JSON line last.
 
 Idempotence: zeps's throughput scenarios (a and both 1->1) run with plain publishes
 (``idempotent=False``, at-least-once) and as an idempotent producer (the clients' default: PRODUCE,
@@ -258,6 +259,32 @@ def raw_zmq() -> float:
     return RAW_COUNT / (end - start)
 
 
+def relay_latency(rate: int) -> dict[str, Any]:
+    """The floor of publish->deliver latency on this machine: raw pyzmq PUB -> a relay process (SUB,
+    then PUB) -> SUB, one send per message at ``rate`` paced as zeps's publisher is: the same hops, the
+    same wake-ups, no journal, no protocol, no fsync."""
+    upstream, downstream = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    count = rate * LATENCY_SECONDS
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.SNDHWM, 0)
+    pub.bind(upstream)
+    try:
+        subs = _spawn("zmq", downstream, count, 1, "--latency")
+        relay = _spawn("relay", upstream, count, 1, "--relay-to", downstream)
+        start = time.time()
+        for i in range(count):
+            _pace(start, i, rate)
+            pub.send(_stamped())
+        finish(relay)
+        [result] = finish(subs)
+    finally:
+        pub.close()
+        ctx.term()
+    p50, p99, p999, worst, *_ = result[2:]
+    return {"p50": round(p50, 3), "p99": round(p99, 3), "p99.9": round(p999, 3), "max": round(worst, 3)}
+
+
 def main() -> None:
     if shutil.which("nats-server") is None:
         raise SystemExit("nats-server is missing: run `tools/setup.sh bench` (apt-get install nats-server)")
@@ -266,6 +293,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="zeps-bench-stream-") as tmp_name:
         tmp = Path(tmp_name)
         results["raw_zmq_per_s"] = raw_zmq()
+        relay = {f"{rate // 1000}k": relay_latency(rate) for rate in LATENCY_RATES}
+        print(json.dumps({"scenario": "stream", "system": "zmq_relay", "latency_ms": relay}), flush=True)
         for name, factory, role in (("zeps", Zeps, "zeps"), ("jetstream", JetStream, "jetstream")):
             system = factory(tmp / name)
             try:
@@ -303,6 +332,10 @@ def main() -> None:
         "p50_ms": round(results["zeps_p50_ms"], 3),
         "p99_ms": round(results["zeps_p99_ms"], 3),
         "jetstream_p99_ms": round(results["jetstream_p99_ms"], 3),
+        # the floor: raw pyzmq through one relay process at the same rates; zeps after load against it
+        **{f"zmq_relay_{rate}_{q}_ms": relay[rate][q] for rate in relay for q in ("p50", "p99", "p99.9")},
+        "p50_vs_zmq_relay_1k": round(tails["zeps"]["after_1k"]["p50"] / relay["1k"]["p50"], 2),
+        "p99_vs_zmq_relay_1k": round(tails["zeps"]["after_1k"]["p99"] / relay["1k"]["p99"], 2),
         # one publish per message: p50/p99/p99.9/max (ms) at 1k and 20k msgs/s, fresh and after load
         **{f"zeps_{when}_{q}_ms": tails["zeps"][when][q] for when in tails["zeps"] for q in ("p50", "p99", "p99.9")},
         **{f"zeps_{when}_max_ms": tails["zeps"][when]["max"] for when in tails["zeps"]},

@@ -1,8 +1,10 @@
 """Subscriber processes for bench_stream.py.
 
 Roles: ``zeps`` (live, or ``--replay`` from the start), ``jetstream`` (pull consumer), ``zmq`` (raw
-SUB). Each prints ``ready`` when subscribed, then ``done <unix time> [p50_ms p99_ms]`` after --count
-messages (latencies from a send time in the body, with --latency).
+SUB), ``relay`` (raw SUB forwarding each message to a PUB bound at --relay-to: one hop through a
+Python process, what a broker is at the least). Each prints ``ready`` when subscribed, then
+``done <unix time> <start> [p50 p99 p99.9 max ms, each second's p99]`` after --count messages
+(latencies from a send time in the body, with --latency).
 """
 
 from __future__ import annotations
@@ -90,29 +92,41 @@ def run_zmq(args: argparse.Namespace) -> None:
     sock.setsockopt(zmq.SUBSCRIBE, b"")
     sock.connect(args.endpoint)
     time.sleep(0.5)  # PUB/SUB joins late: give the subscription time to reach the publisher
+    relay = None
+    if args.relay_to:
+        relay = ctx.socket(zmq.PUB)
+        relay.setsockopt(zmq.SNDHWM, 0)
+        relay.bind(args.relay_to)
+        time.sleep(0.5)  # and the subscriber's subscription time to reach the relay
     print("ready", flush=True)
+    latencies: list[tuple[float, float]] = []
     n = 0
     start = time.time()
     while n < args.count:
-        sock.recv()
+        body = sock.recv()
         n += 1
-    print(f"done {time.time():.6f} {start:.6f}", flush=True)
+        if relay is not None:
+            relay.send(body)
+        elif args.latency:
+            _latency(body, latencies)
+    print(f"done {time.time():.6f} {start:.6f}{_report(latencies)}", flush=True)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["zeps", "jetstream", "zmq"])
+    parser.add_argument("role", choices=["zeps", "jetstream", "zmq", "relay"])
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--count", type=int, required=True)
     parser.add_argument("--name", default="sub")
     parser.add_argument("--replay", action="store_true")
     parser.add_argument("--latency", action="store_true")
+    parser.add_argument("--relay-to", default="", help="relay: the endpoint its PUB binds")
     args = parser.parse_args()
     if args.role == "zeps":
         run_zeps(args)
     elif args.role == "jetstream":
         asyncio.run(run_jetstream(args))
-    else:
+    else:  # zmq, relay
         run_zmq(args)
     return 0
 
