@@ -43,6 +43,7 @@ def _latency(body: bytes, out: list[tuple[float, float]]) -> None:
 
 def run_zeps(args: argparse.Namespace) -> None:
     latencies: list[tuple[float, float]] = []
+    stamps: list[tuple[int, int]] = []  # with --stamps: (send time in the body, arrival), in ns
     with StreamClient(args.endpoint, "bench", credit_window=16 << 20) as client:
         client.start("", since=Seq(0) if args.replay else "latest")
         print("ready", flush=True)
@@ -55,6 +56,11 @@ def run_zeps(args: argparse.Namespace) -> None:
             n += 1
             if args.latency:
                 _latency(message.body, latencies)
+            if args.stamps:
+                stamps.append((int(message.body[:19]), time.time_ns()))
+    if args.stamps:
+        with open(args.stamps, "w") as out:
+            out.writelines(f"{sent}\t{arrived}\n" for sent, arrived in stamps)
     print(f"done {time.time():.6f} {start:.6f}{_report(latencies)}", flush=True)
 
 
@@ -121,6 +127,7 @@ def main() -> int:
     parser.add_argument("--replay", action="store_true")
     parser.add_argument("--latency", action="store_true")
     parser.add_argument("--relay-to", default="", help="relay: the endpoint its PUB binds")
+    parser.add_argument("--stamps", default="", help="zeps: write each message's send and arrival times (ns) here")
     args = parser.parse_args()
     if args.role == "zeps":
         run_zeps(args)
