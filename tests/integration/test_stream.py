@@ -424,6 +424,34 @@ def test_kill9_broker_during_10000_publishes_then_restart(tmp_path: Path) -> Non
         broker.wait(30)
 
 
+def test_a_registered_broker_goes_on_confirming_while_zookeeper_is_down(
+    zookeeper: ZooKeeperHarness, broker_factory: BrokerFactory
+) -> None:
+    """ZooKeeper holds a broker's membership and its facts, not its data path: with the server
+    stopped, publishes are confirmed as before (the facts, written once a second when they change,
+    are written off the broker's loop, only while connected), and once it is back the facts catch up.
+    Before, the loop wrote them itself, and a write made as the connection dropped held the loop, and
+    every confirmation, until ZooKeeper came back."""
+    broker = broker_factory(registration=Registration(zookeeper.connect_string, "shop", "prices-0",
+                                                      chroot=zookeeper.root))  # fmt: skip
+    published = 0
+    with StreamClient(broker.endpoint, "prices", timeout=5) as client:
+        client.publish_many([("k", b"x")] * 100)
+        client.flush()
+        published += 100
+        wait_until(lambda: broker.facts("prices").get("lastSequence") == published, timeout=10, what="the facts")
+        zookeeper.stop()
+        wait_until(lambda: not broker._zk.connected, timeout=10, what="the broker to see ZooKeeper go")
+        deadline = time.monotonic() + 3  # three ticks of the facts, each with something new to write
+        while time.monotonic() < deadline:
+            client.publish_many([("k", b"y")] * 100)
+            client.flush(timeout=5)  # BrokerUnavailableError when the loop is held
+            published += 100
+        zookeeper.start()
+        wait_until(lambda: broker.facts("prices").get("lastSequence") == published, timeout=30,
+                   what="the facts after ZooKeeper came back")  # fmt: skip
+
+
 def test_a_member_node_forged_by_another_zookeeper_user_cannot_redirect_a_client(
     zookeeper: ZooKeeperHarness, broker_factory: BrokerFactory, tmp_path: Path
 ) -> None:

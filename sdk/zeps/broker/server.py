@@ -228,6 +228,7 @@ class BrokerServer:
         self.metrics = BrokerMetrics(self.registry)
         self._memberships: dict[str, Any] = {}  # stream name -> this broker's membership in its group
         self._last_facts = 0.0
+        self._facts_writing = threading.Event()  # a write of the facts is under way (not in the loop)
         self.replication = replication  # and its gauges, below
         self._replication_metrics = None if replication is None else ReplicationMetrics(self.registry)
         self._election: Any = None  # this replica's part in the election (zeps.coordination.replication)
@@ -670,8 +671,11 @@ class BrokerServer:
             for name, stream in self.core.streams.items():
                 self._replication_metrics.update(name, stream, self.replication.min_insync)
         now = time.monotonic()
-        if self._memberships and now - self._last_facts >= 1:  # live facts: operator status, Spark offsets
+        # live facts (operator status, Spark offsets): once a second, while ZooKeeper is connected and
+        # the last write is done
+        if self._memberships and now - self._last_facts >= 1 and not self._facts_writing.is_set():
             self._last_facts = now
+            writes = []
             for name, membership in self._memberships.items():
                 served = self.core.streams.get(name)
                 if served is not None:
@@ -680,9 +684,19 @@ class BrokerServer:
                              "subscriptionCount": count, "subscriptions": furthest}  # fmt: skip
                     if self.replication is not None:
                         facts["replication"] = self._replication_facts(served)
-                    if all(membership.metadata.get(k) == v for k, v in facts.items()):
-                        continue  # nothing new: no ZooKeeper write
-                    try:
-                        membership.update({**membership.metadata, **facts})
-                    except Exception as exc:  # facts are best effort; serving is not
-                        log.warning("could not publish broker facts to ZooKeeper: %r", exc)
+                    if not all(membership.metadata.get(k) == v for k, v in facts.items()):  # else no write
+                        writes.append((membership, {**membership.metadata, **facts}))
+            if writes and self._zk is not None and self._zk.connected:
+                self._facts_writing.set()
+                self._zk.handler.spawn(self._write_facts, writes)
+
+    def _write_facts(self, writes: list[tuple[Any, dict[str, Any]]]) -> None:
+        """Write members' facts, in ZooKeeper's thread pool: never in the loop, where a write made as
+        the connection drops would wait for ZooKeeper to come back, and publishes for confirmation."""
+        try:
+            for membership, metadata in writes:
+                membership.update(metadata)
+        except Exception as exc:  # facts are best effort; serving is not
+            log.warning("could not publish broker facts to ZooKeeper: %r", exc)
+        finally:
+            self._facts_writing.clear()
