@@ -1,7 +1,8 @@
 """``make bench-replication``: replicated ZepsStreams, side by side with NATS JetStream R3, one run.
 
 * **Failover**: three replicas (zeps: three ``zeps-broker --min-insync 2`` processes and a real
-  ZooKeeper; JetStream: a three-server ``nats-server -js`` cluster with an R3 file stream). A
+  ZooKeeper; JetStream: a three-server ``nats-server -js`` cluster with an R3 file stream, nats-server
+  built from its pinned Go module, tools/testbin/nats-server). A
   publisher confirms every message before the next (zeps: ``publish`` + ``flush``; JetStream:
   ``js.publish``, which waits for the ack) and a subscriber reads; the leader is killed (SIGKILL)
   ``KILLS`` times and started again. Per kill: seconds from the kill to the first publish the new
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workers import nats_server
 from zeps.client import StreamClient
 from zeps.client.discovery import LeaderLocator
 from zeps.coordination import connect
@@ -337,7 +339,7 @@ class JetStreamCluster:
 
     def start(self, i: int) -> None:
         routes = ",".join(f"nats-route://127.0.0.1:{p}" for j, p in enumerate(self.cluster_ports) if j != i)
-        argv = ["nats-server", "-a", "127.0.0.1", "-p", str(self.ports[i]), "-js", "-sd", str(self.tmp / f"n{i}"),
+        argv = [nats_server(), "-a", "127.0.0.1", "-p", str(self.ports[i]), "-js", "-sd", str(self.tmp / f"n{i}"),
                 "-n", f"n{i}", "--cluster_name", "bench", "--cluster", f"nats://127.0.0.1:{self.cluster_ports[i]}",
                 "--routes", routes]  # fmt: skip
         self.procs[i] = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -486,8 +488,7 @@ def _quantiles(values: list[float]) -> dict[str, float]:
 
 
 def main() -> None:
-    if shutil.which("nats-server") is None:
-        raise SystemExit("nats-server is missing: run `tools/setup.sh bench` (apt-get install nats-server)")
+    nats_server()  # built, or a clear message now rather than after the zeps half
     out: dict[str, Any] = {"scenario": "replication", "kills": KILLS, "cores": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="zeps-bench-replication-") as name:
         tmp = Path(name)

@@ -7,9 +7,9 @@ One run, one machine, 100-byte messages, every server and subscriber in its own 
   version 3: throughput scenarios publish with ``publish_many`` (PUBLISH-BATCH, the way nats-py
   buffers its publishes) and subscribers receive DELIVER-BATCH; the latency scenario publishes one
   message at a time; 1->1 is measured both ways;
-* JetStream: Debian's ``nats-server -js`` (file storage) with nats-py, pull consumers fetching 1,000 at
-  a time, publishing with core NATS publish into the stream's subject (no per-message ack: the same
-  asynchronous publishing ZEPS does);
+* JetStream: ``nats-server -js`` built from its pinned Go module (file storage) with nats-py, pull
+  consumers fetching 1,000 at a time, publishing with core NATS publish into the stream's subject
+  (no per-message ack: the same asynchronous publishing ZEPS does);
 * raw pyzmq PUB/SUB between two processes: no broker, no journal — the physical ceiling.
 
 Scenarios: (a) 1 publisher -> 10 subscribers, deliveries/s; (b) replay of 100,000 messages to a late
@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import shutil
 import statistics
 import subprocess
 import sys
@@ -43,7 +42,7 @@ from typing import Any
 
 import zmq
 
-from workers import finish
+from workers import finish, nats_server
 from zeps.client import StreamClient
 from zeps_dev.process import cpu_seconds, free_port, wait_until
 
@@ -128,7 +127,7 @@ class JetStream:
         port = free_port()
         self.endpoint = f"nats://127.0.0.1:{port}"
         self.proc = subprocess.Popen(
-            ["nats-server", "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(tmp / "nats")],
+            [nats_server(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(tmp / "nats")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         wait_until(lambda: _listening(port), timeout=20, what="nats-server")
@@ -286,8 +285,7 @@ def relay_latency(rate: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    if shutil.which("nats-server") is None:
-        raise SystemExit("nats-server is missing: run `tools/setup.sh bench` (apt-get install nats-server)")
+    nats_server()  # built, or a clear message now rather than after the zeps half
     results: dict[str, float] = {}
     tails: dict[str, dict[str, dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="zeps-bench-stream-") as tmp_name:

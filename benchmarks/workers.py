@@ -32,6 +32,17 @@ def local_spark() -> Any:
     return spark
 
 
+def nats_server() -> str:
+    """The nats-server the JetStream baselines run: built from its pinned Go module by
+    ``tools/setup.sh bench`` (``make bench-*`` runs it), named by ``ZEPS_NATS_SERVER``."""
+    path = os.environ.get("ZEPS_NATS_SERVER", "")
+    if not path or not os.access(path, os.X_OK):
+        raise SystemExit(
+            "nats-server is not built: run `tools/setup.sh bench`, then `source .zeps-env` (make bench-* does both)"
+        )
+    return path
+
+
 def finish(procs: list[subprocess.Popen[str]], timeout: float = 600) -> list[list[float]]:
     """Each worker's numbers from its ``done`` line, once it ends; SystemExit with its output if it
     printed something else."""

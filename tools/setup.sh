@@ -10,7 +10,7 @@
 #                modules (tools/testbin/build.sh kind); Docker itself is set up by `make e2e`
 #   promtool   — Prometheus's promtool (and server) from Debian's prometheus package, unpacked into the
 #                cache (nothing installed, no service started): the alert rules' tests in `make test`
-#   bench      — what only the benchmarks need: Debian's nats-server (bench-stream's baseline)
+#   bench      — what only the benchmarks need: nats-server built from its pinned Go module (the JetStream baseline)
 # Writes .zeps-env (git-ignored): the environment variables that point the harness at the cache.
 # Every step says what it does; a missing tool stops setup with one line naming it and the fix.
 set -euo pipefail
@@ -163,21 +163,11 @@ setup_promtool() {
   set_env ZEPS_PROMTOOL "$dir/root/usr/bin/promtool"
 }
 
-setup_bench() {
-  if command -v nats-server >/dev/null 2>&1; then
-    say "bench: nats-server present ($(nats-server --version 2>&1))"
-    return
-  fi
-  command -v apt-get >/dev/null 2>&1 || fail "nats-server is missing and apt-get is not available; install nats-server 2.9+"
-  say "bench: installing Debian's nats-server"
-  local before
-  before=" $( (pgrep -x nats-server || true) | tr '\n' ' ') "  # servers running already are not ours: never stopped
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nats-server; } >/tmp/zeps-apt.log 2>&1 \
-    || fail "apt-get install nats-server failed (see /tmp/zeps-apt.log); as root: apt-get install nats-server"
-  local pid  # the package may start a service of its own: that one (started by this install) is stopped
-  for pid in $(pgrep -x nats-server || true); do
-    case "$before" in *" $pid "*) ;; *) kill "$pid" 2>/dev/null || true ;; esac
-  done
+setup_bench() {  # nats-server from its pinned Go module (tools/testbin/nats-server): the JetStream baseline
+  local bin
+  bin=$(tools/testbin/build.sh bench) || fail "building nats-server failed (above)"
+  "$bin/nats-server" --version >/dev/null 2>&1 || fail "the built nats-server does not run ($bin)"
+  set_env ZEPS_NATS_SERVER "$bin/nats-server"
 }
 
 case " $components " in *" testbin "*) start_testbin ;; esac

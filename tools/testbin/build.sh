@@ -5,6 +5,7 @@
 #                   kube-scheduler, kubectl, kwok, helm; and SeaweedFS's weed (the batch stores' S3 server)
 #   kind            what `make e2e` adds for a kind cluster built here: kind, kubelet, kubeadm,
 #                   kube-proxy, CoreDNS and local-path-provisioner (the node image and its images)
+#   bench           what only the benchmarks need: nats-server (JetStream, their baseline)
 #
 # Each module is rebuilt only when its go.mod/go.sum, its target list or the Go version change: the
 # output folder is named by a hash of those, and a binary set is trusted only once the ".complete"
@@ -26,7 +27,7 @@ goversion=$(go env GOVERSION)
 keys=""
 
 # build name -> the module directory beside this script, and the packages it builds from it
-declare -A module=([etcd]=etcd [k8s]=k8s [kwok]=kwok [helm]=helm [k8s-node]=k8s [kind]=kind [coredns]=coredns [local-path]=local-path [seaweedfs]=seaweedfs)
+declare -A module=([etcd]=etcd [k8s]=k8s [kwok]=kwok [helm]=helm [k8s-node]=k8s [kind]=kind [coredns]=coredns [local-path]=local-path [seaweedfs]=seaweedfs [nats-server]=nats-server)
 declare -A targets=(
   [etcd]="."
   [k8s]="k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl"
@@ -37,11 +38,13 @@ declare -A targets=(
   [coredns]="github.com/coredns/coredns"
   [local-path]="github.com/rancher/local-path-provisioner"
   [seaweedfs]="github.com/seaweedfs/seaweedfs/weed"
+  [nats-server]="github.com/nats-io/nats-server/v2"
 )
 case "$set_name" in
   test) builds="etcd k8s kwok helm seaweedfs" ;;
   kind) builds="etcd k8s kwok helm seaweedfs k8s-node kind coredns local-path" ;;
-  *) echo "setup: unknown binary set '$set_name' (test, kind)" >&2; exit 2 ;;
+  bench) builds="nats-server" ;;
+  *) echo "setup: unknown binary set '$set_name' (test, kind, bench)" >&2; exit 2 ;;
 esac
 
 # Version stamps, as the projects' own release builds set them (from the pins above, not repeated):
@@ -61,6 +64,7 @@ declare -A ldflags=(
   [coredns]=""
   [local-path]=""
   [seaweedfs]=""
+  [nats-server]=""
   [kwok]=""
   [helm]="-X helm.sh/helm/v3/internal/version.version=$helm_version -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=$k8s_major -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$k8s_minor"
 )
