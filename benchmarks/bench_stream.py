@@ -258,30 +258,31 @@ def raw_zmq() -> float:
     return RAW_COUNT / (end - start)
 
 
-def relay_latency(rate: int) -> dict[str, Any]:
-    """The floor of publish->deliver latency on this machine: raw pyzmq PUB -> a relay process (SUB,
-    then PUB) -> SUB, one send per message at ``rate`` paced as zeps's publisher is: the same hops, the
-    same wake-ups, no journal, no protocol, no fsync."""
-    upstream, downstream = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-    count = rate * LATENCY_SECONDS
-    ctx = zmq.Context()
-    pub = ctx.socket(zmq.PUB)
-    pub.setsockopt(zmq.SNDHWM, 0)
-    pub.bind(upstream)
-    try:
-        subs = _spawn("zmq", downstream, count, 1, "--latency")
-        relay = _spawn("relay", upstream, count, 1, "--relay-to", downstream)
+class ZmqRelay:
+    """The floor of publish->deliver latency on this machine: raw pyzmq PUB (this process) -> a relay
+    process (SUB, then PUB) -> SUB, paced as zeps's publisher is: the same hops, the same wake-ups, no
+    journal, no protocol, no fsync. Measured by :func:`latency` like the systems (its subscriber role:
+    ``zmq``)."""
+
+    def __init__(self) -> None:
+        self.upstream, self.endpoint = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+        self.ctx = zmq.Context()
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.SNDHWM, 0)
+        self.pub.bind(self.upstream)
+
+    def publish(self, count: int, rate: float) -> float:
+        relay = _spawn("relay", self.upstream, count, 1, "--relay-to", self.endpoint)
         start = time.time()
         for i in range(count):
             _pace(start, i, rate)
-            pub.send(_stamped())
+            self.pub.send(_stamped())
         finish(relay)
-        [result] = finish(subs)
-    finally:
-        pub.close()
-        ctx.term()
-    p50, p99, p999, worst, *_ = result[2:]
-    return {"p50": round(p50, 3), "p99": round(p99, 3), "p99.9": round(p999, 3), "max": round(worst, 3)}
+        return start
+
+    def stop(self) -> None:
+        self.pub.close()
+        self.ctx.term()
 
 
 def main() -> None:
@@ -291,7 +292,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="zeps-bench-stream-") as tmp_name:
         tmp = Path(tmp_name)
         results["raw_zmq_per_s"] = raw_zmq()
-        relay = {f"{rate // 1000}k": relay_latency(rate) for rate in LATENCY_RATES}
+        floor = ZmqRelay()
+        try:
+            relay = {f"{rate // 1000}k": latency(floor, "zmq", rate) for rate in LATENCY_RATES}
+        finally:
+            floor.stop()
         print(json.dumps({"scenario": "stream", "system": "zmq_relay", "latency_ms": relay}), flush=True)
         for name, factory, role in (("zeps", Zeps, "zeps"), ("jetstream", JetStream, "jetstream")):
             system = factory(tmp / name)

@@ -99,7 +99,7 @@ def run_zmq(args: argparse.Namespace) -> None:
     sock.connect(args.endpoint)
     time.sleep(0.5)  # PUB/SUB joins late: give the subscription time to reach the publisher
     relay = None
-    if args.relay_to:
+    if args.role == "relay":
         relay = ctx.socket(zmq.PUB)
         relay.setsockopt(zmq.SNDHWM, 0)
         relay.bind(args.relay_to)
@@ -129,6 +129,8 @@ def main() -> int:
     parser.add_argument("--relay-to", default="", help="relay: the endpoint its PUB binds")
     parser.add_argument("--stamps", default="", help="zeps: write each message's send and arrival times (ns) here")
     args = parser.parse_args()
+    if (args.role == "relay") != bool(args.relay_to):
+        parser.error("--relay-to goes with the relay role, and only with it")
     if args.role == "zeps":
         run_zeps(args)
     elif args.role == "jetstream":
