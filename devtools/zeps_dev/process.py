@@ -8,6 +8,7 @@ import contextlib
 import ctypes
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -38,12 +39,57 @@ _live: set[ManagedProcess] = set()
 _live_lock = threading.Lock()
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_FIRST_PORT = 10000  #: below this, well-known and registered services live
+_handed_out: set[int] = set()
+_ports_lock = threading.Lock()
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The range the kernel takes local ports from for outgoing connections (Linux's default if
+    unreadable)."""
+    try:
+        low, high = (int(field) for field in _EPHEMERAL_RANGE.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        try:
+            s.bind(("127.0.0.1", port))  # no SO_REUSEADDR: a port still in TIME_WAIT counts as taken
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now, outside the kernel's ephemeral
+    range, and not handed out before by this process.
+
+    Outside the ephemeral range because a server is often restarted on the port it had (a killed
+    ZooKeeper, broker or SeaweedFS coming back): a port from that range may meanwhile be taken as
+    the local end of any outgoing connection on the machine, and the restart fails with "address
+    already in use" (seen in CI: a SeaweedFS volume server's gRPC port, between kill and start).
+    Falls back to a port the kernel picks if the range below the ephemeral one is too small."""
+    low, _high = _ephemeral_ports()
+    rng = random.SystemRandom()
+    with _ports_lock:
+        if low - _FIRST_PORT >= 1000:
+            for _ in range(200):  # bounded: nearly every candidate is free on a test machine
+                port = rng.randrange(_FIRST_PORT, low)
+                if port not in _handed_out and _bindable(port):
+                    _handed_out.add(port)
+                    return port
+        for _ in range(50):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
+    raise SetupError("found no free TCP port on 127.0.0.1 (tried 250)")
 
 
 def cpu_seconds(pid: int) -> float:

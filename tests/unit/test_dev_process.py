@@ -67,6 +67,17 @@ def test_free_port_is_bindable_on_loopback() -> None:
         s.bind(("127.0.0.1", port))
 
 
+def test_free_ports_are_distinct_and_outside_the_ephemeral_range() -> None:
+    """A server restarted on its port must find it free: a port from the kernel's ephemeral range
+    can be taken meanwhile by any outgoing connection's local end (a CI run lost a SeaweedFS
+    restart that way), so free_port stays below that range, and never hands a port out twice."""
+    low, _high = (int(f) for f in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = [free_port() for _ in range(200)]
+    assert len(set(ports)) == len(ports)
+    if low >= 11000:  # room below the range (Linux's default 32768-60999 leaves 10000-32767)
+        assert all(10000 <= port < low for port in ports), [p for p in ports if not 10000 <= p < low]
+
+
 def test_wait_until_names_what_it_waited_for() -> None:
     with pytest.raises(SetupError, match="the moon"):
         wait_until(lambda: False, timeout=0.3, interval=0.05, what="the moon")
