@@ -85,7 +85,7 @@ def free_port() -> int:
         for _ in range(50):
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 s.bind(("127.0.0.1", 0))
-                port: int = s.getsockname()[1]
+                port = int(s.getsockname()[1])
             if port not in _handed_out:
                 _handed_out.add(port)
                 return port
