@@ -29,6 +29,9 @@ _READY_BUCKET = "zeps-harness-ready"  #: where start() writes an object to know 
 _PORTS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
           "s3.port", "s3.port.grpc")  # fmt: skip
 
+#: glog's flags (before the command): log to stderr only (our log file), never to files in /tmp
+_LOG_TO_STDERR = ("-logtostderr",)
+
 
 def weed_binary() -> Path:
     """SeaweedFS's ``weed``, built by ``make setup`` into ``ZEPS_TESTBIN``."""
@@ -83,7 +86,7 @@ class SeaweedFS(LocalServer):
         if not self.ports:
             self.ports = {flag: free_port() for flag in _PORTS}
         return [
-            str(weed_binary()), "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={data}",
+            str(weed_binary()), *_LOG_TO_STDERR, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={data}",
             "-filer", "-s3", f"-s3.config={self._config()}", "-s3.autoCreateBucket=false",
             "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
             "-volume.max=64", "-master.volumeSizeLimitMB=256",  # 7 volumes of 256 MiB per bucket (sparse files)
@@ -125,7 +128,8 @@ class SeaweedFS(LocalServer):
     def _shell(self, command: str) -> str:
         p = self.ports
         return run_tool(
-            [str(weed_binary()), "shell", f"-master=127.0.0.1:{p['master.port']}.{p['master.port.grpc']}",
+            [str(weed_binary()), *_LOG_TO_STDERR, "shell",
+             f"-master=127.0.0.1:{p['master.port']}.{p['master.port.grpc']}",
              f"-filer=127.0.0.1:{p['filer.port']}.{p['filer.port.grpc']}"],
             input=command + "\n", timeout=60, hint=" (weed shell)",
         )  # fmt: skip
@@ -139,10 +143,11 @@ class SeaweedFS(LocalServer):
     def stop(self) -> None:
         if self._process is not None:
             self._process.stop(grace=3.0)  # weed drains for longer than a test wants to wait; its data is synced
-        for flag in ("master.port.grpc", "volume.port.grpc", "filer.port.grpc", "s3.port.grpc"):
-            # the gRPC fast-path sockets weed names by port in /tmp (removed by a clean stop, not a kill)
-            kind = flag.split(".")[0]
-            Path(f"/tmp/seaweedfs-{kind}-grpc-{self.ports.get(flag)}.sock").unlink(missing_ok=True)
+        for port in self.ports.values():
+            # the gRPC fast-path sockets weed names by a port of its own in /tmp (removed by a clean
+            # stop, not by a kill; seen named after another part's port than their own)
+            for stale in Path("/tmp").glob(f"seaweedfs-*-grpc-{port}.sock"):
+                stale.unlink(missing_ok=True)
 
     def kill(self) -> None:
         """``kill -9``: the server dies mid-whatever (restart it with :meth:`start`)."""
