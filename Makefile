@@ -5,7 +5,7 @@ PY := .venv/bin/python
 # Load .zeps-env (written by tools/setup.sh) so the harness finds the cached servers.
 WITH_ENV := source ./.zeps-env &&
 
-.PHONY: setup setup-python test test-unit e2e lint demo generate check-generated bench bench-operator-kind clean
+.PHONY: setup setup-python test test-unit e2e e2e-images lint demo generate check-generated bench bench-operator-kind clean
 
 setup:            ## everything: .venv, ZooKeeper jars, control-plane binaries, the compiled hot path (idempotent)
 	@tools/setup.sh python zookeeper testbin promtool compiled
@@ -32,6 +32,10 @@ test-unit:        ## the unit tier alone, pure Python: seconds, no server, nothi
 e2e: setup      ## the e2e suite on a kind cluster with real nodes, images built here (see README)
 	@tools/setup.sh kind
 	@$(WITH_ENV) $(PY) -m zeps_dev.kind e2e $(PYTEST_ARGS)
+
+e2e-images:     ## what `make e2e` builds before its cluster (kind binaries, node and project images), alone: CI runs it beside `make test`
+	@tools/setup.sh python zookeeper promtool kind
+	@$(WITH_ENV) $(PY) -m zeps_dev.kind images
 
 CLUSTER ?= local
 demo:             ## the whole system on the local stack, with a summary (CLUSTER=kind: everything in pods)

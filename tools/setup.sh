@@ -22,10 +22,13 @@ components=${*:-python zookeeper testbin promtool}
 env_file=.zeps-env
 touch "$env_file"
 
-set_env() {  # set_env NAME VALUE: replace the line for NAME in .zeps-env
-  grep -v "^export $1=" "$env_file" > "$env_file.tmp" || true
-  printf 'export %s=%q\n' "$1" "$2" >> "$env_file.tmp"
-  mv "$env_file.tmp" "$env_file"
+set_env() {  # set_env NAME VALUE: replace the line for NAME in .zeps-env (two setups may run at once)
+  (
+    flock 9
+    grep -v "^export $1=" "$env_file" > "$env_file.tmp" || true
+    printf 'export %s=%q\n' "$1" "$2" >> "$env_file.tmp"
+    mv "$env_file.tmp" "$env_file"
+  ) 9>"$env_file.lock"
 }
 
 # Debian packages the Python environment and its tests need: libzmq's headers (pyzmq is built against

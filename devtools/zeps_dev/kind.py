@@ -355,18 +355,25 @@ class KindStack(LocalServer):
         self.zookeeper_password = secrets.token_hex(12)
         self.timings: dict[str, float] = {}
 
+    def build_images(self) -> str:
+        """Every image the stack needs, built or found cached (the engine must be running); returns
+        the node image."""
+        t0 = time.monotonic()
+        node_image = self._node_image()
+        self.zeps_image = self.builder.zeps_image(self.venv_python)
+        self.zookeeper_image = self.builder.zookeeper_image()
+        self.seaweedfs_image = self.builder.seaweedfs_image()
+        self.prometheus_image = self.builder.prometheus_image()
+        if self.spark:
+            self.spark_image = self.builder.spark_image(self.venv_python)
+        self.timings["images_s"] = time.monotonic() - t0
+        return node_image
+
     def start(self) -> None:
         t0 = time.monotonic()
         try:
             self.engine.start()
-            node_image = self._node_image()
-            self.zeps_image = self.builder.zeps_image(self.venv_python)
-            self.zookeeper_image = self.builder.zookeeper_image()
-            self.seaweedfs_image = self.builder.seaweedfs_image()
-            self.prometheus_image = self.builder.prometheus_image()
-            if self.spark:
-                self.spark_image = self.builder.spark_image(self.venv_python)
-            self.timings["images_s"] = time.monotonic() - t0
+            node_image = self.build_images()
             t1 = time.monotonic()
             self.cluster = KindCluster(
                 self.engine,
@@ -501,6 +508,21 @@ def run_e2e(pytest_args: Sequence[str]) -> int:
     return code
 
 
+def build_e2e_images() -> int:
+    """``make e2e-images``: build (or find cached) every image ``make e2e`` needs, then stop the engine.
+    CI runs it beside ``make test``, whose tiers mostly wait on servers: the images' CPU-bound builds
+    fill the idle core, and ``make e2e`` then finds them cached."""
+    started = time.monotonic()
+    stack = kind_stack_from_env(spark=True, workers=E2E_WORKERS)
+    try:
+        stack.engine.start()
+        stack.build_images()
+    finally:
+        stack.engine.stop()
+    _say(f"images ready in {time.monotonic() - started:.0f}s")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import sys  # noqa: PLC0415
 
@@ -509,6 +531,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if command == "e2e":
             return run_e2e(args)
+        if command == "images":
+            return build_e2e_images()
         if command == "down":
             engine = DockerEngine(docker_root(), say=_say)
             engine.start()  # adopts the dockerd a ZEPS_KEEP_CLUSTER=1 run kept
@@ -529,7 +553,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("e2e: interrupted", flush=True)
         return 130
-    print(f"usage: python -m zeps_dev.kind [e2e [PYTEST ARGS] | down] (got {command!r})")
+    print(f"usage: python -m zeps_dev.kind [e2e [PYTEST ARGS] | images | down] (got {command!r})")
     return 2
 
 

@@ -78,8 +78,10 @@ def test_a_port_already_taken_is_named() -> None:
             _check_port_free(port)
 
 
-def test_no_engine_and_no_apt_says_what_to_install_in_one_line(tmp_path: Path) -> None:
-    """No docker, no dockerd, no apt-get on PATH: `make e2e`'s driver exits 3 with one line."""
+@pytest.mark.parametrize("command", ["e2e", "images"])
+def test_no_engine_and_no_apt_says_what_to_install_in_one_line(tmp_path: Path, command: str) -> None:
+    """No docker, no dockerd, no apt-get on PATH: `make e2e`'s driver (and `make e2e-images`'s) exits 3
+    with one line."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     env = {
@@ -90,7 +92,12 @@ def test_no_engine_and_no_apt_says_what_to_install_in_one_line(tmp_path: Path) -
         "ZEPS_ZOOKEEPER_HOME": os.environ.get("ZEPS_ZOOKEEPER_HOME", str(tmp_path)),
     }
     result = subprocess.run(
-        [sys.executable, "-m", "zeps_dev.kind", "e2e"], env=env, capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-m", "zeps_dev.kind", command],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert result.returncode == 3, result.stdout + result.stderr
     lines = [line for line in result.stdout.splitlines() if line.startswith("e2e:")]

@@ -73,6 +73,11 @@ for mod in $builds; do
   dir="$here/${module[$mod]}"
   key=$(cat "$dir/go.mod" "$dir/go.sum" <(echo "$goversion ${targets[$mod]} ${ldflags[$mod]}") | sha256sum | cut -c1-16)
   out="$cache/testbin/$mod-$key"
+  mkdir -p "$cache/testbin"
+  # one build of a module at a time: `make test`'s setup and `make e2e-images` (beside it in CI) build
+  # the same modules; the second waits here, then finds the first one's build complete
+  exec {lock}>"$out.lock"
+  flock "$lock"
   if [ -f "$out/.complete" ]; then
     say "$mod: up to date ($out)"
   else
@@ -90,6 +95,7 @@ for mod in $builds; do
     touch "$out/.complete"
     say "$mod: built in $(( $(date +%s) - start ))s"
   fi
+  exec {lock}>&-
   keys="$keys $mod-$key"
 done
 
