@@ -50,6 +50,10 @@ OPERATOR_NAMESPACE = "zeps-system"
 #: the e2e cluster's worker nodes: a replicated stream's three brokers each on a node of its own, so
 #: that stopping one node container is the loss of one replica (and of one ZooKeeper server)
 E2E_WORKERS = 3
+#: pytest-xdist workers for the e2e tests that keep to their own namespaces (``ZEPS_E2E_LANES``; 1: one
+#: at a time). Two: on 2 cores the suite one test at a time keeps them about half busy.
+E2E_LANES = int(os.environ.get("ZEPS_E2E_LANES", "2"))
+NO_TESTS_COLLECTED = 5  #: pytest's exit code when a run selects no test
 CNI_CONFIG = "/etc/cni/net.d/10-zeps-ptp.conflist"
 
 
@@ -501,22 +505,52 @@ def kind_stack_from_env(*, cluster_name: str | None = None, spark: bool = False,
     )
 
 
+def e2e_phases(pytest_args: Sequence[str], lanes: int) -> list[tuple[str, list[str]]]:
+    """The e2e suite as two pytest runs on one stack. First the tests that keep to namespaces of their
+    own, in ``lanes`` pytest-xdist workers side by side: they mostly wait on pods, so one at a time
+    leaves a core idle. Then the ``serial`` ones, which change or watch what every test shares (the
+    chart, the operator, the ZooKeeper ensemble, a node), one at a time with nothing beside them.
+    ``pytest_args`` (``make e2e PYTEST_ARGS=...``) go to both."""
+    side_by_side = ["-n", str(lanes), "--dist", "worksteal"] if lanes > 1 else []
+    return [
+        ("shared", ["-m", "not serial", *side_by_side, *pytest_args]),
+        ("serial", ["-m", "serial", *pytest_args]),
+    ]
+
+
+def combined_exit_code(codes: Sequence[int]) -> int:
+    """One exit code for the phases: the first failure's; 0 if every phase passed or had nothing to
+    run (5: a ``-k`` that selects from one phase only); 5 if no phase had anything to run."""
+    failed = [code for code in codes if code not in (0, NO_TESTS_COLLECTED)]
+    if failed:
+        return failed[0]
+    return 0 if any(code == 0 for code in codes) else NO_TESTS_COLLECTED
+
+
 def run_e2e(pytest_args: Sequence[str]) -> int:
-    """``make e2e``: the stack up, the e2e suite on it, everything down again. Returns pytest's code."""
+    """``make e2e``: the stack up, the e2e suite on it (:func:`e2e_phases`), everything down again.
+    Returns pytest's code (:func:`combined_exit_code`)."""
     started = time.monotonic()
     stack = kind_stack_from_env(spark=True, workers=E2E_WORKERS)
+    codes: list[int] = []
     with stack:
         _say(f"stack ready in {stack.timings['ready_s']:.0f}s; running the e2e suite")
         env = {**os.environ, **stack.env()}
-        code = subprocess.run(
-            [str(REPOSITORY / ".venv" / "bin" / "python"), "-m", "pytest", "e2e", *pytest_args],
-            env=env,
-            cwd=REPOSITORY,
-            check=False,
-        ).returncode
+        for phase, args in e2e_phases(pytest_args, E2E_LANES):
+            _say(f"{phase} tests: pytest {' '.join(args)}")
+            phase_started = time.monotonic()
+            codes.append(
+                subprocess.run(
+                    [str(REPOSITORY / ".venv" / "bin" / "python"), "-m", "pytest", "e2e", *args],
+                    env=env,
+                    cwd=REPOSITORY,
+                    check=False,
+                ).returncode
+            )
+            stack.timings[f"{phase}_tests_s"] = time.monotonic() - phase_started
     timings = {k: round(v, 1) for k, v in stack.timings.items()}
     _say(f"done in {time.monotonic() - started:.0f}s: {json.dumps(timings)}")
-    return code
+    return combined_exit_code(codes)
 
 
 def build_e2e_images() -> int:

@@ -96,6 +96,7 @@ def test_broker_pod_deleted_mid_publish_loses_no_confirmed_message(cluster: Any,
     )
 
 
+@pytest.mark.serial  # the operator is scaled to 0: nobody reconciles meanwhile
 def test_operator_away_then_back_repairs_drift_made_meanwhile(cluster: Any, app: App, zk: ZooKeeperShell) -> None:
     app.apply_example("topic.yaml")
     app.ready("topic", "cache-invalidation")
@@ -150,6 +151,7 @@ def _pause_workers(app: App, seconds: float) -> None:
         signal_all("CONT")
 
 
+@pytest.mark.serial  # every client of the ensemble sees its leader go
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("paused_s", [0, 13], ids=["workers-running", "workers-paused-past-their-session"])
 def test_zookeeper_leader_pod_deleted_under_busy_workers(

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kindapp import CHROOT, OPERATOR_NAMESPACE, RELEASE, ROOT, App, ZooKeeperShell
 
 OPERATOR_PODS = ("pods", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/name=zeps-operator")
@@ -45,6 +46,7 @@ def test_deletion_policy_delete_and_retain(cluster: Any, app: App, zk: ZooKeeper
     assert not zk.exists(f"{CHROOT}/{app.ns}/topics/gone")
 
 
+@pytest.mark.serial  # the operator is replaced
 def test_helm_upgrade_keeps_resources_ready(cluster: Any, app: App) -> None:
     app.apply_example("topic.yaml")
     before = app.ready("topic", "cache-invalidation")["status"]["conditions"]
@@ -68,6 +70,7 @@ def test_helm_upgrade_keeps_resources_ready(cluster: Any, app: App) -> None:
     assert ready["lastTransitionTime"] == next(c for c in before if c["type"] == "Ready")["lastTransitionTime"]
 
 
+@pytest.mark.serial  # the chart is removed and installed again
 def test_helm_uninstall_leaves_no_pod_lease_or_rbac(cluster: Any, app: App) -> None:
     app.apply_example("topic.yaml")
     app.ready("topic", "cache-invalidation")

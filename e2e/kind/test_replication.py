@@ -89,6 +89,7 @@ def _start_clients(app: App) -> list[str]:
     return subscribers
 
 
+@pytest.mark.serial  # a node is stopped: every pod on it goes
 @pytest.mark.timeout(1200)
 def test_a_replicated_stream_loses_nothing_confirmed_to_a_pod_deletion_and_a_node_loss(
     cluster: Any, app: App, zk: ZooKeeperShell

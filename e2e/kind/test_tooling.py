@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from zeps_dev.kind import E2E_WORKERS
 from zeps_dev.process import interruptible_module
 
@@ -100,6 +102,7 @@ def test_ctrl_c_during_kind_create_leaves_no_container(cluster: Any) -> None:
     _the_suites_cluster_is_untouched(cluster)
 
 
+@pytest.mark.serial  # counts the host's network links
 def test_ctrl_c_while_a_dockerd_of_zeps_runs_leaves_no_dockerd(tmp_path: Path) -> None:
     """No engine answers (DOCKER_HOST names nothing), so the driver starts a dockerd of its own, in a
     root of this test's; Ctrl-C once it serves: no process of that root is left, no host bridge."""

@@ -18,7 +18,7 @@ import pytest
 
 from zeps.errors import SetupError
 from zeps_dev.docker import CAPABILITIES, SHIM, missing_capabilities
-from zeps_dev.kind import _check_port_free
+from zeps_dev.kind import _check_port_free, combined_exit_code, e2e_phases
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -129,3 +129,37 @@ def test_each_node_gets_a_cni_config_for_its_own_pod_cidr_and_routes_to_the_othe
     ]  # fmt: skip
     with pytest.raises(SetupError, match="w3 has no pod CIDR"):
         wire_pod_network([*nodes, node("w3", "", "172.18.0.5")], lambda *_: None)
+
+
+def _collected(*args: str) -> set[str]:
+    """The e2e tests ``pytest e2e`` selects on kind with ``args`` (collection only: no cluster needed)."""
+    env = {**os.environ, "ZEPS_E2E_KUBECONFIG": "/nonexistent/kubeconfig"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "e2e", "--co", "-q", "-p", "no:cacheprovider", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode in (0, 5), result.stdout + result.stderr
+    return {line for line in result.stdout.splitlines() if "::" in line}
+
+
+def test_the_e2e_phases_run_every_test_once_and_the_serial_ones_alone() -> None:
+    everything = _collected()
+    (_, shared), (_, serial) = e2e_phases([], lanes=1)
+    in_shared, in_serial = _collected(*shared), _collected(*serial)
+    assert in_shared | in_serial == everything and not in_shared & in_serial
+    # what stops a node, removes the chart, scales the operator away or takes the ensemble's leader
+    assert any("node_loss" in t for t in in_serial) and any("helm_uninstall" in t for t in in_serial)
+    assert any("operator_away" in t for t in in_serial) and any("zookeeper_leader_pod" in t for t in in_serial)
+    assert len(in_shared) > len(in_serial) > 0
+    (_, two_lanes), _ = e2e_phases(["-k", "spark"], lanes=2)
+    assert two_lanes == ["-m", "not serial", "-n", "2", "--dist", "worksteal", "-k", "spark"]
+
+
+def test_the_phases_exit_codes_combine_into_the_first_failure() -> None:
+    assert combined_exit_code([0, 0]) == 0
+    assert combined_exit_code([5, 0]) == 0  # a -k that selects from the serial phase only
+    assert combined_exit_code([0, 5]) == 0
+    assert combined_exit_code([5, 5]) == 5
+    assert combined_exit_code([1, 0]) == 1
+    assert combined_exit_code([0, 2]) == 2
+    assert combined_exit_code([5, 1]) == 1
