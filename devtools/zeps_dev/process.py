@@ -45,14 +45,24 @@ _handed_out: set[int] = set()
 _ports_lock = threading.Lock()
 
 
-def _ephemeral_ports() -> tuple[int, int]:
-    """The range the kernel takes local ports from for outgoing connections (Linux's default if
-    unreadable)."""
+def _ephemeral_low() -> int:
+    """The first port of the range the kernel takes local ports from for outgoing connections
+    (Linux's default if unreadable)."""
     try:
-        low, high = (int(field) for field in _EPHEMERAL_RANGE.read_text().split())
-    except (OSError, ValueError):
-        return 32768, 60999
-    return low, high
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _port_share(first: int, end: int) -> tuple[int, int]:
+    """This process's part of [first, end): all of it, or under pytest-xdist (``PYTEST_XDIST_WORKER``
+    gwN of ``PYTEST_XDIST_WORKER_COUNT``) the N-th of equal shares, so that a server one worker stops
+    and starts again on its port never finds it taken by another worker's."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit()) or int(count) < 2:
+        return first, end
+    index, size = int(worker[2:]), (end - first) // int(count)
+    return first + index * size, first + (index + 1) * size
 
 
 def _bindable(port: int) -> bool:
@@ -72,13 +82,14 @@ def free_port() -> int:
     ZooKeeper, broker or SeaweedFS coming back): a port from that range may meanwhile be taken as
     the local end of any outgoing connection on the machine, and the restart fails with "address
     already in use" (seen in CI: a SeaweedFS volume server's gRPC port, between kill and start).
+    Tests run side by side (pytest-xdist) take ports from separate shares of that range.
     Falls back to a port the kernel picks if the range below the ephemeral one is too small."""
-    low, _high = _ephemeral_ports()
+    first, end = _port_share(_FIRST_PORT, _ephemeral_low())
     rng = random.SystemRandom()
     with _ports_lock:
-        if low - _FIRST_PORT >= 1000:
+        if end - first >= 1000:
             for _ in range(200):  # bounded: nearly every candidate is free on a test machine
-                port = rng.randrange(_FIRST_PORT, low)
+                port = rng.randrange(first, end)
                 if port not in _handed_out and _bindable(port):
                     _handed_out.add(port)
                     return port

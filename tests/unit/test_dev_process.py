@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from zeps.errors import SetupError
-from zeps_dev.process import ManagedProcess, free_port, wait_until
+from zeps_dev.process import ManagedProcess, _ephemeral_low, _port_share, free_port, wait_until
 
 
 def _alive(pid: int) -> bool:
@@ -76,6 +76,22 @@ def test_free_ports_are_distinct_and_outside_the_ephemeral_range() -> None:
     assert len(set(ports)) == len(ports)
     if low >= 11000:  # room below the range (Linux's default 32768-60999 leaves 10000-32767)
         assert all(10000 <= port < low for port in ports), [p for p in ports if not 10000 <= p < low]
+
+
+def test_workers_side_by_side_take_ports_from_separate_shares(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under pytest-xdist each worker has its own share of the range: a port one worker's server
+    gives up for a restart is never handed to the other worker meanwhile."""
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    assert _port_share(10000, 32768) == (10000, 21384)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    assert _port_share(10000, 32768) == (21384, 32768)
+    first, end = _port_share(10000, _ephemeral_low())
+    if end - first >= 1000:  # room below this machine's ephemeral range (Linux's default leaves 22768)
+        ports = [free_port() for _ in range(50)]
+        assert all(first <= port < end for port in ports), ports
+    monkeypatch.delenv("PYTEST_XDIST_WORKER")
+    assert _port_share(10000, 32768) == (10000, 32768)
 
 
 def test_wait_until_names_what_it_waited_for() -> None:
