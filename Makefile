@@ -5,7 +5,7 @@ PY := .venv/bin/python
 # Load .zeps-env (written by tools/setup.sh) so the harness finds the cached servers.
 WITH_ENV := source ./.zeps-env &&
 
-.PHONY: setup setup-python test test-unit e2e e2e-images lint demo generate check-generated bench bench-operator-kind clean
+.PHONY: setup setup-python test test-unit e2e e2e-images e2e-stack e2e-down lint demo generate check-generated bench bench-operator-kind clean
 
 setup:            ## everything: .venv, ZooKeeper jars, control-plane binaries, the compiled hot path (idempotent)
 	@tools/setup.sh python zookeeper testbin promtool compiled
@@ -33,9 +33,17 @@ e2e: setup      ## the e2e suite on a kind cluster with real nodes, images built
 	@tools/setup.sh kind
 	@$(WITH_ENV) $(PY) -m zeps_dev.kind e2e $(PYTEST_ARGS)
 
-e2e-images:     ## what `make e2e` builds before its cluster (kind binaries, node and project images), alone: CI runs it beside `make test`
+e2e-images:     ## what `make e2e` builds before its cluster (kind binaries, node and project images), alone
 	@tools/setup.sh python zookeeper promtool kind
 	@$(WITH_ENV) $(PY) -m zeps_dev.kind images
+
+e2e-stack:      ## what `make e2e` starts before its suite (images, cluster, chart), left running for the next `make e2e` of the same sources to use: CI runs it beside `make test`
+	@tools/setup.sh python zookeeper promtool kind
+	@$(WITH_ENV) $(PY) -m zeps_dev.kind stack
+
+e2e-down:       ## remove a cluster (and a dockerd of zeps) that `make e2e-stack` or ZEPS_KEEP_CLUSTER=1 left
+	@tools/setup.sh python zookeeper promtool kind
+	@$(WITH_ENV) $(PY) -m zeps_dev.kind down
 
 CLUSTER ?= local
 demo:             ## the whole system on the local stack, with a summary (CLUSTER=kind: everything in pods)

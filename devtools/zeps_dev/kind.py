@@ -338,6 +338,7 @@ class KindStack(LocalServer):
         venv_python: Path,
         cluster_name: str = DEFAULT_CLUSTER,
         keep: bool = False,
+        detached: bool | None = None,
         spark: bool = False,
         workers: int = 0,
         say: Callable[[str], None] = _say,
@@ -348,7 +349,9 @@ class KindStack(LocalServer):
         self.spark = spark  # build and load the Spark image too (the e2e suite's Spark jobs)
         self.binaries = binaries
         self.cache = cache_dir()
-        self.engine = DockerEngine(docker_root(), say=say, detached=keep)
+        # detached: a dockerd of ours outlives this process (a kept or prepared stack); otherwise the
+        # kernel stops it if this process dies
+        self.engine = DockerEngine(docker_root(), say=say, detached=keep if detached is None else detached)
         self.builder = ImageBuilder(
             self.engine, binaries=binaries, cache=self.cache, zookeeper_home=zookeeper_home, say=say
         )
@@ -378,22 +381,81 @@ class KindStack(LocalServer):
         self.timings["images_s"] = time.monotonic() - t0
         return node_image
 
+    def _new_cluster(self, node_image: str) -> KindCluster:
+        return KindCluster(
+            self.engine,
+            name=self.cluster_name,
+            node_image=node_image,
+            binaries=self.binaries,
+            workdir=self.cache / "kind" / "clusters" / self.cluster_name,
+            api_port=int(os.environ.get("ZEPS_KIND_API_PORT", "0")),
+            workers=self.workers,
+            say=self.say,
+        )
+
+    @property
+    def prepared_note(self) -> Path:
+        """Where :meth:`prepare` says what it left running, for the next :meth:`start` to adopt."""
+        return self.cache / "kind" / "clusters" / self.cluster_name / "prepared.json"
+
+    def _what_it_runs(self, node_image: str) -> dict[str, Any]:
+        images = [self.zeps_image, self.zookeeper_image, self.seaweedfs_image, self.prometheus_image, self.spark_image]
+        return {"node_image": node_image, "images": images, "workers": self.workers}
+
+    def prepare(self) -> None:
+        """``make e2e-stack``: :meth:`start`, then leave the engine, the cluster and the chart running
+        with a note (:attr:`prepared_note`) that the next ``make e2e`` of the same sources adopts. CI
+        runs it beside ``make test``, so ``make e2e`` starts with its cluster ready. On failure
+        everything it started is stopped."""
+        self.start()
+        assert self.cluster is not None
+        note = {**self._what_it_runs(self.cluster.node_image), "zookeeper_password": self.zookeeper_password}
+        self.prepared_note.touch(mode=0o600)  # the ensemble's super user's password: this user's only
+        self.prepared_note.write_text(json.dumps(note))
+        self.say(f"stack ready in {self.timings['ready_s']:.0f}s and kept for make e2e: {json.dumps(self.timings)}")
+
+    def _adopt(self, node_image: str) -> bool:
+        """Use the stack :meth:`prepare` left, if it runs exactly what this run would start (the same
+        node image, images and workers: the same sources) and is healthy. The note is used once: a
+        stack that does not fit is deleted (zeps made it, in whichever engine), and a new one made."""
+        try:
+            note = json.loads(self.prepared_note.read_text())
+        except (OSError, ValueError):
+            return False
+        self.prepared_note.unlink()
+        cluster = self._new_cluster(node_image)
+        cluster.created = cluster.exists()
+        wanted = self._what_it_runs(node_image)
+        why = next((f"its {k} differs" for k in wanted if note.get(k) != wanted[k]), None)
+        if why is None and not cluster.created:
+            why = "it is gone"
+        if why is None:
+            try:
+                cluster.kubectl("wait", "--for=condition=Ready", "node", "--all", "--timeout=60s", timeout=90)
+                cluster.kubectl("wait", "--for=condition=Ready", "pod", "--all", "-n", OPERATOR_NAMESPACE,
+                                "--timeout=120s", timeout=150)  # fmt: skip
+            except (SetupError, subprocess.TimeoutExpired) as exc:
+                why = f"it is not healthy ({exc})"
+        if why is not None:
+            self.say(f"kind: not using the cluster make e2e-stack prepared: {why}; making a new one")
+            cluster.stop()  # deletes it if it exists: zeps made it
+            return False
+        self.cluster = cluster
+        self.zookeeper_password = str(note["zookeeper_password"])
+        self.say(f"kind: using cluster {self.cluster_name}, prepared by make e2e-stack with these images")
+        return True
+
     def start(self) -> None:
         t0 = time.monotonic()
         try:
             self.engine.start()
             node_image = self.build_images()
             t1 = time.monotonic()
-            self.cluster = KindCluster(
-                self.engine,
-                name=self.cluster_name,
-                node_image=node_image,
-                binaries=self.binaries,
-                workdir=self.cache / "kind" / "clusters" / self.cluster_name,
-                api_port=int(os.environ.get("ZEPS_KIND_API_PORT", "0")),
-                workers=self.workers,
-                say=self.say,
-            )
+            if self._adopt(node_image):
+                self.timings["adopted_s"] = time.monotonic() - t1
+                self.timings["ready_s"] = time.monotonic() - t0
+                return
+            self.cluster = self._new_cluster(node_image)
             self.cluster.start()
             self.timings["cluster_create_s"] = time.monotonic() - t1
             # zeps everywhere (test clients run on the control-plane node too: test_replication.py),
@@ -484,7 +546,14 @@ class KindStack(LocalServer):
             self.engine.stop()
 
 
-def kind_stack_from_env(*, cluster_name: str | None = None, spark: bool = False, workers: int = 0) -> KindStack:
+def kind_stack_from_env(
+    *,
+    cluster_name: str | None = None,
+    spark: bool = False,
+    workers: int = 0,
+    keep: bool | None = None,
+    detached: bool | None = None,
+) -> KindStack:
     """A KindStack with what ``tools/setup.sh`` wrote to .zeps-env (``make e2e``, ``make demo CLUSTER=kind``)."""
     from zeps_dev.controlplane import ENV_TESTBIN  # noqa: PLC0415
     from zeps_dev.zookeeper import zookeeper_home  # noqa: PLC0415
@@ -499,7 +568,8 @@ def kind_stack_from_env(*, cluster_name: str | None = None, spark: bool = False,
         zookeeper_home=zookeeper_home(),
         venv_python=REPOSITORY / ".venv" / "bin" / "python",
         cluster_name=cluster_name or os.environ.get("ZEPS_KIND_CLUSTER", DEFAULT_CLUSTER),
-        keep=os.environ.get("ZEPS_KEEP_CLUSTER") == "1",
+        keep=os.environ.get("ZEPS_KEEP_CLUSTER") == "1" if keep is None else keep,
+        detached=detached,
         spark=spark,
         workers=workers,
     )
@@ -568,6 +638,40 @@ def build_e2e_images() -> int:
     return 0
 
 
+def prepare_e2e_stack() -> int:
+    """``make e2e-stack``: what ``make e2e`` starts before its suite (images, cluster, chart), left
+    running for it (:meth:`KindStack.prepare`); ``python -m zeps_dev.kind down`` removes it."""
+    stack = kind_stack_from_env(spark=True, workers=E2E_WORKERS, keep=False, detached=True)
+    try:
+        stack.prepare()
+    except BaseException:
+        stack.stop()
+        raise
+    return 0
+
+
+def down() -> int:
+    """Remove what ``ZEPS_KEEP_CLUSTER=1`` or ``make e2e-stack`` left: the cluster and a dockerd of
+    zeps. Nothing to do (and no engine started) when neither runs."""
+    name = os.environ.get("ZEPS_KIND_CLUSTER", DEFAULT_CLUSTER)
+    workdir = cache_dir() / "kind" / "clusters" / name
+    (workdir / "prepared.json").unlink(missing_ok=True)
+    engine = DockerEngine(docker_root(), say=_say)
+    if not engine.running():
+        _say("down: no dockerd of zeps runs and no engine answers: nothing to remove")
+        return 0
+    engine.start()  # adopts the dockerd a ZEPS_KEEP_CLUSTER=1 run or make e2e-stack kept
+    try:
+        kindbin = os.environ.get("ZEPS_KINDBIN")
+        if kindbin:  # without kind (never built), no cluster was made; a dockerd of ours goes below
+            cluster = KindCluster(engine, name=name, node_image="", binaries=Path(kindbin), workdir=workdir)
+            cluster.created = cluster.exists()
+            cluster.stop()
+    finally:
+        engine.stop()  # one of ours: every container it holds, then itself; another engine: left alone
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import sys  # noqa: PLC0415
 
@@ -578,27 +682,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_e2e(args)
         if command == "images":
             return build_e2e_images()
+        if command == "stack":
+            return prepare_e2e_stack()
         if command == "down":
-            engine = DockerEngine(docker_root(), say=_say)
-            engine.start()  # adopts the dockerd a ZEPS_KEEP_CLUSTER=1 run kept
-            cluster = KindCluster(
-                engine,
-                name=os.environ.get("ZEPS_KIND_CLUSTER", DEFAULT_CLUSTER),
-                node_image="",
-                binaries=Path(os.environ["ZEPS_KINDBIN"]),
-                workdir=cache_dir() / "kind" / "clusters" / os.environ.get("ZEPS_KIND_CLUSTER", DEFAULT_CLUSTER),
-            )
-            cluster.created = cluster.exists()
-            cluster.stop()
-            engine.stop()
-            return 0
+            return down()
     except SetupError as exc:
         print(f"e2e: {exc}", flush=True)
         return 3
     except KeyboardInterrupt:
         print("e2e: interrupted", flush=True)
         return 130
-    print(f"usage: python -m zeps_dev.kind [e2e [PYTEST ARGS] | images | down] (got {command!r})")
+    print(f"usage: python -m zeps_dev.kind [e2e [PYTEST ARGS] | images | stack | down] (got {command!r})")
     return 2
 
 

@@ -78,10 +78,10 @@ def test_a_port_already_taken_is_named() -> None:
             _check_port_free(port)
 
 
-@pytest.mark.parametrize("command", ["e2e", "images"])
+@pytest.mark.parametrize("command", ["e2e", "images", "stack"])
 def test_no_engine_and_no_apt_says_what_to_install_in_one_line(tmp_path: Path, command: str) -> None:
-    """No docker, no dockerd, no apt-get on PATH: `make e2e`'s driver (and `make e2e-images`'s) exits 3
-    with one line."""
+    """No docker, no dockerd, no apt-get on PATH: `make e2e`'s driver (and `make e2e-images`'s and
+    `make e2e-stack`'s) exits 3 with one line."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     env = {
@@ -163,3 +163,17 @@ def test_the_phases_exit_codes_combine_into_the_first_failure() -> None:
     assert combined_exit_code([1, 0]) == 1
     assert combined_exit_code([0, 2]) == 2
     assert combined_exit_code([5, 1]) == 1
+
+
+def test_down_with_nothing_kept_starts_no_engine(tmp_path: Path) -> None:
+    """CI calls ``down`` at its end whatever happened: with no dockerd of zeps running and no engine
+    answering, it must not start one (a dockerd would be started only to be stopped)."""
+    root = tmp_path / "docker"
+    env = {**os.environ, "ZEPS_DOCKER_ROOT": str(root), "DOCKER_HOST": f"unix://{tmp_path}/nothing.sock"}
+    result = subprocess.run(
+        [sys.executable, "-m", "zeps_dev.kind", "down"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "nothing to remove" in result.stdout
+    assert not root.exists(), "down made an engine's folder: it started one"
