@@ -54,6 +54,8 @@ E2E_WORKERS = 3
 #: at a time). Two: on 2 cores the suite one test at a time keeps them about half busy.
 E2E_LANES = int(os.environ.get("ZEPS_E2E_LANES", "2"))
 NO_TESTS_COLLECTED = 5  #: pytest's exit code when a run selects no test
+#: beside a cluster's kubeconfig: what ``make e2e-stack`` left running, for ``make e2e`` to use
+PREPARED_NOTE = "prepared.json"
 CNI_CONFIG = "/etc/cni/net.d/10-zeps-ptp.conflist"
 
 
@@ -396,7 +398,7 @@ class KindStack(LocalServer):
     @property
     def prepared_note(self) -> Path:
         """Where :meth:`prepare` says what it left running, for the next :meth:`start` to adopt."""
-        return self.cache / "kind" / "clusters" / self.cluster_name / "prepared.json"
+        return self.cache / "kind" / "clusters" / self.cluster_name / PREPARED_NOTE
 
     def _what_it_runs(self, node_image: str) -> dict[str, Any]:
         images = [self.zeps_image, self.zookeeper_image, self.seaweedfs_image, self.prometheus_image, self.spark_image]
@@ -410,6 +412,7 @@ class KindStack(LocalServer):
         self.start()
         assert self.cluster is not None
         note = {**self._what_it_runs(self.cluster.node_image), "zookeeper_password": self.zookeeper_password}
+        self.prepared_note.unlink(missing_ok=True)
         self.prepared_note.touch(mode=0o600)  # the ensemble's super user's password: this user's only
         self.prepared_note.write_text(json.dumps(note))
         self.say(f"stack ready in {self.timings['ready_s']:.0f}s and kept for make e2e: {json.dumps(self.timings)}")
@@ -655,7 +658,7 @@ def down() -> int:
     zeps. Nothing to do (and no engine started) when neither runs."""
     name = os.environ.get("ZEPS_KIND_CLUSTER", DEFAULT_CLUSTER)
     workdir = cache_dir() / "kind" / "clusters" / name
-    (workdir / "prepared.json").unlink(missing_ok=True)
+    (workdir / PREPARED_NOTE).unlink(missing_ok=True)
     engine = DockerEngine(docker_root(), say=_say)
     if not engine.running():
         _say("down: no dockerd of zeps runs and no engine answers: nothing to remove")
