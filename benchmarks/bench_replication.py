@@ -52,7 +52,7 @@ from zeps_dev.process import free_port, wait_until
 
 KILLS = int(os.environ.get("ZEPS_BENCH_KILLS", "20"))
 THROUGHPUT_COUNT = int(os.environ.get("ZEPS_BENCH_COUNT", "1000000"))
-ROUNDS = 3
+ROUNDS = int(os.environ.get("ZEPS_BENCH_ROUNDS", "5"))  # throughput: alternating rounds; ratio of medians
 CATCHUP_MB = int(os.environ.get("ZEPS_BENCH_CATCHUP_MB", "200"))
 BODY = b"x" * 100
 STALL_S = 60.0  # a subscriber that has not resumed this long after a kill is counted as stalled

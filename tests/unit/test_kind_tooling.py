@@ -168,8 +168,17 @@ def test_the_phases_exit_codes_combine_into_the_first_failure() -> None:
 def test_down_with_nothing_kept_starts_no_engine(tmp_path: Path) -> None:
     """CI calls ``down`` at its end whatever happened: with no dockerd of zeps running and no engine
     answering, it must not start one (a dockerd would be started only to be stopped)."""
-    root = tmp_path / "docker"
-    env = {**os.environ, "ZEPS_DOCKER_ROOT": str(root), "DOCKER_HOST": f"unix://{tmp_path}/nothing.sock"}
+    root, cache = tmp_path / "docker", tmp_path / "cache"
+    note = cache / "kind" / "clusters" / "zeps-e2e" / "prepared.json"
+    note.parent.mkdir(parents=True)
+    note.write_text("{}")  # a note left by make e2e-stack whose engine is gone
+    env = {  # this test's own cache and engine folder: a real prepared stack's note is not touched
+        **os.environ,
+        "ZEPS_CACHE_DIR": str(cache),
+        "ZEPS_DOCKER_ROOT": str(root),
+        "DOCKER_HOST": f"unix://{tmp_path}/nothing.sock",
+        "ZEPS_KIND_CLUSTER": "zeps-e2e",
+    }
     result = subprocess.run(
         [sys.executable, "-m", "zeps_dev.kind", "down"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
@@ -177,3 +186,4 @@ def test_down_with_nothing_kept_starts_no_engine(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "nothing to remove" in result.stdout
     assert not root.exists(), "down made an engine's folder: it started one"
+    assert not note.exists(), "the note of a stack that no longer runs was left for make e2e"
