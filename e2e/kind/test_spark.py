@@ -89,6 +89,8 @@ def _writing(app: App, publisher: str) -> bool:
     return bool(app.get("pod", publisher)["status"].get("phase") == "Running")
 
 
+@pytest.mark.serial  # its publishers write for about two minutes each, and each loss must be recovered from
+# while they still write: beside another test an executor came back too late (a CI run: no data left, no batch)
 @pytest.mark.timeout(1500)
 def test_pipeline_in_pods_is_exactly_once_when_an_executor_and_the_driver_are_lost(cluster: Any, app: App) -> None:
     """Orders come in two halves, each from a publisher pod writing for about two minutes: the
