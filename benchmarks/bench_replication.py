@@ -386,25 +386,40 @@ class JetStreamCluster:
         finally:
             await nc.close()
 
-    async def held(self) -> set[int]:
-        """Every message the stream holds."""
+    async def held(self, deadline_s: float = 60.0) -> set[int]:
+        """Every message the stream holds, read by a new consumer until it has read as many as the
+        stream says it holds. A fetch can time out while a restarted server catches up: that is
+        retried until the deadline, and a read that ends short raises, so that a failed read is
+        never printed as lost messages."""
         import nats  # noqa: PLC0415
+        from nats.js.api import AckPolicy, ConsumerConfig  # noqa: PLC0415
 
         nc = await nats.connect(servers=self.urls, connect_timeout=2)
         held: set[int] = set()
+        read, expected = 0, -1
+        deadline = time.monotonic() + deadline_s
         try:
-            from nats.js.api import AckPolicy, ConsumerConfig  # noqa: PLC0415
-
-            sub = await nc.jetstream().pull_subscribe("failover.>", durable="audit",
-                                                      config=ConsumerConfig(ack_policy=AckPolicy.NONE))  # fmt: skip
-            while True:
+            js = nc.jetstream()
+            while expected < 0:
+                try:
+                    expected = (await js.stream_info("failover")).state.messages
+                except Exception:  # no stream leader for a moment
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.5)
+            sub = await js.pull_subscribe("failover.>", durable="audit",
+                                          config=ConsumerConfig(ack_policy=AckPolicy.NONE))  # fmt: skip
+            while read < expected and time.monotonic() < deadline:
                 try:
                     batch = await sub.fetch(1000, timeout=2)
-                except Exception:
-                    break
+                except TimeoutError:  # nats' fetch timeouts are TimeoutErrors (asyncio's is the builtin)
+                    continue
+                read += len(batch)  # a resent publish is held twice: counted as read, once in the set
                 held.update(int(m.data) for m in batch)
         finally:
             await nc.close()
+        if read < expected:
+            raise SetupError(f"read {read} of the {expected} messages the JetStream stream holds in {deadline_s:.0f} s")
         return held
 
     def kill(self, i: int) -> None:
@@ -427,6 +442,7 @@ def jetstream_failover(tmp: Path) -> dict[str, Any]:
         )  # fmt: skip
         history.stop.set()
         clients.join(30)
+        wait_until(lambda: asyncio.run(cluster.current()) == 3, timeout=120, what="every replica back in sync")
         held = asyncio.run(cluster.held())
     finally:
         history.stop.set()
