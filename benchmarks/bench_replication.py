@@ -388,25 +388,18 @@ class JetStreamCluster:
 
     async def held(self, deadline_s: float = 60.0) -> set[int]:
         """Every message the stream holds, read by a new consumer until it has read as many as the
-        stream says it holds. A fetch can time out while a restarted server catches up: that is
-        retried until the deadline, and a read that ends short raises, so that a failed read is
-        never printed as lost messages."""
+        stream says it holds (call it once every replica is current again). A fetch can time out
+        while a restarted server catches up: that is retried until the deadline, and a read that ends
+        short raises, so that a failed read is never printed as lost messages."""
         import nats  # noqa: PLC0415
         from nats.js.api import AckPolicy, ConsumerConfig  # noqa: PLC0415
 
         nc = await nats.connect(servers=self.urls, connect_timeout=2)
         held: set[int] = set()
-        read, expected = 0, -1
-        deadline = time.monotonic() + deadline_s
+        read, deadline = 0, time.monotonic() + deadline_s
         try:
             js = nc.jetstream()
-            while expected < 0:
-                try:
-                    expected = (await js.stream_info("failover")).state.messages
-                except Exception:  # no stream leader for a moment
-                    if time.monotonic() > deadline:
-                        raise
-                    await asyncio.sleep(0.5)
+            expected = (await js.stream_info("failover")).state.messages  # the caller waited for a settled cluster
             sub = await js.pull_subscribe("failover.>", durable="audit",
                                           config=ConsumerConfig(ack_policy=AckPolicy.NONE))  # fmt: skip
             while read < expected and time.monotonic() < deadline:
