@@ -611,10 +611,15 @@ def test_curve_keys_live_in_the_namespaces_secret_and_each_client_gets_its_own(
     orders = secret("secure-curve-orders")
     assert orders.metadata.owner_references[0].name == "secure"
     assert public_key_of(base64.b64decode(orders.data["server.key"]).decode()) == broker_key
+    apps = client.AppsV1Api(kube_api)
+    # the Secrets come first in a reconcile, the ConfigMap and the Deployment after: under load, a read
+    # between them finds none (a CI run failed so)
+    wait_until(lambda: bool(apps.list_namespaced_deployment(namespace).items), timeout=30,
+               what="the broker's Deployment")  # fmt: skip
     config = core.read_namespaced_config_map("secure-broker", namespace).data or {}
     assert config["ZEPS_BROKER_CURVE_SECRET_KEY"] == "/etc/zeps/curve/broker.key_secret"
     assert config["ZEPS_BROKER_CURVE_CLIENTS"] == "/etc/zeps/curve/clients.json"
-    volume = next(v for v in client.AppsV1Api(kube_api).read_namespaced_deployment("secure-broker", namespace)
+    volume = next(v for v in apps.read_namespaced_deployment("secure-broker", namespace)
                   .spec.template.spec.volumes if v.name == "curve")  # fmt: skip
     assert volume.secret.secret_name == CURVE_SECRET
     assert {i.key for i in volume.secret.items} == {"secure.broker.key_secret", "secure.clients.json"}
@@ -649,6 +654,8 @@ def test_a_retained_journal_has_no_owner_and_the_broker_gets_the_namespace_s_zoo
 
     wait_until(lambda: pvc() is not None, timeout=30, what="the journal PVC")
     assert not pvc().metadata.owner_references and pvc().metadata.labels["zeps.dev/stream"] == "kept"
+    wait_until(lambda: bool(apps.list_namespaced_deployment(namespace).items), timeout=30,
+               what="the broker's Deployment (applied after the PVC)")  # fmt: skip
     container = apps.read_namespaced_deployment("kept-broker", namespace).spec.template.spec.containers[0]
     refs = {e.name: e.value_from.secret_key_ref for e in container.env if e.value_from and e.value_from.secret_key_ref}
     assert {n: (r.name, r.key) for n, r in refs.items()} == {
