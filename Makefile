@@ -5,10 +5,13 @@ PY := .venv/bin/python
 # Load .zeps-env (written by tools/setup.sh) so the harness finds the cached servers.
 WITH_ENV := source ./.zeps-env &&
 
-.PHONY: setup setup-python test test-unit e2e e2e-images e2e-stack e2e-down lint demo generate check-generated bench bench-operator-kind clean
+.PHONY: setup setup-test setup-python test test-unit e2e e2e-images e2e-stack e2e-down lint demo generate check-generated bench bench-operator-kind clean
 
 setup:            ## everything: .venv, ZooKeeper jars, control-plane binaries, the compiled hot path (idempotent)
 	@tools/setup.sh python zookeeper testbin promtool compiled
+
+setup-test:       ## what make test needs before its suite; the pinned Go binaries, if not built yet, are built by its pytest session in the background (devtools/zeps_dev/testbin.py)
+	@tools/setup.sh python zookeeper promtool compiled testbin-known
 
 setup-python:
 	@tools/setup.sh python
@@ -18,8 +21,9 @@ lint: setup-python  ## ruff, mypy --strict, import-linter
 	@echo "[lint] mypy --strict"; .venv/bin/mypy
 	@echo "[lint] import-linter"; .venv/bin/lint-imports
 
-test: setup lint  ## the whole suite: unit, integration (ZooKeeper, Spark), cluster (API server)
+test: setup-test lint  ## the whole suite: unit, integration (ZooKeeper, Spark), cluster (API server)
 	@$(WITH_ENV) $(PY) -m pytest -m "not solo"
+	@tools/setup.sh testbin  # built now (by the session above if they were not): recorded in .zeps-env
 	@echo "[test] the tests that start a stack of their own (-m solo), once the shared one is gone"
 	@$(WITH_ENV) $(PY) -m pytest -m solo
 	@echo "[test] the unit tier again on the pure-Python modules (the fallback where nothing is compiled)"

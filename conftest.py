@@ -24,6 +24,35 @@ from zeps.coordination import close_shared
 from zeps_dev import ControlPlane, OperatorProcess, ZooKeeperServer
 
 CRDS = Path(__file__).resolve().parent / "crds"
+ROOT = Path(__file__).resolve().parent
+
+#: the session fixtures whose servers are pinned binaries of zeps_dev.testbin (tests/cluster/ and
+#: e2e/ need them all; their tests use the control plane, or start a stack, without naming it)
+_TESTBIN_FIXTURES = frozenset({"control_plane", "seaweedfs_server"})
+_TESTBIN_FOLDERS = (ROOT / "tests" / "cluster", ROOT / "e2e")
+
+
+def _needs_testbin(item: pytest.Item) -> bool:
+    return bool(_TESTBIN_FIXTURES.intersection(getattr(item, "fixturenames", ()))) or any(
+        item.path.is_relative_to(folder) for folder in _TESTBIN_FOLDERS
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules with a test that needs a pinned binary of zeps_dev.testbin run last, in their order:
+    on a new machine those binaries are still being built (in the background, see
+    pytest_collection_finish) while the others run."""
+    needing = {item.path for item in items if _needs_testbin(item)}
+    items.sort(key=lambda item: item.path in needing)  # stable: each group keeps its order
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A selected test needs the pinned binaries and they are not built: build them in the background
+    now; the first fixture that needs one waits for them (``zeps_dev.testbin.binaries``)."""
+    from zeps_dev import testbin  # noqa: PLC0415
+
+    if testbin.ready() is None and any(_needs_testbin(item) for item in session.items):
+        testbin.start_background_build()
 
 
 @pytest.fixture(scope="session")

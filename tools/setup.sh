@@ -5,7 +5,9 @@
 #                (the PyPI wheels bundle a libzmq without them); iptables for the multicast tests' lossy links
 #   zookeeper  — the pinned ZooKeeper server jars (tools/zookeeper/), needs Java 17 + Maven
 #   testbin    — etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm
-#                built from pinned Go modules (tools/testbin/), needs Go
+#                and SeaweedFS's weed, built from pinned Go modules (tools/testbin/), needs Go
+#   testbin-known — records them in .zeps-env only if they are built already, building nothing
+#                (`make test`: its pytest session builds them in the background otherwise)
 #   kind       — what `make e2e` adds: kind, kubelet, kubeadm, kube-proxy and CoreDNS from pinned Go
 #                modules (tools/testbin/build.sh kind); Docker itself is set up by `make e2e`
 #   promtool   — Prometheus's promtool (and server) from Debian's prometheus package, unpacked into the
@@ -22,11 +24,11 @@ components=${*:-python zookeeper testbin promtool}
 env_file=.zeps-env
 touch "$env_file"
 
-set_env() {  # set_env NAME VALUE: replace the line for NAME in .zeps-env (two setups may run at once)
-  (
+set_env() {  # set_env NAME [VALUE]: replace the line for NAME in .zeps-env, or remove it when no VALUE is
+  (           # given (two setups may run at once)
     flock 9
     grep -v "^export $1=" "$env_file" > "$env_file.tmp" || true
-    printf 'export %s=%q\n' "$1" "$2" >> "$env_file.tmp"
+    [ $# -lt 2 ] || printf 'export %s=%q\n' "$1" "$2" >> "$env_file.tmp"
     mv "$env_file.tmp" "$env_file"
   ) 9>"$env_file.lock"
 }
@@ -134,6 +136,16 @@ setup_testbin() {
   set_env ZEPS_TESTBIN "$bin"
 }
 
+setup_testbin_known() {  # ZEPS_TESTBIN only if its pinned binaries are built; else make test's pytest builds them in its background
+  local bin
+  if bin=$(tools/testbin/build.sh test --if-built 2>/dev/null); then
+    set_env ZEPS_TESTBIN "$bin"
+  else
+    say "testbin: not built for these pins yet; the test session builds them in its background"
+    set_env ZEPS_TESTBIN
+  fi
+}
+
 setup_kind() {
   local bin
   bin=$(tools/testbin/build.sh kind)
@@ -179,10 +191,11 @@ for c in $components; do
     python) setup_python ;;
     zookeeper) setup_zookeeper ;;
     testbin) setup_testbin ;;
+    testbin-known) setup_testbin_known ;;
     kind) setup_kind ;;
     promtool) setup_promtool ;;
     bench) setup_bench ;;
     compiled) setup_compiled ;;
-    *) fail "unknown setup component '$c' (python, zookeeper, testbin, promtool, kind, bench, compiled)" ;;
+    *) fail "unknown setup component '$c' (python, zookeeper, testbin, testbin-known, promtool, kind, bench, compiled)" ;;
   esac
 done

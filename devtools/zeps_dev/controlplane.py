@@ -11,7 +11,6 @@ No container ever runs: a pod's status is simulated by kwok. Everything listens 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import ssl
@@ -22,28 +21,20 @@ from pathlib import Path
 from typing import ClassVar
 
 from zeps.errors import SetupError
+from zeps_dev import testbin
 from zeps_dev.process import LocalServer, ManagedProcess, free_port, wait_until
 
 __all__ = ["FAKE_NODE", "ControlPlane", "binaries_dir", "request_counts"]
 
-ENV_TESTBIN = "ZEPS_TESTBIN"
 FAKE_NODE = "kwok-node-0"
 SERVICE_CIDR = "10.96.0.0/24"
 _BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok", "helm")
 
 
 def binaries_dir() -> Path:
-    """The folder with the pinned control-plane binaries, from ``ZEPS_TESTBIN``."""
-    value = os.environ.get(ENV_TESTBIN)
-    if not value:
-        raise SetupError(
-            f"{ENV_TESTBIN} is not set; run `make setup` (or export {ENV_TESTBIN}=$(tools/testbin/build.sh))"
-        )
-    path = Path(value)
-    missing = [b for b in _BINARIES if not (path / b).exists()]
-    if missing:
-        raise SetupError(f"{ENV_TESTBIN}={path} lacks {', '.join(missing)}; run `make setup` again")
-    return path
+    """The folder with the pinned control-plane binaries (``ZEPS_TESTBIN``; built now, or waited for
+    while the background build of :mod:`zeps_dev.testbin` runs, when it lacks them)."""
+    return testbin.binaries(_BINARIES)
 
 
 def _openssl(*args: str, cwd: Path) -> None:

@@ -558,7 +558,7 @@ def kind_stack_from_env(
     detached: bool | None = None,
 ) -> KindStack:
     """A KindStack with what ``tools/setup.sh`` wrote to .zeps-env (``make e2e``, ``make demo CLUSTER=kind``)."""
-    from zeps_dev.controlplane import ENV_TESTBIN  # noqa: PLC0415
+    from zeps_dev.testbin import ENV_TESTBIN  # noqa: PLC0415
     from zeps_dev.zookeeper import zookeeper_home  # noqa: PLC0415
 
     kindbin = os.environ.get("ZEPS_KINDBIN")

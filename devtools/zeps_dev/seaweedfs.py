@@ -11,14 +11,13 @@ server talks to nobody but its own ports.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from zeps.errors import SetupError
-from zeps_dev.controlplane import ENV_TESTBIN
+from zeps_dev import testbin
 from zeps_dev.process import LocalServer, ManagedProcess, free_port, run_tool
 
 __all__ = ["SeaweedFS", "weed_binary"]
@@ -34,14 +33,8 @@ _LOG_TO_STDERR = ("-logtostderr",)
 
 
 def weed_binary() -> Path:
-    """SeaweedFS's ``weed``, built by ``make setup`` into ``ZEPS_TESTBIN``."""
-    folder = os.environ.get(ENV_TESTBIN)
-    if not folder:
-        raise SetupError(f"{ENV_TESTBIN} is not set; run `make setup` (it builds weed from tools/testbin/seaweedfs)")
-    weed = Path(folder) / "weed"
-    if not weed.exists():
-        raise SetupError(f"{ENV_TESTBIN}={folder} has no weed; run `make setup` again")
-    return weed
+    """SeaweedFS's ``weed``, built from its pinned module into ``ZEPS_TESTBIN`` (see :mod:`zeps_dev.testbin`)."""
+    return testbin.binaries(("weed",)) / "weed"
 
 
 class SeaweedFS(LocalServer):

@@ -12,9 +12,12 @@
 # stamp is written (an interrupted build leaves nothing the next run trusts). The bin-<hash> folder
 # of symlinks is per set of pins, so checkouts with different pins never overwrite each other's.
 #
-# Prints the directory holding the binaries on its last line.
+# Prints the directory holding the binaries on its last line. With a second argument --if-built it
+# builds nothing: it prints that directory if every module of the set is built, else exits 3 (so
+# `make test` knows whether to build them in its background; see devtools/zeps_dev/testbin.py).
 set -euo pipefail
 set_name=${1:-test}
+if_built=${2:-}
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${ZEPS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/zeps}
 say() { printf '[testbin] %s\n' "$*" >&2; }
@@ -76,6 +79,11 @@ for mod in $builds; do
   mkdir -p "$cache/testbin"
   # one build of a module at a time: `make test`'s setup and `make e2e-images` (beside it in CI) build
   # the same modules; the second waits here, then finds the first one's build complete
+  if [ "$if_built" = --if-built ]; then
+    [ -f "$out/.complete" ] || exit 3
+    keys="$keys $mod-$key"
+    continue
+  fi
   exec {lock}>"$out.lock"
   flock "$lock"
   if [ -f "$out/.complete" ]; then
