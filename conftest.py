@@ -12,6 +12,7 @@ by the fixture that needs it, never when this file loads: unit tests need no ext
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,20 +22,24 @@ from kazoo.security import make_digest_acl_credential
 
 from harness import OPERATOR_AUTH
 from zeps.coordination import close_shared
+from zeps.errors import SetupError
 from zeps_dev import ControlPlane, OperatorProcess, ZooKeeperServer
 
 CRDS = Path(__file__).resolve().parent / "crds"
 ROOT = Path(__file__).resolve().parent
 
 #: the session fixtures whose servers are pinned binaries of zeps_dev.testbin (tests/cluster/ and
-#: e2e/ need them all; their tests use the control plane, or start a stack, without naming it)
+#: e2e/ need them all; their tests use the control plane, or start a stack, without naming it). A
+#: test that asks for one with request.getfixturevalue is marked ``testbin`` (it is not seen here).
 _TESTBIN_FIXTURES = frozenset({"control_plane", "seaweedfs_server"})
 _TESTBIN_FOLDERS = (ROOT / "tests" / "cluster", ROOT / "e2e")
 
 
 def _needs_testbin(item: pytest.Item) -> bool:
-    return bool(_TESTBIN_FIXTURES.intersection(getattr(item, "fixturenames", ()))) or any(
-        item.path.is_relative_to(folder) for folder in _TESTBIN_FOLDERS
+    return (
+        bool(_TESTBIN_FIXTURES.intersection(getattr(item, "fixturenames", ())))
+        or item.get_closest_marker("testbin") is not None
+        or any(item.path.is_relative_to(folder) for folder in _TESTBIN_FOLDERS)
     )
 
 
@@ -53,6 +58,19 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
     if testbin.ready() is None and any(_needs_testbin(item) for item in session.items):
         testbin.start_background_build()
+
+
+@pytest.hookimpl(tryfirst=True, wrapper=True)  # the outermost wrapper: before pytest-timeout starts its timer
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[object]:
+    """A test that needs the pinned binaries waits for their build here, outside its own timeout (a
+    fixture waiting inside it would time out, and a session fixture keeps that error for every test
+    after). A failed build is raised by the fixture that needs a binary, as its SetupError."""
+    from zeps_dev import testbin  # noqa: PLC0415
+
+    if testbin.ready() is None and _needs_testbin(item):
+        with contextlib.suppress(SetupError):
+            testbin.binaries()
+    return (yield)
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,10 @@ def _queue(zookeeper: ZooKeeperHarness, name: str = "orders", **options: object)
     return BatchQueue(zookeeper.client(), name, chroot=zookeeper.root, options=BatchOptions.make(**options))
 
 
+# the s3 variants ask for the S3 server with request.getfixturevalue: the module runs once weed is built
+pytestmark = pytest.mark.testbin
+
+
 @pytest.fixture(params=["file", "s3"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
     """The store options of a batch queue, for each kind of store: a directory, or a bucket on the
