@@ -26,7 +26,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,11 +51,11 @@ ROOTFS: Mapping[str, tuple[str, ...]] = {
         "libseccomp2", "pigz", "bash", "ca-certificates", "jq", "procps",
     ),
     "kube-proxy": ("iptables", "nftables", "conntrack"),
-    # libzmq5: Debian's libzmq (PGM and NORM), which the wheels' pyzmq is built against (_wheels)
-    "python": ("python3", "ca-certificates", "libzmq5"),
-    "python-build": ("python3", "python3-venv", "python3-pip", "libzmq5"),
-    "java": ("openjdk-17-jre-headless", "bash"),
-    # Spark's driver and executors: the JVM, the Python that runs pyspark's workers, tini as PID 1
+    # libzmq5: Debian's libzmq (PGM and NORM), which the wheels' pyzmq is built against (_wheels);
+    # venv and pip: the same rootfs is the project images' build stage (one debootstrap fewer)
+    "python": ("python3", "python3-venv", "python3-pip", "ca-certificates", "libzmq5"),
+    # Spark's driver and executors: the JVM, the Python that runs pyspark's workers, tini as PID 1;
+    # ZooKeeper's image too (a JRE and bash: a second JRE rootfs cost a debootstrap of its own)
     "spark": ("python3", "openjdk-17-jre-headless", "tini", "bash", "procps", "ca-certificates", "libzmq5"),
 }
 # fmt: on
@@ -311,10 +311,13 @@ class ImageBuilder:
         )
 
     # -- the kind node image ---------------------------------------------------------------------
-    def node_image(self) -> str:
-        """The node image's tag, built or loaded from its ``docker save`` archive when missing."""
+    def node_image(self, preload: Sequence[str] = ()) -> str:
+        """The node image's tag, built or loaded from its ``docker save`` archive when missing. Besides
+        kubeadm's images it preloads ``preload``: images the engine has, whose tags are keyed by their
+        contents (the pinned servers': ZooKeeper, SeaweedFS, Prometheus), so that ``kind load`` finds
+        them on every node (it compares image IDs) instead of importing them into each one."""
         kind_files = go_module_dir(TESTBIN_SOURCES / "kind", "sigs.k8s.io/kind") / "images" / "base" / "files"
-        components = self.node_images()
+        components = [*self.node_images(), *preload]
         binaries = [self.binaries / b for b in ("kubelet", "kubeadm", "kubectl")]
         key = _hash(
             self.pins.kubernetes,
@@ -323,7 +326,7 @@ class ImageBuilder:
             *ROOTFS["node"],
             *components,
             *(hashlib.sha256(b.read_bytes()).hexdigest() for b in binaries),
-            *(self._component_key(ref) for ref in components),
+            *(self._component_key(ref) for ref in self.node_images()),
         )
         tag = f"zeps/kind-node:{self.pins.kubernetes}-{key}"
         archive = self.cache / f"kind-node-{self.pins.kubernetes}-{key}.tar"
@@ -355,7 +358,8 @@ class ImageBuilder:
             (context / "default-storage.yaml").write_text(storage.replace("${HELPER_IMAGE}", helper))
             archive_tar = Path(tmp) / "images.tar"  # not in the build context: it is never a layer
             with archive_tar.open("wb") as out:
-                saved = subprocess.run(["docker", "save", *refs], stdout=out, env=self.engine.env, check=False)
+                saved = subprocess.run(["docker", "save", *refs, *preload], stdout=out, env=self.engine.env,
+                                       check=False)  # fmt: skip
             if saved.returncode != 0:
                 raise SetupError("docker save of the component images failed")
             stage = f"{tag}-stage"
@@ -415,7 +419,7 @@ class ImageBuilder:
                 tag,
                 context,
                 dockerfile=IMAGES / "zeps" / "Dockerfile",
-                args={"BUILD_BASE": self.rootfs("python-build"), "RUNTIME_BASE": self.rootfs("python")},
+                args={"BUILD_BASE": self.rootfs("python"), "RUNTIME_BASE": self.rootfs("python")},
             )
         self.forget_older(tag)
         return tag
@@ -444,7 +448,7 @@ class ImageBuilder:
                 tag,
                 context,
                 dockerfile=IMAGES / "spark" / "Dockerfile",
-                args={"BUILD_BASE": self.rootfs("python-build"), "RUNTIME_BASE": self.rootfs("spark")},
+                args={"BUILD_BASE": self.rootfs("python"), "RUNTIME_BASE": self.rootfs("spark")},
             )
         self.forget_older(tag)
         return tag
@@ -495,7 +499,7 @@ class ImageBuilder:
         version = next((j.stem.split("-", 1)[1] for j in jars if re.fullmatch(r"zookeeper-\d[\d.]*", j.stem)), None)
         if version is None:
             raise SetupError(f"no zookeeper-<version>.jar in {self.zookeeper_home / 'lib'}")
-        key = _hash(_tree_hash(IMAGES / "zookeeper"), *(j.name for j in jars), *ROOTFS["java"])
+        key = _hash(_tree_hash(IMAGES / "zookeeper"), *(j.name for j in jars), *ROOTFS["spark"])
         tag = f"zeps-zookeeper:{version}-{key}"
         if self._cached(tag, building="images/zookeeper/Dockerfile"):
             return tag
@@ -505,7 +509,7 @@ class ImageBuilder:
             (context / "lib").mkdir()
             for jar in jars:
                 shutil.copy2(jar, context / "lib" / jar.name)
-            self.build(tag, context, dockerfile=context / "Dockerfile", args={"JAVA_BASE": self.rootfs("java")})
+            self.build(tag, context, dockerfile=context / "Dockerfile", args={"JAVA_BASE": self.rootfs("spark")})
         self.forget_older(tag)
         return tag
 

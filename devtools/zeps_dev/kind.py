@@ -365,6 +365,8 @@ class KindStack(LocalServer):
         self.spark_image = ""
         self.seaweedfs_image = ""
         self.prometheus_image = ""
+        #: the images the node image holds besides kubeadm's (none in a node image not built here)
+        self.preloaded: tuple[str, ...] = ()
         #: the operator's ZooKeeper identity on this cluster (the ensemble's super user): new each stack
         self.zookeeper_password = secrets.token_hex(12)
         self.timings: dict[str, float] = {}
@@ -373,11 +375,11 @@ class KindStack(LocalServer):
         """Every image the stack needs, built or found cached (the engine must be running); returns
         the node image."""
         t0 = time.monotonic()
-        node_image = self._node_image()
-        self.zeps_image = self.builder.zeps_image(self.venv_python)
         self.zookeeper_image = self.builder.zookeeper_image()
         self.seaweedfs_image = self.builder.seaweedfs_image()
         self.prometheus_image = self.builder.prometheus_image()
+        node_image = self._node_image()
+        self.zeps_image = self.builder.zeps_image(self.venv_python)
         if self.spark:
             self.spark_image = self.builder.spark_image(self.venv_python)
         self.timings["images_s"] = time.monotonic() - t0
@@ -466,7 +468,11 @@ class KindStack(LocalServer):
             t2 = time.monotonic()
             self.cluster.load(self.zeps_image)
             images = (self.zookeeper_image, self.seaweedfs_image, self.prometheus_image, self.spark_image)
-            self.cluster.load(*(i for i in images if i), workers_only=True)
+            # what the node image does not hold; one load per call (kind loads all of a call's images
+            # into every node that lacks any one of them)
+            missing = [i for i in images if i and i not in self.preloaded]
+            if missing:
+                self.cluster.load(*missing, workers_only=True)
             t3 = time.monotonic()
             self.timings["load_s"] = t3 - t2
             self.install_chart()
@@ -485,7 +491,10 @@ class KindStack(LocalServer):
         if choice:
             self.say(f"images: using the node image ZEPS_KIND_NODE_IMAGE={choice}")
             return choice
-        return self.builder.node_image()
+        # the pinned servers' images change only with their pins: inside the node image, no node
+        # imports them again (the project's images change with every source change: loaded)
+        self.preloaded = (self.zookeeper_image, self.seaweedfs_image, self.prometheus_image)
+        return self.builder.node_image(preload=self.preloaded)
 
     def chart_values(self) -> list[str]:
         repository, tag = self.zeps_image.split(":")
