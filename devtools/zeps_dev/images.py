@@ -317,7 +317,8 @@ class ImageBuilder:
         contents (the pinned servers': ZooKeeper, SeaweedFS, Prometheus), so that ``kind load`` finds
         them on every node (it compares image IDs) instead of importing them into each one."""
         kind_files = go_module_dir(TESTBIN_SOURCES / "kind", "sigs.k8s.io/kind") / "images" / "base" / "files"
-        components = [*self.node_images(), *preload]
+        kubeadm = self.node_images()
+        components = [*kubeadm, *preload]
         binaries = [self.binaries / b for b in ("kubelet", "kubeadm", "kubectl")]
         key = _hash(
             self.pins.kubernetes,
@@ -326,7 +327,7 @@ class ImageBuilder:
             *ROOTFS["node"],
             *components,
             *(hashlib.sha256(b.read_bytes()).hexdigest() for b in binaries),
-            *(self._component_key(ref) for ref in self.node_images()),
+            *(self._component_key(ref) for ref in kubeadm),
         )
         tag = f"zeps/kind-node:{self.pins.kubernetes}-{key}"
         archive = self.cache / f"kind-node-{self.pins.kubernetes}-{key}.tar"
