@@ -137,13 +137,16 @@ setup_testbin() {
 }
 
 setup_testbin_known() {  # ZEPS_TESTBIN only if its pinned binaries are built; else make test's pytest builds them in its background
-  local bin
-  if bin=$(tools/testbin/build.sh test --if-built 2>/dev/null); then
-    set_env ZEPS_TESTBIN "$bin"
-  else
-    say "testbin: not built for these pins yet; the test session builds them in its background"
-    set_env ZEPS_TESTBIN
-  fi
+  local bin rc=0 err
+  err=$(mktemp)
+  bin=$(tools/testbin/build.sh test --if-built 2>"$err") || rc=$?
+  case "$rc" in
+    0) set_env ZEPS_TESTBIN "$bin" ;;
+    3) say "testbin: not built for these pins yet; the test session builds them in its background"
+       set_env ZEPS_TESTBIN ;;
+    *) cat "$err" >&2; rm -f "$err"; exit "$rc" ;;  # build.sh named what is missing (Go)
+  esac
+  rm -f "$err"
 }
 
 setup_kind() {

@@ -43,6 +43,15 @@ def test_testbin_without_go_names_go(tmp_path: Path) -> None:
     assert not (tmp_path / "cache" / "testbin").exists(), "left a cache behind"
 
 
+def test_make_tests_testbin_check_without_go_names_go_rather_than_not_built(tmp_path: Path) -> None:
+    env = {"PATH": _path_without(tmp_path, "go", extra=("mktemp", "flock")), "HOME": str(tmp_path),
+           "ZEPS_CACHE_DIR": str(tmp_path / "cache")}  # fmt: skip
+    result = subprocess.run(["bash", str(ROOT / "tools/setup.sh"), "testbin-known"], env=env, capture_output=True,
+                            text=True, timeout=60, check=False)  # fmt: skip
+    assert result.returncode == 1
+    assert "Go is missing" in result.stderr and "not built" not in result.stderr
+
+
 def test_zookeeper_without_java_names_java(tmp_path: Path) -> None:
     result = _run("tools/zookeeper/fetch.sh", tmp_path, _path_without(tmp_path, "java", extra=("mvn",)))
     assert result.returncode == 1
