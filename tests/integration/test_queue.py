@@ -380,10 +380,10 @@ def test_chaos_10000_items_8_workers_kill9_and_session_expiry(zookeeper: ZooKeep
                 everyone.append(workers[victim])
                 kills += 1
                 continue
-            known = [w for w in workers if sessions(w)]  # a worker just started may not have one yet
+            known = [s for w in workers if (s := sessions(w))]  # a worker just started may not have one yet
             if not known:
                 break
-            _, sid, password = sessions(rng.choice(known))[-1]
+            _, sid, password = rng.choice(known)[-1]
             expire_session_by_id(zookeeper.connect_string, int(sid, 16), bytes.fromhex(password))
             expiries += 1
         time.sleep(0.1)

@@ -28,10 +28,10 @@ def _path_without(tmp_path: Path, *missing: str, extra: tuple[str, ...] = ()) ->
     return str(bin_dir)
 
 
-def _run(script: str, tmp_path: Path, path: str) -> subprocess.CompletedProcess[str]:
+def _run(script: str, tmp_path: Path, path: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {"PATH": path, "HOME": str(tmp_path), "ZEPS_CACHE_DIR": str(tmp_path / "cache")}
     return subprocess.run(
-        ["bash", str(ROOT / script)], env=env, capture_output=True, text=True, timeout=60, check=False
+        ["bash", str(ROOT / script), *args], env=env, capture_output=True, text=True, timeout=60, check=False
     )
 
 
@@ -44,10 +44,7 @@ def test_testbin_without_go_names_go(tmp_path: Path) -> None:
 
 
 def test_make_tests_testbin_check_without_go_names_go_rather_than_not_built(tmp_path: Path) -> None:
-    env = {"PATH": _path_without(tmp_path, "go", extra=("mktemp", "flock")), "HOME": str(tmp_path),
-           "ZEPS_CACHE_DIR": str(tmp_path / "cache")}  # fmt: skip
-    result = subprocess.run(["bash", str(ROOT / "tools/setup.sh"), "testbin-known"], env=env, capture_output=True,
-                            text=True, timeout=60, check=False)  # fmt: skip
+    result = _run("tools/setup.sh", tmp_path, _path_without(tmp_path, "go", extra=("mktemp", "flock")), "testbin-known")
     assert result.returncode == 1
     assert "Go is missing" in result.stderr and "not built" not in result.stderr
 

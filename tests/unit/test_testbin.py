@@ -90,5 +90,4 @@ def test_build_sh_if_built_builds_nothing_and_says_so_by_its_exit_code(tmp_path:
         [str(BUILD_SH), "test", "--if-built"], env=env, capture_output=True, timeout=60, check=False
     )
     assert result.returncode == 3, result.stderr
-    made = tmp_path / "cache" / "testbin"
-    assert not made.exists() or not list(made.iterdir()), "no module built, no lock taken"
+    assert not (tmp_path / "cache").exists(), "a check only: nothing built, no folder or lock made"

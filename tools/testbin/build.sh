@@ -76,14 +76,14 @@ for mod in $builds; do
   dir="$here/${module[$mod]}"
   key=$(cat "$dir/go.mod" "$dir/go.sum" <(echo "$goversion ${targets[$mod]} ${ldflags[$mod]}") | sha256sum | cut -c1-16)
   out="$cache/testbin/$mod-$key"
-  mkdir -p "$cache/testbin"
-  # one build of a module at a time: `make test`'s setup and `make e2e-images` (beside it in CI) build
-  # the same modules; the second waits here, then finds the first one's build complete
-  if [ "$if_built" = --if-built ]; then
+  if [ "$if_built" = --if-built ]; then  # a check only: no folder made, no lock taken
     [ -f "$out/.complete" ] || exit 3
     keys="$keys $mod-$key"
     continue
   fi
+  mkdir -p "$cache/testbin"
+  # one build of a module at a time: `make test`'s setup and `make e2e-images` (beside it in CI) build
+  # the same modules; the second waits here, then finds the first one's build complete
   exec {lock}>"$out.lock"
   flock "$lock"
   if [ -f "$out/.complete" ]; then
