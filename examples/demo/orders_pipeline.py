@@ -22,7 +22,7 @@ import time
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as sf
 
-from zeps.spark import ZepsDataSource
+from zeps.spark import ZepsDataSource, start_query
 
 COUNTRIES = ["fr", "de", "es", "it", "nl", "pl"]
 
@@ -75,7 +75,8 @@ def main() -> int:
         per_country = parsed.groupBy("o.country").agg(
             sf.count("*").alias("orders"), sf.sum("o.amount").alias("revenue")
         )
-        query = per_country.writeStream.outputMode("complete").format("memory").queryName("revenue").start()
+        writer = per_country.writeStream.outputMode("complete").format("memory").queryName("revenue")
+        query = start_query(writer.start)  # started again if Spark's planning process was slow to start
         deadline = time.monotonic() + args.timeout
         read = 0
         while time.monotonic() < deadline:  # the driver learns the stream's tail from the broker's facts (1 s)

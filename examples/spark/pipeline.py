@@ -33,7 +33,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
 
 import zeps
-from zeps.spark import ZepsDataSource, batch_queue_sink
+from zeps.spark import ZepsDataSource, batch_queue_sink, start_query
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 commands = parser.add_subparsers(dest="command", required=True)
@@ -120,7 +120,8 @@ def publish_totals(totals: DataFrame, micro_batch: int) -> None:
 
 
 writer = revenue.writeStream.outputMode("complete").option("checkpointLocation", args.checkpoint)
-query = writer.foreachBatch(publish_totals).trigger(processingTime=f"{args.trigger_seconds} seconds").start()
+writer = writer.foreachBatch(publish_totals).trigger(processingTime=f"{args.trigger_seconds} seconds")
+query = start_query(writer.start)  # started again if Spark's planning process was slow to start (zeps.spark.queries)
 if args.once:
     query.processAllAvailable()  # every offset the stream had when the query started
     query.stop()

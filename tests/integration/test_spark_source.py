@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.errors import StreamingQueryException
 from pyspark.sql.types import StructField, StructType
 
 import zeps
@@ -23,6 +25,7 @@ from zeps.errors import ConfigError
 from zeps.journal import JournalConfig
 from zeps.options import BatchOptions
 from zeps.spark import ZepsDataSource, queue_sink, topic_sink
+from zeps.spark.queries import WORKER_DID_NOT_CONNECT, start_query
 from zeps.spark.source import _QUEUE_TYPES, DataLossError, _Range, _StreamRead
 from zeps_dev.process import wait_until
 
@@ -331,3 +334,51 @@ def test_topic_and_queue_sinks_deliver(spark: Any, zookeeper: ZooKeeperHarness) 
     assert sorted(got) == sorted(f"item-{i}".encode() for i in range(40))
     df.foreachPartition(queue_sink(work))
     assert work.stats().depth == 40
+
+
+def test_a_query_whose_planning_process_connects_back_late_is_started_again(
+    spark: Any, zookeeper: ZooKeeperHarness, broker: BrokerServer, tmp_path: Path
+) -> None:
+    """Spark waits a fixed 10 s for the Python process that plans the source to connect back; a
+    load that slows that process past 10 s is made here by a Python that starts the planner 12 s late
+    (a shell wrapper of this interpreter, the only stand-in: the real process still runs after it).
+    start_query starts the failed query again; another error it raises at once."""
+    _publish(broker, 50)
+    _tail_published(broker, 50)
+    starts, late = tmp_path / "planner-starts", tmp_path / "late-once"
+    python = tmp_path / "python"
+    python.write_text(
+        "#!/bin/sh\n"
+        'if [ "$2" = pyspark.sql.streaming.python_streaming_source_runner ]; then\n'
+        f"  echo start >> {starts}\n"
+        f"  if mkdir {late} 2>/dev/null; then sleep 12; fi\n"
+        "fi\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    context = spark.sparkContext
+    normal, context.pythonExec = context.pythonExec, str(python)
+    try:
+        spark.dataSource.register(ZepsDataSource)  # the source's planner now runs through the wrapper
+    finally:
+        context.pythonExec = normal
+
+    def start(name: str, **extra: str) -> Any:
+        reader = spark.readStream.format("zeps")
+        for k, v in {**_options(zookeeper, broker), "startingOffsets": "earliest", **extra}.items():
+            reader = reader.option(k, v)
+        return lambda: reader.load().writeStream.format("memory").queryName(name).start()
+
+    try:
+        query = start_query(start("q_late_then_on_time"), attempts=2)
+        assert starts.read_text().count("start") == 2, "the first attempt failed, the second planned again"
+        query.processAllAvailable()
+        query.stop()
+        rows = spark.sql("select sequence from q_late_then_on_time order by sequence").collect()
+        assert [r["sequence"] for r in rows] == list(range(1, 51))
+        with pytest.raises(StreamingQueryException) as refused:  # not the late planner: raised at once
+            start_query(start("q_refused", startingOffsets="not-an-offset"), attempts=3)
+        assert WORKER_DID_NOT_CONNECT not in str(refused.value)
+        assert starts.read_text().count("start") == 3, "another error is not retried"
+    finally:
+        spark.dataSource.register(ZepsDataSource)  # the session's other tests plan with this interpreter

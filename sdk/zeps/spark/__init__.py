@@ -6,7 +6,8 @@
     spark.dataSource.register(ZepsDataSource)
 """
 
+from zeps.spark.queries import start_query
 from zeps.spark.sinks import batch_queue_sink, queue_sink, topic_sink
 from zeps.spark.source import DataLossError, ZepsDataSource
 
-__all__ = ["DataLossError", "ZepsDataSource", "batch_queue_sink", "queue_sink", "topic_sink"]
+__all__ = ["DataLossError", "ZepsDataSource", "batch_queue_sink", "queue_sink", "start_query", "topic_sink"]
