@@ -33,14 +33,8 @@ test-unit:        ## the unit tier alone, pure Python: seconds, no server, nothi
 	@tools/setup.sh python zookeeper
 	@$(WITH_ENV) ZEPS_COMPILED= $(PY) -m pytest tests/unit
 
-# The kind set's Go builds (tools/setup.sh kind) and, beside them, the images that need no Go binary
-# (Debian rootfs by debootstrap, ZooKeeper, Prometheus, zeps, Spark: downloads, dpkg and layer writes
-# beside the compiles); the job beside is stopped if the builds fail, and its failure fails the step.
-KIND_BUILDS := ( $(WITH_ENV) exec $(PY) -m zeps_dev.kind images-without-go ) & beside=$$!; \
-	trap 'kill $$beside 2>/dev/null || true' EXIT; tools/setup.sh kind; wait $$beside; trap - EXIT
-
 e2e: setup      ## the e2e suite on a kind cluster with real nodes, images built here (see README)
-	@$(KIND_BUILDS)
+	@tools/setup.sh kind
 	@$(WITH_ENV) $(PY) -m zeps_dev.kind e2e $(PYTEST_ARGS)
 
 e2e-images:     ## what `make e2e` builds before its cluster (kind binaries, node and project images), alone
@@ -48,8 +42,7 @@ e2e-images:     ## what `make e2e` builds before its cluster (kind binaries, nod
 	@$(WITH_ENV) $(PY) -m zeps_dev.kind images
 
 e2e-stack:      ## what `make e2e` starts before its suite (images, cluster, chart), left running for the next `make e2e` of the same sources to use: CI runs it beside `make test`
-	@tools/setup.sh python zookeeper promtool
-	@$(KIND_BUILDS)
+	@tools/setup.sh python zookeeper promtool kind
 	@$(WITH_ENV) $(PY) -m zeps_dev.kind stack
 
 e2e-down:       ## remove a cluster (and a dockerd of zeps) that `make e2e-stack` or ZEPS_KEEP_CLUSTER=1 left

@@ -126,10 +126,6 @@ def missing_capabilities(status: Path = Path("/proc/self/status")) -> list[str]:
 
 def _term_with_parent() -> None:  # runs in dockerd's process between fork and exec
     _normal_priority()
-    _die_with_parent()
-
-
-def _die_with_parent() -> None:  # runs in dockerd's process between fork and exec
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
@@ -158,12 +154,8 @@ class DockerEngine(LocalServer):
         use_existing: bool = True,
         install: bool = True,
         detached: bool = False,
-        keep_niceness: bool = False,
     ) -> None:
         self.root = root
-        # a dockerd that only builds images, beside the test suite, runs as niced as its caller
-        # (its build steps too); otherwise at nice 0 (_normal_priority)
-        self.keep_niceness = keep_niceness
         self.say = say
         self.use_existing = use_existing
         self.install = install
@@ -173,12 +165,6 @@ class DockerEngine(LocalServer):
         self._proc: subprocess.Popen[bytes] | None = None  # a dockerd this object started
         self._pid: int | None = None  # the dockerd of ours it stops: started, or adopted
         self._lock: int | None = None
-
-    def _preexec(self) -> Callable[[], None]:
-        """What dockerd runs between fork and exec: its niceness, and whether it dies with us."""
-        if self.detached:
-            return _normal_priority
-        return _die_with_parent if self.keep_niceness else _term_with_parent
 
     # -- paths of an engine of ours --------------------------------------------------------------
     @property
@@ -286,7 +272,7 @@ class DockerEngine(LocalServer):
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=self._preexec(),  # noqa: PLW1509 — SIGTERM: it stops its containers
+                preexec_fn=_normal_priority if self.detached else _term_with_parent,  # noqa: PLW1509 — SIGTERM: it stops its containers
             )
         self._pid = self._proc.pid
         self.owned = True

@@ -31,7 +31,7 @@ from typing import Any
 
 from zeps.errors import SetupError
 from zeps_dev.docker import DockerEngine
-from zeps_dev.images import REPOSITORY, ROOTFS, TESTBIN_SOURCES, ImageBuilder, go_module_dir
+from zeps_dev.images import REPOSITORY, TESTBIN_SOURCES, ImageBuilder, go_module_dir
 from zeps_dev.process import LocalServer, run_tool
 
 __all__ = [
@@ -385,21 +385,6 @@ class KindStack(LocalServer):
         self.timings["images_s"] = time.monotonic() - t0
         return node_image
 
-    def build_images_without_go(self) -> None:
-        """The images of :meth:`build_images` that need no Go binary: the Debian rootfs images (one
-        debootstrap each), ZooKeeper's, Prometheus's, zeps's and Spark's. ``make e2e-stack`` builds
-        them beside the Go builds (mostly downloads, dpkg and layer writes beside compiles), so that
-        after the Go builds only the node image and SeaweedFS's are left."""
-        t0 = time.monotonic()
-        for name in ROOTFS:
-            self.builder.rootfs(name)
-        self.zookeeper_image = self.builder.zookeeper_image()
-        self.prometheus_image = self.builder.prometheus_image()
-        self.zeps_image = self.builder.zeps_image(self.venv_python)
-        if self.spark:
-            self.spark_image = self.builder.spark_image(self.venv_python)
-        self.timings["images_without_go_s"] = time.monotonic() - t0
-
     def _new_cluster(self, node_image: str) -> KindCluster:
         return KindCluster(
             self.engine,
@@ -580,21 +565,18 @@ def kind_stack_from_env(
     workers: int = 0,
     keep: bool | None = None,
     detached: bool | None = None,
-    need_binaries: bool = True,
 ) -> KindStack:
-    """A KindStack with what ``tools/setup.sh`` wrote to .zeps-env (``make e2e``, ``make demo CLUSTER=kind``).
-    Without ``need_binaries`` the kind set's Go binaries may be missing still (being built): such a
-    stack builds only the images that need none (:meth:`KindStack.build_images_without_go`)."""
+    """A KindStack with what ``tools/setup.sh`` wrote to .zeps-env (``make e2e``, ``make demo CLUSTER=kind``)."""
     from zeps_dev.testbin import ENV_TESTBIN  # noqa: PLC0415
     from zeps_dev.zookeeper import zookeeper_home  # noqa: PLC0415
 
-    kindbin = os.environ.get("ZEPS_KINDBIN", "")
-    if not kindbin and need_binaries:
+    kindbin = os.environ.get("ZEPS_KINDBIN")
+    if not kindbin:
         raise SetupError(
             f"ZEPS_KINDBIN is not set; run `make e2e` (or tools/setup.sh kind): {ENV_TESTBIN} is not enough"
         )
     return KindStack(
-        binaries=Path(kindbin or "/nonexistent/zeps-kind-binaries-not-built-yet"),
+        binaries=Path(kindbin),
         zookeeper_home=zookeeper_home(),
         venv_python=REPOSITORY / ".venv" / "bin" / "python",
         cluster_name=cluster_name or os.environ.get("ZEPS_KIND_CLUSTER", DEFAULT_CLUSTER),
@@ -668,26 +650,6 @@ def build_e2e_images() -> int:
     return 0
 
 
-def build_images_without_go() -> int:
-    """``python -m zeps_dev.kind images-without-go``: :meth:`KindStack.build_images_without_go`, then
-    stop the engine; the Makefile runs it beside ``tools/setup.sh kind`` (the Go builds), which it
-    does not need."""
-    started = time.monotonic()
-    stack = kind_stack_from_env(spark=True, workers=E2E_WORKERS, need_binaries=False)
-    stack.engine.keep_niceness = True  # beside the suite (CI's nice 5): its build steps too
-    # an engine that runs already (the stack make e2e-stack left, which make e2e is about to use) is
-    # used and left running; one started here is stopped
-    ours = not stack.engine.running()
-    try:
-        stack.engine.start()
-        stack.build_images_without_go()
-    finally:
-        if ours:
-            stack.engine.stop()
-    _say(f"images that need no Go binary ready in {time.monotonic() - started:.0f}s")
-    return 0
-
-
 def prepare_e2e_stack() -> int:
     """``make e2e-stack``: what ``make e2e`` starts before its suite (images, cluster, chart), left
     running for it (:meth:`KindStack.prepare`); ``python -m zeps_dev.kind down`` removes it."""
@@ -732,8 +694,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_e2e(args)
         if command == "images":
             return build_e2e_images()
-        if command == "images-without-go":
-            return build_images_without_go()
         if command == "stack":
             return prepare_e2e_stack()
         if command == "down":
@@ -744,8 +704,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("e2e: interrupted", flush=True)
         return 130
-    commands = "e2e [PYTEST ARGS] | images | images-without-go | stack | down"
-    print(f"usage: python -m zeps_dev.kind [{commands}] (got {command!r})")
+    print(f"usage: python -m zeps_dev.kind [e2e [PYTEST ARGS] | images | stack | down] (got {command!r})")
     return 2
 
 
