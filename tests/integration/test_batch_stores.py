@@ -12,8 +12,8 @@ import pytest
 from obstore.store import S3Store
 
 from harness import ZooKeeperHarness
-from zeps.batchstore import BatchLostError, BatchStoreError
-from zeps.batchstore.s3 import MULTIPART_BYTES
+from zeps.batchstore import BatchLostError, BatchStoreError, encode_batch
+from zeps.batchstore.s3 import MULTIPART_BYTES, S3BatchStore
 from zeps.coordination.batches import BatchQueue
 from zeps.errors import CoordinationError, DataLossError
 from zeps.options import BatchOptions
@@ -154,3 +154,44 @@ def test_a_server_killed_and_restarted_mid_publish_loses_no_confirmed_batch(
             assert _queue(zookeeper, "s3://restart/q", server.endpoint).read(int(batch_id[7:])).records == [record]
     finally:
         server.stop()
+
+
+def test_a_read_overlaps_its_lookup_with_the_get_and_never_returns_an_object_replaced_since(
+    zookeeper: ZooKeeperHarness, seaweedfs_server: SeaweedFS, s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """read() starts the object's GET beside its ZooKeeper lookup (``BatchStore.prefetch``) and uses
+    what it got, one GET per batch, if it is the object the reference names. Here the early GET found
+    another valid object of the same name (what a publisher whose commit failed leaves, before the next
+    publisher stores the batch again): the store reads the object again and returns the committed one.
+    After a batch found inline, the next read does not ask the store before its lookup."""
+    q = _queue(zookeeper, s3_url, seaweedfs_server.endpoint)
+    store = q.store
+    assert isinstance(store, S3BatchStore)
+    fetched: list[str] = []  # each GET: the object's name, "early" if begun beside the lookup
+    fetch = store._fetch
+
+    def counted(path: str) -> bytes | memoryview:
+        early = threading.current_thread().name.startswith("zeps-s3-prefetch")
+        fetched.append(path.rpartition("/")[2].removesuffix(".batch") + (" early" if early else ""))
+        return fetch(path)
+
+    monkeypatch.setattr(store, "_fetch", counted)
+    q.publish([b"small"])  # 1: inline
+    q.publish([b"a" * 4096])  # 2: in the store
+    assert q.read(1).records == [b"small"]
+    assert fetched == ["orders-1 early"], "the first read asks the store beside the lookup (a 404 here)"
+    assert q.read(2).records == [b"a" * 4096]
+    assert fetched[1:] == ["orders-2"], "after an inline batch, the store is asked after the lookup only"
+    assert q.read(2).records == [b"a" * 4096]
+    assert fetched[2:] == ["orders-2 early"], "after a stored batch: one GET, begun beside the lookup, used"
+
+    fetched.clear()
+    store.put("orders-3", encode_batch([b"orphan" * 1000]))  # a publisher's PUT whose commit failed
+    early = store.prefetch("orders-3")
+    early.raw.result()  # served before the next publisher's PUT
+    assert q.publish([b"committed" * 1000]) == "orders-3"
+    _, ref = q._lookup("orders-3")
+    assert ref is not None
+    assert bytes(store.get(ref[0].decode(), early)) == encode_batch([b"committed" * 1000])
+    assert fetched == ["orders-3 early", "orders-3"], "the early object was refused, and read again"
+    assert q.read(3).records == [b"committed" * 1000]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness import WorkerProcess, ZooKeeperHarness
-from zeps.batchstore import FileBatchStore
+from zeps.batchstore import FileBatchStore, Prefetch
 from zeps.coordination.batches import Batch, BatchQueue, ConsumerConflictError
 from zeps.errors import ConfigError, CoordinationError
 from zeps.options import BatchOptions
@@ -237,11 +237,11 @@ def test_a_consumer_reads_ahead_while_its_handler_runs_and_handles_in_order(
             self.asked: list[str] = []
             self.third = threading.Event()
 
-        def get(self, url: str) -> memoryview:
+        def get(self, url: str, prefetched: Prefetch | None = None) -> memoryview:
             self.asked.append(Path(url).stem)
             if Path(url).stem.endswith("-3"):
                 self.third.set()
-            return super().get(url)
+            return super().get(url, prefetched)
 
     for ahead in (2, 0):
         store = Watched((tmp_path / f"s{ahead}").as_uri())

@@ -7,11 +7,13 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
+import crc32c
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from zeps.batchstore import BatchLostError, BatchStoreError, FileBatchStore, decode_batch, encode_batch, open_store
+from zeps.batchstore.format import reference_crc
 from zeps.batchstore.s3 import S3BatchStore
 from zeps.errors import ConfigError, DataLossError
 
@@ -24,8 +26,10 @@ def test_batch_round_trip(records: list[bytes]) -> None:
 def test_store_round_trip_and_detects_damage(tmp_path: Path) -> None:
     store = FileBatchStore(tmp_path.as_uri())
     url = store.put("orders-7", b"payload" * 100)
-    assert url == (tmp_path / "orders-7.batch").as_uri()
+    assert url == f"{(tmp_path / 'orders-7.batch').as_uri()}#crc32c={crc32c.crc32c(b'payload' * 100):08x}"
     assert store.get(url) == b"payload" * 100
+    assert store.get(url.partition("#")[0]) == b"payload" * 100, "a reference made before the CRC fragment"
+    assert store.prefetch("orders-7") is None
     path = tmp_path / "orders-7.batch"
     raw = bytearray(path.read_bytes())
     raw[-1] ^= 0xFF
@@ -39,6 +43,24 @@ def test_store_round_trip_and_detects_damage(tmp_path: Path) -> None:
     with pytest.raises(DataLossError, match="missing"):
         store.get(url)
     store.delete(url)  # idempotent
+
+
+def test_an_object_replaced_after_its_reference_was_made_is_not_returned(tmp_path: Path) -> None:
+    """Another valid object under the same name (a publisher whose commit failed wrote one; or someone
+    behind zeps's back) passes the object's own checks; the reference's CRC32C refuses it."""
+    store = FileBatchStore(tmp_path.as_uri())
+    url = store.put("orders-7", b"the batch that was published")
+    store.put("orders-7", b"another, valid object of the same name")
+    with pytest.raises(BatchLostError, match=r"orders-7\.batch is not the one its reference names .* replaced"):
+        store.get(url)
+    assert store.get(url.partition("#")[0]) == b"another, valid object of the same name", "no fragment, no check"
+
+
+def test_reference_fragments() -> None:
+    assert reference_crc("s3://b/p/q-1.batch#crc32c=0a1b2c3d") == 0x0A1B2C3D
+    for ref in ("s3://b/p/q-1.batch", "s3://b/p/q-1.batch#crc32c=0A1B2C3D", "s3://b/p/q-1.batch#crc32c=123",
+                "s3://b/p/q-1.batch#crc32c=0a1b2c3d0", "s3://b/p/q-1.batch#other=0a1b2c3d"):  # fmt: skip
+        assert reference_crc(ref) is None, ref
 
 
 def test_urls_are_checked() -> None:

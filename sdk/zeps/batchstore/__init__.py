@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from zeps.batchstore.file import FileBatchStore
-from zeps.batchstore.format import BatchLostError, BatchStoreError, decode_batch, encode_batch
+from zeps.batchstore.format import BatchLostError, BatchStoreError, Prefetch, decode_batch, encode_batch
 from zeps.errors import ConfigError
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "BatchStore",
     "BatchStoreError",
     "FileBatchStore",
+    "Prefetch",
     "decode_batch",
     "encode_batch",
     "open_store",
@@ -41,11 +42,19 @@ class BatchStore(Protocol):
     url: str
 
     def put(self, key: str, data: bytes) -> str:
-        """Store ``data`` under ``key`` atomically; return the object's URL."""
+        """Store ``data`` under ``key`` atomically; return its reference: the object's URL with the
+        CRC32C of ``data`` (``format.reference``)."""
         ...
 
-    def get(self, url: str) -> bytes | memoryview:
-        """The object's bytes (or a view of them), verified; BatchLostError if missing, torn or corrupt."""
+    def get(self, url: str, prefetched: Prefetch | None = None) -> bytes | memoryview:
+        """The object's bytes (or a view of them), verified; BatchLostError if missing, torn, corrupt or
+        not the object the reference names. ``prefetched`` (from :meth:`prefetch`) is used if it is
+        that object, else read again."""
+        ...
+
+    def prefetch(self, key: str) -> Prefetch | None:
+        """Begin reading the object ``put(key, …)`` makes, before its reference is known (a reader
+        overlaps the object's read with its ZooKeeper lookup); None where that gains nothing."""
         ...
 
     def delete(self, url: str) -> None:

@@ -13,7 +13,15 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from zeps.batchstore.format import BatchLostError, BatchStoreError, object_header, object_payload
+from zeps.batchstore.format import (
+    BatchLostError,
+    BatchStoreError,
+    Prefetch,
+    object_header,
+    object_payload,
+    reference,
+    reference_crc,
+)
 from zeps.errors import ConfigError
 
 __all__ = ["FileBatchStore"]
@@ -41,10 +49,11 @@ class FileBatchStore:
             raise BatchStoreError(f"batch key {key!r} must be a plain file name")
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / f"{key}.batch"
+        header = object_header(data)
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{key}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(object_header(data))
+                f.write(header)
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
@@ -57,9 +66,10 @@ class FileBatchStore:
             os.fsync(dir_fd)  # the rename itself survives a crash
         finally:
             os.close(dir_fd)
-        return final.as_uri()
+        return reference(final.as_uri(), header)
 
-    def get(self, url: str) -> memoryview:
+    def get(self, url: str, prefetched: Prefetch | None = None) -> memoryview:
+        """The object at ``url``, checked (``prefetched`` is always None here: see :meth:`prefetch`)."""
         path = self._path(url)
         try:
             raw = path.read_bytes()
@@ -67,7 +77,11 @@ class FileBatchStore:
             raise BatchLostError(
                 f"batch object {path} is missing (removed by retention, or the volume changed)"
             ) from None
-        return object_payload(raw, str(path))
+        return object_payload(raw, str(path), reference_crc(url))
+
+    def prefetch(self, key: str) -> None:
+        """Nothing: a file (from the page cache, most often) is read in less than the lookup takes."""
+        return None
 
     def delete(self, url: str) -> None:
         self._path(url).unlink(missing_ok=True)

@@ -13,7 +13,11 @@ What the store promises, and how:
   is invisible to readers; a bucket lifecycle rule removes its parts).
 * **Integrity.** Each object carries the same header as the file store's (length and CRC32C of the
   payload), checked on every read: a missing, torn or damaged object raises
-  :class:`~zeps.batchstore.format.BatchLostError` naming it, never returns bytes.
+  :class:`~zeps.batchstore.format.BatchLostError` naming it, never returns bytes. The batch's
+  reference names the CRC32C too, so another object stored under the same name since is refused.
+* **Reads overlap the lookup.** :meth:`S3BatchStore.prefetch` begins the GET of a batch's object
+  (named by its id) while the reader asks ZooKeeper for the reference; :meth:`S3BatchStore.get` uses
+  it only if it is the object the reference names, else reads again.
 * **Bounded waits.** Connecting takes at most 5 s, a request at most ``timeout`` (60 s), and a
   failing request is retried up to eight times within 15 s (jittered backoff from 0.1 s: a refused
   connection gives up after about 2 s); then the caller gets a BatchStoreError
@@ -32,10 +36,19 @@ from __future__ import annotations
 import os
 import re
 import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from zeps.batchstore.format import BatchLostError, BatchStoreError, object_header, object_payload
+from zeps.batchstore.format import (
+    BatchLostError,
+    BatchStoreError,
+    Prefetch,
+    object_header,
+    object_payload,
+    reference,
+    reference_crc,
+)
 from zeps.errors import ConfigError, SetupError
 
 if TYPE_CHECKING:
@@ -45,6 +58,8 @@ __all__ = ["MULTIPART_BYTES", "S3BatchStore", "credentials_in_environment"]
 
 #: objects larger than this are uploaded in parts of this size (S3's minimum part is 5 MiB)
 MULTIPART_BYTES = 8 << 20
+#: objects read ahead of their references at once, per store (a consumer reads ahead 2 batches)
+PREFETCHES = 4
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _CREDENTIALS = (
     ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"),
@@ -107,6 +122,7 @@ class S3BatchStore:
                               "AWS_ROLE_ARN)")  # fmt: skip
         self.timeout_s = timeout_s
         self._store: S3Store | None = None
+        self._prefetcher: ThreadPoolExecutor | None = None  #: made on first prefetch (obstore's GET leaves the GIL)
 
     # -- the client (made on first use, so a store pickles and forks as its URL and options) ------
     def _client(self) -> S3Store:
@@ -143,7 +159,7 @@ class S3BatchStore:
     def __getstate__(self) -> dict[str, Any]:
         """Without its client, and without credentials: a pickled store (a Spark task's) finds them in
         the environment where it is unpickled, and secrets never travel in a plan."""
-        return {**self.__dict__, "_store": None, "_credentials": None}
+        return {**self.__dict__, "_store": None, "_credentials": None, "_prefetcher": None}
 
     def _where(self) -> str:
         return f"{self.endpoint or 'AWS S3'} ({self.region})"
@@ -186,7 +202,7 @@ class S3BatchStore:
 
         if "/" in key or key.startswith(".") or not key:
             raise BatchStoreError(f"batch key {key!r} must be a plain name")
-        path = f"{self.prefix}/{key}.batch" if self.prefix else f"{key}.batch"
+        path = self._key_path(key)
         header = object_header(data)
         size = len(header) + len(data)
         client = self._client()
@@ -198,14 +214,17 @@ class S3BatchStore:
                 obstore.put(client, path, header + data, use_multipart=False)
         except Exception as exc:  # obstore's errors, and the builtin ones it raises for some answers
             raise self._error(exc, f"storing batch {key}") from None
-        return self._object_url(path)
+        return reference(self._object_url(path), header)
 
-    def get(self, url: str) -> memoryview:
+    def _key_path(self, key: str) -> str:
+        return f"{self.prefix}/{key}.batch" if self.prefix else f"{key}.batch"
+
+    def _fetch(self, path: str) -> bytes | memoryview:
         import obstore  # noqa: PLC0415
 
-        path = self._path(url)
+        url = self._object_url(path)
         try:
-            raw = obstore.get(self._client(), path).bytes()
+            return memoryview(obstore.get(self._client(), path).bytes())
         except (FileNotFoundError, obstore.exceptions.NotFoundError) as exc:
             if "NoSuchBucket" in str(exc):
                 raise self._error(exc, f"reading {url}") from None
@@ -213,7 +232,25 @@ class S3BatchStore:
                                  "back)") from None  # fmt: skip
         except Exception as exc:  # obstore's errors, and the builtin ones it raises for some answers
             raise self._error(exc, f"reading {url}") from None
-        return object_payload(memoryview(raw), url)
+
+    def get(self, url: str, prefetched: Prefetch | None = None) -> memoryview:
+        path = self._path(url)
+        crc = reference_crc(url)
+        # a prefetched object counts only if the reference names its CRC32C: the same name may have held
+        # another object when the GET was served (a publisher whose commit failed wrote it first)
+        if prefetched is not None and crc is not None and prefetched.url == self._object_url(path):
+            try:
+                return object_payload(prefetched.raw.result(), url, crc)
+            except BatchStoreError:
+                pass  # missing, or not yet that object, when it was read: read it again
+        return object_payload(self._fetch(path), url, crc)
+
+    def prefetch(self, key: str) -> Prefetch:
+        """A GET of ``key``'s object in a thread of this store's, while the caller looks its reference up."""
+        if self._prefetcher is None:
+            self._prefetcher = ThreadPoolExecutor(PREFETCHES, thread_name_prefix="zeps-s3-prefetch")
+        path = self._key_path(key)
+        return Prefetch(self._object_url(path), self._prefetcher.submit(self._fetch, path))
 
     def delete(self, url: str) -> None:
         import obstore  # noqa: PLC0415

@@ -88,6 +88,9 @@ class BatchQueue:
         self._store = store
         self.owner_id = owner_id
         self._ensured = False
+        #: whether read() asks the store for a batch's object before its reference is known: until a
+        #: read finds a batch inline (such a queue's batches are often small), and again after a stored one
+        self._prefetching = True
 
     @property
     def store(self) -> BatchStore | None:
@@ -204,19 +207,24 @@ class BatchQueue:
         BatchLostError (a DataLossError naming it) if its stored object is missing or damaged."""
         batch_id = self.batch_id(number)
         retry = bounded_retry()
+        store = self.store
+        # the object's read overlaps the ZooKeeper lookup (an S3 GET takes longer than the lookup); it
+        # is used only if the reference names that very object (BatchStore.get)
+        prefetched = store.prefetch(batch_id) if store is not None and self._prefetching else None
         inline, ref = retry(self._lookup, batch_id)
         body: bytes | memoryview
         if inline is not None:
+            self._prefetching = False
             body, stat = inline
         elif ref is None:
             raise CoordinationError(f"batch {batch_id} is not retained (removed, or not published yet)")
         else:
+            self._prefetching = True
             url, stat = ref
-            store = self.store
             if store is None:
                 raise ConfigError(f"batch {batch_id} is in a batch store but this handle has no store_url")
             try:
-                body = store.get(url.decode(errors="replace"))
+                body = store.get(url.decode(errors="replace"), prefetched)
             except BatchLostError as exc:
                 if not retry(self.client.exists, f"{self.paths.batch_refs}/{batch_id}"):  # retention got there first
                     raise CoordinationError(f"batch {batch_id} is not retained (removed by retention)") from None
