@@ -266,3 +266,21 @@ def test_a_consumer_reads_ahead_while_its_handler_runs_and_handles_in_order(
             assert {"orders2-2", "orders2-3"} <= set(handled[0][1])
         else:
             assert [asked for _, asked in handled] == [[f"orders0-{m}" for m in range(1, n + 1)] for n in range(1, 6)]
+
+
+def test_inline_batches_read_where_the_store_cannot_be_opened(
+    zookeeper: ZooKeeperHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read asks the store for the object beside its lookup; a handle whose S3 store cannot be opened
+    (no credentials here) still reads the inline batches, and is told what is missing only for a
+    batch that is in the store."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_WEB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    writer = BatchQueue(zookeeper.client(), "orders", chroot=zookeeper.root, options=BatchOptions.make())
+    writer.publish([b"small"])
+    s3 = BatchOptions.make(store_url="s3://bucket/orders", store_endpoint="http://127.0.0.1:9")
+    reader = BatchQueue(zookeeper.client(), "orders", chroot=zookeeper.root, options=s3)
+    assert reader.read(1).records == [b"small"]
+    zookeeper.client().create(f"{reader.paths.batch_refs}/orders-2", b"s3://bucket/orders/orders-2.batch")
+    with pytest.raises(ConfigError, match="no S3 credentials in the environment"):
+        reader.read(2)

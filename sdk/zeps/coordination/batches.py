@@ -34,9 +34,9 @@ from typing import Any, Literal
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
-from zeps.batchstore import BatchLostError, BatchStore, decode_batch, encode_batch, open_store
+from zeps.batchstore import BatchLostError, BatchStore, Prefetch, decode_batch, encode_batch, open_store
 from zeps.coordination._util import bounded_retry, commit, failures, zookeeper_errors
-from zeps.errors import ConfigError, CoordinationError
+from zeps.errors import ConfigError, CoordinationError, ZepsError
 from zeps.options import BatchOptions
 from zeps.paths import DEFAULT_CHROOT, QueuePaths, validate_member_id
 
@@ -207,10 +207,7 @@ class BatchQueue:
         BatchLostError (a DataLossError naming it) if its stored object is missing or damaged."""
         batch_id = self.batch_id(number)
         retry = bounded_retry()
-        store = self.store
-        # the object's read overlaps the ZooKeeper lookup (an S3 GET takes longer than the lookup); it
-        # is used only if the reference names that very object (BatchStore.get)
-        prefetched = store.prefetch(batch_id) if store is not None and self._prefetching else None
+        prefetched = self._prefetch(batch_id) if self._prefetching else None
         inline, ref = retry(self._lookup, batch_id)
         body: bytes | memoryview
         if inline is not None:
@@ -221,6 +218,7 @@ class BatchQueue:
         else:
             self._prefetching = True
             url, stat = ref
+            store = self.store
             if store is None:
                 raise ConfigError(f"batch {batch_id} is in a batch store but this handle has no store_url")
             try:
@@ -230,6 +228,17 @@ class BatchQueue:
                     raise CoordinationError(f"batch {batch_id} is not retained (removed by retention)") from None
                 raise BatchLostError(f"batch {batch_id} of queue {self.name}: {exc}") from None
         return Batch(batch_id, number, decode_batch(body), stat.ctime)
+
+    def _prefetch(self, batch_id: str) -> Prefetch | None:
+        """Begin reading the batch's object from the store, if it has one, so that the read overlaps
+        the ZooKeeper lookup (an S3 GET takes longer than the lookup); used only if the reference
+        names that very object (``BatchStore.get``). A store that cannot be opened (no credentials,
+        say) prefetches nothing: that is said when a batch is stored there, not for inline ones."""
+        try:
+            store = self.store
+        except ZepsError:
+            return None
+        return store.prefetch(batch_id) if store is not None else None
 
     def _lookup(self, batch_id: str) -> tuple[tuple[bytes, Any] | None, tuple[bytes, Any] | None]:
         """The batch's inline node and its store reference, each (data, stat) or None: asked for
