@@ -82,8 +82,9 @@ for mod in $builds; do
     continue
   fi
   mkdir -p "$cache/testbin"
-  # one build of a module at a time: `make test`'s setup and `make e2e-images` (beside it in CI) build
-  # the same modules; the second waits here, then finds the first one's build complete
+  # one build of a module at a time: CI's early Go builds, `make test`'s background build and
+  # `make e2e-stack` (all three side by side in CI) build the same modules; a second waits here,
+  # then finds the first one's build complete
   exec {lock}>"$out.lock"
   flock "$lock"
   if [ -f "$out/.complete" ]; then

@@ -233,10 +233,12 @@ class BatchQueue:
         """Begin reading the batch's object from the store, if it has one, so that the read overlaps
         the ZooKeeper lookup (an S3 GET takes longer than the lookup); used only if the reference
         names that very object (``BatchStore.get``). A store that cannot be opened (no credentials,
-        say) prefetches nothing: that is said when a batch is stored there, not for inline ones."""
+        say) prefetches nothing, and is not tried again before a read that needs it: its error is
+        said when a batch is stored there, not for inline ones."""
         try:
             store = self.store
         except ZepsError:
+            self._prefetching = False
             return None
         return store.prefetch(batch_id) if store is not None else None
 
