@@ -12,7 +12,7 @@ import pytest
 from obstore.store import S3Store
 
 from harness import ZooKeeperHarness
-from zeps.batchstore import BatchLostError, BatchStoreError, encode_batch
+from zeps.batchstore import BatchLostError, BatchStoreError, Prefetch, encode_batch
 from zeps.batchstore.s3 import MULTIPART_BYTES, S3BatchStore
 from zeps.coordination.batches import BatchQueue
 from zeps.errors import CoordinationError, DataLossError
@@ -195,3 +195,56 @@ def test_a_read_overlaps_its_lookup_with_the_get_and_never_returns_an_object_rep
     assert bytes(store.get(ref[0].decode(), early)) == encode_batch([b"committed" * 1000])
     assert fetched == ["orders-3 early", "orders-3"], "the early object was refused, and read again"
     assert q.read(3).records == [b"committed" * 1000]
+
+
+def test_reads_in_sequence_fetch_the_next_object_ahead_and_check_it_like_any_other(
+    zookeeper: ZooKeeperHarness, seaweedfs_server: SeaweedFS, s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From the second read in sequence on, read(n) also begins the GET of batch n + 1, and read(n + 1)
+    uses it: one GET per batch. A read out of sequence drops what was fetched ahead. An object fetched
+    ahead that is not the one the reference names (another object stored under the batch's name before
+    the batch was published) is refused and read again."""
+    q = _queue(zookeeper, s3_url, seaweedfs_server.endpoint)
+    store = q.store
+    assert isinstance(store, S3BatchStore)
+    asked: list[str] = []  # "<batch> by <read>": a GET begun early; "<batch> again by <read>": one after the lookup
+    reading = [0]  # the batch read() is reading now
+    prefetch, fetch = store.prefetch, store._fetch
+
+    def early(key: str) -> Prefetch:
+        asked.append(f"{key.rpartition('-')[2]} by {reading[0]}")
+        return prefetch(key)
+
+    def fetched(path: str) -> bytes | memoryview:
+        if not threading.current_thread().name.startswith("zeps-s3-prefetch"):
+            asked.append(f"{path.rpartition('-')[2].removesuffix('.batch')} again by {reading[0]}")
+        return fetch(path)
+
+    monkeypatch.setattr(store, "prefetch", early)
+    monkeypatch.setattr(store, "_fetch", fetched)
+    for n in range(1, 5):
+        q.publish([b"%d" % n * 4096])
+
+    def read(number: int) -> list[bytes]:
+        reading[0] = number
+        return q.read(number).records
+
+    assert [read(n) for n in (1, 2, 3)] == [[b"%d" % n * 4096] for n in (1, 2, 3)]
+    assert asked == ["1 by 1", "2 by 2", "3 by 2", "4 by 3"]
+
+    asked.clear()
+    assert read(1) == [b"1" * 4096]
+    assert asked == ["1 by 1"], "out of sequence: batch 4, fetched ahead, is dropped; nothing fetched ahead"
+
+    asked.clear()
+    store.put("orders-6", encode_batch([b"orphan" * 1000]))  # a publisher's PUT whose commit failed
+    assert q.publish([b"5" * 4096]) == "orders-5"
+    assert read(4) == [b"4" * 4096] and read(5) == [b"5" * 4096]
+    held = q._held
+    assert held is not None and held[0] == 6
+    held[1].raw.result()  # the orphan, fetched ahead before the next publisher stores batch 6
+    assert q.publish([b"committed" * 1000]) == "orders-6"
+    assert read(6) == [b"committed" * 1000]
+    assert asked == ["4 by 4", "5 by 5", "6 by 5", "7 by 6", "6 again by 6"], (
+        "the orphan fetched ahead was refused and batch 6 read again (batch 7, not published, asked for ahead)"
+    )

@@ -91,6 +91,10 @@ class BatchQueue:
         #: whether read() asks the store for a batch's object before its reference is known: until a
         #: read finds a batch inline (such a queue's batches are often small), and again after a stored one
         self._prefetching = True
+        #: read() in sequence: the number read last, and the next batch's early GET, begun by that read
+        self._ahead_lock = threading.Lock()
+        self._last_read = -1
+        self._held: tuple[int, Prefetch] | None = None
 
     @property
     def store(self) -> BatchStore | None:
@@ -204,10 +208,19 @@ class BatchQueue:
     @zookeeper_errors
     def read(self, number: int) -> Batch:
         """Read a retained batch; CoordinationError if it was removed by retention or never existed,
-        BatchLostError (a DataLossError naming it) if its stored object is missing or damaged."""
+        BatchLostError (a DataLossError naming it) if its stored object is missing or damaged.
+
+        Reads in sequence (``read(n)`` after ``read(n - 1)``) read ahead: from a store whose objects
+        take longer to fetch than the lookup (S3), the next batch's object is fetched while the caller
+        handles this one. At most one batch is held ahead; it is used only if it is the object its
+        reference names, and dropped by a read of any other number."""
+        return self._read(number, read_ahead=True)
+
+    def _read(self, number: int, *, read_ahead: bool) -> Batch:
+        """read(); without ``read_ahead`` for callers that read ahead themselves (a consumer's threads)."""
         batch_id = self.batch_id(number)
         retry = bounded_retry()
-        prefetched = self._prefetch(batch_id) if self._prefetching else None
+        prefetched = self._early_gets(number) if read_ahead else self._prefetch(batch_id)
         inline, ref = retry(self._lookup, batch_id)
         body: bytes | memoryview
         if inline is not None:
@@ -229,12 +242,37 @@ class BatchQueue:
                 raise BatchLostError(f"batch {batch_id} of queue {self.name}: {exc}") from None
         return Batch(batch_id, number, decode_batch(body), stat.ctime)
 
+    def _early_gets(self, number: int) -> Prefetch | None:
+        """The early GET of batch ``number`` (one the read of ``number - 1`` began, or one begun now
+        unless the last batch read was inline), and, when the reads go in sequence, the next batch's
+        (a GET of a batch not published yet finds nothing: its read fetches it again)."""
+        with self._ahead_lock:
+            held, self._held = self._held, None
+            in_sequence, self._last_read = self._last_read == number - 1, number
+        if held is not None and held[0] == number:
+            mine: Prefetch | None = held[1]
+        else:
+            if held is not None:
+                held[1].raw.cancel()  # read out of sequence: not wanted (a running GET just ends unread)
+            mine = self._prefetch(self.batch_id(number))
+        if in_sequence and mine is not None:
+            following = self._prefetch(self.batch_id(number + 1))
+            if following is not None:
+                with self._ahead_lock:
+                    if self._held is None and self._last_read == number:
+                        self._held, following = (number + 1, following), None
+                if following is not None:  # another read came meanwhile (reads from several threads)
+                    following.raw.cancel()
+        return mine
+
     def _prefetch(self, batch_id: str) -> Prefetch | None:
         """Begin reading the batch's object from the store, if it has one, so that the read overlaps
         the ZooKeeper lookup (an S3 GET takes longer than the lookup); used only if the reference
         names that very object (``BatchStore.get``). A store that cannot be opened (no credentials,
         say) prefetches nothing, and is not tried again before a read that needs it: its error is
-        said when a batch is stored there, not for inline ones."""
+        said when a batch is stored there, not for inline ones. None after an inline batch."""
+        if not self._prefetching:
+            return None
         try:
             store = self.store
         except ZepsError:
@@ -364,7 +402,7 @@ class BatchConsumer:
             def take(number: int) -> Batch:
                 for n in range(number, min(number + ahead, latest) + 1):
                     if n not in reads:
-                        reads[n] = pool.submit(self.queue.read, n)
+                        reads[n] = pool.submit(self.queue._read, n, read_ahead=False)  # reading ahead itself
                 for n in [n for n in reads if n < number]:  # the position moved back (a reset): stale
                     reads.pop(n).cancel()
                 return reads.pop(number).result()
