@@ -54,22 +54,32 @@ class Kube:
         self.api.close()  # type: ignore[no-untyped-call]
 
     # -- reads ------------------------------------------------------------------------------------
-    def secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
-        """The Secret's data, decoded; None when there is no such Secret."""
+    def secret_data(self, namespace: str, name: str) -> dict[str, bytes] | None:
+        """The Secret's data, base64-decoded (bytes: a Secret may hold anything); None when there is no
+        such Secret."""
         secret = _unless_missing(lambda: self._core.read_namespaced_secret(name, namespace))
         if secret is None:
             return None
-        return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+        return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
 
     def credentials(self, namespace: str, secret: str) -> tuple[str, str] | None:
         """``(user, password)`` from the Secret's keys ``user`` and ``password``; None without the Secret;
-        :class:`InvalidSecretError` when a key is missing or empty."""
+        :class:`InvalidSecretError` saying what to fix when a key is missing, empty or not UTF-8 text,
+        or the user holds a ':' (ZooKeeper's digest scheme cuts ``user:password`` at the first one, so
+        such a user could never authenticate)."""
         data = self.secret_data(namespace, secret)
         if data is None:
             return None
         if not data.get("user") or not data.get("password"):
             raise InvalidSecretError(f"Secret {secret} needs the keys user and password")
-        return data["user"], data["password"]
+        try:
+            user, password = data["user"].decode(), data["password"].decode()
+        except UnicodeDecodeError:
+            raise InvalidSecretError(f"Secret {secret}: user and password must be UTF-8 text") from None
+        if ":" in user:
+            raise InvalidSecretError(f"Secret {secret}: the user must not contain ':' (ZooKeeper's digest scheme "
+                                     "separates user and password with it)")  # fmt: skip
+        return user, password
 
     def deployment_available(self, namespace: str, name: str) -> bool:
         """True when the Deployment exists and has at least one available replica."""

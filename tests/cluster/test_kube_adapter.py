@@ -4,6 +4,7 @@ apply, Deployment availability. Nothing is mocked."""
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 from typing import Any
@@ -78,6 +79,16 @@ def test_credentials_come_from_a_secret_with_both_keys(kube_api: Any, namespace:
     )
     with pytest.raises(InvalidSecretError, match="needs the keys user and password"):
         kube.credentials(namespace, "half")
+    binary = {"user": base64.b64encode(b"u").decode(), "password": base64.b64encode(b"\xff\xfe").decode()}
+    core.create_namespaced_secret(namespace, client.V1Secret(metadata=client.V1ObjectMeta(name="binary"), data=binary))
+    with pytest.raises(InvalidSecretError, match="Secret binary: user and password must be UTF-8 text"):
+        kube.credentials(namespace, "binary")
+    core.create_namespaced_secret(
+        namespace,
+        client.V1Secret(metadata=client.V1ObjectMeta(name="colon"), string_data={"user": "a:b", "password": "p"}),
+    )
+    with pytest.raises(InvalidSecretError, match="the user must not contain ':'"):
+        kube.credentials(namespace, "colon")
 
 
 def test_apply_creates_then_updates_as_the_operators_field_manager(kube_api: Any, namespace: str) -> None:
