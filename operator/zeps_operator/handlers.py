@@ -172,7 +172,13 @@ def _queue_facts(body: Mapping[str, Any], patch: kopf.Patch) -> None:
     if (body.get("spec") or {}).get("mode") == "batches":
         batches = BatchQueue(state.zk, meta["name"], namespace=meta["namespace"], chroot=state.settings.chroot)
         lag = batches.lag()
-        patch.status["consumerLag"] = lag
+        # consumer names are nodes anyone with the namespace's ACL can make: the status (an object of at
+        # most 1.5 MiB in etcd) shows those furthest behind, as the metrics do, and counts them all. A
+        # status patch merges maps: a consumer no longer shown (gone, or caught up) is removed with a null
+        shown: dict[str, int | None] = dict(metrics.furthest_behind(lag))
+        before = (body.get("status") or {}).get("consumerLag") or {}
+        patch.status["consumerLag"] = {**{name: None for name in before if name not in shown}, **shown}
+        patch.status["batchConsumers"] = len(lag)
     patch.status["depth"] = count_children(state.zk, paths.items, deadline=ZK_DEADLINE)
     patch.status["inFlight"] = count_children(state.zk, paths.taken, deadline=ZK_DEADLINE)
     patch.status["deadLettered"] = count_children(state.zk, paths.dead, deadline=ZK_DEADLINE)

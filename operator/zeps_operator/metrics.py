@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 
 from prometheus_client import Counter, Gauge
 
+from zeps_operator.models import BATCH_CONSUMERS_SHOWN
+
 __all__ = [
     "BATCH_CONSUMERS_SHOWN",
     "DRIFT_REPAIRS",
@@ -22,15 +24,13 @@ __all__ = [
     "ZOOKEEPER_CONNECTED",
     "cleaner_pass",
     "forget",
+    "furthest_behind",
     "queue_facts",
     "stream_facts",
     "topic_facts",
     "watch_zookeeper",
 ]
 
-#: batch consumers reported per queue, the furthest behind first: consumer names are ZooKeeper nodes
-#: anyone with the namespace's ACL can make, so their count is not the operator's to leave unbounded
-BATCH_CONSUMERS_SHOWN = 20
 
 QUEUE_ITEMS = Gauge("zeps_queue_items", "Items waiting in a work Queue, taken ones included", ["namespace", "queue"])
 QUEUE_IN_FLIGHT = Gauge("zeps_queue_in_flight", "Items of a work Queue taken and not acked", ["namespace", "queue"])
@@ -77,6 +77,11 @@ _BY_KIND: Mapping[str, tuple[Gauge | Counter, ...]] = {
 }
 
 
+def furthest_behind(lag: Mapping[str, int]) -> list[tuple[str, int]]:
+    """The ``BATCH_CONSUMERS_SHOWN`` consumers furthest behind, the furthest first."""
+    return sorted(lag.items(), key=lambda kv: -kv[1])[:BATCH_CONSUMERS_SHOWN]
+
+
 def queue_facts(namespace: str, name: str, *, items: int, in_flight: int, dead: int, lag: Mapping[str, int],
                 oldest_age_s: float | None = None) -> None:  # fmt: skip
     QUEUE_ITEMS.labels(namespace, name).set(items)
@@ -88,8 +93,7 @@ def queue_facts(namespace: str, name: str, *, items: int, in_flight: int, dead: 
     QUEUE_IN_FLIGHT.labels(namespace, name).set(in_flight)
     QUEUE_DEAD_LETTERS.labels(namespace, name).set(dead)
     _forget_consumers(namespace, name)
-    furthest = sorted(lag.items(), key=lambda kv: -kv[1])[:BATCH_CONSUMERS_SHOWN]
-    for consumer, behind in furthest:
+    for consumer, behind in furthest_behind(lag):
         BATCH_CONSUMER_LAG.labels(namespace, name, consumer).set(behind)
 
 

@@ -19,7 +19,13 @@ from zeps.partitioning import MAX_PARTITIONS
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES_CEILING
 from zeps.resources import GROUP, PLURALS, VERSION
 
+#: batch consumers a Queue's status and metrics show, the furthest behind first: consumer names are
+#: ZooKeeper nodes anyone with the namespace's ACL can make, so their count is not the operator's to
+#: leave unbounded (a status is an object of at most 1.5 MiB in etcd; a metric's series cost memory)
+BATCH_CONSUMERS_SHOWN = 20
+
 __all__ = [
+    "BATCH_CONSUMERS_SHOWN",
     "GROUP",
     "KINDS",
     "VERSION",
@@ -304,7 +310,14 @@ KINDS = [
             "depth": ("integer", "Items waiting, taken ones included."),
             "inFlight": ("integer", "Items taken and not acked."),
             "deadLettered": ("integer", "Dead-lettered items."),
-            "consumerLag": ("object", "Batches each batch consumer still has to process."),
+            "consumerLag": (
+                "object",
+                f"Batches each batch consumer still has to process: the {BATCH_CONSUMERS_SHOWN} furthest behind.",
+            ),
+            "batchConsumers": (
+                "integer",
+                f"Batch consumers registered (consumerLag shows at most {BATCH_CONSUMERS_SHOWN} of them).",
+            ),
             "zookeeper": ("string", "ZooKeeper connect string the SDK should use."),
             "path": ("string", "The queue's ZooKeeper path."),
         },

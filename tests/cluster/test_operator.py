@@ -686,6 +686,34 @@ def test_batch_queue_lag_in_status(
     )
 
 
+def test_a_batch_queues_status_shows_the_consumers_furthest_behind_and_counts_them_all(
+    operator: OperatorProcess, crds: ControlPlane, namespace: str, zookeeper: ZooKeeperHarness
+) -> None:
+    """Consumer names are ZooKeeper nodes anyone with the namespace's ACL can make: the status shows
+    the 20 furthest behind (as the metrics do) and counts them all in ``batchConsumers``; a consumer
+    that leaves the 20 (here: unregistered) leaves ``consumerLag`` too (the status patch removes it)."""
+    from zeps.coordination.batches import BatchQueue  # noqa: PLC0415
+
+    _apply(crds, namespace, "Queue", "ledger", {"mode": "batches"})
+    _wait_ready(crds, namespace, "queue", "ledger")
+    zk = _zk(zookeeper)
+    batches = BatchQueue(zk, "ledger", namespace=namespace, chroot=CHROOT)
+    for n in range(30):
+        batches.publish([b"entry %d" % n])
+    for i in range(25):  # consumer c<i> has processed i batches: 30 - i behind
+        batches.consumer(f"c{i:02}").reset(i + 1)
+
+    def status() -> tuple[Any, Any]:
+        got = _get(crds, namespace, "queue", "ledger")["status"]
+        return got.get("consumerLag"), got.get("batchConsumers")
+
+    wait_until(lambda: status() == ({f"c{i:02}": 30 - i for i in range(20)}, 25), timeout=30,
+               what="the 20 consumers furthest behind, of 25")  # fmt: skip
+    zk.delete(batches.paths.processor("c00"))
+    wait_until(lambda: status() == ({f"c{i:02}": 30 - i for i in range(1, 21)}, 24), timeout=30,
+               what="the unregistered consumer gone from the status, the next one in")  # fmt: skip
+
+
 def test_the_operator_exports_its_resources_facts_and_forgets_deleted_ones(
     operator: OperatorProcess, crds: ControlPlane, namespace: str, zookeeper: ZooKeeperHarness
 ) -> None:

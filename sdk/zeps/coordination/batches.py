@@ -310,15 +310,28 @@ class BatchQueue:
 
     @zookeeper_errors
     def positions(self) -> dict[str, int]:
-        """Every registered consumer's last processed batch number."""
+        """Every registered consumer's last processed batch number (asked for all at once: one round
+        trip's wait, however many consumers there are). CoordinationError naming the consumer whose
+        node holds no batch id of this queue (written by something other than zeps)."""
         self.ensure()
+        positions: dict[str, int] = bounded_retry()(self._positions)
+        return positions
+
+    def _positions(self) -> dict[str, int]:
+        names = self.client.get_children(self.paths.processors)
+        asked = [(name, self.client.get_async(self.paths.processor(name))) for name in names]
         out = {}
-        for name in bounded_retry()(self.client.get_children, self.paths.processors):
+        for name, result in asked:
             try:
-                data, _ = bounded_retry()(self.client.get, self.paths.processor(name))
+                data, _ = result.get()
             except NoNodeError:
-                continue
-            out[name] = self._number(data.decode())
+                continue  # unregistered meanwhile
+            try:
+                out[name] = self._number(data.decode("utf-8", "replace"))
+            except CoordinationError:
+                raise CoordinationError(f"batch consumer {name!r} of queue {self.name}: its position {data[:64]!r} "
+                                        "is not a batch id of this queue (written by something other than zeps?)"
+                                        ) from None  # fmt: skip
         return out
 
     @zookeeper_errors
