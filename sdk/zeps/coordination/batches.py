@@ -205,7 +205,6 @@ class BatchQueue:
         return batch_id
 
     # -- reading --------------------------------------------------------------------------------
-    @zookeeper_errors
     def read(self, number: int) -> Batch:
         """Read a retained batch; CoordinationError if it was removed by retention or never existed,
         BatchLostError (a DataLossError naming it) if its stored object is missing or damaged.
@@ -216,6 +215,7 @@ class BatchQueue:
         reference names, and dropped by a read of any other number."""
         return self._read(number, read_ahead=True)
 
+    @zookeeper_errors
     def _read(self, number: int, *, read_ahead: bool) -> Batch:
         """read(); without ``read_ahead`` for callers that read ahead themselves (a consumer's threads)."""
         batch_id = self.batch_id(number)
