@@ -284,3 +284,24 @@ def test_inline_batches_read_where_the_store_cannot_be_opened(
     zookeeper.client().create(f"{reader.paths.batch_refs}/orders-2", b"s3://bucket/orders/orders-2.batch")
     with pytest.raises(ConfigError, match="no S3 credentials in the environment"):
         reader.read(2)
+
+
+def test_a_position_written_by_something_else_is_left_out_of_the_lag_and_stops_retention(
+    zookeeper: ZooKeeperHarness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A consumer node anyone with the namespace's ACL wrote, holding no batch id of the queue: the
+    lag (what the operator's status shows) leaves it out with a warning naming it; positions() and
+    retention refuse, naming it, rather than remove batches such a consumer might need."""
+    q = _queue(zookeeper, retention_seconds=0)
+    for i in range(3):
+        q.publish([b"%d" % i])
+    q.consumer("billing").process_available(lambda batch: None)
+    q.consumer("audit")
+    q.client.create(q.paths.processor("forged"), b"\xff not a batch id")
+    with caplog.at_level("WARNING", logger="zeps.coordination.batches"):
+        assert q.lag() == {"billing": 0, "audit": 3}
+    assert "batch consumer 'forged' of queue orders" in caplog.text
+    for refused in (q.positions, q.prune):
+        with pytest.raises(CoordinationError, match=r"batch consumer 'forged' of queue orders: its position .* is not"):
+            refused()
+    assert q.read(1).records == [b"0"], "nothing was removed"

@@ -314,10 +314,11 @@ class BatchQueue:
         trip's wait, however many consumers there are). CoordinationError naming the consumer whose
         node holds no batch id of this queue (written by something other than zeps)."""
         self.ensure()
-        positions: dict[str, int] = bounded_retry()(self._positions)
+        positions: dict[str, int] = bounded_retry()(self._positions, strict=True)
         return positions
 
-    def _positions(self) -> dict[str, int]:
+    def _positions(self, *, strict: bool) -> dict[str, int]:
+        """``strict``: a malformed position raises; else it is left out, with a warning."""
         names = self.client.get_children(self.paths.processors)
         asked = [(name, self.client.get_async(self.paths.processor(name))) for name in names]
         out = {}
@@ -329,16 +330,22 @@ class BatchQueue:
             try:
                 out[name] = self._number(data.decode("utf-8", "replace"))
             except CoordinationError:
-                raise CoordinationError(f"batch consumer {name!r} of queue {self.name}: its position {data[:64]!r} "
-                                        "is not a batch id of this queue (written by something other than zeps?)"
-                                        ) from None  # fmt: skip
+                why = (f"batch consumer {name!r} of queue {self.name}: its position {data[:64]!r} is not a batch id "
+                       "of this queue (written by something other than zeps?)")  # fmt: skip
+                if strict:
+                    raise CoordinationError(why) from None
+                log.warning("%s; left out", why)
         return out
 
     @zookeeper_errors
     def lag(self) -> dict[str, int]:
-        """Batches each consumer still has to process."""
+        """Batches each consumer still has to process. A consumer whose position is no batch id of
+        this queue is left out (with a warning); :meth:`prune`, which must not remove what such a
+        consumer may need, refuses to run instead."""
+        self.ensure()
         latest = self.latest()
-        return {name: latest - position for name, position in self.positions().items()}
+        positions: dict[str, int] = bounded_retry()(self._positions, strict=False)
+        return {name: latest - position for name, position in positions.items()}
 
     @zookeeper_errors
     def prune(self, *, now: float | None = None) -> list[str]:
