@@ -24,7 +24,7 @@ from zeps.errors import ZepsError
 from zeps.journal import Journal, JournalConfig
 from zeps.paths import StreamPaths
 from zeps_dev import ZooKeeperServer
-from zeps_dev.process import ManagedProcess, free_port, wait_until
+from zeps_dev.process import ManagedProcess, die_with_parent, free_port, wait_until
 
 
 def until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
@@ -267,7 +267,9 @@ class ReplicaSet:
                 "--replica-lag", "4", "--fsync", "group", "--segment-bytes", str(256 << 10),
                 "--metrics-port", str(self.metrics[name]), "--partition", str(self.partition)]  # fmt: skip
         log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 — the process writes it; closed with it
-        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        # started from the main thread: a test process that dies (SIGKILL, SIGTERM) takes its brokers along
+        out = subprocess.STDOUT
+        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=out, preexec_fn=die_with_parent)  # noqa: PLW1509
         log.close()
 
     def scrape(self, name: str) -> str:
@@ -373,7 +375,8 @@ class PlainPartitions:
                 "--bind", f"tcp://127.0.0.1:{free_port()}", "--zookeeper", zookeeper.connect_string,
                 "--chroot", zookeeper.root, "--namespace", "default", "--member", f"b{p}",
                 "--partition", str(p), "--fsync", "never"]  # fmt: skip
-        self.procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        quiet = subprocess.DEVNULL
+        self.procs.append(subprocess.Popen(argv, stdout=quiet, stderr=quiet, preexec_fn=die_with_parent))  # noqa: PLW1509
 
     def endpoints(self) -> list[str]:
         """Each partition's broker, found in its own group in ZooKeeper."""

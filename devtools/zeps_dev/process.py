@@ -28,6 +28,7 @@ __all__ = [
     "ManagedProcess",
     "apt_install",
     "cpu_seconds",
+    "die_with_parent",
     "free_port",
     "interruptible_module",
     "run_tool",
@@ -197,7 +198,9 @@ class LocalServer(abc.ABC):
         self.stop()
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:
+    """A ``preexec_fn`` (runs in the child between fork and exec): the kernel kills the child when the
+    thread that started it ends (the whole test process, for one started from its main thread)."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
@@ -263,7 +266,7 @@ class ManagedProcess:
                     env=self.env,
                     cwd=self.cwd,
                     start_new_session=True,
-                    preexec_fn=_die_with_parent if self.die_with_parent else None,  # noqa: PLW1509
+                    preexec_fn=die_with_parent if self.die_with_parent else None,  # noqa: PLW1509
                 )
             except FileNotFoundError as exc:
                 raise SetupError(f"{self.name}: cannot run {self.argv[0]!r} ({exc.strerror})") from exc
