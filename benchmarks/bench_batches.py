@@ -4,13 +4,14 @@ One ZooKeeper server, one SeaweedFS server (``weed server -s3``, the pinned modu
 the same disk as the file store's directory), one process. For 1 MiB and 64 MiB batches (one record
 each), alternating the two stores round by round: publish throughput (``BatchQueue.publish``:
 encode, store the object, then its reference in ZooKeeper; the file store fsyncs the object and its
-directory), read throughput (``BatchQueue.read``, one batch at a time: the reference, the object,
-its CRC32C, the decode) and consume throughput (a consumer's ``process_available`` with its
-default read-ahead of 2 batches and a handler that does nothing: how a consumer reads) in MB/s of
-batch payload, and the ratios S3 / file. The file store's reads come from the page
-cache, as they do on a node that just wrote the batches; SeaweedFS's volume reads do too, behind
-its HTTP gateway and filer. Medians over the rounds. Also the CPU seconds of this process and of the
-server per GB read, which say where the time goes. Prints one JSON line last.
+directory), read throughput (``BatchQueue.read``, one batch at a time, in sequence: the reference,
+the object, its CRC32C, the decode; reading in sequence, the S3 store fetches the next object ahead)
+and consume throughput (a consumer's ``process_available`` with its default read-ahead of 2 batches
+and a handler that does nothing: how a consumer reads) in MB/s of batch payload, and the ratios
+S3 / file. The file store's reads come from the page cache, as they do on a node that just wrote the
+batches; SeaweedFS's volume reads do too, behind its HTTP gateway and filer. Medians over the
+rounds. Also the CPU seconds of this process and of the server per GB read (both passes), which say
+where the time goes. Prints one JSON line last.
 
 Goal (issue 31): the S3 store reads at >= 0.5 of the file store on this machine.
 """
