@@ -41,6 +41,7 @@ from zeps_operator.leadership import LeaseKeeper
 from zeps_operator.models import TopicSpec
 from zeps_operator.plan import (
     Settings,
+    replacing_map,
     retains_data,
     status_changes,
     zookeeper_layout,
@@ -174,10 +175,9 @@ def _queue_facts(body: Mapping[str, Any], patch: kopf.Patch) -> None:
         lag = batches.lag()
         # consumer names are nodes anyone with the namespace's ACL can make: the status (an object of at
         # most 1.5 MiB in etcd) shows those furthest behind, as the metrics do, and counts them all. A
-        # status patch merges maps: a consumer no longer shown (gone, or caught up) is removed with a null
-        shown: dict[str, int | None] = dict(metrics.furthest_behind(lag))
-        before = (body.get("status") or {}).get("consumerLag") or {}
-        patch.status["consumerLag"] = {**{name: None for name in before if name not in shown}, **shown}
+        # consumer no longer shown (gone, or caught up) leaves the map
+        before = (body.get("status") or {}).get("consumerLag")
+        patch.status["consumerLag"] = replacing_map(before, dict(metrics.furthest_behind(lag)))
         patch.status["batchConsumers"] = len(lag)
     patch.status["depth"] = count_children(state.zk, paths.items, deadline=ZK_DEADLINE)
     patch.status["inFlight"] = count_children(state.zk, paths.taken, deadline=ZK_DEADLINE)

@@ -134,6 +134,13 @@ def ready_at(conditions: list[dict[str, Any]] | None, generation: int) -> bool:
     return bool(ready and ready.get("status") == "True" and ready.get("observedGeneration") == generation)
 
 
+def replacing_map(before: object, wanted: Mapping[str, Any]) -> dict[str, Any]:
+    """``wanted`` as the value of a status map that was ``before``: a status patch merges maps, so a
+    key ``wanted`` no longer has is set to None, which removes it (else it would stay forever)."""
+    gone = [key for key in before if key not in wanted] if isinstance(before, Mapping) else []
+    return {**dict.fromkeys(gone), **wanted}
+
+
 def status_changes(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of ``wanted`` whose value differs from ``current``: all a status patch needs to carry.
     A resync that finds nothing new yields none, and so makes no API write."""

@@ -21,6 +21,7 @@ from zeps_operator.plan import (
     broker_name,
     migration_objects,
     receiver_settings,
+    replacing_map,
     retains_data,
     stream_endpoint,
     stream_member,
@@ -187,7 +188,9 @@ def replicated_status(body: kopf.Body, spec: StreamSpec, group: Group, patch: ko
             "leader": replication.leader if leader is not None else "",
             "epoch": replication.epoch,
             "inSync": sorted(replication.isr),
-            "followerLag": follower_lag(facts),
+            "followerLag": replacing_map(
+                ((body.get("status") or {}).get("replication") or {}).get("followerLag"), follower_lag(facts)
+            ),  # a follower gone, or leading now, leaves it
             "replicasReady": running,
         }
         for key in ("lastSequence", "journalBytes"):

@@ -115,6 +115,8 @@ def test_a_replicated_stream_runs_elects_fails_over_and_scales_down(
             procs[i], _ = pods.replica(i)
         wait_until(lambda: len(_status(crds, namespace, "orders").get("replication", {}).get("inSync", [])) == 3,
                    timeout=90, what="a leader and three replicas in sync in status")  # fmt: skip
+        wait_until(lambda: len(_status(crds, namespace, "orders")["replication"].get("followerLag", {})) == 2,
+                   timeout=30, what="both followers' lag in status")  # fmt: skip
         status = _status(crds, namespace, "orders")
         leader, epoch = status["replication"]["leader"], status["replication"]["epoch"]
         assert status["endpoint"] == f"tcp://orders-broker.{namespace}.svc:5555"  # the operator's Service
@@ -131,6 +133,9 @@ def test_a_replicated_stream_runs_elects_fails_over_and_scales_down(
                    timeout=60, what="the new epoch in status")  # fmt: skip
         after = _status(crds, namespace, "orders")["replication"]
         assert after["leader"] not in ("", leader)
+        # the new leader was a follower: a status patch merges maps, so the operator removes its entry
+        wait_until(lambda: after["leader"] not in _status(crds, namespace, "orders")["replication"]["followerLag"],
+                   timeout=30, what="the new leader gone from followerLag")  # fmt: skip
         wait_until(lambda: _status(crds, namespace, "orders").get("lastSequence") == 100, timeout=30,
                    what="the leader's facts in status")  # fmt: skip
 

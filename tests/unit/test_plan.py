@@ -8,7 +8,15 @@ import pytest
 
 from zeps.paths import QueuePaths, TopicPaths
 from zeps_operator.models import StreamSpec
-from zeps_operator.plan import Settings, condition, ready_at, status_changes, stream_objects, zookeeper_layout
+from zeps_operator.plan import (
+    Settings,
+    condition,
+    ready_at,
+    replacing_map,
+    status_changes,
+    stream_objects,
+    zookeeper_layout,
+)
 
 
 def _objects(spec: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
@@ -131,3 +139,10 @@ def test_a_replicated_stream_is_a_statefulset_spread_across_nodes_with_a_budget(
 def test_min_in_sync_defaults_to_a_majority() -> None:
     assert [StreamSpec.model_validate({"replicas": n}).in_sync for n in (1, 2, 3, 4, 5)] == [1, 2, 2, 3, 3]
     assert StreamSpec.model_validate({"replicas": 3, "minInSync": 3}).in_sync == 3
+
+
+def test_a_status_map_replaced_removes_the_keys_it_no_longer_has() -> None:
+    """A status patch merges maps: a key left out would stay; a null removes it."""
+    assert replacing_map({"a": 1, "b": 2}, {"b": 3, "c": 4}) == {"a": None, "b": 3, "c": 4}
+    assert replacing_map(None, {"b": 3}) == {"b": 3}
+    assert replacing_map("not a map", {}) == {}
