@@ -3,14 +3,18 @@
 line when done.
 
 * ``publish``: ``--count`` messages at ``--rate`` per second (``publish_many`` every millisecond or
-  so), keys cycling through ``--keys``, body ``b"<index>"``; then flush.
+  so), keys cycling through ``--keys``, body ``b"<index>"``; then flush. Prints
+  ``{"publishing": true}`` once connected, as it starts.
 * ``multicast``: a multicast subscription from ``--since`` with key prefix ``--prefix`` until it has
   every record up to ``--count`` that matches (``--aio``: with the asyncio client); prints what it
   got (as sequence ranges), whether each body matched its sequence, the subscription's stats, and
   the seconds from its first record to its last.
 * ``unicast``: the same through an ordinary subscription (``bench-multicast``'s baseline).
 
-``--key`` (hex): the stream's multicast key, for a receiver of a signed stream.
+``--key`` (hex): the stream's multicast key, for a receiver of a signed stream. ``--start-on FILE``
+(a receiver): connect, print ``{"connected": true}``, and subscribe only once ``FILE`` exists, so a
+test can start a receiver late at a moment of its choosing, not after however long the process takes
+to start on a loaded machine.
 
 A fresh stream's sequences are the publish indexes plus one (one idempotent publisher), so a receiver
 can check each record it got without being told what was sent.
@@ -24,6 +28,7 @@ import itertools
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from zeps.client import AsyncStreamClient, Message, Seq, StreamClient
@@ -61,6 +66,7 @@ def wanted_sequences(count: int, keys: list[str], prefix: str) -> list[int]:
 def publish(args: argparse.Namespace) -> None:
     keys = args.keys.split(",")
     with StreamClient(args.endpoint, args.stream, timeout=60) as client:
+        print(json.dumps({"publishing": True}), flush=True)
         start, sent = time.monotonic(), 0
         while sent < args.count:
             due = min(args.count, int((time.monotonic() - start) * args.rate) + 1)
@@ -73,6 +79,19 @@ def publish(args: argparse.Namespace) -> None:
     print(json.dumps({"published": sent, "seconds": time.monotonic() - start}), flush=True)
 
 
+def _wait_for_start(args: argparse.Namespace) -> None:
+    """With ``--start-on``: say the client is connected, then wait (bounded by ``--timeout``) for the
+    file that starts the subscription."""
+    if args.start_on is None:
+        return
+    print(json.dumps({"connected": True}), flush=True)
+    deadline = time.monotonic() + args.timeout
+    while not args.start_on.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{args.start_on} did not appear within {args.timeout} s")
+        time.sleep(0.01)
+
+
 def receive(args: argparse.Namespace) -> None:
     keys = args.keys.split(",")
     wanted = len(wanted_sequences(args.count, keys, args.prefix))
@@ -80,6 +99,7 @@ def receive(args: argparse.Namespace) -> None:
     deadline = time.monotonic() + args.timeout
     started = 0.0
     with StreamClient(args.endpoint, args.stream, timeout=30) as client:
+        _wait_for_start(args)
         if args.role == "multicast":
             subscription = client.subscribe_multicast(args.prefix, since=Seq(args.since), multicast=args.multicast,
                                                       key=args.key)  # fmt: skip
@@ -112,6 +132,7 @@ async def receive_aio(args: argparse.Namespace) -> None:
     got: list[Message] = []
     deadline, started = time.monotonic() + args.timeout, 0.0
     async with AsyncStreamClient(args.endpoint, args.stream, timeout=30) as client:
+        await asyncio.to_thread(_wait_for_start, args)
         subscription = await client.subscribe_multicast(args.prefix, since=Seq(args.since), multicast=args.multicast,
                                                         key=args.key)  # fmt: skip
         async with subscription:
@@ -139,6 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--aio", action="store_true", help="multicast: with the asyncio client")
     p.add_argument("--key", type=bytes.fromhex, default=None, help="a signed stream's multicast key (hex)")
+    p.add_argument("--start-on", type=Path, default=None, help="a receiver: subscribe once this file exists")
     args = p.parse_args(argv)
     if args.multicast.startswith("{"):
         args.multicast = json.loads(args.multicast)

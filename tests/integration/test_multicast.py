@@ -1,8 +1,10 @@
 """The multicast output (seed 004) across network namespaces this test makes (``zeps_dev.netlab``): a
 real broker in one host, receivers in two others, on a bridge, over NORM, PGM and EPGM through a
 libzmq built with them. A receiver's link loses packets at random (iptables ``statistic``), and the
-other receiver starts late, with the asyncio client. Each reconciled flow must still hold every
-record once, in order, and the group must have carried the live flow to a receiver.
+other receiver starts late, with the asyncio client (its process is started first and told when to
+subscribe: a loaded CI machine once took 4 s to start it, and it joined as the flow ended). Each
+reconciled flow must still hold every record once, in order, and the group must have carried the
+live flow to a receiver.
 
 (E)PGM: both links are lossy; the early receiver also loses every multicast packet for two seconds
 (it fetches meanwhile; what PGM repairs afterwards arrives late and is dropped); the late one must
@@ -82,14 +84,18 @@ def test_receivers_in_other_namespaces_get_every_record_once_through_loss(transp
             lab.drop(1, 0.03)
         lab.drop(2, 0.03)  # loses packets at random
         early = _worker(lab, 1, "multicast", tmp_path, load, "--multicast", options)
+        go = tmp_path / "late.go"
+        late_args = ("--multicast", options, "--prefix", "eu.", "--aio", "--start-on", str(go))  # asyncio client
+        late = _worker(lab, 2, "multicast", tmp_path, load, *late_args)  # it subscribes once `go` exists
         early.json_line("ready", timeout=30)
+        late.json_line("connected", timeout=30)
         publisher = _worker(lab, 0, "publish", tmp_path, load)
+        publisher.json_line("publishing", timeout=30)
         time.sleep(1.5)
         if not norm:
             lab.blackout(1)  # host 1 hears nothing from the group for 2 s: its receiver fetches meanwhile
-        late = _worker(
-            lab, 2, "multicast", tmp_path, load, "--multicast", options, "--prefix", "eu.", "--aio"
-        )  # a late start, with the asyncio client
+        go.touch()  # the late start
+        late.json_line("ready", timeout=30)
         time.sleep(2.0)
         if not norm:
             lab.restore(1)
