@@ -97,10 +97,16 @@ class Zeps:
         self.publisher_cpu = 0.0  # CPU seconds of the last publish() in this process
 
     def publish(
-        self, count: int, rate: float | None = None, *, single: bool = False, idempotent: bool = False
+        self,
+        count: int,
+        rate: float | None = None,
+        *,
+        single: bool = False,
+        idempotent: bool = False,
+        linger: float = 0.0,
     ) -> float:
         cpu = time.process_time()
-        with StreamClient(self.endpoint, "bench", timeout=120, idempotent=idempotent) as client:
+        with StreamClient(self.endpoint, "bench", timeout=120, idempotent=idempotent, linger=linger) as client:
             start = time.time()
             if rate or single:
                 for i in range(count):
@@ -187,14 +193,14 @@ def _pace(start: float, i: int, rate: float) -> None:
 
 
 # -- scenarios ----------------------------------------------------------------------------------
-def fanout(system: Any, role: str, **how: bool) -> float:
+def fanout(system: Any, role: str, **how: Any) -> float:
     subs = _spawn(role, system.endpoint, FANOUT_COUNT, FANOUT)
     start = system.publish(FANOUT_COUNT, **how)
     end = max(r[0] for r in finish(subs))
     return FANOUT * FANOUT_COUNT / (end - start)
 
 
-def one_to_one(system: Any, role: str, **how: bool) -> float:
+def one_to_one(system: Any, role: str, **how: Any) -> float:
     subs = _spawn(role, system.endpoint, ONE_TO_ONE_COUNT)
     start = system.publish(ONE_TO_ONE_COUNT, **how)
     end = finish(subs)[0][0]

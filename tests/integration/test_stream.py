@@ -372,10 +372,12 @@ def _start_serving(argv: list[str]) -> subprocess.Popen[bytes]:
     return proc
 
 
-def test_kill9_broker_during_10000_publishes_then_restart(tmp_path: Path) -> None:
+@pytest.mark.parametrize("linger", [0.0, 0.002])
+def test_kill9_broker_during_10000_publishes_then_restart(tmp_path: Path, linger: float) -> None:
     """The journal recovers, synced records survive, sequences continue, and a subscriber resumes
     with no gap or duplicate. The publisher resends what the broker had not confirmed, and the broker
-    drops what of it the journal already held (an idempotent producer): every message once."""
+    drops what of it the journal already held (an idempotent producer): every message once. Also with
+    a lingering publisher, whose publishes go out in batches, some of them waiting at the kill."""
     port = free_port()
     endpoint = f"tcp://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "zeps.broker.main", "--stream", "prices", "--data-dir", str(tmp_path / "data"),
@@ -390,12 +392,13 @@ def test_kill9_broker_during_10000_publishes_then_restart(tmp_path: Path) -> Non
     sub = StreamClient(endpoint, "prices", heartbeat=0.5, ttl=3, timeout=30)
     sub.connect()
     sub.start("", since="earliest")
-    pub = StreamClient(endpoint, "prices", timeout=60)
+    pub = StreamClient(endpoint, "prices", timeout=60, linger=linger)
     pub.connect()
     try:
         for i in range(10_000):
             pub.publish("k", b"%d" % i)
             if i == 4000:
+                frames_before_the_kill = pub.session.publish_frames
                 broker.send_signal(signal.SIGKILL)  # mid-publish
                 broker.wait()
                 while (m := sub.receive(0.05)) is not None:  # the subscriber notices, keeps its place
@@ -417,6 +420,8 @@ def test_kill9_broker_during_10000_publishes_then_restart(tmp_path: Path) -> Non
         assert not missing, f"lost {len(missing)} published messages, e.g. {sorted(missing)[:3]}"
         assert seen[-1] == 10_001, f"{seen[-1] - 10_001} messages stored twice"
         assert sub.reconnects >= 1 and pub.reconnects >= 1
+        if linger:  # (not while detached: those go one frame each, and are sent at the re-attach)
+            assert frames_before_the_kill < 400, "the publishes lingered, and went out in batches"
     finally:
         pub.close()
         sub.close()

@@ -8,7 +8,7 @@ import pytest
 from zeps._records import encode_record
 from zeps.client.publishing import Unconfirmed
 from zeps.client.session import ClientSession, Seq
-from zeps.errors import ConfigError, LocalProtocolError, ProducerError, PublishRefusedError
+from zeps.errors import ConfigError, LocalProtocolError, MessageTooLargeError, ProducerError, PublishRefusedError
 from zeps.protocol import (
     Attach,
     AttachOk,
@@ -132,6 +132,31 @@ def test_an_idempotent_producer_numbers_its_publishes_from_where_the_broker_says
     assert [decode(f) for f in session.confirm()] == [Ping()]
     session.receive(encode(PingOk()))
     assert session.producer_sequence == 44
+
+
+def test_a_key_publish_cannot_carry_is_refused_before_it_takes_a_producer_sequence() -> None:
+    """Else the sequence it took is never sent, and the producer's numbering has a gap."""
+    session = _producing("orders-0", held=41)
+    with pytest.raises(LocalProtocolError, match="printable ASCII"):
+        session.publish("a b", b"x")
+    with pytest.raises(LocalProtocolError, match="at most 255"):
+        session.publish_many([("k", b"ok"), ("k" * 300, b"x")])
+    assert [decode(f) for f in session.publish("k", b"a")] == [PublishSeq(sequence=42, key="k", body=b"a")]
+    assert session.publish_frames == 1
+
+
+def test_batchable_says_whether_a_publish_may_wait_for_a_publish_batch() -> None:
+    """A lingering client holds a publish only where a PUBLISH-BATCH can carry it; a body over the
+    limit still fails the call."""
+    session = _producing("orders-0", held=41)
+    assert session.batchable("k", b"x") and not session.batchable("a b", b"x")
+    with pytest.raises(MessageTooLargeError):
+        session.batchable("k", bytes(session.max_message_bytes + 1))
+    named = ClientSession("prices", producer="orders-1")
+    named.attach()
+    named.receive(encode(AttachOk()))
+    assert not named.batchable("k", b"x")  # its numbering is not known before PRODUCE-OK
+    assert not ClientSession("prices").batchable("k", b"x")  # detached
 
 
 def test_a_reattach_resumes_the_producer_s_epoch_and_resends_with_the_same_sequences() -> None:

@@ -90,6 +90,7 @@ from zeps.protocol import (
     encode_publish_batch,
     encode_publish_seq,
 )
+from zeps.protocol._fastpath import is_vchar
 from zeps.protocol.commands import CODES_SINCE
 from zeps.protocol.connection import CLIENT_VERSION, FOLLOWER_READS_VERSION, stays_attached
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES, MAX_CREDIT_BYTES, MAX_MESSAGE_BYTES_CEILING
@@ -213,6 +214,7 @@ class ClientSession:
         #: the idempotent producer (None: plain, at-least-once publishes); named by the caller or random
         self.producer = Producer(producer, generation) if idempotent else None
         self.unconfirmed_publishes = Unconfirmed(confirm_every)  #: kept until a barrier confirms them
+        self.publish_frames = 0  #: publish frames made (PUBLISH carries one message, PUBLISH-BATCH many)
         self.producer_error: str | None = None  #: why the broker refused this producer (raise ProducerError)
         #: why the broker refused publishes (TOO_LARGE, JOURNAL_FULL), and its code: see :meth:`check_publishes`
         self.publish_refused: str | None = None
@@ -450,8 +452,28 @@ class ClientSession:
                                        f"{self.max_message_bytes} (the stream's maxMessageBytes): nothing was "
                                        "sent; split the message, or raise both limits")  # fmt: skip
 
+    def batchable(self, key: str, body: bytes) -> bool:
+        """Whether a publish of ``key``, ``body`` can wait to go out in a PUBLISH-BATCH with the next
+        ones (a lingering client, :class:`~zeps.client.StreamClient`'s ``linger``): attached at version
+        3 or later, the producer's numbering known, a key PUBLISH-BATCH carries. A body over the limit
+        raises here, as :meth:`publish` would; any other refusal is :meth:`publish`'s to say."""
+        self._check_size(body)
+        if not (self.attached and self.conn.version >= 3) or self.reads_only or self.producer_error is not None:
+            return False
+        producer = self.producer
+        if producer is not None and self.sequencing and producer.next_sequence is None:
+            return False
+        return len(key) < 256 and is_vchar(key)
+
+    def _check_key(self, key: str) -> None:
+        """A key PUBLISH cannot carry is refused (the codec says why) before a producer sequence is
+        taken for it: a sequence taken and never sent would leave the producer's numbering a gap."""
+        if not (len(key) < 256 and is_vchar(key)):
+            encode(Publish(key=key, body=b""))
+
     def publish(self, key: str, body: bytes) -> list[bytes]:
         self._check_size(body)
+        self._check_key(key)
         sequence, claim = self._take_sequences(1)
         # while detached the frame waits for ATTACH-OK (on_attached resends it), so it is encoded
         # outside the state machine; it is checked like any other once it is sent
@@ -476,8 +498,12 @@ class ClientSession:
     def publish_many(self, items: list[tuple[str, bytes]], *, batch_bytes: int = 256 * 1024) -> list[bytes]:
         """Frames publishing ``items`` in order: PUBLISH-BATCHes of up to ``batch_bytes`` on a
         version 3 peering, one PUBLISH per message otherwise."""
-        for _, body in items:  # before any frame is made: all of them go, or none
+        checked: set[str] = set()
+        for key, body in items:  # before any frame is made (or sequence taken): all of them go, or none
             self._check_size(body)
+            if key not in checked:
+                self._check_key(key)
+                checked.add(key)
         if self.attached and self.conn.version < 3:
             return [f for key, body in items for f in self.publish(key, body)]
         frames: list[bytes] = []
@@ -497,6 +523,7 @@ class ClientSession:
 
     def _remember(self, frame: bytes, count: int) -> list[bytes]:
         """Keep a publish frame until a barrier confirms it; returns the frames to send now."""
+        self.publish_frames += 1
         barrier_due = self.unconfirmed_publishes.add(frame, count)
         if not self.attached:
             return []

@@ -11,12 +11,22 @@ Heartbeats are answered and sent while the client is used (waiting in ``receive`
 subscription counts). A broker silent for ``ttl`` seconds, a dropped connection, or a broker that
 forgot this client makes it reconnect in the background, re-attach, resume its subscriptions after
 the last sequence it received, and resend publishes the broker had not confirmed.
+
+**Lingering** (``linger=`` seconds, 0 by default): a publish that comes less than ``linger`` after the
+one before waits, up to ``linger``, to go out with the ones that follow in one PUBLISH-BATCH (the
+broker's cost is per frame, so a loop of one-at-a-time publishes then costs it what ``publish_many``
+does). The first publish after a quiet spell goes at once, so sparse publishes are not delayed. What
+waits goes out when ``HOLD_MESSAGES`` or ``HOLD_BYTES`` are reached, at the client's next call of any
+kind, or, if the application calls nothing, from a thread of the client's once ``linger`` has passed
+(Kafka's ``linger.ms``). Every call takes the client's lock, so that thread never uses the socket
+while the application does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from types import TracebackType
@@ -46,7 +56,7 @@ from zeps.client._transport import (
 from zeps.client.multicast import Group, GroupSubscription
 from zeps.client.session import ClientSession, Fetched, Message, Records, Row, Since, Time
 from zeps.config import Resolved
-from zeps.errors import ProducerError, ProtocolError, ZepsError
+from zeps.errors import ConfigError, ProducerError, ProtocolError, ZepsError
 from zeps.options import MulticastOptions
 from zeps.protocol import LATEST, Fetch
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES
@@ -54,12 +64,16 @@ from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES
 __all__ = ["MulticastSubscription", "StreamClient", "wait_any"]
 
 _NOBLOCK = int(zmq.NOBLOCK)  # a plain int: pyzmq converts its enums at every call
+HOLD_MESSAGES = 256  #: a lingering client sends what waits once this many messages wait
+HOLD_BYTES = 64 << 10  #: or once their keys and bodies reach this many bytes
+MAX_LINGER = 1.0  #: seconds, the most ``linger`` may be
 
 log = logging.getLogger(__name__)
 
 
 class StreamClient(Opened):
-    """One peering with a broker for one stream. Not thread-safe: one thread uses it."""
+    """One peering with a broker for one stream. Not thread-safe: one thread uses it (a lingering
+    client's own thread only sends what waits, under the client's lock)."""
 
     def __init__(
         self,
@@ -79,7 +93,11 @@ class StreamClient(Opened):
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         locator: Locator | None = None,
         follower_reads: bool = False,
+        linger: float = 0.0,
     ) -> None:
+        if not 0.0 <= linger <= MAX_LINGER:
+            raise ConfigError(f"linger={linger!r}: the seconds a publish may wait to go out with the next ones, "
+                              f"from 0 (each goes at once; the default) to {MAX_LINGER:g}")  # fmt: skip
         self.endpoint = check_endpoint(endpoint)
         #: where the broker is now, asked at each reconnection (a replicated stream's leader moves)
         self.locator = locator
@@ -99,6 +117,16 @@ class StreamClient(Opened):
         self._poller = zmq.Poller()
         self._watched: list[MulticastSubscription] = []  # their sockets wake the client's waits too
         self.reconnects = 0
+        self.linger = linger
+        self._lock = threading.RLock()  # every call holds it: the linger thread sends only between calls
+        self._held: list[tuple[str, bytes]] = []  # lingering publishes, not made into frames yet
+        self._held_bytes = 0
+        self._held_since = 0.0  # when the oldest of them was published
+        self._last_publish = 0.0
+        self._wake = threading.Event()  # set while publishes wait (and at close)
+        self._sender: threading.Thread | None = None  # the linger thread, started at the first wait
+        self._sender_error: BaseException | None = None  # what the linger thread's last send raised
+        self._closing = False
 
     @classmethod
     def of(cls, settings: Resolved, partition: int = 0, **options: Any) -> StreamClient:
@@ -113,10 +141,11 @@ class StreamClient(Opened):
 
     # -- connection -----------------------------------------------------------------------------
     def connect(self) -> StreamClient:
-        if self.session.reads_only:
-            self._locate()  # a reader of followers goes to one from the start (the endpoint given may be the leader)
-        self._open_socket()
-        self._attach()
+        with self._lock:
+            if self.session.reads_only:
+                self._locate()  # a reader of followers goes to one from the start (the endpoint may be the leader)
+            self._open_socket()
+            self._attach()
         return self
 
     def _open_socket(self) -> None:
@@ -197,24 +226,26 @@ class StreamClient(Opened):
     def close(self) -> None:
         """Confirm outstanding publishes (bounded by ``timeout``), detach, close. Publishes the broker
         did not confirm are an error (the one :meth:`flush` raises), raised once everything is closed."""
-        unconfirmed: ZepsError | None = None
-        if self._sock is not None:
-            try:
-                self.flush()
-            except ZepsError as exc:
-                unconfirmed = exc
-            frame = self.session.detach()
-            with contextlib.suppress(zmq.ZMQError):
-                if frame:
-                    self._sock.send(frame, zmq.NOBLOCK)
-            self._close_socket()
-        for watched in list(self._watched):
-            watched.close()
-        if self.locator is not None:
-            self.locator.close()
-        self._ctx.term()
-        if unconfirmed is not None:
-            raise unconfirmed
+        self._stop_sender()  # what waits goes with the flush below
+        with self._lock:
+            unconfirmed: ZepsError | None = None
+            if self._sock is not None:
+                try:
+                    self.flush()
+                except ZepsError as exc:
+                    unconfirmed = exc
+                frame = self.session.detach()
+                with contextlib.suppress(zmq.ZMQError):
+                    if frame:
+                        self._sock.send(frame, zmq.NOBLOCK)
+                self._close_socket()
+            for watched in list(self._watched):
+                watched.close()
+            if self.locator is not None:
+                self.locator.close()
+            self._ctx.term()
+            if unconfirmed is not None:
+                raise unconfirmed
 
     # -- I/O ------------------------------------------------------------------------------------
     def _send_all(self, frames: list[bytes], deadline: float) -> None:
@@ -282,6 +313,85 @@ class StreamClient(Opened):
             self._last_ping = now
             self._send_all([self.session.ping()], now + self.timeout)
 
+    # -- lingering ------------------------------------------------------------------------------
+    def _hold(self, key: str, body: bytes) -> bool:
+        """Keep a publish to go out with the next ones if it lingers (True), sending what waits once
+        enough does; False: it is to go out at once (after what waits)."""
+        now = time.monotonic()
+        recent = now - self._last_publish < self.linger
+        self._last_publish = now
+        held = self._held
+        if not (held or recent) or not self.session.batchable(key, body):
+            return False
+        if not held:
+            self._held_since = now
+            if self._sender is None:
+                self._sender = threading.Thread(target=self._linger_loop, daemon=True,
+                                                name=f"zeps-linger-{self.session.stream}")  # fmt: skip
+                self._sender.start()
+            self._wake.set()
+        held.append((key, body))
+        self._held_bytes += len(key) + len(body)
+        if len(held) >= HOLD_MESSAGES or self._held_bytes >= HOLD_BYTES or now - self._held_since >= self.linger:
+            self._send_held()
+        return True
+
+    def _send_held(self) -> None:
+        """Send the publishes that wait, in one PUBLISH-BATCH (the lock held)."""
+        if not self._held:
+            return
+        deadline = self._room()  # may wait for room: what waits stays held if that fails
+        items = self._held
+        self._held, self._held_bytes = [], 0
+        self._send_all(self.session.publish_many(items), deadline)
+
+    def _linger_loop(self) -> None:
+        """The linger thread: sends what waits once the oldest has waited ``linger`` and the
+        application called nothing meanwhile; ends at :meth:`close`."""
+        while not self._closing:
+            self._wake.wait()
+            delay = self._linger_turn()
+            if delay is None:
+                return
+            if delay > 0:
+                time.sleep(delay)  # not holding the lock
+
+    def _linger_turn(self) -> float | None:
+        """One turn of the linger thread: send what waits if it is due; the seconds until it is (0: go
+        on waiting for a publish to wait), None at close."""
+        with self._lock:
+            if self._closing:
+                return None
+            if not self._held:
+                self._wake.clear()
+                return 0.0
+            delay = self._held_since + self.linger - time.monotonic()
+            if delay > 0:
+                return delay
+            self._wake.clear()
+            try:
+                self._send_held()
+            except ZepsError as exc:  # raised by the application's next publish or flush
+                self._sender_error = exc
+            except Exception as exc:
+                error = ZepsError(f"sending lingering publishes failed: {exc!r}")
+                error.__cause__ = exc
+                self._sender_error = error
+            return 0.0
+
+    def _raise_sender_error(self) -> None:
+        error = self._sender_error
+        if error is not None:
+            self._sender_error = None
+            raise error
+
+    def _stop_sender(self) -> None:
+        self._closing = True
+        self._wake.set()
+        sender = self._sender
+        if sender is not None and sender is not threading.current_thread():
+            sender.join(timeout=MAX_LINGER + 1.0)
+
     # -- the API --------------------------------------------------------------------------------
     @property
     def producer_id(self) -> str | None:
@@ -306,16 +416,25 @@ class StreamClient(Opened):
     def publish(self, key: str, body: bytes) -> None:
         """Send a message (asynchronous, as ZEPS is). Blocks only while the broker pushes back, or
         while it is unreachable and ``max_unconfirmed`` messages already wait to be confirmed."""
-        deadline = self._room()  # first: it may reconnect, and the frame must be made for the new peering
-        self._send_all(self.session.publish(key, body), deadline)
+        with self._lock:
+            if self._sender_error is not None:
+                self._raise_sender_error()
+            if self.linger and self._hold(key, body):
+                return
+            self._send_held()  # in order: what waits goes first
+            deadline = self._room()  # first: it may reconnect, and the frame must be made for the new peering
+            self._send_all(self.session.publish(key, body), deadline)
 
     def publish_many(self, items: Iterable[tuple[str, bytes]]) -> None:
         """Publish ``items`` (key, body) in order, many per frame: PUBLISH-BATCH on a version 3 broker
         (one PUBLISH each on older ones). The fast way to publish a burst; same guarantees as
         :meth:`publish`."""
-        for group in batched(items, GROUP):
-            deadline = self._room()
-            self._send_all(self.session.publish_many(group), deadline)
+        with self._lock:
+            self._raise_sender_error()
+            self._send_held()
+            for group in batched(items, GROUP):
+                deadline = self._room()
+                self._send_all(self.session.publish_many(group), deadline)
 
     def _room(self) -> float:
         """Read what arrived (at most every millisecond), wait while ``max_unconfirmed`` messages wait
@@ -336,32 +455,48 @@ class StreamClient(Opened):
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until the broker confirmed every publish so far (a PING barrier)."""
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        self._send_all(self.session.confirm(), deadline)
-        while self.session.unconfirmed:
-            self.session.check_publishes()
-            if time.monotonic() >= deadline:
-                raise BrokerUnavailableError(f"{self.session.unconfirmed} publishes unconfirmed after the timeout")
-            self._pump(0.05)
+        with self._lock:
+            self._raise_sender_error()
+            self._send_held()
+            deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+            self._send_all(self.session.confirm(), deadline)
+            while self.session.unconfirmed:
+                self.session.check_publishes()
+                if time.monotonic() >= deadline:
+                    raise BrokerUnavailableError(f"{self.session.unconfirmed} publishes unconfirmed after the timeout")
+                self._pump(0.05)
 
     def subscribe(self, pattern: str = "", *, since: Since = "latest") -> Iterator[Message]:
         """Messages whose key matches ``pattern`` (a prefix, or ``~regex``), from ``since`` on, forever."""
-        self._send_all(self.session.subscribe(pattern, since), time.monotonic() + self.timeout)
+        with self._lock:
+            self._send_held()
+            self._send_all(self.session.subscribe(pattern, since), time.monotonic() + self.timeout)
         while True:
-            while self.session.inbox:
-                row = self.session.inbox.take_one()
-                self._give_credit()
+            row = self._next_row()  # the lock is not held while the application has a message
+            if row is not None:
                 yield Message._make(row)
+
+    def _next_row(self) -> Row | None:
+        """subscribe()'s step: the next delivered row, or None after waiting up to 0.1 s for input."""
+        with self._lock:
+            self._send_held()
+            inbox = self.session.inbox
+            if inbox:
+                row = inbox.take_one()
+                self._give_credit()
+                return row
             if self.session.errors:
                 raise ProtocolError(f"broker refused: {self.session.errors.popleft()}")
             self._pump(0.1)
+            return None
 
     def receive(self, timeout: float) -> Message | None:
         """The next delivered message within ``timeout`` seconds, else None."""
-        if not self._wait_for_messages(timeout):
-            return None
-        row = self.session.inbox.take_one()
-        self._give_credit()
+        with self._lock:
+            if not self._wait_for_messages(timeout):
+                return None
+            row = self.session.inbox.take_one()
+            self._give_credit()
         return Message._make(row)
 
     def receive_many(self, timeout: float, max_messages: int = 100_000) -> list[Message]:
@@ -372,19 +507,21 @@ class StreamClient(Opened):
     def receive_rows(self, timeout: float, max_messages: int = 100_000) -> list[Row]:
         """As :meth:`receive_many`, as plain ``(sequence, key, body, timestamp_ms)`` tuples (Message's
         field order) — the cheapest way to consume a replay in bulk (the Spark source uses it)."""
-        if not self._wait_for_messages(timeout):
-            return []
-        rows = self.session.inbox.take(max_messages)
-        self._give_credit()
+        with self._lock:
+            if not self._wait_for_messages(timeout):
+                return []
+            rows = self.session.inbox.take(max_messages)
+            self._give_credit()
         return rows
 
     def receive_records(self, timeout: float) -> list[Records]:
         """As :meth:`receive_rows`, undecoded: every run of records delivered so far (each checked:
         lengths, CRC32C, sequence order), for a reader that decodes them column by column."""
-        if not self._wait_for_messages(timeout):
-            return []
-        runs = self.session.inbox.take_records()
-        self._give_credit()
+        with self._lock:
+            if not self._wait_for_messages(timeout):
+                return []
+            runs = self.session.inbox.take_records()
+            self._give_credit()
         return runs
 
     def _give_credit(self) -> None:
@@ -394,7 +531,8 @@ class StreamClient(Opened):
 
     def _wait_for_messages(self, timeout: float) -> bool:
         """Whether messages are in the inbox within ``timeout`` seconds; the socket is read at least
-        once, so a ``timeout`` of 0 takes what has arrived without waiting."""
+        once, so a ``timeout`` of 0 takes what has arrived without waiting (what lingers goes first)."""
+        self._send_held()
         deadline = time.monotonic() + timeout
         read = False
         while not self.session.inbox:
@@ -409,7 +547,9 @@ class StreamClient(Opened):
 
     def start(self, pattern: str = "", *, since: Since = "latest") -> None:
         """Subscribe without iterating (use :meth:`receive`)."""
-        self._send_all(self.session.subscribe(pattern, since), time.monotonic() + self.timeout)
+        with self._lock:
+            self._send_held()
+            self._send_all(self.session.subscribe(pattern, since), time.monotonic() + self.timeout)
 
     def fetch(self, pattern: str = "", *, first: int = 0, last: int = LATEST, since: Time | None = None) -> Fetched:
         """The journal's records ``first`` .. ``last`` (inclusive; LATEST: up to the tail now; 0: from the
@@ -417,18 +557,22 @@ class StreamClient(Opened):
         broker covered (version 7, FETCH). A bounded replay: nothing live follows. A client that
         fetches does not subscribe. BrokerUnavailableError if the broker stays silent ``timeout`` seconds."""
         command = Fetch(pattern=pattern, first=first, last=last, since=since.ms if since is not None else 0)
-        deadline = time.monotonic() + self.timeout
-        self._send_all(self.session.fetch(command), deadline)
-        messages: list[Message] = []
-        while True:
-            progress, result = self.session.fetched(messages)
-            if result is not None:
-                return result
-            if progress:
-                deadline = time.monotonic() + self.timeout  # silence counts, not the length of the fetch
-            elif time.monotonic() >= deadline:
-                raise BrokerUnavailableError(f"broker at {self.endpoint} did not end the fetch in {self.timeout:.0f}s")
-            self._pump(0.05)
+        with self._lock:
+            self._send_held()
+            deadline = time.monotonic() + self.timeout
+            self._send_all(self.session.fetch(command), deadline)
+            messages: list[Message] = []
+            while True:
+                progress, result = self.session.fetched(messages)
+                if result is not None:
+                    return result
+                if progress:
+                    deadline = time.monotonic() + self.timeout  # silence counts, not the length of the fetch
+                elif time.monotonic() >= deadline:
+                    raise BrokerUnavailableError(
+                        f"broker at {self.endpoint} did not end the fetch in {self.timeout:.0f}s"
+                    )
+                self._pump(0.05)
 
     def subscribe_multicast(
         self,
@@ -456,7 +600,11 @@ class StreamClient(Opened):
 def wait_any(clients: Iterable[StreamClient], timeout: float) -> None:
     """Wait up to ``timeout`` seconds until one of ``clients`` has input (a partitioned stream's
     readers wait on all their partitions' clients at once); their sockets change when they
-    reconnect, so the poller is made anew for each wait."""
+    reconnect, so the poller is made anew for each wait. What lingers in them goes out first."""
+    clients = list(clients)
+    for client in clients:
+        with client._lock:
+            client._send_held()
     poller = zmq.Poller()
     for client in clients:
         for sock in (client._sock, client._monitor, *(w.socket for w in client._watched)):
@@ -489,7 +637,8 @@ class MulticastSubscription(GroupSubscription):
 
     def _send(self, frames: list[bytes]) -> None:
         if frames:
-            self._client._send_all(frames, time.monotonic() + self._client.timeout)
+            with self._client._lock:
+                self._client._send_all(frames, time.monotonic() + self._client.timeout)
 
     def _step(self, wait: float) -> None:
         self._client._pump(wait)
@@ -506,14 +655,16 @@ class MulticastSubscription(GroupSubscription):
     def receive_many(self, timeout: float, max_messages: int = 100_000) -> list[Message]:
         """The records reconciled so far, up to ``max_messages``, waiting up to ``timeout`` seconds for
         the first; [] if none came."""
-        deadline = time.monotonic() + timeout
-        self._step(0)
-        while not self._group.reconciler.output:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return []
-            self._step(min(remaining, 0.05))
-        return self._group.take(max_messages)
+        with self._client._lock:
+            self._client._send_held()
+            deadline = time.monotonic() + timeout
+            self._step(0)
+            while not self._group.reconciler.output:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return []
+                self._step(min(remaining, 0.05))
+            return self._group.take(max_messages)
 
     def __iter__(self) -> Iterator[Message]:
         while True:
