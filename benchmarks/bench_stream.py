@@ -6,7 +6,8 @@ One run, one machine, 100-byte messages, every server and subscriber in its own 
 * zeps: ``zeps-broker`` (fsync=group, the default) with the blocking Python client speaking ZEPS
   version 3: throughput scenarios publish with ``publish_many`` (PUBLISH-BATCH, the way nats-py
   buffers its publishes) and subscribers receive DELIVER-BATCH; the latency scenario publishes one
-  message at a time; 1->1 is measured both ways;
+  message at a time; 1->1 is measured both ways, and one at a time also with ``linger=0`` (each
+  publish its own frame: the client before it lingered by default, ``1to1_single_unlingered``);
 * JetStream: ``nats-server -js`` built from its pinned Go module (file storage) with nats-py, pull
   consumers fetching 1,000 at a time, publishing with core NATS publish into the stream's subject
   (no per-message ack: the same asynchronous publishing ZEPS does);
@@ -213,7 +214,10 @@ def _plain_and_idempotent(system: Zeps, role: str) -> dict[str, float]:
     scenarios = {"deliveries": (FANOUT_COUNT, lambda idem: fanout(system, role, idempotent=idem)),
                  "1to1": (ONE_TO_ONE_COUNT, lambda idem: one_to_one(system, role, idempotent=idem)),
                  "1to1_single": (ONE_TO_ONE_COUNT,
-                                 lambda idem: one_to_one(system, role, single=True, idempotent=idem))}  # fmt: skip
+                                 lambda idem: one_to_one(system, role, single=True, idempotent=idem)),
+                 "1to1_single_unlingered": (ONE_TO_ONE_COUNT,
+                                            lambda idem: one_to_one(system, role, single=True, idempotent=idem,
+                                                                    linger=0.0))}  # fmt: skip
     samples: dict[str, list[float]] = {}
     for _ in range(ROUNDS):
         for key, (count, run) in scenarios.items():
@@ -338,6 +342,8 @@ def main() -> None:
         "zeps_1to1_vs_raw_zmq": round(results["zeps_1to1_per_s"] / results["raw_zmq_per_s"], 3),
         "zeps_1to1_single_per_s": round(results["zeps_1to1_single_per_s"], 1),
         "zeps_1to1_single_vs_raw_zmq": round(results["zeps_1to1_single_per_s"] / results["raw_zmq_per_s"], 3),
+        "zeps_1to1_single_unlingered_vs_raw_zmq": round(results["zeps_1to1_single_unlingered_per_s"]
+                                                        / results["raw_zmq_per_s"], 3),
         "p50_ms": round(results["zeps_p50_ms"], 3),
         "p99_ms": round(results["zeps_p99_ms"], 3),
         "jetstream_p99_ms": round(results["jetstream_p99_ms"], 3),
@@ -353,11 +359,14 @@ def main() -> None:
         # CPU µs per message of one publish per message (plain): the broker's and the publisher's
         "zeps_1to1_single_broker_cpu_us": round(results["zeps_1to1_single_broker_cpu_us"], 2),
         "zeps_1to1_single_publisher_cpu_us": round(results["zeps_1to1_single_publisher_cpu_us"], 2),
+        "zeps_1to1_single_unlingered_broker_cpu_us": round(results["zeps_1to1_single_unlingered_broker_cpu_us"], 2),
+        "zeps_1to1_single_unlingered_publisher_cpu_us": round(
+            results["zeps_1to1_single_unlingered_publisher_cpu_us"], 2),
         "zeps_idempotent_deliveries_per_s": round(results["zeps_idempotent_deliveries_per_s"], 1),
         "zeps_idempotent_1to1_per_s": round(results["zeps_idempotent_1to1_per_s"], 1),
         "zeps_idempotent_1to1_single_per_s": round(results["zeps_idempotent_1to1_single_per_s"], 1),
         **{f"idempotent_vs_plain_{k}": round(results[f"zeps_idempotent_{k}_per_s"] / results[f"zeps_{k}_per_s"], 3)
-           for k in ("deliveries", "1to1", "1to1_single")},
+           for k in ("deliveries", "1to1", "1to1_single", "1to1_single_unlingered")},
         # CPU µs per published message, idempotent / plain (above 1: idempotence costs that much more)
         **{f"idempotent_vs_plain_{who}_cpu_{k}": round(results[f"zeps_idempotent_{k}_{who}_cpu_us"]
                                                        / results[f"zeps_{k}_{who}_cpu_us"], 3)
