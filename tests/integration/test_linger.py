@@ -5,6 +5,7 @@ its linger thread when the application calls nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,8 +14,8 @@ from typing import Any
 import pytest
 
 from zeps.broker import BrokerConfig, BrokerServer
-from zeps.client import StreamClient
-from zeps.client.sync import HOLD_MESSAGES
+from zeps.client import AsyncStreamClient, StreamClient
+from zeps.client._transport import HOLD_MESSAGES
 from zeps.errors import ConfigError
 from zeps.journal import JournalConfig
 
@@ -114,3 +115,38 @@ def test_a_body_over_the_limit_is_refused_by_the_publish_that_lingers(broker: Br
 def test_linger_out_of_range_is_refused_naming_it(linger: float) -> None:
     with pytest.raises(ConfigError, match=r"linger=.*from 0 .* to 1"):
         StreamClient("tcp://127.0.0.1:1", "prices", linger=linger)
+
+
+def test_the_asyncio_client_lingers_too_and_its_timer_sends_what_waits(broker: BrokerServer) -> None:
+    """The same with AsyncStreamClient: a burst goes out in few frames, in order; the first publish
+    after a quiet spell goes at once; one that lingers is sent by the event loop's timer while the
+    application only awaits something else."""
+
+    async def scenario() -> tuple[list[bytes], int, list[bytes]]:
+        async with AsyncStreamClient(broker.endpoint, "prices") as sub:
+            await sub.start("", since="earliest")
+            async with AsyncStreamClient(broker.endpoint, "prices", linger=0.05) as pub:
+                for i in range(3000):
+                    await pub.publish(f"k.{i % 7}", b"%d" % i)
+                await pub.flush()
+                burst_frames = pub.session.publish_frames
+            burst: list[bytes] = []
+            while len(burst) < 3000:
+                got = await sub.receive_many(10)
+                assert got, f"stalled after {len(burst)}"
+                burst += [m.body for m in got]
+            async with AsyncStreamClient(broker.endpoint, "prices", linger=1.0) as pub:
+                await pub.publish("k", b"first")
+                assert pub.session.publish_frames == 1  # sent by the call
+                await pub.publish("k", b"second")
+                assert pub.session.publish_frames == 1  # it lingers
+                assert [m.body for m in await sub.receive_many(10)] == [b"first"]
+                assert await sub.receive(0.3) is None
+                later = [m.body for m in await sub.receive_many(10)]  # the timer sent it
+                assert pub.session.publish_frames == 2
+            return burst, burst_frames, later
+
+    burst, frames, later = asyncio.run(scenario())
+    assert burst == [b"%d" % i for i in range(3000)]
+    assert frames <= 2 * 3000 // HOLD_MESSAGES + 20, f"{frames} frames for 3,000 messages"
+    assert later == [b"second"]

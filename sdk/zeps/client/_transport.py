@@ -39,6 +39,13 @@ __all__ = [
 
 GROUP = 4096  #: messages handed to the session at once by publish_many (back-pressure is checked per group)
 LOCATE_EVERY = 0.2  #: seconds between two questions to a client's locator, at least
+#: lingering publishes (the clients' ``linger``): the default, in seconds. A loop of one-at-a-time
+#: publishes then costs the broker what publish_many does (benchmarks/bench_stream.py measures both),
+#: and publishes less frequent than one per ``linger`` (2,000 a second) are never held
+DEFAULT_LINGER = 0.0005
+MAX_LINGER = 1.0  #: seconds, the most ``linger`` may be
+HOLD_MESSAGES = 256  #: a lingering client sends what waits once this many messages wait
+HOLD_BYTES = 64 << 10  #: or once their keys and bodies reach this many bytes
 
 
 class Locator(Protocol):
@@ -97,6 +104,13 @@ def batched(items: Iterable[tuple[str, bytes]], size: int) -> Iterator[list[tupl
 
 class BrokerUnavailableError(UnavailableError):
     """No broker answered in time, went silent, or the broker refused this stream."""
+
+
+def check_linger(linger: float) -> float:
+    if not 0.0 <= linger <= MAX_LINGER:
+        raise ConfigError(f"linger={linger!r}: the seconds a publish may wait to go out with the next ones, "
+                          f"from 0 (each goes at once) to {MAX_LINGER:g}")  # fmt: skip
+    return linger
 
 
 def check_endpoint(endpoint: str) -> str:

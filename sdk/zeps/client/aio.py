@@ -10,6 +10,11 @@
 The protocol logic (credit, resume, resends) is :class:`~zeps.client.session.ClientSession`, shared
 with the blocking client; this module only moves frames with ``zmq.asyncio``. A background task
 reads the socket, so heartbeats are answered however the application awaits.
+
+Lingering (``linger=``) as in the blocking client: a publish that comes less than ``linger`` after the
+one before waits, up to ``linger``, to go out with the next ones in one PUBLISH-BATCH; here a timer of
+the event loop sends what waits, and publishing coroutines take turns (a lock), so frames leave in
+the order their publishes were made.
 """
 
 from __future__ import annotations
@@ -27,13 +32,17 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from zeps.client._transport import (
+    DEFAULT_LINGER,
     GROUP,
+    HOLD_BYTES,
+    HOLD_MESSAGES,
     LOCATE_EVERY,
     MONITORED,
     BrokerUnavailableError,
     Locator,
     batched,
     check_endpoint,
+    check_linger,
     close_dealer,
     configure_curve,
     configure_dealer,
@@ -76,7 +85,9 @@ class AsyncStreamClient:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         locator: Locator | None = None,
         follower_reads: bool = False,
+        linger: float = DEFAULT_LINGER,
     ) -> None:
+        self.linger = check_linger(linger)
         self.endpoint = check_endpoint(endpoint)
         #: where the broker is now, asked at each reconnection (a replicated stream's leader moves)
         self.locator = locator
@@ -96,6 +107,13 @@ class AsyncStreamClient:
         self._last_ping = 0.0
         self._watched: list[AsyncMulticastSubscription] = []  # closed with the client
         self.reconnects = 0
+        self._publishing = asyncio.Lock()  # publishes make and send their frames in turn
+        self._held: list[tuple[str, bytes]] = []  # lingering publishes, not made into frames yet
+        self._held_bytes = 0
+        self._last_publish = 0.0
+        self._linger_timer: asyncio.TimerHandle | None = None
+        self._linger_tasks: set[asyncio.Task[None]] = set()  # (asyncio keeps only weak references to tasks)
+        self._linger_error: ZepsError | None = None  # what the timer's send raised: the next publish or flush raises it
 
     @classmethod
     def of(cls, settings: Resolved, partition: int = 0, **options: Any) -> AsyncStreamClient:
@@ -256,17 +274,21 @@ class AsyncStreamClient:
         unconfirmed: ZepsError | None = None
         if self._sock is not None:
             try:
-                await self.flush()
+                await self.flush()  # what lingers goes with it
             except ZepsError as exc:
                 unconfirmed = exc
             frame = self.session.detach()
             with contextlib.suppress(zmq.ZMQError):
                 if frame:
                     await self._send([frame])
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, zmq.ZMQError, ZepsError):
-                await self._reader
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
+        for task in (self._reader, *self._linger_tasks):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, zmq.ZMQError, ZepsError):
+                    await task
         self._close_socket()
         for watched in list(self._watched):
             await watched.close()
@@ -319,14 +341,77 @@ class AsyncStreamClient:
         return 0 if producer is None else producer.generation_held or 0
 
     async def publish(self, key: str, body: bytes) -> None:
-        await self._room()
-        await self._send(self.session.publish(key, body))
+        self._raise_linger_error()
+        if self.linger and self._hold(key, body):
+            if len(self._held) < HOLD_MESSAGES and self._held_bytes < HOLD_BYTES:
+                return
+            async with self._publishing:
+                await self._send_held()
+            return
+        async with self._publishing:
+            await self._send_held()  # in order: what waits goes first
+            await self._room()
+            await self._send(self.session.publish(key, body))
 
     async def publish_many(self, items: Iterable[tuple[str, bytes]]) -> None:
         """Publish ``items`` (key, body) in order, many per frame (see StreamClient.publish_many)."""
-        for group in batched(items, GROUP):
-            await self._room()
-            await self._send(self.session.publish_many(group))
+        self._raise_linger_error()
+        async with self._publishing:
+            await self._send_held()
+            for group in batched(items, GROUP):
+                await self._room()
+                await self._send(self.session.publish_many(group))
+
+    # -- lingering ------------------------------------------------------------------------------
+    def _hold(self, key: str, body: bytes) -> bool:
+        """Keep a publish to go out with the next ones if it lingers (True); False: it goes at once."""
+        now = time.monotonic()
+        recent = now - self._last_publish < self.linger
+        self._last_publish = now
+        if not (self._held or recent) or not self.session.batchable(key, body):
+            return False
+        if not self._held and self._linger_timer is None:
+            self._linger_timer = asyncio.get_running_loop().call_later(self.linger, self._linger_due)
+        self._held.append((key, body))
+        self._held_bytes += len(key) + len(body)
+        return True
+
+    async def _send_held(self) -> None:
+        """Send the publishes that wait, in one PUBLISH-BATCH (``_publishing`` held)."""
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
+        if not self._held:
+            return
+        await self._room()  # what waits stays held if that fails
+        items = self._held
+        self._held, self._held_bytes = [], 0
+        await self._send(self.session.publish_many(items))
+
+    def _linger_due(self) -> None:
+        """The timer: ``linger`` has passed since the first of what waits was published."""
+        self._linger_timer = None
+        if self._held:  # (one send may still be on its way: the lock puts this one after it)
+            task = asyncio.ensure_future(self._send_lingering())
+            self._linger_tasks.add(task)
+            task.add_done_callback(self._linger_tasks.discard)
+
+    async def _send_lingering(self) -> None:
+        try:
+            async with self._publishing:
+                await self._send_held()
+        except ZepsError as exc:
+            self._linger_error = exc
+        except zmq.ZMQError as exc:
+            error = ZepsError(f"sending lingering publishes failed: {exc!r}")
+            error.__cause__ = exc
+            self._linger_error = error
+
+    def _raise_linger_error(self) -> None:
+        error = self._linger_error
+        if error is not None:
+            self._linger_error = None
+            raise error
 
     async def _room(self) -> None:
         """Wait while max_unconfirmed messages wait for the broker's confirmation."""
@@ -339,8 +424,11 @@ class AsyncStreamClient:
             await self._wait(0.05)
 
     async def flush(self, timeout: float | None = None) -> None:
+        self._raise_linger_error()
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        await self._send(self.session.confirm())
+        async with self._publishing:
+            await self._send_held()
+            await self._send(self.session.confirm())
         while self.session.unconfirmed:
             self.session.check_publishes()
             if time.monotonic() >= deadline:

@@ -37,14 +37,19 @@ import zmq.auth
 from zmq.utils.monitor import recv_monitor_message
 
 from zeps.client._transport import (
+    DEFAULT_LINGER,
     GROUP,
+    HOLD_BYTES,
+    HOLD_MESSAGES,
     LOCATE_EVERY,
+    MAX_LINGER,
     MONITORED,
     BrokerUnavailableError,
     Locator,
     Opened,
     batched,
     check_endpoint,
+    check_linger,
     close_dealer,
     configure_curve,
     configure_dealer,
@@ -56,7 +61,7 @@ from zeps.client._transport import (
 from zeps.client.multicast import Group, GroupSubscription
 from zeps.client.session import ClientSession, Fetched, Message, Records, Row, Since, Time
 from zeps.config import Resolved
-from zeps.errors import ConfigError, ProducerError, ProtocolError, ZepsError
+from zeps.errors import ProducerError, ProtocolError, ZepsError
 from zeps.options import MulticastOptions
 from zeps.protocol import LATEST, Fetch
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES
@@ -64,12 +69,6 @@ from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES
 __all__ = ["MulticastSubscription", "StreamClient", "wait_any"]
 
 _NOBLOCK = int(zmq.NOBLOCK)  # a plain int: pyzmq converts its enums at every call
-HOLD_MESSAGES = 256  #: a lingering client sends what waits once this many messages wait
-HOLD_BYTES = 64 << 10  #: or once their keys and bodies reach this many bytes
-MAX_LINGER = 1.0  #: seconds, the most ``linger`` may be
-#: seconds: a loop of one-at-a-time publishes costs the broker what publish_many does (benchmarks/
-#: bench_stream.py measures both), and a publish rate under 2,000 a second is never held
-DEFAULT_LINGER = 0.0005
 
 log = logging.getLogger(__name__)
 
@@ -98,9 +97,7 @@ class StreamClient(Opened):
         follower_reads: bool = False,
         linger: float = DEFAULT_LINGER,
     ) -> None:
-        if not 0.0 <= linger <= MAX_LINGER:
-            raise ConfigError(f"linger={linger!r}: the seconds a publish may wait to go out with the next ones, "
-                              f"from 0 (each goes at once) to {MAX_LINGER:g}")  # fmt: skip
+        self.linger = check_linger(linger)
         self.endpoint = check_endpoint(endpoint)
         #: where the broker is now, asked at each reconnection (a replicated stream's leader moves)
         self.locator = locator
@@ -120,7 +117,6 @@ class StreamClient(Opened):
         self._poller = zmq.Poller()
         self._watched: list[MulticastSubscription] = []  # their sockets wake the client's waits too
         self.reconnects = 0
-        self.linger = linger
         self._lock = threading.RLock()  # every call holds it: the linger thread sends only between calls
         self._held: list[tuple[str, bytes]] = []  # lingering publishes, not made into frames yet
         self._held_bytes = 0
