@@ -314,12 +314,27 @@ class _StreamRead:
             expected = sequence + 1
 
 
+def _starting_offsets(starting: str, stream: str) -> str:
+    """``startingOffsets`` checked when the reader is made (while Spark initializes the query's
+    sources, so a bad one fails the query's start, not its first batch)."""
+    if starting in ("earliest", "latest") or starting.isdigit():
+        return starting
+    if starting.lstrip().startswith("{"):
+        try:
+            if stream in json.loads(starting):
+                return starting
+        except (ValueError, TypeError):
+            pass
+    raise ConfigError(f"startingOffsets {starting!r}: use earliest, latest, epoch milliseconds, or a JSON "
+                      f"offset of stream {stream!r} as the query's progress shows it")  # fmt: skip
+
+
 class ZepsStreamReader(DataSourceStreamReader, _StreamRead):
     """Structured Streaming over a ZepsStream (or a batch Queue, see ZepsBatchQueueReader)."""
 
     def __init__(self, settings: Resolved, options: dict[str, str], columns: tuple[str, ...] = STREAM_COLUMNS) -> None:
         _StreamRead.__init__(self, settings, options, columns)
-        self.starting = options.get("startingoffsets", "latest")
+        self.starting = _starting_offsets(options.get("startingoffsets", "latest"), settings.name)
         self.max_per_trigger = int(options["maxoffsetspertrigger"]) if options.get("maxoffsetspertrigger") else None
         self.leader_wait = float(options.get("leaderwaitseconds", "60"))
 
@@ -352,7 +367,7 @@ class ZepsStreamReader(DataSourceStreamReader, _StreamRead):
                     first = c.receive(5)
                 out[p] = (first.sequence - 1) if first else _durable_tail(self.settings, p)[0]
             return self._offsets(out)
-        raise ConfigError(f"startingOffsets {starting!r}: use earliest, latest, a JSON offset or epoch milliseconds")
+        raise AssertionError(f"startingOffsets {starting!r} was checked when the reader was made")
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
         return ReadMaxRows(self.max_per_trigger) if self.max_per_trigger else ReadAllAvailable()
