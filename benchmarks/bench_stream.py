@@ -104,10 +104,11 @@ class Zeps:
         *,
         single: bool = False,
         idempotent: bool = False,
-        linger: float = 0.0,
+        linger: float | None = None,
     ) -> float:
         cpu = time.process_time()
-        with StreamClient(self.endpoint, "bench", timeout=120, idempotent=idempotent, linger=linger) as client:
+        lingering = {} if linger is None else {"linger": linger}  # None: the client's default
+        with StreamClient(self.endpoint, "bench", timeout=120, idempotent=idempotent, **lingering) as client:
             start = time.time()
             if rate or single:
                 for i in range(count):
