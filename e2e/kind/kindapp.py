@@ -100,6 +100,11 @@ class App:
         return self.logs(pod)
 
 
+def _listing(text: str) -> list[str]:
+    """The lines of the shell's output that are ``ls`` listings (``[a, b]``)."""
+    return [line for line in text.splitlines() if line.startswith("[") and line.endswith("]")]
+
+
 class ZooKeeperShell:
     """ZooKeeper's own command-line client (``org.apache.zookeeper.ZooKeeperMain``), run inside a
     server pod of the chart's ensemble: how a test looks at, or damages, what the operator keeps there."""
@@ -117,13 +122,27 @@ class ZooKeeperShell:
             )
         )  # fmt: skip
 
+    def _answered(self, command: str, path: str, answered: Any) -> str:
+        """The output of ``command path`` from the first server that answers (``answered(output)``): a
+        server whose pod a test deleted, or restarted, may not serve yet. The last output if none did."""
+        out = ""
+        for server in range(3):
+            out = self.run(command, path, server=server)
+            if answered(out):
+                break
+        return out
+
     def exists(self, path: str) -> bool:
-        return "cZxid" in self.run("stat", path)
+        out = self._answered("stat", path, lambda text: "cZxid" in text or "does not exist" in text)
+        if "cZxid" in out:
+            return True
+        assert "does not exist" in out, f"stat {path}: no server answered:\n{out}"
+        return False
 
     def children(self, path: str) -> list[str]:
-        """The children of ``path`` (``ls``); raises if the shell printed no list (no such node, no answer)."""
-        out = self.run("ls", path)
-        listing = [line for line in out.splitlines() if line.startswith("[") and line.endswith("]")]
+        """The children of ``path`` (``ls``); raises if no server printed a list (no such node, no answer)."""
+        out = self._answered("ls", path, lambda text: any(_listing(text)))
+        listing = _listing(out)
         assert listing, f"ls {path} printed no list:\n{out}"
         return [name.strip() for name in listing[-1][1:-1].split(",") if name.strip()]
 
