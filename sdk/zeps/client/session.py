@@ -90,7 +90,7 @@ from zeps.protocol import (
     encode_publish_batch,
     encode_publish_seq,
 )
-from zeps.protocol._fastpath import is_vchar
+from zeps.protocol._fastpath import is_key
 from zeps.protocol.commands import CODES_SINCE
 from zeps.protocol.connection import CLIENT_VERSION, FOLLOWER_READS_VERSION, stays_attached
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES, MAX_CREDIT_BYTES, MAX_MESSAGE_BYTES_CEILING
@@ -463,12 +463,12 @@ class ClientSession:
         producer = self.producer
         if producer is not None and self.sequencing and producer.next_sequence is None:
             return False
-        return len(key) < 256 and is_vchar(key)
+        return is_key(key)
 
     def _check_key(self, key: str) -> None:
         """A key PUBLISH cannot carry is refused (the codec says why) before a producer sequence is
         taken for it: a sequence taken and never sent would leave the producer's numbering a gap."""
-        if not (len(key) < 256 and is_vchar(key)):
+        if not is_key(key):
             encode(Publish(key=key, body=b""))
 
     def publish(self, key: str, body: bytes) -> list[bytes]:

@@ -35,6 +35,7 @@ __all__ = [
     "encode_publish",
     "encode_publish_batch",
     "encode_publish_seq",
+    "is_key",
     "is_printable",
     "is_vchar",
     "publish_fields",
@@ -47,6 +48,11 @@ U8, U16, U32, U64 = struct.Struct("!B"), struct.Struct("!H"), struct.Struct("!I"
 def is_vchar(text: str) -> bool:
     """VCHAR: printable ASCII, no space (checked in C, not per character in Python)."""
     return text.isascii() and text.isprintable() and " " not in text
+
+
+def is_key(text: str) -> bool:
+    """A key PUBLISH (and its batch and sequenced forms) can carry: VCHAR, under 256 characters."""
+    return len(text) < 256 and is_vchar(text)
 
 
 def is_printable(text: str) -> bool:
@@ -127,7 +133,7 @@ _PUBLISH_SEQ_HEAD = struct.Struct("!2sBQB")  # signature, id, sequence, key leng
 
 def encode_publish(key: str, body: bytes) -> bytes | None:
     """PUBLISH in one join (None when the key is not a VCHAR string: the generic codec says why)."""
-    if not (is_vchar(key) and len(key) < 256):
+    if not is_key(key):
         return None
     head = _PUBLISH_HEAD.pack(SIGNATURE, Publish.ID, len(key))
     return b"".join((head, key.encode("ascii"), U32.pack(len(body)), body))
@@ -144,7 +150,7 @@ def encode_publish_batch(items: list[tuple[str, bytes]], sequence: int | None = 
 
 def encode_publish_seq(sequence: int, key: str, body: bytes) -> bytes:
     """PUBLISH-SEQ (the hot path of an idempotent producer's single publishes)."""
-    if not (is_vchar(key) and len(key) < 256):
+    if not is_key(key):
         raise LocalProtocolError(f"PUBLISH-SEQ.key must be printable ASCII without spaces, < 256: {key!r}")
     return b"".join((_PUBLISH_SEQ_HEAD.pack(SIGNATURE, PublishSeq.ID, sequence, len(key)), key.encode("ascii"),
                      U32.pack(len(body)), body))  # fmt: skip
@@ -156,7 +162,7 @@ def _encode_entries(items: list[tuple[str, bytes]]) -> bytes:
     checked: set[str] = set()
     for key, body in items:
         if key not in checked:
-            if not (is_vchar(key) and len(key) < 256):
+            if not is_key(key):
                 raise LocalProtocolError(f"PUBLISH-BATCH key must be printable ASCII without spaces, < 256: {key!r}")
             checked.add(key)
         parts += (pack_u8(len(key)), key.encode("ascii"), pack_len(len(body)), body)
