@@ -133,11 +133,11 @@ class ZooKeeperShell:
         return out
 
     def exists(self, path: str) -> bool:
-        out = self._answered("stat", path, lambda text: "cZxid" in text or "does not exist" in text)
-        if "cZxid" in out:
-            return True
-        assert "does not exist" in out, f"stat {path}: no server answered:\n{out}"
-        return False
+        """Whether ``path`` exists, asked of a server that answers: the shell prints its connection
+        ("SyncConnected") on stdout, a missing node's message only on stderr, which is not read."""
+        out = self._answered("stat", path, lambda text: "cZxid" in text or "SyncConnected" in text)
+        assert "cZxid" in out or "SyncConnected" in out, f"stat {path}: no server answered:\n{out}"
+        return "cZxid" in out
 
     def children(self, path: str) -> list[str]:
         """The children of ``path`` (``ls``); raises if no server printed a list (no such node, no answer)."""
