@@ -106,18 +106,22 @@ def test_operator_away_then_back_repairs_drift_made_meanwhile(cluster: Any, app:
                                                        "app.kubernetes.io/name=zeps-operator")["items"]}  # fmt: skip
     deployment = f"deployment/{RELEASE}-operator"
     cluster.kubectl("scale", deployment, "-n", OPERATOR_NAMESPACE, "--replicas=0")
-    cluster.wait_for(
-        "the operator pod to be gone",
-        lambda: (
-            not cluster.json("pods", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/name=zeps-operator")["items"]
-        ),
-        timeout=120,
-    )
-    zk.run("deleteall", subscribers)  # drift while no operator runs
-    assert not zk.exists(subscribers)
-    app.apply_example("queue.yaml")  # and a resource created while it is away
-    started = time.monotonic()
-    cluster.kubectl("scale", deployment, "-n", OPERATOR_NAMESPACE, "--replicas=1")
+    try:
+        cluster.wait_for(
+            "the operator pod to be gone",
+            lambda: (
+                not cluster.json("pods", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/name=zeps-operator")[
+                    "items"
+                ]
+            ),
+            timeout=120,
+        )
+        zk.run("deleteall", subscribers)  # drift while no operator runs
+        assert not zk.exists(subscribers)
+        app.apply_example("queue.yaml")  # and a resource created while it is away
+        started = time.monotonic()
+    finally:  # back, even if the test failed meanwhile: the serial tests after it need an operator
+        cluster.kubectl("scale", deployment, "-n", OPERATOR_NAMESPACE, "--replicas=1")
     cluster.kubectl("rollout", "status", deployment, "-n", OPERATOR_NAMESPACE, "--timeout=180s", timeout=210)
     new = {p["metadata"]["name"] for p in cluster.json("pods", "-n", OPERATOR_NAMESPACE, "-l",
                                                        "app.kubernetes.io/name=zeps-operator")["items"]}  # fmt: skip
