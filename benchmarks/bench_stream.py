@@ -87,11 +87,11 @@ def _spawn(role: str, endpoint: str, count: int, n: int = 1, *extra: str) -> lis
 
 # -- zeps ---------------------------------------------------------------------------------------
 class Zeps:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, fsync: str = "group") -> None:
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "zeps.broker.main", "--stream", "bench", "--data-dir", str(tmp / "zeps"),
-             "--bind", self.endpoint, "--fsync", "group", "--log-level", "WARNING"],
+             "--bind", self.endpoint, "--fsync", fsync, "--log-level", "WARNING"],
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert self.proc.stdout is not None and "serving" in self.proc.stdout.readline()
