@@ -248,6 +248,11 @@ class QueuePaths:
         return f"{self.batches}/refs"
 
     @property
+    def batch_deleting(self) -> str:
+        """Objects retention removed the references of and still has to delete from the store."""
+        return f"{self.batches}/deleting"
+
+    @property
     def batch_writers(self) -> str:
         return f"{self.batches}/writers"
 
@@ -267,7 +272,8 @@ class QueuePaths:
 
     def batch_layout(self) -> list[str]:
         """The persistent nodes of batch mode (BatchQueue)."""
-        return [self.batch_data, self.batch_refs, self.batch_lock, self.batch_writers, self.processors]
+        return [self.batch_data, self.batch_refs, self.batch_deleting, self.batch_lock, self.batch_writers,
+                self.processors]  # fmt: skip
 
     def layout(self) -> list[str]:
         """The persistent nodes a Queue needs, in either mode (the operator creates them all; each SDK

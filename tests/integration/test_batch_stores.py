@@ -248,3 +248,41 @@ def test_reads_in_sequence_fetch_the_next_object_ahead_and_check_it_like_any_oth
     assert asked == ["4 by 4", "5 by 5", "6 by 5", "7 by 6", "6 again by 6"], (
         "the orphan fetched ahead was refused and batch 6 read again (batch 7, not published, asked for ahead)"
     )
+
+
+def test_retention_deletes_the_objects_the_store_refused_to_delete_at_its_next_pass(
+    zookeeper: ZooKeeperHarness, seaweedfs_server: SeaweedFS, s3_url: str, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """A prune whose store refuses the deletes (credentials that may read, not delete: S3's access
+    denied, as from a real server) still removes the references, and notes the objects in ZooKeeper;
+    no reference is left naming a deleted object, and the next prune that may delete deletes them."""
+    q = _queue(zookeeper, s3_url, seaweedfs_server.endpoint, retention_seconds=0)
+    for n in range(4):
+        q.publish([b"%d" % n * 2000])
+    q.consumer("billing").process_available(lambda batch: None, limit=3)
+    raw, prefix = _raw(seaweedfs_server, s3_url), _prefix(s3_url)
+
+    def objects() -> list[str]:
+        return sorted(m["path"].rpartition("/")[2] for page in obstore.list(raw, prefix=prefix) for m in page)
+
+    for key, value in seaweedfs_server.credentials("reader").items():
+        monkeypatch.setenv(key, value)
+    reader = _queue(zookeeper, s3_url, seaweedfs_server.endpoint, retention_seconds=0)
+    with caplog.at_level("WARNING", logger="zeps.coordination.batches"):
+        assert reader.prune() == ["orders-1", "orders-2", "orders-3"]
+    assert "3 removed batches' objects are still in the store (" in caplog.text
+    assert "access denied" in caplog.text
+    assert objects() == [f"orders-{n}.batch" for n in (1, 2, 3, 4)], "the store refused every delete"
+    assert sorted(q.client.get_children(q.paths.batch_deleting)) == ["orders-1", "orders-2", "orders-3"]
+    with pytest.raises(CoordinationError, match="orders-2 is not retained"):
+        q.read(2)  # the reference went with the note: no reference to an object about to go
+    assert q.read(4).records == [b"3" * 2000]
+
+    for key, value in seaweedfs_server.credentials("admin").items():
+        monkeypatch.setenv(key, value)
+    admin = _queue(zookeeper, s3_url, seaweedfs_server.endpoint, retention_seconds=0)
+    assert admin.prune() == [], "nothing more to remove: the earlier pass's objects are deleted"
+    assert objects() == ["orders-4.batch"]
+    assert q.client.get_children(q.paths.batch_deleting) == []
+    assert q.read(4).records == [b"3" * 2000]

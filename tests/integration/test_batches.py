@@ -305,3 +305,26 @@ def test_a_position_written_by_something_else_is_left_out_of_the_lag_and_stops_r
         with pytest.raises(CoordinationError, match=r"batch consumer 'forged' of queue orders: its position .* is not"):
             refused()
     assert q.read(1).records == [b"0"], "nothing was removed"
+
+
+def test_retention_deletes_no_object_a_note_written_by_something_else_names(
+    zookeeper: ZooKeeperHarness, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Notes of objects to delete (``batches/deleting``) are ZooKeeper data anyone with the namespace's
+    ACL can write: retention deletes only the object named after the note's own batch, once that
+    batch's reference is gone; a note naming a retained batch's object, another batch's, or another
+    store's is dropped with a warning, and every batch stays readable."""
+    url = (tmp_path / "store").as_uri()
+    q = _queue(zookeeper, retention_seconds=0, inline_max_bytes=8, store_url=url)
+    for i in range(3):
+        q.publish([b"record-%d" % i])  # larger than 8 bytes: in the store
+    q.consumer("billing").register("earliest")  # at the start: retention may remove nothing
+    retained = q.client.get(f"{q.paths.batch_refs}/orders-2")[0]
+    q.ensure()
+    for name, target in (("orders-2", retained), ("orders-9", retained), ("orders-8", b"file:///etc/orders-8.batch")):
+        q.client.create(f"{q.paths.batch_deleting}/{name}", target)
+    with caplog.at_level("WARNING", logger="zeps.coordination.batches"):
+        assert q.prune() == []
+    assert caplog.text.count("names no object retention may delete") == 3
+    assert q.client.get_children(q.paths.batch_deleting) == []
+    assert [q.read(n).records for n in (1, 2, 3)] == [[b"record-0"], [b"record-1"], [b"record-2"]]

@@ -20,7 +20,14 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from zeps.batchstore.file import FileBatchStore
-from zeps.batchstore.format import BatchLostError, BatchStoreError, Prefetch, decode_batch, encode_batch
+from zeps.batchstore.format import (
+    BatchLostError,
+    BatchStoreError,
+    ForeignObjectError,
+    Prefetch,
+    decode_batch,
+    encode_batch,
+)
 from zeps.errors import ConfigError
 
 __all__ = [
@@ -29,6 +36,7 @@ __all__ = [
     "BatchStore",
     "BatchStoreError",
     "FileBatchStore",
+    "ForeignObjectError",
     "Prefetch",
     "decode_batch",
     "encode_batch",

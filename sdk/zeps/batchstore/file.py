@@ -16,6 +16,7 @@ from pathlib import Path
 from zeps.batchstore.format import (
     BatchLostError,
     BatchStoreError,
+    ForeignObjectError,
     Prefetch,
     object_header,
     object_payload,
@@ -41,7 +42,7 @@ class FileBatchStore:
         parsed = urllib.parse.urlparse(url)
         path = Path(parsed.path)
         if parsed.scheme != "file" or path.parent != self.root:
-            raise BatchStoreError(f"{url!r} is not an object of the store {self.url!r}")
+            raise ForeignObjectError(f"{url!r} is not an object of the store {self.url!r}")
         return path
 
     def put(self, key: str, data: bytes) -> str:

@@ -38,6 +38,7 @@ from zeps.errors import DataLossError, ZepsError
 __all__ = [
     "BatchLostError",
     "BatchStoreError",
+    "ForeignObjectError",
     "Prefetch",
     "decode_batch",
     "encode_batch",
@@ -54,6 +55,11 @@ _CRC_FRAGMENT = re.compile(r"#crc32c=([0-9a-f]{8})\Z")
 
 class BatchStoreError(ZepsError):
     """A batch could not be stored or read back (the store refused, or could not be reached)."""
+
+
+class ForeignObjectError(BatchStoreError):
+    """A URL that names no object of this store: a reference written by something other than zeps,
+    or for another store. Nothing of the store's is read or deleted for it."""
 
 
 class BatchLostError(BatchStoreError, DataLossError):

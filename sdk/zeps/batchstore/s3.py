@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from zeps.batchstore.format import (
     BatchLostError,
     BatchStoreError,
+    ForeignObjectError,
     Prefetch,
     object_header,
     object_payload,
@@ -172,7 +173,7 @@ class S3BatchStore:
         directory, _, name = path.rpartition("/")
         if (parsed.scheme != "s3" or parsed.netloc != self.bucket or directory != self.prefix or not name
                 or name.startswith(".") or not name.endswith(".batch")):  # fmt: skip
-            raise BatchStoreError(f"{url!r} is not an object of the store {self.url!r}")
+            raise ForeignObjectError(f"{url!r} is not an object of the store {self.url!r}")
         return path
 
     def _object_url(self, path: str) -> str:

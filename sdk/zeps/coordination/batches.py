@@ -7,6 +7,7 @@ Layout (:class:`zeps.paths.QueuePaths`)::
     <queue>/batches/lock/           lock of publishers while they assign an id
     <queue>/batches/data/<queue>-<n>   the batch itself, when small (see BatchOptions.inline_max_bytes)
     <queue>/batches/refs/<queue>-<n>   the URL of the batch in the batch store, when large
+    <queue>/batches/deleting/<queue>-<n>   the URL of an object retention still has to delete
     <queue>/batches/writers/<writer>   "<sequence> <queue>-<n>": an idempotent writer's last publish
     <queue>/processors/<consumer>   "<queue>-<k>": the last batch the consumer processed
 
@@ -26,6 +27,7 @@ import contextlib
 import logging
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -34,7 +36,16 @@ from typing import Any, Literal
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
-from zeps.batchstore import BatchLostError, BatchStore, Prefetch, decode_batch, encode_batch, open_store
+from zeps.batchstore import (
+    BatchLostError,
+    BatchStore,
+    BatchStoreError,
+    ForeignObjectError,
+    Prefetch,
+    decode_batch,
+    encode_batch,
+    open_store,
+)
 from zeps.coordination._util import bounded_retry, commit, failures, zookeeper_errors
 from zeps.errors import ConfigError, CoordinationError, ZepsError
 from zeps.options import BatchOptions
@@ -350,9 +361,21 @@ class BatchQueue:
     @zookeeper_errors
     def prune(self, *, now: float | None = None) -> list[str]:
         """Remove batches every registered consumer has processed and older than retention_seconds.
-        Never removes one a registered consumer still needs. Returns the removed ids."""
+        Never removes one a registered consumer still needs. Returns the removed ids.
+
+        A stored batch's reference goes in one transaction with a note of its object
+        (``batches/deleting/<id>``); the object is deleted from the store, then the note. So no
+        reference ever names a deleted object, and an object the store could not delete then (down,
+        access denied) is deleted by a later prune, which first finishes what earlier ones noted. A
+        pass stops asking the store after its first failure (logged as a warning): the rest is noted."""
         positions = self.positions()
+        self.ensure()
+        store = self.store  # a store that cannot be opened (no credentials) fails here, before any removal
+        deleting = _Deleting(self, store)
+        for name in sorted(bounded_retry()(self.client.get_children, self.paths.batch_deleting)):
+            deleting.finish(name)
         if not positions:
+            deleting.report()
             return []  # with no consumer registered, nothing is known to be done with
         horizon = min(positions.values())
         cutoff_ms = ((now if now is not None else time.time()) - self.options.retention_seconds) * 1000
@@ -367,11 +390,74 @@ class BatchQueue:
                     continue
                 if stat.ctime > cutoff_ms:
                     continue
-                bounded_retry()(self.client.delete, f"{parent}/{name}")
-                if parent == self.paths.batch_refs and self.store is not None:
-                    self.store.delete(data.decode())
+                if parent == self.paths.batch_data:
+                    try:
+                        bounded_retry()(self.client.delete, f"{parent}/{name}")
+                    except NoNodeError:
+                        continue  # another prune got there first
+                elif not deleting.note(name, data, stat.version):
+                    continue  # another prune got there first
                 removed.append(name)
+        deleting.report()
         return removed
+
+
+class _Deleting:
+    """One prune's deletions of stored objects, each noted in ZooKeeper until the store has done it."""
+
+    def __init__(self, queue: BatchQueue, store: BatchStore | None) -> None:
+        self.queue, self.store = queue, store
+        self.failure: str | None = None  #: the store's first refusal in this pass; the store is not asked again
+        self.left = 0  #: objects left noted for a later prune
+
+    def _path(self, name: str) -> str:
+        return f"{self.queue.paths.batch_deleting}/{name}"
+
+    def note(self, name: str, url: bytes, version: int) -> bool:
+        """Remove ``name``'s reference and note its object, in one transaction, then delete the object;
+        False if the reference was gone or changed meanwhile (another prune)."""
+        ops = [("delete", f"{self.queue.paths.batch_refs}/{name}", version), ("create", self._path(name), url)]
+        if failures(bounded_retry()(commit, self.queue.client, ops)):
+            return False
+        self.finish(name, url)
+        return True
+
+    def finish(self, name: str, url: bytes | None = None) -> None:
+        """Delete the noted object of ``name`` from the store, then its note (the note stays if the store
+        failed, or this handle has none)."""
+        if self.store is None or self.failure is not None:
+            self.left += 1
+            return
+        client = self.queue.client
+        try:
+            if url is None:
+                url, _ = bounded_retry()(client.get, self._path(name))
+            text = url.decode(errors="replace")
+            # a note (or the reference it came from) is data anyone with write access could have made: only
+            # the object named after its own batch, whose reference is gone, is deleted
+            if urllib.parse.urlparse(text).path.rpartition("/")[2] != f"{name}.batch":
+                raise ForeignObjectError(f"{text!r} is not the object of batch {name}")
+            if bounded_retry()(client.exists, f"{self.queue.paths.batch_refs}/{name}"):
+                raise ForeignObjectError(f"batch {name} is still referenced")
+            self.store.delete(text)
+        except NoNodeError:
+            return  # another prune finished it
+        except ForeignObjectError as exc:  # written by something other than zeps: nothing of ours to delete
+            log.warning("batch queue %s: the note of %s names no object retention may delete (%s); dropped",
+                        self.queue.name, name, exc)  # fmt: skip
+        except BatchStoreError as exc:
+            self.failure = str(exc)
+            self.left += 1
+            return
+        with contextlib.suppress(NoNodeError):
+            bounded_retry()(client.delete, self._path(name))
+
+    def report(self) -> None:
+        if self.left:
+            why = self.failure or "this handle has no store_url"
+            log.warning("batch queue %s: %d removed batches' objects are still in the store (%s); they are "
+                        "noted under %s and the next prune deletes them", self.queue.name, self.left, why,
+                        self.queue.paths.batch_deleting)  # fmt: skip
 
 
 class BatchConsumer:
