@@ -150,3 +150,39 @@ def test_the_asyncio_client_lingers_too_and_its_timer_sends_what_waits(broker: B
     assert burst == [b"%d" % i for i in range(3000)]
     assert frames <= 2 * 3000 // HOLD_MESSAGES + 20, f"{frames} frames for 3,000 messages"
     assert later == [b"second"]
+
+
+def test_the_asyncio_client_sends_what_lingers_before_a_receive_a_fetch_and_a_subscribe(
+    broker: BrokerServer,
+) -> None:
+    """As the blocking client does, and in the same order on the wire: a receive (a reply to what
+    lingers may be what it waits for), a fetch and a subscribe each send what lingers first, in a
+    frame of its own, rather than leave it to the timer."""
+
+    async def scenario() -> tuple[list[int], list[bytes]]:
+        frames = []
+        async with AsyncStreamClient(broker.endpoint, "prices", linger=1.0) as pub:
+            await pub.publish("k", b"a")
+            await pub.publish("k", b"b")  # lingers
+            assert await pub.receive(0) is None  # not subscribed: nothing to receive, but b goes out
+            frames.append(pub.session.publish_frames)
+            await pub.publish("k", b"c")  # lingers
+            await pub.fetch("")  # c goes first
+            frames.append(pub.session.publish_frames)
+        async with AsyncStreamClient(broker.endpoint, "prices", linger=1.0) as pub:
+            await pub.publish("k", b"d")
+            await pub.publish("k", b"e")  # lingers
+            await pub.start("", since="earliest")  # e goes first
+            frames.append(pub.session.publish_frames)
+            await pub.publish("k", b"f")  # lingers; the receive below sends it
+            live: list[bytes] = []
+            while b"f" not in live:
+                got = await pub.receive_many(0.5)
+                assert got or pub.session.publish_frames == 3, "f went out with the receive, not after linger"
+                live += [m.body for m in got]
+            frames.append(pub.session.publish_frames)
+        return frames, live
+
+    frames, live = asyncio.run(scenario())
+    assert frames == [2, 3, 2, 3], "each call sent what lingered, in a frame of its own, before its own work"
+    assert live == [b"a", b"b", b"c", b"d", b"e", b"f"]

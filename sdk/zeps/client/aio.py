@@ -388,6 +388,13 @@ class AsyncStreamClient:
         self._held, self._held_bytes = [], 0
         await self._send(self.session.publish_many(items))
 
+    async def _send_held_first(self) -> None:
+        """Before a call whose work follows the publishes made before it (a subscribe, a fetch, a wait
+        for deliveries), what lingers goes out, as the blocking client does."""
+        if self._held:
+            async with self._publishing:
+                await self._send_held()
+
     def _linger_due(self) -> None:
         """The timer: ``linger`` has passed since the first of what waits was published."""
         self._linger_timer = None
@@ -436,6 +443,7 @@ class AsyncStreamClient:
             await self._wait(0.05)
 
     async def start(self, pattern: str = "", *, since: Since = "latest") -> None:
+        await self._send_held_first()
         await self._send(self.session.subscribe(pattern, since))
 
     async def receive(self, timeout: float) -> Message | None:
@@ -468,6 +476,7 @@ class AsyncStreamClient:
             await self._send(self.session.take_outbox())
 
     async def _wait_for_messages(self, timeout: float) -> bool:
+        await self._send_held_first()  # a reply to what lingers may be what the caller waits for
         deadline = time.monotonic() + timeout
         while not self.session.inbox:
             if self.session.errors:
@@ -484,6 +493,7 @@ class AsyncStreamClient:
     ) -> Fetched:
         """The journal's records ``first`` .. ``last`` matching ``pattern`` (see StreamClient.fetch)."""
         command = Fetch(pattern=pattern, first=first, last=last, since=since.ms if since is not None else 0)
+        await self._send_held_first()  # LATEST covers what this client published before
         await self._send(self.session.fetch(command))
         messages: list[Message] = []
         deadline = time.monotonic() + self.timeout
@@ -543,6 +553,7 @@ class AsyncMulticastSubscription(GroupSubscription):
         client._watch(self)
 
     async def _start(self) -> AsyncMulticastSubscription:
+        await self._client._send_held_first()
         await self._client._send(self._client.session.fetch(self._group.reconciler.start(time.monotonic())))
         return self
 
@@ -571,6 +582,7 @@ class AsyncMulticastSubscription(GroupSubscription):
             await client._send(frames)
 
     async def receive_many(self, timeout: float, max_messages: int = 100_000) -> list[Message]:
+        await self._client._send_held_first()
         deadline = time.monotonic() + timeout
         await self._step(0)
         while not self._group.reconciler.output:

@@ -632,6 +632,8 @@ class MulticastSubscription(GroupSubscription):
         super().__init__(zmq.Context(), group)
         self._client = client
         client._watch(self)
+        with client._lock:
+            client._send_held()  # what lingers goes before the start's fetch, as before a subscribe
         self._send(client.session.fetch(group.reconciler.start(time.monotonic())))
 
     def _send(self, frames: list[bytes]) -> None:
