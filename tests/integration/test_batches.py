@@ -312,8 +312,9 @@ def test_retention_deletes_no_object_a_note_written_by_something_else_names(
 ) -> None:
     """Notes of objects to delete (``batches/deleting``) are ZooKeeper data anyone with the namespace's
     ACL can write: retention deletes only the object named after the note's own batch, once that
-    batch's reference is gone; a note naming a retained batch's object, another batch's, or another
-    store's is dropped with a warning, and every batch stays readable."""
+    batch's reference is gone; a note naming a retained batch's object, another batch's, another
+    store's or another queue's batch in the same store is dropped with a warning, and every batch
+    stays readable."""
     url = (tmp_path / "store").as_uri()
     q = _queue(zookeeper, retention_seconds=0, inline_max_bytes=8, store_url=url)
     for i in range(3):
@@ -321,10 +322,19 @@ def test_retention_deletes_no_object_a_note_written_by_something_else_names(
     q.consumer("billing").register("earliest")  # at the start: retention may remove nothing
     retained = q.client.get(f"{q.paths.batch_refs}/orders-2")[0]
     q.ensure()
-    for name, target in (("orders-2", retained), ("orders-9", retained), ("orders-8", b"file:///etc/orders-8.batch")):
+    other = _queue(zookeeper, "refunds", inline_max_bytes=8, store_url=url)  # the same store
+    other.publish([b"refund-0"])
+    forged = {
+        "orders-2": retained,  # a retained batch's own object
+        "orders-9": retained,  # another batch's object
+        "orders-8": b"file:///etc/orders-8.batch",  # another store's
+        "refunds-1": other.client.get(f"{other.paths.batch_refs}/refunds-1")[0],  # another queue's batch
+    }
+    for name, target in forged.items():
         q.client.create(f"{q.paths.batch_deleting}/{name}", target)
     with caplog.at_level("WARNING", logger="zeps.coordination.batches"):
         assert q.prune() == []
-    assert caplog.text.count("names no object retention may delete") == 3
+    assert caplog.text.count("names no object retention may delete") == 4
+    assert other.read(1).records == [b"refund-0"]
     assert q.client.get_children(q.paths.batch_deleting) == []
     assert [q.read(n).records for n in (1, 2, 3)] == [[b"record-0"], [b"record-1"], [b"record-2"]]

@@ -493,7 +493,7 @@ class AsyncStreamClient:
     ) -> Fetched:
         """The journal's records ``first`` .. ``last`` matching ``pattern`` (see StreamClient.fetch)."""
         command = Fetch(pattern=pattern, first=first, last=last, since=since.ms if since is not None else 0)
-        await self._send_held_first()  # LATEST covers what this client published before
+        await self._send_held_first()  # in order: what lingers goes before the fetch
         await self._send(self.session.fetch(command))
         messages: list[Message] = []
         deadline = time.monotonic() + self.timeout

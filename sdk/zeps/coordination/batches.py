@@ -434,7 +434,12 @@ class _Deleting:
                 url, _ = bounded_retry()(client.get, self._path(name))
             text = url.decode(errors="replace")
             # a note (or the reference it came from) is data anyone with write access could have made: only
-            # the object named after its own batch, whose reference is gone, is deleted
+            # the object named after its own batch of this queue, whose reference is gone, is deleted (a
+            # store may hold other queues' batches too)
+            try:
+                self.queue._number(name)
+            except CoordinationError:
+                raise ForeignObjectError(f"{name!r} is no batch of this queue") from None
             if urllib.parse.urlparse(text).path.rpartition("/")[2] != f"{name}.batch":
                 raise ForeignObjectError(f"{text!r} is not the object of batch {name}")
             if bounded_retry()(client.exists, f"{self.queue.paths.batch_refs}/{name}"):
