@@ -368,8 +368,7 @@ class BatchQueue:
         reference ever names a deleted object, and an object the store could not delete then (down,
         access denied) is deleted by a later prune, which first finishes what earlier ones noted. A
         pass stops asking the store after its first failure (logged as a warning): the rest is noted."""
-        positions = self.positions()
-        self.ensure()
+        positions = self.positions()  # (ensures the layout, batches/deleting with it)
         store = self.store  # a store that cannot be opened (no credentials) fails here, before any removal
         deleting = _Deleting(self, store)
         for name in sorted(bounded_retry()(self.client.get_children, self.paths.batch_deleting)):
@@ -424,11 +423,13 @@ class _Deleting:
 
     def finish(self, name: str, url: bytes | None = None) -> None:
         """Delete the noted object of ``name`` from the store, then its note (the note stays if the store
-        failed, or this handle has none)."""
+        failed, or this handle has none). ``url``: the note :meth:`note` just made, in the transaction
+        that removed the reference (a note found in ZooKeeper is read, and its reference looked for)."""
         if self.store is None or self.failure is not None:
             self.left += 1
             return
         client = self.queue.client
+        found = url is None
         try:
             if url is None:
                 url, _ = bounded_retry()(client.get, self._path(name))
@@ -442,7 +443,7 @@ class _Deleting:
                 raise ForeignObjectError(f"{name!r} is no batch of this queue") from None
             if urllib.parse.urlparse(text).path.rpartition("/")[2] != f"{name}.batch":
                 raise ForeignObjectError(f"{text!r} is not the object of batch {name}")
-            if bounded_retry()(client.exists, f"{self.queue.paths.batch_refs}/{name}"):
+            if found and bounded_retry()(client.exists, f"{self.queue.paths.batch_refs}/{name}"):
                 raise ForeignObjectError(f"batch {name} is still referenced")
             self.store.delete(text)
         except NoNodeError:
