@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 #: What Spark says when the planning process did not connect back in time (Spark 4's message).
 WORKER_DID_NOT_CONNECT = "Python worker failed to connect back"
 
+#: Status messages of a query still initializing, or ending (Spark's StreamExecution.runStream)
+_NOT_SETTLED = ("Initializing", "Terminated", "Stopped")
+
 
 def start_query(start: Callable[[], Any], *, attempts: int = 3, timeout: float = 300.0, poll: float = 0.05) -> Any:
     """``start()`` a streaming query and return it once its sources are initialized.
@@ -37,8 +40,10 @@ def start_query(start: Callable[[], Any], *, attempts: int = 3, timeout: float =
         query = start()
         deadline = time.monotonic() + timeout
         # Spark's status while a query starts: "Initializing StreamExecution", then "Initializing
-        # sources" while it plans its sources; any other message means the sources are planned.
-        while query.isActive and str(query.status["message"]).startswith("Initializing"):
+        # sources" while it plans its sources. A query that fails or is stopped says "Terminated with
+        # exception: ..." or "Stopped" a moment before it stops being active: wait for that too, so
+        # its error is seen. Any other message means the sources are planned.
+        while query.isActive and str(query.status["message"]).startswith(_NOT_SETTLED):
             if time.monotonic() > deadline:
                 query.stop()
                 raise TimeoutError(f"the streaming query did not initialize its sources in {timeout:g} s")
