@@ -73,7 +73,11 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     # bounded by ZK_DEADLINE), and look again every second if it is slower still.
     settings.background.instant_exit_timeout = ZK_DEADLINE / 2
     settings.background.cancellation_polling = 1.0
-    state.zk = connect(state.settings.zookeeper, auth=state.settings.zookeeper_auth, acl_from_auth=False)
+    # Calls made during an outage fail at once (retried until ZK_DEADLINE), never wait for its end: a
+    # resync pass stuck in one held up the deletion of its object (Resync.forget waits for it)
+    state.zk = connect(
+        state.settings.zookeeper, auth=state.settings.zookeeper_auth, acl_from_auth=False, call_deadline=ZK_DEADLINE
+    )
     metrics.watch_zookeeper(lambda: state.zk is not None and state.zk.connected)
     state.kube = Kube.connect()
     s = state.settings

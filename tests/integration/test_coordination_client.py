@@ -5,9 +5,18 @@ fixture only checks that it runs (tests/conftest.py)."""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
+
+from kazoo.exceptions import ConnectionLoss
+from kazoo.retry import RetryFailedError
 
 from harness import ZooKeeperHarness, until
+from zeps.coordination import Topic
+from zeps.coordination._util import bounded_retry
+from zeps.coordination.admin import ZooKeeperUnavailableError, count_children
+from zeps.coordination.client import FailFastClient
 
 
 def test_delete_tree_removes_nested_subtrees(zookeeper: ZooKeeperHarness) -> None:
@@ -41,3 +50,75 @@ def test_a_client_reconnects_in_time_to_keep_its_session_after_a_long_outage(zoo
     assert client.client_id[0] == session, f"the session expired (reconnected after {reconnected_s:.1f} s)"
     assert client.exists(node) is not None, "its ephemeral node is still there"
     assert reconnected_s < 6
+
+
+def _seconds(call: Callable[[], object], raises: type[BaseException], *, most: float = 10.0) -> float:
+    """How long ``call`` took to raise ``raises`` (it must, within ``most`` seconds: it runs in a
+    thread, so a call that waits fails the test instead of hanging it)."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # handed to the test
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    started = time.monotonic()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(most)
+    assert outcome, f"still waiting after {most:.0f} s"
+    assert isinstance(outcome[0], raises), f"raised {outcome[0]!r}, not {raises.__name__}"
+    return time.monotonic() - started
+
+
+def test_a_client_made_with_a_call_deadline_fails_its_calls_during_an_outage_instead_of_waiting_for_its_end(
+    zookeeper: ZooKeeperHarness,
+) -> None:
+    """ZooKeeper down: kazoo's own client queues a call until a server answers (it is still waiting
+    after 3 s), so no retry deadline bounds it. The operator's (``call_deadline``) fails a plain call
+    at once; zeps's bounded retries and kazoo's own (a watch's first read) give up at their deadlines;
+    the operator's cleaner sweep (the call a stuck resync pass once held a deletion up on) returns.
+    With the server back, both clients carry on in their sessions."""
+    from zeps_operator.cleaning import Cleaning  # noqa: PLC0415
+
+    deadline = 2.0
+    waiting, failing = zookeeper.client(), zookeeper.client(call_deadline=deadline)
+    assert isinstance(failing, FailFastClient) and not isinstance(waiting, FailFastClient)
+    sessions = (waiting.client_id[0], failing.client_id[0])
+    node = failing.create(f"{zookeeper.root}/n", b"x", makepath=True)
+    topic = Topic(failing, "t", namespace="default", chroot=zookeeper.root)
+    topic.ensure()
+    cleaning = Cleaning(identity="test", leading=lambda: True)
+    cleaning.follow(topic)
+    zookeeper.stop()
+    try:
+        until(lambda: not waiting.connected and not failing.connected, "both clients to see the outage")
+        queued: dict[str, object] = {}
+        waiter = threading.Thread(target=lambda: queued.setdefault("stat", waiting.exists(node)), daemon=True)
+        waiter.start()
+        waiter.join(3.0)
+        assert waiter.is_alive(), "kazoo's own client waits for the server (what call_deadline is for)"
+
+        assert _seconds(lambda: failing.exists(node), ConnectionLoss) < 1.0
+        # a retry gives up when its next sleep (at most 1 s) would pass its deadline: up to 1 s early
+        assert 0.2 <= _seconds(lambda: bounded_retry(1.5)(failing.get, node), RetryFailedError) < 3.5
+        assert _seconds(lambda: count_children(failing, zookeeper.root, deadline=1.5), ZooKeeperUnavailableError) < 3.5
+        kazoos_own = _seconds(lambda: failing.retry(failing.get_children, zookeeper.root), RetryFailedError)
+        assert deadline - 1.0 <= kazoos_own < deadline + 2.0
+        watch = _seconds(lambda: failing.ChildrenWatch(zookeeper.root, lambda _children: None), RetryFailedError)
+        assert watch < deadline + 2.0
+
+        started = time.monotonic()
+        assert cleaning.sweep(topic) == []  # its pass failed with a warning; the next one tries again
+        assert time.monotonic() - started < 3.0
+    finally:
+        zookeeper.start()
+    until(lambda: waiting.connected and failing.connected, "both clients to reconnect", timeout=30)
+    waiter.join(10)
+    assert queued["stat"] is not None, "the queued call was answered once the server was back"
+    assert (waiting.client_id[0], failing.client_id[0]) == sessions
+    assert failing.get(node)[0] == b"x"
+    assert cleaning.sweep(topic) == []

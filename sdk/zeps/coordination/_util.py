@@ -18,8 +18,10 @@ DELETE_CHUNK = 500  # deletes per transaction when emptying a node
 
 def bounded_retry(deadline: float = 120.0) -> KazooRetry:
     """Retry through ConnectionLoss and session expiry (a reconnect, a ZooKeeper restart) for up to
-    ``deadline`` seconds (two minutes by default), never forever. A fresh object per call:
-    KazooRetry keeps per-call state."""
+    ``deadline`` seconds (two minutes by default). The deadline is checked between attempts: an
+    attempt made while the client has no connection waits for a server, unless the client was made
+    with ``connect(call_deadline=...)`` (then it fails at once, and this retries it). A fresh object
+    per call: KazooRetry keeps per-call state."""
     return KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0, deadline=deadline, ignore_expire=True)
 
 
