@@ -5,7 +5,7 @@ PY := .venv/bin/python
 # Load .zeps-env (written by tools/setup.sh) so the harness finds the cached servers.
 WITH_ENV := source ./.zeps-env &&
 
-.PHONY: setup setup-test setup-python test test-unit e2e e2e-images e2e-stack e2e-down lint demo generate check-generated bench bench-operator-kind clean
+.PHONY: setup setup-test setup-python test test-unit sim chaos-replication docs e2e e2e-images e2e-stack e2e-down lint demo generate check-generated bench bench-operator-kind clean
 
 setup:            ## everything: .venv, ZooKeeper jars, control-plane binaries, the compiled hot path (idempotent)
 	@tools/setup.sh python zookeeper testbin promtool compiled
@@ -16,13 +16,21 @@ setup-test:       ## what make test needs before its suite; the pinned Go binari
 setup-python:
 	@tools/setup.sh python
 
-lint: setup-python  ## ruff, mypy --strict, import-linter
+lint: setup-python  ## ruff, mypy --strict, import-linter, the docs site built with --strict
 	@echo "[lint] ruff"; .venv/bin/ruff check . && .venv/bin/ruff format --check .
 	@echo "[lint] mypy --strict"; .venv/bin/mypy
 	@echo "[lint] import-linter"; .venv/bin/lint-imports
+	@$(MAKE) --no-print-directory docs
 
-test: setup-test lint  ## the whole suite: unit, integration (ZooKeeper, Spark), cluster (API server)
-	@$(WITH_ENV) $(PY) -m pytest -m "not solo"
+docs: setup-python  ## the docs site into build/site (mkdocs --strict: a broken link or anchor, or a page not in the navigation, fails)
+	@echo "[docs] mkdocs build --strict"; NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
+
+# make test's pytest-xdist workers (1: one test at a time): the tiers mostly wait on servers, so
+# one worker leaves a core idle. A worker starts the session servers its tests ask for (ZooKeeper,
+# the control plane, Spark) when its first test needs them: two of some, for a shorter run
+TEST_LANES ?= 2
+test: setup-test lint  ## the whole suite: unit, integration (ZooKeeper, Spark), cluster (API server); TEST_LANES=1 runs one test at a time
+	@$(WITH_ENV) $(PY) -m pytest -m "not solo" $(if $(filter-out 1,$(TEST_LANES)),-n $(TEST_LANES) --dist worksteal,)
 	@tools/setup.sh testbin  # built now (by the session above if they were not): recorded in .zeps-env
 	@echo "[test] the tests that start a stack of their own (-m solo), once the shared one is gone"
 	@$(WITH_ENV) $(PY) -m pytest -m solo
@@ -32,6 +40,16 @@ test: setup-test lint  ## the whole suite: unit, integration (ZooKeeper, Spark),
 test-unit:        ## the unit tier alone, pure Python: seconds, no server, nothing compiled (the inner loop)
 	@tools/setup.sh python zookeeper
 	@$(WITH_ENV) ZEPS_COMPILED= $(PY) -m pytest tests/unit
+
+SEEDS ?= 1-1000
+sim: setup-python  ## the replication protocol under deterministic simulation, for SEEDS (1-1000; one: SEEDS=22 replays it); prints seeds per second
+	@cd tests && ../$(PY) -m simulation.run $(SEEDS)
+
+ROUNDS ?= 30
+SEED ?=
+FAULTS ?=
+chaos-replication: setup-test  ## real replicas under random faults (kill -9, SIGSTOP, all restarted, ZooKeeper answers lost or cut, a full disk, a clock jump) for ROUNDS rounds (SEED= replays, FAULTS=a,b only those); one JSON line a fault, the summary last
+	@$(WITH_ENV) cd tests && ../$(PY) -m chaos.replication --rounds $(ROUNDS) $(if $(SEED),--seed $(SEED),) $(if $(FAULTS),--faults $(FAULTS),)
 
 e2e: setup      ## the e2e suite on a kind cluster with real nodes, images built here (see README)
 	@tools/setup.sh kind
@@ -58,9 +76,15 @@ bench-operator-kind: setup  ## bench-operator with the operator in a pod on kind
 	@tools/setup.sh bench kind
 	@$(WITH_ENV) $(PY) benchmarks/bench_operator_kind.py
 
-bench-%: setup    ## benchmarks: bench-topic, -queue, -stream, -stages, -spark, -operator, -core, -replication, -partitions, -batches, -fsync; each prints one JSON line last
+bench-%: setup    ## benchmarks: bench-topic, -queue, -stream, -stages, -spark, -operator, -core, -replication, -roll, -partitions, -batches, -fsync; each prints one JSON line last
 	@tools/setup.sh bench
 	@$(WITH_ENV) $(PY) benchmarks/bench_$*.py
+
+generate: setup-python  ## the generated files from their one source: CRDs (the models) and the reference pages
+	@$(PY) -m zeps_operator.crdgen && $(PY) tools/gen_docs.py
+
+check-generated: setup-python  ## fails if a generated file differs from its source (the unit tier checks the same)
+	@$(PY) -m zeps_operator.crdgen --check && $(PY) tools/gen_docs.py --check
 
 clean:            ## remove the virtualenv (the shared cache in ~/.cache/zeps stays)
 	rm -rf .venv .zeps-env

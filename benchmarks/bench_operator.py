@@ -72,13 +72,13 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def apply_all(kubectl_argv: list[str], count: int) -> None:
-    """Create ``count`` Topics in namespace bench with APPLIERS kubectl processes at once, a share each."""
+def apply_all(kubectl_argv: list[str], count: int, namespace: str = "bench") -> None:
+    """Create ``count`` Topics in ``namespace`` with APPLIERS kubectl processes at once, a share each."""
     shares: list[list[str]] = [[] for _ in range(APPLIERS)]
     for i in range(count):
         topic = {"apiVersion": "zeps.dev/v1alpha1", "kind": "Topic", "metadata": {"name": f"t-{i:05d}"}}
         shares[i % APPLIERS].append(json.dumps(topic))
-    kubectl = [*kubectl_argv, "create", "-n", "bench", "-f", "-"]
+    kubectl = [*kubectl_argv, "create", "-n", namespace, "-f", "-"]
     procs = [
         subprocess.Popen(kubectl, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         for _ in shares

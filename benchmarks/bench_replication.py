@@ -12,6 +12,11 @@
   after a kill) is retried, as the README tells clients to: the count is printed (``publish_refusals``).
 * **Throughput**: ``publish_many`` + ``flush`` through replicas 3 / minInSync 2 against one broker
   without replication, same machine, alternating rounds (ratio of medians).
+* **Latency**: publish -> deliver, one message at a time at ``LATENCY_RATE`` a second (bodies carry
+  their send time; publisher and subscriber in this process), p50 and p99 of ``LATENCY_COUNT``
+  messages through replicas 3 / minInSync 2 (a message is delivered once both in-sync followers
+  hold it), a lone broker, and JetStream R3 (core publish to the stream's subject, a push consumer):
+  the price of replication on the live path, against the baseline and against JetStream's.
 * **Catch-up**: a follower rebuilt from an empty volume copies the journal (MB/s from its first byte
   on disk to the leader's size; and seconds from its start), while the publisher goes on (its rate
   during the copy against before).
@@ -54,6 +59,8 @@ KILLS = int(os.environ.get("ZEPS_BENCH_KILLS", "20"))
 THROUGHPUT_COUNT = int(os.environ.get("ZEPS_BENCH_COUNT", "1000000"))
 ROUNDS = int(os.environ.get("ZEPS_BENCH_ROUNDS", "5"))  # throughput: alternating rounds; ratio of medians
 CATCHUP_MB = int(os.environ.get("ZEPS_BENCH_CATCHUP_MB", "200"))
+LATENCY_COUNT = int(os.environ.get("ZEPS_BENCH_LATENCY_COUNT", "3000"))
+LATENCY_RATE = float(os.environ.get("ZEPS_BENCH_LATENCY_RATE", "500"))
 BODY = b"x" * 100
 STALL_S = 60.0  # a subscriber that has not resumed this long after a kill is counted as stalled
 CHROOT = "/bench"
@@ -74,8 +81,9 @@ def _stop_all(procs: Iterable[subprocess.Popen[bytes]]) -> None:
 
 # -- zeps ---------------------------------------------------------------------------------------
 class ZepsReplicas:
-    def __init__(self, zk: ZooKeeperServer, tmp: Path, *, replicas: int = 3, min_insync: int = 2) -> None:
-        self.zk_server, self.tmp, self.min_insync = zk, tmp, min_insync
+    def __init__(self, zk: ZooKeeperServer, tmp: Path, *, replicas: int = 3, min_insync: int = 2,
+                 extra: tuple[str, ...] = ()) -> None:  # fmt: skip
+        self.zk_server, self.tmp, self.min_insync, self.extra = zk, tmp, min_insync, extra
         self.names = [f"r{i}" for i in range(replicas)]
         self.ports = {n: free_port() for n in self.names}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -90,7 +98,7 @@ class ZepsReplicas:
         argv = [sys.executable, "-m", "zeps.broker.main", "--stream", self.stream, "--data-dir", str(self.tmp / name),
                 "--bind", f"tcp://127.0.0.1:{self.ports[name]}", "--zookeeper", self.zk_server.connect_string,
                 "--chroot", CHROOT, "--namespace", "bench", "--member", name, "--min-insync", str(self.min_insync),
-                "--replica-lag", "4", "--log-level", "WARNING"]  # fmt: skip
+                "--replica-lag", "4", "--log-level", "WARNING", *self.extra]  # fmt: skip
         self.procs[name] = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def state(self) -> Any:
@@ -261,6 +269,93 @@ def zeps_throughput(zk: ZooKeeperServer, tmp: Path) -> dict[str, float]:
                     lone.terminate()
                     lone.wait(30)
     return {k: statistics.median(v) for k, v in rates.items()}
+
+
+def _paced(count: int, send: Callable[[int, float], None]) -> None:
+    """``send(i, now)`` for i in 0..count-1 at LATENCY_RATE a second (a slow send is caught up, not skipped)."""
+    start = time.perf_counter()
+    for i in range(count):
+        wait = start + i / LATENCY_RATE - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        send(i, time.perf_counter())
+
+
+def zeps_latency(zk: ZooKeeperServer, tmp: Path, *, replicated: bool) -> list[float]:
+    """Publish -> deliver milliseconds of LATENCY_COUNT paced messages (see the module's notes)."""
+    lone: subprocess.Popen[bytes] | None = None
+    system: ZepsReplicas | None = None
+    if replicated:
+        system = ZepsReplicas(zk, tmp / "lat-r3")
+        publisher, subscriber = system.client(), system.client()
+    else:
+        port = free_port()
+        lone = subprocess.Popen([sys.executable, "-m", "zeps.broker.main", "--stream", "lat", "--data-dir",
+                                 str(tmp / "lat-r1"), "--bind", f"tcp://127.0.0.1:{port}", "--log-level", "WARNING"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        publisher = StreamClient(f"tcp://127.0.0.1:{port}", "lat", timeout=60)
+        subscriber = StreamClient(f"tcp://127.0.0.1:{port}", "lat", timeout=60)
+    latencies: list[float] = []
+    try:
+        with publisher, subscriber:
+            subscriber.start("", since="latest")
+            done = threading.Event()
+
+            def read() -> None:
+                while len(latencies) < LATENCY_COUNT and not done.is_set():
+                    for m in subscriber.receive_many(0.2):
+                        latencies.append((time.perf_counter() - float(m.body)) * 1000)
+
+            reader = threading.Thread(target=read, daemon=True)
+            reader.start()
+            time.sleep(0.5)  # the subscription is live before the first publish
+            _paced(LATENCY_COUNT, lambda _i, now: publisher.publish("k", b"%.9f" % now))
+            publisher.flush(timeout=60)
+            reader.join(60)
+            done.set()
+    finally:
+        if system is not None:
+            system.stop()
+        if lone is not None:
+            lone.terminate()
+            lone.wait(30)
+    return latencies
+
+
+async def _jetstream_latency(cluster: JetStreamCluster) -> list[float]:
+    import nats  # noqa: PLC0415
+
+    nc = await nats.connect(servers=cluster.urls, connect_timeout=5)
+    latencies: list[float] = []
+    got = asyncio.Event()
+    try:
+        js = nc.jetstream(timeout=10)
+
+        async def on_message(m: Any) -> None:
+            latencies.append((time.perf_counter() - float(m.data)) * 1000)
+            if len(latencies) >= LATENCY_COUNT:
+                got.set()
+
+        await js.subscribe("failover.lat", cb=on_message, ordered_consumer=True, deliver_policy="new")
+        await asyncio.sleep(0.5)
+        start = time.perf_counter()
+        for i in range(LATENCY_COUNT):
+            wait = start + i / LATENCY_RATE - time.perf_counter()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            await nc.publish("failover.lat", b"%.9f" % time.perf_counter())
+        await asyncio.wait_for(got.wait(), 60)
+    finally:
+        await nc.close()
+    return latencies
+
+
+def jetstream_latency(tmp: Path) -> list[float]:
+    cluster = JetStreamCluster(tmp)
+    try:
+        return asyncio.run(_jetstream_latency(cluster))
+    finally:
+        cluster.stop()
 
 
 def _log_bytes(folder: Path) -> int:
@@ -510,6 +605,9 @@ def main() -> None:
             js = jetstream_failover(tmp / "jetstream")
             print(json.dumps({"system": "jetstream", **{k: _quantiles(v) if isinstance(v, list) else v
                                                         for k, v in js.items()}}), flush=True)  # fmt: skip
+            latency = {"r3": zeps_latency(zk, tmp / "latency", replicated=True),
+                       "r1": zeps_latency(zk, tmp / "latency", replicated=False),
+                       "jetstream_r3": jetstream_latency(tmp / "jetstream-latency")}  # fmt: skip
             throughput = zeps_throughput(zk, tmp / "throughput")
             catchup = zeps_catchup(zk, tmp / "catchup")
         finally:
@@ -524,6 +622,12 @@ def main() -> None:
         out[f"{system}_confirmed_lost"] = result["missing"]
         out[f"{system}_subscriber_stalls"] = result["stalls"]
         out[f"{system}_publish_refusals"] = result["refusals"]
+    for kind, values in latency.items():
+        q = _quantiles(values)
+        out[f"latency_{kind}_p50_ms"], out[f"latency_{kind}_p99_ms"] = q["p50"], q["p99"]
+        out[f"latency_{kind}_delivered"] = len(values)
+    out["latency_r3_vs_r1_p50"] = round(out["latency_r3_p50_ms"] / out["latency_r1_p50_ms"], 2)
+    out["latency_r3_vs_jetstream_r3_p50"] = round(out["latency_r3_p50_ms"] / out["latency_jetstream_r3_p50_ms"], 2)
     out["replicated_per_s"] = round(throughput["replicated"], 1)
     out["single_per_s"] = round(throughput["single"], 1)
     out["replicated_vs_single"] = round(throughput["replicated"] / throughput["single"], 3)

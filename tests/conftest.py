@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from harness import PlainPartitions, ZooKeeperHarness
+from harness import PlainPartitions, ReplicaSet, ZooKeeperHarness
 from zeps_dev import ZooKeeperServer
 from zeps_dev.seaweedfs import SeaweedFS
 
@@ -116,3 +116,15 @@ def plain(zookeeper: ZooKeeperHarness, tmp_path: Path) -> Iterator[list[str]]:
         yield brokers.endpoints()
     finally:
         brokers.stop()
+
+
+@pytest.fixture
+def replicas(zookeeper: ZooKeeperHarness, tmp_path: Path) -> Iterator[ReplicaSet]:
+    """Stream "prices" on three replicas (``--min-insync 2``), started; stopped after the test."""
+    replica_set = ReplicaSet(zookeeper, tmp_path)
+    for name in replica_set.names:
+        replica_set.start(name)
+    try:
+        yield replica_set
+    finally:
+        replica_set.stop()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import signal
 import socket
 import subprocess
@@ -21,10 +23,12 @@ from zeps.coordination import connect
 from zeps.coordination.replication import read_replication_state
 from zeps.coordination.testing import count_znodes, expire_session
 from zeps.errors import ZepsError
-from zeps.journal import Journal, JournalConfig
+from zeps.journal import Journal, JournalConfig, Record
 from zeps.paths import StreamPaths
 from zeps_dev import ZooKeeperServer
 from zeps_dev.process import ManagedProcess, die_with_parent, free_port, wait_until
+from zeps_dev.volume import PrivateVolume
+from zeps_dev.wallclock import WallClock
 
 
 def until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
@@ -235,6 +239,53 @@ class CuttingProxy:
 REPLICA_SESSION_S = 2.0
 
 
+class Publisher:
+    """An idempotent publisher of ``<tag>:1``, ``<tag>:2``, … (``group`` a flush) in a process of its
+    own (``tests/workers/replica_client.py``), following the leader of a replicated stream; what it
+    had confirmed is read from its lines."""
+
+    def __init__(self, zookeeper: ZooKeeperHarness, root: Path, *, tag: str = "p", group: int = 20) -> None:
+        self.tag, self.log, self.stop_file = tag, root / f"publisher-{tag}.jsonl", root / f"stop-{tag}"
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen([sys.executable, str(WORKERS / "replica_client.py"), "publish", "--zookeeper",
+                                          zookeeper.connect_string, "--chroot", zookeeper.root, "--tag", tag,
+                                          "--group", str(group), "--stop-file", str(self.stop_file),
+                                          "--seconds", "300"], stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+
+    def confirmed(self) -> int:
+        """The last count it had confirmed (0 before its first flush returned)."""
+        lines = [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
+        return max((e["confirmed"] for e in lines if "confirmed" in e), default=0)
+
+    def goes_on(self, more: int, what: str, timeout: float = 60) -> None:
+        """Wait until it has confirmed ``more`` publishes beyond what it had now."""
+        target = self.confirmed() + more
+        until(lambda: self.confirmed() >= target, what, timeout=timeout)
+
+    def stop(self) -> int:
+        """Stop it (its last flush first); what it had confirmed."""
+        self.stop_file.touch()
+        try:
+            self.proc.wait(60)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.confirmed()
+
+
+def assert_published_once_in_order(journals: dict[str, list[tuple[int, bytes]]], confirmed: int, tag: str = "p"
+                                   ) -> None:  # fmt: skip
+    """Every replica's journal holds ``<tag>:1 .. <tag>:confirmed`` (at least), each once and in order,
+    and the journals are the same."""
+    for name, journal in journals.items():
+        mine = [int(body.split(b":")[1]) for _, body in journal if body.startswith(tag.encode() + b":")]
+        assert mine == list(range(1, len(mine) + 1)), f"{name}: publishes repeated or out of order"
+        assert len(mine) >= confirmed, f"{name}: confirmed publishes {len(mine) + 1}..{confirmed} are lost"
+    first, *others = journals.values()
+    assert all(journal == first for journal in others), "the replicas' journals differ"
+
+
 class ReplicaSet:
     """Three ``zeps-broker`` processes replicating one stream (``--min-insync 2`` by default) on
     127.0.0.1, each with its journal directory and port, electing their leader in ``zookeeper``."""
@@ -248,8 +299,16 @@ class ReplicaSet:
         stream: str = "prices",
         partition: int = 0,
         replicas: int = 3,
+        zookeeper_for: dict[str, str] | None = None,
     ) -> None:
         self.zookeeper, self.root, self.min_insync, self.stream = zookeeper, root, min_insync, stream
+        #: the ZooKeeper address each replica is given (default: the server's; a chaos proxy's instead)
+        self.zookeeper_for = zookeeper_for or {}
+        self.extra: list[str] = []  #: more flags for every replica (CURVE's, say)
+        #: a replica whose journal lives on a volume of its own (a tmpfs that can be filled up)
+        self.volumes: dict[str, PrivateVolume] = {}
+        #: a replica whose wall clock can be made to jump (zeps_dev.wallclock)
+        self.clocks: dict[str, WallClock] = {}
         self.partition = partition  # of a partitioned stream: its brokers pass --partition
         self.names = [f"r{i}" if not partition else f"p{partition}-r{i}" for i in range(replicas)]
         self.ports = {name: free_port() for name in self.names}
@@ -261,16 +320,29 @@ class ReplicaSet:
 
     def start(self, name: str) -> None:
         argv = [sys.executable, "-m", "zeps.broker.main", "--stream", self.stream, "--data-dir", str(self.root / name),
-                "--bind", f"tcp://127.0.0.1:{self.ports[name]}", "--zookeeper", self.zookeeper.connect_string,
+                "--bind", f"tcp://127.0.0.1:{self.ports[name]}",
+                "--zookeeper", self.zookeeper_for.get(name, self.zookeeper.connect_string),
                 "--chroot", self.zookeeper.root, "--namespace", "default", "--member", name,
                 "--min-insync", str(self.min_insync), "--zookeeper-session-timeout", str(REPLICA_SESSION_S),
                 "--replica-lag", "4", "--fsync", "group", "--segment-bytes", str(256 << 10),
-                "--metrics-port", str(self.metrics[name]), "--partition", str(self.partition)]  # fmt: skip
+                "--metrics-port", str(self.metrics[name]), "--partition", str(self.partition),
+                *self.extra]  # fmt: skip
+        if name in self.volumes:
+            argv = self.volumes[name].wrap(argv)
         log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 — the process writes it; closed with it
         # started from the main thread: a test process that dies (SIGKILL, SIGTERM) takes its brokers along
         out = subprocess.STDOUT
-        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=out, preexec_fn=die_with_parent)  # noqa: PLW1509
+        env = {**os.environ, **self.clocks[name].env()} if name in self.clocks else None
+        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=out, env=env, preexec_fn=die_with_parent)  # noqa: PLW1509
         log.close()
+
+    def start_in_sync(self) -> str:
+        """Start every replica and wait until all are in sync; the leader."""
+        for name in self.names:
+            self.start(name)
+        until(lambda: self.state() is not None and len(self.state().isr) == len(self.names),
+              "every replica in sync", timeout=60)  # fmt: skip
+        return self.leader()
 
     def scrape(self, name: str) -> str:
         """Replica ``name``'s Prometheus metrics, as text."""
@@ -323,10 +395,17 @@ class ReplicaSet:
                 proc.wait(5)
 
     def journal(self, name: str) -> list[tuple[int, bytes]]:
-        j = Journal(self.root / name / self.stream, JournalConfig(), name=self.stream).open()
+        return [(r.sequence, r.body) for r in self.records(name)]
+
+    def records(self, name: str) -> list[Record]:
+        """Every record of replica ``name``'s journal (read from its files: stop it first)."""
+        path = self.root / name / self.stream
+        if name in self.volumes:  # read through the volume's namespace (while it lives)
+            path = self.volumes[name].path(path)
+        j = Journal(path, JournalConfig(), name=self.stream).open()
         out, seq = [], j.first_sequence
         while batch := j.read(seq, max_records=1000):
-            out += [(r.sequence, r.body) for r in batch]
+            out += batch
             seq = batch[-1].sequence + 1
         j.close()
         return out
@@ -357,7 +436,7 @@ class ReplicaSet:
 
     def client(self, **options: Any) -> StreamClient:
         endpoint, locator = self.located()
-        return StreamClient(endpoint, self.stream, locator=locator, timeout=60, **options)
+        return StreamClient(endpoint, self.stream, locator=locator, **{"timeout": 60, **options})
 
 
 class PlainPartitions:

@@ -83,7 +83,7 @@ setup_python() {
   fi
   rm -f .venv/.installed
   say "python: installing pinned dependencies into .venv (first time takes a few minutes: PySpark is large)"
-  if ! .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[operator,spark,dev,bench,s3]' >.venv/pip.log 2>&1; then
+  if ! .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[operator,spark,dev,bench,s3,docs]' >.venv/pip.log 2>&1; then
     tail -n 15 .venv/pip.log >&2
     fail "pip install failed; full log in .venv/pip.log"
   fi

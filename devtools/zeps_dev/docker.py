@@ -371,11 +371,29 @@ class DockerEngine(LocalServer):
                 os.kill(pid, signal.SIGTERM)
             self._wait_gone(pid, 90)
         self._kill_strays()
+        self._unmount_own()
 
     def _kill_strays(self) -> None:
         for pid in self._own_processes():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+    def _own_mounts(self) -> list[Path]:
+        """Mount points inside this engine's folder (dockerd binds its data root onto itself, and a
+        dockerd stopped hard leaves that mount and its overlays behind), deepest first."""
+        marker = str(self.root) + "/"
+        points = []
+        with contextlib.suppress(OSError):
+            for line in Path("/proc/self/mountinfo").read_text().splitlines():
+                point = line.split()[4].replace("\\040", " ")
+                if point.startswith(marker):
+                    points.append(Path(point))
+        return sorted(points, key=lambda p: len(p.parts), reverse=True)
+
+    def _unmount_own(self) -> None:
+        """Unmount what a stopped dockerd of ours left mounted in its own folder (nothing else)."""
+        for point in self._own_mounts():
+            subprocess.run(["umount", "--lazy", str(point)], capture_output=True, check=False)
 
     @staticmethod
     def _wait_gone(pid: int, timeout: float) -> bool:
@@ -411,7 +429,9 @@ class DockerEngine(LocalServer):
             for bridge in bridges:  # a host interface of one of our networks that dockerd left
                 if Path("/sys/class/net", bridge).exists():
                     subprocess.run(["ip", "link", "delete", bridge], capture_output=True, check=False)
+            self._unmount_own()
             left = [str(p) for p in self._own_processes()] + [b for b in bridges if Path("/sys/class/net", b).exists()]
+            left += [str(m) for m in self._own_mounts()]
             if left:
                 raise SetupError(f"the dockerd of zeps left {', '.join(left)} behind")
             self.say("docker: dockerd of zeps stopped (no process, container or network of it left)")

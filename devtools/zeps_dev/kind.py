@@ -509,6 +509,7 @@ class KindStack(LocalServer):
             "zookeeper.ensemble.image.pullPolicy=Never",
             f"zookeeper.auth.password={self.zookeeper_password}",  # ACLs work as users set them up
             "operator.resyncSeconds=10",
+            "brokers.allowedImages={zeps.local/*}",  # the images built here (a test runs a broker from one)
             # a server per worker: a node's loss then takes one server, never the quorum
             *(["zookeeper.ensemble.antiAffinity=required"] if self.workers >= 3 else []),
         ]

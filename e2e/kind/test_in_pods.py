@@ -25,7 +25,11 @@ def test_operator_and_zookeeper_run_in_pods_with_the_charts_service_account(clus
     # the operator's pod may do what the chart's ClusterRole grants, and nothing else
     sa = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{RELEASE}-operator"
     assert cluster.kubectl("auth", "can-i", "patch", "topics.zeps.dev/status", "--as", sa).strip() == "yes"
-    assert cluster.kubectl("auth", "can-i", "delete", "pods", "--as", sa, check=False).strip() == "no"
+    # it deletes a replicated stream's broker pods (its data-aware roll), and never makes a pod, enters
+    # one or touches a node
+    assert cluster.kubectl("auth", "can-i", "delete", "pods", "--as", sa).strip() == "yes"
+    for verb, what in (("create", "pods"), ("create", "pods/exec"), ("delete", "nodes")):
+        assert cluster.kubectl("auth", "can-i", verb, what, "--as", sa, check=False).strip() == "no", (verb, what)
     # its one cleaner Lease, in its own namespace, and no other
     lease = f"lease/{RELEASE}-operator-cleaner"
     assert cluster.kubectl("auth", "can-i", "update", lease, "-n", OPERATOR_NAMESPACE, "--as", sa).strip() == "yes"

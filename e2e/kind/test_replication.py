@@ -1,8 +1,16 @@
 """A replicated ZepsStream on kind with three worker nodes (README, "Replicated streams"): its three
 brokers on three nodes, a publisher Job and three subscriber pods on the control-plane node (never
-stopped here). Under load, the leader's pod is deleted, then the node of the next leader is lost
-(its node container killed, as a power cut takes a machine); the node comes back and its replica
-catches up. Every confirmed publish reaches every subscriber exactly once, in order, with no gap.
+stopped here). Under load, one fault after another, each healed before the next:
+
+1. the leader's pod is deleted;
+2. the node of the next leader is lost (its node container killed, as a power cut takes a
+   machine); the node comes back and its replica catches up;
+3. all three broker pods are deleted at once (the StatefulSet starts them again together,
+   ``podManagementPolicy: Parallel``: the restart a power cut of the whole stream makes);
+4. a node is lost while the pod of a replica on another node is deleted.
+
+Every confirmed publish reaches every subscriber exactly once, in order, with no gap (a delivered
+record is never taken back: a subscriber would see another body at its sequence, or a gap).
 
 Each fault prints its figure (never a timed assertion). Without replication there is no leader to
 find, no follower to take over, and the node's loss takes the one journal with it: the test fails
@@ -15,6 +23,7 @@ import itertools
 import json
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +34,7 @@ from zeps_dev.kind import wire_pod_network
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 STREAM = "ledger"  # examples/zepsstream-replicated.yaml
-COUNT, RATE, GROUP = 4000, 40.0, 20  # 100 s of publishing at least: both faults happen within it
+COUNT, RATE, GROUP = 8000, 40.0, 20  # 200 s of publishing at least: the four faults happen within it
 CONTROL_PLANE = "node-role.kubernetes.io/control-plane"
 
 
@@ -71,7 +80,7 @@ def _start_clients(app: App) -> list[str]:
     message, and the publisher Job (workers/ledger_publisher.py); returns the subscribers' names."""
     subscribers = [f"subscriber-{i}" for i in range(3)]
     for name in subscribers:
-        command = f"exec zeps --json stream replay {STREAM} --since 0 --count {COUNT} --timeout 300"
+        command = f"exec zeps --json stream replay {STREAM} --since 0 --count {COUNT} --timeout 600"
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
                "spec": _on_control_plane(App.pod_spec(command))}  # fmt: skip
         app.apply(pod)
@@ -90,8 +99,8 @@ def _start_clients(app: App) -> list[str]:
 
 
 @pytest.mark.serial  # a node is stopped: every pod on it goes
-@pytest.mark.timeout(1200)
-def test_a_replicated_stream_loses_nothing_confirmed_to_a_pod_deletion_and_a_node_loss(
+@pytest.mark.timeout(1800)
+def test_a_replicated_stream_loses_nothing_confirmed_to_pod_deletions_and_node_losses(
     cluster: Any, app: App, zk: ZooKeeperShell
 ) -> None:
     app.apply_example("zepsstream-replicated.yaml")
@@ -154,6 +163,9 @@ def test_a_replicated_stream_loses_nothing_confirmed_to_a_pod_deletion_and_a_nod
     )  # fmt: skip
     caught_up_s = time.monotonic() - rejoined_at
 
+    all_at, before = _all_pods_deleted(cluster, app, confirmed_past, before + 2000)  # 3.
+    both_at, before = _a_node_and_a_pod_lost(cluster, app, confirmed_past, before + 500)  # 4.
+
     # everything confirmed, delivered to every subscriber once, in order, with no gap
     cluster.wait_for("the publisher to finish", lambda: confirmed_past(COUNT), timeout=600, interval=2)
     expected = [str(i) for i in range(1, COUNT + 1)]
@@ -173,9 +185,11 @@ def test_a_replicated_stream_loses_nothing_confirmed_to_a_pod_deletion_and_a_nod
     cluster.kubectl("rollout", "status", f"deployment/{RELEASE}-operator", "-n", OPERATOR_NAMESPACE, "--timeout=240s",
                     timeout=270)  # fmt: skip
     _figure(
-        fault="replicated stream: leader pod deleted, then the next leader's node lost",
+        fault="replicated stream: leader pod deleted; the next leader's node lost; all pods deleted; a node and a pod",
         longest_confirmation_pause_pod_deleted_s=round(_longest_pause(app, deleted_at, killed_at), 1),
         longest_confirmation_pause_node_lost_s=round(_longest_pause(app, killed_at, killed_at + 60), 1),
+        longest_confirmation_pause_all_pods_deleted_s=round(_longest_pause(app, all_at, all_at + 120), 1),
+        longest_confirmation_pause_node_and_pod_s=round(_longest_pause(app, both_at, both_at + 120), 1),
         node_lost=node,
         leader_on_it=second["leader"],
         also_on_it=also_lost,
@@ -187,6 +201,54 @@ def test_a_replicated_stream_loses_nothing_confirmed_to_a_pod_deletion_and_a_nod
         stored_twice=0,
         flushes_retried=sum(1 for m in json_lines(app.logs("job/publisher")) if "waiting" in m),
     )
+
+
+def _whole_again(app: App, after: int) -> Callable[[], bool]:
+    """A leader in an epoch after ``after``, with the three replicas in sync."""
+
+    def whole() -> bool:
+        r = _replication(app)
+        return bool(r.get("leader")) and r.get("epoch", 0) > after and len(r.get("inSync", [])) == 3
+
+    return whole
+
+
+def _all_pods_deleted(cluster: Any, app: App, confirmed_past: Callable[[int], bool], wait: int) -> tuple[float, int]:
+    """3. Once ``wait`` are confirmed, every broker pod deleted at once: they start again together, each
+    from its journal. Returns (when, confirmed then)."""
+    epoch = _replication(app)["epoch"]
+    cluster.wait_for(f"{wait} confirmed", lambda: confirmed_past(wait), timeout=240, interval=1)
+    at, before = time.time(), _confirmed(app)[-1]["confirmed"]
+    cluster.kubectl("delete", "pod", "-n", app.ns, "-l", f"app.kubernetes.io/instance={STREAM}", "--wait=false",
+                    "--grace-period=1")  # fmt: skip
+    cluster.wait_for("confirmations after all three restarted", lambda: confirmed_past(before + 10 * GROUP),
+                     timeout=300, interval=1)  # fmt: skip
+    cluster.wait_for("three in sync again, in a later epoch", _whole_again(app, epoch), timeout=300, interval=2)
+    return at, before
+
+
+def _a_node_and_a_pod_lost(cluster: Any, app: App, confirmed_past: Callable[[int], bool], wait: int
+                           ) -> tuple[float, int]:  # fmt: skip
+    """4. Once ``wait`` are confirmed, the leader's node lost while a follower's pod (on another node)
+    is deleted: the third replica and the deleted one elect and serve; the node comes back."""
+    r = _replication(app)
+    placed = _brokers(app)
+    lost_node = placed[r["leader"]]
+    deleted_pod = next(p for p in sorted(placed) if p != r["leader"])
+    cluster.wait_for(f"{wait} confirmed", lambda: confirmed_past(wait), timeout=240, interval=1)
+    at, before = time.time(), _confirmed(app)[-1]["confirmed"]
+    _docker("kill", lost_node)
+    cluster.kubectl("delete", "pod", deleted_pod, "-n", app.ns, "--wait=false")
+    try:
+        cluster.wait_for("confirmations by a leader on the third node", lambda: confirmed_past(before + 10 * GROUP),
+                         timeout=300)  # fmt: skip
+    finally:
+        _docker("start", lost_node)
+        cluster.wait_for(f"node {lost_node} back, its pod network wired", lambda: _wired(cluster, lost_node),
+                         timeout=180, interval=2)  # fmt: skip
+    cluster.wait_for("three in sync again after the node and the pod", _whole_again(app, r["epoch"]), timeout=360,
+                     interval=2)  # fmt: skip
+    return at, before
 
 
 def _wired(cluster: Any, node: str) -> bool:

@@ -8,9 +8,14 @@ from __future__ import annotations
 import base64
 import copy
 import secrets
+from pathlib import Path
 from typing import Any
 
 from kindapp import OPERATOR_NAMESPACE, RELEASE, App, json_lines
+
+from zeps.partitioning import partition_of
+
+WORKERS = Path(__file__).resolve().parent / "workers"
 
 OPERATOR = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{RELEASE}-operator"
 
@@ -110,6 +115,60 @@ def test_curve_admits_the_listed_clients_only_and_cuts_one_off_without_a_restart
     after = app.get("pod", broker["metadata"]["name"])
     assert after["metadata"]["uid"] == broker["metadata"]["uid"]
     assert after["status"]["containerStatuses"][0]["restartCount"] == 0, "no broker restart"
+
+
+def test_a_curve_stream_of_replicas_and_partitions_peers_encrypted_and_refuses_a_forged_replica(app: App) -> None:
+    """Three replicas of each of two partitions, CURVE on: every replica in sync (they peer with
+    certificates of their own, which a leader checks), the admitted client publishing to both
+    partitions and reading it all back across a partition leader's deletion; the same client
+    fetching as one of the replicas is refused (UNAUTHORIZED), so it can never count for minInSync."""
+    app.apply(_stream("crypt", curve=True, curveClients=["orders"], replicas=3, partitions=2))
+    app.ready("zepsstream", "crypt", timeout=420)
+
+    def partitions() -> list[dict[str, Any]]:
+        return list(app.get("zepsstream", "crypt").get("status", {}).get("partitions", []))
+
+    app.cluster.wait_for("all six replicas in sync over CURVE", lambda: [len(p.get("inSync", [])) for p in
+                         partitions()] == [3, 3], timeout=240)  # fmt: skip
+    status = app.get("zepsstream", "crypt")["status"]
+    client = {"ZEPS_STREAM_CRYPT_CURVE_CLIENT": "/etc/zeps/client/client.key_secret"}
+    keys = {partition_of(k, 2): k for k in (f"k{i}" for i in range(20))}  # a key of each partition
+
+    def publish(pod: str, first: int) -> None:
+        bodies = " ".join(f"m{i}" for i in range(first, first + 20))
+        app.apply(_pod(pod, " && ".join(f"zeps stream publish crypt {keys[p]} {bodies}" for p in (0, 1)),
+                       env=client, secret="crypt-curve-orders"))  # fmt: skip
+        app.wait_succeeded(pod)
+
+    publish("before", 0)
+    leader = status["partitions"][1]["leader"]
+    app.cluster.kubectl("delete", "pod", leader, "-n", app.ns, "--wait=false")
+
+    def led_anew() -> bool:
+        parts = partitions()
+        return len(parts) == 2 and parts[1].get("leader") not in ("", leader) and bool(parts[1].get("ready"))
+
+    app.cluster.wait_for("partition 1 to have a new leader", led_anew, timeout=240)
+    publish("after", 20)
+    app.apply(_pod("reader", "zeps --json stream replay crypt --since '{\"last\": [0, 0]}' --count 80 --timeout 60",
+                   env=client, secret="crypt-curve-orders"))  # fmt: skip
+    got = [m for m in json_lines(app.wait_succeeded("reader")) if "body" in m]
+    for partition in (0, 1):
+        assert [m["body"] for m in got if m["partition"] == partition] == [f"m{i}" for i in range(40)], partition
+
+    status = app.get("zepsstream", "crypt")["status"]
+    member = next(r for r in status["replication"]["inSync"] if r != status["replication"]["leader"])
+    address = app.get("pod", status["replication"]["leader"])["status"]["podIP"]
+    app.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "forged"},
+               "data": {"forged_replica.py": (WORKERS / "forged_replica.py").read_text()}})  # fmt: skip
+    forged = _pod("forged", f"python /worker/forged_replica.py tcp://{address}:5555 crypt "
+                  f"{status['replication']['epoch']} {member} /etc/zeps/client/client.key_secret "
+                  "/etc/zeps/client/server.key", secret="crypt-curve-orders")  # fmt: skip
+    forged["spec"]["volumes"].append({"name": "worker", "configMap": {"name": "forged"}})
+    forged["spec"]["containers"][0]["volumeMounts"].append({"name": "worker", "mountPath": "/worker"})
+    app.apply(forged)
+    answer = json_lines(app.wait_succeeded("forged"))[-1]
+    assert answer == {"answer": "InvalidCode", "refused": "UNAUTHORIZED"}, answer
 
 
 def test_an_acl_namespace_works_from_pods_and_refuses_other_credentials(app: App) -> None:

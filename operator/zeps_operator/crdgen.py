@@ -160,11 +160,15 @@ def _root_schema(kind: ResourceKind, spec: dict[str, Any]) -> dict[str, Any]:
         "description": (kind.spec.__doc__ or "").strip(),
         "properties": {"spec": {**spec, "default": {}}, "status": _status_schema(kind)},
     }
-    if kind.max_name is not None:
+    if kind.max_name is not None:  # a kind whose name goes into Services, StatefulSets and their pods
         root["x-kubernetes-validations"] = [{
             "rule": f"self.metadata.name.size() <= {kind.max_name}",
             "message": f"a {kind.kind}'s name takes at most {kind.max_name} characters (the names of the objects "
             "made for it, and their pods' labels, must fit Kubernetes' 63)",
+        }, {
+            "rule": "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+            "message": f"a {kind.kind}'s name is a DNS label: lower-case letters, digits and '-', starting with a "
+            "letter (no '.': its Services and pods are named after it, and could never be made)",
         }]  # fmt: skip
     return root
 

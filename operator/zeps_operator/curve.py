@@ -15,6 +15,10 @@ read back: it never reads a Secret it did not make). Its data keys, per stream `
                                     right)
 ``<s>.multicast.key``               with a multicast output: the key its messages are signed with
                                     (hex; :mod:`zeps.protocol.multicast`), for the broker and clients
+``<s>.replicas.json``               a replicated (or partitioned) stream's ``{"replica": "public
+                                    key"}``: a leader takes each replica's fetches from that key only
+``<s>.replica.<r>.key_secret``      replica ``<r>``'s own certificate, which it peers with (its
+                                    leader serves it as the stream's server key, which all share)
 ==================================  ================================================================
 
 Each listed client also gets a Secret of its own, ``<s>-curve-<c>``, for its pods to mount:
@@ -44,11 +48,15 @@ __all__ = [
     "client_secret_name",
     "forget_keys",
     "plan_keys",
+    "replicas_volume",
 ]
 
 #: the one Secret per namespace that holds the CURVE keys the operator made there
 CURVE_SECRET = "zeps-curve"
 BROKER_CERT, BROKER_PUBLIC, CLIENTS, MULTICAST_KEY = "broker.key_secret", "broker.key", "clients.json", "multicast.key"
+REPLICAS = "replicas.json"
+#: where a replica's pod finds the replicas' keys and its own certificate (--curve-replicas)
+REPLICAS_DIR = "/etc/zeps/curve-replicas"
 
 
 def _key(stream: str, item: str) -> str:
@@ -57,6 +65,10 @@ def _key(stream: str, item: str) -> str:
 
 def _client_key(stream: str, client: str) -> str:
     return f"{stream}.client.{client}.key_secret"
+
+
+def _replica_item(member: str) -> str:
+    return f"replica.{member}.key_secret"
 
 
 @dataclass(frozen=True)
@@ -78,10 +90,13 @@ def plan_keys(
     *,
     make: Callable[[str], Certificate],
     multicast: bool = False,
+    replicas: Sequence[str] = (),
 ) -> StreamKeys:
     """The namespace Secret's data with ``stream``'s keys made where missing (``make``) and its list
     of admitted clients set to ``clients``; keys already there are kept as they are. ``multicast``:
-    the stream has a multicast output, whose messages get signed (a key made once, too)."""
+    the stream has a multicast output, whose messages get signed (a key made once, too). ``replicas``:
+    the replicas its manifests name (every partition's), each given a certificate of its own and
+    listed in ``<s>.replicas.json`` (a replica off the list is refused, its certificate kept)."""
     out = dict(data)
     if multicast and _key(stream, MULTICAST_KEY) not in out:
         out[_key(stream, MULTICAST_KEY)] = secrets.token_hex(32)
@@ -95,6 +110,13 @@ def plan_keys(
         certificates[client] = out[_client_key(stream, client)]
     admitted = {client: public_key_of(text) for client, text in sorted(certificates.items())}
     out[_key(stream, CLIENTS)] = json.dumps(admitted, sort_keys=True)
+    if replicas:
+        peers: dict[str, str] = {}
+        for member in replicas:
+            if _key(stream, _replica_item(member)) not in out:
+                out[_key(stream, _replica_item(member))] = make(member).secret_text
+            peers[member] = public_key_of(out[_key(stream, _replica_item(member))])
+        out[_key(stream, REPLICAS)] = json.dumps(peers, sort_keys=True)
     server_public = out[_key(stream, BROKER_PUBLIC)]
     return StreamKeys(out, out != dict(data), public_key_of(server_public), server_public, certificates,
                       out.get(_key(stream, MULTICAST_KEY), "") if multicast else "")  # fmt: skip
@@ -111,6 +133,21 @@ def broker_volume(stream: str, *, multicast: bool = False) -> dict[str, Any]:
     items = [{"key": _key(stream, item), "path": item}
              for item in (BROKER_CERT, CLIENTS, *((MULTICAST_KEY,) if multicast else ()))]  # fmt: skip
     return {"name": "curve", "secret": {"secretName": CURVE_SECRET, "items": items, "defaultMode": 0o440}}
+
+
+def replicas_volume(stream: str, members: Sequence[str]) -> dict[str, Any]:
+    """A replica pod's second volume (at :data:`REPLICAS_DIR`): the replicas' keys and the
+    certificates of ``members``, every replica its StatefulSet may run (indices up to the most a spec
+    allows), so that scaling changes no pod template. Optional: items of replicas not made yet are
+    left out (the operator makes a replica's certificate before its pod); the broker names a missing one."""
+    items = [
+        {"key": _key(stream, REPLICAS), "path": REPLICAS},
+        *({"key": _key(stream, _replica_item(m)), "path": _replica_item(m)} for m in members),
+    ]
+    return {
+        "name": "curve-replicas",
+        "secret": {"secretName": CURVE_SECRET, "items": items, "defaultMode": 0o440, "optional": True},
+    }
 
 
 def client_secret_name(stream: str, client: str) -> str:

@@ -35,6 +35,7 @@ from zeps.resources import GROUP, PLURALS, VERSION
 from zeps_operator import metrics
 from zeps_operator.cleaning import Cleaning
 from zeps_operator.diffbase import StatusDiffBase
+from zeps_operator.fairness import FairExecutor, fair
 from zeps_operator.freshness import ReadCache
 from zeps_operator.kube import Kube
 from zeps_operator.leadership import LeaseKeeper
@@ -52,15 +53,20 @@ from zeps_operator.reconcile import (
     zookeeper_resource,
 )
 from zeps_operator.resync import Entry, Resync
-from zeps_operator.state import FINALIZER, RESYNC, ZK_DEADLINE, Post, api_post, state
+from zeps_operator.state import FINALIZER, RECONCILE_WORKERS, RESYNC, ZK_DEADLINE, Post, api_post, state
 from zeps_operator.streams import forget_keys_of, reconcile_stream
 
 log = logging.getLogger(__name__)
+
+#: a resource's handler runs in its namespace's turn (zeps_operator.fairness): a namespace with
+#: thousands of objects to reconcile does not hold up another's one
+in_turn = fair(lambda: state.fair)
 
 
 @kopf.on.startup()
 def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     state.settings = Settings.from_env()
+    state.fair = FairExecutor(RECONCILE_WORKERS, name="zeps-reconcile")
     state.acls = ReadCache(read_namespace_acl, max_age=RESYNC)
     settings.persistence.finalizer = FINALIZER
     settings.persistence.diffbase_storage = StatusDiffBase()  # one PATCH per change, not two
@@ -93,6 +99,8 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 @kopf.on.cleanup()
 def cleanup(**_: Any) -> None:
+    if hasattr(state, "fair"):
+        state.fair.stop()
     if hasattr(state, "resync"):
         state.resync.stop()
     if hasattr(state, "cleaning"):
@@ -123,6 +131,7 @@ async def probe_events(**_: Any) -> float:
 @kopf.on.create(GROUP, VERSION, PLURALS["Topic"])
 @kopf.on.update(GROUP, VERSION, PLURALS["Topic"])
 @kopf.on.resume(GROUP, VERSION, PLURALS["Topic"])
+@in_turn
 @only_changes
 def topic_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason: kopf.Reason, **_: Any) -> None:
     if zookeeper_resource("Topic", body, spec, patch, _topic_facts, timer=False, reason=reason):
@@ -165,6 +174,7 @@ def _run_cleaner(body: Mapping[str, Any], spec: Mapping[str, Any], patch: kopf.P
 @kopf.on.create(GROUP, VERSION, PLURALS["Queue"])
 @kopf.on.update(GROUP, VERSION, PLURALS["Queue"])
 @kopf.on.resume(GROUP, VERSION, PLURALS["Queue"])
+@in_turn
 @only_changes
 def queue_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason: kopf.Reason, **_: Any) -> None:
     zookeeper_resource("Queue", body, spec, patch, _queue_facts, timer=False, reason=reason)
@@ -243,6 +253,7 @@ def _resync(entry: Entry) -> None:
 @kopf.on.update(GROUP, VERSION, PLURALS["ZepsStream"])
 @kopf.on.resume(GROUP, VERSION, PLURALS["ZepsStream"])
 @kopf.timer(GROUP, VERSION, PLURALS["ZepsStream"], interval=RESYNC / 3, idle=RESYNC / 15)
+@in_turn
 @only_changes
 def stream_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **kwargs: Any) -> None:
     reconcile_stream(body, spec, patch, kwargs.get("reason"))
@@ -252,6 +263,7 @@ def stream_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **kwargs
 @kopf.on.delete(GROUP, VERSION, PLURALS["Topic"])
 @kopf.on.delete(GROUP, VERSION, PLURALS["Queue"])
 @kopf.on.delete(GROUP, VERSION, PLURALS["ZepsStream"])
+@in_turn
 def deleted(body: kopf.Body, spec: kopf.Spec, retry: int, **_: Any) -> None:
     """deletionPolicy Delete removes the ZooKeeper subtree; Retain keeps it. With ZooKeeper
     unreachable: bounded retries, an event, then the finalizer is released (never a deadlock)."""

@@ -18,6 +18,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from zeps.resources import GROUP, PLURALS, VERSION
+from zeps_operator.roll import RollPod
 
 __all__ = ["FIELD_MANAGER", "InvalidSecretError", "Kube"]
 
@@ -97,7 +98,31 @@ class Kube:
             return 0
         return int(statefulset.status.ready_replicas or 0)
 
+    def broker_pods(self, namespace: str, statefulset: str) -> tuple[str | None, list[RollPod]]:
+        """A StatefulSet's update revision (None: not yet known) and its pods as the roll sees them."""
+        apps = k8s.AppsV1Api(self.api)
+        sts = _unless_missing(lambda: apps.read_namespaced_stateful_set(statefulset, namespace))
+        if sts is None or sts.status is None or not sts.status.update_revision:
+            return None, []
+        revision = sts.status.update_revision
+        selector = ",".join(f"{k}={v}" for k, v in sorted((sts.spec.selector.match_labels or {}).items()))
+        pods = []
+        for pod in self._core.list_namespaced_pod(namespace, label_selector=selector).items:
+            meta = pod.metadata
+            if meta is None or not meta.name:
+                continue
+            conditions = (pod.status.conditions if pod.status is not None else None) or []
+            ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
+            labels = meta.labels or {}
+            pods.append(RollPod(meta.name, labels.get("controller-revision-hash") == revision, ready,
+                                meta.deletion_timestamp is not None))  # fmt: skip
+        return revision, pods
+
     # -- writes -----------------------------------------------------------------------------------
+    def delete_pod(self, namespace: str, name: str) -> None:
+        """Delete a pod (its StatefulSet makes it again, of its template now); gone already: nothing to do."""
+        _unless_missing(lambda: self._core.delete_namespaced_pod(name, namespace))
+
     def apply(self, obj: dict[str, Any]) -> None:
         """Server-side apply ``obj`` (namespaced) as the operator's field manager, taking over conflicts."""
         if self._dynamic is None:

@@ -23,6 +23,10 @@ from zeps.resources import GROUP, PLURALS, VERSION
 #: ZooKeeper nodes anyone with the namespace's ACL can make, so their count is not the operator's to
 #: leave unbounded (a status is an object of at most 1.5 MiB in etcd; a metric's series cost memory)
 BATCH_CONSUMERS_SHOWN = 20
+#: most CURVE replicas of a stream, all partitions': each has a certificate in the namespace's Secret
+MAX_CURVE_REPLICAS = 64
+#: most replicas a partition (or a stream) has
+MAX_REPLICAS = 7
 
 __all__ = [
     "BATCH_CONSUMERS_SHOWN",
@@ -157,20 +161,20 @@ class StreamSpec(_Model):
             "x-kubernetes-validations": [
                 {"rule": "!has(self.minInSync) || self.minInSync <= self.replicas",
                  "message": "minInSync counts replicas (the leader included): at most replicas"},
-                {"rule": "self.replicas == 1 || !has(self.curve) || !self.curve",
-                 "message": "curve with replicas above 1 is not supported yet: the replicas' own peering is not "
-                 "encrypted or admitted; use replicas 1 with curve"},
-                {"rule": "!has(self.partitions) || self.partitions == 1 || ((!has(self.curve) || !self.curve) && "
-                 "!has(self.multicast))",
-                 "message": "partitions above 1 take neither curve nor multicast yet: a partition's brokers peer "
-                 "like replicas, and receivers of a multicast group follow one sequence"},
+                {"rule": f"!has(self.curve) || !self.curve || "
+                 f"self.replicas * (has(self.partitions) ? self.partitions : 1) <= {MAX_CURVE_REPLICAS}",
+                 "message": f"curve with replicas times partitions above {MAX_CURVE_REPLICAS}: each replica's "
+                 "certificate lives in the namespace's zeps-curve Secret (1 MiB in all); use fewer partitions"},
+                {"rule": "!has(self.partitions) || self.partitions == 1 || !has(self.multicast)",
+                 "message": "partitions above 1 take no multicast output: receivers of a multicast group follow "
+                 "one sequence"},
             ]
         }
     )  # fmt: skip
     replicas: int = Field(
         1,
         ge=1,
-        le=7,
+        le=MAX_REPLICAS,
         description="Brokers holding the journal. 1: one broker (a Deployment). 2 or more (3 recommended): a "
         "leader and followers (a StatefulSet, a volume each, spread across nodes); a publish is confirmed once "
         "minInSync of them hold it durably, and losing the leader's pod or node loses nothing confirmed. A stream "
@@ -195,7 +199,7 @@ class StreamSpec(_Model):
     min_in_sync: int | None = Field(
         None,
         ge=1,
-        le=7,
+        le=MAX_REPLICAS,
         description="With replicas: the replicas (the leader included) that must hold a record durably before it "
         "is confirmed; with fewer in sync, publishes are refused (NOT_ENOUGH_REPLICAS). Unset: a majority.",
     )
@@ -208,13 +212,17 @@ class StreamSpec(_Model):
     )
     image: str | None = Field(
         None,
-        description="Image with zeps-broker; unset: the operator's own image (the chart's image values).",
+        description="Image with zeps-broker; unset: the operator's own image (the chart's image values). Another "
+        "must be on the chart's brokers.allowedImages, or the stream is not Ready (PodNotAllowed).",
     )
     resources: Resources = Field(default_factory=Resources)
     storage: Storage = Field(default_factory=Storage)
     retention: Retention = Field(default_factory=Retention)
     fsync: Literal["always", "group", "interval", "never"] = Field(
-        "group", description="Journal fsync policy; see the README for each one's loss window."
+        "group",
+        description="Journal fsync policy and what a machine crash may lose: always (nothing), group (default: "
+        "at most 5 ms of appends), interval (at most a second), never (the OS writeback delay, about 30 s); a "
+        "process crash loses nothing under any of them.",
     )
     matching: Literal["prefix", "prefix-and-regex"] = Field(
         "prefix-and-regex",
@@ -232,7 +240,8 @@ class StreamSpec(_Model):
     curve: bool = Field(
         False,
         description="Encrypt with CURVE and admit only the clients in curveClients (the broker's key pair, and each "
-        "client's, in the namespace's zeps-curve Secret).",
+        "client's, in the namespace's zeps-curve Secret). Replicas share the broker's key pair and peer with "
+        "certificates of their own: a leader takes a replica's fetches from that replica's key only.",
     )
     curve_clients: list[Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]] = Field(
         default_factory=list,

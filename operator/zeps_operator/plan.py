@@ -16,8 +16,8 @@ from typing import Any
 
 from zeps.options import MulticastOptions
 from zeps.paths import DEFAULT_CHROOT, paths_of
-from zeps_operator.curve import broker_volume
-from zeps_operator.models import Multicast, StreamSpec
+from zeps_operator.curve import REPLICAS, REPLICAS_DIR, broker_volume, replicas_volume
+from zeps_operator.models import MAX_REPLICAS, Multicast, StreamSpec
 
 __all__ = [
     "BROKER_DATA",
@@ -58,6 +58,12 @@ class Settings:
     #: the broker image of a ZepsStream without spec.image: the operator's own (the chart sets both)
     broker_image: str = DEFAULT_BROKER_IMAGE
     broker_image_pull_policy: str = "IfNotPresent"
+    #: images a ZepsStream's spec.image may name besides broker_image (the cluster admin's list, the
+    #: chart's brokers.allowedImages): exact references, or a prefix ending in "*"
+    allowed_images: tuple[str, ...] = ()
+    #: namespaces whose streams may ask for host networking or raw sockets (multicast's hostNetwork,
+    #: PGM's NET_RAW): the chart's brokers.privilegedNamespaces; every other broker pod is "restricted"
+    privileged_namespaces: frozenset[str] = frozenset()
     #: the one Lease whose holder runs every Topic's cleaner: its namespace, name and duration
     cleaner_lease_namespace: str = "default"
     cleaner_lease: str = "zeps-operator-cleaner"
@@ -78,10 +84,42 @@ class Settings:
             zookeeper_auth=_auth(os.environ.get("ZEPS_ZOOKEEPER_AUTH", "")),
             broker_image=os.environ.get("ZEPS_BROKER_IMAGE") or DEFAULT_BROKER_IMAGE,
             broker_image_pull_policy=os.environ.get("ZEPS_BROKER_IMAGE_PULL_POLICY") or "IfNotPresent",
+            allowed_images=_listed(os.environ.get("ZEPS_ALLOWED_BROKER_IMAGES", "")),
+            privileged_namespaces=frozenset(_listed(os.environ.get("ZEPS_PRIVILEGED_NAMESPACES", ""))),
             cleaner_lease_namespace=os.environ.get("POD_NAMESPACE") or "default",
             cleaner_lease=os.environ.get("ZEPS_CLEANER_LEASE") or "zeps-operator-cleaner",
             cleaner_lease_seconds=int(os.environ.get("ZEPS_CLEANER_LEASE_SECONDS", "45")),
         )
+
+
+def _listed(value: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in value.split(",") if item.strip())
+
+
+def refused_pod(namespace: str, spec: StreamSpec, settings: Settings) -> str | None:
+    """Why a tenant's ZepsStream may not have the broker pods it asks for (None: it may). Each namespace
+    is a tenant, the cluster admin decides (the chart's values): an image not on the allow-list, or
+    host networking or raw sockets outside the namespaces opted in."""
+    image = spec.image
+    if (
+        image
+        and image != settings.broker_image
+        and not any(
+            image == allowed or (allowed.endswith("*") and image.startswith(allowed[:-1]))
+            for allowed in settings.allowed_images
+        )
+    ):
+        return (f"spec.image {image!r} is not among the images the cluster admin allows for brokers "
+                "(the chart's brokers.allowedImages); unset it to run the operator's own image")  # fmt: skip
+    multicast = spec.multicast
+    if multicast is not None and namespace not in settings.privileged_namespaces:
+        asked = [what for what, on in (("host networking (spec.multicast.hostNetwork)", multicast.host_network),
+                                       ("raw sockets (NET_RAW, spec.multicast.transport pgm)",
+                                        multicast.transport == "pgm")) if on]  # fmt: skip
+        if asked:
+            return (f"{' and '.join(asked)}: allowed only in namespaces the cluster admin opted in (the chart's "
+                    f"brokers.privilegedNamespaces); {namespace} is not one")  # fmt: skip
+    return None
 
 
 def _auth(value: str) -> tuple[str, str] | None:
@@ -171,6 +209,17 @@ def stream_members(name: str, spec: StreamSpec, *, replicated: bool, partition: 
     return [f"{broker_name(name, partition)}-{i}" for i in range(spec.replicas)]
 
 
+#: seconds a replica asked to stop may wait for another to be back in sync, and then for its lead to
+#: pass (each; ``zeps-broker --handover-timeout``): its pod's grace period covers both
+HANDOVER_S = 40
+
+
+def curve_members(name: str, partition: int = 0) -> list[str]:
+    """Every replica a partition's StatefulSet may run, as many as a spec allows: its pods mount their
+    certificates (those made), so that scaling it changes no pod template."""
+    return [f"{broker_name(name, partition)}-{i}" for i in range(MAX_REPLICAS)]
+
+
 def replica_service(name: str, partition: int = 0) -> str:
     """The headless Service giving each replica a DNS name (``<pod>.<service>``): followers reach their
     leader there, and clients the leader ZooKeeper names."""
@@ -240,7 +289,6 @@ def _broker_env(namespace: str, name: str, spec: StreamSpec, settings: Settings,
         "ZEPS_BROKER_CHROOT": settings.chroot,
         "ZEPS_BROKER_MEMBER": stream_member(name),
         "ZEPS_BROKER_METRICS_PORT": str(METRICS_PORT),
-        "ZEPS_BROKER_METRICS_ADDRESS": "0.0.0.0",  # the pod's port: other pods (Prometheus) scrape it
         "ZEPS_BROKER_MAX_MESSAGE_BYTES": str(spec.max_message_bytes),
     }
     if partition:
@@ -248,6 +296,7 @@ def _broker_env(namespace: str, name: str, spec: StreamSpec, settings: Settings,
     if replicated:  # each replica names itself and says where it is (its pod's DNS name): in the pod's env
         del env["ZEPS_BROKER_MEMBER"], env["ZEPS_BROKER_ADVERTISE"]
         env["ZEPS_BROKER_MIN_INSYNC"] = str(spec.in_sync)
+        env["ZEPS_BROKER_HANDOVER_TIMEOUT"] = str(HANDOVER_S)
         if spec.catch_up_megabytes_per_second:
             env["ZEPS_BROKER_REPLICA_CATCHUP_RATE"] = str(spec.catch_up_megabytes_per_second)
     if retention.age_seconds:
@@ -259,6 +308,8 @@ def _broker_env(namespace: str, name: str, spec: StreamSpec, settings: Settings,
         env["ZEPS_BROKER_CURVE_CLIENTS"] = "/etc/zeps/curve/clients.json"
         if spec.multicast is not None:  # anyone on the segment can send to the group: sign what the broker sends
             env["ZEPS_BROKER_MULTICAST_KEY_FILE"] = "/etc/zeps/curve/multicast.key"
+        if replicated:  # replicas peer with their own certificates, beside the replicas' keys
+            env["ZEPS_BROKER_CURVE_REPLICAS"] = f"{REPLICAS_DIR}/{REPLICAS}"
     multicast = spec.multicast
     if multicast is not None:
         env["ZEPS_BROKER_MULTICAST"] = multicast.url
@@ -312,12 +363,20 @@ def stream_objects(
     if spec.curve:
         volumes.append(broker_volume(name, multicast=spec.multicast is not None))
         mounts.append({"name": "curve", "mountPath": "/etc/zeps/curve", "readOnly": True})
-    pod_env: list[dict[str, Any]] = [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+        if replicated:
+            volumes.append(replicas_volume(name, curve_members(name, partition)))
+            mounts.append({"name": "curve-replicas", "mountPath": REPLICAS_DIR, "readOnly": True})
+    pod_env: list[dict[str, Any]] = [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        # metrics on the pod's address only (Prometheus scrapes it there): with host networking, 0.0.0.0
+        # would serve them on every address of the node
+        {"name": "ZEPS_BROKER_METRICS_ADDRESS", "value": "$(POD_IP)"},
+    ]
     if replicated:  # a replica advertises its pod's IP, not a DNS name: finding a new leader then needs
         # no DNS lookup, which a node's loss slows down (a CoreDNS pod on it stays in the kube-dns Service
         # until the node is marked NotReady, 40 s by default; kind showed 45 s pauses so)
         pod_env += [
-            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
             {"name": "ZEPS_BROKER_MEMBER", "value": "$(POD_NAME)"},
             {"name": "ZEPS_BROKER_ADVERTISE", "value": f"tcp://$(POD_IP):{port}"},
         ]
@@ -356,6 +415,8 @@ def stream_objects(
         "containers": [container],
         "volumes": volumes,
     }
+    if replicated:  # a replica asked to stop may wait for another to be in sync, then hands over
+        pod["terminationGracePeriodSeconds"] = 2 * HANDOVER_S + 10
     # plain prometheus.io annotations, for a Prometheus without the operator's PodMonitor CRD (the chart
     # ships a PodMonitor for brokers where it exists: charts/zeps/templates/monitoring.yaml)
     scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT), "prometheus.io/path": "/metrics"}
@@ -410,11 +471,14 @@ def migration_objects(
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     container["env"] = [
         *container["env"],
-        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "ZEPS_BROKER_MEMBER", "value": stream_member(name)},
         {"name": "ZEPS_BROKER_ADVERTISE", "value": f"tcp://$(POD_IP):{spec.port}"},
         {"name": "ZEPS_BROKER_MIN_INSYNC", "value": "1"},
     ]  # the pod's env goes over the (replicated) ConfigMap's
+    if spec.curve:  # it peers as the first replica: its certificate, and the replicas' keys
+        pod = deployment["spec"]["template"]["spec"]
+        pod["volumes"].append(replicas_volume(name, [stream_member(name)]))
+        container["volumeMounts"].append({"name": "curve-replicas", "mountPath": REPLICAS_DIR, "readOnly": True})
     return [*replicated, *old]
 
 
@@ -444,6 +508,9 @@ def _statefulset(namespace: str, name: str, spec: StreamSpec, template: dict[str
             "replicas": spec.replicas,
             "serviceName": replica_service(name, partition),
             "podManagementPolicy": "Parallel",
+            # a new template restarts no pod by itself: the operator rolls them, one at a time, in the
+            # order zeps_operator.roll decides (followers first, never below minInSync in sync)
+            "updateStrategy": {"type": "OnDelete"},
             "selector": {"matchLabels": labels},
             "template": {**template, "spec": pod},
             "volumeClaimTemplates": [claim],
@@ -454,8 +521,9 @@ def _statefulset(namespace: str, name: str, spec: StreamSpec, template: dict[str
 
 def _replica_objects(namespace: str, name: str, spec: StreamSpec, labels: dict[str, str], partition: int = 0
                      ) -> list[dict[str, Any]]:  # fmt: skip
-    """The headless Service naming each replica, and a PodDisruptionBudget keeping minInSync of them up
-    through voluntary disruptions (a node drain waits rather than stop publishes)."""
+    """The headless Service naming each replica, and a PodDisruptionBudget letting voluntary
+    disruptions (a node drain, an eviction) take one replica at a time: never ``minAvailable`` equal to
+    the replicas (with minInSync equal to them, that blocked every drain for good)."""
     headless = {
         "apiVersion": "v1",
         "kind": "Service",
@@ -467,6 +535,6 @@ def _replica_objects(namespace: str, name: str, spec: StreamSpec, labels: dict[s
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": {"name": broker_name(name, partition), "namespace": namespace, "labels": labels},
-        "spec": {"minAvailable": spec.in_sync, "selector": {"matchLabels": labels}},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels}},
     }
     return [headless, budget]

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from zeps.resources import GROUP
 from zeps_operator.cleaning import Cleaning
+from zeps_operator.fairness import FairExecutor
 from zeps_operator.freshness import ReadCache
 from zeps_operator.kube import Kube
 from zeps_operator.leadership import LeaseKeeper
@@ -29,6 +30,8 @@ RESYNC = float(os.environ.get("ZEPS_RESYNC_SECONDS", "30"))
 ZK_DEADLINE = 10.0  # seconds
 SPECS: dict[str, type[BaseModel]] = {"Topic": TopicSpec, "Queue": QueueSpec, "ZepsStream": StreamSpec}
 FINALIZER = f"{GROUP}/cleanup"
+#: threads running the resources' handlers, taking namespaces in turn (kopf's own pool's default size)
+RECONCILE_WORKERS = min(32, (os.cpu_count() or 1) + 4)
 RECONCILES = Counter("zeps_operator_reconciles", "Reconciliations", ["kind", "outcome"])
 
 
@@ -38,6 +41,7 @@ class _State:
     cleaner_lease: LeaseKeeper  # whether this replica runs the Topics' cleaners
     cleaning: Cleaning  # the Topics' cleaner passes, driven by ZooKeeper watches
     resync: Resync  # the Topics' and Queues' resync passes
+    fair: FairExecutor  # where the resources' handlers run: namespaces in turn (zeps_operator.fairness)
     zk: Any = None
     acls: ReadCache[list[Any] | None]  # namespace -> its ZooKeeper ACL, read from its Secret; see namespace_acl
     last_event = 0.0

@@ -4,14 +4,21 @@ broker's objects (:mod:`zeps_operator.plan`), its group's manifest, its CURVE ke
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import kopf
 
 from zeps.broker.certificates import make_certificate
 from zeps.coordination import Group
-from zeps.coordination.replication import read_replication_state, seed_replication_state
+from zeps.coordination.replication import (
+    UncleanElectionError,
+    elect_unclean,
+    read_replication_state,
+    seed_replication_state,
+)
+from zeps.errors import ConfigError
 from zeps.paths import StreamPaths
 from zeps_operator import metrics
 from zeps_operator.curve import CURVE_SECRET, StreamKeys, client_secret, forget_keys, plan_keys
@@ -21,6 +28,7 @@ from zeps_operator.plan import (
     broker_name,
     migration_objects,
     receiver_settings,
+    refused_pod,
     replacing_map,
     retains_data,
     stream_endpoint,
@@ -29,6 +37,7 @@ from zeps_operator.plan import (
     stream_objects,
 )
 from zeps_operator.reconcile import namespace_acl, read_after, ready, reconcile
+from zeps_operator.roll import next_step
 from zeps_operator.state import state
 
 
@@ -43,18 +52,33 @@ def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     paths = StreamPaths.of(namespace, name, chroot=state.settings.chroot)
-    group = Group(state.zk, paths.brokers)
+    # every node the operator makes under the namespace's root carries the namespace's ACL, as its
+    # resources' nodes do (the operator, a super user of the servers, writes them all the same)
+    acl = namespace_acl(namespace, read_after=after)
+    group = Group(state.zk, paths.brokers, acl=acl)
     typed = StreamSpec.model_validate(dict(spec))
+    if (refused := refused_pod(namespace, typed, state.settings)) is not None:
+        conditions = (body.get("status") or {}).get("conditions") or []
+        if not any(c.get("reason") == "PodNotAllowed" and c.get("message") == refused for c in conditions):
+            kopf.warn(body, reason="PodNotAllowed", message=refused)  # once, not at every pass
+        ready(body, patch, False, "PodNotAllowed", refused, generation=generation)
+        return  # nothing made or changed for it: what runs keeps running as it was
     replicated = replication_mode(body, typed, patch)
     migrating = replicated is None
     members = stream_members(name, typed, replicated=replicated is not False)
     if migrating:  # the old broker is the first replica until the new ones hold its journal
         members = [stream_member(name), *members]
-        seed_replication(paths, stream_member(name))
+        seed_replication_state(state.zk, paths, stream_member(name), acl=acl)
     if group.manifest() != frozenset(members):
         group.set_manifest(members)
-    public_key = ensure_curve(body, namespace, name, typed) if typed.curve else ""
-    zookeeper_auth = namespace_acl(namespace, read_after=after) is not None
+    public_key = ""
+    if typed.curve:  # the replicas of every replicated broker set peer with certificates of their own
+        peers = [member for p in range(1, typed.partitions)
+                 for member in stream_members(name, typed, replicated=True, partition=p)]  # fmt: skip
+        if replicated is not False:
+            peers = [*members, *peers]
+        public_key = ensure_curve(body, namespace, name, typed, replicas=peers)
+    zookeeper_auth = acl is not None
     retain = retains_data(dict(spec))
     if migrating:
         objects = migration_objects(namespace, name, typed, state.settings, zookeeper_auth=zookeeper_auth)
@@ -62,7 +86,13 @@ def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason
         objects = stream_objects(namespace, name, typed, state.settings, zookeeper_auth=zookeeper_auth,
                                  replicated=bool(replicated))  # fmt: skip
     apply_objects(body, objects, retain=retain)
-    others = [reconcile_partition(body, typed, p, zookeeper_auth=zookeeper_auth) for p in range(1, typed.partitions)]
+    if replicated and (asked := (meta.get("annotations") or {}).get(UNCLEAN_ELECTION)):
+        unclean_election(body, typed, str(asked), patch)
+    others = [reconcile_partition(body, typed, p, acl=acl) for p in range(1, typed.partitions)]
+    if not migrating:
+        rolls = {broker_name(name, p): roll_brokers(body, typed, patch, p) for p in range(typed.partitions)
+                 if p > 0 or replicated}  # fmt: skip
+        roll_status(body, patch, rolls)
     if migrating:
         finish_migration(body, typed, group, patch, retain=retain, generation=generation)
         return
@@ -70,6 +100,34 @@ def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason
         replicated_status(body, typed, group, patch, generation=generation, others=others)
         return
     single_status(body, typed, group, patch, generation=generation, public_key=public_key, others=others)
+
+
+#: annotate a replicated ZepsStream with ``<replica>`` (or ``<partition>/<replica>``) to elect that
+#: replica although it is not in sync, when none of the in-sync replicas can come back
+UNCLEAN_ELECTION = "zeps.dev/unclean-election"
+
+
+def unclean_election(body: kopf.Body, spec: StreamSpec, asked: str, patch: kopf.Patch) -> None:
+    """The annotation :data:`UNCLEAN_ELECTION` asks for an unclean election: done once (the
+    annotation is removed once done or refused; ZooKeeper away, it is tried again), said in an event:
+    what it gives up, or why it was refused."""
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    partition, _, replica = asked.rpartition("/")
+    try:
+        number = int(partition) if partition else 0
+        if not 0 <= number < spec.partitions:
+            raise UncleanElectionError(f"partition {number}: the stream has {spec.partitions}")
+        paths = StreamPaths.of(namespace, name, chroot=state.settings.chroot, partition=number)
+        report = elect_unclean(state.zk, paths, replica)
+    except (UncleanElectionError, ConfigError, ValueError) as exc:  # not ZooKeeper away: that is tried again
+        patch.metadata.annotations[UNCLEAN_ELECTION] = None
+        kopf.warn(body, reason="UncleanElectionRefused", message=f"{UNCLEAN_ELECTION}={asked!r}: {exc}")
+        return
+    patch.metadata.annotations[UNCLEAN_ELECTION] = None
+    kopf.warn(body, reason="UncleanElection", message=(
+        f"{replica} leads the next epoch{f' of partition {number}' if number else ''} without having been in sync "
+        f"(in sync were {', '.join(sorted(report.in_sync_before))}): it gives up at least {report.gives_up} "
+        f"confirmed records (recorded commit point {report.recorded}; it holds up to {report.holds})"))  # fmt: skip
 
 
 def single_status(body: kopf.Body, spec: StreamSpec, group: Group, patch: kopf.Patch, *, generation: int,
@@ -127,13 +185,6 @@ def replication_mode(body: kopf.Body, spec: StreamSpec, patch: kopf.Patch) -> bo
     return bool(decided)
 
 
-def seed_replication(paths: StreamPaths, first: str) -> None:
-    """Before a stream of one broker grows replicas: ZooKeeper's replication state names its broker the
-    only replica in sync (epoch 0), so that it is elected, and the new, empty replicas copy its
-    journal. Written once (a create: an existing state is left as it is)."""
-    seed_replication_state(state.zk, paths, first)
-
-
 def finish_migration(body: kopf.Body, spec: StreamSpec, group: Group, patch: kopf.Patch, *, retain: bool,
                      generation: int) -> None:  # fmt: skip
     """A stream growing replicas in place: once ``minInSync`` of the new replicas are in sync (they hold
@@ -167,6 +218,17 @@ def follower_lag(facts: Mapping[str, Any]) -> dict[str, int]:
     return {str(k)[:253]: v for k, v in list(lag.items())[:256] if isinstance(v, int) and not isinstance(v, bool)}
 
 
+def held_shutdowns(members: Mapping[str, Any]) -> dict[str, str]:
+    """The replicas that, asked to stop, wait because their stop would leave fewer than minInSync in
+    sync, and why (their own facts, in ZooKeeper: a string each, bounded, 16 at the most)."""
+    held = {}
+    for name, member in list(members.items())[:256]:
+        reason = member.metadata.get("shutdownHeld") if isinstance(member.metadata, dict) else None
+        if isinstance(reason, str) and reason:
+            held[str(name)[:253]] = reason[:300]
+    return dict(sorted(held.items())[:16])
+
+
 def replicated_status(body: kopf.Body, spec: StreamSpec, group: Group, patch: kopf.Patch, *, generation: int,
                       others: list[dict[str, Any]]) -> None:  # fmt: skip
     """A replicated stream's status: ready once minInSync replicas run and a leader serves. Who leads,
@@ -193,6 +255,13 @@ def replicated_status(body: kopf.Body, spec: StreamSpec, group: Group, patch: ko
             ),  # a follower gone, or leading now, leaves it
             "replicasReady": running,
         }
+        before = ((body.get("status") or {}).get("replication") or {}).get("shutdownHeld")
+        before = before if isinstance(before, dict) else {}
+        held = held_shutdowns(live)
+        patch.status["replication"]["shutdownHeld"] = replacing_map(before, held)
+        for member, reason in held.items():
+            if member not in before:  # once a hold, not at every pass
+                kopf.warn(body, reason="ShutdownHeld", message=f"{member} waits before it stops: {reason}")
         for key in ("lastSequence", "journalBytes"):
             if isinstance(facts.get(key), int):
                 patch.status[key] = facts[key]
@@ -204,19 +273,79 @@ def replicated_status(body: kopf.Body, spec: StreamSpec, group: Group, patch: ko
         ready(body, patch, False, "PartitionsNotReady", str(waiting), generation=generation)
         raise kopf.TemporaryError(str(waiting), delay=5)
     else:
-        why = (f"{running} of {spec.replicas} replicas ready (minInSync {spec.in_sync})" if leader is not None
-               else "no leader elected yet")  # fmt: skip
+        if leader is not None:
+            why = f"{running} of {spec.replicas} replicas ready (minInSync {spec.in_sync})"
+        elif replication is not None and replication.epoch > 0:
+            why = (f"no leader: only the in-sync replicas ({', '.join(sorted(replication.isr))}) may lead, and none "
+                   "of them serves; it returns, or an unclean election gives up what only they hold")  # fmt: skip
+        else:
+            why = "no leader elected yet"
         ready(body, patch, False, "LeaderNotReady", why, generation=generation)
         raise kopf.TemporaryError(why, delay=5)
 
 
-def reconcile_partition(body: kopf.Body, spec: StreamSpec, partition: int, *, zookeeper_auth: bool) -> dict[str, Any]:
-    """Partition ``partition`` (1 and up) of a partitioned stream: its manifest, its broker set (a
-    StatefulSet of ``spec.replicas``, as a replicated stream's), and its entry in ``status.partitions``
-    (``ready``: a leader serves and minInSync replicas run)."""
+#: a roll waiting this long (for a replica to be back in sync, or blocked by minInSync) says so in an event
+ROLL_PATIENCE_S = 600.0
+
+
+def roll_brokers(body: kopf.Body, spec: StreamSpec, patch: kopf.Patch, partition: int = 0) -> dict[str, Any] | None:
+    """One step of the data-aware roll of a replicated broker set (:mod:`zeps_operator.roll`): the pod
+    to restart now is deleted (an event says which), or the roll waits (and says why in
+    ``status.roll``, with an event once it has waited :data:`ROLL_PATIENCE_S`). Returns the roll's
+    status entry (None once every pod runs the current template)."""
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    statefulset = broker_name(name, partition)
+    revision, pods = state.kube.broker_pods(namespace, statefulset)
+    if revision is None or not pods:
+        return None
+    replication = read_replication_state(state.zk, StreamPaths.of(namespace, name, chroot=state.settings.chroot,
+                                                                   partition=partition))  # fmt: skip
+    step = next_step(pods, leader=replication.leader if replication else None,
+                     isr=replication.isr if replication else None, min_insync=spec.in_sync)  # fmt: skip
+    if step.done:
+        return None
+    before = (((body.get("status") or {}).get("roll") or {}).get(statefulset)) or {}
+    now = time.time()
+    recorded = before.get("since")
+    since = float(recorded) if isinstance(recorded, (int, float)) else now
+    if step.delete is not None:
+        state.kube.delete_pod(namespace, step.delete)
+        kopf.info(body, reason="RollingPod", message=f"{step.delete} restarts with the new template "
+                  f"({len(step.pending) - 1} more after it)")  # fmt: skip
+        since = now
+    elif now - since >= ROLL_PATIENCE_S and not before.get("reported"):
+        kopf.warn(body, reason="RollBlocked" if step.blocked else "RollWaiting",
+                  message=f"{statefulset}: waiting {int(now - since)} s: {step.waiting}")  # fmt: skip
+        return {"pending": list(step.pending), "waiting": step.waiting, "blocked": step.blocked, "since": since,
+                "reported": True}  # fmt: skip
+    return {
+        "pending": list(step.pending),
+        "waiting": step.waiting or f"{step.delete} restarting",
+        "blocked": step.blocked,
+        "since": since,
+        "reported": bool(before.get("reported")) and step.delete is None,
+    }
+
+
+def roll_status(body: kopf.Body, patch: kopf.Patch, rolls: dict[str, dict[str, Any] | None]) -> None:
+    """``status.roll``: each broker set still rolling, what it waits for; gone once all are done."""
+    wanted = {k: v for k, v in rolls.items() if v is not None}
+    before = (body.get("status") or {}).get("roll")
+    if wanted:
+        patch.status["roll"] = replacing_map(before, wanted)
+    elif before is not None:
+        patch.status["roll"] = None  # done: the field goes
+
+
+def reconcile_partition(body: kopf.Body, spec: StreamSpec, partition: int, *, acl: list[Any] | None
+                        ) -> dict[str, Any]:  # fmt: skip
+    """Partition ``partition`` (1 and up) of a partitioned stream: its manifest (with the namespace's
+    ``acl``), its broker set (a StatefulSet of ``spec.replicas``, as a replicated stream's), and its
+    entry in ``status.partitions`` (``ready``: a leader serves and minInSync replicas run)."""
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    zookeeper_auth = acl is not None
     paths = StreamPaths.of(namespace, name, chroot=state.settings.chroot, partition=partition)
-    group = Group(state.zk, paths.brokers)
+    group = Group(state.zk, paths.brokers, acl=acl)
     members = stream_members(name, spec, replicated=True, partition=partition)
     if group.manifest() != frozenset(members):
         group.set_manifest(members)
@@ -261,15 +390,17 @@ def partitions_status(body: kopf.Body, patch: kopf.Patch, others: list[dict[str,
     return f"partition {', '.join(waiting)} has no leader serving with minInSync replicas yet" if waiting else None
 
 
-def ensure_curve(body: kopf.Body, namespace: str, name: str, spec: StreamSpec) -> str:
+def ensure_curve(body: kopf.Body, namespace: str, name: str, spec: StreamSpec, *, replicas: Sequence[str]) -> str:
     """The stream's CURVE keys in the namespace's Secret (made once, kept), its admitted clients set to
     ``spec.curveClients``, each client's own Secret made once (:mod:`zeps_operator.curve`), a multicast
-    key if it has a multicast output; the broker's public key."""
+    key if it has a multicast output, a certificate for each of ``replicas`` (the members its manifests
+    name); the broker's public key."""
     planned: list[StreamKeys] = []
     clients = spec.curve_clients
 
     def change(data: dict[str, str]) -> dict[str, str]:
-        planned.append(plan_keys(data, name, clients, make=make_certificate, multicast=spec.multicast is not None))
+        planned.append(plan_keys(data, name, clients, make=make_certificate, multicast=spec.multicast is not None,
+                                 replicas=replicas))  # fmt: skip
         return planned[-1].data
 
     state.kube.update_secret(namespace, CURVE_SECRET, change, labels={"app.kubernetes.io/managed-by": "zeps-operator"})

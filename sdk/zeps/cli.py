@@ -504,6 +504,43 @@ def stream_lag(ctx: click.Context, *, name: str, position: str | None, group: st
     emit(ctx, "\n".join(lines), data)
 
 
+@stream.command("elect-unclean")
+@click.argument("name")
+@click.option("--replica", required=True, help="The replica to elect (it must run): it gives up what only the "
+              "in-sync replicas held beyond its journal.")  # fmt: skip
+@click.option("--partition", type=int, default=0, show_default=True, help="Of a partitioned stream.")
+@click.option("--yes", is_flag=True, help="Elect it; without, say only what it would give up.")
+@click.pass_context
+@reporting_errors
+def stream_elect_unclean(ctx: click.Context, *, name: str, replica: str, partition: int, yes: bool) -> None:
+    """When no in-sync replica of replicated stream NAME can come back, make REPLICA the only one in
+    sync so it leads (Kafka's unclean leader election): the stream serves again and gives up the
+    confirmed records only the lost replicas held (at least as many as this prints)."""
+    from zeps.config import resolve  # noqa: PLC0415
+    from zeps.coordination import connect  # noqa: PLC0415
+    from zeps.coordination.replication import elect_unclean  # noqa: PLC0415
+    from zeps.paths import StreamPaths  # noqa: PLC0415
+
+    s = resolve("ZepsStream", name, namespace=ctx.obj["namespace"], needs=("zookeeper",), **_settings(ctx))
+    zk = connect(s.zookeeper, auth=s.auth)
+    try:
+        paths = StreamPaths.of(s.namespace, s.name, chroot=s.chroot, partition=partition)
+        report = elect_unclean(zk, paths, replica, dry_run=not yes)
+    finally:
+        zk.stop()
+        zk.close()
+    what = "made the only replica in sync: it leads" if report.written else "would be made the only replica in sync"
+    where = f"{s.namespace}/{name}" + (f" partition {partition}" if partition else "")
+    text = (f"{replica} {what} epoch {report.epoch + 1} of {where}; in sync were "
+            f"{', '.join(sorted(report.in_sync_before))}. "
+            f"It holds records up to {report.holds}; the last recorded commit point was {report.recorded}: "
+            f"it gives up at least {report.gives_up} confirmed records"
+            f"{'' if report.written else ' (run again with --yes to elect it)'}")  # fmt: skip
+    emit(ctx, text, {"replica": replica, "epoch": report.epoch + 1, "inSyncBefore": sorted(report.in_sync_before),
+                     "holds": report.holds, "recordedCommit": report.recorded, "givesUpAtLeast": report.gives_up,
+                     "elected": report.written})  # fmt: skip
+
+
 # -- status -----------------------------------------------------------------------------------------
 _FACTS = {
     "Topic": ("subscribers", "cleanerHolder"),

@@ -33,6 +33,7 @@ import json
 import struct
 from dataclasses import dataclass, field
 
+from zeps import _json as bounded_json
 from zeps._framing import join_records, split_records
 from zeps.errors import ZepsError
 
@@ -86,7 +87,7 @@ def decode(data: bytes) -> Envelope:
     if end > len(data):
         raise EnvelopeError(f"envelope header claims {length} bytes but only {len(data) - _PREFIX.size} follow")
     try:
-        meta = json.loads(data[_PREFIX.size : end])
+        meta = bounded_json.loads(data[_PREFIX.size : end])
     except (UnicodeDecodeError, ValueError) as exc:
         raise EnvelopeError(f"envelope header is not JSON: {exc}") from None
     if not isinstance(meta, dict):

@@ -327,8 +327,21 @@ class StreamPaths:
 
     @property
     def election(self) -> str:
-        """Its replicas in line to lead: ephemeral sequential ``<replica>-<seq>`` nodes."""
+        """Its replicas in line to lead: ephemeral sequential ``<replica>~<run>-<seq>`` nodes."""
         return f"{self.root}/replication/election"
+
+    @property
+    def replication_stopped(self) -> str:
+        """Its replicas stopped on purpose (SIGTERM), not crashed: a ``<replica>`` node each, made as
+        it begins to stop and removed when it starts again. A replica holding its own stop waits for
+        no replica listed here (none of them is coming back)."""
+        return f"{self.root}/replication/stopped"
+
+    @property
+    def replication_committed(self) -> str:
+        """The last commit point a leader recorded (JSON {"epoch", "commit"}, every few seconds): what an
+        unclean election reports it gives up."""
+        return f"{self.root}/replication/committed"
 
     def consumer_group(self, group: str) -> ConsumerGroupPaths:
         """The nodes of consumer group ``group`` of this stream (of all its partitions)."""

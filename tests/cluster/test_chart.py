@@ -11,6 +11,7 @@ from kubernetes import client
 
 from zeps_dev import ControlPlane
 from zeps_dev.controlplane import binaries_dir
+from zeps_dev.process import wait_until
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "zeps"
 KUBE = "1.33.13"  # a helm built from source defaults to v1.20 when it renders without a cluster
@@ -151,6 +152,57 @@ def test_installs_into_the_control_plane(
     assert client.CoordinationV1Api(kube_api).read_namespaced_lease("zeps-operator-cleaner", namespace)
     _helm("uninstall", "zeps", "--namespace", namespace, "--kubeconfig", kubeconfig)
     assert not client.CoordinationV1Api(kube_api).list_namespaced_lease(namespace).items  # helm took it away
+
+
+def test_the_operator_cannot_mint_a_service_account_token_through_a_secret_it_may_read(
+    control_plane: ControlPlane, kube_api: client.ApiClient, namespace: str
+) -> None:
+    """RBAC lets the operator create Secrets anywhere and read back two names: as its ServiceAccount,
+    creating a kubernetes.io/service-account-token Secret named zeps-curve (the token controller would
+    fill in another account's token, and the operator could read it) is refused by the chart's
+    admission policy, as is an Opaque Secret without its label; its own kind of Secret is admitted.
+    Before, the first two were created."""
+    kubeconfig = str(control_plane.kubeconfig)
+    result = _helm("install", "zeps", str(CHART), "--namespace", namespace, "--kubeconfig", kubeconfig,
+                   "--set", "zookeeper.connect=zk.example:2181", "--set", f"operator.cluster={namespace}")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    sa = f"system:serviceaccount:{namespace}:zeps-operator"
+
+    def create(secret: dict[str, object]) -> str:
+        """What kubectl says to creating ``secret`` as the operator's ServiceAccount (out and err)."""
+        done = subprocess.run(
+            [*control_plane.kubectl_argv, "create", "-n", namespace, "--as", sa, "-f", "-"],
+            input=json.dumps(secret),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        return done.stdout + done.stderr
+
+    probes = iter(range(1000))
+
+    def in_force() -> bool:  # a policy applies a moment after it is made: probe with throwaway names
+        probe = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"probe-{next(probes)}"}}
+        return "carry app.kubernetes.io/managed-by=zeps-operator" in create(probe)
+
+    try:
+        wait_until(in_force, timeout=30, what="the chart's admission policy in force")
+        token = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
+                 "metadata": {"name": "zeps-curve", "labels": {"app.kubernetes.io/managed-by": "zeps-operator"},
+                              "annotations": {"kubernetes.io/service-account.name": "default"}}}  # fmt: skip
+        assert "Opaque Secrets only" in create(token)
+        unlabelled = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "zeps-curve"},
+            "stringData": {"a": "b"},
+        }
+        assert "carry app.kubernetes.io/managed-by=zeps-operator" in create(unlabelled)
+        labels = {"app.kubernetes.io/managed-by": "zeps-operator"}
+        assert "created" in create({**unlabelled, "metadata": {"name": "zeps-curve", "labels": labels}})
+    finally:
+        _helm("uninstall", "zeps", "--namespace", namespace, "--kubeconfig", kubeconfig)
 
 
 def test_every_object_zeps_makes_passes_the_api_server_s_strict_validation(

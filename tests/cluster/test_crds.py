@@ -52,12 +52,11 @@ def test_kubectl_applies_the_crds_and_defaults_fill_in(crds: ControlPlane, names
          "rateKbps and recoveryMs are for pgm and epgm"),
         ("ZepsStream", {"replicas": 8}, "spec.replicas"),
         ("ZepsStream", {"replicas": 3, "minInSync": 4}, "minInSync counts replicas"),
-        ("ZepsStream", {"replicas": 3, "curve": True}, "curve with replicas above 1 is not supported yet"),
+        ("ZepsStream", {"replicas": 5, "partitions": 13, "curve": True}, "replicas times partitions above 64"),
         ("ZepsStream", {"partitions": 0}, "spec.partitions"),
         ("ZepsStream", {"partitions": 257}, "spec.partitions"),
-        ("ZepsStream", {"partitions": 2, "curve": True}, "partitions above 1 take neither curve nor multicast"),
         ("ZepsStream", {"partitions": 2, "multicast": {"transport": "epgm", "group": "239.1.2.3", "port": 5601}},
-         "partitions above 1 take neither curve nor multicast"),
+         "partitions above 1 take no multicast output"),
     ],
 )  # fmt: skip
 def test_invalid_specs_are_rejected_naming_the_field(
@@ -72,6 +71,15 @@ def test_a_stream_name_too_long_for_its_brokers_statefulsets_is_rejected(crds: C
     stream: dict[str, Any] = {"apiVersion": "zeps.dev/v1alpha1", "kind": "ZepsStream", "spec": {"partitions": 2}}
     _apply(crds, namespace, {**stream, "metadata": {"name": "s" * 40}})
     assert "name takes at most 40 characters" in _rejected(crds, namespace, {**stream, "metadata": {"name": "s" * 41}})
+
+
+@pytest.mark.parametrize("name", ["orders.eu", "1orders"])
+def test_a_stream_name_no_service_could_carry_is_rejected(crds: ControlPlane, namespace: str, name: str) -> None:
+    """A name Kubernetes takes for the resource (a DNS subdomain) but not for its Services (a DNS label
+    starting with a letter): before, the stream was accepted and its objects could never be made, nor
+    the stream deleted past its finalizer."""
+    stream: dict[str, Any] = {"apiVersion": "zeps.dev/v1alpha1", "kind": "ZepsStream", "spec": {}}
+    assert "name is a DNS label" in _rejected(crds, namespace, {**stream, "metadata": {"name": name}})
 
 
 def test_immutable_fields_cannot_change(crds: ControlPlane, namespace: str) -> None:
@@ -110,3 +118,14 @@ def test_a_multicast_output_is_accepted_and_defaulted(crds: ControlPlane, namesp
         _apply(crds, namespace, body)
         spec = json.loads(crds.kubectl("get", "zepsstream", f"mc-{name}", "-n", namespace, "-o", "json"))["spec"]
         assert spec["multicast"]["heartbeatMs"] == 100 and spec["multicast"]["hostNetwork"] is False
+
+
+def test_curve_takes_replicas_and_partitions_up_to_its_bound(crds: ControlPlane, namespace: str) -> None:
+    """CURVE with replicas and partitions is accepted up to 64 replicas in all (each has a
+    certificate in the namespace's Secret); one more is refused, naming the bound."""
+    for name, replicas, partitions in (("secure-r3p2", 3, 2), ("secure-bound", 4, 16)):
+        _apply(crds, namespace, {"apiVersion": "zeps.dev/v1alpha1", "kind": "ZepsStream", "metadata": {"name": name},
+                                 "spec": {"curve": True, "replicas": replicas, "partitions": partitions}})  # fmt: skip
+    over = {"apiVersion": "zeps.dev/v1alpha1", "kind": "ZepsStream", "metadata": {"name": "secure-over"},
+            "spec": {"curve": True, "replicas": 5, "partitions": 13}}  # fmt: skip
+    assert "above 64" in _rejected(crds, namespace, over)

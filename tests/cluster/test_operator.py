@@ -633,6 +633,45 @@ def test_curve_keys_live_in_the_namespaces_secret_and_each_client_gets_its_own(
     assert after["secure.client.orders.key_secret"] == keys["secure.client.orders.key_secret"]
 
 
+def test_a_curve_stream_of_replicas_and_partitions_gives_each_replica_a_certificate(
+    operator: OperatorProcess, crds: ControlPlane, namespace: str, kube_api: Any
+) -> None:
+    """Each replica of every partition of a replicated CURVE stream: a certificate in the namespace's
+    Secret, listed by its public key in ``<s>.replicas.json``; each StatefulSet's pods mount their own
+    partition's certificates beside that list (the broker's --curve-replicas)."""
+    _apply(crds, namespace, "ZepsStream", "vault", {"curve": True, "replicas": 3, "partitions": 2})
+    core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
+
+    def listed() -> dict[str, str]:
+        try:
+            data = core.read_namespaced_secret(CURVE_SECRET, namespace).data or {}
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return {}
+            raise
+        return json.loads(base64.b64decode(data["vault.replicas.json"])) if "vault.replicas.json" in data else {}
+
+    members = [f"vault-broker-{i}" for i in range(3)] + [f"vault-broker-p1-{i}" for i in range(3)]
+    wait_until(lambda: sorted(listed()) == sorted(members), timeout=60, what="the replicas' keys")
+    data = {
+        k: base64.b64decode(v).decode() for k, v in core.read_namespaced_secret(CURVE_SECRET, namespace).data.items()
+    }
+    assert all(public_key_of(data[f"vault.replica.{m}.key_secret"]) == key for m, key in listed().items())
+    wait_until(lambda: len(apps.list_namespaced_stateful_set(namespace).items) == 2, timeout=60,
+               what="both partitions' StatefulSets")  # fmt: skip
+    for statefulset, config_map in (("vault-broker", "vault-broker"), ("vault-broker-p1", "vault-broker-p1")):
+        pod = apps.read_namespaced_stateful_set(statefulset, namespace).spec.template.spec
+        volume = next(v for v in pod.volumes if v.name == "curve-replicas")
+        assert {i.key for i in volume.secret.items} >= {
+            "vault.replicas.json",
+            f"vault.replica.{statefulset}-0.key_secret",
+        }
+        assert not any(i.key.startswith("vault.replica.vault-broker-p1") for i in volume.secret.items) or (
+            statefulset == "vault-broker-p1")  # fmt: skip
+        config = core.read_namespaced_config_map(config_map, namespace).data or {}
+        assert config["ZEPS_BROKER_CURVE_REPLICAS"] == "/etc/zeps/curve-replicas/replicas.json"
+
+
 def test_a_retained_journal_has_no_owner_and_the_broker_gets_the_namespace_s_zookeeper_identity(
     operator: OperatorProcess, crds: ControlPlane, namespace: str, kube_api: Any
 ) -> None:
@@ -663,10 +702,44 @@ def test_a_retained_journal_has_no_owner_and_the_broker_gets_the_namespace_s_zoo
         "ZEPS_BROKER_ZOOKEEPER_PASSWORD": ("zeps-zookeeper-auth", "password"),
     }
     config = core.read_namespaced_config_map("kept-broker", namespace).data or {}
-    assert config["ZEPS_BROKER_METRICS_ADDRESS"] == "0.0.0.0" and "PASSWORD" not in json.dumps(config)
+    assert "ZEPS_BROKER_METRICS_ADDRESS" not in config and "PASSWORD" not in json.dumps(config)
+    assert {e.name: e.value for e in container.env}["ZEPS_BROKER_METRICS_ADDRESS"] == "$(POD_IP)"
     _apply(crds, namespace, "ZepsStream", "kept", {"deletionPolicy": "Delete"})
     wait_until(lambda: bool(pvc().metadata.owner_references), timeout=30, what="the stream to own its journal")
     assert pvc().metadata.owner_references[0].name == "kept"
+
+
+def test_every_node_the_operator_makes_for_a_stream_carries_the_namespace_s_acl(
+    operator: OperatorProcess, crds: ControlPlane, namespace: str, kube_api: Any, zookeeper: ZooKeeperHarness
+) -> None:
+    """A namespace with ZooKeeper credentials: the manifests of a partitioned stream's partitions (and
+    the nodes above them) get the namespace's digest ACL, as its spec node does; another namespace's
+    identity cannot change them (NoAuth). Before, the operator made them open to every ZooKeeper user:
+    another tenant could stop the stream or move its partitions."""
+    from kazoo.exceptions import NoAuthError  # noqa: PLC0415
+
+    from zeps.coordination.client import digest_acl  # noqa: PLC0415
+    from zeps.paths import StreamPaths  # noqa: PLC0415
+
+    core = client.CoreV1Api(kube_api)
+    auth = {"user": f"tenant-{namespace}", "password": "pw"}
+    core.create_namespaced_secret(
+        namespace, client.V1Secret(metadata=client.V1ObjectMeta(name="zeps-zookeeper-auth"), string_data=auth)
+    )
+    _apply(crds, namespace, "ZepsStream", "orders", {"partitions": 2})
+    zk = zookeeper.client(auth=(auth["user"], auth["password"]))
+    paths = [StreamPaths.of(namespace, "orders", chroot=CHROOT, partition=p) for p in (0, 1)]
+    wait_until(lambda: all(zk.exists(p.brokers.manifest) for p in paths), timeout=60, what="both manifests")
+    wanted = digest_acl(auth["user"], auth["password"])
+    for p in paths:
+        for node in (p.brokers.manifest, p.root):
+            acls, _ = zk.get_acls(node)
+            assert acls == wanted, f"{node}: {acls}"
+    other = zookeeper.client(auth=("tenant-other", "pw"))
+    for p in paths:
+        with pytest.raises(NoAuthError):
+            other.set(p.brokers.manifest, b'{"version": 1, "members": ["rogue"]}')
+    crds.kubectl("delete", "zepsstream", "orders", "-n", namespace, "--timeout=60s")
 
 
 def test_batch_queue_lag_in_status(
@@ -850,3 +923,41 @@ def test_a_secret_created_after_a_namespaces_first_topic_is_read_for_the_next_on
         owner.stop()
         owner.close()
     crds.kubectl("delete", "topic", "before", "after", "-n", namespace, "--timeout=60s")
+
+
+def test_a_tenant_asking_for_an_image_or_privileges_the_admin_did_not_allow_gets_nothing(
+    operator: OperatorProcess, crds: ControlPlane, namespace: str, kube_api: Any
+) -> None:
+    """spec.image off the admin's allow-list, or host networking outside the namespaces opted in: the
+    stream is not Ready (PodNotAllowed, naming the chart value) and no broker object is made (before,
+    any user who could create a ZepsStream ran any image, with the node's network)."""
+    apps = client.AppsV1Api(kube_api)
+    _apply(crds, namespace, "ZepsStream", "miner", {"image": "evil.example/miner:latest"})
+    multicast = {"transport": "epgm", "group": "239.1.1.1", "port": 5555, "hostNetwork": True}
+    _apply(crds, namespace, "ZepsStream", "sniffer", {"multicast": multicast})
+
+    def refused(name: str) -> str:
+        conditions = _get(crds, namespace, "ZepsStream", name).get("status", {}).get("conditions", [])
+        return next((c["message"] for c in conditions if c.get("reason") == "PodNotAllowed"), "")
+
+    wait_until(lambda: "brokers.allowedImages" in refused("miner"), timeout=60, what="the image refused")
+    wait_until(lambda: "brokers.privilegedNamespaces" in refused("sniffer"), timeout=60, what="hostNetwork refused")
+    assert apps.list_namespaced_deployment(namespace).items == []
+    assert apps.list_namespaced_stateful_set(namespace).items == []
+    for name in ("miner", "sniffer"):
+        crds.kubectl("delete", "zepsstream", name, "-n", namespace, "--timeout=60s")
+
+
+def test_a_brokers_pod_is_admitted_where_pod_security_enforces_restricted(
+    operator: OperatorProcess, crds: ControlPlane, namespace: str, kube_api: Any
+) -> None:
+    """The API server's Pod Security admission, enforcing "restricted" in the namespace, admits the
+    broker pods of a replicated stream (the StatefulSet controller makes them: no kubelet runs them)."""
+    core = client.CoreV1Api(kube_api)
+    crds.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
+    _apply(crds, namespace, "ZepsStream", "orders", {"replicas": 3})
+    wait_until(lambda: len(core.list_namespaced_pod(namespace).items) == 3, timeout=90,
+               what="three broker pods admitted")  # fmt: skip
+    events = json.loads(crds.kubectl("get", "events", "-n", namespace, "-o", "json"))["items"]
+    assert not [e for e in events if "violates PodSecurity" in e.get("message", "")]
+    crds.kubectl("delete", "zepsstream", "orders", "-n", namespace, "--timeout=60s")

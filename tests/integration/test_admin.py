@@ -7,7 +7,8 @@ import json
 from typing import Any
 
 import pytest
-from kazoo.security import ACL
+from kazoo.exceptions import NoAuthError
+from kazoo.security import ACL, OPEN_ACL_UNSAFE
 
 from harness import ZooKeeperHarness
 from zeps.coordination import admin
@@ -75,6 +76,45 @@ def test_a_missing_child_and_a_new_generation_are_repaired(zookeeper: ZooKeeperH
         f"{root}/spec",
     ]
     assert json.loads(client.get(f"{root}/spec")[0])["generation"] == 2
+
+
+def test_a_spec_node_nested_past_any_bound_is_repaired_not_fatal(zookeeper: ZooKeeperHarness) -> None:
+    """Anyone with the namespace's ACL can write a resource's spec node: one nested 100,000 deep
+    made the operator's read raise RecursionError at every pass (the object could be neither
+    reconciled nor deleted). It reads as no spec zeps wrote, and the next pass rewrites it."""
+    client = zookeeper.client()
+    _ensure(zookeeper, client)
+    root = f"{zookeeper.root}/ns/queues/q"
+    client.set(f"{root}/spec", b"[" * 100_000 + b"]" * 100_000)
+    assert admin.read_spec_node(client, root) == {}
+    assert _ensure(zookeeper, client) == [f"{root}/spec"]
+    assert json.loads(client.get(f"{root}/spec")[0])["owner"] == "local/uid-1"
+
+
+def test_a_namespace_root_claimed_before_its_owner_used_zeps_is_taken_back(zookeeper: ZooKeeperHarness) -> None:
+    """Anyone may make /zeps/<namespace> (or a node of a resource's path) first, with an ACL of their
+    own (ALL for them: they could then delete and make what is under it). The operator, a super user
+    of the servers, puts the namespace's own ACL back and says so (the nodes are among those
+    repaired); a namespace without credentials gets its root open again (its brokers,
+    unauthenticated, must write under it). Before, the squatter kept the root."""
+    from harness import OPERATOR_AUTH  # noqa: PLC0415
+
+    operator = zookeeper.client(auth=OPERATOR_AUTH)
+    squatter = zookeeper.client(auth=("squatter", "pw"))
+    boundary = f"{zookeeper.root}/ns"
+    squatter.ensure_path(zookeeper.root)
+    squatter.create(boundary, acl=digest_acl("squatter", "pw"))
+    squatter.create(f"{boundary}/queues", acl=digest_acl("squatter", "pw"))  # the kind's node too
+    team = digest_acl("team", "secret")
+    repaired = _ensure(zookeeper, operator, acl=team)
+    assert boundary in repaired and f"{boundary}/queues" in repaired
+    assert operator.get_acls(boundary)[0] == team == operator.get_acls(f"{boundary}/queues")[0]
+    with pytest.raises(NoAuthError):
+        squatter.create(f"{boundary}/streams/mine", makepath=True)
+    assert boundary not in _ensure(zookeeper, operator, acl=team)  # in place now: nothing to say
+    operator.set_acls(boundary, digest_acl("squatter", "pw"))
+    assert boundary in _ensure(zookeeper, operator)  # a namespace without credentials
+    assert operator.get_acls(boundary)[0] == list(OPEN_ACL_UNSAFE)
 
 
 def test_another_owner_is_refused_and_the_same_cluster_adopts(zookeeper: ZooKeeperHarness) -> None:

@@ -122,6 +122,21 @@ def test_members_share_the_partitions_take_over_as_they_come_and_go_and_process_
     assert {(p, s) for p, s in processed} == {(p, s) for p in counts for s in range(1, counts[p] + 1)}
 
 
+def _publish_orders(plain: list[str], total: int) -> None:
+    """``total`` orders of 50 customers, confirmed, over the partitions ``plain``."""
+    with PartitionedStreamClient(plain, "orders", producer_id="shop") as publisher:
+        publisher.publish_many([(f"customer-{n % 50}", b"%d" % n) for n in range(total)])
+        publisher.flush(timeout=30)
+
+
+def _member(zookeeper: ZooKeeperHarness, plain: list[str], name: str, out: Path) -> subprocess.Popen[bytes]:
+    """A consumer-group member process (tests/workers/stream_group_member.py) writing what it processed to ``out``."""
+    argv = [sys.executable, str(WORKERS / "stream_group_member.py"), "--zookeeper", zookeeper.connect_string,
+            "--chroot", zookeeper.root, "--endpoints", ",".join(plain), "--member", name,
+            "--out", str(out)]  # fmt: skip
+    return subprocess.Popen(argv)
+
+
 def test_a_member_killed_mid_backlog_leaves_only_its_last_uncommitted_batch_to_be_processed_again(
     zookeeper: ZooKeeperHarness, plain: list[str], tmp_path: Path
 ) -> None:
@@ -130,16 +145,11 @@ def test_a_member_killed_mid_backlog_leaves_only_its_last_uncommitted_batch_to_b
     killed member's last batch (at most 20), which it processed without asking for more; an
     idempotent handler (keyed by partition and sequence) takes effect once for each."""
     total = 3000
-    with PartitionedStreamClient(plain, "orders", producer_id="shop") as publisher:
-        publisher.publish_many([(f"customer-{n % 50}", b"%d" % n) for n in range(total)])
-        publisher.flush(timeout=30)
+    _publish_orders(plain, total)
     outs = {name: tmp_path / f"{name}.out" for name in ("m1", "m2")}
 
     def member(name: str) -> subprocess.Popen[bytes]:
-        argv = [sys.executable, str(WORKERS / "stream_group_member.py"), "--zookeeper", zookeeper.connect_string,
-                "--chroot", zookeeper.root, "--endpoints", ",".join(plain), "--member", name,
-                "--out", str(outs[name])]  # fmt: skip
-        return subprocess.Popen(argv)
+        return _member(zookeeper, plain, name, outs[name])
 
     procs = {name: member(name) for name in outs}
 
@@ -163,6 +173,44 @@ def test_a_member_killed_mid_backlog_leaves_only_its_last_uncommitted_batch_to_b
     twice = [k for k, n in Counter(seen).items() if n > 1]
     assert len(set(seen)) == total  # every message processed (an idempotent handler's effect: once each)
     assert len(twice) <= 20, f"more than the killed member's last batch processed again: {len(twice)}"
+
+
+def test_a_member_paused_past_its_session_hands_out_nothing_of_the_partitions_another_took(
+    zookeeper: ZooKeeperHarness, plain: list[str], tmp_path: Path
+) -> None:
+    """SIGSTOP of a member for longer than its session (2 s): the other member takes its partitions
+    over. When it resumes, it holds records it read before the pause; it must hand none of them out
+    (they are the new owner's now), not even once before its commit is refused (before, it handed
+    out what it had buffered, and both members processed the same records)."""
+    total = 9000
+    _publish_orders(plain, total)
+    outs = {name: tmp_path / f"{name}.out" for name in ("m1", "m2")}
+
+    def member(name: str) -> subprocess.Popen[bytes]:
+        return _member(zookeeper, plain, name, outs[name])
+
+    def lines(name: str) -> list[tuple[int, int]]:
+        text = outs[name].read_text() if outs[name].exists() else ""
+        return [(int(p), int(s)) for p, s in (line.split() for line in text.splitlines() if line.count(" ") == 1)]
+
+    procs = {"m1": member("m1")}
+    try:
+        until(lambda: len({p for p, _ in lines("m1")}) == PARTITIONS, "m1 reading every partition", timeout=30)
+        procs["m1"].send_signal(signal.SIGSTOP)
+        paused_at = len(lines("m1"))
+        procs["m2"] = member("m2")
+        until(lambda: len({p for p, _ in lines("m2")}) == PARTITIONS, "m2 taking every partition over", timeout=30)
+        procs["m1"].send_signal(signal.SIGCONT)
+        until(lambda: len(set(lines("m1")) | set(lines("m2"))) >= total, "every message processed", timeout=90)
+        time.sleep(1.0)  # time for a zombie to hand out what it had read
+    finally:
+        for proc in procs.values():
+            proc.send_signal(signal.SIGCONT)
+            proc.terminate()
+            proc.wait(15)
+    after_resume = set(lines("m1")[paused_at:])
+    both = after_resume & set(lines("m2"))
+    assert not both, f"m1 handed out {len(both)} records after its pause that m2 processed too, e.g. {sorted(both)[:5]}"
 
 
 def test_a_member_from_the_stream_handle_takes_every_partition_in_turn(

@@ -22,6 +22,7 @@ from zeps.protocol import (
     Attach,
     AttachOk,
     Credit,
+    Detach,
     InvalidCode,
     Publish,
     Refusal,
@@ -181,3 +182,79 @@ def test_ten_thousand_subscriptions_from_one_peer_are_refused_past_the_limit(bro
     finally:
         peer.close()
     assert broker.process.running()
+
+
+def test_regex_subscriptions_from_many_peers_are_bounded_for_the_whole_broker(tmp_path: Path) -> None:
+    """Per-peer limits do not bound many peers: 40 peers, each well under its own 64, ask for 25
+    regular-expression subscriptions; the broker (``--max-regex-subscriptions 200``) takes 200 of
+    them in all, refuses the rest with LIMIT naming the budget, and serves an honest client; peers
+    that leave give their share back."""
+    server = Broker(tmp_path)
+    server.process.argv += ["--max-regex-subscriptions", "200"]
+    server.start()
+    peers = [RawPeer(server.endpoint) for _ in range(40)]
+    try:
+        for i, peer in enumerate(peers):
+            for j in range(25):
+                peer.sock.send(encode(Subscribe(pattern=f"~^k{i}-{j}(a|b)*c", latest=0)))
+        answers = [peer.recv() for peer in peers for _ in range(25)]
+        assert answers.count(SubscribeOk()) == 200
+        refused = [a for a in answers if isinstance(a, InvalidCode)]
+        assert len(refused) == 800 and {a.code for a in refused} == {Refusal.LIMIT}
+        assert "regular-expression subscriptions, its limit" in refused[0].reason
+        _honest_round_trip(server.endpoint)
+        for peer in peers:  # all leave: the budget is free again
+            peer.sock.send(encode(Detach()))
+        late = RawPeer(server.endpoint)
+        peers.append(late)
+        deadline = time.monotonic() + 10
+        while True:  # the others' DETACHes come in on connections of their own: soon, in no set order
+            late.sock.send(encode(Subscribe(pattern="~^late", latest=0)))
+            if late.recv() == SubscribeOk() or time.monotonic() > deadline:
+                break
+        for j in range(29):
+            late.sock.send(encode(Subscribe(pattern=f"~^late{j}", latest=0)))
+        assert [late.recv() for _ in range(29)] == [SubscribeOk()] * 29
+    finally:
+        for peer in peers:
+            peer.close()
+        server.process.stop()
+
+
+def test_a_hostile_broker_cannot_fill_a_clients_memory_with_huge_frames(tmp_path: Path) -> None:
+    """Whatever answers at a stream's address may be hostile too: after ATTACH-OK it sends a client
+    that reads nothing three 100 MiB frames. The client's DEALER refuses frames over the largest a
+    broker sends (ZMQ_MAXMSGSIZE: the connection drops before the frame is read into memory); before,
+    all three sat in its receive queue. The client is a process of its own, so its memory is its own."""
+    ctx: zmq.Context[Any] = zmq.Context()
+    fake = ctx.socket(zmq.ROUTER)
+    fake.setsockopt(zmq.LINGER, 0)
+    port = fake.bind_to_random_port("tcp://127.0.0.1")
+    script = ("import sys, time\nfrom zeps.client import StreamClient\n"
+              "c = StreamClient(sys.argv[1], 'prices', timeout=10, idempotent=False).connect()\n"
+              "print('attached', flush=True)\ntime.sleep(60)\n")  # fmt: skip
+    client = ManagedProcess("client", [sys.executable, "-c", script, f"tcp://127.0.0.1:{port}"],
+                            log_path=tmp_path / "client.log")  # fmt: skip
+    client.start()
+    try:
+        assert fake.poll(20_000), "the client never attached"
+        peer, _attach = fake.recv_multipart()
+        fake.send_multipart([peer, encode(AttachOk())])
+        client.wait_ready(lambda: "attached" in client.log_tail(), timeout=20)
+        status = Path(f"/proc/{client.pid}/status")
+
+        def rss() -> int:
+            line = next(x for x in status.read_text().splitlines() if x.startswith("VmRSS:"))
+            return int(line.split()[1]) * 1024
+
+        before = rss()
+        huge = b"\xaa\xa5\x07" + b"x" * (100 * MiB)
+        for _ in range(3):
+            fake.send_multipart([peer, huge], copy=False)
+        time.sleep(3)  # what the client's I/O thread would read meanwhile (nothing to wait on: it reads nothing)
+        grown = rss() - before
+        assert grown < 50 * MiB, f"the client's memory grew {grown // MiB} MiB"
+    finally:
+        client.stop()
+        fake.close()
+        ctx.term()

@@ -13,7 +13,6 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,19 +22,9 @@ from harness import ReplicaSet as Replicas
 from harness import ZooKeeperHarness, until
 from zeps.client import StreamClient
 from zeps.errors import PublishRefusedError, SetupError
+from zeps.replication.election import election_replica
 
 KILLS = int(os.environ.get("ZEPS_REPLICATION_KILLS", "4"))  # the issue's count: ZEPS_REPLICATION_KILLS=50
-
-
-@pytest.fixture
-def replicas(zookeeper: ZooKeeperHarness, tmp_path: Path) -> Iterator[Replicas]:
-    r = Replicas(zookeeper, tmp_path)
-    for name in r.names:
-        r.start(name)
-    try:
-        yield r
-    finally:
-        r.stop()
 
 
 class Publisher(threading.Thread):
@@ -249,12 +238,12 @@ def test_a_replica_rebuilt_from_an_empty_volume_is_not_elected_before_it_caught_
     shutil.rmtree(replicas.root / empty)
     replicas.pause([leader])  # it copies nothing from a stalled leader
     replicas.start(empty)
-    until(lambda: any(n.startswith(f"{empty}-") for n in replicas.zk.get_children(replicas.paths.election)),
-          "the empty replica in line", timeout=30)  # fmt: skip
+    in_line = lambda name: [n for n in replicas.zk.get_children(replicas.paths.election)  # noqa: E731
+                            if election_replica(n) == name]  # fmt: skip
+    until(lambda: in_line(empty), "the empty replica in line", timeout=30)
     replicas.kill(other)  # back at once: its place in line is now behind the empty replica's
     replicas.start(other)
-    until(lambda: sum(n.startswith(f"{other}-") for n in replicas.zk.get_children(replicas.paths.election)) == 1,
-          "the other replica's old place in line gone", timeout=30)  # fmt: skip
+    until(lambda: len(in_line(other)) == 1, "the other replica's old place in line gone", timeout=30)
     replicas.kill(leader)
     until(lambda: replicas.state().leader != leader, "a new leader", timeout=30)
     assert replicas.state().leader == other, "the replica with an empty journal was elected"
@@ -411,3 +400,118 @@ def test_the_asyncio_client_reads_from_a_follower_too(replicas: Replicas) -> Non
     endpoint, seen = asyncio.run(run())
     assert endpoint != f"tcp://127.0.0.1:{replicas.ports[leader]}", "the reader of followers stayed with the leader"
     _check_history(seen, 100, "the asyncio reader of followers")
+
+
+def test_a_peer_that_is_none_of_the_replicas_cannot_fetch_nor_acknowledge(
+    zookeeper: ZooKeeperHarness, tmp_path: Path
+) -> None:
+    """Anyone who reaches a leader's port may attach with version 8. A peer fetching as a replica the
+    stream's manifest does not name is refused (UNAUTHORIZED), and never enters the in-sync set:
+    before, it was sent the journal, and once in the set its acknowledgements (of records it never
+    wrote) counted for minInSync. A peering also fetches as one replica only."""
+    import zmq  # noqa: PLC0415
+
+    from zeps.coordination import Group  # noqa: PLC0415
+    from zeps.protocol import Attach, AttachOk, InvalidCode, Refusal, ReplicaData, ReplicaFetch, decode, encode  # noqa: PLC0415
+
+    replicas = Replicas(zookeeper, tmp_path)
+    Group(replicas.zk, replicas.paths.brokers).set_manifest(replicas.names)
+    for name in replicas.names:
+        replicas.start(name)
+    ctx: zmq.Context[Any] = zmq.Context()
+    try:
+        leader = replicas.leader()
+        until(lambda: len(replicas.state().isr) == 3, "all three replicas in sync", timeout=30)
+        epoch = replicas.state().epoch
+
+        def fetch_as(*names: str) -> list[Any]:
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(f"tcp://127.0.0.1:{replicas.ports[leader]}")
+            sock.send(encode(Attach(stream="prices", version=8)))
+            answers = [decode(sock.recv()) if sock.poll(5000) else None]
+            for name in names:
+                sock.send(encode(ReplicaFetch(epoch=epoch, replica=name, base=1, offset=0, last=0, durable=10**9)))
+                answers.append(decode(sock.recv()) if sock.poll(5000) else None)
+            sock.close()
+            return answers
+
+        attached, refused = fetch_as("evil")
+        assert attached == AttachOk()
+        assert isinstance(refused, InvalidCode) and refused.code == Refusal.UNAUTHORIZED, refused
+        follower, third = (n for n in replicas.names if n != leader)
+        answers = fetch_as(follower, third)  # both in the manifest: the second is one peering speaking for two
+        assert isinstance(answers[1], ReplicaData)  # a member's name: served (CURVE binds it to a key)
+        assert isinstance(answers[2], InvalidCode) and answers[2].code == Refusal.UNAUTHORIZED
+        time.sleep(1.5)  # a negative check: the in-sync set it would have been admitted to by now
+        assert "evil" not in replicas.state().isr
+    finally:
+        ctx.term()
+        replicas.stop()
+
+
+def test_a_curve_replica_set_peers_encrypted_and_takes_a_replicas_fetches_from_its_key_only(
+    zookeeper: ZooKeeperHarness, tmp_path: Path
+) -> None:
+    """CURVE with replicas: the three share the stream's server certificate, each peers with a
+    certificate of its own (replica.<member>.key_secret beside --curve-replicas), and a leader takes
+    a replica's fetches from that replica's key only. A client admitted by its key publishes and
+    reads through a failover; the same client fetching as a replica is refused (UNAUTHORIZED)."""
+    import json as jsonlib  # noqa: PLC0415
+
+    import zmq  # noqa: PLC0415
+    import zmq.auth  # noqa: PLC0415
+
+    from zeps.protocol import Attach, AttachOk, InvalidCode, Refusal, ReplicaFetch, decode, encode  # noqa: PLC0415
+
+    keys = tmp_path / "curve"
+    keys.mkdir()
+    server_public, server_secret = zmq.auth.create_certificates(str(keys), "broker")
+    _client_public_file, client_secret_file = zmq.auth.create_certificates(str(keys), "client")
+    replicas = Replicas(zookeeper, tmp_path / "brokers")
+    listed = {}
+    for name in replicas.names:
+        public_file, _secret_file = zmq.auth.create_certificates(str(keys), f"replica.{name}")
+        listed[name] = zmq.auth.load_certificate(public_file)[0].decode()
+    client_public, client_secret = (k.decode() for k in zmq.auth.load_certificate(client_secret_file))  # type: ignore[union-attr]
+    (keys / "clients.json").write_text(jsonlib.dumps({"app": client_public}))
+    (keys / "replicas.json").write_text(jsonlib.dumps(listed))
+    replicas.extra = ["--curve-secret-key", server_secret, "--curve-clients", str(keys / "clients.json"),
+                      "--curve-replicas", str(keys / "replicas.json")]  # fmt: skip
+    for name in replicas.names:
+        replicas.start(name)
+    server_key = zmq.auth.load_certificate(server_public)[0].decode()
+    ctx: zmq.Context[Any] = zmq.Context()
+    try:
+        leader = replicas.leader()
+        until(lambda: len(replicas.state().isr) == 3, "all three replicas in sync over CURVE", timeout=60)
+        with replicas.client(producer_id="curve", server_public_key=server_key,
+                             client_keys=(client_public, client_secret)) as client:  # fmt: skip
+            for i in range(1, 51):
+                client.publish("k", b"%d" % i)
+            client.flush(timeout=30)
+            replicas.kill(leader)
+            for i in range(51, 101):
+                client.publish("k", b"%d" % i)
+            client.flush(timeout=60)  # confirmed by a new leader: the other two still peer over CURVE
+        leader = replicas.leader()
+        sock = ctx.socket(zmq.DEALER)  # the admitted client, fetching as a replica
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.CURVE_SERVERKEY, server_key.encode())
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, client_public.encode())
+        sock.setsockopt(zmq.CURVE_SECRETKEY, client_secret.encode())
+        sock.connect(f"tcp://127.0.0.1:{replicas.ports[leader]}")
+        sock.send(encode(Attach(stream="prices", version=8)))
+        assert sock.poll(10_000) and decode(sock.recv()) == AttachOk()
+        member = next(n for n in replicas.names if n != leader)
+        sock.send(encode(ReplicaFetch(epoch=replicas.state().epoch, replica=member, base=1, offset=0, last=0,
+                                      durable=10**9)))  # fmt: skip
+        assert sock.poll(10_000)
+        refused = decode(sock.recv())
+        assert isinstance(refused, InvalidCode) and refused.code == Refusal.UNAUTHORIZED, refused
+        sock.close()
+    finally:
+        ctx.term()
+        replicas.stop()
+    held = [b for _, b in replicas.journal(leader)]
+    assert held == [b"%d" % i for i in range(1, 101)]

@@ -214,6 +214,23 @@ def test_a_named_producer_is_refused_by_an_older_broker_with_the_fix() -> None:
         session.publish("k", b"1")
 
 
+def test_plain_invalids_for_frames_sent_before_a_not_leader_do_not_make_the_client_downgrade() -> None:
+    """A replica that stops leading forgets its clients (NOT_LEADER) and answers the publishes and
+    PINGs they sent before they knew with plain INVALIDs ("not attached"). Those answer nothing of the
+    next attach: before, a client that was not attached took one for an older broker's refusal of its
+    ATTACH and went down to version 4, and its idempotent producer failed for good (found by the
+    replication simulation)."""
+    session = _producing("orders-0")
+    session.publish("k", b"1")
+    session.receive(encode(InvalidCode(code=Refusal.NOT_LEADER, reason="no longer leads")))
+    assert session.forgotten and not session.attached
+    assert session.receive(encode(Invalid(reason="PUBLISH-SEQ is not allowed in state START"))) == []
+    session.disconnected()
+    assert decode(session.attach()) == Attach(stream="prices", version=7)
+    frames = [decode(f) for f in session.receive(encode(AttachOk()))]
+    assert isinstance(frames[0], Produce)  # the producer is claimed again, with the same version
+
+
 def test_a_fenced_producer_raises_and_its_refused_publishes_stay_unconfirmed() -> None:
     session = _producing("orders-0")
     session.publish("k", b"1")

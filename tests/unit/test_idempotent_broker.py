@@ -13,8 +13,8 @@ import pytest
 from zeps._records import RECORD
 from zeps.broker.core import BrokerConfig, BrokerCore
 from zeps.journal import JournalConfig
-from zeps.journal.log import _walk_segment
 from zeps.journal.producers import GROUP
+from zeps.journal.segments import walk_segment
 from zeps.protocol import (
     Attach,
     AttachOk,
@@ -120,19 +120,62 @@ def test_the_table_survives_a_broker_restart(tmp_path: Path) -> None:
 
 
 def test_an_expired_producer_resuming_is_refused_clearly(tmp_path: Path) -> None:
-    core = BrokerCore(_config(tmp_path, producer_ttl_ms=1)).open()
+    """A producer idle past its TTL in the stream's own time (a newer record's stamp) is forgotten."""
+    wall = [1_000_000]
+    core = BrokerCore(_config(tmp_path, producer_ttl_ms=1000), wall_ms=lambda: wall[0]).open()
     _producer(core, b"a", "orders-0")
     _send(core, b"a", _batch(1, b"1"))
-    import time  # noqa: PLC0415
-
-    time.sleep(0.01)
-    core.tick(now=1.0)  # idle past its TTL: forgotten
+    wall[0] += 5000
+    _send(core, b"c", Attach(stream="prices", version=6), Publish(key="k", body=b"later"))  # the stream moves on
+    core.tick(now=1.0)  # orders-0 idle past its TTL: forgotten
     [refusal] = _send(core, b"a", _batch(2, b"2"))
     assert isinstance(refusal, InvalidCode) and refusal.code == Refusal.PRODUCER_UNKNOWN
-    assert "expired (idle longer than 0.001s)" in refusal.reason
+    assert "expired (idle longer than 1s)" in refusal.reason
     [refusal] = _send(core, b"b", Attach(stream="prices", version=6), Produce(producer="orders-0", epoch=1))[1:]
     assert isinstance(refusal, InvalidCode) and refusal.code == Refusal.PRODUCER_UNKNOWN
+    assert _bodies(core) == [b"1", b"later"]
+    core.close()
+
+
+def test_a_brokers_clock_set_days_ahead_forgets_no_producer(tmp_path: Path) -> None:
+    """Expiry reads the stream's time, not the broker's clock: replicas of one journal forget a
+    producer at the same point of it. (With each replica's own clock, one set two days ahead forgot
+    every producer; elected, it took their resent publishes for new ones: the replication simulation
+    saw them committed twice.)"""
+    wall = [1_000_000]
+    core = BrokerCore(_config(tmp_path, producer_ttl_ms=1000), wall_ms=lambda: wall[0]).open()
+    _producer(core, b"a", "orders-0")
+    _send(core, b"a", _batch(1, b"1"))
+    wall[0] += 2 * 86_400_000
+    core.tick(now=1.0)
+    assert _send(core, b"a", _batch(1, b"1"), Ping()) == [PingOk()]  # still known: the resend is dropped
     assert _bodies(core) == [b"1"]
+    core.close()
+    again = BrokerCore(_config(tmp_path, producer_ttl_ms=1000), wall_ms=lambda: wall[0]).open()
+    assert "orders-0" in again.streams["prices"].journal.producers.producers  # nor at a restart
+    again.close()
+
+
+def test_a_leaders_clock_stepped_days_back_forgets_no_producer(tmp_path: Path) -> None:
+    """A producer's last activity is the stream's time too: with the broker's clock two days back, the
+    journal keeps stamping at its newest record's time, and a producer publishing meanwhile is seen
+    then, not two days before it. (Stamped with the clock instead, every producer publishing during
+    the step looked idle for two days and was forgotten at the next tick: the chaos run's clock
+    jumps saw every publisher refused PRODUCER_UNKNOWN.)"""
+    wall = [1_000_000_000]
+    core = BrokerCore(_config(tmp_path, producer_ttl_ms=86_400_000), wall_ms=lambda: wall[0]).open()
+    _producer(core, b"a", "orders-0")
+    _send(core, b"a", _batch(1, b"1"))
+    wall[0] -= 2 * 86_400_000
+    _send(core, b"a", _batch(2, b"2"))
+    _producer(core, b"b", "orders-1")  # a claim during the step
+    core.tick(now=1.0)
+    assert _send(core, b"a", _batch(3, b"3"), Ping()) == [PingOk()]
+    wall[0] += 2 * 86_400_000 + 1000  # the clock right again
+    core.tick(now=2.0)
+    assert _send(core, b"a", _batch(3, b"3"), _batch(4, b"4"), Ping()) == [PingOk()]  # known: the resend dropped
+    assert set(core.streams["prices"].journal.producers.producers) == {"orders-0", "orders-1"}
+    assert _bodies(core) == [b"1", b"2", b"3", b"4"]
     core.close()
 
 
@@ -170,7 +213,7 @@ def test_each_group_mark_of_one_flush_holds_the_producer_as_the_group_ends(tmp_p
     core.close()
     [segment_file] = (tmp_path / "prices").glob("*.log")
     data = segment_file.read_bytes()
-    starts, marks, _ = _walk_segment(data, 1)
+    starts, marks, _ = walk_segment(data, 1)
     groups = [(start, producers) for start, _, kind, producers in marks if kind == GROUP and producers]
     assert len(groups) >= 3, groups
     for i, (start, producers) in enumerate(groups):

@@ -66,7 +66,7 @@ def test_torn_tail_is_truncated_with_a_log_line(tmp_path: Path, caplog: pytest.L
     good = segment.stat().st_size
     with segment.open("ab") as f:
         f.write(b"\x00\x00\x00\x40\xde\xad")  # half a record: a crash mid-write
-    caplog.set_level(logging.WARNING, logger="zeps.journal.log")
+    caplog.set_level(logging.WARNING, logger="zeps.journal")
     again = _journal(tmp_path)
     assert "torn or corrupt record at offset" in caplog.text and "truncating 6 bytes" in caplog.text
     assert segment.stat().st_size == good
@@ -84,7 +84,7 @@ def test_corruption_cuts_at_the_first_bad_record(tmp_path: Path, caplog: pytest.
     record = len(data) // 10
     data[record * 6 + 30] ^= 0xFF  # damage the 7th record's body
     segment.write_bytes(bytes(data))
-    caplog.set_level(logging.WARNING, logger="zeps.journal.log")
+    caplog.set_level(logging.WARNING, logger="zeps.journal")
     again = _journal(tmp_path)
     assert [r.sequence for r in _all(again)] == [1, 2, 3, 4, 5, 6]
     assert "records from sequence 7 on are dropped" in caplog.text
@@ -239,7 +239,7 @@ def test_a_read_skips_what_a_damaged_closed_segment_lost(tmp_path: Path, caplog:
     data = bytearray(first.read_bytes())
     data[-10] ^= 0xFF  # the last record of the first (closed) segment
     first.write_bytes(bytes(data))
-    caplog.set_level(logging.WARNING, logger="zeps.journal.log")
+    caplog.set_level(logging.WARNING, logger="zeps.journal")
     again = _journal(tmp_path, segment_bytes=500, tail_cache_bytes=0)
     assert caplog.text == "", "open reads the closed segment's seal, not its records"
     lost = int(second.stem) - 1
@@ -298,7 +298,7 @@ class FullDisk:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, free: int) -> None:
         self.free = free
-        module = "zeps.journal.log.os"
+        module = "zeps.journal.appending.os"
         real_write = os.write
         monkeypatch.setattr(f"{module}.write", lambda fd, data: real_write(fd, self._take(data)))
         monkeypatch.setattr(f"{module}.writev", lambda fd, parts: real_write(fd, self._take(b"".join(parts))))

@@ -132,6 +132,30 @@ def test_a_diverged_tail_is_cut_where_the_leaders_epoch_ended(tmp_path: Path) ->
     assert a.producers.producers["p"].sequence == 30  # the cut producer marks went with their records
 
 
+def test_an_epoch_begun_after_the_last_record_goes_with_a_cut_at_the_end(tmp_path: Path) -> None:
+    """Replica A (1..5 of epoch 1) led epoch 2 from 6 but wrote nothing that lasted; C (1..9 of epoch 1)
+    leads epoch 3, and A copies its 6..9. A's history must say those are epoch 1's: with its stale
+    ``2 6`` kept (the cut at A's end used to return before the history was cut), a later leader
+    holding the same 6..9 made A cut them, though it was in the in-sync set and they were committed
+    (the simulation's seed 346)."""
+    c = _journal(tmp_path / "c")
+    c.epochs.begin(1, 1)
+    _publish(c, 0, 9)
+    a = _journal(tmp_path / "a")
+    a.epochs.begin(1, 1)
+    _publish(a, 0, 5)
+    a.epochs.begin(2, 6)  # its leadership of epoch 2: nothing written in it lasted
+    c.epochs.begin(3, c.next_sequence)
+    found, end = c.epochs.end_of(a.epochs.latest, c.written)
+    assert (found, end) == (1, 9)
+    _, mine = a.epochs.end_of(found, a.written)
+    a.truncate_after(min(end, mine))  # nothing to cut: A ends at 5
+    assert a.written == 5 and a.epochs.entries == [(1, 1)]
+    _copy(c, a)
+    a.epochs.adopt(c.epochs.newer_than(a.epochs.latest), a.written)
+    assert a.epochs.end_of(1, a.written) == (1, 9)  # a later leader's question: where does epoch 1 end here
+
+
 def test_a_cut_back_into_a_closed_segment_reopens_it(tmp_path: Path) -> None:
     j = _journal(tmp_path)
     _publish(j, 0, 100)
@@ -199,7 +223,7 @@ def test_a_slice_cut_below_the_durable_end_comes_from_the_index_not_a_walk(
     leader's loop slow); groups (a mark and its records) still go whole, and the copy is the leader's
     byte for byte. Plain appends and groups mixed; a group larger than ``max_bytes`` goes whole in a
     slice of its own."""
-    import zeps.journal.log as log_module  # noqa: PLC0415
+    import zeps.journal.copying as copying_module  # noqa: PLC0415
 
     config = JournalConfig(segment_bytes=1 << 20, fsync="always", index_interval_bytes=300)
     leader = Journal(tmp_path / "leader", config, name="test").open()
@@ -211,8 +235,8 @@ def test_a_slice_cut_below_the_durable_end_comes_from_the_index_not_a_walk(
         else:
             leader.append_many([(f"k.{i}", b"x" * (i % 60))])
     walks = []
-    real_walk = log_module._walk_segment
-    monkeypatch.setattr(log_module, "_walk_segment", lambda data, base: walks.append(base) or real_walk(data, base))
+    real_walk = copying_module.walk_segment
+    monkeypatch.setattr(copying_module, "walk_segment", lambda data, base: walks.append(base) or real_walk(data, base))
     read = leader.replica_read
     slices = []
 
@@ -267,3 +291,23 @@ def test_the_readers_descriptors_are_bounded_and_closed_before_their_files_go(tm
     leader.close()
     follower.close()
     assert _open_journal_files(tmp_path) == []
+
+
+def test_a_journal_that_copied_records_then_appends_again_reads_every_record_in_place(tmp_path: Path) -> None:
+    """A replica leads (its appends go to the tail cache), follows (its copy is written around the
+    cache), then leads again: reads must never join the old cached run to the new one as if
+    consecutive (found by the replication simulation: the broker's loop failed with an IndexError
+    reading a copied range, and a replay across the gap labelled later records with earlier sequences)."""
+    f, leader = _journal(tmp_path / "f"), _journal(tmp_path / "l")
+    for i in range(1, 4):
+        f.append("k", b"f-%d" % i)
+    _copy(f, leader)
+    for i in range(4, 7):
+        leader.append("k", b"l-%d" % i)
+    _copy(leader, f)
+    f.append("k", b"f-7")
+    f.sync()
+    assert [(r.sequence, r.body) for r in _all(f)] == [(1, b"f-1"), (2, b"f-2"), (3, b"f-3"), (4, b"l-4"),
+                                                      (5, b"l-5"), (6, b"l-6"), (7, b"f-7")]  # fmt: skip
+    assert [r.sequence for r in f.read(5)] == [5, 6, 7]
+    assert [(r.sequence, r.body) for r in f.read(2, max_records=10)][:2] == [(2, b"f-2"), (3, b"f-3")]

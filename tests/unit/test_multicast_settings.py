@@ -3,6 +3,8 @@ broker's flags and the SDK), the broker's flags, and a pyzmq whose libzmq lacks 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import zmq
 
@@ -60,3 +62,20 @@ def test_an_unknown_interface_is_named_with_the_ones_there_are() -> None:
         _netif.resolve("nope0", "239.192.0.1")
     assert _netif.resolve("lo", "239.192.0.1").address == "127.0.0.1"
     assert _netif.resolve("127.0.0.1", "239.192.0.1").name == "lo"
+
+
+def test_a_signed_streams_receiver_without_its_key_fails_closed(tmp_path: Path) -> None:
+    """A stream with CURVE signs its multicast messages; a receiver whose key file is missing used to
+    take every message unsigned (anyone on the group could send one): now it is refused, naming the fix."""
+    from zeps.client._transport import multicast_key  # noqa: PLC0415
+    from zeps.config import Resolved  # noqa: PLC0415
+    from zeps.errors import ConfigError  # noqa: PLC0415
+
+    curve = Resolved(kind="ZepsStream", name="prices", namespace="shop", public_key="x" * 40)
+    with pytest.raises(ConfigError, match="multicast messages are signed, but no multicast key was found"):
+        multicast_key(curve)
+    (tmp_path / "multicast.key").write_text("00ff" * 8)
+    assert multicast_key(curve.model_copy(update={"multicast_key": str(tmp_path / "multicast.key")})) == bytes.fromhex(
+        "00ff" * 8
+    )
+    assert multicast_key(Resolved(kind="ZepsStream", name="prices", namespace="shop")) is None  # nothing signed

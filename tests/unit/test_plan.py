@@ -128,10 +128,18 @@ def test_a_replicated_stream_is_a_statefulset_spread_across_nodes_with_a_budget(
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert env["ZEPS_BROKER_MEMBER"] == "$(POD_NAME)"
     assert env["ZEPS_BROKER_ADVERTISE"] == "tcp://$(POD_IP):5555"  # no DNS lookup on failover
+    assert env["ZEPS_BROKER_METRICS_ADDRESS"] == "$(POD_IP)"  # never 0.0.0.0: a host-network pod's node
     config = objects["ConfigMap/prices-broker"]["data"]
+    assert "ZEPS_BROKER_METRICS_ADDRESS" not in config
     assert config["ZEPS_BROKER_MIN_INSYNC"] == "2" and "ZEPS_BROKER_MEMBER" not in config  # a majority of 3
+    # a replica asked to stop may wait for another to be in sync, then hand over: its grace covers both
+    handover = float(config["ZEPS_BROKER_HANDOVER_TIMEOUT"])
+    assert pod["terminationGracePeriodSeconds"] > 2 * handover
     assert objects["Service/prices-broker-pods"]["spec"]["clusterIP"] == "None"
-    assert objects["PodDisruptionBudget/prices-broker"]["spec"]["minAvailable"] == 2
+    assert objects["PodDisruptionBudget/prices-broker"]["spec"] == {
+        "maxUnavailable": 1,
+        "selector": {"matchLabels": objects["StatefulSet/prices-broker"]["spec"]["selector"]["matchLabels"]},
+    }  # one at a time
     deleted = _replicated({"replicas": 5, "minInSync": 3})["StatefulSet/prices-broker"]["spec"]
     assert deleted["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Delete"
 
@@ -146,3 +154,52 @@ def test_a_status_map_replaced_removes_the_keys_it_no_longer_has() -> None:
     assert replacing_map({"a": 1, "b": 2}, {"b": 3, "c": 4}) == {"a": None, "b": 3, "c": 4}
     assert replacing_map(None, {"b": 3}) == {"b": 3}
     assert replacing_map("not a map", {}) == {}
+
+
+def test_a_tenant_gets_only_the_images_and_privileges_the_cluster_admin_allows() -> None:
+    """Each namespace is a tenant: spec.image from the admin's allow-list (or the operator's own),
+    host networking and raw sockets only in namespaces opted in; anything else names the value to set."""
+    from zeps_operator.plan import refused_pod  # noqa: PLC0415
+
+    allowed = ("registry.example/zeps:*", "mirror.example/zeps:2.0")
+    settings = Settings(zookeeper="zk:2181", broker_image="zeps.local/zeps:1", allowed_images=allowed,
+                        privileged_namespaces=frozenset({"multicast"}))  # fmt: skip
+
+    def refused(namespace: str, spec: dict[str, Any]) -> str | None:
+        return refused_pod(namespace, StreamSpec.model_validate(spec), settings)
+
+    assert refused("shop", {}) is None
+    assert refused("shop", {"image": "zeps.local/zeps:1"}) is None  # the operator's own
+    assert refused("shop", {"image": "registry.example/zeps:2.1"}) is None
+    assert refused("shop", {"image": "mirror.example/zeps:2.0"}) is None
+    assert "brokers.allowedImages" in str(refused("shop", {"image": "evil.example/miner:latest"}))
+    assert "brokers.allowedImages" in str(refused("shop", {"image": "mirror.example/zeps:2.0-evil"}))
+    host = {"multicast": {"transport": "epgm", "group": "239.1.1.1", "port": 5555, "hostNetwork": True}}
+    pgm = {"multicast": {"transport": "pgm", "group": "239.1.1.1", "port": 5555}}
+    assert "host networking" in str(refused("shop", host)) and "brokers.privilegedNamespaces" in str(
+        refused("shop", host)
+    )
+    assert "NET_RAW" in str(refused("shop", pgm))
+    assert refused("multicast", host) is None and refused("multicast", pgm) is None
+    assert refused("shop", {"multicast": {"transport": "epgm", "group": "239.1.1.1", "port": 5555}}) is None
+
+
+def test_every_broker_pod_of_an_unprivileged_stream_is_pod_security_restricted() -> None:
+    """What Pod Security "restricted" asks of a pod, checked on the objects the operator makes (the
+    API server enforces it on kind: e2e); a stream of one broker, replicated, and with multicast (epgm)."""
+    epgm = {"multicast": {"transport": "epgm", "group": "239.1.1.1", "port": 5555}}
+    for spec, replicated in (({}, False), ({"replicas": 3}, True), (epgm, False)):
+        objects = stream_objects("shop", "prices", StreamSpec.model_validate(spec), Settings(zookeeper="zk:2181"),
+                                 replicated=replicated)  # fmt: skip
+        owner = next(o for o in objects if o["kind"] in ("Deployment", "StatefulSet"))
+        pod = owner["spec"]["template"]["spec"]
+        assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for container in pod["containers"]:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False
+            assert context["capabilities"] == {"drop": ["ALL"]}
+            assert context.get("runAsNonRoot", True) is True and context.get("runAsUser", 1) != 0
+            assert "hostPort" not in str(container.get("ports"))
+        assert all("hostPath" not in volume for volume in pod.get("volumes", []))

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from zeps.broker.core import BrokerConfig, BrokerCore
-from zeps.broker.replication import FollowerCopy
 from zeps.journal import JournalConfig
 from zeps.protocol import (
     Attach,
@@ -29,6 +28,7 @@ from zeps.protocol import (
     decode,
     encode,
 )
+from zeps.replication.follower import FollowerCopy
 
 ISR = frozenset({"a", "b", "c"})
 
@@ -222,9 +222,9 @@ def test_a_new_leader_keeps_the_producer_table_and_the_old_leaders_tail_is_cut(c
 def test_a_follower_whose_copy_went_backwards_leaves_the_in_sync_set_until_it_holds_the_commit() -> None:
     """A follower rebuilt from an empty volume while listed in sync must not stay listed: an election
     could choose it, and it lacks what was confirmed."""
-    from zeps.broker.replication import Leadership  # noqa: PLC0415
+    from zeps.replication.isr import Leadership  # noqa: PLC0415
 
-    leader = Leadership.begin("a", 1, ISR, min_insync=2, commit=0, now=0.0)
+    leader = Leadership.begin("a", 1, ISR, min_insync=2, commit=0, log_end=0, now=0.0)
     leader.fetched("b", 100, 100, now=1.0)
     leader.fetched("c", 100, 100, now=1.0)
     assert leader.advance(100) == 100
@@ -234,7 +234,9 @@ def test_a_follower_whose_copy_went_backwards_leaves_the_in_sync_set_until_it_ho
     leader.fetched("b", 60, 120, now=3.0)
     assert leader.wanted(120, now=3.0) is None  # behind the commit: not yet
     leader.fetched("b", 100, 120, now=4.0)
-    assert leader.wanted(120, now=4.0) == ISR
+    assert leader.wanted(120, now=4.0) is None  # it holds the commit, but not what the leader held: not caught up
+    leader.fetched("b", 120, 120, now=5.0)
+    assert leader.wanted(120, now=5.0) == ISR
 
 
 def test_a_replica_catching_up_is_sent_at_most_the_catch_up_rate(tmp_path: Path) -> None:

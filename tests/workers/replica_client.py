@@ -7,6 +7,8 @@ lab's namespaces). One JSON object per line on stdout.
   ENDPOINT`` it talks to that broker only (no locator: it never follows a new leader), and prints
   {"refused": reason, "t": …} when a flush fails. It stops once ``--stop-file`` exists, or after
   ``--seconds``.
+* ``subscribe``: a subscriber from the start, following the leader: {"delivered": [[sequence, body],
+  …], "t": …} per batch received; it stops as ``publish`` does.
 """
 
 from __future__ import annotations
@@ -64,9 +66,21 @@ def publish(args: argparse.Namespace) -> None:
             time.sleep(0.02)
 
 
+def subscribe(args: argparse.Namespace) -> None:
+    """Everything from the start, live after: {"delivered": [[sequence, body], …]} per batch received."""
+    locator = LeaderLocator(args.zookeeper, args.namespace, args.stream, chroot=args.chroot)
+    deadline = time.monotonic() + args.seconds
+    with StreamClient(locator(), args.stream, locator=locator, timeout=60) as client:
+        client.start("", since="earliest")
+        while time.monotonic() < deadline and not (args.stop_file and os.path.exists(args.stop_file)):
+            batch = client.receive_many(0.2)
+            if batch:
+                _say(delivered=[[m.sequence, m.body.decode()] for m in batch])
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["state", "publish"])
+    p.add_argument("what", choices=["state", "publish", "subscribe"])
     p.add_argument("--zookeeper", required=True)
     p.add_argument("--chroot", default="/zeps")
     p.add_argument("--namespace", default="default")
@@ -77,7 +91,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=120)
     p.add_argument("--stop-file", default=None)
     args = p.parse_args()
-    state(args) if args.what == "state" else publish(args)
+    {"state": state, "publish": publish, "subscribe": subscribe}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -44,12 +44,12 @@ class AppendBuffer:
         """Every producer a group of the buffer changes (their table entries are undone on a refusal)."""
         return {n for _, changes in self.groups for n in changes} | self.changes.keys()
 
-    def write_to(self, journal: Journal) -> None:
+    def write_to(self, journal: Journal, timestamp_ms: int) -> None:
         """Append the publishes, group by group (a group without producers' changes is a plain
-        append, which may roll segments within it)."""
+        append, which may roll segments within it), stamped ``timestamp_ms`` (the broker's wall clock)."""
         entries, begin = self.entries, 0
         for end, changes in [*self.groups, (len(entries), frozen(self.changes))]:
             if end > begin or changes:
                 part = entries if begin == 0 and end == len(entries) else entries[begin:end]
-                journal.append_many(part, changes=changes or None)
+                journal.append_many(part, timestamp_ms=timestamp_ms, changes=changes or None)
             begin = end

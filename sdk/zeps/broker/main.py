@@ -17,7 +17,12 @@ import sys
 import time
 from pathlib import Path
 
-from zeps.broker.core import BrokerConfig
+from zeps.broker.core import (
+    DEFAULT_MAX_REGEX_SUBSCRIPTIONS,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_MAX_TOTAL_SUBSCRIPTIONS,
+    BrokerConfig,
+)
 from zeps.broker.server import BrokerServer, CurveConfig, Registration, Replication
 from zeps.errors import ConfigError, ZepsError
 from zeps.journal import DEFAULT_MAX_PRODUCERS, DEFAULT_PRODUCER_TTL_MS, JournalConfig
@@ -36,7 +41,8 @@ def _env_int(name: str) -> int | None:
     return int(v) if (v := _env(name)) else None
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
+    """The broker's flags, each defaulting to its ``ZEPS_BROKER_*`` variable (the docs' reference is made from it)."""
     p = argparse.ArgumentParser(prog="zeps-broker", description="Run a ZEPS broker (journalled pub/sub over ZeroMQ).")
     streams = _env("STREAMS")
     p.add_argument("--stream", action="append", default=streams.split(",") if streams else None,
@@ -55,9 +61,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="idempotent producers remembered per stream [ZEPS_BROKER_MAX_PRODUCERS]")  # fmt: skip
     p.add_argument("--matching", choices=["prefix", "prefix-and-regex"], default=_env("MATCHING", "prefix-and-regex"),
                    help="patterns accepted; prefix refuses ~regex ones [ZEPS_BROKER_MATCHING]")  # fmt: skip
+    p.add_argument("--max-sessions", type=int, default=int(_env("MAX_SESSIONS") or DEFAULT_MAX_SESSIONS),
+                   help="peerings at most, all clients together; ATTACH past it is refused BUSY "
+                   "[ZEPS_BROKER_MAX_SESSIONS]")  # fmt: skip
+    p.add_argument("--max-total-subscriptions", type=int,
+                   default=int(_env("MAX_TOTAL_SUBSCRIPTIONS") or DEFAULT_MAX_TOTAL_SUBSCRIPTIONS),
+                   help="subscriptions and open fetches at most, all peerings together (LIMIT past it; a peering "
+                   "holds 64 at most) [ZEPS_BROKER_MAX_TOTAL_SUBSCRIPTIONS]")  # fmt: skip
+    p.add_argument("--max-regex-subscriptions", type=int,
+                   default=int(_env("MAX_REGEX_SUBSCRIPTIONS") or DEFAULT_MAX_REGEX_SUBSCRIPTIONS),
+                   help="of those, with a ~regex pattern at most, all peerings together: each runs against "
+                   "every record's key on the broker's one thread (LIMIT past it) "
+                   "[ZEPS_BROKER_MAX_REGEX_SUBSCRIPTIONS]")  # fmt: skip
     p.add_argument("--heartbeat", type=float, default=float(_env("HEARTBEAT", "5") or 5))
     p.add_argument("--ttl", type=float, default=float(_env("TTL", "30") or 30))
     p.add_argument("--curve-secret-key", default=_env("CURVE_SECRET_KEY"), help="zmq certificate with the secret key")
+    p.add_argument("--curve-replicas", default=_env("CURVE_REPLICAS"),
+                   help="a replicated stream with CURVE: a JSON file {\"replica\": \"public key\"} of its replicas; "
+                   "a follower peers with its own certificate replica.<member>.key_secret beside it, and a leader "
+                   "takes each replica's fetches from that replica's key only "
+                   "[ZEPS_BROKER_CURVE_REPLICAS]")  # fmt: skip
     p.add_argument("--curve-clients", "--curve-clients-dir", dest="curve_clients",
                    default=_env("CURVE_CLIENTS") or _env("CURVE_CLIENTS_DIR"),
                    help="the clients admitted: a directory of zmq public certificates, or a JSON file "
@@ -114,7 +137,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--zookeeper-session-timeout", type=float, default=float(_env("ZOOKEEPER_SESSION_TIMEOUT") or 4),
                    help="seconds; a replicated stream's dead leader is replaced after about this long "
                    "[ZEPS_BROKER_ZOOKEEPER_SESSION_TIMEOUT]")  # fmt: skip
-    p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
+    p.add_argument("--handover-timeout", type=float, default=float(_env("HANDOVER_TIMEOUT") or 10),
+                   help="seconds a replica stopping (SIGTERM) waits for its lead to pass to an in-sync follower "
+                   "before it stops anyway (a failover then); 0: no hand-over "
+                   "[ZEPS_BROKER_HANDOVER_TIMEOUT]")  # fmt: skip
+    p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"), help="[ZEPS_BROKER_LOG_LEVEL]")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = parser()
     args = p.parse_args(argv)
     if not args.stream:
         p.error("at least one --stream is needed (or ZEPS_BROKER_STREAMS)")
@@ -180,14 +212,25 @@ def settings(args: argparse.Namespace) -> tuple[BrokerConfig, CurveConfig | None
     if not 0 < args.max_message_bytes <= MAX_MESSAGE_BYTES_CEILING:
         raise ConfigError(f"--max-message-bytes={args.max_message_bytes}: must be between 1 and "
                           f"{MAX_MESSAGE_BYTES_CEILING}")  # fmt: skip
+    for flag, value, least in (("--max-sessions", args.max_sessions, 1),
+                               ("--max-total-subscriptions", args.max_total_subscriptions, 1),
+                               ("--max-regex-subscriptions", args.max_regex_subscriptions, 0)):  # fmt: skip
+        if value < least:
+            raise ConfigError(
+                f"{flag}={value}: must be at least {least}"
+                + (" (--matching prefix refuses every ~regex pattern)" if least == 0 else "")
+            )
     config = BrokerConfig(Path(args.data_dir), tuple(args.stream), journal=journal, heartbeat_s=args.heartbeat,
                           ttl_s=args.ttl, matching=args.matching, max_message_bytes=args.max_message_bytes,
-                          under_replicated=args.under_replicated,
+                          under_replicated=args.under_replicated, max_sessions=args.max_sessions,
+                          max_total_subscriptions=args.max_total_subscriptions,
+                          max_regex_subscriptions=args.max_regex_subscriptions,
                           replica_catchup_bytes_per_s=int(args.replica_catchup_rate * 1e6) or None)  # fmt: skip
     curve = None
     if args.curve_secret_key:
         clients = Path(args.curve_clients) if args.curve_clients else None
-        curve = CurveConfig(Path(args.curve_secret_key), clients)
+        replicas = Path(args.curve_replicas) if args.curve_replicas else None
+        curve = CurveConfig(Path(args.curve_secret_key), clients, replicas)
     registration = None
     if args.zookeeper:
         registration = Registration(args.zookeeper, args.namespace, args.member, args.chroot, args.advertise,
@@ -231,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         if server.wait(0):
             break  # the loop ended by itself (removed from the manifest, or failed)
         time.sleep(0.2)  # a signal cuts it short
+    if stopping and args.handover_timeout > 0:  # asked to stop (not failed): a replica hands its lead over first
+        server.hand_over(args.handover_timeout)
     server.stop()
     if server.failure:  # the loop failed: Kubernetes must see a failure (and restart the pod), never a success
         print(f"zeps-broker: fatal: {server.failure}", file=sys.stderr)

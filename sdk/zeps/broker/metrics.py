@@ -61,10 +61,18 @@ class ReplicationMetrics:
                          "(leader only)", ["stream", "follower"], registry=registry)  # fmt: skip
         self.min_in_sync = Gauge("zeps_broker_replica_min_in_sync", "Replicas that must hold a record before it "
                                  "is confirmed (spec.minInSync)", ["stream"], registry=registry)  # fmt: skip
+        self.leaderless = Gauge("zeps_broker_replica_leaderless", "1 while this replica knows no leader of the "
+                                "stream (an election is on, or none of the in-sync replicas runs)", ["stream"],
+                                registry=registry)  # fmt: skip
+        self.shutdown_held = Gauge("zeps_broker_replica_shutdown_held", "1 while this replica, asked to stop, "
+                                   "waits: its stop would leave fewer than minInSync replicas in sync", ["stream"],
+                                   registry=registry)  # fmt: skip
 
-    def update(self, name: str, stream: Any, min_insync: int) -> None:
+    def update(self, name: str, stream: Any, min_insync: int, *, leaderless: bool, shutdown_held: bool = False) -> None:
         leader = stream.leader
+        self.shutdown_held.labels(name).set(1 if shutdown_held else 0)
         self.min_in_sync.labels(name).set(min_insync)
+        self.leaderless.labels(name).set(1 if leaderless else 0)
         self.leader.labels(name).set(1 if leader is not None else 0)
         self.epoch.labels(name).set(leader.epoch if leader is not None else 0)
         self.in_sync.labels(name).set(len(leader.isr) if leader is not None else 0)

@@ -45,9 +45,9 @@ from zmq.auth.thread import ThreadAuthenticator
 from zeps import _netif
 from zeps.broker.core import BrokerConfig, BrokerCore
 from zeps.broker.metrics import BrokerMetrics, ReplicationMetrics
-from zeps.broker.replication import FollowerCopy
-from zeps.errors import ConfigError, ProtocolError
-from zeps.journal import JournalError, JournalWriteError
+from zeps.broker.replica import Close, Connect, RecordCommit, ReplicaNode, ReplicaSettings, Send, WriteIsr
+from zeps.errors import ConfigError
+from zeps.journal import JournalError
 from zeps.options import DEFAULT_PGM_RATE_KBPS, DEFAULT_PGM_RECOVERY_MS, MulticastOptions
 from zeps.paths import StreamPaths
 from zeps.protocol import multicast
@@ -79,6 +79,14 @@ class CurveConfig:
     #: who may connect: a directory of zmq public certificates, or a JSON file ``{"name": "public key"}``
     #: (what the operator mounts), read again when it changes; None: any client (encryption only)
     clients: Path | None = None
+    #: a replicated stream's replicas, a JSON file ``{"replica": "public key"}`` read again when it
+    #: changes: admitted as clients are, a replica's fetches taken from its own key only; beside it,
+    #: each replica's certificate ``replica.<member>.key_secret`` (a follower peers with its own)
+    replicas: Path | None = None
+
+    def replica_certificate(self, member: str) -> Path | None:
+        """This broker's own certificate as replica ``member`` (None without replicas)."""
+        return None if self.replicas is None else self.replicas.with_name(f"replica.{member}.key_secret")
 
 
 class AllowedClients:
@@ -89,6 +97,7 @@ class AllowedClients:
     def __init__(self, source: Path) -> None:
         self.source = source
         self.keys: frozenset[str] = frozenset()
+        self.named: dict[str, str] = {}  #: name -> public key (a JSON list's; empty for a directory)
         self._seen: object = None
 
     def callback(self, domain: str, key: bytes) -> bool:
@@ -112,6 +121,7 @@ class AllowedClients:
                 if not isinstance(listed, dict) or not all(isinstance(k, str) for k in listed.values()):
                     raise ValueError('not a JSON object {"name": "public key"}')
                 keys = set(listed.values())
+                self.named = {str(name): key for name, key in listed.items()}
         except (OSError, ValueError) as exc:
             log.error("CURVE clients %s could not be read (%s): keeping the %d keys admitted so far",
                       self.source, exc, len(self.keys))  # fmt: skip
@@ -155,27 +165,21 @@ class Registration:
         return StreamPaths.of(self.namespace, stream, chroot=self.chroot, partition=self.partition)
 
 
-@dataclass
-class _Link:
-    """A follower's peering with its leader: a DEALER, and the copy it feeds."""
-
-    sock: zmq.Socket[Any] | None = None
-    copy: FollowerCopy | None = None
-    heard: float = 0.0  # when the leader last sent something
-    leader: str = ""  # whom we follow ("": nobody yet)
-    again: tuple[float, int, str] | None = None  # (when, epoch, leader): a follow to try again
-
-
 @dataclass(frozen=True)
 class Replication:
     """A replicated stream (the broker serves one, and registers in ZooKeeper as one of its replicas,
-    named by its member id): see :mod:`zeps.broker.replication` and :mod:`zeps.coordination.replication`."""
+    named by its member id): see :mod:`zeps.broker.replica`, :mod:`zeps.replication` and
+    :mod:`zeps.coordination.replication`."""
 
     min_insync: int  #: replicas (the leader included) that must hold a record durably before it is confirmed
     lag_s: float = 10.0  #: a follower that has not caught up for this long leaves the in-sync set
     heartbeat_s: float = 0.5  #: a follower hears from the leader at least this often
     leader_silence_s: float = 3.0  #: a follower that heard nothing this long connects again
     session_timeout_s: float = 4.0  #: the broker's ZooKeeper session: how soon a dead leader is replaced
+
+    def settings(self) -> ReplicaSettings:
+        return ReplicaSettings(self.min_insync, lag_s=self.lag_s, heartbeat_s=self.heartbeat_s,
+                               leader_silence_s=self.leader_silence_s)  # fmt: skip
 
 
 class BrokerServer:
@@ -197,6 +201,8 @@ class BrokerServer:
         if replication is not None and (registration is None or len(config.streams) != 1):
             raise ConfigError("a replicated broker serves one stream and registers in ZooKeeper (--zookeeper, "
                               "--member): its replicas find each other, and elect their leader, there")  # fmt: skip
+        if replication is not None:  # its core starts from its commit checkpoint, following
+            config = dataclasses.replace(config, replicated=True)
         if multicast is not None:  # the core sends TAIL on a silent stream every heartbeat, runs cut to size
             largest = _NORM_MESSAGE_BYTES if multicast.transport == "norm" else config.batch_bytes
             config = dataclasses.replace(config, multicast_heartbeat_s=multicast.heartbeat_ms / 1000,
@@ -222,6 +228,11 @@ class BrokerServer:
         self._auth: ThreadAuthenticator | None = None
         #: the client keys a CURVE broker admits (None: no CURVE, or any client)
         self.allowed: AllowedClients | None = None
+        #: a CURVE replica set's replicas and their keys, and this replica's own certificate (public, secret)
+        self.replicas_allowed: AllowedClients | None = None
+        self.replica_certificate: tuple[bytes, bytes | None] | None = None
+        #: why a stopping replica waits before it goes (its stop would leave fewer than minInSync in sync)
+        self.shutdown_held: str | None = None
         self._zk: Any = None
         self._metrics: Any = None  # the metrics HTTP server, when serving metrics
         self.registry = CollectorRegistry()
@@ -232,8 +243,12 @@ class BrokerServer:
         self.replication = replication  # and its gauges, below
         self._replication_metrics = None if replication is None else ReplicationMetrics(self.registry)
         self._election: Any = None  # this replica's part in the election (zeps.coordination.replication)
-        # election events, for the loop; following: the peering with the leader
-        self._events, self._link = queue.SimpleQueue[Any](), _Link()
+        #: this replica's state machine (a replicated broker's), and the peering with its leader's socket
+        self.node = (
+            None if replication is None else ReplicaNode(self.core, config.streams[0], "", replication.settings())
+        )
+        self._link: zmq.Socket[Any] | None = None
+        self._events = queue.SimpleQueue[Any]()  # the election's news and endpoint lookups, for the loop
         self._poller: zmq.Poller | None = None
         self.refused: str | None = None  #: why the broker stopped serving (not in the manifest…)
         #: why the broker's loop failed (a disk error, a bug): it stopped serving; zeps-broker exits 1
@@ -279,8 +294,6 @@ class BrokerServer:
             self._pub = self._open_multicast(self._multicast_ctx, self.multicast)
         if self.metrics_port is not None:
             self._metrics, _ = start_http_server(self.metrics_port, addr=self.metrics_address, registry=self.registry)
-        if self.replication is not None:  # no leader known yet: clients are refused until the election
-            self.core.follow(self.config.streams[0])
         if self.registration is not None:
             self._register(self.registration)
         self._loop_thread = threading.Thread(target=self._loop, name="zeps-broker", daemon=True)
@@ -333,18 +346,52 @@ class BrokerServer:
             raise ConfigError(f"{self.curve.secret_key_file} holds no secret key; use the .key_secret certificate")
         self._auth = ThreadAuthenticator(ctx)
         self._auth.start()
+        if self.curve.replicas is not None:  # a replica set: each replica's key, and this one's own certificate
+            self.replicas_allowed = AllowedClients(self.curve.replicas)
+            self.replicas_allowed.reload()
+            self.core.replica_keys = dict(self.replicas_allowed.named)
+            mine = self.curve.replica_certificate(self.registration.member if self.registration else "")
+            if mine is None or not mine.exists():
+                raise ConfigError(f"{mine}: this replica's CURVE certificate is missing (mounted from the stream's "
+                                  "Secret beside --curve-replicas)")  # fmt: skip
+            self.replica_certificate = zmq.auth.load_certificate(str(mine))
         if self.curve.clients is not None:
             self.allowed = AllowedClients(self.curve.clients)
             self.allowed.reload()
-            self.core.authorized = self.allowed.keys
-            self._auth.configure_curve_callback(domain="*", credentials_provider=self.allowed)
+            self.core.authorized = self._admitted()
         else:
             log.warning("CURVE encrypts, but admits any client key: give the clients allowed (--curve-clients)")
+        if self.allowed is not None or self.replicas_allowed is not None:  # keys checked: each peer's is known
+            self._auth.configure_curve_callback(domain="*", credentials_provider=self)
+        else:
             self._auth.configure_curve(domain="*", location=zmq.auth.CURVE_ALLOW_ANY)
         sock.setsockopt(zmq.CURVE_SERVER, 1)
         sock.setsockopt(zmq.CURVE_SECRETKEY, secret)
         sock.setsockopt(zmq.CURVE_PUBLICKEY, public)
         self.public_key = public.decode()
+
+    def _admitted(self) -> frozenset[str]:
+        """The keys admitted: the clients', and a replica set's replicas'."""
+        clients = self.allowed.keys if self.allowed is not None else frozenset()
+        replicas = self.replicas_allowed.keys if self.replicas_allowed is not None else frozenset()
+        return clients | replicas
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        """The ZAP handler's question (its thread): is this key admitted (any client's, without a list of
+        clients)? The sets are replaced whole, never changed in place."""
+        text = key.decode("ascii", "replace")
+        return (self.allowed is None or text in self.allowed.keys) or (
+            self.replicas_allowed is not None and text in self.replicas_allowed.keys
+        )
+
+    def _reload_keys(self) -> None:
+        """The loop's second: the lists read again if they changed; revocations apply at once."""
+        clients = self.allowed is not None and self.allowed.reload()
+        replicas = self.replicas_allowed is not None and self.replicas_allowed.reload()
+        if replicas and self.replicas_allowed is not None:
+            self.core.replica_keys = dict(self.replicas_allowed.named)
+        if (clients or replicas) and self.allowed is not None:
+            self.core.authorize(self._admitted())
 
     def _register(self, reg: Registration) -> None:
         from zeps.coordination import Group, connect  # noqa: PLC0415 — ZooKeeper only when registering
@@ -364,6 +411,7 @@ class BrokerServer:
         for name in self.config.streams:
             group = Group(self._zk, reg.paths(name).brokers)
             manifest = group.manifest()
+            self.core.replica_members = manifest  # who may fetch as a replica (a replicated stream's)
             if manifest is not None and reg.member not in manifest:
                 self.refused = (
                     f"broker member {reg.member!r} is not in the manifest of stream {name!r} "
@@ -374,6 +422,7 @@ class BrokerServer:
                                                  on_failure=self._membership_failed)  # fmt: skip
 
             def on_status(status: Any, name: str = name) -> None:
+                self.core.replica_members = status.manifest  # one store: the loop reads it whole
                 if status.manifest is not None and reg.member not in status.manifest:
                     self.refused = f"broker member {reg.member!r} was removed from the manifest of {name!r}"
                     log.error("%s: stopping", self.refused)
@@ -381,22 +430,19 @@ class BrokerServer:
 
             group.watch(on_status=on_status)
         if self.replication is not None:
-            from zeps.coordination.replication import ReplicaElection  # noqa: PLC0415
+            from zeps.coordination.replication import ReplicaElection, unmark_stopping  # noqa: PLC0415
 
             paths = reg.paths(self.config.streams[0])
+            try:  # running again: no longer one that stopped on purpose
+                unmark_stopping(self._zk, paths, reg.member)
+            except Exception as exc:  # best effort: the others then hold for this one less (as before marks)
+                log.warning("could not clear %s's stopping mark in ZooKeeper: %r", reg.member, exc)
             journal = self.core.streams[self.config.streams[0]].journal
             empty = lambda: journal.written == 0 and journal.epochs.latest == 0  # noqa: E731 — a new or wiped volume
-            self._election = ReplicaElection(self._zk, paths, reg.member, self._replica_event, empty=empty).start()
-
-    def _replica_event(self, event: Any) -> None:
-        """From ZooKeeper's thread. A suspended session stops confirmations at once (a new leader may be
-        elected once it expires); everything else is the loop's to act on, in order."""
-        if event.kind == "suspended":
-            leader = self.core.streams[self.config.streams[0]].leader
-            if leader is not None:
-                leader.valid = False
-                log.warning("ZooKeeper connection lost: confirming nothing until it is back")
-        self._events.put(event)
+            assert self.node is not None
+            self.node.me = reg.member
+            self._election = ReplicaElection(self._zk, paths, reg.member, self._events.put, empty=empty,
+                                             on_connection=self.node.connection).start()  # fmt: skip
 
     def _membership_failed(self, exc: BaseException) -> None:
         """A rejoin after a ZooKeeper session expiry failed: serving unregistered would hide the broker
@@ -404,6 +450,108 @@ class BrokerServer:
         self.failure = f"could not register in ZooKeeper again after its session expired: {exc}"
         log.error("%s: stopping", self.failure)
         self._stop.set()
+
+    def hand_over(self, timeout: float) -> None:
+        """Before :meth:`stop` (SIGTERM): a replica leaves its stream's election line, and a leader
+        hands the lead to an in-sync follower at once instead of a failover after its session ends:
+        it stops confirming, the next in line takes the next epoch, and its clients are told
+        NOT_LEADER then (they find the new leader and resend what was not confirmed). Waits at most
+        ``timeout`` seconds; a broker that is no replica, or whose loop ended, has nothing to do."""
+        node, election = self.node, self._election
+        if node is None or election is None or self._loop_thread is None or not self._loop_thread.is_alive():
+            return
+        began = time.monotonic()
+        self._mark_stopping()
+        self._hold_while_needed(timeout)
+        node.resign()
+        while not node.peered_off and time.monotonic() - began < min(timeout, 1.0) and self._loop_thread.is_alive():
+            time.sleep(0.005)  # a follower fetches no more before it leaves the in-sync set
+        election.resign(self.replication.min_insync if self.replication is not None else 0)
+        checked = time.monotonic()
+        while not node.handed_over and time.monotonic() - began < timeout and self._loop_thread.is_alive():
+            time.sleep(0.005)
+            if time.monotonic() - checked >= 0.5 and self.registration is not None:
+                checked = time.monotonic()  # every other replica stopping too: no one will take the lead
+                if self._no_one_to_wait_for(self.registration.paths(self.config.streams[0]), frozenset()):
+                    log.info("stream %s: every other replica is stopping too: no one to hand over to",
+                             self.config.streams[0])  # fmt: skip
+                    break
+        if node.handed_over and node.resigned_epoch:
+            time.sleep(0.1)  # the loop's next turns send the NOT_LEADERs
+        what = (f"the lead of epoch {node.resigned_epoch} handed over" if node.resigned_epoch and node.handed_over
+                else "out of the election line" if node.handed_over else "no hand-over (timed out)")  # fmt: skip
+        log.info("stream %s: %s in %.0f ms", self.config.streams[0], what, (time.monotonic() - began) * 1000)
+
+    def _hold_while_needed(self, timeout: float) -> None:
+        """A replica in sync whose stop would leave fewer than minInSync in sync waits (up to
+        ``timeout``) until another is back in sync: a drain or a rollout that the operator did not
+        order would otherwise stop publishes (NOT_ENOUGH_REPLICAS) until it is back. Said in the log,
+        in its facts (the operator shows them in status, with an event) and a gauge."""
+        if self.replication is None or self._zk is None or self.registration is None:
+            return
+        from zeps.coordination.replication import read_replication_state  # noqa: PLC0415
+
+        me, need = self.registration.member, self.replication.min_insync
+        paths = self.registration.paths(self.config.streams[0])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self._loop_thread is not None and self._loop_thread.is_alive():
+            try:
+                state = read_replication_state(self._zk, paths)
+            except Exception as exc:  # ZooKeeper away: nothing to learn; stop as asked
+                log.warning("could not read the in-sync set before stopping: %r", exc)
+                break
+            if state is None or me not in state.isr or len(state.isr - {me}) >= need:
+                break
+            if self._no_one_to_wait_for(paths, state.isr):
+                log.info("stream %s: every other replica is stopping too (or stopped): no one to wait for",
+                         self.config.streams[0])  # fmt: skip
+                break
+            if self.shutdown_held is None:
+                self.shutdown_held = (f"without {me}, {len(state.isr) - 1} replicas would be in sync "
+                                      f"({', '.join(sorted(state.isr - {me})) or 'none'}), fewer than minInSync "
+                                      f"{need}: waiting for another to be back in sync")  # fmt: skip
+                log.warning("stream %s: holding the shutdown: %s", self.config.streams[0], self.shutdown_held)
+            time.sleep(0.2)
+        if self.shutdown_held is not None:
+            log.info("stream %s: the shutdown goes on (held %.1f s)", self.config.streams[0],
+                     timeout - max(0.0, deadline - time.monotonic()))  # fmt: skip
+            self.shutdown_held = None
+
+    def _mark_stopping(self) -> None:
+        """Say in ZooKeeper that this replica stops on purpose (``replication_stopped``), before it
+        holds or hands over: a replica of the same set holding its own stop then knows not to wait
+        for this one. Best effort: without it, the others hold as for a crash."""
+        if self.replication is None or self._zk is None or self.registration is None:
+            return
+        from zeps.coordination.replication import mark_stopping  # noqa: PLC0415
+
+        try:
+            mark_stopping(self._zk, self.registration.paths(self.config.streams[0]), self.registration.member)
+        except Exception as exc:
+            log.warning("could not mark %s as stopping in ZooKeeper: %r", self.registration.member, exc)
+
+    def _no_one_to_wait_for(self, paths: Any, isr: frozenset[str]) -> bool:
+        """Whether every other replica of the set has begun to stop on purpose (its node under
+        ``replication_stopped``): the whole set is stopping (deleted, scaled to 0, every pod at
+        once), and none will be back in sync for this one to wait for. The set: the manifest's
+        replicas (the operator's), else those in sync, live or marked. A replica that crashed left no
+        mark: holding waits for it to be back, as it should."""
+        from zeps.coordination import Group  # noqa: PLC0415
+        from zeps.coordination.replication import stopping_replicas  # noqa: PLC0415
+
+        assert self.registration is not None and self._zk is not None
+        me = self.registration.member
+        try:
+            stopping = stopping_replicas(self._zk, paths)
+            if not stopping:  # no replica has marked itself: all are running or crashed
+                return False
+            group = Group(self._zk, paths.brokers)
+            manifest = group.manifest()
+            others = (set(manifest) if manifest is not None else set(isr) | set(group.members()) | stopping) - {me}
+        except Exception as exc:  # ZooKeeper away: nothing to learn; holding goes on as it would
+            log.warning("could not read which replicas are stopping: %r", exc)
+            return False
+        return bool(others) and others <= stopping
 
     def stop(self) -> None:
         self._stop.set()
@@ -445,14 +593,15 @@ class BrokerServer:
         poller = self._poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         last_tick = time.monotonic()
+        self._update_metrics()  # every gauge from the start, not a second later
         try:
             while not self._stop.is_set():
                 # replay that can go on: no wait; appends to group or replay waiting out a full
                 # socket queue: 1 ms; nothing to do: until traffic (at most 50 ms, for the tick)
                 wait = 0 if core.replay_ready(time.monotonic()) else 1 if core.busy else 50
                 events = dict(poller.poll(wait))
-                if self.replication is not None:
-                    self._replication_turn(events)
+                if self.node is not None:
+                    self._replication_turn(self.node, events)
                 idle = self._read(sock) if sock in events else True
                 core.flush_appends(idle=idle)
                 self._send(core.pump())
@@ -461,12 +610,8 @@ class BrokerServer:
                 now = time.monotonic()
                 if now - last_tick >= 1.0:
                     last_tick = now
-                    if self.allowed is not None and self.allowed.reload():  # revocations apply at once
-                        core.authorize(self.allowed.keys)
+                    self._reload_keys()
                     core.tick(now)
-                    if self._election is not None:
-                        for _, epoch, isr in core.isr_requests(now):
-                            self._election.write_isr(epoch, isr)
                     self._send(core.pump())
                     self._update_metrics()
         except JournalError as exc:  # a broken disk: the cause is the message, no traceback needed
@@ -482,113 +627,99 @@ class BrokerServer:
                 self.failure = self.failure or f"closing the journals: {exc}"
                 log.error("closing the journals failed: %s", exc)
             sock.close(linger=0)
-            self._stop_following()
+            self._close_link()
             if self._pub is not None:
                 self._pub.close(linger=0)
 
     # -- replication ----------------------------------------------------------------------------
-    def _replication_turn(self, events: dict[Any, int]) -> None:
-        """Act on the election's news, and copy from the leader while following."""
-        assert self.replication is not None
-        name = self.config.streams[0]
+    def _replication_turn(self, node: ReplicaNode, events: dict[Any, int]) -> None:
+        """The replica's turn: the election's news and endpoint lookups, the leader's frames, time."""
+        now = time.monotonic()
+        actions: list[Any] = []
         while True:
             try:
-                event = self._events.get_nowait()
+                item = self._events.get_nowait()
             except queue.Empty:
                 break
-            self._on_replica_event(name, event)
-        now = time.monotonic()
-        link = self._link
-        if link.again is not None and now >= link.again[0]:
-            _, epoch, leader = link.again
-            self._follow(name, epoch, leader)
-        sock, copy = link.sock, link.copy
-        if sock is None or copy is None:
-            return
-        if sock in events:
-            self._copy_frames(name, sock, copy)
-            link.heard = now
-        if copy.refused or now - link.heard > self.replication.leader_silence_s:
-            why = copy.refused or f"nothing from the leader for {now - link.heard:.1f}s"
-            log.warning("stream %s: following again (%s)", name, why)
-            self._retry_follow(copy.epoch, link.leader)
+            if isinstance(item, tuple):  # ("endpoint", epoch, leader, endpoint or None): a lookup's answer
+                _, epoch, leader, endpoint = item
+                if endpoint is None:
+                    actions += node.unreachable(epoch, leader, now)
+                else:
+                    self._open_link(endpoint)
+                    actions += node.linked(epoch, leader, now)
+            else:
+                actions += node.event(item, now)
+        if self._link is not None and self._link in events:
+            actions += node.frames(self._link_frames(self._link), now)
+        actions += node.turn(now)
+        for action in actions:
+            self._act(action)
 
-    def _copy_frames(self, name: str, sock: zmq.Socket[Any], copy: FollowerCopy) -> None:
-        while True:
-            try:
-                frame = sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            try:
-                answers = copy.receive(frame)
-            except JournalWriteError:
-                raise  # a broken disk: fatal
-            except (ProtocolError, JournalError) as exc:
-                copy.refused = f"{type(exc).__name__}: {exc}"
-                return
-            for answer in answers:
-                sock.send(answer, zmq.NOBLOCK)
-            self.core.copied(name, copy.commit)
+    def _act(self, action: Any) -> None:
+        if isinstance(action, Send):
+            if self._link is not None:
+                try:
+                    self._link.send(action.frame, zmq.NOBLOCK)
+                except zmq.Again:  # never with one fetch in flight; if it happens, the silence check reconnects
+                    log.warning("the peering with the leader could not take a frame")
+        elif isinstance(action, Close):
+            self._close_link()
+        elif isinstance(action, WriteIsr):
+            if self._election is not None:
+                self._election.write_isr(action.epoch, action.isr)
+        elif isinstance(action, RecordCommit):
+            if self._election is not None:
+                self._election.record_commit(action.epoch, action.commit)
+        elif isinstance(action, Connect):
+            self._zk.handler.spawn(self._look_up, action.epoch, action.leader)
 
-    def _on_replica_event(self, name: str, event: Any) -> None:
-        assert self.replication is not None and self.registration is not None
-        stream = self.core.streams[name]
-        if event.kind == "lead":
-            self._stop_following()
-            self.core.lead(name, me=self.registration.member, epoch=event.epoch, isr=event.isr,
-                           min_insync=self.replication.min_insync, lag_s=self.replication.lag_s,
-                           heartbeat_s=self.replication.heartbeat_s)  # fmt: skip
-        elif event.kind == "follow":
-            self._follow(name, event.epoch, event.leader)
-        elif event.kind == "isr":
-            self.core.isr_written(name, event.epoch, event.isr)
-        elif event.kind == "resumed" and stream.leader is not None and stream.leader.epoch == event.epoch:
-            stream.leader.valid = True
-            log.info("ZooKeeper connection back, same session: confirming again")
-        elif event.kind == "lost":
-            log.warning("stream %s: ZooKeeper session expired: no longer leading or following", name)
-            self._stop_following()
-            self.core.follow(name)
-
-    def _follow(self, name: str, epoch: int, leader: str) -> None:
-        """Follow ``leader`` of ``epoch``: connect to it (its endpoint from its member node) and copy."""
-        assert self.registration is not None and self.replication is not None
-        self._stop_following()
-        self._link = _Link(leader=leader)
-        self.core.follow(name)
-        if not leader:
-            return  # an election is on: the next event says who won
+    def _look_up(self, epoch: int, leader: str) -> None:
+        """ZooKeeper's thread (never the loop's): the leader's endpoint, from its member node."""
         from zeps.coordination import Group  # noqa: PLC0415
 
-        reg = self.registration
-        member = Group(self._zk, reg.paths(name).brokers).members().get(leader)
-        if member is None:  # it has not registered yet (or is gone): look again soon
-            self._retry_follow(epoch, leader)
-            return
+        assert self.registration is not None
+        endpoint = None
+        try:
+            member = Group(self._zk, self.registration.paths(self.config.streams[0]).brokers).members().get(leader)
+            endpoint = None if member is None else str(member.metadata["endpoint"])
+        except Exception as exc:  # not reachable now: the replica asks again
+            log.warning("could not look up the leader %s's endpoint: %r", leader, exc)
+        self._events.put(("endpoint", epoch, leader, endpoint))
+
+    def _open_link(self, endpoint: str) -> None:
         assert self._ctx is not None and self._poller is not None
+        self._close_link()
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(str(member.metadata["endpoint"]))
-        copy = FollowerCopy(self.core.streams[name].journal, name, reg.member, epoch)
-        for frame in copy.start():
-            sock.send(frame)
-        self._link = _Link(sock, copy, time.monotonic(), leader)
+        if self.replica_certificate is not None:  # the replicas share the stream's server key: the leader's is ours
+            public, secret = self.replica_certificate
+            sock.setsockopt(zmq.CURVE_SERVERKEY, self.public_key.encode())
+            sock.setsockopt(zmq.CURVE_PUBLICKEY, public)
+            sock.setsockopt(zmq.CURVE_SECRETKEY, secret or b"")
+        # a REPLICA-DATA holds whole entries: at most a fetch's bytes, or one group (a quarter segment), and its index
+        largest = 2 * max(self.config.replica_fetch_bytes, self.config.journal.segment_bytes) + (1 << 20)
+        sock.setsockopt(zmq.MAXMSGSIZE, largest)
+        sock.connect(endpoint)
+        self._link = sock
         self._poller.register(sock, zmq.POLLIN)
-        log.info("stream %s: following %s (epoch %d) at %s", name, leader, epoch, member.metadata["endpoint"])
 
-    def _retry_follow(self, epoch: int, leader: str) -> None:
-        self._stop_following()
-        self._link = _Link(leader=leader, again=(time.monotonic() + 0.3, epoch, leader))
+    @staticmethod
+    def _link_frames(sock: zmq.Socket[Any]) -> list[bytes]:
+        frames: list[bytes] = []
+        while len(frames) < 1000:
+            try:
+                frames.append(sock.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                break
+        return frames
 
-    def _stop_following(self) -> None:
-        """Close the peering with the leader, and forget a follow waiting to be tried again (a leader
-        must not step down for a retry left from before its election)."""
-        link = self._link
-        if link.sock is not None:
+    def _close_link(self) -> None:
+        if self._link is not None:
             if self._poller is not None:
-                self._poller.unregister(link.sock)
-            link.sock.close(linger=0)
-        self._link = _Link()
+                self._poller.unregister(self._link)
+            self._link.close(linger=0)
+            self._link = None
 
     def _read(self, sock: zmq.Socket[Any]) -> bool:
         """Hand the core what arrived, up to a batch (frames or bytes); True if that was all of it."""
@@ -596,7 +727,7 @@ class BrokerServer:
         recv, receive = sock.recv, self.core.receive
         while received < _READ_BATCH and size < _READ_BYTES:
             try:
-                if self.allowed is None:
+                if self.allowed is None and self.replicas_allowed is None:
                     # [peer, frame] as a ROUTER gets it from a DEALER. The frame comes as a zmq.Frame,
                     # whose ``more`` is a field: sock.get(RCVMORE) looks the option up in an enum at
                     # every call (0.75 µs, an eighth of a one-message publish's cost in the broker)
@@ -654,22 +785,26 @@ class BrokerServer:
                 else:
                     raise
 
-    @staticmethod
-    def _replication_facts(stream: Any) -> dict[str, Any]:
+    def _replication_facts(self, stream: Any) -> dict[str, Any]:
         """This replica's role, the leader's epoch and in-sync set, and each follower's lag (records)."""
         leader = stream.leader
         if leader is None:
-            return {"role": "follower", "written": stream.journal.written}
-        durable = stream.journal.durable
-        lag = {name: max(0, durable - f.durable) for name, f in sorted(leader.followers.items())}
+            return {
+                "role": "follower",
+                "written": stream.journal.written,
+                "commit": stream.committed,
+                "leader": self.node.following[1] if self.node is not None and self.node.following else "",
+            }
         return {"role": "leader", "epoch": leader.epoch, "inSync": sorted(leader.isr), "commit": leader.commit,
-                "followerLag": lag, "written": stream.journal.written}  # fmt: skip
+                "followerLag": leader.lag(stream.journal.durable), "written": stream.journal.written}  # fmt: skip
 
     def _update_metrics(self) -> None:
         self.metrics.update(self.core)
-        if self._replication_metrics is not None and self.replication is not None:
+        if self._replication_metrics is not None and self.replication is not None and self.node is not None:
             for name, stream in self.core.streams.items():
-                self._replication_metrics.update(name, stream, self.replication.min_insync)
+                self._replication_metrics.update(name, stream, self.replication.min_insync,
+                                                 leaderless=self.node.leaderless,
+                                                 shutdown_held=self.shutdown_held is not None)  # fmt: skip
         now = time.monotonic()
         # live facts (operator status, Spark offsets): once a second, while ZooKeeper is connected and
         # the last write is done
@@ -684,6 +819,7 @@ class BrokerServer:
                              "subscriptionCount": count, "subscriptions": furthest}  # fmt: skip
                     if self.replication is not None:
                         facts["replication"] = self._replication_facts(served)
+                        facts["shutdownHeld"] = self.shutdown_held or ""
                     if not all(membership.metadata.get(k) == v for k, v in facts.items()):  # else no write
                         writes.append((membership, {**membership.metadata, **facts}))
             if writes and self._zk is not None and self._zk.connected:

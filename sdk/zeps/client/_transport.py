@@ -7,16 +7,14 @@ from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, Self
+from typing import Any, Protocol, Self
 
 import zmq
 import zmq.auth
 
 from zeps.config import Resolved
 from zeps.errors import ConfigError, UnavailableError, ZepsError
-
-if TYPE_CHECKING:
-    from zeps.client.discovery import PartitionWatch
+from zeps.protocol.limits import max_delivery_frame_bytes
 
 __all__ = [
     "GROUP",
@@ -31,7 +29,6 @@ __all__ = [
     "configure_curve",
     "configure_dealer",
     "curve_keys",
-    "locator_of",
     "multicast_key",
     "partition_endpoint",
     "refused_handshake",
@@ -55,30 +52,6 @@ class Locator(Protocol):
     def __call__(self) -> str: ...
 
     def close(self) -> None: ...
-
-
-def locator_of(settings: Resolved, *, followers: bool = False, partition: int = 0) -> Locator | None:
-    """A locator for a resolved stream whose ZooKeeper is known: the first connection goes to the
-    endpoint resolved (the operator's word), each later one to wherever the stream's leader is then
-    (``followers``: one of its in-sync followers, for a client that only reads; ``partition``: of
-    that partition of a partitioned stream)."""
-    if not settings.zookeeper:
-        return None
-    from zeps.client.discovery import LeaderLocator  # noqa: PLC0415
-
-    return LeaderLocator(settings.zookeeper, settings.namespace, settings.name, chroot=settings.chroot,
-                         auth=settings.auth, followers=followers, partition=partition)  # fmt: skip
-
-
-def growth_of(settings: Resolved, *, followers: bool = False) -> PartitionWatch | None:
-    """What tells a client of a resolved partitioned stream that partitions were added, when its
-    ZooKeeper is known (:class:`zeps.client.discovery.PartitionWatch`); not started yet."""
-    if not settings.zookeeper:
-        return None
-    from zeps.client.discovery import PartitionWatch  # noqa: PLC0415
-
-    return PartitionWatch(settings.zookeeper, settings.namespace, settings.name, chroot=settings.chroot,
-                          auth=settings.auth, followers=followers)  # fmt: skip
 
 
 def partition_endpoint(settings: Resolved, partition: int) -> str:
@@ -120,12 +93,13 @@ def check_endpoint(endpoint: str) -> str:
 
 
 def configure_dealer(sock: Any) -> None:
-    """The DEALER options both clients use: bounded queues, quick reconnects, a short linger."""
+    """The DEALER options both clients use: bounded queues and frames, quick reconnects, a short linger."""
     sock.setsockopt(zmq.LINGER, 1000)
     sock.setsockopt(zmq.RCVHWM, 100_000)
     sock.setsockopt(zmq.SNDHWM, 100_000)
     sock.setsockopt(zmq.RECONNECT_IVL, 100)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_delivery_frame_bytes())  # a larger frame drops the connection unread
 
 
 #: socket events both clients watch: a lost connection is re-attached at once, not after ``ttl``; a
@@ -183,12 +157,21 @@ def curve_keys(settings: Resolved) -> tuple[str | None, tuple[str, str] | None]:
 
 def multicast_key(settings: Resolved) -> bytes | None:
     """A signed stream's multicast key (hex digits in a file): the one ``settings.multicast_key``
-    names, else ``multicast.key`` beside the client certificate (its Secret holds both); None if none."""
+    names, else ``multicast.key`` beside the client certificate (its Secret holds both); None for a
+    stream without CURVE (nothing is signed). A stream with CURVE signs its multicast messages: with
+    its key missing, this fails (ConfigError) rather than take unsigned messages anyone on the group
+    could send."""
     path = Path(settings.multicast_key) if settings.multicast_key else None
     if path is None and settings.curve_client:
         beside = Path(settings.curve_client).with_name("multicast.key")
         path = beside if beside.exists() else None
     if path is None:
+        if settings.public_key or settings.curve_client:
+            raise ConfigError(
+                f"stream {settings.namespace}/{settings.name} has CURVE, so its multicast messages are signed, "
+                "but no multicast key was found: mount its client Secret (multicast.key beside client.key_secret) "
+                f"or set ZEPS_STREAM_<NAME>_MULTICAST_KEY; unsigned messages are never taken instead"
+            )
         return None
     try:
         return bytes.fromhex(path.read_text().strip())

@@ -47,10 +47,10 @@ from zeps.client._transport import (
     configure_curve,
     configure_dealer,
     curve_keys,
-    locator_of,
     partition_endpoint,
     refused_handshake,
 )
+from zeps.client.discovery import locator_of
 from zeps.client.multicast import Group, GroupSubscription
 from zeps.client.session import ClientSession, Fetched, Message, Records, Row, Since, Time
 from zeps.config import Resolved

@@ -9,13 +9,14 @@ import random
 import time
 from typing import Any
 
-from zeps.client._transport import BrokerUnavailableError
+from zeps.client._transport import BrokerUnavailableError, Locator
+from zeps.config import Resolved
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "LeaderLocator", "PartitionWatch", "broker_metadata", "discover", "partition_count", "partition_endpoints",
-    "read_broker_metadata",
+    "LeaderLocator", "PartitionWatch", "broker_metadata", "discover", "growth_of", "locator_of", "partition_count",
+    "partition_endpoints", "read_broker_metadata",
 ]  # fmt: skip
 
 
@@ -247,3 +248,23 @@ class PartitionWatch:
             self._client.stop()
             self._client.close()
             self._client = None
+
+
+def locator_of(settings: Resolved, *, followers: bool = False, partition: int = 0) -> Locator | None:
+    """A locator for a resolved stream whose ZooKeeper is known: the first connection goes to the
+    endpoint resolved (the operator's word), each later one to wherever the stream's leader is then
+    (``followers``: one of its in-sync followers, for a client that only reads; ``partition``: of
+    that partition of a partitioned stream)."""
+    if not settings.zookeeper:
+        return None
+    return LeaderLocator(settings.zookeeper, settings.namespace, settings.name, chroot=settings.chroot,
+                         auth=settings.auth, followers=followers, partition=partition)  # fmt: skip
+
+
+def growth_of(settings: Resolved, *, followers: bool = False) -> PartitionWatch | None:
+    """What tells a client of a resolved partitioned stream that partitions were added, when its
+    ZooKeeper is known (:class:`zeps.client.discovery.PartitionWatch`); not started yet."""
+    if not settings.zookeeper:
+        return None
+    return PartitionWatch(settings.zookeeper, settings.namespace, settings.name, chroot=settings.chroot,
+                          auth=settings.auth, followers=followers)  # fmt: skip

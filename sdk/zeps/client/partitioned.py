@@ -29,8 +29,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from zeps.client._transport import Opened, curve_keys, growth_of, locator_of
-from zeps.client.discovery import PartitionWatch
+from zeps.client._transport import Opened, curve_keys
+from zeps.client.discovery import PartitionWatch, growth_of, locator_of
 from zeps.client.session import Message, Seq, Since
 from zeps.client.sync import StreamClient, wait_any
 from zeps.config import Resolved
@@ -371,6 +371,11 @@ class GroupConsumer(Opened):
         self._looked = 0.0
         self._turn = 0
         self.growth = growth  # partitions added to the stream are shared by the group too
+        #: what is read is handed out only while ownership was checked this recently (a session may
+        #: expire, and another member own the partitions, only once ZooKeeper heard nothing for a
+        #: whole session timeout)
+        self.lease_s = session_timeout / 2
+        self._checked = float("-inf")  # when the last ownership check began
 
     @classmethod
     def of(cls, settings: Resolved, *, group: str, member: str, **options: Any) -> GroupConsumer:
@@ -417,6 +422,11 @@ class GroupConsumer(Opened):
             if self.growth is not None and self.growth.count > len(self.endpoints):
                 self._grow()
             self._rebalance()
+            if not self._owning():
+                if time.monotonic() >= deadline:
+                    return []
+                time.sleep(min(deadline - time.monotonic(), 0.1))  # ZooKeeper is away: nothing is handed out
+                continue
             out: list[PartitionMessage] = []
             order = sorted(self.clients.items())
             self._turn = (self._turn + 1) % max(1, len(order))  # which partition goes first: none starves
@@ -429,6 +439,23 @@ class GroupConsumer(Opened):
             if out or time.monotonic() >= deadline:
                 return out
             self._wait(min(deadline - time.monotonic(), 0.1))
+
+    def _owning(self) -> bool:
+        """Whether this member's claims are known fresh (checked within :attr:`lease_s`; checked now
+        if not): the partitions lost meanwhile are dropped, unread. False while ZooKeeper cannot say."""
+        if time.monotonic() - self._checked < self.lease_s or not self.claims:
+            return True
+        began = time.monotonic()
+        try:
+            lost = self.group.lost(list(self.claims.values()))
+        except ZepsError:
+            return False
+        for p in lost:
+            self._drop(p)
+        if lost:
+            self.group.changed.set()
+        self._checked = began
+        return True
 
     def commit(self) -> None:
         """The group has processed everything handed out so far. A partition lost meanwhile (this

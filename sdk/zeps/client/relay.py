@@ -32,6 +32,7 @@ from typing import Any
 import zmq
 
 from zeps.options import DEFAULT_PGM_RATE_KBPS, DEFAULT_PGM_RECOVERY_MS, MulticastOptions
+from zeps.protocol.limits import max_delivery_frame_bytes
 
 __all__ = ["Relay", "configure_group_socket"]
 
@@ -44,6 +45,7 @@ def configure_group_socket(sock: Any, options: MulticastOptions, topic: bytes, e
     """A SUB socket on the group: the stream's topic only, OpenPGM's window sized as the sender's."""
     sock.setsockopt(zmq.SUBSCRIBE, topic)
     sock.setsockopt(zmq.RCVHWM, 100_000)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_delivery_frame_bytes())  # anyone may send to a group
     sock.setsockopt(zmq.LINGER, 0)
     if options.transport != "norm":  # OpenPGM sizes its receive window from these, as the sender does
         sock.setsockopt(zmq.RATE, options.rate_kbps or DEFAULT_PGM_RATE_KBPS)
@@ -59,6 +61,7 @@ class Relay:
         address = f"ipc://{self._dir / 'group'}"
         self.socket = ctx.socket(zmq.PULL)
         self.socket.setsockopt(zmq.RCVHWM, 100_000)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, max_delivery_frame_bytes())
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.bind(address)
         spec = {"options": options.model_dump(), "topic": topic.hex(), "endpoint": endpoint, "relay": address}

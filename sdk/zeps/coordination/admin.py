@@ -18,7 +18,9 @@ from typing import Any, TypeVar
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.retry import KazooRetry, RetryFailedError
+from kazoo.security import OPEN_ACL_UNSAFE
 
+from zeps import _json as bounded_json
 from zeps.coordination._util import Op, bounded_retry, commit, delete_tree, failures
 from zeps.errors import CoordinationError, UnavailableError
 from zeps.paths import LAYOUT_VERSION
@@ -118,10 +120,18 @@ def ensure_resource(
     wanted = {"formatVersion": LAYOUT_VERSION, "owner": owner, "generation": generation, "spec": spec}
     nodes = resource_nodes(root, children, boundary=boundary)
     probed = [*([boundary] if boundary is not None else []), *nodes]
-    stats, spec_data, spec_stat = retry(_probe, client, probed, f"{root}/spec")
-    exists = dict(zip(probed, stats, strict=True))
+    found, spec_data, spec_stat = retry(_probe, client, probed, f"{root}/spec")
+    exists = {node: (f[1] if f is not None else None) for node, f in zip(probed, found, strict=True)}
     if boundary is not None and exists[boundary] is None:
         _ensure_boundary(client, boundary, acl=acl, retry=retry)
+    # a node someone made (or changed) before its owner used zeps, with an ACL of their own (ALL for
+    # them: they could then delete and make what is under it): the operator, a super user of the
+    # servers, puts the namespace's own back on it, and says so (it is among the nodes repaired)
+    repaired = []
+    for node, f in zip(probed, found, strict=True):
+        if f is not None and _acl_differs(f[0], acl):
+            retry(client.set_acls, node, acl or list(OPEN_ACL_UNSAFE), version=f[1].aversion)
+            repaired.append(node)
     current = _decode_spec(spec_data) if spec_stat is not None else None
     _check_owner(current, root, owner=owner, adopt_prefix=adopt_prefix)
     missing = [node for node in nodes if exists[node] is None]
@@ -132,27 +142,40 @@ def ensure_resource(
     elif current != wanted:
         ops.append(("set", f"{root}/spec", data, spec_stat.version))
     if not ops:
-        return []
+        return repaired
     # A commit retried after its answer was lost finds its own nodes there: it fails, and the step
     # by step pass finds nothing left to do (and reports nothing repaired).
     if failures(retry(commit, client, ops)):  # another client got there between the two round trips
-        return _ensure_step_by_step(
+        return repaired + _ensure_step_by_step(
             client, root, children, wanted=wanted, adopt_prefix=adopt_prefix, acl=acl, retry=retry
         )
-    return [op[1] for op in ops]
+    return repaired + [op[1] for op in ops]
 
 
 def _probe(client: KazooClient, nodes: list[str], spec_node: str) -> tuple[list[Any], bytes | None, Any]:
-    """Whether each of ``nodes`` exists (its stat or None) and the spec node's data and stat, asked
-    for all at once: one round trip to ZooKeeper, not one per node."""
-    asked = [client.exists_async(node) for node in nodes]
+    """Each of ``nodes``' ACL and stat (None for a missing node), and the spec node's data and stat,
+    asked for all at once: one round trip to ZooKeeper, not one per node."""
+    asked = [client.get_acls_async(node) for node in nodes]
     spec = client.get_async(spec_node)
-    stats = [answer.get() for answer in asked]
+    found: list[Any] = []
+    for answer in asked:
+        try:
+            found.append(answer.get())
+        except NoNodeError:
+            found.append(None)
     try:
         data, stat = spec.get()
     except NoNodeError:
-        return stats, None, None
-    return stats, data, stat
+        return found, None, None
+    return found, data, stat
+
+
+def _acl_differs(found: list[Any], wanted: list[Any] | None) -> bool:
+    """Whether a node's ACL is not the one wanted (None: open to everyone, a namespace without credentials)."""
+    want = wanted or list(OPEN_ACL_UNSAFE)
+    return sorted((a.perms, a.id.scheme, a.id.id) for a in found) != sorted(
+        (a.perms, a.id.scheme, a.id.id) for a in want
+    )
 
 
 def _ensure_boundary(client: KazooClient, boundary: str, *, acl: list[Any] | None, retry: KazooRetry) -> None:
@@ -166,7 +189,7 @@ def _ensure_boundary(client: KazooClient, boundary: str, *, acl: list[Any] | Non
 
 def _decode_spec(data: bytes | None) -> dict[str, Any]:
     try:
-        value = json.loads(data or b"")
+        value = bounded_json.loads(data or b"")
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}

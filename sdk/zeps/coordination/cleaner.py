@@ -7,21 +7,18 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoNodeError
 
 from zeps.coordination._util import delete_tree, zookeeper_errors
+from zeps.coordination.topic_view import TopicView
 from zeps.errors import CoordinationError
 
 __all__ = ["TopicCleaner"]
 
 log = logging.getLogger(__name__)
-
-
-if TYPE_CHECKING:
-    from zeps.coordination.topic import Topic
 
 
 class TopicCleaner:
@@ -30,7 +27,7 @@ class TopicCleaner:
     whenever the set of live clients changes. ``clock`` (monotonic seconds) measures the grace: tests
     pass their own."""
 
-    def __init__(self, topic: Topic, *, identifier: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, topic: TopicView, *, identifier: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.topic = topic
         self.identifier = identifier
         self.clock = clock
@@ -47,7 +44,7 @@ class TopicCleaner:
     def client(self) -> KazooClient:
         return self.topic.client
 
-    def follow(self, topic: Topic) -> None:
+    def follow(self, topic: TopicView) -> None:
         """Go on cleaning through ``topic``, a new handle on the same topic (new options, say), keeping
         when each missing consumer was first missed: a caller running passes with :meth:`clean_once`
         keeps one cleaner across them, or the grace would start again at every pass."""

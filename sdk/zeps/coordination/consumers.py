@@ -14,6 +14,11 @@ Layout (:class:`zeps.paths.ConsumerGroupPaths`)::
   version. Each commit is a write conditional on the version the member last wrote, so a member that
   lost the partition (its session expired while it was paused, and another claimed it) can never
   move the group's offset: :class:`PartitionLostError`.
+* A member **hands out** what it read of its partitions only while its ownership is known fresh: at
+  least every half session timeout it reads its owner nodes back (:meth:`ConsumerGroup.lost`). A
+  member paused past its session (SIGSTOP, a long GC) resumes with records read before the pause;
+  it hands none of a partition another member took meanwhile (it learns so first), nor anything at
+  all while it cannot reach ZooKeeper.
 * A member giving a partition up (another member joined) commits what it processed and then deletes
   its owner node; the next owner starts right after that sequence: nothing twice. A member that dies
   loses its owner nodes with its session: the next owner starts after its last commit, so what it
@@ -33,6 +38,7 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
+from zeps import _json as bounded_json
 from zeps.coordination._util import zookeeper_errors
 from zeps.coordination.group import Group, Membership
 from zeps.errors import CoordinationError
@@ -69,7 +75,7 @@ class Claim:
 def _offset(data: bytes) -> int:
     """The sequence an offset node holds; 0 for one that holds none (or something not ours to trust)."""
     try:
-        value = json.loads(data) if data else {}
+        value = bounded_json.loads(data, max_bytes=4096) if data else {}
         sequence = value.get("sequence", 0) if isinstance(value, dict) else 0
     except ValueError:
         return 0
@@ -145,6 +151,25 @@ class ConsumerGroup:
                 f"member claimed it; sequences after {claim.sequence} of it are that member's to process"
             ) from None
         claim.sequence, claim.version = sequence, stat.version
+
+    @zookeeper_errors
+    def lost(self, claims: Iterable[Claim]) -> list[int]:
+        """The partitions of ``claims`` this member no longer owns, as ZooKeeper says now (a read
+        each): its owner node gone, or another session's. A member checks before it hands out what it
+        read, at least every half session timeout: ZooKeeper cannot have expired a session that
+        answered a moment ago, so no other member can own its partitions yet (KIP-848's member epoch,
+        on ZooKeeper's session)."""
+        session = self.client.client_id[0] if self.client.client_id else None
+        out = []
+        for claim in claims:
+            try:
+                _data, stat = self.client.retry(self.client.get, self.paths.owner(claim.partition))
+            except NoNodeError:
+                out.append(claim.partition)
+                continue
+            if stat.ephemeralOwner != session:
+                out.append(claim.partition)
+        return out
 
     @zookeeper_errors
     def release(self, claim: Claim) -> None:

@@ -31,6 +31,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.protocol.states import WatchedEvent, ZnodeStat
 
+from zeps import _json as bounded_json
 from zeps.coordination._util import zookeeper_errors
 from zeps.errors import CoordinationError
 from zeps.paths import GroupPaths, validate_member_id
@@ -75,7 +76,7 @@ def _encode(metadata: Mapping[str, Any]) -> bytes:
 
 def _decode(data: bytes) -> dict[str, Any]:
     try:
-        value = json.loads(data) if data else {}
+        value = bounded_json.loads(data) if data else {}
     except ValueError:
         return {"raw": data.decode("utf-8", "replace")}
     return value if isinstance(value, dict) else {"value": value}

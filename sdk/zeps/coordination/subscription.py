@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
@@ -27,6 +27,7 @@ from kazoo.retry import KazooRetry
 
 from zeps.coordination._util import bounded_retry, delete_tree
 from zeps.coordination.group import Group, Membership
+from zeps.coordination.topic_view import TopicView
 from zeps.envelope import Envelope, EnvelopeError, decode_node, encode
 from zeps.paths import sequence_of, validate_member_id
 
@@ -34,9 +35,6 @@ __all__ = ["Message", "Subscription"]
 
 log = logging.getLogger(__name__)
 
-
-if TYPE_CHECKING:
-    from zeps.coordination.topic import Topic
 
 _ACK_EVERY = 64  # a subscriber acks (deletes) at least every this many messages…
 _ACK_INTERVAL = 0.05  # …or this many seconds: the most a crash can redeliver
@@ -63,7 +61,7 @@ class Subscription:
     """A running subscription: a thread that drains this consumer's queue into the callback."""
 
     def __init__(
-        self, topic: Topic, callback: Callable[[Message], None], consumer_id: str, metadata: dict[str, Any]
+        self, topic: TopicView, callback: Callable[[Message], None], consumer_id: str, metadata: dict[str, Any]
     ) -> None:
         self.topic = topic
         self.callback = callback

@@ -40,7 +40,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import queue as queue_mod
 import socket
 import threading
 import time
@@ -61,7 +60,9 @@ from kazoo.exceptions import (
 from zeps.coordination._util import bounded_retry, zookeeper_errors
 from zeps.coordination.cleaner import TopicCleaner
 from zeps.coordination.group import Group, Member
+from zeps.coordination.publisher import AsyncPublisher
 from zeps.coordination.subscription import Message, Subscription
+from zeps.coordination.topic_view import QueueFullError
 from zeps.envelope import Envelope, encode, encode_pack
 from zeps.errors import CoordinationError
 from zeps.options import TopicOptions
@@ -74,10 +75,6 @@ log = logging.getLogger(__name__)
 
 class NoSubscribersError(CoordinationError):
     """Nobody subscribes to the topic (set ``no_subscribers="ignore"`` to publish to nobody)."""
-
-
-class QueueFullError(CoordinationError):
-    """A subscriber queue is at ``max_queue_depth`` and the policy is ``fail`` (or ``block`` timed out)."""
 
 
 class Topic:
@@ -109,7 +106,7 @@ class Topic:
         self._queues_lock = threading.Lock()
         self._queues_changed = threading.Condition(self._queues_lock)
         self._ensured = False
-        self._batcher: _Batcher | None = None
+        self._batcher: AsyncPublisher | None = None
         self._publish_lock = threading.Lock()
         self._closed = False
 
@@ -177,9 +174,12 @@ class Topic:
     ) -> list[str]:
         """Publish several messages, in order, in one pipelined round of transactions."""
         envelopes = [self._envelope(body, headers, content_type) for body in bodies]
-        with self._publish_lock:
-            self._deliver(envelopes)
+        self._deliver_in_order(envelopes)
         return [e.id for e in envelopes]
+
+    def _deliver_in_order(self, envelopes: Sequence[Envelope]) -> None:
+        with self._publish_lock:  # one publish at a time: the queues' sequence order is the publish order
+            self._deliver(envelopes)
 
     def publish_async(
         self, body: bytes, *, headers: dict[str, str] | None = None, content_type: str | None = None
@@ -190,7 +190,7 @@ class Topic:
         if self._batcher is None:
             with self._publish_lock:
                 if self._batcher is None:
-                    self._batcher = _Batcher(self)
+                    self._batcher = AsyncPublisher(self.name, self.options, self._deliver_in_order)
         return self._batcher.submit(self._envelope(body, headers, content_type))
 
     def flush(self, timeout: float | None = None) -> None:
@@ -404,66 +404,3 @@ class _Txn:
     queue: str
     creates: list[tuple[str, bytes]] = field(default_factory=list)
     deletes: list[str] = field(default_factory=list)
-
-
-class _Batcher:
-    """Background publisher for publish_async: sends whatever accumulated as one publish_many."""
-
-    def __init__(self, topic: Topic) -> None:
-        self.topic = topic
-        self._queue: queue_mod.SimpleQueue[tuple[Envelope, Future[str]] | None] = queue_mod.SimpleQueue()
-        self._idle = threading.Condition()
-        self._outstanding = 0
-        self._thread = threading.Thread(target=self._run, name=f"zeps-topic-publisher-{topic.name}", daemon=True)
-        self._thread.start()
-
-    def submit(self, envelope: Envelope) -> Future[str]:
-        """Queue ``envelope``: at most ``max_async_pending`` wait at once; past that, wait up to
-        ``block_timeout`` for room, then QueueFullError."""
-        options, future = self.topic.options, Future[str]()
-        with self._idle:
-            if not self._idle.wait_for(lambda: self._outstanding < options.max_async_pending, options.block_timeout):
-                raise QueueFullError(f"topic {self.topic.name!r}: {self._outstanding} publish_async messages still "
-                                     f"wait to be durable (max_async_pending); ZooKeeper is slower than this "
-                                     f"publisher, or unreachable, for {options.block_timeout:g}s")  # fmt: skip
-            self._outstanding += 1
-        self._queue.put((envelope, future))
-        return future
-
-    def flush(self, timeout: float | None) -> None:
-        with self._idle:
-            if not self._idle.wait_for(lambda: self._outstanding == 0, timeout):
-                raise CoordinationError("flush timed out with messages still unpublished")
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(130)
-
-    def _run(self) -> None:
-        max_batch = 1000
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            batch = [item]
-            while len(batch) < max_batch:
-                try:
-                    more = self._queue.get_nowait()
-                except queue_mod.Empty:
-                    break
-                if more is None:
-                    self._queue.put(None)
-                    break
-                batch.append(more)
-            try:
-                with self.topic._publish_lock:
-                    self.topic._deliver([e for e, _ in batch])
-            except Exception as exc:
-                for _, future in batch:
-                    future.set_exception(exc)
-            else:
-                for envelope, future in batch:
-                    future.set_result(envelope.id)
-            with self._idle:
-                self._outstanding -= len(batch)
-                self._idle.notify_all()

@@ -10,15 +10,15 @@ history (:meth:`EpochHistory.end_of`), and cuts its journal there: what it wrote
 was never acknowledged by a majority, and the leader never had it.
 
 The file ``epochs`` in the journal's directory holds one entry per line (``epoch first``), and is
-replaced whole (written aside, fsynced, renamed), so a crash leaves the old or the new history.
+replaced whole (:func:`zeps.journal._files.replace_file`), so a crash leaves the old or the new history.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from zeps.errors import ZepsError
+from zeps.journal._files import replace_file
 
 __all__ = ["MAX_EPOCHS", "EpochHistory", "EpochHistoryError"]
 
@@ -107,16 +107,4 @@ class EpochHistory:
 
     def _save(self) -> None:
         del self.entries[: max(0, len(self.entries) - MAX_EPOCHS)]
-        aside = self.path.with_suffix(".new")
-        fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, "".join(f"{e} {f}\n" for e, f in self.entries).encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(aside, self.path)
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        replace_file(self.path, "".join(f"{e} {f}\n" for e, f in self.entries).encode())

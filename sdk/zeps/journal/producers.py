@@ -4,7 +4,7 @@ A producer is a name a client chose (or a random one), an *epoch* (raised each t
 the name afresh, so an older client still publishing under it is fenced) and the last *sequence* the
 journal holds from it. The table has no file of its own that could disagree with the records: it is
 written into the segment files as *producer marks*, entries that take no sequence and are never
-delivered (:class:`~zeps.journal.log.Journal` cuts them out of what it reads):
+delivered (:class:`~zeps.journal.Journal` cuts them out of what it reads):
 
 * a **group mark** opens every append that changes the table (publishes of producers, a claim): the
   producers it changes, as they are once the append is written, and how many records follow it. A

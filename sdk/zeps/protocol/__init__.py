@@ -3,7 +3,7 @@
 No sockets here: :func:`encode`/:func:`decode` (:mod:`~zeps.protocol.codec`, with the hand-written
 paths of :mod:`~zeps.protocol._fastpath`) turn commands (:mod:`~zeps.protocol.commands`) into frames
 and back, and :class:`Connection` says which command may travel which way in which state. The
-protocol itself, version by version: ``docs/protocol.md``.
+protocol itself, version by version: ``docs/reference/protocol.md``.
 """
 
 from zeps.protocol._fastpath import (

@@ -4,7 +4,7 @@ Every frame is one command: signature (0xAA 0xA5), command id (1 byte), fields. 
 ``string`` = 1-byte length + text; ``chunk`` = 4-byte length + bytes; ``number-N`` = N-byte unsigned
 integer, network byte order. Version 1 commands (ids 1-12) are byte for byte those of the ZEPS ABNF
 grammar; versions 2 to 7 add commands a peer negotiates at ATTACH. What each command and version
-means, and the conventions zeps adds, are in ``docs/protocol.md`` (the one description of the
+means, and the conventions zeps adds, are in ``docs/reference/protocol.md`` (the one description of the
 protocol). The codec is :mod:`zeps.protocol.codec`; its hand-written paths for the commands that
 carry messages, :mod:`zeps.protocol._fastpath`.
 """

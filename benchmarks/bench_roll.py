@@ -1,0 +1,116 @@
+"""``make bench-roll``: a rolling restart of a replicated stream, with the lead handed over and without.
+
+Three ``zeps-broker --min-insync 2`` replicas and a real ZooKeeper (tickTime 500, sessions of the
+brokers' default 4 s). An idempotent publisher confirms a group of 5 messages at a time, as fast as
+it can, while each replica is stopped with SIGTERM and started again, followers first and the
+leader last (as a StatefulSet's rollout; the operator's data-aware roll orders them so). Per
+restarted replica: the longest a publisher waited for a confirmation, from the SIGTERM until it is
+back in sync.
+
+Two set-ups in alternating rounds, same run: the brokers as shipped (a stopping replica leaves the
+election line, a follower the in-sync set, and a leader hands its lead to an in-sync follower first:
+``BrokerServer.hand_over``), and the baseline ``--handover-timeout 0`` (it just stops: its session's
+close elects the next leader; clients find out when their connection drops). The figure is the ratio
+of their medians. The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_replication import ZepsReplicas
+from zeps.errors import ZepsError
+from zeps_dev import ZooKeeperServer
+from zeps_dev.process import wait_until
+
+ROUNDS = int(os.environ.get("ZEPS_BENCH_ROUNDS", "3"))  # per set-up, alternating
+
+
+def roll(zk: ZooKeeperServer, tmp: Path, *, handover: bool) -> dict[str, list[float]]:
+    """One roll of three replicas; the longest confirmation wait per restarted replica, by role."""
+    replicas = ZepsReplicas(zk, tmp, extra=() if handover else ("--handover-timeout", "0"))
+    confirmed: list[float] = []
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def publish() -> None:
+        try:
+            with replicas.client(producer_id="roll") as client:
+                n = 0
+                while not stop.is_set():
+                    for _ in range(5):
+                        n += 1
+                        client.publish("k", b"%d" % n)
+                    client.flush(timeout=60)
+                    confirmed.append(time.monotonic())
+        except ZepsError as exc:
+            errors.append(str(exc))
+
+    publisher = threading.Thread(target=publish, daemon=True)
+    publisher.start()
+    waits: dict[str, list[float]] = {"leader": [], "follower": []}
+    try:
+        wait_until(lambda: len(confirmed) > 50, timeout=60, what="the publisher confirming")
+        state = replicas.state()
+        leader = state.leader
+        for name in [*(n for n in replicas.names if n != leader), leader]:
+            began = time.monotonic()
+            replicas.procs[name].send_signal(signal.SIGTERM)
+            replicas.procs[name].wait(30)
+            replicas.start(name)
+            wait_until(lambda: replicas.isr() == 3, timeout=60, what=f"{name} back in sync")
+            count = len(confirmed)
+            wait_until(lambda c=count: len(confirmed) > c + 20, timeout=60, what="confirming again")  # type: ignore[misc]
+            ended = time.monotonic()
+            times = [began, *(t for t in confirmed if began < t <= ended)]
+            waits["leader" if name == leader else "follower"].append(max(b - a for a, b in itertools.pairwise(times)))
+    finally:
+        stop.set()
+        publisher.join(90)
+        replicas.stop()
+    if errors:
+        raise SystemExit(f"the publisher failed: {errors[0]}")
+    return waits
+
+
+def main() -> int:
+    root = Path(tempfile.mkdtemp(prefix="zeps-bench-roll-"))
+    zk = ZooKeeperServer(root / "zookeeper", tick_ms=500)
+    zk.start()
+    results: dict[str, dict[str, list[float]]] = {"hand-over": {"leader": [], "follower": []},
+                                                  "none": {"leader": [], "follower": []}}  # fmt: skip
+    try:
+        for i in range(ROUNDS):
+            for mode in ("hand-over", "none"):
+                waits = roll(zk, root / f"{mode}-{i}", handover=mode == "hand-over")
+                for role, values in waits.items():
+                    results[mode][role] += values
+                print(json.dumps({"round": i, "set_up": mode, **{k: [round(v, 3) for v in vs]
+                                                                 for k, vs in waits.items()}}), flush=True)  # fmt: skip
+    finally:
+        zk.stop()
+    summary: dict[str, Any] = {"rounds": ROUNDS}
+    for mode, roles in results.items():
+        for role, values in roles.items():
+            summary[f"{mode}_{role}_longest_wait_s_median"] = round(statistics.median(values), 3)
+            summary[f"{mode}_{role}_longest_wait_s_max"] = round(max(values), 3)
+    for role in ("leader", "follower"):
+        summary[f"{role}_wait_ratio_none_over_hand_over"] = round(
+            summary[f"none_{role}_longest_wait_s_median"] / summary[f"hand-over_{role}_longest_wait_s_median"], 1
+        )
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

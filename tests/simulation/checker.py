@@ -1,0 +1,187 @@
+"""The invariants of a replicated stream, checked as the simulation runs (safety, at every step
+that could break one) and once the faults stop (liveness).
+
+The *committed log* is what every leadership counted committed: each leader's journal up to its
+commit point, read as its commit point moves. Any two leaderships must agree on it wherever both
+reach. Then, at every step:
+
+* a record delivered to a subscriber is the committed log's at its sequence (never taken back), and
+  each subscriber sees sequences 1, 2, … without a gap or a repeat;
+* a publish confirmed to a producer is in the committed log (once: producers are idempotent);
+* no two replicas lead one epoch;
+* every replica ZooKeeper lists in sync holds the committed log durably (the next leader is one);
+* every replica's journal agrees with the committed log as far as both go, and never cuts it.
+
+Liveness (:meth:`Checker.settled`): once every fault is healed, a leader with every replica in sync,
+every publish confirmed, every subscriber holding the whole committed log.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from simulation.world import Client, Replica, World
+
+STREAM = "prices"
+
+
+class Violation(AssertionError):  # noqa: N818 — the checker's word: an invariant violated
+    """An invariant broke: the message says which, where and when."""
+
+
+class Checker:
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.truth: dict[int, bytes] = {}  # the committed log
+        self.where: dict[bytes, int] = {}  # body -> its sequence in the committed log
+        self.commit = 0  # the highest commit point any leadership reached
+        self.leaders: dict[int, str] = {}  # epoch -> the replica that led it
+        self.read_to: dict[tuple[str, int, int], int] = {}  # (replica, incarnation, epoch) -> committed records read
+        self.agreed: dict[tuple[str, int], int] = {}  # (replica, incarnation) -> its journal checked up to here
+        self.confirmed_bodies: list[bytes] = []
+
+    def fail(self, what: str) -> None:
+        raise Violation(
+            f"seed {self.world.sim.seed} at t={self.world.sim.now:.4f}s (step {self.world.sim.steps}): {what}"
+        )
+
+    # -- what clients saw ------------------------------------------------------------------
+    def delivered(self, client: Client, sequence: int, body: bytes) -> None:
+        last = client.delivered[-1][0] if client.delivered else 0
+        if sequence != last + 1:
+            self.fail(f"subscriber {client.id} was delivered sequence {sequence} after {last} (a gap or a repeat)")
+        known = self.truth.get(sequence)
+        if known is None:
+            self.fail(f"subscriber {client.id} was delivered {sequence}={body!r}, which no leadership committed")
+        if known != body:
+            self.fail(
+                f"subscriber {client.id} was delivered {sequence}={body!r}, but the committed log holds {known!r}"
+            )
+
+    def confirmed(self, client: Client, bodies: list[bytes], at: tuple[str, int] | None) -> None:
+        for body in bodies:
+            if body not in self.where:
+                self.fail(f"producer {client.id}'s {body!r} was confirmed (by {at}) but is not in the committed log")
+        self.confirmed_bodies += bodies
+
+    # -- what the replicas hold ------------------------------------------------------------
+    def observe(self, replica: Replica) -> None:
+        """After each turn of ``replica``'s loop."""
+        core = replica.core
+        assert core is not None
+        stream = core.streams[STREAM]
+        journal = stream.journal
+        leader = stream.leader
+        if leader is not None:
+            holder = self.leaders.setdefault(leader.epoch, replica.name)
+            if holder != replica.name:
+                self.fail(f"{replica.name} and {holder} both lead epoch {leader.epoch}")
+            key = (replica.name, replica.incarnation, leader.epoch)
+            start = self.read_to.get(key)
+            if start is None:  # a leadership's first look: from its journal's start
+                start = journal.first_sequence - 1
+            if leader.commit > start:
+                self._commit_from(replica, start, leader.commit)
+                self.read_to[key] = leader.commit
+            self.commit = max(self.commit, leader.commit)
+        self._agree(replica)
+        self.check_isr()
+
+    def _commit_from(self, replica: Replica, start: int, end: int) -> None:
+        journal = replica.core.streams[STREAM].journal  # type: ignore[union-attr]
+        seq = start + 1
+        while seq <= end:
+            records = journal.read(seq, max_records=min(1000, end - seq + 1))
+            if not records:
+                self.fail(f"{replica.name} counts {seq}..{end} committed but its journal lacks them")
+            for record in records:
+                if record.sequence > end:
+                    break
+                self._truth(record.sequence, record.body, replica.name)
+            seq = records[-1].sequence + 1
+
+    def _truth(self, sequence: int, body: bytes, who: str) -> None:
+        known = self.truth.get(sequence)
+        if known is None:
+            if body in self.where and self.where[body] != sequence:
+                self.fail(f"{body!r} is committed twice: at {self.where[body]} and (by {who}) at {sequence}")
+            self.truth[sequence] = body
+            self.where[body] = sequence
+        elif known != body:
+            self.fail(f"{who} committed {sequence}={body!r}, but {known!r} was committed there before")
+
+    def _agree(self, replica: Replica) -> None:
+        """The replica's journal holds the committed log as far as the replica itself counts it
+        committed (beyond that it may hold a tail of its own, until a leader's history cuts it), and
+        never cuts what it checked so."""
+        stream = replica.core.streams[STREAM]  # type: ignore[union-attr]
+        journal = stream.journal
+        key = (replica.name, replica.incarnation)
+        done = self.agreed.get(key, journal.first_sequence - 1)
+        if journal.written < done:
+            self.fail(f"{replica.name} cut its journal to {journal.written}, below {done}, which it counted committed")
+        end = min(stream.committed, journal.durable)
+        seq = done + 1
+        while seq <= end:
+            records = journal.read(seq, max_records=min(1000, end - seq + 1))
+            if not records:
+                break
+            for record in records:
+                known = self.truth.get(record.sequence)
+                if known is None:
+                    self.fail(f"{replica.name} counts {record.sequence} committed, but no leadership committed it")
+                if known != record.body:
+                    self.fail(
+                        f"{replica.name} counts {record.sequence}={record.body!r} committed, the committed log "
+                        f"holds {known!r}"
+                    )
+            seq = records[-1].sequence + 1
+        self.agreed[key] = max(done, end)
+
+    def check_isr(self) -> None:
+        """Every replica ZooKeeper lists in sync holds the committed log durably."""
+        state = self.world.zk.state()
+        if state is None:
+            return
+        for name in state.isr:
+            replica = self.world.replicas[name]
+            core = replica.core
+            held = core.streams[STREAM].journal.durable if replica.up and core is not None else replica.durable_at_crash
+            if held < self.commit:
+                self.fail(
+                    f"ZooKeeper lists {name} in sync (epoch {state.epoch}), but it holds {held} durably, "
+                    f"below the commit point {self.commit}"
+                )
+
+    # -- after the faults --------------------------------------------------------------------
+    def settled(self) -> bool:
+        """Liveness: the stream is whole again and every client caught up."""
+        world = self.world
+        state = world.zk.state()
+        if state is None or len(state.isr) != len(world.replicas):
+            return False
+        leader = world.replicas[state.leader]
+        if not leader.up or leader.core is None or leader.core.streams[STREAM].leader is None:
+            return False
+        commit = leader.core.streams[STREAM].leader.commit
+        for client in world.clients:
+            if client.kind == "producer" and client.confirmed < world.options.messages:
+                return False
+            if client.kind == "subscriber" and (not client.delivered or client.delivered[-1][0] < commit):
+                return False
+        return True
+
+    def final(self) -> None:
+        """Once settled: each producer's publishes all in the committed log, once each, in order."""
+        for client in self.world.clients:
+            if client.kind != "producer":
+                continue
+            places = [self.where.get(body) for body in client.published]
+            missing = [b for b, p in zip(client.published, places, strict=True) if p is None]
+            if missing:
+                self.fail(f"producer {client.id}: {len(missing)} publishes never committed, first {missing[0]!r}")
+            if places != sorted(places):  # type: ignore[type-var]
+                self.fail(f"producer {client.id}'s publishes were committed out of order")
+            # a refused producer's unconfirmed publishes may be committed or not, never twice (checked
+            # as the committed log grows: no body is at two sequences)
