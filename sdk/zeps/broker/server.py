@@ -467,19 +467,26 @@ class BrokerServer:
         while not node.peered_off and time.monotonic() - began < min(timeout, 1.0) and self._loop_thread.is_alive():
             time.sleep(0.005)  # a follower fetches no more before it leaves the in-sync set
         election.resign(self.replication.min_insync if self.replication is not None else 0)
-        checked = time.monotonic()
+        checked, alone = time.monotonic(), False
         while not node.handed_over and time.monotonic() - began < timeout and self._loop_thread.is_alive():
             time.sleep(0.005)
             if time.monotonic() - checked >= 0.5 and self.registration is not None:
                 checked = time.monotonic()  # every other replica stopping too: no one will take the lead
-                if self._no_one_to_wait_for(self.registration.paths(self.config.streams[0]), frozenset()):
-                    log.info("stream %s: every other replica is stopping too: no one to hand over to",
-                             self.config.streams[0])  # fmt: skip
+                alone = self._no_one_to_wait_for(self.registration.paths(self.config.streams[0]), frozenset())
+                if alone:
                     break
         if node.handed_over and node.resigned_epoch:
             time.sleep(0.1)  # the loop's next turns send the NOT_LEADERs
-        what = (f"the lead of epoch {node.resigned_epoch} handed over" if node.resigned_epoch and node.handed_over
-                else "out of the election line" if node.handed_over else "no hand-over (timed out)")  # fmt: skip
+        if node.handed_over and node.resigned_epoch:
+            what = f"the lead of epoch {node.resigned_epoch} handed over"
+        elif node.handed_over:
+            what = "out of the election line"
+        elif alone:
+            what = "no hand-over: every other replica is stopping too, no one will take the lead"
+        elif not self._loop_thread.is_alive():
+            what = "no hand-over: the broker's loop ended"
+        else:
+            what = f"no hand-over (timed out after {timeout:g} s)"
         log.info("stream %s: %s in %.0f ms", self.config.streams[0], what, (time.monotonic() - began) * 1000)
 
     def _hold_while_needed(self, timeout: float) -> None:
