@@ -30,7 +30,9 @@ clock faked, Python 3.11's ``threading`` waits never return; with it left alone
 (``FAKETIME_DONT_FAKE_MONOTONIC``), ``time.sleep`` fails with EINVAL (its ``clock_nanosleep``
 wrapper). The simulation (tests/simulation) jumps the monotonic clock too.
 
-Everything that happens is written to ``history.jsonl`` (the faults, and each worker's lines). At
+Everything that happens is written to ``history.jsonl`` (the faults, and each worker's lines); a
+round that does not settle within 90 s adds a ``stalled`` line before the run fails: who did not
+move on, the state in ZooKeeper, and each replica's readers and log as its metrics show them. At
 the end every replica is started, the stream settles, and the history is checked: per fault, the
 rounds, the publishes confirmed during them, and what broke the promise — confirmed publishes lost,
 publishes committed twice, replicas whose journals differ, and dirty reads (a delivered record the
@@ -56,6 +58,7 @@ from typing import Any
 
 from chaos.zkproxy import ZkProxy
 from harness import WORKERS, ReplicaSet, ZooKeeperHarness, until
+from zeps.errors import SetupError
 from zeps_dev import ZooKeeperServer
 from zeps_dev.volume import PrivateVolume, available_disk
 from zeps_dev.volume import available as volume_available
@@ -75,6 +78,11 @@ FAULTS = (
     "clock-jump",
 )
 PUBLISHERS, SUBSCRIBERS = 3, 2
+#: the metrics a stalled round's diagnosis keeps (:meth:`Chaos._diagnose`)
+DIAGNOSED = tuple(f"zeps_broker_{name}" for name in (
+    "subscriptions", "replay_sessions", "credit_starved_subscriptions", "subscriber_lag", "fell_behind",
+    "last_sequence", "messages_out", "replica_epoch", "replica_leader", "replica_in_sync", "replica_follower_lag",
+))  # fmt: skip
 
 
 @dataclass
@@ -196,15 +204,43 @@ class Chaos:
         r = Round(index, fault, time.time())
         self._say(round=index, fault=fault, leader=leader, begins=True)
         before = self._progress()
-        time.sleep(self.rng.uniform(0.5, 1.5))  # some publishing before the fault
+        self.hold(0.5, 1.5)  # some publishing before the fault
         r.detail = self._inject(fault, leader, follower)
         for proxy in self.proxies.values():
             proxy.heal()
-        until(lambda: self._isr() == 3 and self._moved_on(before), f"round {index} ({fault}): all three back in sync, "
-              "every publisher confirming and every subscriber reading again", timeout=90)  # fmt: skip
+        try:
+            until(lambda: self._isr() == 3 and self._moved_on(before), f"round {index} ({fault}): all three back in "
+                  "sync, every publisher confirming and every subscriber reading again", timeout=90)  # fmt: skip
+        except SetupError:
+            self._say(round=index, fault=fault, detail=r.detail, stalled=self._diagnose(before))
+            raise
         r.ended = time.time()
         self.rounds.append(r)
         self._say(round=index, fault=fault, detail=r.detail, ends=True)
+
+    def hold(self, low: float, high: float) -> None:
+        """Let a fault (or the traffic around it) last ``low``-``high`` seconds, drawn from the seed:
+        the one place chaos waits for time rather than for an event, since a fault's length is what
+        a round varies."""
+        time.sleep(self.rng.uniform(low, high))
+
+    def _diagnose(self, before: dict[str, int]) -> dict[str, Any]:
+        """What a stalled round looks like, for the history: who has not moved on since the round
+        began, the stream's state in ZooKeeper, and each replica's view of its readers and its log
+        (its metrics: subscriptions live, replaying or out of credit, their lag, its last sequence)."""
+        state = self.replicas.state()
+        now = self._progress()
+        views: dict[str, list[str]] = {}
+        for name in self.replicas.names:
+            try:
+                text = self.replicas.scrape(name)
+            except OSError as exc:  # stopped, or not answering (paused)
+                views[name] = [f"no metrics: {exc!r}"]
+                continue
+            views[name] = [line for line in text.splitlines() if line.startswith(DIAGNOSED)]
+        found = None if state is None else {"epoch": state.epoch, "leader": state.leader, "isr": sorted(state.isr)}
+        stuck = sorted(name for name in before if now[name] <= before[name])
+        return {"stuck": stuck, "progress": now, "state": found, "replicas": views}
 
     def _inject(self, fault: str, leader: str, follower: str) -> str:
         """One fault, healed before it returns (the ZooKeeper proxies are healed by the caller): what
@@ -216,13 +252,13 @@ class Chaos:
         if fault in ("kill-leader", "kill-follower"):
             target = leader if fault == "kill-leader" else follower
             replicas.kill(target)
-            time.sleep(rng.uniform(0.3, 2.0))
+            self.hold(0.3, 2.0)
             replicas.start(target)
             detail = target
         elif fault in ("pause-leader", "pause-follower"):
             target = leader if fault == "pause-leader" else follower
             replicas.pause([target])
-            time.sleep(rng.uniform(1.0, 5.0))
+            self.hold(1.0, 5.0)
             replicas.resume([target])
             detail = target
         elif fault == "kill-all":
@@ -233,21 +269,21 @@ class Chaos:
             groups = {"together": [replicas.names], "followers-first": [others, [leader]],
                       "leader-first": [[leader], others],
                       "staggered": [[n] for n in rng.sample(replicas.names, 3)]}[order]  # fmt: skip
-            time.sleep(rng.uniform(0.2, 1.0))
+            self.hold(0.2, 1.0)
             for group in groups:
                 for name in group:
                     replicas.start(name)
-                time.sleep(rng.uniform(0.5, 3.0))
+                self.hold(0.5, 3.0)
             detail = f"{order}: {groups}"
         elif fault == "zk-drop":
             self.proxies[leader].drop_after_apply(rng.randint(1, 3))
             replicas.kill(follower)  # the leader writes its in-sync set without it
-            time.sleep(rng.uniform(2.0, 5.0))
+            self.hold(2.0, 5.0)
             replicas.start(follower)
             detail = f"{leader}'s writes ({self.proxies[leader].dropped} answers dropped so far)"
         elif fault == "zk-cut":
             self.proxies[leader].cut()
-            time.sleep(rng.uniform(3.0, 5.0))
+            self.hold(3.0, 5.0)
             self.proxies[leader].heal()
             detail = leader
         return detail
@@ -257,7 +293,7 @@ class Chaos:
         rng, detail = self.rng, ""
         if fault == "disk-full":
             taken = self.replicas.volumes[follower].fill()
-            time.sleep(rng.uniform(2.0, 6.0))
+            self.hold(2.0, 6.0)
             self.replicas.volumes[follower].free()
             detail = f"{follower} ({taken >> 20} MiB taken)"
         elif fault == "slow-disk":
@@ -266,13 +302,13 @@ class Chaos:
             detail = f"{target} ({writes} writes, {kib} KiB a second)"
             self._say(injected=detail)
             self.replicas.volumes[target].slow(writes_per_s=writes, bytes_per_s=kib << 10)
-            time.sleep(rng.uniform(2.0, 6.0))
+            self.hold(2.0, 6.0)
             self.replicas.volumes[target].fast()
         elif fault == "clock-jump":
             target = rng.choice([leader, follower])
             jump = rng.choice([-1.0, 1.0 / 8]) * rng.uniform(60.0, 2 * 86400.0)  # back 2 days at most, ahead 6 h
             self.replicas.clocks[target].jump(jump)
-            time.sleep(rng.uniform(2.0, 5.0))
+            self.hold(2.0, 5.0)
             self.replicas.clocks[target].reset()
             detail = f"{target} {jump:+.0f} s"
         return detail
@@ -336,7 +372,7 @@ def run(server: ZooKeeperServer, root: Path, *, rounds: int, seed: int, only: se
             chaos.start()
             for i in range(rounds):
                 chaos.round(i, chaos.rng.choice(chaos.faults))
-            time.sleep(1.0)
+            chaos.hold(1.0, 1.0)  # the last round's publishes confirmed and delivered
         finally:
             chaos.stop()
         return chaos.check()
