@@ -61,7 +61,7 @@ class Cluster:
             else:
                 if last:
                     return last
-            time.sleep(interval)
+            time.sleep(interval)  # the e2e tests' one way to wait: kubectl has no watch to block on here
         raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 

@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from zeps.client.discovery import LeaderLocator, discover
 from zeps.coordination import connect
 from zeps.coordination.replication import read_replication_state
 from zeps.coordination.testing import count_znodes, expire_session
-from zeps.errors import ZepsError
+from zeps.errors import SetupError
 from zeps.journal import Journal, JournalConfig, Record
 from zeps.paths import StreamPaths
 from zeps_dev import ZooKeeperServer
@@ -418,15 +417,13 @@ class ReplicaSet:
         """The leader's endpoint (once one is elected), and a locator that follows it (the caller
         closes it, or gives it to a client that does)."""
         locator = self.locator()
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                return locator(), locator
-            except ZepsError:
-                if time.monotonic() > deadline:
-                    locator.close()
-                    raise
-                time.sleep(0.1)
+        found: list[str] = []
+        try:  # no leader yet (the locator raises): ZooKeeper is asked again
+            wait_until(lambda: bool(found.append(locator()) or found), timeout=30, what="a leader elected")
+        except SetupError:
+            locator.close()
+            raise
+        return found[-1], locator
 
     def endpoint(self) -> str:
         """The leader's endpoint, once one is elected."""

@@ -56,7 +56,7 @@ def _dump(cluster: Any, namespace: str, *, tail: int = 60, stacks: bool = True) 
     for name in dumping if stacks else []:
         cluster.kubectl("exec", name, "-n", namespace, "--", "kill", "-USR1", "1", check=False)
     if dumping and stacks:
-        time.sleep(1)
+        time.sleep(1)  # the dumps reach the logs (nothing to wait on from here: a pod's log is read once)
     for pod in items:
         name = pod["metadata"]["name"]
         log = cluster.kubectl("logs", name, "-n", namespace, "--all-containers", f"--tail={tail}", check=False)

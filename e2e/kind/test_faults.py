@@ -150,7 +150,7 @@ def _pause_workers(app: App, seconds: float) -> None:
 
     signal_all("STOP")
     try:
-        time.sleep(seconds)
+        time.sleep(seconds)  # the fault: every worker stopped this long
     finally:
         signal_all("CONT")
 

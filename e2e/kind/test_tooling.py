@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
+from zeps.errors import SetupError
 from zeps_dev.kind import E2E_WORKERS
-from zeps_dev.process import interruptible_module
+from zeps_dev.process import interruptible_module, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = os.environ.get("ZEPS_E2E_KIND_CLUSTER", "zeps-e2e")
@@ -89,11 +90,10 @@ def test_ctrl_c_during_kind_create_leaves_no_container(cluster: Any) -> None:
         if "kind: creating cluster" in line or time.monotonic() > deadline:
             break
     # Ctrl-C once kind has made the node container (what a terminal sends: SIGINT to the group)
-    for _ in range(300):
-        if _cluster_containers(name):
-            break
-        time.sleep(0.1)
-    assert _cluster_containers(name), "kind never created the node container: " + "".join(seen)
+    try:
+        wait_until(lambda: bool(_cluster_containers(name)), timeout=30, what="kind to create the node container")
+    except SetupError:
+        pytest.fail("kind never created the node container: " + "".join(seen))
     os.killpg(proc.pid, signal.SIGINT)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 130, "".join(seen) + out

@@ -251,14 +251,22 @@ class Kube:
         self._core.create_namespaced_event(namespace, event)
 
     def hold_lease(
-        self, namespace: str, name: str, *, identity: str, owner: dict[str, str] | None = None, duration: int = 45
+        self,
+        namespace: str,
+        name: str,
+        *,
+        identity: str,
+        owner: dict[str, str] | None = None,
+        duration: int = 45,
+        now: dt.datetime | None = None,
     ) -> str:
         """Acquire or renew the Lease (coordination.k8s.io/v1) for ``identity``; return its holder: ``identity``,
         or whoever holds it and has renewed it within its duration. Every write is a compare-and-set on
         the resourceVersion, so two replicas never both win. ``owner`` (apiVersion, kind, name, uid), if
-        given, is set as the Lease's owner: Kubernetes deletes the Lease with it."""
+        given, is set as the Lease's owner: Kubernetes deletes the Lease with it. ``now``: the time of
+        this attempt (the wall clock unless given: the tests step it instead of waiting)."""
         api = k8s.CoordinationV1Api(self.api)
-        now = dt.datetime.now(dt.UTC)
+        now = dt.datetime.now(dt.UTC) if now is None else now
         references = [k8s.V1OwnerReference(**{_snake(k): v for k, v in owner.items()})] if owner else None
         lease = _unless_missing(lambda: api.read_namespaced_lease(name, namespace))
         if lease is None:

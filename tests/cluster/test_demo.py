@@ -11,15 +11,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from kazoo.client import KazooClient
 
+from zeps.errors import SetupError
 from zeps_dev.controlplane import binaries_dir
 from zeps_dev.demo import run
-from zeps_dev.process import interruptible_module
+from zeps_dev.process import interruptible_module, wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "demo"))
 from orders_pipeline import COUNTRIES, expected  # type: ignore[import-not-found]
@@ -134,20 +134,23 @@ def test_ctrl_c_stops_everything_the_demo_started(tmp_path: Path) -> None:
         if not any("Spark: publishing" in line for line in seen):
             pytest.fail("the demo ended early:\n" + "".join(seen) + (demo.stderr.read() if demo.stderr else ""))
         # Ctrl-C once the Spark job's JVM runs (its driver's command line names the demo's workdir)
-        deadline = time.monotonic() + 120
-        while (jvm := _spark_jvm_under(str(tmp_path))) is None:
-            assert demo.poll() is None, "the demo ended before its Spark job's JVM was seen"
-            assert time.monotonic() < deadline, "the demo's Spark job started no JVM in 120 s"
-            time.sleep(0.05)
+        seen_jvm: list[int] = []
+
+        def jvm_runs() -> bool:
+            if demo.poll() is not None:
+                raise SetupError("the demo ended before its Spark job's JVM was seen")
+            seen_jvm[:] = [pid for pid in [_spark_jvm_under(str(tmp_path))] if pid is not None]
+            return bool(seen_jvm)
+
+        wait_until(jvm_runs, timeout=120, interval=0.05, what="the demo's Spark job's JVM")
+        jvm = seen_jvm[0]
         os.killpg(demo.pid, signal.SIGINT)
         _, err = demo.communicate(timeout=120)
         assert demo.returncode == 130, err[-2000:]
         assert "demo interrupted; everything it started was stopped" in err
         assert _processes_mentioning(str(tmp_path)) == [], "Ctrl-C left servers running"
-        deadline = time.monotonic() + 10
-        while _alive(jvm):  # killed with its process group; reaped by init
-            assert time.monotonic() < deadline, "Ctrl-C left the Spark job's JVM running"
-            time.sleep(0.05)
+        # killed with its process group; reaped by init
+        wait_until(lambda: not _alive(jvm), timeout=10, interval=0.05, what="the Spark job's JVM gone after Ctrl-C")
     finally:
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGKILL)

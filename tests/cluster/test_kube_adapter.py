@@ -5,8 +5,8 @@ apply, Deployment availability. Nothing is mocked."""
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -28,15 +28,18 @@ def test_a_lease_is_held_by_one_identity_until_it_expires(kube_api: Any, namespa
     kube = Kube(kube_api)
     owner = _owner(kube_api, namespace, "lease-owner")
 
-    def hold(identity: str) -> str:
-        return kube.hold_lease(namespace, "cleaner", identity=identity, owner=owner, duration=2)
+    start = dt.datetime.now(dt.UTC)
 
-    assert hold("a") == "a"  # created
-    assert hold("b") == "a"  # held by a, renewed within its duration
-    assert hold("a") == "a"  # renewed
-    time.sleep(3)  # a stops renewing: the Lease expires
-    assert hold("b") == "b"  # taken over
-    assert hold("a") == "b"
+    def hold(identity: str, after: float) -> str:
+        at = start + dt.timedelta(seconds=after)
+        return kube.hold_lease(namespace, "cleaner", identity=identity, owner=owner, duration=2, now=at)
+
+    assert hold("a", 0) == "a"  # created
+    assert hold("b", 1) == "a"  # held by a, renewed within its duration
+    assert hold("a", 1.5) == "a"  # renewed
+    assert hold("b", 3) == "a"  # 1.5 s after the renewal: still a's
+    assert hold("b", 4) == "b"  # a stopped renewing: the Lease expired 2 s after it, and b took it over
+    assert hold("a", 4.5) == "b"
     lease = client.CoordinationV1Api(kube_api).read_namespaced_lease("cleaner", namespace)
     assert lease.spec.holder_identity == "b" and lease.spec.lease_duration_seconds == 2
     assert [r.uid for r in lease.metadata.owner_references] == [owner["uid"]]

@@ -447,7 +447,7 @@ def test_after_losing_its_zookeeper_session_the_operator_resyncs_and_repairs(sol
     try:
         os.kill(pid, signal.SIGSTOP)
         try:
-            time.sleep(16)
+            time.sleep(16)  # the fault: the operator frozen past its session timeout (10 s)
             zk.delete(messages, recursive=True)
         finally:
             os.kill(pid, signal.SIGCONT)
@@ -485,9 +485,9 @@ def test_a_deletion_that_catches_a_resync_pass_mid_run_is_released_promptly(solo
     # a pass runs every ~1 s; 1.5 s into the freeze it is waiting on ZooKeeper. The freeze stays
     # under a third of the 10 s session timeout, so the operator's connection is not dropped.
     with solo.zk.paused():
-        time.sleep(1.5)
+        time.sleep(1.5)  # the fault's timing (above): a pass is waiting on ZooKeeper now
         solo.plane.kubectl("delete", "topic", "busy", "-n", "default", "--wait=false")
-        time.sleep(1.0)
+        time.sleep(1.0)  # the deletion arrives while ZooKeeper is still frozen
     solo.plane.kubectl("wait", "--for=delete", "topic/busy", "-n", "default", "--timeout=30s")
     log = log_path.read_bytes()[log_start:].decode(errors="replace")
     assert "Connection dropped" not in log, "the freeze was meant to stay within kazoo's heartbeat"

@@ -411,7 +411,7 @@ def test_a_new_template_rolls_the_broker_pods_one_at_a_time_followers_first_the_
             order += gone
             missing = [n for n in names if n not in pods or not _ready(pods[n]) or pods[n].metadata.deletion_timestamp]
             assert len(missing) <= 1, f"two pods down at once: {missing}"
-            time.sleep(0.1)
+            time.sleep(0.1)  # the roll is watched, sampled ten times a second (its steps take seconds)
         assert order == ["roll-broker-2", "roll-broker-0", "roll-broker-1"], order
         wait_until(lambda: "roll" not in _status(crds, namespace, "roll"), timeout=60, what="status.roll gone")
 

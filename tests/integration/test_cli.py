@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -77,10 +76,8 @@ def test_topic_publish_and_subscribe(zeps: Zeps, zookeeper: ZooKeeperHarness) ->
         "30",
     ]
     subscriber = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 20
-    while zeps("topic", "publish", "news", "warm-up").returncode != 0:  # until the subscriber is registered
-        assert time.monotonic() < deadline
-        time.sleep(0.3)
+    wait_until(lambda: zeps("topic", "publish", "news", "warm-up").returncode == 0, timeout=20, interval=0.3,
+               what="a warm-up publish that finds the subscriber registered")  # fmt: skip
     published = zeps("--json", "topic", "publish", "news", "hello")
     assert published.returncode == 0 and len(json.loads(published.stdout)["published"]) == 1
     out, _ = subscriber.communicate(timeout=40)

@@ -163,7 +163,7 @@ def test_a_member_killed_mid_backlog_leaves_only_its_last_uncommitted_batch_to_b
         procs["m1"].send_signal(signal.SIGKILL)
         procs["m1"].wait(10)
         until(lambda: len(set(processed())) >= total, "the rest processed by the other member", timeout=60)
-        time.sleep(0.5)
+        time.sleep(0.5)  # a negative check: anything processed twice would show up now
     finally:
         for proc in procs.values():
             if proc.poll() is None:

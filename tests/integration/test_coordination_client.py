@@ -42,7 +42,7 @@ def test_a_client_reconnects_in_time_to_keep_its_session_after_a_long_outage(zoo
     session = client.client_id[0]
     node = client.create(f"{zookeeper.root}/still-here", ephemeral=True, makepath=True)
     zookeeper.stop()
-    time.sleep(12)
+    time.sleep(12)  # the outage: twice the session timeout
     zookeeper.start()
     back = time.monotonic()
     until(lambda: client.connected, "the client to reconnect", timeout=20)

@@ -230,9 +230,9 @@ def test_a_hostile_broker_cannot_fill_a_clients_memory_with_huge_frames(tmp_path
     fake = ctx.socket(zmq.ROUTER)
     fake.setsockopt(zmq.LINGER, 0)
     port = fake.bind_to_random_port("tcp://127.0.0.1")
-    script = ("import sys, time\nfrom zeps.client import StreamClient\n"
+    script = ("import signal, sys\nfrom zeps.client import StreamClient\n"
               "c = StreamClient(sys.argv[1], 'prices', timeout=10, idempotent=False).connect()\n"
-              "print('attached', flush=True)\ntime.sleep(60)\n")  # fmt: skip
+              "print('attached', flush=True)\nsignal.pause()\n")  # fmt: skip
     client = ManagedProcess("client", [sys.executable, "-c", script, f"tcp://127.0.0.1:{port}"],
                             log_path=tmp_path / "client.log")  # fmt: skip
     client.start()

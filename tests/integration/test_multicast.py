@@ -91,12 +91,12 @@ def test_receivers_in_other_namespaces_get_every_record_once_through_loss(transp
         late.json_line("connected", timeout=30)
         publisher = _worker(lab, 0, "publish", tmp_path, load)
         publisher.json_line("publishing", timeout=30)
-        time.sleep(1.5)
+        time.sleep(1.5)  # the traffic before the fault: the early receiver live
         if not norm:
             lab.blackout(1)  # host 1 hears nothing from the group for 2 s: its receiver fetches meanwhile
         go.touch()  # the late start
         late.json_line("ready", timeout=30)
-        time.sleep(2.0)
+        time.sleep(2.0)  # the fault: host 1 deaf to the group this long
         if not norm:
             lab.restore(1)
             lab.drop(1, 0.03)
@@ -137,7 +137,7 @@ def test_a_signed_stream_drops_runs_forged_on_the_segment_and_fetches_the_real_r
         receiver.json_line("ready", timeout=30)
         forge = [sys.executable, str(WORKERS / "multicast_forger.py"), "--multicast", options]
         forger = lab.process(2, "forger", forge, log_path=tmp_path / "forger.log")
-        time.sleep(1.0)  # the forger's runs reach the receiver before the real ones
+        forger.json_line("forging", timeout=30)  # its runs reach the receiver before the real ones
         publisher = _worker(lab, 0, "publish", tmp_path, load)
         assert publisher.json_line("published", timeout=60)["published"] == load[0]
         result = receiver.json_line("ranges", timeout=90)

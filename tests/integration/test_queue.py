@@ -279,11 +279,12 @@ def test_waiting_workers_get_items_put_later(queue_factory: Callable[..., WorkQu
     threads = [threading.Thread(target=worker) for _ in range(4)]
     for t in threads:
         t.start()
-    time.sleep(0.5)
     producer = queue_factory()
+    producer.ensure()
+    waiting = lambda: len(producer.client.get_children(producer.paths.waiters)) == 4  # noqa: E731
+    until(waiting, "the four workers waiting in line", timeout=20)
     for i in range(4):
-        producer.put(b"%d" % i)
-        time.sleep(0.05)
+        producer.put(b"%d" % i)  # one at a time: each wakes one waiter
     for t in threads:
         t.join(30)
     assert sorted(got) == [b"0", b"1", b"2", b"3"]
@@ -387,7 +388,7 @@ def test_chaos_10000_items_8_workers_kill9_and_session_expiry(zookeeper: ZooKeep
             _, sid, password = rng.choice(known)[-1]
             expire_session_by_id(zookeeper.connect_string, int(sid, 16), bytes.fromhex(password))
             expiries += 1
-        time.sleep(0.1)
+        time.sleep(0.1)  # the chaos's pace: a fault a tenth of a second at most
     for w in workers:
         w.stop()
     assert producer.stats().depth == 0, "the queue did not drain"

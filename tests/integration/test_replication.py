@@ -51,7 +51,7 @@ class Publisher(threading.Thread):
                         self.client.publish("k", b"%d" % n)
                     self._flush()
                     self.confirmed = n
-                    time.sleep(0.005)
+                    time.sleep(0.005)  # the publisher's pace: steady, not flat out
         except BaseException as exc:  # reported by the test
             self.error = exc
         finally:
@@ -71,7 +71,7 @@ class Publisher(threading.Thread):
                 return
             except PublishRefusedError:  # too few in sync for a moment: it attaches again and resends
                 self.refusals += 1
-                time.sleep(0.1)
+                time.sleep(0.1)  # the retry's pause (an election takes a moment)
         raise AssertionError("publishes refused 200 times in a row")
 
 
@@ -121,7 +121,7 @@ def test_leader_kills_during_a_steady_publish_lose_nothing_confirmed(replicas: R
         # dies: what the leader confirmed meanwhile would be lost if it had not waited for them
         followers = [n for n in replicas.names if n != leader]
         replicas.pause(followers)
-        time.sleep(0.5)
+        time.sleep(0.5)  # the fault: the publisher goes on against stalled followers this long
         replicas.kill(leader)
         replicas.resume(followers)
         until(lambda e=epoch: replicas.state().epoch > e, f"kill {kill + 1}: a new leader elected", timeout=30)

@@ -11,7 +11,6 @@ record stamped while the leader's clock was ahead keeps later records from being
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -44,7 +43,7 @@ def test_wall_clocks_jumping_back_and_ahead_lose_nothing_and_keep_the_in_sync_se
             until(lambda: len(replicas.state().isr) == 3, f"all three in sync with {who}'s clock at {jump:+.0f} s",
                   timeout=30)  # fmt: skip
             replicas.clocks[who].reset()
-        time.sleep(0.5)
+        publisher.goes_on(50, "confirmations with every clock right again")
         until(lambda: len(replicas.state().isr) == 3, "all three in sync once the clocks are right", timeout=60)
         assert replicas.state().leader == leader, "a clock jump moved the leadership"
         confirmed = publisher.stop()

@@ -191,7 +191,7 @@ def test_replica_links_flapping_lose_nothing_confirmed_and_every_replica_ends_in
                         down[name] = not down[name]
                         flips += 1
                         next_flip[name] = now + rng.uniform(0.2, 1.5)
-                time.sleep(0.05)
+                time.sleep(0.05)  # the flapping's tick: links change state every 0.2-1.5 s
 
         flap(10)
         # once in the middle, one link stays down past --replica-lag: that follower leaves the in-sync

@@ -122,7 +122,8 @@ def test_slow_consumer_falls_back_to_the_journal_and_catches_up(broker_factory: 
         wait_until(lambda: stream.live_set, timeout=5, what="the subscription to be live")
         _publish(broker.endpoint, 2000)  # arrives far faster than the credit allows
         first = _collect(slow, 100)
-        time.sleep(0.5)  # fall behind: the broker keeps the cursor, sends nothing without credit
+        # fallen behind: the broker keeps the cursor, sends nothing without credit
+        wait_until(lambda: not stream.live_set, timeout=5, what="the subscription out of credit, off the live path")
         rest = _collect(slow, 1900)
         got = first + rest
         assert len(got) == 2000, f"{len(got)} of 2000 messages arrived"
@@ -165,9 +166,9 @@ def test_prefix_regex_and_resume_from_a_sequence(broker_factory: BrokerFactory) 
 def test_replay_from_a_time(broker_factory: BrokerFactory) -> None:
     broker = broker_factory()
     _publish(broker.endpoint, 100)
-    time.sleep(0.05)
+    time.sleep(0.05)  # the broker stamps records in milliseconds: ``middle`` falls between two
     middle = time.time()
-    time.sleep(0.05)
+    time.sleep(0.05)  # (and after it, the next records' stamps)
     _publish(broker.endpoint, 50, start=100)
     with StreamClient(broker.endpoint, "prices") as c:
         c.start("", since=Time(middle))
@@ -348,8 +349,8 @@ def test_silent_peers_expire_and_their_state_is_freed(broker_factory: BrokerFact
         _publish(broker.endpoint, 1)
         assert alive.receive(5) is not None, "a heartbeating client must stay attached"
         assert alive.reconnects == 0
-        time.sleep(2.0)  # not used for longer than the broker's ttl: the broker forgets it
-        wait_until(lambda: len(broker.core.sessions) == 0, timeout=5, what="the broker to forget the idle client")
+        # not used for longer than the broker's ttl (1 s): the broker forgets it
+        wait_until(lambda: len(broker.core.sessions) == 0, timeout=7, what="the broker to forget the idle client")
         _publish(broker.endpoint, 1, start=1)
         message = alive.receive(5)  # on its next use it attaches again and resumes: nothing missed
         assert message is not None and message.body == b"1" and alive.reconnects == 1
@@ -671,14 +672,13 @@ def test_async_client_attaches_again_at_once_when_the_connection_drops(tmp_path:
     async def scenario() -> tuple[list[bytes], int]:
         async with AsyncStreamClient(first.endpoint, "prices", heartbeat=30, ttl=60) as c:
             await c.start("")
-            await asyncio.sleep(0.3)
+            subscribed = first.core.streams["prices"].live_set
+            await asyncio.to_thread(wait_until, lambda: subscribed, timeout=10, what="the subscription")
             first.stop()
             second = broker()
             try:
-                deadline = time.monotonic() + 20
-                while not c.reconnects or not c.session.attached:
-                    assert time.monotonic() < deadline, "the client did not attach again"
-                    await asyncio.sleep(0.05)
+                attached = lambda: bool(c.reconnects and c.session.attached)  # noqa: E731
+                await asyncio.to_thread(wait_until, attached, timeout=20, what="the client attached again")
                 _publish(second.endpoint, 1)
                 message = await c.receive(10)
             finally:
@@ -875,7 +875,8 @@ def test_publish_many_with_live_and_replaying_pattern_subscribers(broker_factory
     keys = ["eu.fr", "us.ny", "eu.de"]
     with StreamClient(broker.endpoint, "prices") as live, StreamClient(broker.endpoint, "prices") as pub:
         live.start("eu.", since="latest")
-        time.sleep(0.2)
+        stream = broker.core.streams["prices"]
+        wait_until(lambda: stream.live_set, timeout=5, what="the subscription to be live")
         pub.publish_many((keys[i % 3], b"%d" % i) for i in range(6000))
         pub.publish("eu.fr", b"single")
         pub.flush()
@@ -905,7 +906,9 @@ def test_an_asyncio_consumer_that_stops_taking_holds_its_window_and_catches_up_f
             with StreamClient(broker.endpoint, "prices") as publisher:  # 2 MB: 30 windows
                 publisher.publish_many((f"k{i}", body) for i in range(2000))
                 publisher.flush()
-            await asyncio.sleep(1)  # the reader task runs all along; the application takes nothing
+            # the reader task runs all along; the application takes nothing until the broker gave up on it
+            out_of_credit = lambda: stream.fell_behind >= 1 and c.session.inbox.held_bytes > 0  # noqa: E731
+            await asyncio.to_thread(wait_until, out_of_credit, timeout=10, what="the window held, the broker replaying")
             held = c.session.inbox.held_bytes
             sequences: list[int] = []
             while len(sequences) < 2000:

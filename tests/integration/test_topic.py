@@ -191,7 +191,7 @@ def test_killing_the_cleaner_hands_over_to_another_instance(
     standby_topic = topic_factory(cleaner_grace=0.5, cleaner_interval=0.5)
     standby = standby_topic.cleaner(identifier="cleaner-b").start()
     try:
-        time.sleep(1.0)
+        time.sleep(1.0)  # a negative check: two of the standby's intervals, and it must not lead
         assert not standby.is_leader, "two cleaners led at once"
         first.kill()
         until(lambda: standby.is_leader, "the standby cleaner to take over", 30)
@@ -341,8 +341,7 @@ def test_full_queue_policies(topic_factory: Callable[..., Topic], zookeeper: Zoo
                                   max_messages_per_node=1)  # fmt: skip
     done = threading.Event()
     threading.Thread(target=lambda: (blocking_long.publish(b"8"), done.set()), daemon=True).start()
-    time.sleep(0.3)
-    assert not done.is_set()
+    assert not done.wait(0.3), "the publish to a full queue returned at once"
     seen = Collector()
     with topic_factory("bounded").subscribe(seen, consumer_id="idle"):
         assert done.wait(20), "publisher stayed blocked after the queue drained"

@@ -54,9 +54,9 @@ def test_missing_program_is_a_setup_error(tmp_path: Path) -> None:
 
 def test_kill_is_immediate(tmp_path: Path) -> None:
     # a process that ignores SIGTERM still dies on kill()
-    proc = ManagedProcess("stubborn", ["sh", "-c", "trap '' TERM; sleep 600"], log_path=tmp_path / "log")
+    proc = ManagedProcess("stubborn", ["sh", "-c", "trap '' TERM; echo trapped; sleep 600"], log_path=tmp_path / "log")
     proc.start()
-    time.sleep(0.2)
+    proc.wait_ready(lambda: "trapped" in (tmp_path / "log").read_text(), timeout=10)
     proc.kill()
     assert not proc.running()
 

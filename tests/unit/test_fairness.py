@@ -105,7 +105,7 @@ def test_a_handler_cancelled_while_it_runs_is_waited_for_before_the_cancellation
         assert await asyncio.to_thread(started.wait, 30)
         running.cancel()
         for _ in range(10):  # turns of the loop: the cancellation reaches run(), which must wait
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # a turn of the loop, no time
         assert not running.done(), "the cancellation returned while the handler still ran"
         release.set()
         with pytest.raises(asyncio.CancelledError):

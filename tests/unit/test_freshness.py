@@ -88,7 +88,7 @@ def test_callers_arriving_during_a_read_wait_for_it_and_take_it_when_fresh_enoug
     others = [threading.Thread(target=lambda: got.append(cache.get("ns", read_after=before))) for _ in range(10)]
     for thread in others:
         thread.start()
-    time.sleep(0.2)
+    time.sleep(0.2)  # nothing says a thread waits on a lock: time for the ten to reach the read in flight
     release.set()
     for thread in [first, *others]:
         thread.join(10)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
-import time
 
 from zeps.coordination import Group, connect
 from zeps.paths import GroupPaths
@@ -22,8 +22,7 @@ def main() -> int:
     Group(client, GroupPaths(args.members)).join(args.member, {"pid": __import__("os").getpid()})
     with open(args.out, "a") as out:
         out.write("ready\n")
-    while True:
-        time.sleep(3600)
+    signal.pause()  # a member holding its place until it is killed
 
 
 if __name__ == "__main__":

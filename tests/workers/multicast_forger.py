@@ -35,7 +35,9 @@ def main() -> None:
         pub.send_multipart(message)  # unsigned
         pub.send_multipart(multicast.sign(message, own_key))  # signed with a key of its own
         sent, sequence = sent + 2, sequence + 1
-        time.sleep(0.005)
+        if sent == 100:
+            print(json.dumps({"forging": sent}), flush=True)
+        time.sleep(0.005)  # the forger's pace
     pub.close(linger=1000)
     ctx.term()
     print(json.dumps({"forged_sent": sent}), flush=True)

@@ -57,7 +57,7 @@ def main() -> int:
     while not stop.is_set():
         items = queue.take_many(args.prefetch, timeout=0.5)
         for item in items:
-            time.sleep(random.expovariate(1000 / args.work_ms) if args.work_ms else 0)
+            time.sleep(random.expovariate(1000 / args.work_ms) if args.work_ms else 0)  # the work
             if item.body.startswith(b"poison"):
                 try:
                     item.release()

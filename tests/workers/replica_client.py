@@ -60,10 +60,10 @@ def publish(args: argparse.Namespace) -> None:
                 client.flush(timeout=3 if args.pinned else 60)
             except ZepsError as exc:
                 _say(refused=str(exc)[:200], n=n)
-                time.sleep(0.5)
+                time.sleep(0.5)  # refused: try again shortly (the workload's retry)
                 continue
             _say(confirmed=n)
-            time.sleep(0.02)
+            time.sleep(0.02)  # the workload's pace
 
 
 def subscribe(args: argparse.Namespace) -> None:

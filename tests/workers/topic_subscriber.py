@@ -52,7 +52,7 @@ def main() -> int:
             out.write("holding\n")
             never.wait()
         if args.sleep:
-            time.sleep(args.sleep)
+            time.sleep(args.sleep)  # the work
         out.write(f"done {message.id}\n")
 
     cleaner = None
@@ -62,7 +62,7 @@ def main() -> int:
     out.write("ready\n")
     was_leader = False
     while not stopping:
-        time.sleep(0.05)
+        time.sleep(0.05)  # the cleaner's leadership is looked at 20 times a second (it has no callback)
         if cleaner is not None and cleaner.is_leader and not was_leader:
             was_leader = True
             out.write("leader\n")

@@ -42,12 +42,12 @@ def main() -> None:
                 say(waiting=sent, error=f"{type(exc).__name__}: {exc}"[:200])
                 if failed >= 40:
                     sys.exit(1)
-                time.sleep(0.5)
+                time.sleep(0.5)  # refused: try again shortly (the workload's retry)
                 continue
             failed = 0
             break
         say(confirmed=sent)
-        time.sleep(max(0.0, sent / rate - (time.monotonic() - started)))
+        time.sleep(max(0.0, sent / rate - (time.monotonic() - started)))  # the workload's rate
     stream.close()
 
 

@@ -36,7 +36,7 @@ def main() -> None:
         sent += group
         print(json.dumps({"published": first + sent - 1}), flush=True)
         if rate > 0 and not stopping:
-            time.sleep(max(0.0, sent / rate - (time.monotonic() - started)))
+            time.sleep(max(0.0, sent / rate - (time.monotonic() - started)))  # the workload's rate
     stream.close()
 
 

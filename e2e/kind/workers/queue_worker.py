@@ -36,8 +36,8 @@ def main() -> None:
             body = item.body.decode()
             say(took=body, attempt=item.attempt)
             if pause < 0:
-                time.sleep(3600)
-            time.sleep(pause)
+                time.sleep(3600)  # a worker that hangs holding its item (killed by the test)
+            time.sleep(pause)  # the work
             try:
                 item.ack()
             except zeps.AckUncertainError:  # done, by this ack or by another worker's
@@ -49,7 +49,7 @@ def main() -> None:
             say(acked=body)
         except zeps.ZepsError as exc:
             say(error=f"{type(exc).__name__}: {exc}")
-            time.sleep(1)
+            time.sleep(1)  # ZooKeeper away: try again in a second (the workload's retry)
 
 
 if __name__ == "__main__":
