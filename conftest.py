@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from kazoo.security import make_digest_acl_credential
 
-from harness import OPERATOR_AUTH
+from harness import CLUSTER_TESTS_QUOTA, OPERATOR_AUTH
 from zeps.coordination import close_shared
 from zeps.errors import SetupError
 from zeps_dev import ControlPlane, OperatorProcess, ZooKeeperServer
@@ -224,6 +224,7 @@ def operator(
         delete_retries=3,
         identity="zeps-operator-test",
         zookeeper_auth=":".join(OPERATOR_AUTH),
+        namespace_quota=CLUSTER_TESTS_QUOTA,
     )
     proc.start()
     try:

@@ -91,6 +91,9 @@ class ZooKeeperHarness:
 WORKERS = Path(__file__).parent / "workers"
 #: the operator's ZooKeeper identity in tests; the session server trusts it as super user
 OPERATOR_AUTH = ("zeps-operator", "operator-secret")
+#: each test namespace's ZooKeeper quota (nodes, bytes) under the shared operator: every cluster test
+#: runs under one, as under the chart; far above what any of them stores
+CLUSTER_TESTS_QUOTA = (50_000, 256 << 20)
 
 
 class WorkerProcess:

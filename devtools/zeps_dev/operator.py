@@ -14,7 +14,8 @@ __all__ = ["OperatorProcess"]
 
 class OperatorProcess(LocalServer):
     """Runs the operator against ``kubeconfig`` and ``zookeeper``; ready when its liveness endpoint
-    answers. ``resync_seconds`` shortens the drift-check timers (tests use 3 s)."""
+    answers. ``resync_seconds`` shortens the drift-check timers (tests use 3 s); ``namespace_quota``:
+    each namespace's ZooKeeper quota, (nodes, bytes), 0 for none (the chart's zookeeper.namespaceQuota)."""
 
     def __init__(
         self,
@@ -28,6 +29,7 @@ class OperatorProcess(LocalServer):
         identity: str = "zeps-operator-local",
         zookeeper_auth: str = "",
         cleaner_lease_seconds: int = 45,
+        namespace_quota: tuple[int, int] = (0, 0),
     ) -> None:
         self.workdir = workdir
         self.port = free_port()
@@ -44,6 +46,8 @@ class OperatorProcess(LocalServer):
             "ZEPS_CLEANER_LEASE_SECONDS": str(cleaner_lease_seconds),
             "ZEPS_OPERATOR_METRICS_PORT": str(self.metrics_port),
             "ZEPS_OPERATOR_METRICS_ADDR": "127.0.0.1",
+            "ZEPS_NAMESPACE_QUOTA_NODES": str(namespace_quota[0]),
+            "ZEPS_NAMESPACE_QUOTA_BYTES": str(namespace_quota[1]),
         }
         argv = [
             sys.executable,

@@ -125,6 +125,7 @@ class ZooKeeperServer(LocalServer):
             "-Dzookeeper.jmx.log4j.disable=true",
             "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
             "-Dorg.slf4j.simpleLogger.showDateTime=true",
+            "-Dzookeeper.enforceQuota=true",  # the hard quotas the operator sets per namespace bind
             *self.jvm_flags,
             "-cp",
             f"{home / 'lib'}/*",

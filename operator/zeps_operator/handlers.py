@@ -68,6 +68,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     state.settings = Settings.from_env()
     state.fair = FairExecutor(RECONCILE_WORKERS, name="zeps-reconcile")
     state.acls = ReadCache(read_namespace_acl, max_age=RESYNC)
+    state.quotas = set()
     settings.persistence.finalizer = FINALIZER
     settings.persistence.diffbase_storage = StatusDiffBase()  # one PATCH per change, not two
     settings.watching.server_timeout = 120  # reconnect watches regularly: a stalled one cannot linger

@@ -68,6 +68,10 @@ class Settings:
     cleaner_lease_namespace: str = "default"
     cleaner_lease: str = "zeps-operator-cleaner"
     cleaner_lease_seconds: int = 45
+    #: each namespace's ZooKeeper quota (its nodes, the bytes of their data; 0: none), a hard limit on
+    #: the chroot's ``<namespace>`` subtree: the chart's zookeeper.namespaceQuota (zeps.coordination.quota)
+    namespace_quota_nodes: int = 0
+    namespace_quota_bytes: int = 0
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -89,7 +93,18 @@ class Settings:
             cleaner_lease_namespace=os.environ.get("POD_NAMESPACE") or "default",
             cleaner_lease=os.environ.get("ZEPS_CLEANER_LEASE") or "zeps-operator-cleaner",
             cleaner_lease_seconds=int(os.environ.get("ZEPS_CLEANER_LEASE_SECONDS", "45")),
+            namespace_quota_nodes=_count("ZEPS_NAMESPACE_QUOTA_NODES"),
+            namespace_quota_bytes=_count("ZEPS_NAMESPACE_QUOTA_BYTES"),
         )
+
+
+def _count(variable: str) -> int:
+    """A count from the environment (unset or empty: 0); anything but a whole number >= 0 stops the
+    operator with the variable named."""
+    value = os.environ.get(variable, "").strip() or "0"
+    if not value.isdigit():
+        raise SystemExit(f"{variable}={value!r}: a whole number of 0 or more (0: no limit)")
+    return int(value)
 
 
 def _listed(value: str) -> tuple[str, ...]:

@@ -14,8 +14,10 @@ from zeps.coordination import digest_acl
 from zeps.coordination.admin import (
     PathConflictError,
     ZooKeeperUnavailableError,
+    ensure_quota,
     ensure_resource,
 )
+from zeps.errors import QuotaExceededError
 from zeps_operator import metrics
 from zeps_operator.freshness import read_after_creation
 from zeps_operator.kube import InvalidSecretError
@@ -82,6 +84,7 @@ def reconcile(
         )
         raise kopf.TemporaryError("ZooKeeper is not reachable", delay=5)
     try:
+        namespace_quota(namespace)
         repaired = ensure_resource(
             state.zk,
             root,
@@ -97,6 +100,11 @@ def reconcile(
     except ZooKeeperUnavailableError:
         ready(body, patch, False, "ZooKeeperUnavailable", "ZooKeeper did not answer in time", generation=generation)
         raise kopf.TemporaryError("ZooKeeper did not answer in time", delay=5) from None
+    except QuotaExceededError as exc:  # the tenant's own nodes fill its quota: it has to free room
+        ready(body, patch, False, "QuotaExceeded", str(exc), generation=generation)
+        if (ready_condition(previous) or {}).get("reason") != "QuotaExceeded":
+            post(body, "Warning", "QuotaExceeded", str(exc))
+        raise kopf.TemporaryError(str(exc), delay=30) from None
     except PathConflictError as exc:
         patch.status["conditions"] = condition(
             previous, ready=False, reason="Conflict", message=str(exc), generation=generation
@@ -113,6 +121,20 @@ def reconcile(
     patch.status["path"] = root
     RECONCILES.labels(kind, "ok").inc()
     return "ok"
+
+
+def namespace_quota(namespace: str) -> None:
+    """The namespace's ZooKeeper quota (the operator's settings; none when both are 0), set on its
+    subtree once per namespace and operator process: a tenant cannot fill the servers that every
+    namespace shares. Its nodes, and ``/zookeeper/quota``, get the operator's ACL when it has a
+    ZooKeeper identity, so no tenant can lift its own quota or set one on another namespace."""
+    s = state.settings
+    if namespace in state.quotas or not (s.namespace_quota_nodes or s.namespace_quota_bytes):
+        return
+    acl = digest_acl(*s.zookeeper_auth) if s.zookeeper_auth else None
+    ensure_quota(state.zk, f"{s.chroot}/{namespace}", nodes=s.namespace_quota_nodes, size=s.namespace_quota_bytes,
+                 acl=acl, deadline=ZK_DEADLINE)  # fmt: skip
+    state.quotas.add(namespace)
 
 
 def namespace_acl(namespace: str, *, read_after: float | None) -> list[Any] | None:

@@ -44,6 +44,7 @@ class _State:
     fair: FairExecutor  # where the resources' handlers run: namespaces in turn (zeps_operator.fairness)
     zk: Any = None
     acls: ReadCache[list[Any] | None]  # namespace -> its ZooKeeper ACL, read from its Secret; see namespace_acl
+    quotas: set[str]  # namespaces whose ZooKeeper quota this process has set; see namespace_quota
     last_event = 0.0
 
 

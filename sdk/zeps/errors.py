@@ -7,8 +7,9 @@ Below it, errors are grouped by who has to act (the CLI's exit code in brackets,
   missing or would not start; the message says what to install or where the log is.
 * :class:`UnavailableError` [4] — a server (ZooKeeper, a broker) did not answer in time, went silent,
   or is not running: nothing is wrong with the request; try again once it serves.
-* :class:`CoordinationError` [4] — ZooKeeper said no (a lost lock, a conflicting owner), or could not
-  be reached in time (:class:`~zeps.coordination.admin.ZooKeeperUnavailableError` is both).
+* :class:`CoordinationError` [4] — ZooKeeper said no (a lost lock, a conflicting owner, the
+  namespace's quota: :class:`QuotaExceededError`), or could not be reached in time
+  (:class:`~zeps.coordination.admin.ZooKeeperUnavailableError` is both).
 * :class:`ProtocolError` [4] — a ZEPS conversation broke; ``LocalProtocolError`` means we misused the
   protocol, ``RemoteProtocolError`` means the peer did (h11's split); ``PublishRefusedError``: the
   broker refused publishes (too large, journal full), ``ProducerError`` among them: it refused an
@@ -33,6 +34,7 @@ __all__ = [
     "ProducerError",
     "ProtocolError",
     "PublishRefusedError",
+    "QuotaExceededError",
     "RemoteProtocolError",
     "SetupError",
     "UnavailableError",
@@ -65,6 +67,12 @@ class DataLossError(ZepsError):
 
 class CoordinationError(ZepsError):
     """ZooKeeper refused an operation or could not be reached within the bound."""
+
+
+class QuotaExceededError(CoordinationError):
+    """ZooKeeper refused a write: the nodes of this namespace are at their quota (the operator sets
+    one per namespace: :mod:`zeps.coordination.quota`). Nothing was written; once the namespace holds
+    less (a drained queue, consumers gone) the same write succeeds."""
 
 
 class ProtocolError(ZepsError):

@@ -271,9 +271,9 @@ def test_an_idle_resync_makes_no_status_write_and_reads_the_namespace_secret_onc
         solo.plane.kubectl("delete", "topic", name, "-n", "default", "--timeout=30s")
 
 
-def _events(plane: ControlPlane, name: str, reason: str) -> int:
+def _events(plane: ControlPlane, name: str, reason: str, *, namespace: str = "default") -> int:
     """How many times the operator reported ``reason`` about Topic ``name`` (an event's count included)."""
-    listed = json.loads(plane.kubectl("get", "events", "-n", "default", "-o", "json"))["items"]
+    listed = json.loads(plane.kubectl("get", "events", "-n", namespace, "-o", "json"))["items"]
     return sum(
         e.get("count") or 1
         for e in listed
@@ -961,3 +961,45 @@ def test_a_brokers_pod_is_admitted_where_pod_security_enforces_restricted(
     events = json.loads(crds.kubectl("get", "events", "-n", namespace, "-o", "json"))["items"]
     assert not [e for e in events if "violates PodSecurity" in e.get("message", "")]
     crds.kubectl("delete", "zepsstream", "orders", "-n", namespace, "--timeout=60s")
+
+
+def test_the_operator_puts_a_quota_on_each_namespace_and_a_full_one_shows_on_its_objects(
+    operator: OperatorProcess, crds: ControlPlane, namespace: str, zookeeper: ZooKeeperHarness
+) -> None:
+    """The namespace's first object gets it a ZooKeeper quota (the operator's settings: the chart's
+    zookeeper.namespaceQuota), in nodes only the operator may change, with /zookeeper/quota closed to
+    everyone else. A namespace whose nodes reach its quota: its next Topic is not Ready, with reason
+    QuotaExceeded, a message saying what to do, and an event; a raised quota lets it through."""
+    from kazoo.exceptions import NoAuthError  # noqa: PLC0415
+
+    from harness import CLUSTER_TESTS_QUOTA, OPERATOR_AUTH  # noqa: PLC0415
+    from zeps.coordination import digest_acl  # noqa: PLC0415
+    from zeps.coordination.admin import ensure_quota  # noqa: PLC0415
+    from zeps.coordination.quota import QUOTA_ROOT, Quota, read_quota  # noqa: PLC0415
+
+    _apply(crds, namespace, "Topic", "first")
+    _wait_ready(crds, namespace, "topic", "first")
+    subtree = f"{CHROOT}/{namespace}"
+    admin = zookeeper.client(auth=OPERATOR_AUTH)
+    found = read_quota(admin, subtree)
+    assert found is not None and found[0] == Quota(*CLUSTER_TESTS_QUOTA), found
+    tenant = zookeeper.client(auth=(f"tenant-{namespace}", "pw"))
+    with pytest.raises(NoAuthError):
+        tenant.delete(f"{QUOTA_ROOT}{subtree}/zookeeper_limits")
+    # the namespace full: a quota at what it holds now (the operator set its own once: it keeps this)
+    held = found[1].nodes
+    ensure_quota(admin, subtree, nodes=held, size=0, acl=digest_acl(*OPERATOR_AUTH))
+    _apply(crds, namespace, "Topic", "second")
+
+    def refused() -> dict[str, Any] | None:
+        conditions = _get(crds, namespace, "topic", "second").get("status", {}).get("conditions", [])
+        return next((c for c in conditions if c["type"] == "Ready" and c["reason"] == "QuotaExceeded"), None)
+
+    wait_until(lambda: refused() is not None, timeout=60, what="the second Topic refused for the quota")
+    condition = refused()
+    assert condition is not None, "the condition went before it was read"
+    assert "namespaceQuota" in condition["message"] and "Free room" in condition["message"], condition
+    wait_until(lambda: _events(crds, "second", "QuotaExceeded", namespace=namespace) >= 1, timeout=30,
+               what="a QuotaExceeded event")  # fmt: skip
+    ensure_quota(admin, subtree, nodes=held + 100, size=0, acl=digest_acl(*OPERATOR_AUTH))
+    _wait_ready(crds, namespace, "topic", "second", timeout=90)  # the retry after 30 s

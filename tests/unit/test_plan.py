@@ -90,6 +90,13 @@ def test_the_operator_refuses_to_start_without_its_settings(monkeypatch: pytest.
         Settings.from_env()
     monkeypatch.setenv("ZEPS_ZOOKEEPER_AUTH", "admin:secret")
     assert Settings.from_env().zookeeper_auth == ("admin", "secret")
+    assert (Settings.from_env().namespace_quota_nodes, Settings.from_env().namespace_quota_bytes) == (0, 0)
+    monkeypatch.setenv("ZEPS_NAMESPACE_QUOTA_NODES", "100000")
+    monkeypatch.setenv("ZEPS_NAMESPACE_QUOTA_BYTES", "64Mi")
+    with pytest.raises(SystemExit, match=r"ZEPS_NAMESPACE_QUOTA_BYTES='64Mi': a whole number"):
+        Settings.from_env()
+    monkeypatch.setenv("ZEPS_NAMESPACE_QUOTA_BYTES", "67108864")
+    assert (Settings.from_env().namespace_quota_nodes, Settings.from_env().namespace_quota_bytes) == (100000, 1 << 26)
 
 
 def test_status_changes_carry_only_what_differs() -> None:

@@ -9,11 +9,18 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoAuthError, NoNodeError, NotEmptyError, RolledBackError
+from kazoo.exceptions import QuotaExceededError as KazooQuotaExceededError
 from kazoo.retry import KazooRetry
 
-from zeps.errors import CoordinationError
+from zeps.errors import CoordinationError, QuotaExceededError
 
 DELETE_CHUNK = 500  # deletes per transaction when emptying a node
+#: what a write refused for the namespace's quota says (the recipes' boundary, the operator's status)
+QUOTA_REFUSAL = (
+    "ZooKeeper refused the write (QuotaExceeded): this namespace's nodes are at the quota the operator set "
+    "(the chart's zookeeper.namespaceQuota); nothing was written. Free room (drain the namespace's queues, "
+    "delete the Topics and Queues it no longer needs) or ask the cluster admin for a larger quota"
+)
 
 
 def bounded_retry(deadline: float = 120.0) -> KazooRetry:
@@ -45,6 +52,8 @@ def zookeeper_errors(method: Callable[Concatenate[S, P], R]) -> Callable[Concate
                 "identity may not touch these nodes; use the namespace's own (ZEPS_ZOOKEEPER_USER and "
                 "ZEPS_ZOOKEEPER_PASSWORD from its zeps-zookeeper-auth Secret)"
             ) from exc
+        except KazooQuotaExceededError as exc:
+            raise QuotaExceededError(f"{type(self).__name__}.{method.__name__}: {QUOTA_REFUSAL}") from exc
         except KazooException as exc:
             raise CoordinationError(f"{type(self).__name__}.{method.__name__}: ZooKeeper: {exc!r}") from exc
 
@@ -79,6 +88,14 @@ def commit(client: KazooClient, ops: list[Op]) -> list[Any]:
 def failures(outcome: list[Any]) -> list[Exception]:
     """The errors in a transaction outcome, without the RolledBackError of the ops that were fine."""
     return [r for r in outcome if isinstance(r, Exception) and not isinstance(r, RolledBackError)]
+
+
+def refused(what: str, errors: list[Exception]) -> CoordinationError:
+    """The error a failed transaction raises: QuotaExceededError when the namespace's quota refused
+    an op (saying what to do), else a CoordinationError naming ``what`` and the first failure."""
+    if any(isinstance(e, KazooQuotaExceededError) for e in errors):
+        return QuotaExceededError(f"{what}: {QUOTA_REFUSAL}")
+    return CoordinationError(f"{what}: {errors[0]!r}")
 
 
 def delete_tree(client: KazooClient, path: str, *, attempts: int = 20, deadline: float = 120.0) -> None:

@@ -17,12 +17,14 @@ from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import QuotaExceededError as KazooQuotaExceededError
 from kazoo.retry import KazooRetry, RetryFailedError
 from kazoo.security import OPEN_ACL_UNSAFE
 
 from zeps import _json as bounded_json
-from zeps.coordination._util import Op, bounded_retry, commit, delete_tree, failures
-from zeps.errors import CoordinationError, UnavailableError
+from zeps.coordination._util import QUOTA_REFUSAL, Op, bounded_retry, commit, delete_tree, failures
+from zeps.coordination.quota import Quota, protect_quotas, set_quota
+from zeps.errors import CoordinationError, QuotaExceededError, UnavailableError
 from zeps.paths import LAYOUT_VERSION
 
 __all__ = [
@@ -31,6 +33,7 @@ __all__ = [
     "count_children",
     "count_grandchildren",
     "delete_resource",
+    "ensure_quota",
     "ensure_resource",
     "oldest_child_age",
     "read_spec_node",
@@ -49,7 +52,8 @@ class ZooKeeperUnavailableError(CoordinationError, UnavailableError):
 
 
 def _bounded(func: F) -> F:
-    """Report an exhausted retry deadline as ZooKeeperUnavailableError (callers need no kazoo)."""
+    """Report an exhausted retry deadline as ZooKeeperUnavailableError, and a write past the
+    namespace's quota as QuotaExceededError (callers need no kazoo)."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -57,6 +61,8 @@ def _bounded(func: F) -> F:
             return func(*args, **kwargs)
         except RetryFailedError as exc:
             raise ZooKeeperUnavailableError(f"ZooKeeper did not answer in time ({exc})") from None
+        except KazooQuotaExceededError:
+            raise QuotaExceededError(QUOTA_REFUSAL) from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -150,6 +156,23 @@ def ensure_resource(
             client, root, children, wanted=wanted, adopt_prefix=adopt_prefix, acl=acl, retry=retry
         )
     return repaired + [op[1] for op in ops]
+
+
+@_bounded
+def ensure_quota(
+    client: KazooClient, path: str, *, nodes: int, size: int, acl: list[Any] | None = None, deadline: float = 120.0
+) -> bool:
+    """Hard limits on the subtree at ``path``: ``nodes`` nodes and ``size`` bytes of data (0: none of
+    that kind; both 0: nothing is done). ``acl``: the operator's own, for the quota's nodes and for
+    ``/zookeeper/quota`` (then only it may set or lift a quota; see :mod:`zeps.coordination.quota`).
+    True if anything was written."""
+    quota = Quota(nodes, size)
+    if quota.unlimited:
+        return False
+    retry = bounded_retry(deadline)
+    if acl:
+        retry(protect_quotas, client, acl)
+    return bool(retry(set_quota, client, path, quota, acl=acl))
 
 
 def _probe(client: KazooClient, nodes: list[str], spec_node: str) -> tuple[list[Any], bytes | None, Any]:

@@ -46,7 +46,7 @@ from zeps.batchstore import (
     encode_batch,
     open_store,
 )
-from zeps.coordination._util import bounded_retry, commit, failures, zookeeper_errors
+from zeps.coordination._util import bounded_retry, commit, failures, refused, zookeeper_errors
 from zeps.errors import ConfigError, CoordinationError, ZepsError
 from zeps.options import BatchOptions
 from zeps.paths import DEFAULT_CHROOT, QueuePaths, validate_member_id
@@ -212,7 +212,7 @@ class BatchQueue:
         if errors := failures(outcome):
             if isinstance(errors[0], NodeExistsError) and self.latest() == number:
                 return batch_id  # a retried commit that had applied (we still hold the lock)
-            raise CoordinationError(f"batch queue {self.name}: publishing {batch_id} failed: {errors[0]!r}")
+            raise refused(f"batch queue {self.name}: publishing {batch_id} failed", errors)
         return batch_id
 
     # -- reading --------------------------------------------------------------------------------

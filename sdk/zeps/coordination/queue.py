@@ -58,7 +58,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, ConnectionLoss, NoNodeError, SessionExpiredError
 from kazoo.protocol.states import ZnodeStat
 
-from zeps.coordination._util import Op, bounded_retry, commit, failures, zookeeper_errors
+from zeps.coordination._util import Op, bounded_retry, commit, failures, refused, zookeeper_errors
 from zeps.coordination.group import Group, Membership
 from zeps.coordination.line import WaitingLine
 from zeps.envelope import Envelope, EnvelopeError, decode, encode
@@ -284,7 +284,7 @@ class WorkQueue:
                     return
                 continue
             if errors := failures(outcome):
-                raise CoordinationError(f"queue {self.name}: put failed: {errors[0]!r}")
+                raise refused(f"queue {self.name}: put failed", errors)
             return
 
     # -- taking ---------------------------------------------------------------------------------
@@ -568,7 +568,7 @@ class WorkQueue:
             if any(isinstance(e, BadVersionError) for e in errors):
                 raise LockLostError(f"item {item.name} was taken by another worker since")
             if errors and not all(isinstance(e, NoNodeError) for e in errors):
-                raise CoordinationError(f"ack of {item.name} failed: {errors[0]!r}")
+                raise refused(f"ack of {item.name} failed", errors)
 
         self.requests += 1
         bounded_retry()(attempt)

@@ -57,7 +57,7 @@ from kazoo.exceptions import (
     SessionExpiredError,
 )
 
-from zeps.coordination._util import bounded_retry, zookeeper_errors
+from zeps.coordination._util import bounded_retry, refused, zookeeper_errors
 from zeps.coordination.cleaner import TopicCleaner
 from zeps.coordination.group import Group, Member
 from zeps.coordination.publisher import AsyncPublisher
@@ -347,7 +347,7 @@ class Topic:
                 # a dropped-oldest node was consumed meanwhile: send the creates alone
                 self._commit_all([_Txn(txn.queue, creates=txn.creates)])
             return  # otherwise the queue is gone: the subscriber left or was cleaned
-        raise CoordinationError(f"topic {self.name}: writing to {txn.queue} failed: {errors[0]!r}")
+        raise refused(f"topic {self.name}: writing to {txn.queue} failed", errors)
 
     def _applied(self, txn: _Txn) -> bool:
         """Did this transaction apply before the connection was lost? (protected names)"""
