@@ -76,7 +76,7 @@ bench-operator-kind: setup  ## bench-operator with the operator in a pod on kind
 	@tools/setup.sh bench kind
 	@$(WITH_ENV) $(PY) benchmarks/bench_operator_kind.py
 
-bench-%: setup    ## benchmarks: bench-topic, -queue, -stream, -stages, -spark, -operator, -core, -replication, -roll, -partitions, -batches, -fsync; each prints one JSON line last
+bench-%: setup    ## benchmarks: bench-topic, -queue, -stream, -stages, -spark, -operator, -core, -replication, -roll, -partitions, -batches, -fsync, -zookeeper; each prints one JSON line last
 	@tools/setup.sh bench
 	@$(WITH_ENV) $(PY) benchmarks/bench_$*.py
 

@@ -85,3 +85,19 @@ def test_the_zookeeper_image_makes_the_super_digest_zookeeper_and_kazoo_expect(u
     script = ROOT / "images" / "zookeeper" / "zookeeper-run"
     result = subprocess.run(["bash", str(script), "digest", user, password], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == make_digest_acl_credential(user, password)
+
+
+def test_the_zookeeper_image_enforces_quotas_and_purges_old_snapshots(tmp_path: Path) -> None:
+    """zookeeper-run's server: hard quotas bind (the operator's per-namespace ones: without the flag
+    the servers only count), and old snapshots and logs go (three kept, checked hourly). Run with a
+    stand-in ``java`` on PATH that prints its arguments: what the server would be started with."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "java").write_text("#!/bin/sh\nprintf '%s\\n' \"$@\"\n")
+    (bin_dir / "java").chmod(0o755)
+    script = ROOT / "images" / "zookeeper" / "zookeeper-run"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "ZOO_DATA_DIR": str(tmp_path / "data"), "ZOO_MY_ID": "1"}
+    argv = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=True, env=env).stdout.split()
+    assert "-Dzookeeper.enforceQuota=true" in argv
+    config = (tmp_path / "data" / "zoo.cfg").read_text().splitlines()
+    assert "autopurge.snapRetainCount=3" in config and "autopurge.purgeInterval=1" in config
