@@ -912,9 +912,8 @@ def test_a_secret_created_after_a_namespaces_first_topic_is_read_for_the_next_on
     )
     _apply(crds, namespace, "Topic", "after")
     _wait_ready(crds, namespace, "topic", "after")
-    zk = _zk(zookeeper)
-    acl, _ = zk.get_acls(f"{CHROOT}/{namespace}/topics/before")
-    assert [a.id.scheme for a in acl] == ["world"]  # made before the Secret existed
+    # (the nodes of "before", made before the Secret, get its ACL at the next resync pass of "before":
+    # nodes whose ACL is not the namespace's are repaired, so what they hold now depends on timing)
     owner = connect(zookeeper.connect_string, auth=("late", "pw"))
     try:
         acl, _ = owner.get_acls(f"{CHROOT}/{namespace}/topics/after")

@@ -136,6 +136,25 @@ def test_slow_consumer_falls_back_to_the_journal_and_catches_up(broker_factory: 
         assert [sub.lag for _, sub in broker.core.lag("prices")[1]] == [0]
 
 
+def test_a_window_under_twice_the_largest_record_never_waits_for_credit_that_cannot_come(
+    broker_factory: BrokerFactory,
+) -> None:
+    """The smallest window a client may ask for (its largest message and a delivery's overhead):
+    records of mixed sizes leave the broker with credit above half the window yet short of the next
+    record. The client gave credit back only once half its window was taken, so both waited for
+    ever; it now gives it back once the window less the largest delivery was taken, whatever is
+    left the next record fits."""
+    broker = broker_factory()
+    sizes = [940 + (i * 37) % 61 for i in range(40)]  # 940-1000 bytes: two never fit in the window
+    with StreamClient(broker.endpoint, "prices") as publisher:
+        publisher.publish_many(("k", bytes(size)) for size in sizes)
+        publisher.flush()
+    with StreamClient(broker.endpoint, "prices", max_message_bytes=1000, credit_window=1000 + 1024) as tight:
+        tight.start("", since="earliest")
+        got = _collect(tight, len(sizes), timeout=10)
+    assert [len(m.body) for m in got] == sizes
+
+
 def test_retention_removes_old_segments(broker_factory: BrokerFactory, tmp_path: Path) -> None:
     journal = JournalConfig(fsync="always", segment_bytes=4096, retention_bytes=16384)
     broker = broker_factory(journal=journal)

@@ -6,6 +6,12 @@ the application takes it; once half the window was taken the inbox gives that mu
 stops taking holds at most its window in memory, and the broker switches it to replay from the journal
 until it takes again.
 
+A window under twice the largest delivery (``largest``) gives credit back sooner: once the window
+less the largest delivery was taken. The broker stops when the next record does not fit the credit
+it has left, so that credit is under one delivery; with half the window as the only mark, credit
+left above half of it meant that what the application had taken stayed under half, and both sides
+waited for ever.
+
 Deliveries arrive as runs of records (DELIVER-BATCH, DELIVER-RUN: decoded only when taken) or as
 single rows (DELIVER, from a version-1 broker); both are handed out as rows, oldest first.
 """
@@ -25,10 +31,13 @@ Row = tuple[int, str, bytes, int | None]  #: a delivered message as a plain tupl
 class Inbox:
     """Deliveries held for the application, oldest first, and the credit due back for what it took."""
 
-    __slots__ = ("_consumed", "_give", "_head", "_sizes", "entries", "held_bytes", "window")
+    __slots__ = ("_consumed", "_give", "_head", "_mark", "_sizes", "entries", "held_bytes", "window")
 
-    def __init__(self, window: int, give: Callable[[int], bool]) -> None:
+    def __init__(self, window: int, give: Callable[[int], bool], largest: int = 0) -> None:
         self.window = window
+        #: taken bytes that are given back at once: half the window, or the window less the largest
+        #: delivery if that is less (see the module's notes)
+        self._mark = max(min(window // 2, window - largest), 1)
         #: gives ``n`` bytes of credit back to the broker; False when it cannot now (detached), so they
         #: are counted on until the next grant
         self._give = give
@@ -56,9 +65,9 @@ class Inbox:
 
     def done(self, size: int) -> None:
         """``size`` delivery bytes are done with (taken, or a duplicate dropped on arrival): their
-        credit goes back once half the window is."""
+        credit goes back once half the window is (or less: see the module's notes)."""
         self._consumed += size
-        if self._consumed >= self.window // 2 and self._give(self._consumed):
+        if self._consumed >= self._mark and self._give(self._consumed):
             self._consumed = 0
 
     def _taken(self) -> None:

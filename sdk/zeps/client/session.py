@@ -230,7 +230,7 @@ class ClientSession:
         self.last_sequence: int | None = None  # the last delivery received on any subscription
         self.subscriptions: list[_Sub] = []
         #: delivered, not yet taken by the application (take rows with ``inbox.take`` and its kin)
-        self.inbox = Inbox(credit_window, self._give_credit)
+        self.inbox = Inbox(credit_window, self._give_credit, largest=max_message_bytes + _DELIVERY_OVERHEAD)
         self.outbox: list[bytes] = []  #: frames due to the broker now (CREDIT for what the application took)
         self.errors: deque[str] = deque()
         self.fetch_open: Fetch | None = None  #: the fetch asked for and not ended yet
