@@ -49,6 +49,12 @@ def _totals(sales: list[tuple[str, float]]) -> dict[str, dict[str, float]]:
     return {country: {"orders": n, "revenue": round(total, 2)} for country, (n, total) in want.items()}
 
 
+#: three Spark commands, each a JVM bounded by its own 240 s (below): the whole test's bound follows
+#: from them, not from the suite's 300 s, which a loaded machine passed while the third one ran
+PIPELINE_RUNS, PIPELINE_RUN_S = 3, 240
+
+
+@pytest.mark.timeout(PIPELINE_RUNS * PIPELINE_RUN_S + 60)
 def test_spark_pipeline_example_publishes_revenue_per_country_once_per_micro_batch(
     zookeeper: ZooKeeperHarness, tmp_path: Path
 ) -> None:
@@ -75,7 +81,12 @@ def test_spark_pipeline_example_publishes_revenue_per_country_once_per_micro_bat
 
     def pipeline(*command: str) -> list[dict[str, Any]]:
         run = subprocess.run(
-            [sys.executable, str(PIPELINE), *command], capture_output=True, text=True, env=env, timeout=240, check=False
+            [sys.executable, str(PIPELINE), *command],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=PIPELINE_RUN_S,
+            check=False,
         )
         assert run.returncode == 0, run.stderr[-3000:]
         return [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]

@@ -79,6 +79,9 @@ def _reader(spark: Any, options: dict[str, str], **extra: str) -> Any:
     return reader.load()
 
 
+# its two waits (120 s, 180 s) and the queries' starts: a slow run fails in a wait, not in
+# pytest-timeout's interrupt of a py4j call (which leaves the shared SparkSession's connection out of step)
+@pytest.mark.timeout(420)
 def test_stream_into_files_exactly_once_across_a_restart(
     spark: Any, zookeeper: ZooKeeperHarness, broker: BrokerServer, tmp_path: Path
 ) -> None:
