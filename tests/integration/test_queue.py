@@ -280,9 +280,7 @@ def test_waiting_workers_get_items_put_later(queue_factory: Callable[..., WorkQu
     for t in threads:
         t.start()
     producer = queue_factory()
-    producer.ensure()
-    waiting = lambda: len(producer.client.get_children(producer.paths.waiters)) == 4  # noqa: E731
-    until(waiting, "the four workers waiting in line", timeout=20)
+    until(lambda: producer.stats().waiting_workers == 4, "the four workers waiting in line", timeout=20)
     for i in range(4):
         producer.put(b"%d" % i)  # one at a time: each wakes one waiter
     for t in threads:
