@@ -103,6 +103,7 @@ class Report:
     divergence: int = 0
     dirty_reads: int = 0
     examples: list[str] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)  #: what each round of the fault did (its order, target)
 
 
 class Chaos:
@@ -203,11 +204,11 @@ class Chaos:
         follower = self.rng.choice([n for n in self.replicas.names if n != leader])
         r = Round(index, fault, time.time())
         self._say(round=index, fault=fault, leader=leader, begins=True)
-        before = self._progress()
         self.hold(0.5, 1.5)  # some publishing before the fault
         r.detail = self._inject(fault, leader, follower)
         for proxy in self.proxies.values():
             proxy.heal()
+        before = self._progress()  # from the heal on: what was done before the fault proves nothing
         try:
             until(lambda: self._isr() == 3 and self._moved_on(before), f"round {index} ({fault}): all three back in "
                   "sync, every publisher confirming and every subscriber reading again", timeout=90)  # fmt: skip
@@ -334,6 +335,7 @@ class Chaos:
         reports = {fault: Report() for fault in FAULTS} | {"none": Report()}
         for r in self.rounds:
             reports[r.fault].rounds += 1
+            reports[r.fault].details.append(f"round {r.index}: {r.detail}")
 
         def fault_at(t: float) -> str:
             for r in self.rounds:
@@ -406,7 +408,7 @@ def main() -> int:
         if r.rounds or r.confirmed:
             print(json.dumps({"fault": fault, "rounds": r.rounds, "confirmed": r.confirmed, "lost": r.lost,
                               "duplicates": r.duplicates, "divergence": r.divergence, "dirty_reads": r.dirty_reads,
-                              "examples": r.examples[:3]}))  # fmt: skip
+                              "examples": r.examples[:3], "details": r.details}))  # fmt: skip
     failures = bad(reports)
     print(f"history: {root / 'run' / 'history.jsonl'}" if args.keep else "")
     print(json.dumps({"seed": args.seed, "rounds": args.rounds, "seconds": round(time.monotonic() - began, 1),

@@ -709,6 +709,115 @@ def test_async_client_attaches_again_at_once_when_the_connection_drops(tmp_path:
     assert bodies == [b"0"] and reconnects == 1
 
 
+class DyingBroker:
+    """A broker that dies between reading a client's ATTACH and answering it, as a restarted replica
+    does when it is killed again before its loop runs (it binds first, then waits for ZooKeeper),
+    played by a ROUTER socket: it takes the ATTACH off the wire, then closes (the client's connection
+    drops). ``silent=True``: it keeps the connection and never answers instead."""
+
+    def __init__(self, *, silent: bool = False) -> None:
+        self.ctx: zmq.Context[Any] = zmq.Context()
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.port = self.router.bind_to_random_port("tcp://127.0.0.1")
+        self.attaches = 0
+        self.silent = silent
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._stop = threading.Event()
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            if not self.router.poll(100):
+                continue
+            _, frame = self.router.recv_multipart()
+            if isinstance(decode(frame), Attach):
+                self.attaches += 1
+                if not self.silent:
+                    break
+        self.router.close()
+        self.ctx.term()
+
+    def dead(self) -> None:
+        """Wait for its end (the ATTACH read, the socket closed), or end it (``silent``)."""
+        if self.silent:
+            self._stop.set()
+        self._thread.join(10)
+        assert not self._thread.is_alive()
+
+
+def test_a_client_whose_attach_died_with_the_broker_attaches_to_its_successor(tmp_path: Path) -> None:
+    """An ATTACH the broker read and never answered (it died) is sent again, on a fresh socket, as
+    soon as the connection drops: the broker restarted on the same address takes the client long
+    before the client's timeout (60 s here) or ttl (60 s) would end the wait."""
+    dying = DyingBroker()
+    endpoint = f"tcp://127.0.0.1:{dying.port}"
+    made: list[StreamClient] = []
+    errors: list[BaseException] = []
+
+    def connect() -> None:
+        try:
+            made.append(StreamClient(endpoint, "prices", heartbeat=30, ttl=60, timeout=60).connect())
+        except BaseException as exc:  # the test thread reports it
+            errors.append(exc)
+
+    connecting = threading.Thread(target=connect)
+    connecting.start()
+    dying.dead()
+    successor = BrokerServer(BrokerConfig(tmp_path / "b", ("prices",)), bind=endpoint).start()
+    try:
+        wait_until(lambda: made or errors, timeout=20, what="the client attached to the successor")
+        assert not errors and dying.attaches == 1
+        with made[0] as client:
+            assert client.reconnects >= 1
+            client.publish("k", b"after")
+            client.flush()
+            client.start("", since="earliest")
+            message = client.receive(10)
+            assert message is not None and message.body == b"after"
+    finally:
+        connecting.join(30)
+        successor.stop()
+
+
+def test_an_attach_unanswered_for_ttl_is_sent_again_on_a_fresh_socket() -> None:
+    """A broker that keeps the connection and never answers ATTACH (lost, or a broker wedged): after
+    ``ttl`` the client attaches afresh rather than waiting out its whole timeout on one frame."""
+    silent = DyingBroker(silent=True)
+    endpoint = f"tcp://127.0.0.1:{silent.port}"
+    client = StreamClient(endpoint, "prices", heartbeat=0.5, ttl=1.0, timeout=4)
+    with pytest.raises(BrokerUnavailableError, match="no broker answered"), client:
+        pass
+    silent.dead()
+    assert silent.attaches >= 2, "the client waited on its first ATTACH for its whole timeout"
+
+
+def test_the_async_client_whose_attach_died_with_the_broker_attaches_to_its_successor(tmp_path: Path) -> None:
+    """As for the blocking client: the ATTACH a dying broker read is sent again once the connection
+    drops, and the broker restarted on the same address takes the client at once."""
+    dying = DyingBroker()
+    endpoint = f"tcp://127.0.0.1:{dying.port}"
+
+    async def scenario() -> tuple[bytes | None, int]:
+        client = AsyncStreamClient(endpoint, "prices", heartbeat=30, ttl=60, timeout=60)
+        connecting = asyncio.ensure_future(client.connect())
+        await asyncio.to_thread(dying.dead)
+        successor = BrokerServer(BrokerConfig(tmp_path / "b", ("prices",)), bind=endpoint).start()
+        try:
+            await asyncio.wait_for(connecting, 20)
+            await client.publish("k", b"after")
+            await client.flush()
+            await client.start("", since="earliest")
+            message = await client.receive(10)
+        finally:
+            await client.close()
+            successor.stop()
+        return (message.body if message else None), client.reconnects
+
+    body, reconnects = asyncio.run(scenario())
+    assert body == b"after" and reconnects >= 1 and dying.attaches == 1
+
+
 def test_metrics_endpoint(broker_factory: BrokerFactory) -> None:
     port = free_port()
     broker = broker_factory(metrics_port=port)

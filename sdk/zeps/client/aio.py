@@ -185,7 +185,7 @@ class AsyncStreamClient:
         return moved
 
     async def _disconnected(self) -> bool:
-        """True if the monitor reported the connection lost (while attached): then reconnect at once."""
+        """True if the monitor reported the connection lost: then reconnect at once."""
         monitor = self._monitor
         lost = False
         while monitor is not None:
@@ -196,7 +196,9 @@ class AsyncStreamClient:
             refused = refused_handshake(event["event"], self.client_keys)
             if refused is not None:
                 self.session.refused = refused
-            lost = lost or (event["event"] == zmq.EVENT_DISCONNECTED and self.session.attached)
+            # attached, or waiting for ATTACH-OK: an ATTACH that a broker read off the wire and died
+            # before answering (it binds before its loop runs) is gone with it
+            lost = lost or event["event"] == zmq.EVENT_DISCONNECTED
         return lost
 
     async def _read_loop(self) -> None:
@@ -238,7 +240,7 @@ class AsyncStreamClient:
         silent = now - self.session.last_heard
         if self.session.refused:
             return  # a refused attach: nothing to keep alive; the application's waits raise it
-        if self.session.forgotten or (self.session.attached and silent > self.ttl):
+        if self.session.forgotten or silent > self.ttl:  # silent, or no ATTACH-OK: attach afresh
             await self._reconnect()
         elif not self.session.attached and self.locator is not None and now - self._located > 2 * LOCATE_EVERY:
             if await self._locate():  # the broker we wait for is gone: its successor is elsewhere

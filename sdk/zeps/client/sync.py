@@ -273,7 +273,9 @@ class StreamClient(Opened):
             refused = refused_handshake(event["event"], self.client_keys)
             if refused is not None:
                 self.session.refused = refused
-            elif event["event"] == zmq.EVENT_DISCONNECTED and self.session.attached and not reading_only:
+            elif event["event"] == zmq.EVENT_DISCONNECTED and not reading_only:
+                # attached, or waiting for ATTACH-OK: an ATTACH that a broker read off the wire and
+                # died before answering (it binds before its loop runs) is gone with it
                 self._reconnect()
                 return True
         if self._sock in events:
@@ -303,7 +305,7 @@ class StreamClient(Opened):
         silent = now - self.session.last_heard
         if self.session.refused:
             raise BrokerUnavailableError(f"broker at {self.endpoint} refused: {self.session.refused}")
-        if self.session.attached and silent > self.ttl:
+        if silent > self.ttl:  # attached and silent, or no ATTACH-OK: attach afresh (ATTACH may be lost)
             self._reconnect()
         elif not self.session.attached and self.locator is not None and now - self._located > 2 * LOCATE_EVERY:
             if self._locate():  # the broker we wait for is gone: its successor is elsewhere
