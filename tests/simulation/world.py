@@ -496,6 +496,8 @@ class Replica:
         """The end of a graceful stop: the journal closed (flushed, its checkpoint written), the session too."""
         assert self.core is not None
         journal = self.core.streams[STREAM].journal
+        self.core.flush_appends()  # what closing flushes may move a leader's commit point: checked first
+        self.world.observe(self)
         self.core.close()  # flushed and synced: everything written is durable
         self.durable_at_crash = journal.written
         self.up = False
