@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from harness import PlainPartitions, ReplicaSet, ZooKeeperHarness
+from harness import PlainPartitions, ReplicaSet, ZooKeeperHarness, fresh_py4j_connection
 from zeps_dev import ZooKeeperServer
 from zeps_dev.seaweedfs import SeaweedFS
 
@@ -76,8 +76,19 @@ def s3_url(seaweedfs_server: SeaweedFS, monkeypatch: pytest.MonkeyPatch) -> str:
     return f"s3://{S3_TEST_BUCKET}/test-{next(_counter)}"
 
 
+@pytest.fixture
+def spark(spark_session: Any) -> Iterator[Any]:
+    """The session's SparkSession, on a fresh Py4J connection after each test. A test stopped midway
+    (its timeout raises inside a Py4J call) leaves the answer it waited for unread on the main
+    thread's connection, and every later call would read the answer of the call before it; so the
+    connection is closed after each test (the next call opens another), and jobs still running are
+    cancelled on the new one (:func:`harness.fresh_py4j_connection`)."""
+    yield spark_session
+    fresh_py4j_connection(spark_session)
+
+
 @pytest.fixture(scope="session")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def spark_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A local[2,2] SparkSession (2 cores, a task may fail once) bound to 127.0.0.1, UI off; stopped at the end."""
     from pyspark.sql import SparkSession  # noqa: PLC0415 — an extra: only the tests that need it import it
 

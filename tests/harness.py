@@ -479,3 +479,14 @@ class PlainPartitions:
             proc.terminate()
         for proc in self.procs:
             proc.wait(15)
+
+
+def fresh_py4j_connection(session: Any) -> None:
+    """Close the calling thread's Py4J connection to ``session``'s JVM (the next call opens another),
+    then cancel the jobs still running. A call interrupted midway (a test's timeout raises inside it)
+    leaves its answer unread on that connection, and the next call would read it as its own."""
+    gateway = session.sparkContext._gateway
+    stale = gateway._gateway_client.get_thread_connection() if gateway is not None else None
+    if stale is not None:
+        stale.close(reset=True)
+    session.sparkContext.cancelAllJobs()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import threading
 import time
@@ -16,7 +17,7 @@ from pyspark.sql.types import StructField, StructType
 
 import zeps
 import zeps.errors
-from harness import ZooKeeperHarness
+from harness import ZooKeeperHarness, fresh_py4j_connection
 from zeps.broker import BrokerConfig, BrokerServer, Registration
 from zeps.client import Seq, StreamClient
 from zeps.config import Resolved
@@ -387,3 +388,30 @@ def test_a_query_whose_planning_process_connects_back_late_is_started_again(
         assert starts.read_text().count("start") == 3, "another error is not retried"
     finally:
         spark.dataSource.register(ZepsDataSource)  # the session's other tests plan with this interpreter
+
+
+class _Interrupted(BaseException):
+    """What a test's timeout raises (pytest-timeout's is a BaseException too)."""
+
+
+def test_a_spark_call_interrupted_midway_leaves_the_next_test_a_working_session(spark: Any) -> None:
+    """The ``spark`` fixture's reset, as a test that timed out needs it: a job interrupted while the
+    main thread waits for its answer (a SIGALRM raising inside the Py4J call) leaves that answer
+    unread; once the connection is renewed and the job cancelled, the next job answers for itself."""
+
+    def interrupt(*_: object) -> None:
+        raise _Interrupted
+
+    slow = spark.range(0, 4, numPartitions=2).rdd.map(lambda x: time.sleep(3) or x)
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with pytest.raises(_Interrupted):
+            slow.collect()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    fresh_py4j_connection(spark)
+    total = spark.range(0, 1000, numPartitions=2).selectExpr("sum(id) AS s").first()
+    assert total is not None and total["s"] == 499_500
+    assert spark.range(0, 10).count() == 10
