@@ -363,6 +363,11 @@ class Chaos:
                 report = reports[fault_at(t)]
                 report.dirty_reads += 1
                 report.examples.append(f"delivered {seq}={body}, the final log holds {final.get(seq)}")
+        if bad(reports):  # the replicas' own words on what they cut (the protocol never cuts a commit)
+            for name in self.replicas.names:
+                errors = [line for line in (self.root / f"{name}.log").read_text(errors="replace").splitlines()
+                          if " ERROR " in line or "cutting records" in line]  # fmt: skip
+                reports["none"].examples += [f"{name}: {line[:300]}" for line in errors[-5:]]
         return reports
 
 

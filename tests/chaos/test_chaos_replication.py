@@ -25,7 +25,7 @@ def test_random_faults_lose_nothing_confirmed_and_take_back_nothing_delivered(
     print(f"chaos seed {seed} (replay: make chaos-replication SEED={seed} ROUNDS={ROUNDS}): {summary}")
     assert sum(r.confirmed for r in reports.values()) > 0, "nothing was confirmed: the run did not run"
     if replication.bad(reports):  # the seed first: pytest shortens a long assertion's message
-        examples = [e for r in reports.values() for e in r.examples[:5]]
+        examples = [e for r in reports.values() for e in r.examples[:5]] + reports["none"].examples[-15:]
         pytest.fail(
             f"seed {seed} broke the promise (replay: make chaos-replication SEED={seed} ROUNDS={ROUNDS}): "
             f"{examples}; {summary}",
