@@ -482,11 +482,16 @@ class PlainPartitions:
 
 
 def fresh_py4j_connection(session: Any) -> None:
-    """Close the calling thread's Py4J connection to ``session``'s JVM (the next call opens another),
-    then cancel the jobs still running. A call interrupted midway (a test's timeout raises inside it)
-    leaves its answer unread on that connection, and the next call would read it as its own."""
+    """Close the calling thread's Py4J connection to ``session``'s JVM (the next call opens another,
+    on which the session is made the active one again), then cancel the jobs still running. A call
+    interrupted midway (a test's timeout raises inside it) leaves its answer unread on that
+    connection, and the next call would read it as its own."""
     gateway = session.sparkContext._gateway
     stale = gateway._gateway_client.get_thread_connection() if gateway is not None else None
     if stale is not None:
         stale.close(reset=True)
+    # the new connection is served by a new JVM thread, and the JVM's active session is per thread:
+    # set it again, as PySpark does for a thread of its own (a Python data source's streaming write
+    # is looked up through it: DATA_SOURCE_NOT_FOUND without)
+    session._get_j_spark_session_class(session._jvm).setActiveSession(session._jsparkSession)
     session.sparkContext.cancelAllJobs()

@@ -412,6 +412,8 @@ def test_a_spark_call_interrupted_midway_leaves_the_next_test_a_working_session(
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     fresh_py4j_connection(spark)
+    active = spark._get_j_spark_session_class(spark._jvm).getActiveSession()
+    assert active.isDefined() and active.get().equals(spark._jsparkSession)  # on the new JVM thread too
     total = spark.range(0, 1000, numPartitions=2).selectExpr("sum(id) AS s").first()
     assert total is not None and total["s"] == 499_500
     assert spark.range(0, 10).count() == 10
