@@ -114,3 +114,12 @@ def test_a_violation_names_the_seed_and_the_step(tmp_path: Path) -> None:
         world.checker.fail("example")
     for r in world.replicas.values():
         r.crash(lose_tail=False)
+
+
+@pytest.mark.parametrize("seed", [20464, 32596, 20546, 20859])
+def test_seeds_that_found_a_flaw_keep_every_invariant_and_settle(seed: int, tmp_path: Path) -> None:
+    """Seeds found by wide runs: 20464 and 32596 left a stream that never held data with no replica
+    that might lead (its first leader gone before a follower joined, every replica empty: each left
+    the in-sync set); 20546 and 20859 stopped a leader whose last flush moved its commit point."""
+    outcome = sim.run(seed, tmp_path / str(seed))
+    assert outcome.ok, outcome.error

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from zeps.broker.core import BrokerConfig, BrokerCore, Outgoing
-from zeps.broker.replica import Close, Connect, RecordCommit, ReplicaNode, ReplicaSettings, Send, WriteIsr
+from zeps.broker.replica import Close, Connect, MarkData, RecordCommit, ReplicaNode, ReplicaSettings, Send, WriteIsr
 from zeps.client.session import ClientSession
 from zeps.errors import ZepsError
 from zeps.journal import JournalConfig
@@ -626,6 +626,9 @@ class Replica:
             elif isinstance(action, WriteIsr):
                 assert self.driver is not None
                 self.driver.submit(self.driver.machine.write_isr(action.epoch, action.isr))
+            elif isinstance(action, MarkData):
+                assert self.driver is not None
+                self.driver.submit(self.driver.machine.mark_data(action.epoch))
             elif isinstance(action, RecordCommit):
                 assert self.driver is not None
                 self.driver.submit(self.driver.machine.record_commit(action.epoch, action.commit))

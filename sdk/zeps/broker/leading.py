@@ -63,11 +63,12 @@ class Leading(Routing):
                                     checkpoint.saved, exc)  # fmt: skip
 
     def lead(self, name: str, *, me: str, epoch: int, isr: frozenset[str], min_insync: int, now: float | None = None,
-             **tuning: float) -> None:  # fmt: skip
+             data: bool = True, **tuning: float) -> None:  # fmt: skip
         """This broker leads ``name`` from now on, in ``epoch`` (ZooKeeper raised it): its journal's epoch
         history gets an entry, and confirmations wait for the in-sync replicas. What it confirms starts
         from what it knows committed (its checkpoint, or what the leader it followed said), not from its
-        journal's end: its tail counts once the in-sync set holds it in this epoch."""
+        journal's end: its tail counts once the in-sync set holds it in this epoch. ``data``: the state
+        says the stream may hold committed records (else nothing is committed until it does)."""
         stream = self.streams[name]
         journal = stream.journal
         journal.sync()
@@ -77,7 +78,7 @@ class Leading(Routing):
         known = max(journal.checkpoint.sequence, stream.routed, stream.commit if stream.following else 0)
         commit = min(known, journal.durable)
         stream.leader = Leadership.begin(me, epoch, isr, min_insync=min_insync, commit=commit,
-                                         log_end=journal.written, now=now, **tuning)  # fmt: skip
+                                         log_end=journal.written, now=now, data=data, **tuning)  # fmt: skip
         stream.following = False
         log.info("stream %s: leading in epoch %d from sequence %d (in sync: %s; committed up to %d)", name, epoch,
                  journal.next_sequence, ", ".join(sorted(stream.leader.isr)), commit)  # fmt: skip
@@ -127,10 +128,18 @@ class Leading(Routing):
                 out.append((stream.name, leader.epoch, isr))
         return out
 
-    def isr_written(self, name: str, epoch: int, isr: frozenset[str]) -> None:
-        """ZooKeeper holds ``isr`` for the leader of ``epoch`` (ignored if this broker no longer leads it)."""
+    def data_requests(self, now: float | None = None) -> list[tuple[str, int]]:
+        """(stream, epoch) whose state must say that the stream holds data before its leader commits."""
+        now = time.monotonic() if now is None else now
+        return [(stream.name, stream.leader.epoch) for stream in self.streams.values()
+                if stream.leader is not None and stream.leader.data_wanted(stream.journal.durable, now)]  # fmt: skip
+
+    def isr_written(self, name: str, epoch: int, isr: frozenset[str], *, data: bool = True) -> None:
+        """ZooKeeper holds ``isr`` (and ``data``) for the leader of ``epoch`` (ignored if this broker no
+        longer leads it)."""
         leader = self.streams[name].leader
         if leader is not None and leader.epoch == epoch:
+            leader.data = leader.data or data
             leader.isr_written(isr)
             log.info("stream %s: in sync now: %s", name, ", ".join(sorted(isr)))
             if leader.under_replicated and self.config.under_replicated == "refuse":

@@ -14,8 +14,9 @@ in, REPLICA-DATA out) through the adapter's ROUTER like any other peer's frames.
 * A peering that the leader refused, or from which nothing came for ``leader_silence_s``, is closed
   and tried again 0.3 s later; a leader that cannot be reached yet (not registered) likewise.
 * ``isr``: what ZooKeeper holds for the leader's epoch reaches its :class:`Leadership`; the sets the
-  leader wants are asked for (:class:`WriteIsr`) every ``isr_check_s``, and its commit point is
-  recorded (:class:`RecordCommit`) every ``record_commit_s`` when it moved.
+  leader wants are asked for (:class:`WriteIsr`) every ``isr_check_s``, as is, on a stream that never
+  held data, the state's ``data`` before the first record is committed (:class:`MarkData`); its commit
+  point is recorded (:class:`RecordCommit`) every ``record_commit_s`` when it moved.
 * ``lost`` (the session expired): no longer leading or following until the election says again.
 * **Fencing**: the adapter tells :meth:`ReplicaNode.connection` the session's news at once, on the
   session's own thread, in order. A leadership confirms nothing while the connection is down, and
@@ -33,7 +34,7 @@ from zeps.journal import JournalError, JournalWriteError
 from zeps.replication.election import ReplicaEvent
 from zeps.replication.follower import FollowerCopy
 
-__all__ = ["Close", "Connect", "RecordCommit", "ReplicaNode", "ReplicaSettings", "Send", "WriteIsr"]
+__all__ = ["Close", "Connect", "MarkData", "RecordCommit", "ReplicaNode", "ReplicaSettings", "Send", "WriteIsr"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,14 @@ class WriteIsr:
 
 
 @dataclass(frozen=True)
+class MarkData:
+    """Record in ZooKeeper's state that the stream may hold committed records (the election's
+    conditional write, for the leader of ``epoch``), before the leader first commits one."""
+
+    epoch: int
+
+
+@dataclass(frozen=True)
 class RecordCommit:
     """Record the leader's commit point in ZooKeeper (what an unclean election would give up)."""
 
@@ -89,7 +98,7 @@ class RecordCommit:
     commit: int
 
 
-Action = Connect | Send | Close | WriteIsr | RecordCommit
+Action = Connect | Send | Close | WriteIsr | MarkData | RecordCommit
 
 
 @dataclass
@@ -172,14 +181,14 @@ class ReplicaNode:
             self._lead_session = self._sessions_lost
             s = self.settings
             core.lead(name, me=self.me, epoch=event.epoch, isr=event.isr, min_insync=s.min_insync, now=now,
-                      lag_s=s.lag_s, heartbeat_s=s.heartbeat_s)  # fmt: skip
+                      data=event.data, lag_s=s.lag_s, heartbeat_s=s.heartbeat_s)  # fmt: skip
             self._fence()
             return out
         if event.kind == "follow":
             self.following = (event.epoch, event.leader)
             return self._follow(event.epoch, event.leader)
         if event.kind == "isr":
-            core.isr_written(name, event.epoch, event.isr)
+            core.isr_written(name, event.epoch, event.isr, data=event.data)
             return []
         if event.kind == "resigned":
             self.handover, self.resigned_epoch = "resigned", event.epoch
@@ -268,6 +277,7 @@ class ReplicaNode:
         if now - self._last_isr_check >= self.settings.isr_check_s:
             self._last_isr_check = now
             out += [WriteIsr(epoch, isr) for _, epoch, isr in self.core.isr_requests(now)]
+            out += [MarkData(epoch) for _, epoch in self.core.data_requests(now)]
         leadership = self.core.streams[self.stream].leader
         when, recorded = self._recorded
         if leadership is not None and leadership.commit > recorded and now - when >= self.settings.record_commit_s:

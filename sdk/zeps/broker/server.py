@@ -45,7 +45,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from zeps import _netif
 from zeps.broker.core import BrokerConfig, BrokerCore
 from zeps.broker.metrics import BrokerMetrics, ReplicationMetrics
-from zeps.broker.replica import Close, Connect, RecordCommit, ReplicaNode, ReplicaSettings, Send, WriteIsr
+from zeps.broker.replica import Close, Connect, MarkData, RecordCommit, ReplicaNode, ReplicaSettings, Send, WriteIsr
 from zeps.errors import ConfigError
 from zeps.journal import JournalError
 from zeps.options import DEFAULT_PGM_RATE_KBPS, DEFAULT_PGM_RECOVERY_MS, MulticastOptions
@@ -675,6 +675,9 @@ class BrokerServer:
         elif isinstance(action, WriteIsr):
             if self._election is not None:
                 self._election.write_isr(action.epoch, action.isr)
+        elif isinstance(action, MarkData):
+            if self._election is not None:
+                self._election.mark_data(action.epoch)
         elif isinstance(action, RecordCommit):
             if self._election is not None:
                 self._election.record_commit(action.epoch, action.commit)

@@ -224,6 +224,10 @@ class ReplicaElection:
         """Write the in-sync set of ``epoch`` (in the background); reported as ``isr`` once written."""
         self._tasks.put(self.machine.write_isr(epoch, isr))
 
+    def mark_data(self, epoch: int) -> None:
+        """Record that the stream may hold committed records (the leader of ``epoch``; reported as ``isr``)."""
+        self._tasks.put(self.machine.mark_data(epoch))
+
     def record_commit(self, epoch: int, commit: int) -> None:
         """Record the leader's commit point (in the background)."""
         self._tasks.put(self.machine.record_commit(epoch, commit))

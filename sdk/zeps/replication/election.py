@@ -3,16 +3,25 @@ election recipe as a state machine without I/O.
 
 Layout (:class:`zeps.paths.StreamPaths`)::
 
-    <stream>/replication/state                           persistent JSON {"version": 1, "epoch", "leader", "isr"}
+    <stream>/replication/state                           persistent JSON {"version": 1, "epoch", "leader", "isr",
+                                                         "data"}
     <stream>/replication/election/<replica>~<run>-<n>    ephemeral sequential: the replicas in line to lead
     <stream>/replication/committed                       persistent JSON {"epoch", "commit"}: the leader's
                                                          commit point, recorded every few seconds
 
 * **Election**, the ZooKeeper recipe without a herd: each replica creates an ephemeral sequential
   node and watches only the node just before its own; when that one goes, it looks again. The first
-  in line leads if it is *eligible*: in the in-sync set the state holds (or no state exists yet: a
-  new stream). An ineligible first steps to the back of the line, once the line changes (a replica
-  that was in sync may have come back), so it never blocks one that may lead.
+  in line leads if it is *eligible*: once the stream may hold committed records (``data``), in the
+  in-sync set the state holds and not empty; before that (or with no state yet: a new stream), any.
+  An ineligible first steps to the back of the line, once the line changes (a replica that was in
+  sync may have come back), so it never blocks one that may lead.
+* **Data**: the state's ``data`` says whether anything may have been committed. A new stream starts
+  without (``false``); its leader sets it (:meth:`Election.mark_data`, conditional on its epoch) before
+  it first counts a record committed, and it never goes back (a state without it counts as ``true``).
+  Until then an empty replica (a new or wiped volume, or one that lost its unsynced bytes) loses
+  nothing by leading and stays in the in-sync set, so a stream that never held data is never left
+  with no replica that may lead (every replica restarted empty, its first leader gone before a
+  follower joined).
 * **Epoch and fencing**: the new leader writes the state with ``epoch + 1`` by a conditional write
   (the version it read), so two replicas can never lead the same epoch; it drops the old leader (its
   node is gone) from the in-sync set. The in-sync set changes only by the leader of the state's epoch,
@@ -191,9 +200,11 @@ class ReplicationState:
     epoch: int
     leader: str
     isr: frozenset[str]
+    data: bool = True  #: records may have been committed (false only for a stream that never held any)
 
     def encode(self) -> bytes:
-        body = {"version": STATE_VERSION, "epoch": self.epoch, "leader": self.leader, "isr": sorted(self.isr)}
+        body = {"version": STATE_VERSION, "epoch": self.epoch, "leader": self.leader, "isr": sorted(self.isr),
+                "data": self.data}  # fmt: skip
         return json.dumps(body, sort_keys=True).encode()
 
     @classmethod
@@ -206,8 +217,10 @@ class ReplicationState:
             raw = bounded_json.loads(data, max_bytes=MAX_STATE_BYTES)
             if not isinstance(raw, dict) or not isinstance(raw.get("isr"), list):
                 raise ValueError("not an object with a list 'isr'")
+            if not isinstance(raw.get("data", True), bool):
+                raise ValueError("'data' is not true or false")
             state = cls(int(raw["epoch"]), validate_member_id(str(raw["leader"])),
-                        frozenset(validate_member_id(str(r)) for r in raw["isr"]))  # fmt: skip
+                        frozenset(validate_member_id(str(r)) for r in raw["isr"]), raw.get("data", True))  # fmt: skip
         except (ValueError, TypeError, KeyError, ConfigError) as exc:
             log.error("replication state %r is not valid (%s): ignored", data[:200], exc)
             return None
@@ -218,7 +231,8 @@ class ReplicationState:
 class ReplicaEvent:
     """``lead``: this replica leads ``epoch`` with in-sync set ``isr``; ``follow``: ``leader`` leads
     ``epoch`` (or nobody yet: empty); ``isr``: ZooKeeper holds in-sync set ``isr`` for this replica's
-    ``epoch``; ``lost``: this replica's ZooKeeper session expired (it leads and follows nothing);
+    ``epoch`` (``lead`` and ``isr`` say the state's ``data`` too); ``lost``: this replica's ZooKeeper
+    session expired (it leads and follows nothing);
     ``resigned``: it left the line for good (:meth:`Election.resign`; ``epoch``: the one it led, 0 if
     none); ``stays``: it could not resign, and leads ``epoch`` on until it stops."""
 
@@ -226,6 +240,7 @@ class ReplicaEvent:
     epoch: int = 0
     leader: str = ""
     isr: frozenset[str] = frozenset()
+    data: bool = True
 
 
 def election_node(replica: str, run: str) -> str:
@@ -284,7 +299,7 @@ class Election:
     def start(self) -> Task:
         if self.empty():
             try:
-                yield from self._leave_isr("its journal is empty")
+                yield from self._leave_isr("its journal is empty", only_with_data=True)
             except ZooKeeperError as exc:  # it still cannot lead (empty), and its leader drops it at its next fetch
                 log.warning("replica %s: could not leave the in-sync set (%s)", self.replica, type(exc).__name__)
         yield from self._read_state()
@@ -393,15 +408,44 @@ class Election:
                 if state is None or state.epoch != epoch or state.leader != self.replica:
                     return  # fenced: a newer epoch (the state's watch tells us whom to follow)
                 if state.isr != isr:
-                    yield Set(self.paths.replication_state, ReplicationState(epoch, self.replica, isr).encode(),
-                              version)  # fmt: skip
+                    yield Set(
+                        self.paths.replication_state,
+                        ReplicationState(epoch, self.replica, isr, state.data).encode(),
+                        version,
+                    )
             except BadVersionError:
                 continue
             except ZooKeeperError as exc:
                 log.warning("replica %s: could not write the in-sync set (%s); the leader asks again",
                             self.replica, type(exc).__name__)  # fmt: skip
                 return
-            self.report(ReplicaEvent("isr", epoch, self.replica, isr))
+            self.report(ReplicaEvent("isr", epoch, self.replica, isr, state.data))
+            return
+
+    def mark_data(self, epoch: int) -> Task:
+        """Record in the state that the stream may hold committed records (before this leader of
+        ``epoch`` first counts one committed; conditional on the state's version); reported as
+        ``isr`` with ``data`` once ZooKeeper holds it. Nothing if this replica no longer leads that
+        epoch; a failure is left to the leader, which asks again."""
+        for _ in range(5):
+            try:
+                data, version = yield Get(self.paths.replication_state)
+                state = ReplicationState.decode(data)
+                if state is None or state.epoch != epoch or state.leader != self.replica:
+                    return
+                if not state.data:
+                    yield Set(
+                        self.paths.replication_state,
+                        ReplicationState(epoch, self.replica, state.isr, True).encode(),
+                        version,
+                    )
+            except BadVersionError:
+                continue
+            except ZooKeeperError as exc:
+                log.warning("replica %s: could not record that the stream holds data (%s); the leader asks again",
+                            self.replica, type(exc).__name__)  # fmt: skip
+                return
+            self.report(ReplicaEvent("isr", epoch, self.replica, state.isr, True))
             return
 
     def record_commit(self, epoch: int, commit: int) -> Task:
@@ -478,10 +522,10 @@ class Election:
         if state is not None and self.led and state.leader == self.replica and state.epoch == self.led:
             return True  # leading already
         why = None
-        if state is not None and self.empty():
-            why = "its journal is empty and the stream had leaders"
-        elif state is not None and self.replica not in state.isr:
-            why = f"it is not in sync ({', '.join(sorted(state.isr))})"
+        if state is not None and state.data and self.empty():
+            why = "its journal is empty and the stream may hold committed records"
+        elif state is not None and state.data and self.replica not in state.isr:  # (without data, none was
+            why = f"it is not in sync ({', '.join(sorted(state.isr))})"  # committed: any replica loses nothing)
         if why is not None:  # ineligible: never in the way of one that may lead
             line = yield GetChildren(self.paths.election)
             behind = len(line) > 1
@@ -494,7 +538,7 @@ class Election:
             return True
         epoch = (state.epoch if state else 0) + 1
         isr = ((state.isr - {state.leader}) if state else frozenset()) | {self.replica}
-        new = ReplicationState(epoch, self.replica, isr)
+        new = ReplicationState(epoch, self.replica, isr, state.data if state else False)
         self.claiming = new
         try:
             if version is None:
@@ -511,7 +555,7 @@ class Election:
         self.claiming = None
         self.led = state.epoch
         log.info("replica %s leads epoch %d (in sync: %s)", self.replica, state.epoch, ", ".join(sorted(state.isr)))
-        self.report(ReplicaEvent("lead", state.epoch, self.replica, state.isr))
+        self.report(ReplicaEvent("lead", state.epoch, self.replica, state.isr, state.data))
 
     def _requeue(self, node: str | None) -> Task:
         """Leave our place ``node`` in line (if it is still ours) for one at the back."""
@@ -550,7 +594,7 @@ class Election:
         if state is None:
             return
         if state.leader == self.replica and state.epoch == self.led:
-            self.report(ReplicaEvent("isr", state.epoch, self.replica, state.isr))  # what ZooKeeper holds
+            self.report(ReplicaEvent("isr", state.epoch, self.replica, state.isr, state.data))  # what ZooKeeper holds
             return
         if state.leader != self.replica or state.epoch > self.led:
             if self.led:
@@ -562,24 +606,25 @@ class Election:
                 self.followed = (state.epoch, leader)
                 self.report(ReplicaEvent("follow", state.epoch, leader, state.isr))
 
-    def _leave_isr(self, why: str) -> Task:
+    def _leave_isr(self, why: str, *, only_with_data: bool = False) -> Task:
         """Take this replica out of the in-sync set (a conditional write: the one change any replica may
         make, and only to itself): it lost its journal, so it must not be elected as if it held it, or
-        it is stopping."""
+        it is stopping. ``only_with_data``: not from the set of a stream that never held data (an empty
+        journal lost nothing there)."""
         for _ in range(5):
             try:
                 data, version = yield Get(self.paths.replication_state)
             except NoNodeError:
                 return
             state = ReplicationState.decode(data)
-            if state is None or self.replica not in state.isr:
+            if state is None or self.replica not in state.isr or (only_with_data and not state.data):
                 return
             log.log(logging.INFO if why == "it is stopping" else logging.WARNING,
                     "replica %s: %s but the in-sync set lists it; leaving the set", self.replica, why)  # fmt: skip
             try:
                 yield Set(
                     self.paths.replication_state,
-                    ReplicationState(state.epoch, state.leader, state.isr - {self.replica}).encode(),
+                    ReplicationState(state.epoch, state.leader, state.isr - {self.replica}, state.data).encode(),
                     version,
                 )
                 return

@@ -18,6 +18,10 @@ a joining replica counts at once while a leaving one counts until the write succ
   them in the new epoch. The followers of the set count as holding nothing until they fetch in
   this epoch, after their copy was cut to the leader's history. This is Raft's rule, that entries
   of earlier terms are committed only through the current term, in Kafka's terms.
+* **Data first**: on a stream that never held data (the state's ``data`` is false) nothing is counted
+  committed until ZooKeeper holds ``data`` (:meth:`Leadership.data_wanted` asks for it, once there is
+  something to commit): until then an empty replica may lead, since it loses nothing
+  (:mod:`zeps.replication.election`).
 * **Lag**: a follower is *caught up* when a fetch shows it holds what the leader held durably at its
   previous fetch (Kafka's lastCaughtUpTime). A member that has not been caught up for ``lag_s``
   leaves the set, however often it fetches: a slow replica must not hold every confirmation back.
@@ -62,6 +66,8 @@ class Leadership:
     commit: int = 0  #: the last sequence confirmed
     epoch_start: int = 0  #: the leader's log end at election: a joining follower must hold this much
     fenced: bool = False  #: the adapter's ZooKeeper session is suspended: nothing more is confirmed
+    data: bool = True  #: ZooKeeper's state says the stream may hold data; until it does, nothing is committed
+    data_asked: float = NEVER  #: when ``data`` was last asked of ZooKeeper
     followers: dict[str, Follower] = field(default_factory=dict)
     pending_isr: frozenset[str] | None = None  #: the set last asked of ZooKeeper, not confirmed yet
     pending_since: float = NEVER
@@ -71,11 +77,11 @@ class Leadership:
 
     @classmethod
     def begin(cls, me: str, epoch: int, isr: frozenset[str], *, min_insync: int, commit: int, log_end: int,
-              now: float, **tuning: float) -> Leadership:  # fmt: skip
+              now: float, data: bool = True, **tuning: float) -> Leadership:  # fmt: skip
         """A new leader of ``epoch`` whose checkpoint says ``commit`` and whose journal ends at
-        ``log_end``: the other members of the set count as caught up until ``lag_s`` passes, and as
-        holding nothing until they fetch."""
-        leadership = cls(me, epoch, isr | {me}, min_insync, commit=commit, epoch_start=log_end,
+        ``log_end`` (``data``: the state's): the other members of the set count as caught up until
+        ``lag_s`` passes, and as holding nothing until they fetch."""
+        leadership = cls(me, epoch, isr | {me}, min_insync, commit=commit, epoch_start=log_end, data=data,
                          **tuning)  # type: ignore[arg-type]  # fmt: skip
         for replica in isr - {me}:
             leadership.followers[replica] = Follower(caught_up=now)
@@ -105,7 +111,7 @@ class Leadership:
     def advance(self, leader_durable: int) -> int:
         """The commit point now (it never goes back): the lowest durable tail of the counted replicas,
         if the set ZooKeeper holds is large enough and the leadership is not fenced."""
-        if self.fenced or len(self.isr) < self.min_insync:
+        if self.fenced or not self.data or len(self.isr) < self.min_insync:
             return self.commit
         low = leader_durable
         for replica in self.counted:
@@ -117,6 +123,14 @@ class Leadership:
             low = min(low, f.durable)
         self.commit = max(self.commit, low)
         return self.commit
+
+    def data_wanted(self, leader_durable: int, now: float) -> bool:
+        """Whether to ask ZooKeeper now to record that the stream holds data: not recorded yet, records
+        to commit, and not asked within ``retry_s``."""
+        if self.data or leader_durable <= self.commit or now - self.data_asked < self.retry_s:
+            return False
+        self.data_asked = now
+        return True
 
     @property
     def under_replicated(self) -> bool:
