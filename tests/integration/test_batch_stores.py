@@ -17,7 +17,7 @@ from zeps.batchstore.s3 import MULTIPART_BYTES, S3BatchStore
 from zeps.coordination.batches import BatchQueue
 from zeps.errors import CoordinationError, DataLossError
 from zeps.options import BatchOptions
-from zeps_dev.process import free_port
+from zeps_dev.process import free_port, wait_until
 from zeps_dev.seaweedfs import SeaweedFS
 
 
@@ -139,6 +139,7 @@ def test_a_server_killed_and_restarted_mid_publish_loses_no_confirmed_batch(
         publisher = threading.Thread(target=publish)
         publisher.start()
         assert started.wait(120), "the first publish never ended"
+        wait_until(in_flight.is_set, timeout=60, what="the next publish under way")  # a 12 MiB upload
         server.kill()
         killed_mid_publish = in_flight.is_set()
         server.start()
