@@ -401,51 +401,36 @@ class Election:
         with what ZooKeeper holds once it is written or found written. Nothing if this replica no
         longer leads that epoch; a failure is left to the leader, which asks again."""
         isr = isr | {self.replica}
+        yield from self._leader_write(epoch, "write the in-sync set",
+                                      lambda state: ReplicationState(epoch, self.replica, isr, state.data))  # fmt: skip
+
+    def mark_data(self, epoch: int) -> Task:
+        """Record in the state that the stream may hold committed records (before this leader of
+        ``epoch`` first counts one committed), as :meth:`write_isr` writes its set."""
+        yield from self._leader_write(epoch, "record that the stream holds data",
+                                      lambda state: ReplicationState(epoch, self.replica, state.isr, True))  # fmt: skip
+
+    def _leader_write(self, epoch: int, what: str, change: Callable[[ReplicationState], ReplicationState]) -> Task:
+        """The leader of ``epoch`` changes its state (``change`` makes the new one from ZooKeeper's), by
+        a conditional write; reported as ``isr`` with what ZooKeeper holds once written or found
+        written. Nothing if this replica no longer leads that epoch; a failure is logged and left to
+        the leader, which asks again."""
         for _ in range(5):  # a conditional write that lost a race with another write reads again
             try:
                 data, version = yield Get(self.paths.replication_state)
                 state = ReplicationState.decode(data)
                 if state is None or state.epoch != epoch or state.leader != self.replica:
                     return  # fenced: a newer epoch (the state's watch tells us whom to follow)
-                if state.isr != isr:
-                    yield Set(
-                        self.paths.replication_state,
-                        ReplicationState(epoch, self.replica, isr, state.data).encode(),
-                        version,
-                    )
+                wanted = change(state)
+                if wanted != state:
+                    yield Set(self.paths.replication_state, wanted.encode(), version)
             except BadVersionError:
                 continue
             except ZooKeeperError as exc:
-                log.warning("replica %s: could not write the in-sync set (%s); the leader asks again",
-                            self.replica, type(exc).__name__)  # fmt: skip
+                log.warning("replica %s: could not %s (%s); the leader asks again", self.replica, what,
+                            type(exc).__name__)  # fmt: skip
                 return
-            self.report(ReplicaEvent("isr", epoch, self.replica, isr, state.data))
-            return
-
-    def mark_data(self, epoch: int) -> Task:
-        """Record in the state that the stream may hold committed records (before this leader of
-        ``epoch`` first counts one committed; conditional on the state's version); reported as
-        ``isr`` with ``data`` once ZooKeeper holds it. Nothing if this replica no longer leads that
-        epoch; a failure is left to the leader, which asks again."""
-        for _ in range(5):
-            try:
-                data, version = yield Get(self.paths.replication_state)
-                state = ReplicationState.decode(data)
-                if state is None or state.epoch != epoch or state.leader != self.replica:
-                    return
-                if not state.data:
-                    yield Set(
-                        self.paths.replication_state,
-                        ReplicationState(epoch, self.replica, state.isr, True).encode(),
-                        version,
-                    )
-            except BadVersionError:
-                continue
-            except ZooKeeperError as exc:
-                log.warning("replica %s: could not record that the stream holds data (%s); the leader asks again",
-                            self.replica, type(exc).__name__)  # fmt: skip
-                return
-            self.report(ReplicaEvent("isr", epoch, self.replica, state.isr, True))
+            self.report(ReplicaEvent("isr", epoch, self.replica, wanted.isr, wanted.data))
             return
 
     def record_commit(self, epoch: int, commit: int) -> Task:
