@@ -310,7 +310,7 @@ def test_zero_credit_stops_delivery_and_credit_resumes_it(broker_factory: Broker
         peer.close()
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(frames=st.lists(st.one_of(st.binary(max_size=40), st.binary(max_size=6).map(lambda b: b"\xaa\xa5" + b)),
                        min_size=1, max_size=8))  # fmt: skip
 def test_fuzzed_frames_get_invalid_and_others_keep_being_served(

@@ -145,7 +145,7 @@ def test_timestamps_never_go_backwards(tmp_path: Path) -> None:
     assert [r.timestamp_ms for r in _all(j)] == [5000, 5000]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     st.lists(st.tuples(st.text(alphabet="abc.", max_size=8), st.binary(max_size=300)), max_size=60),
     st.integers(min_value=200, max_value=5000),
@@ -162,7 +162,7 @@ def test_what_is_written_is_read_back_after_reopen(
     assert [(r.key, r.body) for r in _all(again)] == entries
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     st.lists(st.lists(st.tuples(st.sampled_from(["a", "b.c"]), st.binary(max_size=80)), min_size=1, max_size=20),
              min_size=1, max_size=10),

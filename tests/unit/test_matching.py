@@ -104,7 +104,7 @@ def _grow(children: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
 REGEXES = st.recursive(_ATOMS, _grow, max_leaves=12)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(source=REGEXES, key=st.sampled_from(KEYS))
 def test_every_accepted_pattern_is_bounded_linear_work(source: str, key: str) -> None:
     """Whatever a peer sends: either a refusal naming why, or an RE2 program within the bound, whose

@@ -196,7 +196,7 @@ def test_the_table_survives_retention_removing_the_segments_that_held_it(tmp_pat
     assert _publish(again, "early", 1, 1, [b"e" * 50] * 3) == 3
 
 
-@settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.sampled_from(["p", "q", None]), st.integers(0, 6), st.integers(1, 120)), max_size=40),
        st.integers(150, 2000))  # fmt: skip
 def test_reads_from_disk_never_show_marks_and_equal_the_tail_cache(

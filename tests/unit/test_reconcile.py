@@ -122,7 +122,7 @@ def test_a_regex_pattern_is_refused_with_the_fix() -> None:
         Reconciler("~^eu", "latest", stall=1.0)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(st.integers(0, 2**32), st.sampled_from(["", "eu.", "us."]))
 def test_any_loss_reordering_and_duplication_of_the_group_still_gives_each_record_once_in_order(
     seed: int, prefix: str

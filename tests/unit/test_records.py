@@ -11,7 +11,7 @@ from array import array
 
 import crc32c
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from zeps import _records
@@ -67,7 +67,6 @@ def test_a_run_gives_back_its_rows_whole_and_in_parts(rows: list[Row], data: st.
     assert run.after(cut).rows() == [r for r in rows if r[0] > cut]
 
 
-@settings(deadline=None)  # the first example pays Arrow's first-use set-up (~300 ms on 2 busy cores)
 @given(records, st.data())
 def test_columns_hold_exactly_the_rows_however_the_runs_are_split(rows: list[Row], data: st.DataObject) -> None:
     cuts = sorted(data.draw(st.sets(st.integers(1, len(rows) - 1), max_size=4)) if len(rows) > 1 else set())
@@ -82,7 +81,6 @@ def test_columns_hold_exactly_the_rows_however_the_runs_are_split(rows: list[Row
     assert batch.column(3).cast("int64").to_pylist() == [r[3] * 1000 for r in rows]  # broker ms, Spark µs
 
 
-@settings(deadline=None)
 @given(records, st.permutations(["sequence", "key", "body", "timestamp"]), st.integers(1, 4))
 def test_only_the_columns_asked_for_are_built_in_their_order(rows: list[Row], order: list[str], count: int) -> None:
     columns = order[:count]
@@ -190,7 +188,6 @@ def _forged(run: Records, index: bytes) -> tuple[bytes, bytes, int]:
     return run.data, index, crc32c.crc32c(run.data, crc32c.crc32c(index))
 
 
-@settings(deadline=None)
 @given(records, st.data())
 def test_the_index_is_checked_against_the_records_the_same_way_in_numpy_and_python(
     rows: list[Row], data: st.DataObject
