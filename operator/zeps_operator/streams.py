@@ -97,7 +97,7 @@ def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason
         finish_migration(body, typed, group, patch, retain=retain, generation=generation)
         return
     if replicated:
-        replicated_status(body, typed, group, patch, generation=generation, others=others)
+        replicated_status(body, typed, group, patch, generation=generation, public_key=public_key, others=others)
         return
     single_status(body, typed, group, patch, generation=generation, public_key=public_key, others=others)
 
@@ -230,7 +230,7 @@ def held_shutdowns(members: Mapping[str, Any]) -> dict[str, str]:
 
 
 def replicated_status(body: kopf.Body, spec: StreamSpec, group: Group, patch: kopf.Patch, *, generation: int,
-                      others: list[dict[str, Any]]) -> None:  # fmt: skip
+                      public_key: str, others: list[dict[str, Any]]) -> None:  # fmt: skip
     """A replicated stream's status: ready once minInSync replicas run and a leader serves. Who leads,
     in which epoch and with which in-sync set come from ZooKeeper's replication state (written by the
     brokers only, under the namespace's ACL); the followers' lag and the sequences are the leader's
@@ -244,6 +244,8 @@ def replicated_status(body: kopf.Body, spec: StreamSpec, group: Group, patch: ko
     patch.status["brokerReady"] = leader is not None and running >= spec.in_sync
     metrics.stream_facts(namespace, name, ready=patch.status["brokerReady"])
     patch.status["endpoint"] = stream_endpoint(namespace, name, spec)
+    if public_key:  # the operator's word (its Secret), as for a stream of one broker
+        patch.status["curvePublicKey"] = public_key
     if replication is not None:
         facts = leader.metadata if leader is not None else {}
         patch.status["replication"] = {

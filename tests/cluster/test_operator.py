@@ -638,7 +638,8 @@ def test_a_curve_stream_of_replicas_and_partitions_gives_each_replica_a_certific
 ) -> None:
     """Each replica of every partition of a replicated CURVE stream: a certificate in the namespace's
     Secret, listed by its public key in ``<s>.replicas.json``; each StatefulSet's pods mount their own
-    partition's certificates beside that list (the broker's --curve-replicas)."""
+    partition's certificates beside that list (the broker's --curve-replicas); the broker's public key
+    is in status, as for a stream of one broker."""
     _apply(crds, namespace, "ZepsStream", "vault", {"curve": True, "replicas": 3, "partitions": 2})
     core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
 
@@ -657,6 +658,10 @@ def test_a_curve_stream_of_replicas_and_partitions_gives_each_replica_a_certific
         k: base64.b64decode(v).decode() for k, v in core.read_namespaced_secret(CURVE_SECRET, namespace).data.items()
     }
     assert all(public_key_of(data[f"vault.replica.{m}.key_secret"]) == key for m, key in listed().items())
+    # whose key clients trust, in status as for a stream of one broker (the operator's word, its Secret)
+    broker_key = public_key_of(data["vault.broker.key"])
+    wait_until(lambda: _get(crds, namespace, "ZepsStream", "vault").get("status", {}).get("curvePublicKey") ==
+               broker_key, timeout=60, what="the broker's public key in status")  # fmt: skip
     wait_until(lambda: len(apps.list_namespaced_stateful_set(namespace).items) == 2, timeout=60,
                what="both partitions' StatefulSets")  # fmt: skip
     for statefulset, config_map in (("vault-broker", "vault-broker"), ("vault-broker-p1", "vault-broker-p1")):
