@@ -307,6 +307,7 @@ class ReplicaSet:
         #: the ZooKeeper address each replica is given (default: the server's; a chaos proxy's instead)
         self.zookeeper_for = zookeeper_for or {}
         self.extra: list[str] = []  #: more flags for every replica (CURVE's, say)
+        self.extra_for: dict[str, list[str]] = {}  #: and for one replica (after the others: they win)
         #: a replica whose journal lives on a volume of its own (a tmpfs that can be filled up)
         self.volumes: dict[str, PrivateVolume] = {}
         #: a replica whose wall clock can be made to jump (zeps_dev.wallclock)
@@ -328,7 +329,7 @@ class ReplicaSet:
                 "--min-insync", str(self.min_insync), "--zookeeper-session-timeout", str(REPLICA_SESSION_S),
                 "--replica-lag", "4", "--fsync", "group", "--segment-bytes", str(256 << 10),
                 "--metrics-port", str(self.metrics[name]), "--partition", str(self.partition),
-                *self.extra]  # fmt: skip
+                *self.extra, *self.extra_for.get(name, [])]  # fmt: skip
         if name in self.volumes:
             argv = self.volumes[name].wrap(argv)
         log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 — the process writes it; closed with it

@@ -19,6 +19,10 @@ read back: it never reads a Secret it did not make). Its data keys, per stream `
                                     key"}``: a leader takes each replica's fetches from that key only
 ``<s>.replica.<r>.key_secret``      replica ``<r>``'s own certificate, which it peers with (its
                                     leader serves it as the stream's server key, which all share)
+``<s>.broker.next.key_secret``      during a key rotation (below): the broker's coming certificate,
+``<s>.broker.next.key``             and its public one (replica pods mount it: their peering with a
+                                    leader that changed keys first tries it)
+``<s>.broker.previous.key``         after the switch: the public certificate the broker served before
 ==================================  ================================================================
 
 Each listed client also gets a Secret of its own, ``<s>-curve-<c>``, for its pods to mount:
@@ -26,6 +30,20 @@ Each listed client also gets a Secret of its own, ``<s>-curve-<c>``, for its pod
 take the broker's key from there, the operator's word, not from ZooKeeper) and, with a multicast
 output, ``multicast.key``. The operator makes it
 once and never reads it. A key pair, once made, is never replaced behind its users' backs.
+
+**Rotation** (the annotation :data:`ROTATE`; :func:`rotation_data` and :func:`client_rotation`): a
+stream's broker key changes without cutting its clients off, in three phases a window apart
+(:data:`ROTATION_WINDOW`, the kubelet's time to bring a changed Secret into the pods):
+
+1. ``distributing``: a new key pair is made; each client's Secret gets ``server.next.key`` and each
+   replica pod ``broker.next.key``, so that all trust the coming key before any broker serves it;
+2. ``switched``: the broker's certificate is the new one (brokers read it every second and serve it);
+   clients' ``server.key`` says the new key and ``server.previous.key`` the old (a client whose
+   broker has not changed yet still reaches it); clients and peerings that fail a handshake try the
+   next key they trust (:class:`zeps.client._transport.CurveTrust`);
+3. ``done``: the old key is forgotten.
+
+A client's own key rotates as clients are added and removed: admit the new name, then drop the old.
 
 Everything here is pure: :func:`plan_keys` decides, the handlers read and write through the adapter.
 """
@@ -42,19 +60,30 @@ from zeps.broker.certificates import Certificate, public_key_of
 
 __all__ = [
     "CURVE_SECRET",
+    "ROTATE",
+    "ROTATION_PHASES",
+    "ROTATION_WINDOW",
     "StreamKeys",
     "broker_volume",
+    "client_rotation",
     "client_secret",
     "client_secret_name",
     "forget_keys",
     "plan_keys",
     "replicas_volume",
+    "rotation_data",
 ]
 
 #: the one Secret per namespace that holds the CURVE keys the operator made there
 CURVE_SECRET = "zeps-curve"
 BROKER_CERT, BROKER_PUBLIC, CLIENTS, MULTICAST_KEY = "broker.key_secret", "broker.key", "clients.json", "multicast.key"
 REPLICAS = "replicas.json"
+NEXT_CERT, NEXT_PUBLIC, PREVIOUS_PUBLIC = "broker.next.key_secret", "broker.next.key", "broker.previous.key"
+#: annotate a CURVE ZepsStream with a new value to rotate its broker's key (see the module's text)
+ROTATE = "zeps.dev/rotate-curve-key"
+#: seconds between two phases of a rotation (an annotation of the same name sets another, at least 1)
+ROTATION_WINDOW = 90
+ROTATION_PHASES = ("distributing", "switched", "done")
 #: where a replica's pod finds the replicas' keys and its own certificate (--curve-replicas)
 REPLICAS_DIR = "/etc/zeps/curve-replicas"
 
@@ -138,11 +167,13 @@ def broker_volume(stream: str, *, multicast: bool = False) -> dict[str, Any]:
 def replicas_volume(stream: str, members: Sequence[str]) -> dict[str, Any]:
     """A replica pod's second volume (at :data:`REPLICAS_DIR`): the replicas' keys and the
     certificates of ``members``, every replica its StatefulSet may run (indices up to the most a spec
-    allows), so that scaling changes no pod template. Optional: items of replicas not made yet are
-    left out (the operator makes a replica's certificate before its pod); the broker names a missing one."""
+    allows), so that scaling changes no pod template, and the coming broker key of a rotation.
+    Optional: items not made yet are left out (the operator makes a replica's certificate before its
+    pod; a rotation's key exists during it only); the broker names a missing certificate."""
     items = [
         {"key": _key(stream, REPLICAS), "path": REPLICAS},
         *({"key": _key(stream, _replica_item(m)), "path": _replica_item(m)} for m in members),
+        {"key": _key(stream, NEXT_PUBLIC), "path": NEXT_PUBLIC},  # during a rotation only
     ]
     return {
         "name": "curve-replicas",
@@ -173,3 +204,31 @@ def client_secret(
             **({MULTICAST_KEY: keys.multicast_key} if keys.multicast_key else {}),
         },
     }
+
+
+def rotation_data(data: Mapping[str, str], stream: str, phase: str, *, make: Callable[[str], Certificate]
+                  ) -> dict[str, str]:  # fmt: skip
+    """The namespace Secret's data as rotation ``phase`` of ``stream``'s broker key wants it (each
+    step is done once: the Secret says how far it went)."""
+    out = dict(data)
+    if phase == "distributing" and _key(stream, NEXT_CERT) not in out:
+        coming = make("broker")
+        out[_key(stream, NEXT_CERT)], out[_key(stream, NEXT_PUBLIC)] = coming.secret_text, coming.public_text
+    elif phase == "switched" and _key(stream, NEXT_CERT) in out:
+        out[_key(stream, PREVIOUS_PUBLIC)] = out[_key(stream, BROKER_PUBLIC)]
+        out[_key(stream, BROKER_CERT)] = out.pop(_key(stream, NEXT_CERT))
+        out[_key(stream, BROKER_PUBLIC)] = out.pop(_key(stream, NEXT_PUBLIC))
+    elif phase == "done":
+        out.pop(_key(stream, PREVIOUS_PUBLIC), None)
+    return out
+
+
+def client_rotation(data: Mapping[str, str], stream: str, phase: str) -> dict[str, str | None]:
+    """What each client's Secret of ``stream`` holds in rotation ``phase``, from the namespace Secret's
+    data (``rotation_data``'s): the broker keys it trusts, beside its certificate (None: removed)."""
+    if phase == "distributing":
+        return {"server.next.key": data[_key(stream, NEXT_PUBLIC)]}
+    if phase == "switched":
+        return {"server.key": data[_key(stream, BROKER_PUBLIC)], "server.next.key": None,
+                "server.previous.key": data.get(_key(stream, PREVIOUS_PUBLIC))}  # fmt: skip
+    return {"server.previous.key": None}

@@ -189,6 +189,19 @@ class Kube:
             return wanted
         raise RuntimeError(f"Secret {namespace}/{name}: {attempts} conflicting writers in a row; try again")
 
+    def patch_secret_data(self, namespace: str, name: str, data: dict[str, str | None]) -> bool:
+        """Set (or, for None, remove) items of a Secret the operator made, without reading it (it may
+        not read it back: a CURVE client's); False if there is no such Secret."""
+        encoded = {k: None if v is None else base64.b64encode(v.encode()).decode() for k, v in data.items()}
+        body: Any = {"data": encoded}
+        try:
+            self._core.patch_namespaced_secret(name, namespace, body)
+        except ApiException as exc:
+            if exc.status == _NOT_FOUND:
+                return False
+            raise
+        return True
+
     def release_lease(self, namespace: str, name: str, *, identity: str) -> None:
         """Give the Lease up if ``identity`` holds it (another replica takes it at once, not after its
         duration); a compare-and-set like every Lease write, so a newer holder is never cleared."""

@@ -340,6 +340,11 @@ KINDS = [
         status={
             "endpoint": ("string", "The broker's ZeroMQ endpoint."),
             "curvePublicKey": ("string", "The broker's CURVE public key (with curve: true)."),
+            "curveRotation": (
+                "object",
+                "The last rotation of the broker's CURVE key (the annotation zeps.dev/rotate-curve-key): the value "
+                "asked, its phase (distributing, switched, done) and since when (Unix time).",
+            ),
             "journalBytes": ("integer", "Journal size."),
             "lastSequence": ("integer", "Last durable sequence."),
             "brokerReady": ("boolean", "The broker is available and registered."),

@@ -10,7 +10,7 @@ from typing import Any
 
 import kopf
 
-from zeps.broker.certificates import make_certificate
+from zeps.broker.certificates import make_certificate, public_key_of
 from zeps.coordination import Group
 from zeps.coordination.replication import (
     UncleanElectionError,
@@ -21,7 +21,19 @@ from zeps.coordination.replication import (
 from zeps.errors import ConfigError
 from zeps.paths import StreamPaths
 from zeps_operator import metrics
-from zeps_operator.curve import CURVE_SECRET, StreamKeys, client_secret, forget_keys, plan_keys
+from zeps_operator.curve import (
+    CURVE_SECRET,
+    ROTATE,
+    ROTATION_PHASES,
+    ROTATION_WINDOW,
+    StreamKeys,
+    client_rotation,
+    client_secret,
+    client_secret_name,
+    forget_keys,
+    plan_keys,
+    rotation_data,
+)
 from zeps_operator.models import StreamSpec
 from zeps_operator.plan import (
     STREAM_LABEL,
@@ -78,6 +90,7 @@ def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason
         if replicated is not False:
             peers = [*members, *peers]
         public_key = ensure_curve(body, namespace, name, typed, replicas=peers)
+        public_key = rotate_curve(body, namespace, name, typed, patch) or public_key
     zookeeper_auth = acl is not None
     retain = retains_data(dict(spec))
     if migrating:
@@ -417,6 +430,45 @@ def ensure_curve(body: kopf.Body, namespace: str, name: str, spec: StreamSpec, *
             made = secret["metadata"]["name"]
             kopf.info(body, reason="CurveClient", message=f"made Secret {made} for client {client}")
     return keys.public_key
+
+
+def rotate_curve(body: kopf.Body, namespace: str, name: str, spec: StreamSpec, patch: kopf.Patch) -> str | None:
+    """A rotation of the stream's broker key, asked by annotating it with :data:`ROTATE` (a new value
+    each time), a phase a window apart (:mod:`zeps_operator.curve`; the annotation
+    ``zeps.dev/curve-rotation-window-seconds`` sets the window). Each phase's writes are made once per
+    pass until done (a pass that failed midway writes them again: each is a set, not a change), its
+    progress in ``status.curveRotation``. Returns the broker's public key when this pass changed it."""
+    annotations = body["metadata"].get("annotations") or {}
+    asked = annotations.get(ROTATE)
+    done = dict((body.get("status") or {}).get("curveRotation") or {})
+    if not asked or (done.get("asked") == asked and done.get("phase") == "done"):
+        return None
+    try:
+        window = max(1.0, float(annotations.get("zeps.dev/curve-rotation-window-seconds", ROTATION_WINDOW)))
+    except ValueError:
+        window = float(ROTATION_WINDOW)
+    now = time.time()
+    if done.get("asked") != asked or done.get("phase") not in ROTATION_PHASES:
+        phase, since = ROTATION_PHASES[0], now
+    else:
+        since = float(done.get("since", now))
+        phase = str(done["phase"])
+        if now - since >= window:
+            phase, since = ROTATION_PHASES[ROTATION_PHASES.index(phase) + 1], now
+    written: list[dict[str, str]] = []
+
+    def change(data: dict[str, str]) -> dict[str, str]:
+        written.append(rotation_data(data, name, phase, make=make_certificate))
+        return written[-1]
+
+    state.kube.update_secret(namespace, CURVE_SECRET, change, labels={"app.kubernetes.io/managed-by": "zeps-operator"})
+    files = client_rotation(written[-1], name, phase)
+    for client in spec.curve_clients:
+        state.kube.patch_secret_data(namespace, client_secret_name(name, client), files)
+    if done.get("phase") != phase or done.get("asked") != asked:
+        kopf.info(body, reason="CurveRotation", message=f"rotating the broker's CURVE key ({asked}): {phase}")
+    patch.status["curveRotation"] = {"asked": asked, "phase": phase, "since": since}
+    return public_key_of(written[-1][f"{name}.broker.key"]) if phase != "distributing" else None
 
 
 def forget_keys_of(namespace: str, name: str) -> None:

@@ -161,7 +161,7 @@ def test_the_operator_cannot_mint_a_service_account_token_through_a_secret_it_ma
     creating a kubernetes.io/service-account-token Secret named zeps-curve (the token controller would
     fill in another account's token, and the operator could read it) is refused by the chart's
     admission policy, as is an Opaque Secret without its label; its own kind of Secret is admitted.
-    Before, the first two were created."""
+    Before, the first two were created. It may patch only Secrets that carry its label already."""
     kubeconfig = str(control_plane.kubeconfig)
     result = _helm("install", "zeps", str(CHART), "--namespace", namespace, "--kubeconfig", kubeconfig,
                    "--set", "zookeeper.connect=zk.example:2181", "--set", f"operator.cluster={namespace}")  # fmt: skip
@@ -201,6 +201,23 @@ def test_the_operator_cannot_mint_a_service_account_token_through_a_secret_it_ma
         assert "carry app.kubernetes.io/managed-by=zeps-operator" in create(unlabelled)
         labels = {"app.kubernetes.io/managed-by": "zeps-operator"}
         assert "created" in create({**unlabelled, "metadata": {"name": "zeps-curve", "labels": labels}})
+        # RBAC lets it patch any Secret (a CURVE client's, during a key rotation): only its own are admitted
+        control_plane.kubectl("create", "secret", "generic", "database", "-n", namespace, "--from-literal=pw=x")
+
+        operator = client.ApiClient(kube_api.configuration)  # as the operator patches: no read first
+        operator.set_default_header("Impersonate-User", sa)
+
+        def patch(name: str, **meta: object) -> str:
+            body = {"data": {"pw": "eQ=="}, **({"metadata": meta} if meta else {})}
+            try:
+                client.CoreV1Api(operator).patch_namespaced_secret(name, namespace, body)
+            except client.ApiException as exc:
+                return str(exc.body)
+            return "patched"
+
+        assert "it changes no other" in patch("database")
+        assert "changes only the Secrets it made" in patch("database", labels=labels)  # labelling it is no way in
+        assert "patched" in patch("zeps-curve")
     finally:
         _helm("uninstall", "zeps", "--namespace", namespace, "--kubeconfig", kubeconfig)
 

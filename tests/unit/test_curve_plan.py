@@ -14,7 +14,7 @@ import pytest
 
 from zeps.broker.certificates import make_certificate, public_key_of
 from zeps.broker.main import parse_args, settings
-from zeps_operator.curve import CURVE_SECRET, plan_keys
+from zeps_operator.curve import CURVE_SECRET, client_rotation, plan_keys, rotation_data
 from zeps_operator.models import MAX_REPLICAS, StreamSpec
 from zeps_operator.plan import Settings, migration_objects, stream_members, stream_objects
 
@@ -93,12 +93,12 @@ def test_a_replica_pod_finds_its_own_certificate_and_the_replicas_keys_where_the
 
 def test_scaling_a_curve_stream_changes_no_pod_template() -> None:
     """The replicas' certificates are mounted for every index a spec allows (those not made yet are
-    left out): scaling from 3 to 5 rolls no running replica."""
+    left out), and a key rotation's coming key: scaling from 3 to 5 rolls no running replica."""
     three, five = (stream_objects("shop", "prices", StreamSpec.model_validate({"curve": True, "replicas": n}),
                                   Settings(zookeeper="zk:2181"), replicated=True) for n in (3, 5))  # fmt: skip
     assert _pod(three) == _pod(five)
     volume = next(v for v in _pod(three)["spec"]["volumes"] if v["name"] == "curve-replicas")
-    assert volume["secret"]["optional"] is True and len(volume["secret"]["items"]) == MAX_REPLICAS + 1
+    assert volume["secret"]["optional"] is True and len(volume["secret"]["items"]) == MAX_REPLICAS + 2
 
 
 def test_a_curve_stream_growing_replicas_peers_its_old_broker_as_the_first_replica(
@@ -123,3 +123,28 @@ def test_a_curve_stream_growing_replicas_peers_its_old_broker_as_the_first_repli
     assert curve is not None and registration is not None and registration.member == "prices-0"
     mine = curve.replica_certificate("prices-0")
     assert mine is not None and mine.read_text() == keys.data["prices.replica.prices-0.key_secret"]
+
+
+def test_a_key_rotation_hands_out_the_coming_key_switches_then_forgets_the_old_each_step_once() -> None:
+    """The phases of a rotation as the namespace Secret and each client's Secret see them; each is
+    the same when done again (a pass that failed midway writes it again)."""
+    data = plan_keys({}, "prices", ["teller"], make=make_certificate).data
+    old = public_key_of(data["prices.broker.key"])
+    coming = rotation_data(data, "prices", "distributing", make=make_certificate)
+    assert rotation_data(coming, "prices", "distributing", make=make_certificate) == coming
+    new = public_key_of(coming["prices.broker.next.key"])
+    assert new != old and coming["prices.broker.key_secret"] == data["prices.broker.key_secret"]
+    assert public_key_of(str(client_rotation(coming, "prices", "distributing")["server.next.key"])) == new
+    switched = rotation_data(coming, "prices", "switched", make=make_certificate)
+    assert rotation_data(switched, "prices", "switched", make=make_certificate) == switched
+    assert public_key_of(switched["prices.broker.key_secret"]) == public_key_of(switched["prices.broker.key"]) == new
+    assert not {"prices.broker.next.key", "prices.broker.next.key_secret"} & set(switched)
+    files = client_rotation(switched, "prices", "switched")
+    assert files["server.next.key"] is None and public_key_of(str(files["server.key"])) == new
+    assert public_key_of(str(files["server.previous.key"])) == old
+    done = rotation_data(switched, "prices", "done", make=make_certificate)
+    assert (
+        "prices.broker.previous.key" not in done
+        and done["prices.broker.key_secret"] == switched["prices.broker.key_secret"]
+    )
+    assert client_rotation(done, "prices", "done") == {"server.previous.key": None}

@@ -222,6 +222,15 @@ class ReplicaNode:
             return self._retry(now)
         return []
 
+    def link_failed(self, now: float) -> list[Action]:
+        """The adapter's peering with the leader failed its handshake (CURVE: the leader serves another
+        key than the one tried, a rotation under way): closed and tried again soon, with the next key."""
+        p = self.peering
+        if p is None or p.copy is None:
+            return []
+        log.warning("stream %s: the leader %s did not complete the handshake: following again", self.stream, p.leader)
+        return self._retry(now)
+
     def frames(self, frames: list[bytes], now: float) -> list[Action]:
         """Frames from the leader over the peering."""
         p = self.peering

@@ -24,7 +24,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -41,6 +43,7 @@ import zmq
 import zmq.auth
 from prometheus_client import CollectorRegistry, start_http_server
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils.monitor import recv_monitor_message
 
 from zeps import _netif
 from zeps.broker.core import BrokerConfig, BrokerCore
@@ -71,6 +74,8 @@ _MULTICAST_BACKLOG = 16 << 20  # bytes of multicast messages waiting for the gro
 # lose every message that spans more than one (checked here: a 2,030-byte frame arrives, 2,040 never):
 # NORM runs are cut to this size, and a larger record reaches receivers through the journal only
 _NORM_MESSAGE_BYTES = 2000
+#: a replica's peering with its leader: CURVE handshakes the leader did not complete (it serves another key)
+_HANDSHAKE_FAILED = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 
 
 @dataclass(frozen=True)
@@ -97,7 +102,7 @@ class AllowedClients:
     def __init__(self, source: Path) -> None:
         self.source = source
         self.keys: frozenset[str] = frozenset()
-        self.named: dict[str, str] = {}  #: name -> public key (a JSON list's; empty for a directory)
+        self.named: dict[str, str] = {}  #: name -> (first) public key (a JSON list's; empty for a directory)
         self._seen: object = None
 
     def callback(self, domain: str, key: bytes) -> bool:
@@ -118,10 +123,10 @@ class AllowedClients:
                 if stamp == self._seen:
                     return False
                 listed = json.loads(raw)
-                if not isinstance(listed, dict) or not all(isinstance(k, str) for k in listed.values()):
-                    raise ValueError('not a JSON object {"name": "public key"}')
-                keys = set(listed.values())
-                self.named = {str(name): key for name, key in listed.items()}
+                if not isinstance(listed, dict) or not all(_keys_of(k) for k in listed.values()):
+                    raise ValueError('not a JSON object {"name": "public key" or ["public key", ...]}')
+                keys = {key for value in listed.values() for key in _keys_of(value)}
+                self.named = {str(name): _keys_of(value)[0] for name, value in listed.items()}
         except (OSError, ValueError) as exc:
             log.error("CURVE clients %s could not be read (%s): keeping the %d keys admitted so far",
                       self.source, exc, len(self.keys))  # fmt: skip
@@ -130,6 +135,16 @@ class AllowedClients:
         changed = frozenset(keys) != self.keys
         self.keys = frozenset(keys)
         return changed
+
+
+def _keys_of(value: object) -> list[str]:
+    """A listed name's keys: one, or during a rotation of its key the old and the new (both admitted);
+    empty if the value is neither a key nor a list of keys."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(k, str) for k in value):
+        return list(value)
+    return []
 
 
 def _public_keys(directory: Path) -> list[str]:
@@ -222,6 +237,13 @@ class BrokerServer:
         self._backlog_bytes = 0
         self.core = BrokerCore(config)
         self.endpoint, self.public_key = "", ""  #: where it serves, and its CURVE key, once started
+        #: its CURVE key, and after a rotation the ones it served before (at most 2 more)
+        self.served_keys: list[str] = []
+        #: the key a rotation under way brings (``broker.next.key`` beside its certificate), if any
+        self.next_key: str | None = None
+        # the certificate file's text as last read; which of server_keys the peering with a leader uses
+        # (the next after a handshake the leader did not complete)
+        self._certificate, self._link_key = b"", 0
         self._stop = threading.Event()
         self._loop_thread: threading.Thread | None = None
         self._ctx: zmq.Context[Any] | None = None
@@ -248,6 +270,8 @@ class BrokerServer:
             None if replication is None else ReplicaNode(self.core, config.streams[0], "", replication.settings())
         )
         self._link: zmq.Socket[Any] | None = None
+        # CURVE: which of server_keys the peering uses, whether one was opened, and whether it heard the leader
+        self._link_monitor: zmq.Socket[Any] | None = None  # the peering's handshake failures (CURVE)
         self._events = queue.SimpleQueue[Any]()  # the election's news and endpoint lookups, for the loop
         self._poller: zmq.Poller | None = None
         self.refused: str | None = None  #: why the broker stopped serving (not in the manifest…)
@@ -339,11 +363,19 @@ class BrokerServer:
             self._backlog_bytes -= len(self._backlog.popleft()[1])
             self.metrics.multicast_dropped.inc()
 
+    def _load_certificate(self) -> tuple[bytes, bytes, bytes]:
+        """The broker's certificate file: (its text, public key, secret key)."""
+        assert self.curve is not None
+        path = self.curve.secret_key_file
+        text = path.read_bytes()
+        public, secret = zmq.auth.load_certificate(str(path))
+        if secret is None:
+            raise ConfigError(f"{path} holds no secret key; use the .key_secret certificate")
+        return text, public, secret
+
     def _setup_curve(self, ctx: zmq.Context[Any], sock: zmq.Socket[Any]) -> None:
         assert self.curve is not None
-        public, secret = zmq.auth.load_certificate(str(self.curve.secret_key_file))
-        if secret is None:
-            raise ConfigError(f"{self.curve.secret_key_file} holds no secret key; use the .key_secret certificate")
+        self._certificate, public, secret = self._load_certificate()
         self._auth = ThreadAuthenticator(ctx)
         self._auth.start()
         if self.curve.replicas is not None:  # a replica set: each replica's key, and this one's own certificate
@@ -369,6 +401,8 @@ class BrokerServer:
         sock.setsockopt(zmq.CURVE_SECRETKEY, secret)
         sock.setsockopt(zmq.CURVE_PUBLICKEY, public)
         self.public_key = public.decode()
+        self.served_keys = [self.public_key]
+        self._read_next_key()
 
     def _admitted(self) -> frozenset[str]:
         """The keys admitted: the clients', and a replica set's replicas'."""
@@ -385,13 +419,79 @@ class BrokerServer:
         )
 
     def _reload_keys(self) -> None:
-        """The loop's second: the lists read again if they changed; revocations apply at once."""
+        """The loop's second: the lists read again if they changed; revocations apply at once; a new
+        key pair of the broker's own is served from now on (:meth:`_rekey`)."""
+        if self.curve is not None:
+            self._reload_certificate()
         clients = self.allowed is not None and self.allowed.reload()
         replicas = self.replicas_allowed is not None and self.replicas_allowed.reload()
         if replicas and self.replicas_allowed is not None:
             self.core.replica_keys = dict(self.replicas_allowed.named)
         if (clients or replicas) and self.allowed is not None:
             self.core.authorize(self._admitted())
+
+    @property
+    def server_keys(self) -> list[str]:
+        """The stream's server keys this replica's peering with its leader tries, in turn: the one it
+        serves, the one a rotation brings, the ones it served before (a leader whose certificate
+        changed before or after its own: the replicas' Secret volumes are not updated at once)."""
+        keys = [*self.served_keys[:1], *([self.next_key] if self.next_key else []), *self.served_keys[1:]]
+        return list(dict.fromkeys(keys))
+
+    def _read_next_key(self) -> None:
+        """The key a rotation brings: ``broker.next.key`` beside the replicas' list (where the operator
+        mounts it) or beside the certificate."""
+        assert self.curve is not None
+        places = [*([self.curve.replicas] if self.curve.replicas else []), self.curve.secret_key_file]
+        self.next_key = None  # no rotation under way (or its file being replaced: read the next second)
+        for place in places:
+            try:
+                self.next_key = zmq.auth.load_certificate(str(place.with_name("broker.next.key")))[0].decode()
+                return
+            except (OSError, ValueError):
+                continue
+
+    def _reload_certificate(self) -> None:
+        """The broker's certificate read again: a new key pair (a rotation: the operator changed the
+        Secret) is served from now on. One that cannot be read keeps the key served (logged)."""
+        assert self.curve is not None
+        self._read_next_key()
+        try:
+            if self.curve.secret_key_file.read_bytes() == self._certificate:
+                return
+            self._certificate, public, secret = self._load_certificate()
+        except (OSError, ValueError, ConfigError) as exc:  # said once for each content it has
+            with contextlib.suppress(OSError):
+                self._certificate = self.curve.secret_key_file.read_bytes()
+            log.error("CURVE certificate %s could not be read (%s): serving key %s still", self.curve.secret_key_file,
+                      exc, self.public_key)  # fmt: skip
+            return
+        if public.decode() != self.public_key:
+            self._rekey(public, secret)
+
+    def _rekey(self, public: bytes, secret: bytes) -> None:
+        """Serve a new key pair: the endpoint is bound again with it. Connections made with the old key
+        close with the old listener; clients that trust the new key attach again at once (each
+        rotation phase hands them both: :mod:`zeps.client._transport`), and what they had not had
+        confirmed is resent. The old key stays in :attr:`server_keys`, for this broker's own peering
+        with a leader that has not changed keys yet."""
+        sock, endpoint = self._sock, self.endpoint
+        sock.unbind(endpoint)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, secret)
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, public)
+        for attempt in range(100):  # the unbind completes on ZeroMQ's I/O thread: a bind may find the port taken
+            try:
+                sock.bind(endpoint)
+                break
+            except zmq.ZMQError as exc:
+                if exc.errno != errno.EADDRINUSE or attempt == 99:
+                    raise
+                time.sleep(0.01)  # bounded: 1 s at most, then the loop fails (its supervisor restarts it)
+        old, self.public_key = self.public_key, public.decode()
+        self.served_keys = [self.public_key, *(k for k in self.served_keys if k != self.public_key)][:3]
+        self._link_key = 0  # its next peering tries the new key first
+        log.warning("CURVE key changed: serving %s (was %s) at %s; clients attach again with it", self.public_key,
+                    old, endpoint)  # fmt: skip
 
     def _register(self, reg: Registration) -> None:
         from zeps.coordination import Group, connect  # noqa: PLC0415 — ZooKeeper only when registering
@@ -657,6 +757,9 @@ class BrokerServer:
                     actions += node.linked(epoch, leader, now)
             else:
                 actions += node.event(item, now)
+        if self._link_monitor is not None and self._link_monitor in events and self._link_handshake_failed():
+            self._link_key += 1  # the leader serves another key (a rotation): the next one, at once
+            actions += node.link_failed(now)
         if self._link is not None and self._link in events:
             actions += node.frames(self._link_frames(self._link), now)
         actions += node.turn(now)
@@ -704,9 +807,14 @@ class BrokerServer:
         sock.setsockopt(zmq.LINGER, 0)
         if self.replica_certificate is not None:  # the replicas share the stream's server key: the leader's is ours
             public, secret = self.replica_certificate
-            sock.setsockopt(zmq.CURVE_SERVERKEY, self.public_key.encode())
+            # ours, or during a rotation the coming or the last one (a leader whose certificate changed
+            # before or after ours): the next is tried when the leader fails the handshake with this one
+            server_key = self.server_keys[self._link_key % len(self.server_keys)]
+            sock.setsockopt(zmq.CURVE_SERVERKEY, server_key.encode())
             sock.setsockopt(zmq.CURVE_PUBLICKEY, public)
             sock.setsockopt(zmq.CURVE_SECRETKEY, secret or b"")
+            self._link_monitor = sock.get_monitor_socket(_HANDSHAKE_FAILED)
+            self._poller.register(self._link_monitor, zmq.POLLIN)
         # a REPLICA-DATA holds whole entries: at most a fetch's bytes, or one group (a quarter segment), and its index
         largest = 2 * max(self.config.replica_fetch_bytes, self.config.journal.segment_bytes) + (1 << 20)
         sock.setsockopt(zmq.MAXMSGSIZE, largest)
@@ -724,10 +832,27 @@ class BrokerServer:
                 break
         return frames
 
+    def _link_handshake_failed(self) -> bool:
+        """Whether the peering's monitor reported a CURVE handshake the leader did not complete."""
+        assert self._link_monitor is not None
+        failed = False
+        while True:
+            try:
+                event = recv_monitor_message(self._link_monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return failed
+            failed = failed or bool(event["event"] & _HANDSHAKE_FAILED)
+
     def _close_link(self) -> None:
         if self._link is not None:
             if self._poller is not None:
                 self._poller.unregister(self._link)
+                if self._link_monitor is not None:
+                    self._poller.unregister(self._link_monitor)
+            self._link.disable_monitor()
+            if self._link_monitor is not None:
+                self._link_monitor.close(linger=0)
+                self._link_monitor = None
             self._link.close(linger=0)
             self._link = None
 
@@ -826,7 +951,8 @@ class BrokerServer:
                 if served is not None:
                     count, furthest = self.core.subscriptions(served.name)
                     facts = {"lastSequence": served.committed, "journalBytes": served.journal.size_bytes,
-                             "subscriptionCount": count, "subscriptions": furthest}  # fmt: skip
+                             "subscriptionCount": count, "subscriptions": furthest,
+                             "curvePublicKey": self.public_key}  # fmt: skip
                     if self.replication is not None:
                         facts["replication"] = self._replication_facts(served)
                         facts["shutdownHeld"] = self.shutdown_held or ""

@@ -21,6 +21,7 @@ __all__ = [
     "LOCATE_EVERY",
     "MONITORED",
     "BrokerUnavailableError",
+    "CurveTrust",
     "Locator",
     "Opened",
     "batched",
@@ -29,6 +30,8 @@ __all__ = [
     "configure_curve",
     "configure_dealer",
     "curve_keys",
+    "curve_options",
+    "failed_handshake",
     "multicast_key",
     "partition_endpoint",
     "refused_handshake",
@@ -103,8 +106,16 @@ def configure_dealer(sock: Any) -> None:
 
 
 #: socket events both clients watch: a lost connection is re-attached at once, not after ``ttl``; a
-#: CURVE handshake the broker refused (its ZAP handler: not an admitted key) is an error at once
-MONITORED = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+#: CURVE handshake the broker refused (its ZAP handler: not an admitted key) is an error at once; a
+#: CURVE handshake that failed otherwise (the broker serves another key than the one tried) makes
+#: the client try the next broker key it trusts (:class:`CurveTrust`)
+MONITORED = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+             | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)  # fmt: skip
+
+
+def failed_handshake(event: int) -> bool:
+    """Whether ``event`` says a CURVE handshake failed other than by the broker's refusal of the key."""
+    return event in (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
 
 
 def refused_handshake(event: int, client_keys: tuple[str, str] | None) -> str | None:
@@ -177,6 +188,86 @@ def multicast_key(settings: Resolved) -> bytes | None:
         return bytes.fromhex(path.read_text().strip())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"multicast key {path}: not a readable file of hex digits ({exc})") from None
+
+
+def curve_options(settings: Resolved) -> dict[str, Any]:
+    """A client's CURVE arguments for a resolved stream: its keys (:func:`curve_keys`) and, with a
+    client certificate, that certificate's path, read again at each (re)connection (:class:`CurveTrust`)."""
+    server_key, client_keys = curve_keys(settings)
+    return {"server_public_key": server_key, "client_keys": client_keys,
+            "curve_certificate": settings.curve_client or None}  # fmt: skip
+
+
+#: the broker keys a client trusts, beside its certificate in the Secret the operator made for it: the
+#: key served now, and during a rotation (:mod:`zeps_operator.curve`) the one coming and the one going
+SERVER_KEY_FILES = ("server.key", "server.next.key", "server.previous.key")
+
+
+class CurveTrust:
+    """The CURVE keys a client connects with, read again at each (re)connection from its certificate
+    and the broker keys beside it, which a key rotation changes in place (the kubelet updates a mounted
+    Secret): a broker that serves another key than the one tried fails the handshake, and the next
+    trusted one is tried; a client key the broker refuses is read again, and a new one used.
+    Without a certificate (keys given, or none), the keys given, as they are."""
+
+    def __init__(self, server_key: str | None, client_keys: tuple[str, str] | None,
+                 certificate: str | Path | None = None) -> None:  # fmt: skip
+        self.server_key, self.client_keys = server_key, client_keys
+        self.certificate = Path(certificate) if certificate else None
+        self._given = server_key
+        self._turn = 0  # handshakes failed in a row: the next trusted broker key is tried
+        self.worked: str | None = None  #: the broker key of the last attach that succeeded
+
+    def trusted(self) -> list[str]:
+        """The broker keys trusted now, the one that last worked first (if still trusted)."""
+        keys: list[str] = []
+        if self.certificate is not None:
+            for name in SERVER_KEY_FILES:
+                path = self.certificate.with_name(name)
+                try:
+                    keys.append(zmq.auth.load_certificate(str(path))[0].decode())
+                except (OSError, ValueError):
+                    continue  # absent (no rotation under way), or being replaced: the others serve
+        if not keys and self._given:
+            keys.append(self._given)
+        keys = list(dict.fromkeys(keys))
+        if self.worked in keys:
+            keys.remove(self.worked)
+            keys.insert(0, self.worked)
+        return keys
+
+    def next_keys(self) -> tuple[str | None, tuple[str, str] | None]:
+        """(broker key, own key pair) for the next connection."""
+        if self.certificate is not None:
+            try:
+                public, secret = zmq.auth.load_certificate(str(self.certificate))
+                if secret:
+                    self.client_keys = (public.decode(), secret.decode())
+            except (OSError, ValueError):
+                pass  # being replaced: the pair read last serves
+        trusted = self.trusted()
+        self.server_key = trusted[self._turn % len(trusted)] if trusted else None
+        return self.server_key, self.client_keys
+
+    def handshake_failed(self) -> bool:
+        """A handshake the broker did not complete (it serves another key): True if another trusted
+        key is there to try."""
+        self._turn += 1
+        return len(self.trusted()) > 1
+
+    def attached(self) -> None:
+        self.worked, self._turn = self.server_key, 0
+
+    def renewed(self) -> bool:
+        """The broker refused this client's key: True if its certificate holds another one now (a
+        rotation), which the next connection uses."""
+        if self.certificate is None or self.client_keys is None:
+            return False
+        try:
+            public, _ = zmq.auth.load_certificate(str(self.certificate))
+        except (OSError, ValueError):
+            return False
+        return bool(public) and public.decode() != self.client_keys[0]
 
 
 def configure_curve(sock: Any, server_public_key: str | None, client_keys: tuple[str, str] | None) -> None:

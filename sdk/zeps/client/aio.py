@@ -24,6 +24,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -39,6 +40,7 @@ from zeps.client._transport import (
     LOCATE_EVERY,
     MONITORED,
     BrokerUnavailableError,
+    CurveTrust,
     Locator,
     batched,
     check_endpoint,
@@ -46,7 +48,8 @@ from zeps.client._transport import (
     close_dealer,
     configure_curve,
     configure_dealer,
-    curve_keys,
+    curve_options,
+    failed_handshake,
     partition_endpoint,
     refused_handshake,
 )
@@ -56,7 +59,7 @@ from zeps.client.session import ClientSession, Fetched, Message, Records, Row, S
 from zeps.config import Resolved
 from zeps.errors import ProducerError, ProtocolError, ZepsError
 from zeps.options import MulticastOptions
-from zeps.protocol import LATEST, Fetch
+from zeps.protocol import LATEST, Fetch, Refusal
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES
 
 __all__ = ["AsyncMulticastSubscription", "AsyncStreamClient"]
@@ -78,6 +81,7 @@ class AsyncStreamClient:
         timeout: float = 10.0,
         server_public_key: str | None = None,
         client_keys: tuple[str, str] | None = None,
+        curve_certificate: str | Path | None = None,
         max_unconfirmed: int = 100_000,
         producer_id: str | None = None,
         idempotent: bool = True,
@@ -98,6 +102,7 @@ class AsyncStreamClient:
         self.heartbeat, self.ttl, self.timeout = heartbeat, ttl, timeout
         self.server_public_key = server_public_key
         self.client_keys = client_keys
+        self._trust = CurveTrust(server_public_key, client_keys, curve_certificate)  # as StreamClient's
         self.max_unconfirmed = max_unconfirmed
         self._ctx = zmq.asyncio.Context()
         self._sock: zmq.asyncio.Socket | None = None
@@ -118,11 +123,10 @@ class AsyncStreamClient:
     @classmethod
     def of(cls, settings: Resolved, partition: int = 0, **options: Any) -> AsyncStreamClient:
         """A client of a resolved stream (see :meth:`StreamClient.of`). Not connected yet."""
-        server_key, client_keys = curve_keys(settings)
         followers = options.get("follower_reads", False)
         options.setdefault("locator", locator_of(settings, followers=followers, partition=partition))
-        return cls(partition_endpoint(settings, partition), settings.name, server_public_key=server_key,
-                   client_keys=client_keys, max_message_bytes=settings.max_message_bytes, **options)  # fmt: skip
+        return cls(partition_endpoint(settings, partition), settings.name, **curve_options(settings),
+                   max_message_bytes=settings.max_message_bytes, **options)  # fmt: skip
 
     # -- connection -----------------------------------------------------------------------------
     async def connect(self) -> AsyncStreamClient:
@@ -146,6 +150,7 @@ class AsyncStreamClient:
     def _open_socket(self) -> None:
         sock = self._ctx.socket(zmq.DEALER)
         configure_dealer(sock)
+        self.server_public_key, self.client_keys = self._trust.next_keys()
         configure_curve(sock, self.server_public_key, self.client_keys)
         self._monitor = sock.get_monitor_socket(MONITORED)
         sock.connect(self.endpoint)
@@ -194,8 +199,12 @@ class AsyncStreamClient:
             except zmq.Again:
                 break
             refused = refused_handshake(event["event"], self.client_keys)
+            if refused is not None and self._trust.renewed():  # its key was rotated: the new one is used
+                refused, lost = None, True
             if refused is not None:
                 self.session.refused = refused
+            elif failed_handshake(event["event"]):  # the broker serves another key: the next trusted one
+                self._trust.handshake_failed()  # is tried at the reconnection its DISCONNECTED brings
             # attached, or waiting for ATTACH-OK: an ATTACH that a broker read off the wire and died
             # before answering (it binds before its loop runs) is gone with it
             lost = lost or event["event"] == zmq.EVENT_DISCONNECTED
@@ -224,6 +233,11 @@ class AsyncStreamClient:
                             self.session.errors.append(str(exc))
                     for frame in answers:
                         await sock.send(frame)
+                    if self.session.attached and self._trust.worked != self.server_public_key:
+                        self._trust.attached()
+                    if self.session.refused_code == Refusal.UNAUTHORIZED and self._trust.renewed():
+                        self.session.refused = self.session.refused_code = None  # as StreamClient's: its key
+                        self.session.forgotten = True  # was rotated, it attaches again with the new one
                     self._arrived.set()
                 await self._keepalive()
             except zmq.ZMQError:

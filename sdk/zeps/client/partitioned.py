@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from zeps.client._transport import Opened, curve_keys
+from zeps.client._transport import Opened, curve_options
 from zeps.client.discovery import PartitionWatch, growth_of, locator_of
 from zeps.client.session import Message, Seq, Since
 from zeps.client.sync import StreamClient, wait_any
@@ -139,7 +139,6 @@ class PartitionedStreamClient(Opened):
                 f"{len(endpoints)}: wait until the operator lists them all (status.partitions), or set "
                 f"ZEPS_STREAM_{settings.name.upper().replace('-', '_')}_PARTITIONS to every partition's endpoint"
             )
-        server_key, client_keys = curve_keys(settings)
         followers = bool(options.get("follower_reads", False))  # a reader of each partition's followers
         locators = (
             [locator_of(settings, followers=followers, partition=p) for p in range(len(endpoints))]
@@ -147,9 +146,8 @@ class PartitionedStreamClient(Opened):
             else None
         )
         growth = growth_of(settings, followers=followers) if follow_growth else None
-        return cls(endpoints, settings.name, locators=locators, growth=growth,
-                   server_public_key=server_key, client_keys=client_keys, max_message_bytes=settings.max_message_bytes,
-                   **options)  # fmt: skip
+        return cls(endpoints, settings.name, locators=locators, growth=growth, **curve_options(settings),
+                   max_message_bytes=settings.max_message_bytes, **options)  # fmt: skip
 
     @property
     def partitions(self) -> int:
@@ -384,12 +382,11 @@ class GroupConsumer(Opened):
             raise ConfigError(f"a consumer group of ZepsStream {settings.namespace}/{settings.name} needs ZooKeeper: "
                               "set ZEPS_ZOOKEEPER or read the stream's status")  # fmt: skip
         endpoints = settings.partitions or (settings.endpoint,)
-        server_key, client_keys = curve_keys(settings)
         locators = [locator_of(settings, partition=p) for p in range(len(endpoints))]
         return cls(endpoints, settings.name, group=group, member=member, zookeeper=settings.zookeeper,
                    namespace=settings.namespace, chroot=settings.chroot, auth=settings.auth, locators=locators,
-                   growth=growth_of(settings), server_public_key=server_key, client_keys=client_keys,
-                   max_message_bytes=settings.max_message_bytes, **options)  # fmt: skip
+                   growth=growth_of(settings), **curve_options(settings), max_message_bytes=settings.max_message_bytes,
+                   **options)  # fmt: skip
 
     @property
     def assigned(self) -> list[int]:

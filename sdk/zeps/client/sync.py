@@ -29,6 +29,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -45,6 +46,7 @@ from zeps.client._transport import (
     MAX_LINGER,
     MONITORED,
     BrokerUnavailableError,
+    CurveTrust,
     Locator,
     Opened,
     batched,
@@ -53,7 +55,8 @@ from zeps.client._transport import (
     close_dealer,
     configure_curve,
     configure_dealer,
-    curve_keys,
+    curve_options,
+    failed_handshake,
     partition_endpoint,
     refused_handshake,
 )
@@ -63,7 +66,7 @@ from zeps.client.session import ClientSession, Fetched, Message, Records, Row, S
 from zeps.config import Resolved
 from zeps.errors import ProducerError, ProtocolError, ZepsError
 from zeps.options import MulticastOptions
-from zeps.protocol import LATEST, Fetch
+from zeps.protocol import LATEST, Fetch, Refusal
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES
 
 __all__ = ["MulticastSubscription", "StreamClient", "wait_any"]
@@ -88,6 +91,7 @@ class StreamClient(Opened):
         timeout: float = 10.0,
         server_public_key: str | None = None,
         client_keys: tuple[str, str] | None = None,
+        curve_certificate: str | Path | None = None,
         max_unconfirmed: int = 100_000,
         producer_id: str | None = None,
         idempotent: bool = True,
@@ -108,6 +112,9 @@ class StreamClient(Opened):
         self.heartbeat, self.ttl, self.timeout = heartbeat, ttl, timeout
         self.server_public_key = server_public_key
         self.client_keys = client_keys
+        #: the keys of each (re)connection: with ``curve_certificate`` (what the operator's Secret holds),
+        #: read again each time, so a key rotation reaches the client without a restart
+        self._trust = CurveTrust(server_public_key, client_keys, curve_certificate)
         self.max_unconfirmed = max_unconfirmed
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._sock: zmq.Socket[Any] | None = None
@@ -132,11 +139,10 @@ class StreamClient(Opened):
         """A client of a resolved stream (:func:`zeps.config.resolve`; what ``zeps.stream()``, the CLI and
         the Spark source use): its endpoint, CURVE keys (:func:`curve_keys`) and message limit; ``options``
         as for the constructor. Not connected yet."""
-        server_key, client_keys = curve_keys(settings)
         followers = options.get("follower_reads", False)
         options.setdefault("locator", locator_of(settings, followers=followers, partition=partition))
-        return cls(partition_endpoint(settings, partition), settings.name, server_public_key=server_key,
-                   client_keys=client_keys, max_message_bytes=settings.max_message_bytes, **options)  # fmt: skip
+        return cls(partition_endpoint(settings, partition), settings.name, **curve_options(settings),
+                   max_message_bytes=settings.max_message_bytes, **options)  # fmt: skip
 
     # -- connection -----------------------------------------------------------------------------
     def connect(self) -> StreamClient:
@@ -150,6 +156,7 @@ class StreamClient(Opened):
     def _open_socket(self) -> None:
         sock = self._ctx.socket(zmq.DEALER)
         configure_dealer(sock)
+        self.server_public_key, self.client_keys = self._trust.next_keys()
         configure_curve(sock, self.server_public_key, self.client_keys)
         self._monitor = sock.get_monitor_socket(MONITORED)
         sock.connect(self.endpoint)
@@ -271,8 +278,12 @@ class StreamClient(Opened):
         if self._monitor in events:
             event = recv_monitor_message(self._monitor)
             refused = refused_handshake(event["event"], self.client_keys)
+            if refused is not None and self._trust.renewed():  # its key was rotated: the new one is used
+                refused, event["event"] = None, zmq.EVENT_DISCONNECTED
             if refused is not None:
                 self.session.refused = refused
+            elif failed_handshake(event["event"]):  # the broker serves another key: the next trusted one
+                self._trust.handshake_failed()  # is tried at the reconnection its DISCONNECTED brings
             elif event["event"] == zmq.EVENT_DISCONNECTED and not reading_only:
                 # attached, or waiting for ATTACH-OK: an ATTACH that a broker read off the wire and
                 # died before answering (it binds before its loop runs) is gone with it
@@ -293,6 +304,11 @@ class StreamClient(Opened):
             if answers:
                 for frame in answers:
                     self._sock.send(frame)
+            if self.session.attached and self._trust.worked != self.server_public_key:
+                self._trust.attached()
+            if self.session.refused_code == Refusal.UNAUTHORIZED and self._trust.renewed():
+                self.session.refused = self.session.refused_code = None  # its key was rotated: the broker
+                self.session.forgotten = True  # revoked the old one; it attaches again with the new
         if not reading_only:
             if self.session.forgotten:
                 self._reconnect()
