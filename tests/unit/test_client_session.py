@@ -246,6 +246,21 @@ def test_plain_invalids_for_frames_sent_before_a_not_leader_do_not_make_the_clie
     assert isinstance(frames[0], Produce)  # the producer is claimed again, with the same version
 
 
+def test_plain_invalids_after_a_revoked_key_do_not_make_the_client_downgrade() -> None:
+    """A broker that revokes a client's key (UNAUTHORIZED) forgets its session, and answers the frames
+    sent before the client knew with plain INVALIDs. A client whose key was rotated attaches again
+    with the new one: before, those INVALIDs made it take the broker for one older than version 5,
+    and its idempotent producer failed ("the broker speaks ZEPS version 4")."""
+    session = _producing("orders-0")
+    session.publish("k", b"1")
+    session.receive(encode(InvalidCode(code=Refusal.UNAUTHORIZED, reason="this client's CURVE key was revoked")))
+    assert session.refused and not session.attached
+    assert session.receive(encode(Invalid(reason="PUBLISH-SEQ is not allowed in state START"))) == []
+    session.refused = None  # the client found a renewed certificate (zeps.client._transport.CurveTrust)
+    session.disconnected()
+    assert decode(session.attach()) == Attach(stream="prices", version=7)
+
+
 def test_a_fenced_producer_raises_and_its_refused_publishes_stay_unconfirmed() -> None:
     session = _producing("orders-0")
     session.publish("k", b"1")

@@ -249,9 +249,10 @@ class ClientSession:
         with 5 likewise, except when it has forgotten the peer (expired, restarted): so a plain INVALID
         means "an older broker" while attaching, and "attach again" once attached with 5. Older
         brokers are recognised by their exact messages (the state machine's), never by a word that a
-        stream name or pattern could contain. Once the broker said it forgot us (NOT_LEADER, say), the
-        frames we sent before we knew get plain INVALIDs: those answer nothing of the next attach."""
-        if self.forgotten:
+        stream name or pattern could contain. Once the broker said it forgot us (NOT_LEADER, say) or
+        refused us (UNAUTHORIZED: a revoked key), the frames we sent before we knew get plain INVALIDs:
+        those answer nothing of the next attach (a client whose key was rotated attaches again)."""
+        if self.forgotten or self.refused:
             return []
         if not self.attached:
             if self.version >= CODES_SINCE:
