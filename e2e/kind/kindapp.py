@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from zeps_dev.kind import client_pod_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,8 +94,8 @@ class App:
 
         def done() -> bool:
             phase = self.get("pod", pod)["status"].get("phase", "")
-            if phase == "Failed":
-                raise AssertionError(f"pod {pod} failed:\n{self.logs(pod)}")
+            if phase == "Failed":  # at once (wait_for takes an AssertionError for "not yet")
+                pytest.fail(f"pod {pod} failed:\n{self.logs(pod)}")
             return bool(phase == "Succeeded")
 
         self.cluster.wait_for(f"pod {self.ns}/{pod} to succeed", done, timeout=timeout)
