@@ -1,17 +1,19 @@
 """The safety promises where they live, on kind: the journal kept by ``deletionPolicy: Retain``, CURVE
-admitting only the listed clients (and cutting one off when it is taken off the list), a namespace
-with ZooKeeper ACLs working from pods and refusing other credentials, the operator unable to read a
-Secret it did not make, and the broker's metrics scraped from another pod."""
+admitting only the listed clients (and cutting one off when it is taken off the list), its key
+rotated by annotation under a running publisher, a namespace with ZooKeeper ACLs working from pods
+and refusing other credentials, the operator unable to read a Secret it did not make, and the
+broker's metrics scraped from another pod."""
 
 from __future__ import annotations
 
 import base64
 import copy
+import json
 import secrets
 from pathlib import Path
 from typing import Any
 
-from kindapp import OPERATOR_NAMESPACE, RELEASE, App, json_lines
+from kindapp import CHROOT, OPERATOR_NAMESPACE, RELEASE, App, ZooKeeperShell, json_lines
 
 from zeps.partitioning import partition_of
 
@@ -115,6 +117,55 @@ def test_curve_admits_the_listed_clients_only_and_cuts_one_off_without_a_restart
     after = app.get("pod", broker["metadata"]["name"])
     assert after["metadata"]["uid"] == broker["metadata"]["uid"]
     assert after["status"]["containerStatuses"][0]["restartCount"] == 0, "no broker restart"
+
+
+def test_a_curve_key_rotated_by_annotation_under_a_publisher_loses_nothing(app: App, zk: ZooKeeperShell) -> None:
+    """zeps.dev/rotate-curve-key on a replicated CURVE stream while an idempotent publisher and a
+    subscriber run: the kubelet brings each phase's files into the pods (the coming key, the switch,
+    the old key gone); every broker serves the new key at the end, a client started after it reaches
+    them with the new key alone, and the publisher and subscriber lost nothing."""
+    count = 1600  # 16 a second: 100 s at least, through the three phases (30 s apart) and the kubelet's syncs
+    app.apply(_stream("vault", curve=True, curveClients=["teller"], replicas=3))
+    app.ready("zepsstream", "vault", timeout=420)
+    old = app.get("zepsstream", "vault")["status"]["curvePublicKey"]
+    client = {"ZEPS_STREAM_VAULT_CURVE_CLIENT": "/etc/zeps/client/client.key_secret"}
+    app.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "publisher"},
+               "data": {"publisher.py": (WORKERS / "ledger_publisher.py").read_text()}})  # fmt: skip
+    publisher = _pod("publisher", f"exec python /worker/publisher.py vault {count} 16 4", env=client,
+                     secret="vault-curve-teller")  # fmt: skip
+    publisher["spec"]["volumes"].append({"name": "worker", "configMap": {"name": "publisher"}})
+    publisher["spec"]["containers"][0]["volumeMounts"].append({"name": "worker", "mountPath": "/worker"})
+    app.apply(publisher)
+    app.apply(_pod("subscriber", f"exec zeps --json stream replay vault --since 0 --count {count} --timeout 600",
+                   env=client, secret="vault-curve-teller"))  # fmt: skip
+    app.cluster.wait_for("the publisher confirming", lambda: any(
+        "confirmed" in m for m in json_lines(app.logs("publisher"))), timeout=120)  # fmt: skip
+    app.cluster.kubectl("annotate", "zepsstream", "vault", "-n", app.ns, "zeps.dev/rotate-curve-key=first",
+                        "zeps.dev/curve-rotation-window-seconds=30")  # fmt: skip
+
+    def rotation() -> str:
+        return str(app.get("zepsstream", "vault").get("status", {}).get("curveRotation", {}).get("phase"))
+
+    app.cluster.wait_for("the rotation done", lambda: rotation() == "done", timeout=300)
+    new = app.get("zepsstream", "vault")["status"]["curvePublicKey"]
+    assert new != old
+
+    def served() -> set[str]:  # what each broker says it serves (its facts, in its member node)
+        keys = set()
+        for i in range(3):
+            out = zk.run("get", f"{CHROOT}/{app.ns}/streams/vault/brokers/vault-broker-{i}")
+            line = next((x for x in out.splitlines() if x.startswith("{")), "{}")
+            keys.add(json.loads(line).get("curvePublicKey", ""))
+        return keys
+
+    app.cluster.wait_for("every broker serving the new key", lambda: served() == {new}, timeout=180)
+    app.apply(_pod("latecomer", "zeps --json stream replay vault --since 0 --count 1 --timeout 60", env=client,
+                   secret="vault-curve-teller"))  # fmt: skip
+    assert [m["body"] for m in json_lines(app.wait_succeeded("latecomer")) if "body" in m] == ["1"]  # new key alone
+    confirmed = [m["confirmed"] for m in json_lines(app.wait_succeeded("publisher", timeout=600)) if "confirmed" in m]
+    assert confirmed[-1] == count, confirmed[-3:]
+    bodies = [m["body"] for m in json_lines(app.wait_succeeded("subscriber", timeout=300)) if "body" in m]
+    assert bodies == [str(n) for n in range(1, count + 1)], (len(bodies), bodies[-3:])
 
 
 def test_a_curve_stream_of_replicas_and_partitions_peers_encrypted_and_refuses_a_forged_replica(app: App) -> None:

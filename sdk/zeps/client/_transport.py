@@ -249,11 +249,10 @@ class CurveTrust:
         self.server_key = trusted[self._turn % len(trusted)] if trusted else None
         return self.server_key, self.client_keys
 
-    def handshake_failed(self) -> bool:
-        """A handshake the broker did not complete (it serves another key): True if another trusted
-        key is there to try."""
+    def handshake_failed(self) -> None:
+        """A handshake the broker did not complete (it serves another key): the next connection tries
+        the next trusted key."""
         self._turn += 1
-        return len(self.trusted()) > 1
 
     def attached(self) -> None:
         self.worked, self._turn = self.server_key, 0
