@@ -59,7 +59,10 @@ def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason
     path, the manifest, CURVE keys, the broker's objects, and its status."""
     generation = body["metadata"].get("generation", 1)
     after = read_after(body, reason)  # kopf names the cause of a change (create, update, resume); a timer none
-    if reconcile("ZepsStream", body, spec, patch, quiet=True, read_after=after) != "ok":
+    # a path restored is drift (a warning, the ZepsDriftRepaired alert's count) once the stream was
+    # reconciled: before that, the paths its first pass makes are not
+    reconciled_once = (body.get("status") or {}).get("observedGeneration") is not None
+    if reconcile("ZepsStream", body, spec, patch, quiet=reconciled_once, read_after=after) != "ok":
         return
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]

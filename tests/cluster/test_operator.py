@@ -97,6 +97,30 @@ def test_topic_lifecycle_ready_update_drift_and_delete(
     assert zk.exists(root) is None, "deletionPolicy Delete removes the subtree"
 
 
+def test_a_new_stream_is_no_drift_and_a_path_removed_later_is(
+    operator: OperatorProcess, crds: ControlPlane, namespace: str, zookeeper: ZooKeeperHarness
+) -> None:
+    """A ZepsStream's first pass makes its paths: that is no drift. Before, every new stream posted a
+    DriftRepaired warning naming them (and counted towards the ZepsDriftRepaired alert). A path
+    removed behind the operator's back later is drift: restored, and said so."""
+    _apply(crds, namespace, "ZepsStream", "fresh", {})
+    wait_until(lambda: _get(crds, namespace, "ZepsStream", "fresh").get("status", {}).get("observedGeneration") == 1,
+               timeout=30, what="the stream reconciled")  # fmt: skip
+
+    def drift() -> list[str]:
+        listed = crds.kubectl("get", "events", "-n", namespace, "--field-selector", "reason=DriftRepaired",
+                              "-o", "json")  # fmt: skip
+        return [e["message"] for e in json.loads(listed)["items"]]
+
+    root = f"{CHROOT}/{namespace}/streams/fresh"
+    assert drift() == []
+    zk = zookeeper.client()
+    zk.delete(f"{root}/spec")
+    crds.kubectl("annotate", "zepsstream", "fresh", "-n", namespace, "touch=1")  # a pass now, not at the timer
+    wait_until(lambda: any(f"{root}/spec" in m for m in drift()), timeout=30, what="the DriftRepaired event")
+    crds.kubectl("delete", "zepsstream", "fresh", "-n", namespace, "--timeout=60s")
+
+
 def test_paths_removed_while_a_topic_shows_not_ready_are_reported_as_drift_when_restored(
     operator: OperatorProcess, crds: ControlPlane, namespace: str, zookeeper: ZooKeeperHarness, kube_api: Any
 ) -> None:
