@@ -122,6 +122,7 @@ class ReplicaNode:
         #: since when this follower's journal volume is full (None: it is not), and when that was last logged
         self.full_since: float | None = None
         self._full_logged = float("-inf")
+        self._handshake_logged = float("-inf")  # when a failed handshake with the leader was last logged
         # the session's state, written by the session's thread (plain attributes: one store each)
         self._connected = True
         self._sessions_lost = 0
@@ -228,7 +229,10 @@ class ReplicaNode:
         p = self.peering
         if p is None or p.copy is None:
             return []
-        log.warning("stream %s: the leader %s did not complete the handshake: following again", self.stream, p.leader)
+        if now - self._handshake_logged >= 60:  # tried again every 0.3 s: said once a minute
+            self._handshake_logged = now
+            log.warning("stream %s: the leader %s did not complete the CURVE handshake (another key): trying the "
+                        "next key the stream has", self.stream, p.leader)  # fmt: skip
         return self._retry(now)
 
     def frames(self, frames: list[bytes], now: float) -> list[Action]:

@@ -270,7 +270,6 @@ class BrokerServer:
             None if replication is None else ReplicaNode(self.core, config.streams[0], "", replication.settings())
         )
         self._link: zmq.Socket[Any] | None = None
-        # CURVE: which of server_keys the peering uses, whether one was opened, and whether it heard the leader
         self._link_monitor: zmq.Socket[Any] | None = None  # the peering's handshake failures (CURVE)
         self._events = queue.SimpleQueue[Any]()  # the election's news and endpoint lookups, for the loop
         self._poller: zmq.Poller | None = None
