@@ -4,6 +4,7 @@ broker's objects (:mod:`zeps_operator.plan`), its group's manifest, its CURVE ke
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -454,7 +455,11 @@ def rotate_curve(body: kopf.Body, namespace: str, name: str, spec: StreamSpec, p
     if done.get("asked") != asked or done.get("phase") not in ROTATION_PHASES:
         phase, since = ROTATION_PHASES[0], now
     else:
-        since = float(done.get("since", now))
+        try:  # the status is the operator's, but anyone allowed to patch it could write it: never trusted
+            since = min(float(done.get("since", now)), now)
+        except (TypeError, ValueError):
+            since = now
+        since = since if math.isfinite(since) else now
         phase = str(done["phase"])
         if now - since >= window:
             phase, since = ROTATION_PHASES[ROTATION_PHASES.index(phase) + 1], now
