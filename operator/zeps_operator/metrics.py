@@ -62,6 +62,12 @@ STREAM_READY = Gauge(
     "1 while a ZepsStream's broker (its leader, with minInSync replicas running) serves and is registered",
     ["namespace", "stream"],
 )
+STREAM_ROLL_BLOCKED = Gauge(
+    "zeps_stream_roll_blocked_seconds",
+    "How long a ZepsStream's data-aware roll has been blocked: restarting its next pod would leave fewer than "
+    "minInSync replicas in sync (0 while it rolls, or waits for a restarted replica; no series once it is done)",
+    ["namespace", "stream", "statefulset"],
+)
 DRIFT_REPAIRS = Counter("zeps_operator_drift_repairs", "ZooKeeper paths restored by a resync pass", ["kind"])
 RESYNC_PASSES = Counter(
     "zeps_operator_resync_passes", "Resync passes completed over every known object (stalled: drift goes unrepaired)"
@@ -117,6 +123,16 @@ def stream_facts(namespace: str, name: str, *, ready: bool) -> None:
     STREAM_READY.labels(namespace, name).set(1 if ready else 0)
 
 
+def roll_facts(namespace: str, name: str, statefulset: str, *, blocked_s: float | None) -> None:
+    """A broker set's roll: how long it has been blocked (0: rolling, or waiting for a restarted
+    replica); None: no roll (the series goes)."""
+    if blocked_s is None:
+        with contextlib.suppress(KeyError):
+            STREAM_ROLL_BLOCKED.remove(namespace, name, statefulset)
+    else:
+        STREAM_ROLL_BLOCKED.labels(namespace, name, statefulset).set(round(blocked_s, 1))
+
+
 def forget(kind: str, namespace: str, name: str) -> None:
     """Remove a deleted resource's series (a gauge frozen at its last value would page for nothing)."""
     for gauge in _BY_KIND.get(kind, ()):
@@ -124,16 +140,23 @@ def forget(kind: str, namespace: str, name: str) -> None:
             gauge.remove(namespace, name)
     if kind == "Queue":
         _forget_consumers(namespace, name)
+    if kind == "ZepsStream":
+        _forget_series(STREAM_ROLL_BLOCKED, namespace, "stream", name, "statefulset")
 
 
 def _forget_consumers(namespace: str, name: str) -> None:
-    # prometheus_client has no "remove by partial labels": find this queue's series among the samples
-    for metric in BATCH_CONSUMER_LAG.collect():
+    _forget_series(BATCH_CONSUMER_LAG, namespace, "queue", name, "consumer")
+
+
+def _forget_series(gauge: Gauge, namespace: str, label: str, name: str, rest: str) -> None:
+    """Remove every series of ``gauge`` for resource ``name``, whatever its third label ``rest``:
+    prometheus_client has no "remove by partial labels", so they are found among the samples."""
+    for metric in gauge.collect():
         for sample in metric.samples:
             labels = sample.labels
-            if labels.get("namespace") == namespace and labels.get("queue") == name:
+            if labels.get("namespace") == namespace and labels.get(label) == name:
                 with contextlib.suppress(KeyError):
-                    BATCH_CONSUMER_LAG.remove(namespace, name, labels["consumer"])
+                    gauge.remove(namespace, name, labels[rest])
 
 
 def watch_zookeeper(connected: Callable[[], bool]) -> None:

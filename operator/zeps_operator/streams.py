@@ -322,11 +322,14 @@ def roll_brokers(body: kopf.Body, spec: StreamSpec, patch: kopf.Patch, partition
     step = next_step(pods, leader=replication.leader if replication else None,
                      isr=replication.isr if replication else None, min_insync=spec.in_sync)  # fmt: skip
     if step.done:
+        metrics.roll_facts(namespace, name, statefulset, blocked_s=None)
         return None
     before = (((body.get("status") or {}).get("roll") or {}).get(statefulset)) or {}
     now = time.time()
     recorded = before.get("since")
     since = float(recorded) if isinstance(recorded, (int, float)) else now
+    # how long it has been blocked (the ZepsStreamRollBlocked alert): since it last moved, if blocked
+    metrics.roll_facts(namespace, name, statefulset, blocked_s=max(0.0, now - since) if step.blocked else 0.0)
     if step.delete is not None:
         state.kube.delete_pod(namespace, step.delete)
         kopf.info(body, reason="RollingPod", message=f"{step.delete} restarts with the new template "

@@ -358,19 +358,31 @@ def _pods_by_ordinal(core: Any, namespace: str, stream: str) -> dict[str, Any]:
     return {p.metadata.name: p for p in pods}
 
 
+def _roll_blocked_s(operator: Any, namespace: str) -> float | None:
+    """The operator's ``zeps_stream_roll_blocked_seconds`` of the stream "roll", as a scrape reads it."""
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    wanted = {"namespace": namespace, "stream": "roll", "statefulset": "roll-broker"}
+    for family in text_string_to_metric_families(operator.metrics()):
+        for sample in family.samples:
+            if sample.name == "zeps_stream_roll_blocked_seconds" and sample.labels == wanted:
+                return float(sample.value)
+    return None
+
+
 def _ready(pod: Any) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
 
 
-@pytest.mark.usefixtures("operator")
 def test_a_new_template_rolls_the_broker_pods_one_at_a_time_followers_first_the_leader_last(
-    crds: ControlPlane, namespace: str, kube_api: Any, zookeeper_server: ZooKeeperServer
+    operator: Any, crds: ControlPlane, namespace: str, kube_api: Any, zookeeper_server: ZooKeeperServer
 ) -> None:
     """kwok plays the kubelet (the pods are never run: the replication state is written here, as
     brokers in sync would hold it). The StatefulSet updates ``OnDelete``; a new template (other
     resources) makes the operator delete one pod at a time, waiting for each to be back (Ready, and
     in the in-sync set), followers first and the leader last. With ``minInSync`` equal to the
-    replicas, no restart keeps enough in sync: the roll is blocked, and says so in status."""
+    replicas, no restart keeps enough in sync: the roll is blocked, says so in status, and the
+    operator's ``zeps_stream_roll_blocked_seconds`` counts how long (the ZepsStreamRollBlocked alert's)."""
     from zeps.coordination import connect  # noqa: PLC0415
     from zeps.paths import StreamPaths  # noqa: PLC0415
     from zeps.replication.election import ReplicationState  # noqa: PLC0415
@@ -422,6 +434,10 @@ def test_a_new_template_rolls_the_broker_pods_one_at_a_time_followers_first_the_
                    timeout=60, what="the roll blocked in status")  # fmt: skip
         waiting = _status(crds, namespace, "roll")["roll"]["roll-broker"]["waiting"]
         assert "fewer than minInSync 3" in waiting, waiting
+        first_seen = _roll_blocked_s(operator, namespace)
+        assert first_seen is not None
+        wait_until(lambda: (_roll_blocked_s(operator, namespace) or 0) > first_seen, timeout=60,
+                   what="the blocked roll's seconds growing")  # fmt: skip
         assert {n: p.metadata.uid for n, p in _pods_by_ordinal(core, namespace, "roll").items()} != first
         assert len(_pods_by_ordinal(core, namespace, "roll")) == 3 and not any(
             p.metadata.deletion_timestamp for p in _pods_by_ordinal(core, namespace, "roll").values()
