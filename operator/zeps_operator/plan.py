@@ -6,6 +6,8 @@ Nothing here does I/O, so every rule is a plain function with a unit test. The k
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import socket
 import uuid
@@ -285,6 +287,15 @@ def _multicast_pod(multicast: Multicast, template: dict[str, Any], container: di
         }  # fmt: skip
 
 
+#: the digest of a broker's settings (its ConfigMap) on its pod template
+CONFIG_ANNOTATION = "zeps.dev/config-digest"
+
+
+def config_digest(env: Mapping[str, str]) -> str:
+    """A short digest of a broker's settings: equal settings, equal digest."""
+    return hashlib.sha256(json.dumps(dict(env), sort_keys=True).encode()).hexdigest()[:16]
+
+
 def _broker_env(namespace: str, name: str, spec: StreamSpec, settings: Settings, *, replicated: bool,
                 partition: int = 0) -> dict[str, str]:  # fmt: skip
     """The broker's settings (its flags' environment variables), for its ConfigMap."""
@@ -444,6 +455,9 @@ def stream_objects(
         "metadata": {"name": service_name, "namespace": namespace, "labels": labels},
         "data": env,
     }
+    # the pods read their settings from the ConfigMap once, as they start: a change of them changes the
+    # template, so the brokers restart with it (one at a time for replicas: zeps_operator.roll)
+    template["metadata"]["annotations"][CONFIG_ANNOTATION] = config_digest(env)
     service = {
         "apiVersion": "v1",
         "kind": "Service",

@@ -115,6 +115,23 @@ def _replicated(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {f"{o['kind']}/{o['metadata']['name']}": o for o in made}
 
 
+def test_a_changed_setting_changes_the_brokers_pod_template_so_they_restart_with_it() -> None:
+    """The brokers read their ConfigMap as they start: a setting that lives there alone (the message
+    limit, minInSync, fsync) changes the pod template's digest, so the Deployment rolls out and the
+    StatefulSet's data-aware roll restarts its pods. Before, such a change reached no running broker
+    until it restarted for another reason."""
+
+    def template(objects: dict[str, dict[str, Any]], kind: str) -> dict[str, Any]:
+        return dict(next(o for k, o in objects.items() if k.startswith(kind))["spec"]["template"])
+
+    one, same, other = (_objects({"maxMessageBytes": n}) for n in (1 << 20, 1 << 20, 2 << 20))
+    assert template(one, "Deployment") == template(same, "Deployment") != template(other, "Deployment")
+    assert one["ConfigMap"]["data"] != other["ConfigMap"]["data"]
+    two, three = (_replicated({"replicas": 3, "minInSync": n}) for n in (2, 3))
+    assert template(two, "StatefulSet") != template(three, "StatefulSet")
+    assert two["StatefulSet/prices-broker"]["spec"]["template"]["metadata"]["annotations"]["zeps.dev/config-digest"]
+
+
 def test_a_replicated_stream_is_a_statefulset_spread_across_nodes_with_a_budget() -> None:
     objects = _replicated({"replicas": 3, "deletionPolicy": "Retain"})
     assert set(objects) == {"ConfigMap/prices-broker", "StatefulSet/prices-broker", "Service/prices-broker",
