@@ -18,7 +18,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from zeps.resources import GROUP, PLURALS, VERSION
-from zeps_operator.roll import RollPod
+from zeps_operator.roll import CONFIG_ANNOTATION, RollPod
 
 __all__ = ["FIELD_MANAGER", "InvalidSecretError", "Kube"]
 
@@ -113,10 +113,16 @@ class Kube:
                 continue
             conditions = (pod.status.conditions if pod.status is not None else None) or []
             ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
-            labels = meta.labels or {}
-            pods.append(RollPod(meta.name, labels.get("controller-revision-hash") == revision, ready,
-                                meta.deletion_timestamp is not None))  # fmt: skip
+            labels, annotations = meta.labels or {}, meta.annotations or {}
+            current = labels.get("controller-revision-hash") == revision
+            config = annotations.get(CONFIG_ANNOTATION, "")
+            pods.append(RollPod(meta.name, current, ready, meta.deletion_timestamp is not None, config))
         return revision, pods
+
+    def statefulset_replicas(self, namespace: str, name: str) -> int | None:
+        """The replicas a StatefulSet is set to run (None when it does not exist)."""
+        sts = _unless_missing(lambda: k8s.AppsV1Api(self.api).read_namespaced_stateful_set(name, namespace))
+        return None if sts is None or sts.spec is None else int(sts.spec.replicas or 0)
 
     # -- writes -----------------------------------------------------------------------------------
     def delete_pod(self, namespace: str, name: str) -> None:

@@ -340,6 +340,11 @@ KINDS = [
         status={
             "endpoint": ("string", "The broker's ZeroMQ endpoint."),
             "curvePublicKey": ("string", "The broker's CURVE public key (with curve: true)."),
+            "scaling": (
+                "object",
+                "Each broker set kept above spec.replicas while it may not go down yet, and what it waits for: "
+                "the replicas that stay in sync and running the settings wanted (minInSync first).",
+            ),
             "curveRotation": (
                 "object",
                 "The last rotation of the broker's CURVE key (the annotation zeps.dev/rotate-curve-key): the value "

@@ -20,6 +20,7 @@ from zeps.options import MulticastOptions
 from zeps.paths import DEFAULT_CHROOT, paths_of
 from zeps_operator.curve import REPLICAS, REPLICAS_DIR, broker_volume, replicas_volume
 from zeps_operator.models import MAX_REPLICAS, Multicast, StreamSpec
+from zeps_operator.roll import CONFIG_ANNOTATION
 
 __all__ = [
     "BROKER_DATA",
@@ -287,13 +288,15 @@ def _multicast_pod(multicast: Multicast, template: dict[str, Any], container: di
         }  # fmt: skip
 
 
-#: the digest of a broker's settings (its ConfigMap) on its pod template
-CONFIG_ANNOTATION = "zeps.dev/config-digest"
-
-
 def config_digest(env: Mapping[str, str]) -> str:
     """A short digest of a broker's settings: equal settings, equal digest."""
     return hashlib.sha256(json.dumps(dict(env), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def broker_config_digest(namespace: str, name: str, spec: StreamSpec, settings: Settings, *, replicated: bool,
+                         partition: int = 0) -> str:  # fmt: skip
+    """The digest of the settings a broker set's pods run with (their template's CONFIG_ANNOTATION)."""
+    return config_digest(_broker_env(namespace, name, spec, settings, replicated=replicated, partition=partition))
 
 
 def _broker_env(namespace: str, name: str, spec: StreamSpec, settings: Settings, *, replicated: bool,

@@ -14,6 +14,13 @@ decides (Strimzi's KafkaRoller and RabbitMQ's ``await_online_quorum_plus_one`` a
   replica is back in sync.
 
 Pure: the handlers read the pods, the StatefulSet and the replication state, and delete the pod named.
+
+**Scaling down** (:func:`scale_down`) is guarded the same way: the StatefulSet keeps its replicas
+until every replica that stays (the lowest ordinals) is in the in-sync set and runs the settings
+wanted now (a lower ``minInSync`` first reaches them through the roll, while every replica runs);
+only then are the highest ordinals removed, each stopping leader handing its lead to one that stays.
+So no record only the removed replicas held is lost, and the replicas left never wait for
+``minInSync`` replicas that are gone.
 """
 
 from __future__ import annotations
@@ -22,7 +29,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["RollPod", "RollStep", "next_step"]
+__all__ = ["CONFIG_ANNOTATION", "RollPod", "RollStep", "ScaleDown", "next_step", "scale_down"]
+
+
+#: the digest of a broker's settings (its ConfigMap) on its pod template: a change of them restarts it
+CONFIG_ANNOTATION = "zeps.dev/config-digest"
 
 
 @dataclass(frozen=True)
@@ -31,6 +42,7 @@ class RollPod:
     current: bool  #: of the StatefulSet's update revision (its template now)
     ready: bool
     stopping: bool  #: deletion asked (it has a deletionTimestamp)
+    config: str = ""  #: the digest of the settings it started with (its zeps.dev/config-digest)
 
 
 @dataclass(frozen=True)
@@ -81,3 +93,33 @@ def next_step(pods: Sequence[RollPod], *, leader: str | None, isr: frozenset[str
             continue
         return RollStep(delete=name, pending=old)
     return RollStep(waiting=refused[0] + ": waiting for another replica to be back in sync", blocked=True, pending=old)
+
+
+@dataclass(frozen=True)
+class ScaleDown:
+    """The replicas a broker set runs now, and (while that is more than wanted) what it waits for."""
+
+    replicas: int
+    waiting: str | None = None
+
+
+def scale_down(running: int, wanted: int, members: Sequence[str], pods: Sequence[RollPod], *,
+               isr: frozenset[str] | None, config: str) -> ScaleDown:  # fmt: skip
+    """Whether a broker set running ``running`` replicas (``members``, by ordinal) may go down to
+    ``wanted``: once every replica that stays is in sync (``isr``) and runs the settings ``config``
+    (the digest its pods' template has now). Growing, or staying, needs no wait."""
+    if wanted >= running:
+        return ScaleDown(wanted)
+    staying = list(members[:wanted])
+    if isr is None:
+        return ScaleDown(running, f"scaling down to {wanted}: no replication state yet")
+    out = [m for m in staying if m not in isr]
+    if out:
+        return ScaleDown(running, f"scaling down to {wanted}: {', '.join(out)} not in sync (the replicas that stay "
+                         "must hold every record first)")  # fmt: skip
+    runs = {p.name: p for p in pods}
+    stale = [m for m in staying if m not in runs or runs[m].config != config]
+    if stale:
+        return ScaleDown(running, f"scaling down to {wanted}: {', '.join(stale)} restarting with the new settings "
+                         "(minInSync) first")  # fmt: skip
+    return ScaleDown(wanted)

@@ -38,6 +38,7 @@ from zeps_operator.curve import (
 from zeps_operator.models import StreamSpec
 from zeps_operator.plan import (
     STREAM_LABEL,
+    broker_config_digest,
     broker_name,
     migration_objects,
     receiver_settings,
@@ -50,7 +51,7 @@ from zeps_operator.plan import (
     stream_objects,
 )
 from zeps_operator.reconcile import namespace_acl, read_after, ready, reconcile
-from zeps_operator.roll import next_step
+from zeps_operator.roll import next_step, scale_down
 from zeps_operator.state import state
 
 
@@ -61,9 +62,9 @@ def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason
     generation = body["metadata"].get("generation", 1)
     after = read_after(body, reason)  # kopf names the cause of a change (create, update, resume); a timer none
     # a path restored is drift (a warning, the ZepsDriftRepaired alert's count) once the stream was
-    # reconciled: before that, the paths its first pass makes are not
-    reconciled_once = (body.get("status") or {}).get("observedGeneration") is not None
-    if reconcile("ZepsStream", body, spec, patch, quiet=reconciled_once, read_after=after) != "ok":
+    # reconciled (it has an observedGeneration): before that, the paths its first pass makes are not
+    if reconcile("ZepsStream", body, spec, patch, read_after=after,
+                 quiet=(body.get("status") or {}).get("observedGeneration") is not None) != "ok":  # fmt: skip
         return
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
@@ -81,6 +82,8 @@ def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason
         return  # nothing made or changed for it: what runs keeps running as it was
     replicated = replication_mode(body, typed, patch)
     migrating = replicated is None
+    waits: dict[str, str] = {}  # a smaller replicas waits for the replicas that stay (roll.scale_down)
+    typed = guarded_scale(namespace, name, typed, 0, waits) if replicated else typed
     members = stream_members(name, typed, replicated=replicated is not False)
     if migrating:  # the old broker is the first replica until the new ones hold its journal
         members = [stream_member(name), *members]
@@ -93,8 +96,7 @@ def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason
                  for member in stream_members(name, typed, replicated=True, partition=p)]  # fmt: skip
         if replicated is not False:
             peers = [*members, *peers]
-        public_key = ensure_curve(body, namespace, name, typed, replicas=peers)
-        public_key = rotate_curve(body, namespace, name, typed, patch) or public_key
+        public_key = ensure_curve(body, namespace, name, typed, replicas=peers, patch=patch)
     zookeeper_auth = acl is not None
     retain = retains_data(dict(spec))
     if migrating:
@@ -105,7 +107,8 @@ def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason
     apply_objects(body, objects, retain=retain)
     if replicated and (asked := (meta.get("annotations") or {}).get(UNCLEAN_ELECTION)):
         unclean_election(body, typed, str(asked), patch)
-    others = [reconcile_partition(body, typed, p, acl=acl) for p in range(1, typed.partitions)]
+    others = [reconcile_partition(body, typed, p, acl=acl, waits=waits) for p in range(1, typed.partitions)]
+    scaling_status(body, patch, waits)
     if not migrating:
         rolls = {broker_name(name, p): roll_brokers(body, typed, patch, p) for p in range(typed.partitions)
                  if p > 0 or replicated}  # fmt: skip
@@ -359,12 +362,47 @@ def roll_status(body: kopf.Body, patch: kopf.Patch, rolls: dict[str, dict[str, A
         patch.status["roll"] = None  # done: the field goes
 
 
-def reconcile_partition(body: kopf.Body, spec: StreamSpec, partition: int, *, acl: list[Any] | None
-                        ) -> dict[str, Any]:  # fmt: skip
+def guarded_scale(namespace: str, name: str, spec: StreamSpec, partition: int, waits: dict[str, str]) -> StreamSpec:
+    """The spec a replicated broker set is made with now: ``spec``, or while it may not go down to
+    ``spec.replicas`` yet (:func:`zeps_operator.roll.scale_down`), the replicas it runs with the
+    ``minInSync`` wanted (which reaches them through the roll first); what it waits for in ``waits``."""
+    statefulset = broker_name(name, partition)
+    running = state.kube.statefulset_replicas(namespace, statefulset)
+    if running is None or running <= spec.replicas:
+        return spec
+    now = spec.model_copy(update={"replicas": running, "min_in_sync": spec.in_sync})
+    replication = read_replication_state(state.zk, StreamPaths.of(namespace, name, chroot=state.settings.chroot,
+                                                                   partition=partition))  # fmt: skip
+    _, pods = state.kube.broker_pods(namespace, statefulset)
+    config = broker_config_digest(namespace, name, now, state.settings, replicated=True, partition=partition)
+    members = stream_members(name, now, replicated=True, partition=partition)
+    step = scale_down(running, spec.replicas, members, pods, isr=replication.isr if replication else None,
+                      config=config)  # fmt: skip
+    if step.waiting is None:
+        return spec
+    waits[statefulset] = step.waiting
+    return now
+
+
+def scaling_status(body: kopf.Body, patch: kopf.Patch, waits: dict[str, str]) -> None:
+    """``status.scaling``: each broker set kept above its replicas, and what it waits for; gone once none is."""
+    before = (body.get("status") or {}).get("scaling")
+    if waits:
+        patch.status["scaling"] = replacing_map(before, waits)
+        if before != waits:
+            kopf.info(body, reason="ScalingDown", message="; ".join(f"{k}: {v}" for k, v in sorted(waits.items())))
+    elif before is not None:
+        patch.status["scaling"] = None
+
+
+def reconcile_partition(body: kopf.Body, spec: StreamSpec, partition: int, *, acl: list[Any] | None,
+                        waits: dict[str, str]) -> dict[str, Any]:  # fmt: skip
     """Partition ``partition`` (1 and up) of a partitioned stream: its manifest (with the namespace's
-    ``acl``), its broker set (a StatefulSet of ``spec.replicas``, as a replicated stream's), and its
-    entry in ``status.partitions`` (``ready``: a leader serves and minInSync replicas run)."""
+    ``acl``), its broker set (a StatefulSet of ``spec.replicas``, as a replicated stream's, kept above
+    them while it may not go down yet: ``waits``), and its entry in ``status.partitions`` (``ready``:
+    a leader serves and minInSync replicas run)."""
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    spec = guarded_scale(namespace, name, spec, partition, waits)
     zookeeper_auth = acl is not None
     paths = StreamPaths.of(namespace, name, chroot=state.settings.chroot, partition=partition)
     group = Group(state.zk, paths.brokers, acl=acl)
@@ -412,11 +450,12 @@ def partitions_status(body: kopf.Body, patch: kopf.Patch, others: list[dict[str,
     return f"partition {', '.join(waiting)} has no leader serving with minInSync replicas yet" if waiting else None
 
 
-def ensure_curve(body: kopf.Body, namespace: str, name: str, spec: StreamSpec, *, replicas: Sequence[str]) -> str:
+def ensure_curve(body: kopf.Body, namespace: str, name: str, spec: StreamSpec, *, replicas: Sequence[str],
+                 patch: kopf.Patch) -> str:  # fmt: skip
     """The stream's CURVE keys in the namespace's Secret (made once, kept), its admitted clients set to
     ``spec.curveClients``, each client's own Secret made once (:mod:`zeps_operator.curve`), a multicast
     key if it has a multicast output, a certificate for each of ``replicas`` (the members its manifests
-    name); the broker's public key."""
+    name), a rotation's next step (:func:`rotate_curve`); the broker's public key."""
     planned: list[StreamKeys] = []
     clients = spec.curve_clients
 
@@ -436,7 +475,7 @@ def ensure_curve(body: kopf.Body, namespace: str, name: str, spec: StreamSpec, *
         if state.kube.create_once(secret):
             made = secret["metadata"]["name"]
             kopf.info(body, reason="CurveClient", message=f"made Secret {made} for client {client}")
-    return keys.public_key
+    return rotate_curve(body, namespace, name, spec, patch) or keys.public_key
 
 
 def rotate_curve(body: kopf.Body, namespace: str, name: str, spec: StreamSpec, patch: kopf.Patch) -> str | None:

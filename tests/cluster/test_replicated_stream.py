@@ -142,13 +142,25 @@ def test_a_replicated_stream_runs_elects_fails_over_and_scales_down(
         wait_until(lambda: _status(crds, namespace, "orders").get("lastSequence") == 100, timeout=30,
                    what="the leader's facts in status")  # fmt: skip
 
-        # 3 -> 1: the StatefulSet scales, the manifest and minInSync follow
+        # 3 -> 1 while orders-broker-0, the one that stays, is down: the StatefulSet keeps its 3 (before,
+        # it went down at once, and every record only the other two held was gone with them)
+        dead = int(leader.rsplit("-", 1)[1])
+        if dead != 0:
+            procs[0].send_signal(signal.SIGKILL)
+        wait_until(lambda: "orders-broker-0" not in _status(crds, namespace, "orders")["replication"]["inSync"],
+                   timeout=60, what="orders-broker-0 out of the in-sync set")  # fmt: skip
         _apply(crds, namespace, "orders", {"replicas": 1, "fsync": "always"})
+        wait_until(lambda: "orders-broker-0 not in sync" in str(_status(crds, namespace, "orders").get("scaling")),
+                   timeout=30, what="the scale-down waiting in status")  # fmt: skip
+        assert apps.read_namespaced_stateful_set("orders-broker", namespace).spec.replicas == 3
+        assert len(json.loads(zk_manifest(zookeeper_server, namespace))["members"]) == 3  # none told to leave yet
+        procs[0], _ = pods.replica(0)  # back: it catches up, and the new minInSync reaches it first
         wait_until(lambda: apps.read_namespaced_stateful_set("orders-broker", namespace).spec.replicas == 1,
-                   timeout=30, what="the StatefulSet scaled to 1")  # fmt: skip
+                   timeout=120, what="the StatefulSet scaled to 1")  # fmt: skip
         config = core.read_namespaced_config_map("orders-broker", namespace).data
         assert config["ZEPS_BROKER_MIN_INSYNC"] == "1"
         assert _status(crds, namespace, "orders")["replicated"] is True  # still a StatefulSet (its volumes)
+        wait_until(lambda: "scaling" not in _status(crds, namespace, "orders"), timeout=30, what="status.scaling gone")
     finally:
         _stop(procs.values())
         crds.kubectl("delete", "zepsstream", "orders", "-n", namespace, "--timeout=60s", check=False)
@@ -356,6 +368,21 @@ def test_a_partitioned_stream_runs_a_broker_set_per_partition_and_grows_on_a_liv
 def _pods_by_ordinal(core: Any, namespace: str, stream: str) -> dict[str, Any]:
     pods = core.list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/instance={stream}").items
     return {p.metadata.name: p for p in pods}
+
+
+def zk_manifest(zookeeper_server: ZooKeeperServer, namespace: str) -> bytes:
+    """The "orders" stream's manifest as ZooKeeper holds it (the brokers that should run)."""
+    from zeps.coordination import connect  # noqa: PLC0415
+    from zeps.paths import StreamPaths  # noqa: PLC0415
+
+    zk = connect(zookeeper_server.connect_string)
+    try:
+        manifest = StreamPaths.of(namespace, "orders", chroot=CHROOT).brokers.manifest
+        assert manifest is not None
+        return bytes(zk.get(manifest)[0])
+    finally:
+        zk.stop()
+        zk.close()
 
 
 def _roll_blocked_s(operator: Any, namespace: str) -> float | None:

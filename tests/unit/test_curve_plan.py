@@ -93,8 +93,10 @@ def test_a_replica_pod_finds_its_own_certificate_and_the_replicas_keys_where_the
 
 def test_scaling_a_curve_stream_changes_no_pod_template() -> None:
     """The replicas' certificates are mounted for every index a spec allows (those not made yet are
-    left out), and a key rotation's coming key: scaling from 3 to 5 rolls no running replica."""
-    three, five = (stream_objects("shop", "prices", StreamSpec.model_validate({"curve": True, "replicas": n}),
+    left out), and a key rotation's coming key: scaling from 3 to 5 with minInSync as it was rolls no
+    running replica (a minInSync that follows the replicas, their majority, reaches them by the roll)."""
+    three, five = (stream_objects("shop", "prices", StreamSpec.model_validate({"curve": True, "replicas": n,
+                                                                               "minInSync": 2}),
                                   Settings(zookeeper="zk:2181"), replicated=True) for n in (3, 5))  # fmt: skip
     assert _pod(three) == _pod(five)
     volume = next(v for v in _pod(three)["spec"]["volumes"] if v["name"] == "curve-replicas")

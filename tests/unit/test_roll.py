@@ -1,8 +1,9 @@
-"""The data-aware roll's decisions (zeps_operator.roll): which broker pod the operator restarts next."""
+"""The data-aware roll's decisions (zeps_operator.roll): which broker pod the operator restarts next,
+and when a broker set may go down to fewer replicas."""
 
 from __future__ import annotations
 
-from zeps_operator.roll import RollPod, RollStep, next_step
+from zeps_operator.roll import RollPod, RollStep, ScaleDown, next_step, scale_down
 
 ALL = frozenset({"s-0", "s-1", "s-2"})
 
@@ -52,3 +53,27 @@ def test_an_old_pod_that_is_not_ready_goes_first_and_a_stream_without_state_roll
     step = next_step(_pods(unready={"s-0"}), leader="s-0", isr=ALL, min_insync=2)
     assert step.delete == "s-0"
     assert next_step(_pods(), leader=None, isr=None, min_insync=2).delete == "s-2"
+
+
+def _configured(config: dict[str, str]) -> list[RollPod]:
+    return [RollPod(n, True, True, False, c) for n, c in config.items()]
+
+
+MEMBERS = ["s-0", "s-1", "s-2"]
+
+
+def test_a_broker_set_goes_down_only_once_the_replicas_that_stay_are_in_sync_with_the_new_settings() -> None:
+    """3 -> 1: the StatefulSet keeps 3 while s-0, the one that stays, is out of sync, or still runs
+    the old minInSync (or has no pod); then 1. Growing, or the same, needs no wait."""
+    new = _configured({"s-0": "new", "s-1": "new", "s-2": "old"})
+    out = scale_down(3, 1, MEMBERS, new, isr=frozenset({"s-1", "s-2"}), config="new")
+    assert out.replicas == 3 and out.waiting is not None and "s-0 not in sync" in out.waiting
+    stale = scale_down(3, 1, MEMBERS, _configured({"s-0": "old", "s-1": "new", "s-2": "new"}), isr=ALL, config="new")
+    assert stale.replicas == 3 and stale.waiting is not None and "s-0 restarting with the new settings" in stale.waiting
+    missing = scale_down(3, 1, MEMBERS, _configured({"s-1": "new"}), isr=ALL, config="new")
+    assert missing.replicas == 3  # no pod of s-0 at all: not known to run the new settings
+    assert scale_down(3, 1, MEMBERS, new, isr=ALL, config="new") == ScaleDown(1)
+    assert scale_down(3, 2, MEMBERS, new, isr=frozenset({"s-0", "s-1"}), config="new") == ScaleDown(2)  # s-2 leaves
+    assert scale_down(3, 2, MEMBERS, new, isr=None, config="new").replicas == 3  # no state: nothing known yet
+    assert scale_down(1, 3, MEMBERS[:1], [], isr=None, config="new") == ScaleDown(3)
+    assert scale_down(3, 3, MEMBERS, [], isr=None, config="new") == ScaleDown(3)
