@@ -83,7 +83,7 @@ def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason
     replicated = replication_mode(body, typed, patch)
     migrating = replicated is None
     waits: dict[str, str] = {}  # a smaller replicas waits for the replicas that stay (roll.scale_down)
-    typed = guarded_scale(namespace, name, typed, 0, waits) if replicated else typed
+    wanted, typed = typed, guarded_scale(namespace, name, typed, 0, waits) if replicated else typed
     members = stream_members(name, typed, replicated=replicated is not False)
     if migrating:  # the old broker is the first replica until the new ones hold its journal
         members = [stream_member(name), *members]
@@ -107,7 +107,7 @@ def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason
     apply_objects(body, objects, retain=retain)
     if replicated and (asked := (meta.get("annotations") or {}).get(UNCLEAN_ELECTION)):
         unclean_election(body, typed, str(asked), patch)
-    others = [reconcile_partition(body, typed, p, acl=acl, waits=waits) for p in range(1, typed.partitions)]
+    others = [reconcile_partition(body, wanted, p, acl=acl, waits=waits) for p in range(1, typed.partitions)]
     scaling_status(body, patch, waits)
     if not migrating:
         rolls = {broker_name(name, p): roll_brokers(body, typed, patch, p) for p in range(typed.partitions)
