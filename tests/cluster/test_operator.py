@@ -657,6 +657,17 @@ def test_curve_keys_live_in_the_namespaces_secret_and_each_client_gets_its_own(
     assert after["secure.client.orders.key_secret"] == keys["secure.client.orders.key_secret"]
 
 
+def _secret_data(core: Any, namespace: str, name: str) -> dict[str, str]:
+    """A Secret's data, decoded (empty while there is no such Secret)."""
+    try:
+        found = core.read_namespaced_secret(name, namespace).data or {}
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return {}
+        raise
+    return {k: base64.b64decode(v).decode() for k, v in found.items()}
+
+
 def test_a_curve_key_rotation_by_annotation_hands_out_the_new_key_before_the_broker_serves_it(
     operator: OperatorProcess, crds: ControlPlane, namespace: str, kube_api: Any
 ) -> None:
@@ -668,13 +679,7 @@ def test_a_curve_key_rotation_by_annotation_hands_out_the_new_key_before_the_bro
     core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
 
     def data(name: str) -> dict[str, str]:
-        try:
-            found = core.read_namespaced_secret(name, namespace).data or {}
-        except client.ApiException as exc:
-            if exc.status == 404:
-                return {}
-            raise
-        return {k: base64.b64decode(v).decode() for k, v in found.items()}
+        return _secret_data(core, namespace, name)
 
     def phase() -> str:
         return str(_get(crds, namespace, "ZepsStream", "safe").get("status", {}).get("curveRotation", {}).get("phase"))
@@ -719,13 +724,8 @@ def test_a_curve_stream_of_replicas_and_partitions_gives_each_replica_a_certific
     core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
 
     def listed() -> dict[str, str]:
-        try:
-            data = core.read_namespaced_secret(CURVE_SECRET, namespace).data or {}
-        except client.ApiException as exc:
-            if exc.status == 404:
-                return {}
-            raise
-        return json.loads(base64.b64decode(data["vault.replicas.json"])) if "vault.replicas.json" in data else {}
+        data = _secret_data(core, namespace, CURVE_SECRET)
+        return json.loads(data["vault.replicas.json"]) if "vault.replicas.json" in data else {}
 
     members = [f"vault-broker-{i}" for i in range(3)] + [f"vault-broker-p1-{i}" for i in range(3)]
     wait_until(lambda: sorted(listed()) == sorted(members), timeout=60, what="the replicas' keys")
