@@ -227,6 +227,13 @@ def stream_members(name: str, spec: StreamSpec, *, replicated: bool, partition: 
     return [f"{broker_name(name, partition)}-{i}" for i in range(spec.replicas)]
 
 
+def preferred_leader(name: str, spec: StreamSpec, partition: int = 0) -> str:
+    """The replica that should lead a replicated stream's partition while it is in sync (the others
+    give the lead back to it, after a roll or a failover): ordinal ``partition mod replicas`` of its
+    set, so that the partitions' leaders spread over the sets' ordinals."""
+    return f"{broker_name(name, partition)}-{partition % spec.replicas}"
+
+
 #: seconds a replica asked to stop may wait for another to be back in sync, and then for its lead to
 #: pass (each; ``zeps-broker --handover-timeout``): its pod's grace period covers both
 HANDOVER_S = 40
@@ -326,6 +333,7 @@ def _broker_env(namespace: str, name: str, spec: StreamSpec, settings: Settings,
         del env["ZEPS_BROKER_MEMBER"], env["ZEPS_BROKER_ADVERTISE"]
         env["ZEPS_BROKER_MIN_INSYNC"] = str(spec.in_sync)
         env["ZEPS_BROKER_HANDOVER_TIMEOUT"] = str(HANDOVER_S)
+        env["ZEPS_BROKER_PREFERRED_LEADER"] = preferred_leader(name, spec, partition)
         if spec.catch_up_megabytes_per_second:
             env["ZEPS_BROKER_REPLICA_CATCHUP_RATE"] = str(spec.catch_up_megabytes_per_second)
     if retention.age_seconds:

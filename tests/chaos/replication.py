@@ -24,6 +24,9 @@ one a round, each healed before the next:
   whose clock runs ahead by more stamps records that far ahead, and the stream's own time then
   forgets producers idle by it (their resume is refused ``PRODUCER_UNKNOWN``, as after a real idle).
 
+Every replica prefers r0 as leader (``--preferred-leader``): after each fault that moved the lead,
+the leader gives it back to r0 once r0 is in sync, so those hand-overs meet the faults too.
+
 Replica links flapping are the network lab's (tests/integration/test_replication_partition.py).
 Debian's libfaketime (0.9.10) cannot run a broker, hence the library of our own: with its monotonic
 clock faked, Python 3.11's ``threading`` waits never return; with it left alone
@@ -113,6 +116,7 @@ class Chaos:
         names = [f"r{i}" for i in range(3)]
         self.proxies = {name: ZkProxy(server.connect_string).start() for name in names}
         self.replicas = ReplicaSet(self.zk, root, zookeeper_for={n: p.address for n, p in self.proxies.items()})
+        self.replicas.extra = ["--preferred-leader", "r0"]  # the lead goes back to r0: give-ways among the faults
         if volume_available() is None:  # each journal on a volume of its own, which disk-full fills (slow-disk
             disk = available_disk() is None  # slows it, if it is a disk: else a tmpfs)
             self.replicas.volumes = {name: PrivateVolume(root / name, size=256 << 20, disk=disk).start()

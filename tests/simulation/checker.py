@@ -161,6 +161,8 @@ class Checker:
         state = world.zk.state()
         if state is None or len(state.isr) != len(world.replicas):
             return False
+        if world.options.preferred is not None and state.leader != world.options.preferred:
+            return False  # the lead goes back to the preferred replica once it is in sync
         leader = world.replicas[state.leader]
         if not leader.up or leader.core is None or leader.core.streams[STREAM].leader is None:
             return False

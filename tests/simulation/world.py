@@ -87,6 +87,9 @@ class Options:
     segment_bytes: int
     session_s: float  #: ZooKeeper session timeout
     slow_disk: float  #: the chance a replica's disk syncs slowly (every 50-400 ms) after each of its starts
+    #: the replica the others give the lead back to once it is in sync (None: no preference); the
+    #: stream settles only once it leads
+    preferred: str | None = None
 
     @classmethod
     def from_seed(cls, rng: random.Random) -> Options:
@@ -104,6 +107,7 @@ class Options:
             segment_bytes=rng.choice([2048, 8192, 1 << 20]),
             session_s=rng.choice([2.0, 4.0]),
             slow_disk=rng.choice([0.0, 0.3, 0.6]),
+            preferred=rng.choice([None, "r0", "r1"]),  # drawn last: the choices above stay what they were
         )
 
 
@@ -437,7 +441,8 @@ class Replica:
         journal = self.core.streams[STREAM].journal  # type: ignore[union-attr]
         empty = lambda: journal.written == 0 and journal.epochs.latest == 0  # noqa: E731
         run = f"{self.incarnation}s{self.session.id}"
-        machine = Election(PATHS, self.name, run, self.events.append, empty=empty)
+        machine = Election(PATHS, self.name, run, self.events.append, empty=empty,
+                           preferred=self.world.options.preferred)  # fmt: skip
         if self.driver is not None:
             self.driver.dead = True
         self.driver = ElectionDriver(self, machine)

@@ -168,6 +168,21 @@ def test_a_replicated_stream_is_a_statefulset_spread_across_nodes_with_a_budget(
     assert deleted["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Delete"
 
 
+def test_each_partition_names_a_preferred_leader_so_leaderships_spread_over_the_ordinals() -> None:
+    """The replicas give the lead back to the preferred one after a roll or a failover
+    (zeps.replication.election): partition p of a stream of n replicas prefers ordinal p mod n."""
+    typed = StreamSpec.model_validate({"replicas": 3, "partitions": 4})
+    preferred = []
+    for partition in range(4):
+        made = stream_objects("shop", "prices", typed, Settings(zookeeper="zk:2181"), replicated=True,
+                              partition=partition)  # fmt: skip
+        (config,) = (o["data"] for o in made if o["kind"] == "ConfigMap")
+        preferred.append(config["ZEPS_BROKER_PREFERRED_LEADER"])
+    assert preferred == ["prices-broker-0", "prices-broker-p1-1", "prices-broker-p2-2", "prices-broker-p3-0"]
+    single = stream_objects("shop", "prices", StreamSpec.model_validate({}), Settings(zookeeper="zk:2181"))
+    assert all("ZEPS_BROKER_PREFERRED_LEADER" not in o.get("data", {}) for o in single)  # one broker: no election
+
+
 def test_min_in_sync_defaults_to_a_majority() -> None:
     assert [StreamSpec.model_validate({"replicas": n}).in_sync for n in (1, 2, 3, 4, 5)] == [1, 2, 2, 3, 3]
     assert StreamSpec.model_validate({"replicas": 3, "minInSync": 3}).in_sync == 3

@@ -156,3 +156,23 @@ def test_a_resigning_follower_stops_fetching_before_it_leaves_the_line(tmp_path:
     assert node.peered_off and node.turn(2.0) == []  # never followed again
     node.event(ReplicaEvent("resigned", 0), now=2.1)
     assert node.handed_over
+
+
+def test_a_leader_giving_way_to_the_preferred_replica_confirms_nothing_until_it_follows_or_keeps_the_lead(
+    tmp_path: Path,
+) -> None:
+    node = _node(tmp_path)
+    node.event(ReplicaEvent("lead", 4, "a", ISR), now=0.0)
+    node.turn(0.0)
+    node.event(ReplicaEvent("give-way", 4), now=0.1)
+    node.turn(0.1)  # the fence holds across turns (a turn recomputes it)
+    assert _leadership(node).fenced and node.giving_way == 4
+    node.event(ReplicaEvent("kept", 4), now=0.2)  # nobody took it: it confirms again
+    node.turn(0.2)
+    assert not _leadership(node).fenced and node.giving_way == 0
+    node.event(ReplicaEvent("give-way", 4), now=0.3)
+    actions = node.event(ReplicaEvent("follow", 5, "b", ISR), now=0.4)
+    assert actions == [Connect(5, "b")] and node.core.streams["prices"].leader is None and node.giving_way == 0
+    node.event(ReplicaEvent("lead", 6, "a", ISR), now=0.5)  # elected again later: a leadership unfenced
+    node.turn(0.5)
+    assert not _leadership(node).fenced

@@ -28,6 +28,7 @@ from zeps.errors import ConfigError, ZepsError
 from zeps.journal import DEFAULT_MAX_PRODUCERS, DEFAULT_PRODUCER_TTL_MS, JournalConfig
 from zeps.options import MulticastOptions
 from zeps.partitioning import MAX_PARTITIONS
+from zeps.paths import validate_member_id
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES_CEILING
 
 __all__ = ["main", "multicast_options", "parse_args", "read_key", "replication", "settings"]
@@ -137,6 +138,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--zookeeper-session-timeout", type=float, default=float(_env("ZOOKEEPER_SESSION_TIMEOUT") or 4),
                    help="seconds; a replicated stream's dead leader is replaced after about this long "
                    "[ZEPS_BROKER_ZOOKEEPER_SESSION_TIMEOUT]")  # fmt: skip
+    p.add_argument("--preferred-leader", default=_env("PREFERRED_LEADER"),
+                   help="the replica (its --member) that should lead the stream while it is in sync: the others "
+                   "give the lead back to it, after a roll or a failover [ZEPS_BROKER_PREFERRED_LEADER]")  # fmt: skip
     p.add_argument("--handover-timeout", type=float, default=float(_env("HANDOVER_TIMEOUT") or 10),
                    help="seconds a replica stopping (SIGTERM) waits for its lead to pass to an in-sync follower "
                    "before it stops anyway (a failover then); 0: no hand-over "
@@ -157,6 +161,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.min_insync is not None and (not args.zookeeper or len(args.stream) != 1 or args.min_insync < 1):
         p.error("--min-insync (a replicated stream) needs --zookeeper and --member, exactly one --stream, and a "
                 "value of 1 or more")  # fmt: skip
+    if args.preferred_leader:
+        if args.min_insync is None:
+            p.error("--preferred-leader names a replica of a replicated stream: give --min-insync too")
+        try:
+            validate_member_id(args.preferred_leader)
+        except ConfigError as exc:
+            p.error(f"--preferred-leader: {exc}")
     if not 0 <= args.partition < MAX_PARTITIONS or (args.partition and (not args.zookeeper or len(args.stream) != 1)):
         p.error(f"--partition must be in 0..{MAX_PARTITIONS - 1}, and a partition other than 0 needs "
                 "--zookeeper and exactly one --stream (its brokers and clients find each other there)")  # fmt: skip
@@ -200,7 +211,8 @@ def replication(args: argparse.Namespace) -> Replication | None:
     """The replication the flags ask for (None: the stream has this one broker)."""
     if args.min_insync is None:
         return None
-    return Replication(args.min_insync, lag_s=args.replica_lag, session_timeout_s=args.zookeeper_session_timeout)
+    return Replication(args.min_insync, lag_s=args.replica_lag, session_timeout_s=args.zookeeper_session_timeout,
+                       preferred_leader=args.preferred_leader or None)  # fmt: skip
 
 
 def settings(args: argparse.Namespace) -> tuple[BrokerConfig, CurveConfig | None, Registration | None]:

@@ -18,6 +18,8 @@ in, REPLICA-DATA out) through the adapter's ROUTER like any other peer's frames.
   held data, the state's ``data`` before the first record is committed (:class:`MarkData`); its commit
   point is recorded (:class:`RecordCommit`) every ``record_commit_s`` when it moved.
 * ``lost`` (the session expired): no longer leading or following until the election says again.
+* ``give-way``: the leadership leaves its lead to the preferred replica (:mod:`zeps.replication.election`)
+  and confirms nothing until the next epoch's ``follow`` (or ``kept``: no one took it).
 * **Fencing**: the adapter tells :meth:`ReplicaNode.connection` the session's news at once, on the
   session's own thread, in order. A leadership confirms nothing while the connection is down, and
   nothing ever again once the session that elected it expired (a new one starts a new leadership).
@@ -131,6 +133,8 @@ class ReplicaNode:
         self._resigning = False
         self.handover: str | None = None  #: None, then "resigned" (out of line) or "stays" (leads on)
         self.resigned_epoch = 0  #: the epoch it led when it resigned (0: it followed)
+        #: the epoch whose lead it leaves to the preferred replica (0: none): it confirms nothing meanwhile
+        self.giving_way = 0
 
     @property
     def leaderless(self) -> bool:
@@ -176,6 +180,11 @@ class ReplicaNode:
     # -- the election's news ----------------------------------------------------------------
     def event(self, event: ReplicaEvent, now: float) -> list[Action]:
         core, name = self.core, self.stream
+        if event.kind != "isr":
+            self.giving_way = event.epoch if event.kind == "give-way" else 0
+        if event.kind in ("give-way", "kept"):  # fenced while the preferred replica takes the lead, or again not
+            self._fence()
+            return []
         if event.kind == "lead":
             out = self._close()
             self.following = None
@@ -302,7 +311,8 @@ class ReplicaNode:
     def _fence(self) -> None:
         leader = self.core.streams[self.stream].leader
         if leader is not None:
-            leader.fenced = self._resigning or not self._connected or self._lead_session != self._sessions_lost
+            leader.fenced = (self._resigning or bool(self.giving_way) or not self._connected
+                             or self._lead_session != self._sessions_lost)  # fmt: skip
 
     def _follow(self, epoch: int, leader: str) -> list[Action]:
         out = self._close()

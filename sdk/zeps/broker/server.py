@@ -191,6 +191,8 @@ class Replication:
     heartbeat_s: float = 0.5  #: a follower hears from the leader at least this often
     leader_silence_s: float = 3.0  #: a follower that heard nothing this long connects again
     session_timeout_s: float = 4.0  #: the broker's ZooKeeper session: how soon a dead leader is replaced
+    #: the replica that should lead while it is in sync (the others give way to it); None: any
+    preferred_leader: str | None = None
 
     def settings(self) -> ReplicaSettings:
         return ReplicaSettings(self.min_insync, lag_s=self.lag_s, heartbeat_s=self.heartbeat_s,
@@ -541,7 +543,8 @@ class BrokerServer:
             assert self.node is not None
             self.node.me = reg.member
             self._election = ReplicaElection(self._zk, paths, reg.member, self._events.put, empty=empty,
-                                             on_connection=self.node.connection).start()  # fmt: skip
+                                             on_connection=self.node.connection,
+                                             preferred=self.replication.preferred_leader).start()  # fmt: skip
 
     def _membership_failed(self, exc: BaseException) -> None:
         """A rejoin after a ZooKeeper session expiry failed: serving unregistered would hide the broker

@@ -196,9 +196,10 @@ class ReplicaElection:
     def __init__(self, client: KazooClient, paths: StreamPaths, replica: str,
                  report: Callable[[ReplicaEvent], None], *, acl: list[Any] | None = None,
                  empty: Callable[[], bool] = lambda: False,
-                 on_connection: Callable[[str], None] = lambda state: None) -> None:  # fmt: skip
+                 on_connection: Callable[[str], None] = lambda state: None,
+                 preferred: str | None = None) -> None:  # fmt: skip
         self.client, self.acl, self.on_connection = client, acl, on_connection
-        self.machine = Election(paths, replica, uuid.uuid4().hex[:12], report, empty=empty)
+        self.machine = Election(paths, replica, uuid.uuid4().hex[:12], report, empty=empty, preferred=preferred)
         self._tasks: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
         self._worker = threading.Thread(target=self._work, name=f"zeps-election-{replica}", daemon=True)
         self._timers: set[threading.Timer] = set()

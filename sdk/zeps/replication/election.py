@@ -33,6 +33,15 @@ Layout (:class:`zeps.paths.StreamPaths`)::
 * **Retries**: an election step that fails while the session lives is tried again with a growing
   backoff (never left waiting for a watch that was not set); an in-sync set write that fails is
   asked again by the leader (:attr:`zeps.replication.isr.Leadership.wanted`).
+* **Preferred leader** (Kafka's preferred-leader election): a stream may name the replica that should
+  lead while it is in sync (the operator names one per partition, so leaderships spread over the
+  pods). Every few seconds each other replica looks whether it stands before that one in line
+  while it is in the in-sync set, twice in a row: a follower then steps to the back of the line; a
+  leader with the preferred replica next in line gives the lead to it (reported ``give-way``: the
+  broker stops confirming, as in a controlled shutdown's hand-over) and steps to the back too, so
+  the preferred replica takes the next epoch, and the old leader follows it. If no one took the
+  lead, the old one finds itself first again, leading the same epoch (reported ``kept``: it
+  confirms again). After a roll or a failover, the lead so goes back where it belongs.
 * **Sessions**: LOST (expired) makes the replica step down and take a place at the back of the line
   with its next session. SUSPENDED (the connection dropped; the session, and leadership, may still
   live) is the driver's to tell the broker at once, on the session's own thread, so a leader stops
@@ -91,6 +100,10 @@ STATE_VERSION = 1
 MAX_STATE_BYTES = 64 << 10  #: a state node larger than this is not one (someone else wrote it)
 BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)  #: an election step that failed is tried again after these
 REQUEUE_S = 1.0  #: an ineligible replica first in line, with others behind it, steps back after this
+PREFER_CHECK_S = 5.0  #: how often a replica looks whether it stands in the preferred replica's way
+#: it steps aside once that many looks in a row found the preferred replica in sync and behind it
+#: (so a replica just back in the set gets a few seconds first)
+PREFER_CHECKS = 2
 
 
 # -- ZooKeeper operations and their failures (what a driver executes) -----------------------------
@@ -234,9 +247,11 @@ class ReplicaEvent:
     ``epoch`` (``lead`` and ``isr`` say the state's ``data`` too); ``lost``: this replica's ZooKeeper
     session expired (it leads and follows nothing);
     ``resigned``: it left the line for good (:meth:`Election.resign`; ``epoch``: the one it led, 0 if
-    none); ``stays``: it could not resign, and leads ``epoch`` on until it stops."""
+    none); ``stays``: it could not resign, and leads ``epoch`` on until it stops; ``give-way``: it
+    leaves the lead of ``epoch`` to the preferred replica (it must confirm nothing more);
+    ``kept``: no one took it, and it leads ``epoch`` on (it confirms again)."""
 
-    kind: Literal["lead", "follow", "isr", "lost", "resigned", "stays"]
+    kind: Literal["lead", "follow", "isr", "lost", "resigned", "stays", "give-way", "kept"]
     epoch: int = 0
     leader: str = ""
     isr: frozenset[str] = frozenset()
@@ -279,7 +294,7 @@ class Election:
     :meth:`timer`, :meth:`session` and :meth:`write_isr`; the driver runs them one at a time."""
 
     def __init__(self, paths: StreamPaths, replica: str, run: str, report: Callable[[ReplicaEvent], None], *,
-                 empty: Callable[[], bool] = lambda: False) -> None:  # fmt: skip
+                 empty: Callable[[], bool] = lambda: False, preferred: str | None = None) -> None:  # fmt: skip
         self.paths, self.replica, self.report = paths, validate_member_id(replica), report
         self.prefix = election_node(replica, run)
         #: whether this replica's journal holds nothing (a new or wiped volume): it may not lead a stream
@@ -294,6 +309,11 @@ class Election:
         self.resigned = False  #: out of line for good (a controlled shutdown): never takes a place again
         self.lost = False
         self.connected = True  #: the session's connection, as the last session event said
+        #: the replica that should lead while it is in sync (None: this one, or no preference)
+        self.preferred = validate_member_id(preferred) if preferred and preferred != replica else None
+        self.giving_way = False  #: leading, and out of line so that the preferred replica takes the lead
+        self._prefer_due = False  #: a look at the preferred replica is scheduled
+        self._preferred_seen = 0  #: looks in a row that found it in sync and behind this replica
 
     # -- entry points (each returns a task) --------------------------------------------------
     def start(self) -> Task:
@@ -304,6 +324,7 @@ class Election:
                 log.warning("replica %s: could not leave the in-sync set (%s)", self.replica, type(exc).__name__)
         yield from self._read_state()
         yield from self._check()
+        yield from self._prefer_later()
 
     def stop(self) -> Task:
         self.stopped = True
@@ -379,6 +400,10 @@ class Election:
             yield from self._read_state()
         elif name == "requeue":
             yield from self._requeue(arg)
+        elif name == "prefer":
+            self._prefer_due = False
+            yield from self._give_way()
+            yield from self._prefer_later()
 
     def session(self, state: Literal["suspended", "lost", "connected"]) -> Task:
         """The session's state changed (kazoo's SUSPENDED, LOST and CONNECTED). A suspension is the
@@ -389,7 +414,7 @@ class Election:
         self.connected = state == "connected"
         if state == "lost":
             self.lost = True
-            self.node, self.led, self.followed, self.claiming = None, 0, None, None
+            self.node, self.led, self.followed, self.claiming, self.giving_way = None, 0, None, None, False
             self.report(ReplicaEvent("lost"))
         elif state == "connected" and self.lost:  # a new session: whoever leads now is followed
             self.lost = False
@@ -505,6 +530,10 @@ class Election:
             return True
         self.claiming = None
         if state is not None and self.led and state.leader == self.replica and state.epoch == self.led:
+            if self.giving_way:  # first again: no one took the lead it left
+                self.giving_way = False
+                log.info("replica %s: no one took the lead of epoch %d: leading on", self.replica, self.led)
+                self.report(ReplicaEvent("kept", self.led))
             return True  # leading already
         why = None
         if state is not None and state.data and self.empty():
@@ -556,6 +585,56 @@ class Election:
         self.node = None
         yield from self._check()
 
+    # -- the preferred leader -----------------------------------------------------------------
+    def _prefer_later(self) -> Task:
+        """Look at the preferred replica's place in :data:`PREFER_CHECK_S` (one look scheduled at a time)."""
+        if self.preferred is not None and not (self._prefer_due or self.stopped or self.resigned):
+            self._prefer_due = True
+            yield Schedule(PREFER_CHECK_S, "prefer")
+
+    def _give_way(self) -> Task:
+        """Step aside if this replica stands before the preferred one in line while that one is in the
+        in-sync set (at :data:`PREFER_CHECKS` looks in a row): a follower steps to the back of the
+        line; a leader does too once the preferred replica is next in line (another between them steps
+        aside first), after reporting ``give-way``, so that the preferred replica takes the next epoch."""
+        if self.lost or self.resigned or self.giving_way or self.node is None or not self.connected:
+            self._preferred_seen = 0
+            return
+        try:
+            line = sorted((yield GetChildren(self.paths.election)), key=_position)
+            data, _ = yield Get(self.paths.replication_state)
+        except ZooKeeperError:
+            return  # the next look
+        state = ReplicationState.decode(data)
+        theirs = next((i for i, n in enumerate(line) if election_replica(n) == self.preferred), None)
+        if (state is None or self.preferred not in state.isr or theirs is None or self.node not in line
+                or line.index(self.node) > theirs):  # fmt: skip
+            self._preferred_seen = 0
+            return
+        self._preferred_seen += 1
+        if self._preferred_seen < PREFER_CHECKS:
+            return
+        if self.led:
+            if line.index(self.node) != 0 or theirs != 1 or (state.epoch, state.leader) != (self.led, self.replica):
+                return  # another stands between us (it steps aside first), or the epoch moves on: the next look
+            log.info("replica %s: the preferred replica %s is in sync: giving it the lead of epoch %d", self.replica,
+                     self.preferred, self.led)  # fmt: skip
+            self.giving_way = True
+            self.report(ReplicaEvent("give-way", self.led))
+        else:
+            log.info("replica %s: the preferred replica %s is in sync: stepping behind it in line", self.replica,
+                     self.preferred)  # fmt: skip
+        self._preferred_seen = 0
+        try:
+            yield Delete(f"{self.paths.election}/{self.node}")
+        except NoNodeError:
+            pass
+        except ZooKeeperError:  # perhaps deleted: the look below finds out (first still: ``kept``)
+            yield from self._check()
+            return
+        self.node = None
+        yield from self._check()  # a new place, at the back
+
     # -- the state ---------------------------------------------------------------------------
     def _read_state(self) -> Task:
         """Read the state and watch it (again: a watch fires once)."""
@@ -583,9 +662,9 @@ class Election:
             return
         if state.leader != self.replica or state.epoch > self.led:
             if self.led:
-                log.log(logging.INFO if self.resigned else logging.WARNING, "replica %s: epoch %d was taken by %s; "
-                        "stepping down", self.replica, state.epoch, state.leader)  # fmt: skip
-                self.led = 0
+                log.log(logging.INFO if self.resigned or self.giving_way else logging.WARNING, "replica %s: epoch %d "
+                        "was taken by %s; stepping down", self.replica, state.epoch, state.leader)  # fmt: skip
+                self.led, self.giving_way = 0, False
             leader = state.leader if state.leader != self.replica else ""  # our own, from before a restart
             if self.followed != (state.epoch, leader):
                 self.followed = (state.epoch, leader)
