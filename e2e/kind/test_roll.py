@@ -3,9 +3,10 @@ nodes (docs: "Replicated streams", rolling a change): a publisher Job and a subs
 against an R3 stream while its resources change. The StatefulSet updates ``OnDelete``; the operator
 restarts one broker pod at a time, followers first and the leader last, each back in the in-sync set
 before the next; each stopping broker hands over (a follower leaves the in-sync set, the leader its
-lead). Every confirmed publish reaches the subscriber once, in order, with no gap; the order of
-restarts is the operator's events'. The publisher's longest wait for a confirmation is printed as a
-figure (never asserted)."""
+lead), and once the last is back the lead returns to the preferred replica (ordinal 0). Every
+confirmed publish reaches the subscriber once, in order, with no gap; the order of restarts is the
+operator's events'. The publisher's longest wait for a confirmation is printed as a figure (never
+asserted)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,10 @@ def test_a_changed_template_is_rolled_one_pod_at_a_time_the_leader_last_losing_n
                                                         "spec": spec}}})  # fmt: skip
     app.cluster.wait_for("500 confirmed", lambda: bool(c := _confirmed(app)) and c[-1]["confirmed"] >= 500,
                          timeout=240, interval=1)  # fmt: skip
+    # the lead is at the preferred replica (ordinal 0 of partition 0), whichever the first election chose
+    preferred = f"{STREAM}-broker-0"
+    app.cluster.wait_for("the preferred replica leading", lambda: _replication(app).get("leader") == preferred,
+                         timeout=120, interval=1)  # fmt: skip
     leader = _replication(app)["leader"]
     began = time.time()
     app.apply(_stream(resources={"limits": {"memory": "768Mi"}}))  # a new template
@@ -78,6 +83,9 @@ def test_a_changed_template_is_rolled_one_pod_at_a_time_the_leader_last_losing_n
     events.sort(key=lambda e: e.get("lastTimestamp") or e["metadata"]["creationTimestamp"])
     order = [e["message"].split(" ", 1)[0] for e in events]
     assert len(order) == 3 and order[-1] == leader, f"restarts: {order}, the leader {leader} not last"
+    # its restart handed the lead to a follower; once back in sync, the lead goes back to it
+    app.cluster.wait_for("the lead back at the preferred replica", lambda: _replication(app).get("leader") == preferred,
+                         timeout=120, interval=1)  # fmt: skip
 
     app.cluster.wait_for("the publisher to finish", lambda: _confirmed(app)[-1]["confirmed"] >= COUNT, timeout=600,
                          interval=2)  # fmt: skip
