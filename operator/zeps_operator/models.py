@@ -363,7 +363,8 @@ KINDS = [
             "partitions": (
                 "array",
                 "With spec.partitions above 1: each partition's endpoint, leader (or broker), epoch, in-sync "
-                "replicas, followers' lag and last sequence, partition 0 first.",
+                "replicas, followers' lag, replicas out of sync (underReplicated) and last sequence, partition 0 "
+                "first.",
             ),
         },
         columns=[("Endpoint", "string", ".status.endpoint"), ("Last-Seq", "integer", ".status.lastSequence")],

@@ -163,19 +163,37 @@ def condition(
     previous: list[dict[str, Any]] | None, *, ready: bool, reason: str, message: str, generation: int
 ) -> list[dict[str, Any]]:
     """The conditions list with Ready set; lastTransitionTime moves only when the status changes."""
-    status = "True" if ready else "False"
-    old = ready_condition(previous)
-    changed = old is None or old.get("status") != status
+    return set_condition(previous, "Ready", ready, reason=reason, message=message, generation=generation)
+
+
+def set_condition(previous: list[dict[str, Any]] | None, kind: str, status: bool, *, reason: str, message: str,
+                  generation: int) -> list[dict[str, Any]]:  # fmt: skip
+    """The conditions list with the condition ``kind`` set (in its place, so an unchanged list stays
+    equal); its lastTransitionTime moves only when its status changes."""
+    value = "True" if status else "False"
+    old = next((c for c in previous or [] if c.get("type") == kind), None)
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     new = {
-        "type": "Ready",
-        "status": status,
+        "type": kind,
+        "status": value,
         "reason": reason,
-        "message": message,
-        "lastTransitionTime": now if changed else old.get("lastTransitionTime", now),  # type: ignore[union-attr]
+        "message": message[:1000],
+        "lastTransitionTime": now if old is None or old.get("status") != value else old.get("lastTransitionTime", now),
         "observedGeneration": generation,
     }
-    return [c for c in previous or [] if c.get("type") != "Ready"] + [new]
+    if old is None:
+        return [*(previous or []), new]
+    return [new if c is old else c for c in previous or []]
+
+
+def under_replicated(members: list[str], isr: frozenset[str] | list[str], lag: Mapping[str, int],
+                     fetching: frozenset[str] | None = None) -> list[str]:  # fmt: skip
+    """What each replica of a broker set outside its in-sync set does, as its leader says: catching
+    up (it fetches: ``fetching``, or all in ``lag`` from a leader that does not say; and how many
+    records it lacks) or not fetching (down, or cut off)."""
+    fetching = frozenset(lag) if fetching is None else fetching
+    return [f"{m} catching up ({lag.get(m, 0):,} records behind)" if m in fetching else f"{m} not fetching"
+            for m in members if m not in isr]  # fmt: skip
 
 
 def ready_condition(conditions: list[dict[str, Any]] | None) -> dict[str, Any] | None:

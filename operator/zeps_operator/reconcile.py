@@ -176,8 +176,13 @@ def ready(
     """Set the Ready condition for ``generation``: the one the handler read when it began. kopf's body
     is live, so reading it again here could report a generation the handler never saw (a deletion,
     for one, bumps it)."""
-    previous = (body.get("status") or {}).get("conditions")
-    patch.status["conditions"] = condition(previous, ready=ready, reason=reason, message=message, generation=generation)
+    patch.status["conditions"] = condition(conditions_now(body, patch), ready=ready, reason=reason, message=message,
+                                           generation=generation)  # fmt: skip
+
+
+def conditions_now(body: Mapping[str, Any], patch: kopf.Patch) -> list[dict[str, Any]] | None:
+    """The conditions as this pass leaves them so far: those it set already, else the object's."""
+    return patch.status.get("conditions") or (body.get("status") or {}).get("conditions")
 
 
 def zookeeper_resource(

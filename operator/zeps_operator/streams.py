@@ -45,12 +45,14 @@ from zeps_operator.plan import (
     refused_pod,
     replacing_map,
     retains_data,
+    set_condition,
     stream_endpoint,
     stream_member,
     stream_members,
     stream_objects,
+    under_replicated,
 )
-from zeps_operator.reconcile import namespace_acl, read_after, ready, reconcile
+from zeps_operator.reconcile import conditions_now, namespace_acl, read_after, ready, reconcile
 from zeps_operator.roll import next_step, scale_down
 from zeps_operator.state import state
 
@@ -112,7 +114,7 @@ def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason
     if not migrating:
         rolls = {broker_name(name, p): roll_brokers(body, typed, patch, p) for p in range(typed.partitions)
                  if p > 0 or replicated}  # fmt: skip
-        roll_status(body, patch, rolls)
+        roll_status(body, patch, rolls, generation=generation)
     if migrating:
         finish_migration(body, typed, group, patch, retain=retain, generation=generation)
         return
@@ -238,6 +240,16 @@ def follower_lag(facts: Mapping[str, Any]) -> dict[str, int]:
     return {str(k)[:253]: v for k, v in list(lag.items())[:256] if isinstance(v, int) and not isinstance(v, bool)}
 
 
+def fetching(facts: Mapping[str, Any]) -> frozenset[str] | None:
+    """The followers that fetch, as their leader publishes it in its facts (None: it does not say;
+    names only, 256 at the most)."""
+    replication = facts.get("replication")
+    names = replication.get("fetching") if isinstance(replication, dict) else None
+    if not isinstance(names, list):
+        return None
+    return frozenset(str(n)[:253] for n in names[:256] if isinstance(n, str))
+
+
 def held_shutdowns(members: Mapping[str, Any]) -> dict[str, str]:
     """The replicas that, asked to stop, wait because their stop would leave fewer than minInSync in
     sync, and why (their own facts, in ZooKeeper: a string each, bounded, 16 at the most)."""
@@ -287,6 +299,11 @@ def replicated_status(body: kopf.Body, spec: StreamSpec, group: Group, patch: ko
         for key in ("lastSequence", "journalBytes"):
             if isinstance(facts.get(key), int):
                 patch.status[key] = facts[key]
+        sets = {f"{name}-broker": under_replicated(stream_members(name, spec, replicated=True), replication.isr,
+                                                   follower_lag(facts), fetching(facts))}  # fmt: skip
+        patch.status["replication"]["underReplicated"] = sets[f"{name}-broker"]
+        sets |= {broker_name(name, e["partition"]): e["underReplicated"] for e in others if "underReplicated" in e}
+        replication_condition(body, patch, sets, generation=generation)
     waiting = partitions_status(body, patch, others)
     if patch.status["brokerReady"] and waiting is None:
         ready(body, patch, True, "LeaderReady", f"{replication.leader if replication else ''} leads; {running} of "
@@ -352,14 +369,37 @@ def roll_brokers(body: kopf.Body, spec: StreamSpec, patch: kopf.Patch, partition
     }
 
 
-def roll_status(body: kopf.Body, patch: kopf.Patch, rolls: dict[str, dict[str, Any] | None]) -> None:
-    """``status.roll``: each broker set still rolling, what it waits for; gone once all are done."""
+def roll_status(body: kopf.Body, patch: kopf.Patch, rolls: dict[str, dict[str, Any] | None], *,
+                generation: int) -> None:  # fmt: skip
+    """``status.roll``: each broker set still rolling, what it waits for; gone once all are done. And
+    the Rolling condition: True while one rolls (reason ``Blocked`` while minInSync holds one back)."""
     wanted = {k: v for k, v in rolls.items() if v is not None}
     before = (body.get("status") or {}).get("roll")
     if wanted:
         patch.status["roll"] = replacing_map(before, wanted)
     elif before is not None:
         patch.status["roll"] = None  # done: the field goes
+    blocked = any(v.get("blocked") for v in wanted.values())
+    message = "; ".join(f"{k}: {v.get('waiting')}" for k, v in sorted(wanted.items()))
+    patch.status["conditions"] = set_condition(
+        conditions_now(body, patch), "Rolling", bool(wanted), generation=generation,
+        reason="Blocked" if blocked else "Rolling" if wanted else "Current",
+        message=message or "every broker pod runs the current template",
+    )  # fmt: skip
+
+
+def replication_condition(body: kopf.Body, patch: kopf.Patch, sets: dict[str, list[str]], *, generation: int
+                          ) -> None:  # fmt: skip
+    """The UnderReplicated condition: True while a broker set has replicas outside its in-sync set,
+    each named with what it does (catching up, and how far behind, or not fetching). ``sets``: each
+    set's descriptions (:func:`zeps_operator.plan.under_replicated`)."""
+    out = {k: v for k, v in sets.items() if v}
+    caught_up = all("catching up" in d for v in out.values() for d in v)
+    patch.status["conditions"] = set_condition(
+        conditions_now(body, patch), "UnderReplicated", bool(out), generation=generation,
+        reason=("CatchingUp" if caught_up else "ReplicasDown") if out else "AllInSync",
+        message="; ".join(f"{k}: {', '.join(v)}" for k, v in sorted(out.items())) or "every replica is in sync",
+    )  # fmt: skip
 
 
 def guarded_scale(namespace: str, name: str, spec: StreamSpec, partition: int, waits: dict[str, str]) -> StreamSpec:
@@ -422,8 +462,10 @@ def reconcile_partition(body: kopf.Body, spec: StreamSpec, partition: int, *, ac
     }
     facts = leader.metadata if leader is not None else {}
     if replication is not None:
+        lag = follower_lag(facts)
         entry |= {"leader": replication.leader if leader is not None else "", "epoch": replication.epoch,
-                  "inSync": sorted(replication.isr), "followerLag": follower_lag(facts)}  # fmt: skip
+                  "inSync": sorted(replication.isr), "followerLag": lag,
+                  "underReplicated": under_replicated(members, replication.isr, lag, fetching(facts))}  # fmt: skip
     if isinstance(facts.get("lastSequence"), int):
         entry["lastSequence"] = facts["lastSequence"]
     return entry
@@ -442,7 +484,8 @@ def partitions_status(body: kopf.Body, patch: kopf.Patch, others: list[dict[str,
         "leader": replication["leader"] if replication else stream_member(body["metadata"]["name"]),
     }
     if replication:  # a replicated partition 0 is shown as the others are
-        first |= {k: replication[k] for k in ("epoch", "inSync", "followerLag", "replicasReady") if k in replication}
+        shown = ("epoch", "inSync", "followerLag", "underReplicated", "replicasReady")
+        first |= {k: replication[k] for k in shown if k in replication}
     if isinstance(patch.status.get("lastSequence"), int):
         first["lastSequence"] = patch.status["lastSequence"]
     patch.status["partitions"] = [first, *others]

@@ -41,6 +41,12 @@ def _status(plane: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
     return body.get("status", {})  # type: ignore[no-any-return]
 
 
+def _cond(plane: ControlPlane, namespace: str, name: str, kind: str) -> tuple[str, str, str]:
+    """The status, reason and message of the condition ``kind`` of a ZepsStream (empty if none)."""
+    found = next((c for c in _status(plane, namespace, name).get("conditions", []) if c["type"] == kind), {})
+    return found.get("status", ""), found.get("reason", ""), found.get("message", "")
+
+
 def _stop(procs: Iterable[subprocess.Popen[bytes]]) -> None:
     """SIGTERM to the broker processes still running, then up to 15 s each before SIGKILL."""
     procs = list(procs)
@@ -136,6 +142,9 @@ def test_a_replicated_stream_runs_elects_fails_over_and_scales_down(
                    timeout=60, what="the new epoch in status")  # fmt: skip
         after = _status(crds, namespace, "orders")["replication"]
         assert after["leader"] not in ("", leader)
+        # the dead leader's process is not started again (yet): the stream says so
+        wait_until(lambda: f"{leader} not fetching" in (c := _cond(crds, namespace, "orders", "UnderReplicated"))[2]
+                   and c[:2] == ("True", "ReplicasDown"), timeout=30, what="UnderReplicated: the dead one")  # fmt: skip
         # the new leader was a follower: a status patch merges maps, so the operator removes its entry
         # (whoever leads by then: the lead may have gone back to orders-broker-0, the preferred replica)
         replication = lambda: _status(crds, namespace, "orders")["replication"]  # noqa: E731
@@ -455,14 +464,17 @@ def test_a_new_template_rolls_the_broker_pods_one_at_a_time_followers_first_the_
             time.sleep(0.1)  # the roll is watched, sampled ten times a second (its steps take seconds)
         assert order == ["roll-broker-2", "roll-broker-0", "roll-broker-1"], order
         wait_until(lambda: "roll" not in _status(crds, namespace, "roll"), timeout=60, what="status.roll gone")
+        assert _cond(crds, namespace, "roll", "Rolling") == ("False", "Current", "every broker pod runs the current "
+                                                            "template")  # fmt: skip
 
         # minInSync 3 of 3: any restart leaves 2 in sync
         _apply(crds, namespace, "roll", {"replicas": 3, "minInSync": 3, "storage": storage,
                                          "resources": {"limits": {"memory": "1Gi"}}})  # fmt: skip
-        wait_until(lambda: (_status(crds, namespace, "roll").get("roll") or {}).get("roll-broker", {}).get("blocked"),
-                   timeout=60, what="the roll blocked in status")  # fmt: skip
+        wait_until(lambda: (_status(crds, namespace, "roll").get("roll") or {}).get("roll-broker", {}).get("blocked")
+                   and _cond(crds, namespace, "roll", "Rolling")[:2] == ("True", "Blocked"),
+                   timeout=60, what="the roll blocked in status and its Rolling condition")  # fmt: skip
         waiting = _status(crds, namespace, "roll")["roll"]["roll-broker"]["waiting"]
-        assert "fewer than minInSync 3" in waiting, waiting
+        assert "fewer than minInSync 3" in waiting and waiting in _cond(crds, namespace, "roll", "Rolling")[2]
         first_seen = _roll_blocked_s(operator, namespace)
         assert first_seen is not None
         wait_until(lambda: (_roll_blocked_s(operator, namespace) or 0) > first_seen, timeout=60,

@@ -173,3 +173,14 @@ def test_a_replica_restarts_from_its_checkpoint_and_a_lone_brokers_journal_count
     again = _core(tmp_path)
     assert again.streams["prices"].routed == 6
     again.close()
+
+
+def test_the_followers_that_fetch_are_those_heard_within_the_lag_allowed() -> None:
+    """The leader's facts say who fetches (the operator's UnderReplicated condition tells a replica
+    catching up from one that is down)."""
+    leader = _leader(lag_s=10.0)
+    leader.fetched("b", 5, 5, now=1.0)
+    leader.fetched("c", 5, 5, now=8.0)
+    assert leader.fetching(now=9.0) == ["b", "c"]
+    assert leader.fetching(now=12.0) == ["c"]  # b silent for 11 s
+    assert leader.lag(9) == {"b": 4, "c": 4}  # its lag stays reported: the last it said

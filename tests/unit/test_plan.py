@@ -13,8 +13,10 @@ from zeps_operator.plan import (
     condition,
     ready_at,
     replacing_map,
+    set_condition,
     status_changes,
     stream_objects,
+    under_replicated,
     zookeeper_layout,
 )
 
@@ -66,6 +68,30 @@ def test_ready_condition_keeps_its_transition_time_until_the_status_changes() ->
     assert [c["type"] for c in flipped] == ["Degraded", "Ready"]
     # ready_at: Ready for this very generation (a resume finds nothing to announce), not an older one
     assert ready_at(flipped, 2) and not ready_at(flipped, 3) and not ready_at(same, 2) and not ready_at(None, 1)
+
+
+def test_other_conditions_keep_their_place_so_an_unchanged_list_stays_equal() -> None:
+    """Rolling and UnderReplicated beside Ready: each set in its place (a pass that changes nothing
+    writes nothing: status_changes compares the lists), its transition time moving with its status."""
+    first = set_condition(None, "Rolling", True, reason="Blocked", message="x waits", generation=1)
+    both = condition(first, ready=True, reason="LeaderReady", message="", generation=1)
+    since = both[0]["lastTransitionTime"] = "2020-01-01T00:00:00Z"
+    again = set_condition(both, "Rolling", True, reason="Rolling", message="y restarting", generation=2)
+    assert [c["type"] for c in again] == ["Rolling", "Ready"] and again[0]["lastTransitionTime"] == since
+    done = set_condition(again, "Rolling", False, reason="Current", message="", generation=2)
+    assert done[0]["status"] == "False" and done[0]["lastTransitionTime"] != since
+    assert set_condition(done, "Rolling", False, reason="Current", message="", generation=2)[0] == done[0]
+
+
+def test_under_replicated_says_which_replicas_catch_up_and_how_far_and_which_fetch_nothing() -> None:
+    members = ["s-broker-0", "s-broker-1", "s-broker-2"]
+    lag = {"s-broker-1": 12345, "s-broker-2": 40}
+    assert under_replicated(members, frozenset(members), lag) == []
+    assert under_replicated(members, frozenset({"s-broker-0"}), lag, frozenset({"s-broker-1"})) == [
+        "s-broker-1 catching up (12,345 records behind)", "s-broker-2 not fetching"]  # fmt: skip
+    # a leader that does not say who fetches: each follower it reports a lag for
+    assert under_replicated(members, frozenset({"s-broker-0"}), {"s-broker-2": 3}) == [
+        "s-broker-1 not fetching", "s-broker-2 catching up (3 records behind)"]  # fmt: skip
 
 
 def test_zookeeper_layout_is_the_one_of_zeps_paths() -> None:

@@ -933,7 +933,8 @@ class BrokerServer:
                 "leader": self.node.following[1] if self.node is not None and self.node.following else "",
             }
         return {"role": "leader", "epoch": leader.epoch, "inSync": sorted(leader.isr), "commit": leader.commit,
-                "followerLag": leader.lag(stream.journal.durable), "written": stream.journal.written}  # fmt: skip
+                "followerLag": leader.lag(stream.journal.durable), "written": stream.journal.written,
+                "fetching": leader.fetching(time.monotonic())}  # fmt: skip
 
     def _update_metrics(self) -> None:
         self.metrics.update(self.core)

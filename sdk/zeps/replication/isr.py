@@ -171,3 +171,7 @@ class Leadership:
     def lag(self, leader_durable: int) -> dict[str, int]:
         """Records each follower lacks of the leader's durable tail."""
         return {name: max(0, leader_durable - f.durable) for name, f in sorted(self.followers.items())}
+
+    def fetching(self, now: float) -> list[str]:
+        """The followers that fetched within ``lag_s`` (the others are down, or cut off)."""
+        return sorted(name for name, f in self.followers.items() if now - f.seen < self.lag_s)
