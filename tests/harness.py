@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,15 @@ def until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
     """The tests' one way to wait: poll ``check`` every 50 ms until it is true; after ``timeout``
     seconds fail naming ``what`` (zeps_dev.process.wait_until underneath)."""
     wait_until(check, timeout=timeout, interval=0.05, what=what)
+
+
+def next_millisecond() -> None:
+    """Return once the wall clock is past the millisecond it is in (brokers stamp records in
+    milliseconds: a time taken after this falls after every record stamped before it). A spin of
+    at most one millisecond, whatever the machine's load: no guess of how long."""
+    now = time.time_ns() // 1_000_000
+    while time.time_ns() // 1_000_000 <= now:
+        pass
 
 
 class ZooKeeperHarness:

@@ -164,7 +164,7 @@ def test_a_replicated_stream_runs_elects_fails_over_and_scales_down(
         wait_until(lambda: "orders-broker-0 not in sync" in str(_status(crds, namespace, "orders").get("scaling")),
                    timeout=30, what="the scale-down waiting in status")  # fmt: skip
         assert apps.read_namespaced_stateful_set("orders-broker", namespace).spec.replicas == 3
-        assert len(json.loads(zk_manifest(zookeeper_server, namespace))["members"]) == 3  # none told to leave yet
+        assert len(zk_json(zookeeper_server, namespace, "manifest")["members"]) == 3  # none told to leave yet
         procs[0], _ = pods.replica(0)  # back: it catches up, and the new minInSync reaches it first
         wait_until(lambda: apps.read_namespaced_stateful_set("orders-broker", namespace).spec.replicas == 1,
                    timeout=120, what="the StatefulSet scaled to 1")  # fmt: skip
@@ -195,8 +195,9 @@ def test_an_annotation_elects_a_replica_out_of_sync_when_the_in_sync_ones_are_go
         for i in range(3):
             procs[i], _ = pods.replica(i, ZEPS_BROKER_REPLICA_LAG="2")
         wait_until(lambda: len(replication().get("inSync", [])) == 3, timeout=90, what="three replicas in sync")
-        leader = replication()["leader"]
-        lagging = next(i for i in range(3) if f"orders-broker-{i}" != leader)
+        # the lead settles at the preferred replica (whichever the first election chose): it stays there
+        wait_until(lambda: replication().get("leader") == "orders-broker-0", timeout=60, what="the preferred leader")
+        lagging = 1
         locator = LeaderLocator(zookeeper_server.connect_string, namespace, "orders", chroot=CHROOT)
         with StreamClient(locator(), "orders", locator=locator, timeout=30) as c:
             for i in range(50):
@@ -208,7 +209,9 @@ def test_an_annotation_elects_a_replica_out_of_sync_when_the_in_sync_ones_are_go
             for i in range(50, 100):
                 c.publish("k", b"%d" % i)
             c.flush(timeout=30)
-        time.sleep(6)  # the leader records its commit point every 5 s: the event's figure comes from it
+        # the leader records its commit point every 5 s: the event's figure comes from it
+        wait_until(lambda: zk_json(zookeeper_server, namespace, "committed").get("commit", 0) >= 100, timeout=30,
+                   what="the leader's commit point recorded")  # fmt: skip
         for i in range(3):
             if i != lagging:
                 procs[i].send_signal(signal.SIGKILL)
@@ -381,16 +384,22 @@ def _pods_by_ordinal(core: Any, namespace: str, stream: str) -> dict[str, Any]:
     return {p.metadata.name: p for p in pods}
 
 
-def zk_manifest(zookeeper_server: ZooKeeperServer, namespace: str) -> bytes:
-    """The "orders" stream's manifest as ZooKeeper holds it (the brokers that should run)."""
+def zk_json(zookeeper_server: ZooKeeperServer, namespace: str, node: str) -> dict[str, Any]:
+    """A node of the "orders" stream as ZooKeeper holds it: its ``manifest`` (the brokers that should
+    run) or its ``committed`` point (the leader's record of it); {} if there is none."""
+    from kazoo.exceptions import NoNodeError  # noqa: PLC0415
+
     from zeps.coordination import connect  # noqa: PLC0415
     from zeps.paths import StreamPaths  # noqa: PLC0415
 
+    paths = StreamPaths.of(namespace, "orders", chroot=CHROOT)
+    path = paths.brokers.manifest if node == "manifest" else paths.replication_committed
+    assert path is not None
     zk = connect(zookeeper_server.connect_string)
     try:
-        manifest = StreamPaths.of(namespace, "orders", chroot=CHROOT).brokers.manifest
-        assert manifest is not None
-        return bytes(zk.get(manifest)[0])
+        return dict(json.loads(zk.get(path)[0]))
+    except NoNodeError:
+        return {}
     finally:
         zk.stop()
         zk.close()

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.spark
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 RUNNER = r"""
-import re, sys, time
+import re, sys
 from pyspark.sql import SparkSession
 
 readme = open(sys.argv[1]).read()
@@ -34,10 +34,9 @@ scope = {"cache": {"product:42": "stale"}, "crawl": crawled.append, "spark": spa
 exec("import zeps", scope)
 for block in blocks:
     exec(compile(block, sys.argv[1], "exec"), scope)
-deadline = time.monotonic() + 10
-while "product:42" in scope["cache"] and time.monotonic() < deadline:
-    time.sleep(0.05)  # the subscription's callback runs on its own thread
-assert "product:42" not in scope["cache"], "the Topic example's subscriber never got the message"
+from zeps_dev.process import wait_until  # the subscription's callback runs on its own thread
+wait_until(lambda: "product:42" not in scope["cache"], timeout=10, interval=0.05,
+           what="the Topic example's subscriber getting the message")
 scope["subscription"].close()
 assert crawled == [b"https://example.org/"], crawled
 query = scope["query"]

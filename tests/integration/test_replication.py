@@ -10,6 +10,7 @@ confirmed publishes; or ``--min-insync 1``: a leader kill loses what only it hel
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -336,7 +337,7 @@ def test_the_cli_replays_from_a_follower_with_follower_reads(replicas: Replicas,
 
 @pytest.mark.parametrize("emptied", [False, True], ids=["holding-its-journal", "journal-emptied-while-in-sync"])
 def test_a_replica_whose_journal_is_empty_is_not_elected_even_while_listed_in_sync(
-    zookeeper: ZooKeeperHarness, emptied: bool
+    zookeeper: ZooKeeperHarness, emptied: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The election's own rule, apart from the replica leaving the in-sync set at start: a replica
     listed in sync whose journal became empty afterwards (a copy begun afresh at the leader's oldest
@@ -345,6 +346,7 @@ def test_a_replica_whose_journal_is_empty_is_not_elected_even_while_listed_in_sy
     from zeps.coordination.replication import ReplicaElection, ReplicationState  # noqa: PLC0415
     from zeps.paths import StreamPaths  # noqa: PLC0415
 
+    caplog.set_level(logging.INFO, logger="zeps.replication.election")
     zk = zookeeper.client()
     paths = StreamPaths.of("default", "prices", chroot=zookeeper.root)
     zk.create(paths.replication_state, ReplicationState(1, "x", frozenset({"x", "e"})).encode(), makepath=True)
@@ -358,8 +360,8 @@ def test_a_replica_whose_journal_is_empty_is_not_elected_even_while_listed_in_sy
         if emptied:
             empty.set()
         zk.delete(leader_place)  # the leader is gone: e is first in line
-        if emptied:
-            time.sleep(2)  # time enough to have taken the lead (it takes milliseconds)
+        if emptied:  # its machine looked at the line and said why it does not lead
+            until(lambda: "first in line, but its journal is empty" in caplog.text, "e stepping back", timeout=10)
             state = ReplicationState.decode(zk.get(paths.replication_state)[0])
             assert state is not None and (state.epoch, state.leader) == (1, "x"), "an empty replica took the lead"
             assert not [e for e in events if e.kind == "lead"]

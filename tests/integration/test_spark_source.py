@@ -17,7 +17,7 @@ from pyspark.sql.types import StructField, StructType
 
 import zeps
 import zeps.errors
-from harness import ZooKeeperHarness, fresh_py4j_connection
+from harness import ZooKeeperHarness, fresh_py4j_connection, next_millisecond
 from zeps.broker import BrokerConfig, BrokerServer, Registration
 from zeps.client import Seq, StreamClient
 from zeps.config import Resolved
@@ -142,7 +142,7 @@ def test_starting_offsets_and_patterns(spark: Any, zookeeper: ZooKeeperHarness, 
     assert run("q_latest", startingOffsets="latest") == list(range(61, 66))
     assert run("q_pattern", startingOffsets="earliest", pattern="eu.1") == [s for s in range(1, 66) if (s - 1) % 3 == 1]
     ts = int(time.time() * 1000)
-    time.sleep(0.05)  # the broker stamps records in milliseconds: the next ones come after ts
+    next_millisecond()  # the broker stamps records in milliseconds: the next ones come after ts
     _publish(broker, 3, start=65)
     _tail_published(broker, 68)
     assert run("q_time", startingOffsets=str(ts)) == [66, 67, 68]

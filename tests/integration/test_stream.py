@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from kazoo.exceptions import NoAuthError
 from kazoo.security import OPEN_ACL_UNSAFE
 
-from harness import OPERATOR_AUTH, ZooKeeperHarness
+from harness import OPERATOR_AUTH, ZooKeeperHarness, next_millisecond
 from zeps._records import encode_record
 from zeps.broker import BrokerConfig, BrokerServer, CurveConfig, Registration
 from zeps.client import AsyncStreamClient, BrokerUnavailableError, Seq, StreamClient, Time, discover
@@ -185,9 +185,9 @@ def test_prefix_regex_and_resume_from_a_sequence(broker_factory: BrokerFactory) 
 def test_replay_from_a_time(broker_factory: BrokerFactory) -> None:
     broker = broker_factory()
     _publish(broker.endpoint, 100)
-    time.sleep(0.05)  # the broker stamps records in milliseconds: ``middle`` falls between two
+    next_millisecond()  # the broker stamps records in milliseconds: ``middle`` falls between two
     middle = time.time()
-    time.sleep(0.05)  # (and after it, the next records' stamps)
+    next_millisecond()  # (and after it, the next records' stamps)
     _publish(broker.endpoint, 50, start=100)
     with StreamClient(broker.endpoint, "prices") as c:
         c.start("", since=Time(middle))
