@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -16,15 +17,17 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
+from kubernetes.utils import parse_quantity
 
 from zeps.resources import GROUP, PLURALS, VERSION
+from zeps_operator.resize import Claim
 from zeps_operator.roll import CONFIG_ANNOTATION, RollPod
 
 __all__ = ["FIELD_MANAGER", "InvalidSecretError", "Kube"]
 
 #: the field manager of the operator's server-side applies
 FIELD_MANAGER = "zeps-operator"
-_NOT_FOUND, _CONFLICT = 404, 409
+_FORBIDDEN, _NOT_FOUND, _CONFLICT, _INVALID = 403, 404, 409, 422
 T = TypeVar("T")
 
 
@@ -114,10 +117,58 @@ class Kube:
             conditions = (pod.status.conditions if pod.status is not None else None) or []
             ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
             labels, annotations = meta.labels or {}, meta.annotations or {}
-            current = labels.get("controller-revision-hash") == revision
+            # a journal whose filesystem grows only unmounted (FileSystemResizePending) restarts as an old template's
+            current = labels.get("controller-revision-hash") == revision and not self._filesystem_pending(
+                namespace, f"journal-{meta.name}")  # fmt: skip
             config = annotations.get(CONFIG_ANNOTATION, "")
             pods.append(RollPod(meta.name, current, ready, meta.deletion_timestamp is not None, config))
         return revision, pods
+
+    def claim_size(self, namespace: str, kind: str, name: str) -> str | None:
+        """The size a journal claim asks for (``kind`` PersistentVolumeClaim), or a StatefulSet's claim
+        template (``kind`` StatefulSet); None when there is none."""
+        if kind == "StatefulSet":
+            sts = _unless_missing(lambda: k8s.AppsV1Api(self.api).read_namespaced_stateful_set(name, namespace))
+            templates = (sts.spec.volume_claim_templates if sts is not None and sts.spec is not None else None) or []
+            specs = [t.spec for t in templates if t.metadata is not None and t.metadata.name == "journal"]
+        else:
+            claim = self._claim(namespace, name)
+            specs = [claim.spec] if claim is not None else []
+        requests = [(s.resources.requests or {}).get("storage") for s in specs if s is not None and s.resources]
+        return str(requests[0]) if requests and requests[0] else None
+
+    def journal_claims(self, namespace: str, names: list[str]) -> list[Claim]:
+        """The journal claims ``names`` as a resize sees them (those that exist)."""
+        out = []
+        for name in names:
+            pvc = self._claim(namespace, name)
+            if pvc is None or pvc.spec is None:
+                continue
+            requested = ((pvc.spec.resources.requests if pvc.spec.resources else None) or {}).get("storage", "")
+            status = pvc.status
+            capacity = ((status.capacity if status is not None else None) or {}).get("storage", "")
+            conditions = (status.conditions if status is not None else None) or []
+            pending = any(c.type == "FileSystemResizePending" and c.status == "True" for c in conditions)
+            out.append(Claim(name, str(requested), str(capacity), _bytes(requested), _bytes(capacity), pending))
+        return out
+
+    def _filesystem_pending(self, namespace: str, claim: str) -> bool:
+        return any(c.filesystem_pending for c in self.journal_claims(namespace, [claim]))
+
+    def _claim(self, namespace: str, name: str) -> Any:
+        return _unless_missing(lambda: self._core.read_namespaced_persistent_volume_claim(name, namespace))
+
+    def grow_claim(self, namespace: str, name: str, size: str) -> str | None:
+        """Ask for ``size`` on a claim (a volume grown in place); None once asked, else the API server's
+        refusal (its StorageClass does not allow expansion, say)."""
+        body = {"spec": {"resources": {"requests": {"storage": size}}}}
+        try:
+            self._core.patch_namespaced_persistent_volume_claim(name, namespace, body)
+        except ApiException as exc:
+            if exc.status in (_FORBIDDEN, _INVALID):
+                return _api_message(exc)
+            raise
+        return None
 
     def statefulset_replicas(self, namespace: str, name: str) -> int | None:
         """The replicas a StatefulSet is set to run (None when it does not exist)."""
@@ -333,6 +384,23 @@ def _unless_missing(read: Callable[[], T]) -> T | None:
         if exc.status == _NOT_FOUND:
             return None
         raise
+
+
+def _bytes(quantity: Any) -> int:
+    """A Kubernetes quantity in bytes (0 for none, or one that is not a quantity)."""
+    try:
+        return int(parse_quantity(str(quantity))) if quantity else 0  # type: ignore[no-untyped-call]
+    except ValueError:
+        return 0
+
+
+def _api_message(exc: ApiException) -> str:
+    """The API server's message in a refusal (its Status body), else the exception's reason."""
+    try:
+        message = json.loads(exc.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or exc.reason or exc.status)[:500]
 
 
 def _snake(key: str) -> str:

@@ -101,7 +101,9 @@ class Resources(_Model):
 
 
 class Storage(_Model):
-    size: str = Field("10Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$", description="Journal volume size.")
+    size: str = Field("10Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$",
+                      description="Journal volume size: a larger one grows each volume in place where its "
+                      "StorageClass allows expansion (the Resizing condition); volumes never shrink.")  # fmt: skip
     storage_class_name: str | None = Field(
         None, description="StorageClass of the journal volume (cluster default if unset).", json_schema_extra=IMMUTABLE
     )

@@ -385,6 +385,7 @@ def stream_objects(
     zookeeper_auth: bool = False,
     replicated: bool = False,
     partition: int = 0,
+    claim_size: str | None = None,
 ) -> list[dict[str, Any]]:
     """ConfigMap, PersistentVolumeClaim, Deployment and Service of a ZepsStream's broker — or, for a
     replicated stream, ConfigMap, StatefulSet, Service, headless Service and PodDisruptionBudget.
@@ -394,7 +395,8 @@ def stream_objects(
     (``zeps.dev/stream``): with ``deletionPolicy: Retain`` it has no owner, outlives the stream, and a
     stream made again with the same name takes it over (the handlers decide ownership; a StatefulSet's
     PVCs by its retention policy). ``partition`` N >= 1: the broker set of that partition of a
-    partitioned stream, always a StatefulSet (``<name>-broker-p<N>``)."""
+    partitioned stream, always a StatefulSet (``<name>-broker-p<N>``). ``claim_size``: the size its
+    journal claims (or the StatefulSet's claim template) have now, kept (``storage.size`` when new)."""
     replicated = replicated or partition > 0
     labels = _labels(name, partition)
     port = spec.port
@@ -406,7 +408,9 @@ def stream_objects(
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
         "metadata": {"name": f"{name}-journal", "namespace": namespace, "labels": {**labels, STREAM_LABEL: name}},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": storage.size}}},
+        # the claims' size as they exist, if they do: a StatefulSet's claim template never changes, and
+        # a claim grows by a resize of its own (zeps_operator.streams.resize_journals), never by apply
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": claim_size or storage.size}}},
     }
     if storage.storage_class_name:
         pvc["spec"]["storageClassName"] = storage.storage_class_name

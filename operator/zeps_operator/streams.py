@@ -53,6 +53,7 @@ from zeps_operator.plan import (
     under_replicated,
 )
 from zeps_operator.reconcile import conditions_now, namespace_acl, read_after, ready, reconcile
+from zeps_operator.resize import plan_resize
 from zeps_operator.roll import next_step, scale_down
 from zeps_operator.state import state
 
@@ -101,16 +102,14 @@ def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason
         public_key = ensure_curve(body, namespace, name, typed, replicas=peers, patch=patch)
     zookeeper_auth = acl is not None
     retain = retains_data(dict(spec))
-    if migrating:
-        objects = migration_objects(namespace, name, typed, state.settings, zookeeper_auth=zookeeper_auth)
-    else:
-        objects = stream_objects(namespace, name, typed, state.settings, zookeeper_auth=zookeeper_auth,
-                                 replicated=bool(replicated))  # fmt: skip
-    apply_objects(body, objects, retain=retain)
+    apply_objects(body, broker_objects(namespace, name, typed, replicated, zookeeper_auth=zookeeper_auth),
+                  retain=retain)  # fmt: skip
     if replicated and (asked := (meta.get("annotations") or {}).get(UNCLEAN_ELECTION)):
         unclean_election(body, typed, str(asked), patch)
     others = [reconcile_partition(body, wanted, p, acl=acl, waits=waits) for p in range(1, typed.partitions)]
     scaling_status(body, patch, waits)
+    if not migrating:
+        resize_journals(body, patch, typed, replicated=bool(replicated), generation=generation)
     if not migrating:
         rolls = {broker_name(name, p): roll_brokers(body, typed, patch, p) for p in range(typed.partitions)
                  if p > 0 or replicated}  # fmt: skip
@@ -388,6 +387,46 @@ def roll_status(body: kopf.Body, patch: kopf.Patch, rolls: dict[str, dict[str, A
     )  # fmt: skip
 
 
+def broker_objects(namespace: str, name: str, spec: StreamSpec, replicated: bool | None, *, zookeeper_auth: bool
+                   ) -> list[dict[str, Any]]:  # fmt: skip
+    """The objects of partition 0's broker set (:func:`zeps_operator.plan.stream_objects`; a stream
+    growing replicas in place, ``replicated`` None: :func:`zeps_operator.plan.migration_objects`), its
+    journal claims keeping the size they have (:func:`resize_journals` grows them)."""
+    if replicated is None:
+        return migration_objects(namespace, name, spec, state.settings, zookeeper_auth=zookeeper_auth)
+    claim_size = (state.kube.claim_size(namespace, "StatefulSet", broker_name(name)) if replicated
+                  else state.kube.claim_size(namespace, "PersistentVolumeClaim", f"{name}-journal"))  # fmt: skip
+    return stream_objects(namespace, name, spec, state.settings, zookeeper_auth=zookeeper_auth, replicated=replicated,
+                          claim_size=claim_size)  # fmt: skip
+
+
+def resize_journals(body: kopf.Body, patch: kopf.Patch, spec: StreamSpec, *, replicated: bool, generation: int
+                    ) -> None:  # fmt: skip
+    """Grow the stream's journal claims (every partition's, each replica's that runs) to
+    ``storage.size`` in place (:mod:`zeps_operator.resize`), and say how it goes in the Resizing
+    condition; a refusal (a smaller size, a StorageClass that cannot expand) also in a warning event,
+    once."""
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    claims = [f"journal-{broker_name(name, p)}-{i}" for p in range(spec.partitions) if p > 0 or replicated
+              for i in range(spec.replicas)]  # fmt: skip
+    if not replicated:
+        claims.insert(0, f"{name}-journal")
+    step = plan_resize(spec.storage.size, state.kube.journal_claims(namespace, claims))
+    resizing, reason, message = step.resizing, step.reason, step.message
+    refused = [f"{claim}: {why}" for claim in step.grow
+               if (why := state.kube.grow_claim(namespace, claim, spec.storage.size)) is not None]  # fmt: skip
+    if refused:
+        resizing, reason = False, "NotExpandable"
+        message = f"storage.size {spec.storage.size}: the volumes cannot grow in place: {'; '.join(refused)}"
+    elif step.grow:
+        kopf.info(body, reason="Resizing", message=f"{', '.join(step.grow)} asked for {spec.storage.size}")
+    before = next((c for c in conditions_now(body, patch) or [] if c.get("type") == "Resizing"), {})
+    if reason in ("NotExpandable", "CannotShrink") and before.get("reason") != reason:
+        kopf.warn(body, reason=reason, message=message)
+    patch.status["conditions"] = set_condition(conditions_now(body, patch), "Resizing", resizing, reason=reason,
+                                               message=message, generation=generation)  # fmt: skip
+
+
 def replication_condition(body: kopf.Body, patch: kopf.Patch, sets: dict[str, list[str]], *, generation: int
                           ) -> None:  # fmt: skip
     """The UnderReplicated condition: True while a broker set has replicas outside its in-sync set,
@@ -449,7 +488,9 @@ def reconcile_partition(body: kopf.Body, spec: StreamSpec, partition: int, *, ac
     members = stream_members(name, spec, replicated=True, partition=partition)
     if group.manifest() != frozenset(members):
         group.set_manifest(members)
-    objects = stream_objects(namespace, name, spec, state.settings, zookeeper_auth=zookeeper_auth, partition=partition)
+    claim_size = state.kube.claim_size(namespace, "StatefulSet", broker_name(name, partition))
+    objects = stream_objects(namespace, name, spec, state.settings, zookeeper_auth=zookeeper_auth, partition=partition,
+                             claim_size=claim_size)  # fmt: skip
     apply_objects(body, objects, retain=False)  # its journals are the StatefulSet's claims (its retention policy)
     running = state.kube.statefulset_ready(namespace, broker_name(name, partition))
     replication = read_replication_state(state.zk, paths)

@@ -541,6 +541,8 @@ def test_zepsstream_broker_objects_and_a_runnable_pod_template(
             access_modes=["ReadWriteOnce"],
             host_path=client.V1HostPathVolumeSource(path=str(tmp_path / "pv")),
             storage_class_name="",
+            # for this claim only: an unclaimed volume goes to whichever claim of its class comes first
+            claim_ref=client.V1ObjectReference(namespace=namespace, name="prices-journal"),
         ),
     )
     core.create_persistent_volume(pv)

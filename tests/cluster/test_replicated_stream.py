@@ -247,11 +247,12 @@ def test_a_stream_of_one_broker_grows_replicas_in_place_and_keeps_its_journal(
     Deployment and its volume go; a new replica leads, with every message of the old journal."""
     core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
     pods = Pods(core, apps, namespace, tmp_path)
+    claim = client.V1ObjectReference(namespace=namespace, name="grow-journal")  # its own: not another test's
     pv = client.V1PersistentVolume(
         metadata=client.V1ObjectMeta(name=f"grow-{namespace}"),
         spec=client.V1PersistentVolumeSpec(capacity={"storage": "1Gi"}, access_modes=["ReadWriteOnce"],
                                            host_path=client.V1HostPathVolumeSource(path=str(tmp_path / "pv")),
-                                           storage_class_name=""),
+                                           storage_class_name="", claim_ref=claim),
     )  # fmt: skip
     core.create_persistent_volume(pv)
     spec: dict[str, Any] = {"storage": {"size": "1Gi", "storageClassName": ""}, "fsync": "always"}
@@ -315,12 +316,15 @@ def test_a_partitioned_stream_runs_a_broker_set_per_partition_and_grows_on_a_liv
     Ready until it serves."""
     core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
     pods = Pods(core, apps, namespace, tmp_path)
-    for p in range(3):  # the partitions' journal volumes (their pods wait for them)
+    for p in range(3):  # the partitions' journal volumes (their pods wait for them), each for its own claim: an
+        # unclaimed volume would go to whichever claim of its class came first, another test's too
+        claim = "orders-journal" if p == 0 else f"journal-orders-broker-p{p}-0"
         core.create_persistent_volume(client.V1PersistentVolume(
             metadata=client.V1ObjectMeta(name=f"parts-{p}-{namespace}"),
             spec=client.V1PersistentVolumeSpec(capacity={"storage": "1Gi"}, access_modes=["ReadWriteOnce"],
                                                host_path=client.V1HostPathVolumeSource(path=str(tmp_path / f"pv{p}")),
-                                               storage_class_name=""),
+                                               storage_class_name="",
+                                               claim_ref=client.V1ObjectReference(namespace=namespace, name=claim)),
         ))  # fmt: skip
     spec: dict[str, Any] = {"partitions": 2, "fsync": "always", "storage": {"size": "1Gi", "storageClassName": ""}}
     _apply(crds, namespace, "orders", spec)
@@ -498,3 +502,76 @@ def test_a_new_template_rolls_the_broker_pods_one_at_a_time_followers_first_the_
         crds.kubectl("delete", "zepsstream", "roll", "-n", namespace, "--timeout=60s", check=False)
         for name in names:
             crds.kubectl("delete", "pv", f"{namespace}-{name}", "--wait=false", check=False)
+
+
+def _claims(core: Any, namespace: str, names: list[str]) -> dict[str, Any]:
+    return {n: core.read_namespaced_persistent_volume_claim(f"journal-{n}", namespace) for n in names}
+
+
+def test_a_larger_storage_size_grows_the_journal_claims_in_place_and_a_smaller_one_is_refused(
+    operator: Any, crds: ControlPlane, namespace: str, kube_api: Any
+) -> None:
+    """kwok plays the kubelet, and no volume plugin runs here: the claims bind to volumes offered by
+    hand, of a StorageClass that allows expansion. A larger ``storage.size`` makes the operator ask
+    each claim for it (the StatefulSet's claim template cannot change, and keeps its size: before,
+    every pass failed applying it); ``Resizing`` says so until each volume holds it. **Mocked**, as
+    no resizer runs here: the volume plugin's answer (the claims' status capacity) and a filesystem
+    that grows only unmounted (``FileSystemResizePending``), which the roll answers by restarting
+    that pod. A smaller size is refused (volumes never shrink); a StorageClass that cannot expand
+    makes the API server refuse the claims' change, said in the condition and an event."""
+    core, apps, storage_api = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api), client.StorageV1Api(kube_api)
+    names, sc = [f"grow-broker-{i}" for i in range(3)], f"expandable-{namespace}"
+    storage_api.create_storage_class(client.V1StorageClass(metadata=client.V1ObjectMeta(name=sc),
+                                     provisioner="zeps.test/none", allow_volume_expansion=True))  # fmt: skip
+    for name in names:
+        core.create_persistent_volume(client.V1PersistentVolume(
+            metadata=client.V1ObjectMeta(name=f"{namespace}-{name}"),
+            spec=client.V1PersistentVolumeSpec(
+                capacity={"storage": "1Gi"}, access_modes=["ReadWriteOnce"], storage_class_name=sc,
+                host_path=client.V1HostPathVolumeSource(path=f"/tmp/{namespace}-{name}"),
+                claim_ref=client.V1ObjectReference(namespace=namespace, name=f"journal-{name}"))))  # fmt: skip
+    resizing = lambda: _cond(crds, namespace, "grow", "Resizing")  # noqa: E731
+    try:
+        _apply(crds, namespace, "grow", {"replicas": 3, "storage": {"size": "1Gi", "storageClassName": sc}})
+        wait_until(lambda: len(c := _claims(core, namespace, names)) == 3 and all(
+            p.status.phase == "Bound" for p in c.values()), timeout=120, what="three claims bound")  # fmt: skip
+        wait_until(lambda: resizing()[:2] == ("False", "Current"), timeout=60, what="Resizing: Current")
+
+        _apply(crds, namespace, "grow", {"replicas": 3, "storage": {"size": "2Gi", "storageClassName": sc}})
+        wait_until(lambda: all(p.spec.resources.requests["storage"] == "2Gi"
+                               for p in _claims(core, namespace, names).values()),
+                   timeout=60, what="each claim asked for 2Gi")  # fmt: skip
+        wait_until(lambda: resizing()[:2] == ("True", "Resizing"), timeout=30, what="Resizing: True")
+        template = apps.read_namespaced_stateful_set("grow-broker", namespace).spec.volume_claim_templates[0]
+        assert template.spec.resources.requests["storage"] == "1Gi"  # as made: it cannot change
+        first = {n: p.metadata.uid for n, p in _pods_by_ordinal(core, namespace, "grow").items()}
+        for name in names:  # the volume plugin's part (mocked): each grown; one filesystem only unmounted
+            status: dict[str, Any] = {"capacity": {"storage": "2Gi"}}
+            if name == names[2]:
+                status["conditions"] = [{"type": "FileSystemResizePending", "status": "True"}]
+            core.patch_namespaced_persistent_volume_claim_status(f"journal-{name}", namespace, {"status": status})
+        wait_until(lambda: _pods_by_ordinal(core, namespace, "grow").get(names[2]) is not None
+                   and _pods_by_ordinal(core, namespace, "grow")[names[2]].metadata.uid != first[names[2]],
+                   timeout=60, what="the pod whose filesystem waits restarted by the roll")  # fmt: skip
+        assert {n: p.metadata.uid for n, p in _pods_by_ordinal(core, namespace, "grow").items() if n != names[2]} == {
+            n: u for n, u in first.items() if n != names[2]}  # the others run on  # fmt: skip
+        core.patch_namespaced_persistent_volume_claim_status(  # the kubelet's part at the mount (mocked)
+            f"journal-{names[2]}", namespace, {"status": {"conditions": None}})  # fmt: skip
+        wait_until(lambda: resizing()[:2] == ("False", "Current"), timeout=60, what="Resizing done")
+
+        _apply(crds, namespace, "grow", {"replicas": 3, "storage": {"size": "1Gi", "storageClassName": sc}})
+        wait_until(lambda: resizing()[:2] == ("False", "CannotShrink"), timeout=60, what="a shrink refused")
+        assert all(p.spec.resources.requests["storage"] == "2Gi" for p in _claims(core, namespace, names).values())
+
+        storage_api.patch_storage_class(sc, {"allowVolumeExpansion": False})
+        _apply(crds, namespace, "grow", {"replicas": 3, "storage": {"size": "3Gi", "storageClassName": sc}})
+        wait_until(lambda: resizing()[:2] == ("False", "NotExpandable"), timeout=60, what="growth refused")
+        assert "cannot grow in place" in resizing()[2]
+        events = json.loads(crds.kubectl("get", "events", "-n", namespace, "--field-selector",
+                                         "reason=NotExpandable", "-o", "json"))["items"]  # fmt: skip
+        assert events, "no NotExpandable event"
+    finally:
+        crds.kubectl("delete", "zepsstream", "grow", "-n", namespace, "--timeout=60s", check=False)
+        for name in names:
+            crds.kubectl("delete", "pv", f"{namespace}-{name}", "--wait=false", check=False)
+        crds.kubectl("delete", "storageclass", sc, "--wait=false", check=False)
