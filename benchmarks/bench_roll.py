@@ -11,7 +11,11 @@ Two set-ups in alternating rounds, same run: the brokers as shipped (a stopping 
 election line, a follower the in-sync set, and a leader hands its lead to an in-sync follower first:
 ``BrokerServer.hand_over``), and the baseline ``--handover-timeout 0`` (it just stops: its session's
 close elects the next leader; clients find out when their connection drops). The figure is the ratio
-of their medians. The last line is one JSON object.
+of their medians. As shipped, the replicas also name r0 their preferred leader (as the operator
+names one): r0 leads before the roll, and once it is back in sync after its restart the interim
+leader gives the lead back to it, a second hand-over, measured too (``give_back``: the longest wait
+for a confirmation from r0 back in sync until it leads and 20 more groups are confirmed). The last
+line is one JSON object.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ ROUNDS = int(os.environ.get("ZEPS_BENCH_ROUNDS", "3"))  # per set-up, alternatin
 
 def roll(zk: ZooKeeperServer, tmp: Path, *, handover: bool) -> dict[str, list[float]]:
     """One roll of three replicas; the longest confirmation wait per restarted replica, by role."""
-    replicas = ZepsReplicas(zk, tmp, extra=() if handover else ("--handover-timeout", "0"))
+    replicas = ZepsReplicas(zk, tmp, extra=("--preferred-leader", "r0") if handover else ("--handover-timeout", "0"))
     confirmed: list[float] = []
     stop = threading.Event()
     errors: list[str] = []
@@ -58,9 +62,19 @@ def roll(zk: ZooKeeperServer, tmp: Path, *, handover: bool) -> dict[str, list[fl
 
     publisher = threading.Thread(target=publish, daemon=True)
     publisher.start()
-    waits: dict[str, list[float]] = {"leader": [], "follower": []}
+    waits: dict[str, list[float]] = {"leader": [], "follower": [], "give_back": []}
+
+    def longest_wait(began: float, more: int = 20) -> float:
+        """The longest gap between confirmations from ``began`` until ``more`` groups after now."""
+        count = len(confirmed)
+        wait_until(lambda: len(confirmed) > count + more, timeout=60, what="confirming again")
+        times = [began, *(t for t in confirmed if began < t <= time.monotonic())]
+        return max(b - a for a, b in itertools.pairwise(times))
+
     try:
         wait_until(lambda: len(confirmed) > 50, timeout=60, what="the publisher confirming")
+        if handover:  # the lead goes to the preferred replica first (two looks, 5 s apart)
+            wait_until(lambda: replicas.state().leader == "r0", timeout=60, what="r0, the preferred replica, leading")
         state = replicas.state()
         leader = state.leader
         for name in [*(n for n in replicas.names if n != leader), leader]:
@@ -69,11 +83,11 @@ def roll(zk: ZooKeeperServer, tmp: Path, *, handover: bool) -> dict[str, list[fl
             replicas.procs[name].wait(30)
             replicas.start(name)
             wait_until(lambda: replicas.isr() == 3, timeout=60, what=f"{name} back in sync")
-            count = len(confirmed)
-            wait_until(lambda c=count: len(confirmed) > c + 20, timeout=60, what="confirming again")  # type: ignore[misc]
-            ended = time.monotonic()
-            times = [began, *(t for t in confirmed if began < t <= ended)]
-            waits["leader" if name == leader else "follower"].append(max(b - a for a, b in itertools.pairwise(times)))
+            back = time.monotonic()
+            waits["leader" if name == leader else "follower"].append(longest_wait(began))
+        if handover:  # the interim leader gives the lead back to r0
+            wait_until(lambda: replicas.state().leader == "r0", timeout=60, what="the lead back at r0")
+            waits["give_back"].append(longest_wait(back))
     finally:
         stop.set()
         publisher.join(90)
@@ -87,14 +101,14 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="zeps-bench-roll-"))
     zk = ZooKeeperServer(root / "zookeeper", tick_ms=500)
     zk.start()
-    results: dict[str, dict[str, list[float]]] = {"hand-over": {"leader": [], "follower": []},
+    results: dict[str, dict[str, list[float]]] = {"hand-over": {"leader": [], "follower": [], "give_back": []},
                                                   "none": {"leader": [], "follower": []}}  # fmt: skip
     try:
         for i in range(ROUNDS):
             for mode in ("hand-over", "none"):
                 waits = roll(zk, root / f"{mode}-{i}", handover=mode == "hand-over")
                 for role, values in waits.items():
-                    results[mode][role] += values
+                    results[mode].setdefault(role, []).extend(values)
                 print(json.dumps({"round": i, "set_up": mode, **{k: [round(v, 3) for v in vs]
                                                                  for k, vs in waits.items()}}), flush=True)  # fmt: skip
     finally:
@@ -102,6 +116,8 @@ def main() -> int:
     summary: dict[str, Any] = {"rounds": ROUNDS}
     for mode, roles in results.items():
         for role, values in roles.items():
+            if not values:
+                continue
             summary[f"{mode}_{role}_longest_wait_s_median"] = round(statistics.median(values), 3)
             summary[f"{mode}_{role}_longest_wait_s_max"] = round(max(values), 3)
     for role in ("leader", "follower"):

@@ -12,7 +12,10 @@ and a subscriber pod (docs: operations, "Changing a running stream"):
    again (SIGCONT); then the rest, the leader last.
 
 Every confirmed publish reaches the subscriber once, in order, with no gap. The longest wait for a
-confirmation during the drain is printed as a figure (never asserted)."""
+confirmation during the drain is printed as a figure (never asserted).
+
+3. Replicas 1 -> 3 -> 1 on a stream of 100,000 records: every record read back from the replica
+   left."""
 
 from __future__ import annotations
 
@@ -158,3 +161,66 @@ def test_a_drain_of_the_leaders_node_and_a_roll_held_by_a_stopped_follower_lose_
         "fault": "kubectl drain of the leader's node, then a roll held by a stopped follower",
         "drain_longest_confirmation_pause_s": round(max((b - a for a, b in itertools.pairwise(times)), default=0.0), 2),
         "restart_order": order, "confirmed": COUNT, "lost": 0}), flush=True)  # fmt: skip
+
+
+SCALED, RECORDS = "scaled", 100_000
+#: reads a replay's JSON lines and prints one summary (100,000 lines would outgrow the pod's log)
+CHECK = """import json, sys
+bodies = [json.loads(line)["body"] for line in sys.stdin if line.startswith("{")]
+print(json.dumps({"read": len(bodies), "in_order_once": bodies == [str(i) for i in range(1, len(bodies) + 1)]}))
+"""
+
+
+def _scaled(replicas: int) -> dict[str, Any]:
+    return {"apiVersion": "zeps.dev/v1alpha1", "kind": "ZepsStream", "metadata": {"name": SCALED},
+            "spec": {"replicas": replicas, "storage": {"size": "1Gi"}}}  # fmt: skip
+
+
+def _scaled_status(app: App) -> dict[str, Any]:
+    return dict(app.get("zepsstream", SCALED).get("status", {}))
+
+
+def _under_replicated(app: App) -> str:
+    conditions: list[dict[str, Any]] = _scaled_status(app).get("conditions", [])
+    return str(next((c.get("status") for c in conditions if c.get("type") == "UnderReplicated"), ""))
+
+
+@pytest.mark.timeout(1500)
+def test_replicas_1_to_3_to_1_on_a_stream_of_100000_records_keep_every_record(app: App) -> None:
+    """A stream of one broker holding 100,000 records grows to three replicas in place (its broker
+    restarts as the first replica, the StatefulSet's copy its journal, the Deployment goes) and
+    shrinks back to one: the scale-down waits until the replica that stays is in sync and runs the
+    new minInSync, then removes the others. Every record is read back, once, in order, from the one
+    replica left; UnderReplicated is False at each end."""
+    cluster = app.cluster
+    app.apply(_scaled(1))
+    app.ready("zepsstream", SCALED, timeout=300)
+    app.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "loader"},
+               "data": {"publisher.py": (WORKERS / "ledger_publisher.py").read_text(), "check.py": CHECK}})  # fmt: skip
+    spec = App.pod_spec(f"exec python /worker/publisher.py {SCALED} {RECORDS} 1000000 2000")
+    spec["containers"][0]["volumeMounts"] = [{"name": "worker", "mountPath": "/worker"}]
+    spec["volumes"] = [{"name": "worker", "configMap": {"name": "loader"}}]
+    app.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "loader"}, "spec": spec})
+    loaded = json_lines(app.wait_succeeded("loader", timeout=600))
+    assert loaded[-1].get("confirmed") == RECORDS, loaded[-3:]
+
+    app.apply(_scaled(3))  # 1 -> 3: the journal copied to the new replicas
+    cluster.wait_for("three replicas in sync, a StatefulSet", lambda: (s := _scaled_status(app)).get("replicated")
+                     is True and len(s.get("replication", {}).get("inSync", [])) == 3, timeout=600,
+                     interval=2)  # fmt: skip
+    assert not app.get("deployments")["items"], "the one broker's Deployment is still there"
+    cluster.wait_for("UnderReplicated False", lambda: _under_replicated(app) == "False", timeout=120, interval=2)
+
+    app.apply(_scaled(1))  # 3 -> 1: the replicas that go, only once the one that stays is in sync
+    cluster.wait_for("the StatefulSet down to one replica", lambda: app.get("statefulset", f"{SCALED}-broker")[
+        "spec"]["replicas"] == 1 and "scaling" not in _scaled_status(app), timeout=600, interval=2)  # fmt: skip
+    cluster.wait_for("one replica serving", lambda: (r := _scaled_status(app).get("replication", {})).get("leader")
+                     == f"{SCALED}-broker-0" and r.get("inSync") == [f"{SCALED}-broker-0"], timeout=300,
+                     interval=2)  # fmt: skip
+    reader = App.pod_spec(f"zeps --json stream replay {SCALED} --since 0 --count {RECORDS} --timeout 300 | "
+                          "python /worker/check.py")  # fmt: skip
+    reader["containers"][0]["volumeMounts"] = spec["containers"][0]["volumeMounts"]
+    reader["volumes"] = spec["volumes"]
+    app.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "reader"}, "spec": reader})
+    (summary,) = json_lines(app.wait_succeeded("reader", timeout=420))
+    assert summary == {"read": RECORDS, "in_order_once": True}, summary
