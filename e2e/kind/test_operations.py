@@ -164,10 +164,15 @@ def test_a_drain_of_the_leaders_node_and_a_roll_held_by_a_stopped_follower_lose_
 
 
 SCALED, RECORDS = "scaled", 100_000
-#: reads a replay's JSON lines and prints one summary (100,000 lines would outgrow the pod's log)
-CHECK = """import json, sys
-bodies = [json.loads(line)["body"] for line in sys.stdin if line.startswith("{")]
-print(json.dumps({"read": len(bodies), "in_order_once": bodies == [str(i) for i in range(1, len(bodies) + 1)]}))
+#: replays the stream and prints one summary (100,000 lines would outgrow the pod's log), with the
+#: replay's exit status and the end of its stderr
+CHECK = """import json, subprocess, sys
+name, count = sys.argv[1], sys.argv[2]
+done = subprocess.run(["zeps", "--json", "stream", "replay", name, "--since", "0", "--count", count,
+                       "--timeout", "300"], capture_output=True, text=True)
+bodies = [json.loads(line)["body"] for line in done.stdout.splitlines() if line.startswith("{")]
+print(json.dumps({"read": len(bodies), "in_order_once": bodies == [str(i) for i in range(1, len(bodies) + 1)],
+                  "exit": done.returncode, "stderr": done.stderr[-2000:]}))
 """
 
 
@@ -217,10 +222,10 @@ def test_replicas_1_to_3_to_1_on_a_stream_of_100000_records_keep_every_record(ap
     cluster.wait_for("one replica serving", lambda: (r := _scaled_status(app).get("replication", {})).get("leader")
                      == f"{SCALED}-broker-0" and r.get("inSync") == [f"{SCALED}-broker-0"], timeout=300,
                      interval=2)  # fmt: skip
-    reader = App.pod_spec(f"zeps --json stream replay {SCALED} --since 0 --count {RECORDS} --timeout 300 | "
-                          "python /worker/check.py")  # fmt: skip
+    app.ready("zepsstream", SCALED, timeout=300)
+    reader = App.pod_spec(f"exec python /worker/check.py {SCALED} {RECORDS}")
     reader["containers"][0]["volumeMounts"] = spec["containers"][0]["volumeMounts"]
     reader["volumes"] = spec["volumes"]
     app.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "reader"}, "spec": reader})
     (summary,) = json_lines(app.wait_succeeded("reader", timeout=420))
-    assert summary == {"read": RECORDS, "in_order_once": True}, summary
+    assert (summary["read"], summary["in_order_once"], summary["exit"]) == (RECORDS, True, 0), summary
