@@ -65,5 +65,8 @@ def plan_resize(wanted: str, claims: list[Claim]) -> ResizeStep:
     pending = [c.name for c in growing if c.filesystem_pending]
     parts = [f"{c.name} {c.capacity or '?'} -> {wanted}" for c in growing]
     if pending:
-        parts.append(f"{', '.join(pending)}: the filesystem grows once its pod restarts (the roll restarts it)")
+        parts.append(
+            f"{', '.join(pending)}: the filesystem grows once its pod restarts (a replicated set's roll "
+            "restarts it; a stream of one broker: kubectl rollout restart its Deployment)"
+        )
     return ResizeStep(grow, True, "Resizing", "; ".join(parts))
