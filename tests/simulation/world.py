@@ -441,8 +441,10 @@ class Replica:
         journal = self.core.streams[STREAM].journal  # type: ignore[union-attr]
         empty = lambda: journal.written == 0 and journal.epochs.latest == 0  # noqa: E731
         run = f"{self.incarnation}s{self.session.id}"
+        node = self.node
         machine = Election(PATHS, self.name, run, self.events.append, empty=empty,
-                           preferred=self.world.options.preferred)  # fmt: skip
+                           preferred=self.world.options.preferred,
+                           caught_up=lambda name: node is not None and node.caught_up(name))  # fmt: skip
         if self.driver is not None:
             self.driver.dead = True
         self.driver = ElectionDriver(self, machine)

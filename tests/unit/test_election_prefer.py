@@ -16,13 +16,14 @@ from zeps.replication.election import PREFER_CHECKS, Election, ReplicaEvent, Rep
 Line = dict[str, tuple[Election, list[ReplicaEvent]]]
 
 
-def _line(nodes: Nodes, *names: str, preferred: str = "a", isr: frozenset[str] | None = None) -> Line:
+def _line(nodes: Nodes, *names: str, preferred: str = "a", isr: frozenset[str] | None = None,
+          caught_up: bool = True) -> Line:  # fmt: skip
     """Replicas ``names`` in line in that order, each preferring ``preferred``; the first leads epoch 1
-    with ``isr`` (all of them by default) in sync."""
+    with ``isr`` (all of them by default) in sync; ``caught_up``: what its broker says of followers."""
     out: Line = {}
     for name in names:
         events: list[ReplicaEvent] = []
-        machine = Election(PATHS, name, "run1", events.append, preferred=preferred)
+        machine = Election(PATHS, name, "run1", events.append, preferred=preferred, caught_up=lambda _: caught_up)
         nodes.run(machine.start())
         out[name] = (machine, events)
     leader = out[names[0]][0]
@@ -86,6 +87,16 @@ def test_nobody_steps_aside_while_the_preferred_replica_is_out_of_sync_or_out_of
     nodes.data[PATHS.replication_state] = (ReplicationState(1, "b", frozenset({"a", "b", "c"})).encode(), 2)
     _look(nodes, b, 4)
     assert b_events[-1].kind == "lead" and _order(nodes) == ["b", "c"]
+
+
+def test_a_leader_keeps_the_lead_while_the_preferred_replica_lags_though_listed_in_sync() -> None:
+    """A follower whose volume is full stays in the in-sync set until it lags long enough, and could
+    not write the epoch it would lead: chaos found a leader giving way to one (its broker then failed)."""
+    nodes = Nodes()
+    line = _line(nodes, "b", "a", caught_up=False)
+    b, b_events = line["b"]
+    _look(nodes, b, 4)
+    assert b_events[-1].kind == "lead" and not b.giving_way and _order(nodes) == ["b", "a"]
 
 
 def test_a_lead_given_way_that_nobody_takes_is_kept_in_the_same_epoch() -> None:

@@ -135,6 +135,15 @@ class ReplicaNode:
         self.resigned_epoch = 0  #: the epoch it led when it resigned (0: it followed)
         #: the epoch whose lead it leaves to the preferred replica (0: none): it confirms nothing meanwhile
         self.giving_way = 0
+        self._now = float("-inf")  # the latest turn's time
+
+    def caught_up(self, follower: str) -> bool:
+        """Whether ``follower`` held, at a fetch within the last second of this replica's turns, all
+        that this leader held at its fetch before (False when not leading). Read from the election's
+        thread: plain reads of what the loop writes, a hint for handing the lead over, never safety."""
+        leader = self.core.streams[self.stream].leader
+        f = leader.followers.get(follower) if leader is not None else None
+        return f is not None and self._now - f.caught_up < 1.0
 
     @property
     def leaderless(self) -> bool:
@@ -278,6 +287,7 @@ class ReplicaNode:
 
     def turn(self, now: float) -> list[Action]:
         """Time passing: a follow to try again, a silent or refusing leader, the in-sync set to ask for."""
+        self._now = now
         self._fence()
         out: list[Action] = []
         if self._resigning and (self.peering is not None or self.again is not None):

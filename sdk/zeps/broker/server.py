@@ -544,7 +544,8 @@ class BrokerServer:
             self.node.me = reg.member
             self._election = ReplicaElection(self._zk, paths, reg.member, self._events.put, empty=empty,
                                              on_connection=self.node.connection,
-                                             preferred=self.replication.preferred_leader).start()  # fmt: skip
+                                             preferred=self.replication.preferred_leader,
+                                             caught_up=self.node.caught_up).start()  # fmt: skip
 
     def _membership_failed(self, exc: BaseException) -> None:
         """A rejoin after a ZooKeeper session expiry failed: serving unregistered would hide the broker
@@ -726,8 +727,8 @@ class BrokerServer:
         except JournalError as exc:  # a broken disk: the cause is the message, no traceback needed
             self.failure = str(exc)
             log.error("broker loop failed: %s", exc)
-        except Exception as exc:
-            self.failure = f"{type(exc).__name__}: {exc}"
+        except Exception as error:  # (a name of its own: compiled, ``exc`` is typed JournalError above)
+            self.failure = f"{type(error).__name__}: {error}"
             log.exception("broker loop failed")
         finally:
             try:

@@ -197,9 +197,11 @@ class ReplicaElection:
                  report: Callable[[ReplicaEvent], None], *, acl: list[Any] | None = None,
                  empty: Callable[[], bool] = lambda: False,
                  on_connection: Callable[[str], None] = lambda state: None,
-                 preferred: str | None = None) -> None:  # fmt: skip
+                 preferred: str | None = None,
+                 caught_up: Callable[[str], bool] = lambda name: True) -> None:  # fmt: skip
         self.client, self.acl, self.on_connection = client, acl, on_connection
-        self.machine = Election(paths, replica, uuid.uuid4().hex[:12], report, empty=empty, preferred=preferred)
+        self.machine = Election(paths, replica, uuid.uuid4().hex[:12], report, empty=empty, preferred=preferred,
+                                caught_up=caught_up)  # fmt: skip
         self._tasks: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
         self._worker = threading.Thread(target=self._work, name=f"zeps-election-{replica}", daemon=True)
         self._timers: set[threading.Timer] = set()

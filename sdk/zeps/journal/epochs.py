@@ -19,6 +19,7 @@ from pathlib import Path
 
 from zeps.errors import ZepsError
 from zeps.journal._files import replace_file
+from zeps.journal.config import JournalWriteError
 
 __all__ = ["MAX_EPOCHS", "EpochHistory", "EpochHistoryError"]
 
@@ -107,4 +108,7 @@ class EpochHistory:
 
     def _save(self) -> None:
         del self.entries[: max(0, len(self.entries) - MAX_EPOCHS)]
-        replace_file(self.path, "".join(f"{e} {f}\n" for e, f in self.entries).encode())
+        try:
+            replace_file(self.path, "".join(f"{e} {f}\n" for e, f in self.entries).encode())
+        except OSError as error:  # a full volume (``space``): as for an append; anything else: a broken disk
+            raise JournalWriteError(str(self.path), error) from error

@@ -294,7 +294,8 @@ class Election:
     :meth:`timer`, :meth:`session` and :meth:`write_isr`; the driver runs them one at a time."""
 
     def __init__(self, paths: StreamPaths, replica: str, run: str, report: Callable[[ReplicaEvent], None], *,
-                 empty: Callable[[], bool] = lambda: False, preferred: str | None = None) -> None:  # fmt: skip
+                 empty: Callable[[], bool] = lambda: False, preferred: str | None = None,
+                 caught_up: Callable[[str], bool] = lambda name: True) -> None:  # fmt: skip
         self.paths, self.replica, self.report = paths, validate_member_id(replica), report
         self.prefix = election_node(replica, run)
         #: whether this replica's journal holds nothing (a new or wiped volume): it may not lead a stream
@@ -311,6 +312,10 @@ class Election:
         self.connected = True  #: the session's connection, as the last session event said
         #: the replica that should lead while it is in sync (None: this one, or no preference)
         self.preferred = validate_member_id(preferred) if preferred and preferred != replica else None
+        #: whether a follower holds what this leader holds (its broker's view): the lead goes only to
+        #: one that does (a follower whose volume is full stays in the set until it lags, and could
+        #: not write the epoch it would lead)
+        self.caught_up = caught_up
         self.giving_way = False  #: leading, and out of line so that the preferred replica takes the lead
         self._prefer_due = False  #: a look at the preferred replica is scheduled
         self._preferred_seen = 0  #: looks in a row that found it in sync and behind this replica
@@ -617,6 +622,8 @@ class Election:
         if self.led:
             if line.index(self.node) != 0 or theirs != 1 or (state.epoch, state.leader) != (self.led, self.replica):
                 return  # another stands between us (it steps aside first), or the epoch moves on: the next look
+            if not self.caught_up(self.preferred):
+                return  # it lags (a full volume, a slow disk): the next look
             log.info("replica %s: the preferred replica %s is in sync: giving it the lead of epoch %d", self.replica,
                      self.preferred, self.led)  # fmt: skip
             self.giving_way = True
