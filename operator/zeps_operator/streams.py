@@ -110,7 +110,6 @@ def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason
     scaling_status(body, patch, waits)
     if not migrating:
         resize_journals(body, patch, typed, replicated=bool(replicated), generation=generation)
-    if not migrating:
         rolls = {broker_name(name, p): roll_brokers(body, typed, patch, p) for p in range(typed.partitions)
                  if p > 0 or replicated}  # fmt: skip
         roll_status(body, patch, rolls, generation=generation)
