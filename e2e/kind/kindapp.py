@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,28 @@ RELEASE = os.environ.get("ZEPS_E2E_RELEASE", "zeps")
 CHROOT = "/zeps"  # the chart's default zookeeper.chroot
 #: a pod with this label prints its threads' stacks on SIGUSR1 to PID 1; the failure dump asks it to
 STACK_DUMP_LABEL = "zeps-e2e/stack-dump"
+WORKERS = Path(__file__).resolve().parent / "workers"
+CONTROL_PLANE = "node-role.kubernetes.io/control-plane"
+
+
+def docker(*args: str) -> str:
+    """``docker ARGS`` on the engine the kind nodes run in (a node is a container): its stdout."""
+    return subprocess.run(["docker", *args], capture_output=True, text=True, check=True, timeout=120).stdout.strip()
+
+
+def helm(*args: str) -> str:
+    """The pinned helm against the kind cluster; a failure fails the test with helm's stderr."""
+    binary = Path(os.environ["ZEPS_KINDBIN"]) / "helm"
+    result = subprocess.run([str(binary), f"--kubeconfig={os.environ['ZEPS_E2E_KUBECONFIG']}", *args],
+                            capture_output=True, text=True, timeout=900, check=False)  # fmt: skip
+    assert result.returncode == 0, f"helm {' '.join(args[:2])} failed: {result.stderr}"
+    return result.stdout
+
+
+def on_control_plane(spec: dict[str, Any]) -> dict[str, Any]:
+    """A client pod's spec kept off the workers, whose loss a test makes."""
+    toleration = {"key": CONTROL_PLANE, "operator": "Exists", "effect": "NoSchedule"}
+    return {**spec, "nodeSelector": {CONTROL_PLANE: ""}, "tolerations": [toleration]}
 
 
 def json_lines(text: str) -> list[dict[str, Any]]:
@@ -88,6 +111,55 @@ class App:
 
     def pods(self, app: str) -> list[dict[str, Any]]:
         return list(self.get("pods", "-l", f"app={app}")["items"])
+
+    def status(self, kind: str, name: str) -> dict[str, Any]:
+        return dict(self.get(kind, name).get("status", {}))
+
+    def replication(self, stream: str) -> dict[str, Any]:
+        """A replicated stream's ``status.replication``: leader, epoch, inSync (empty until reported)."""
+        return dict(self.status("zepsstream", stream).get("replication", {}))
+
+    def condition(self, stream: str, kind: str) -> dict[str, Any]:
+        """The stream's condition of type ``kind`` (empty if it has none)."""
+        conditions = self.status("zepsstream", stream).get("conditions", [])
+        return next((c for c in conditions if c.get("type") == kind), {})
+
+    def rolled_pods(self) -> list[dict[str, Any]]:
+        """The operator's RollingPod events in this namespace, oldest first (each message begins with
+        the pod it restarts)."""
+        events = list(self.get("events", "--field-selector", "reason=RollingPod")["items"])
+        return sorted(events, key=lambda e: e.get("lastTimestamp") or e["metadata"]["creationTimestamp"])
+
+    # -- clients under load ------------------------------------------------------------------------
+    def start_publisher(self, stream: str, count: int, rate: float, group: int, *, keys: int = 0,
+                        job: str = "publisher", control_plane: bool = False) -> None:  # fmt: skip
+        """A Job publishing bodies 1..``count`` to ``stream`` at about ``rate`` a second, ``group`` per
+        confirmed flush, as one idempotent producer (``workers/ledger_publisher.py``; ``keys``: spread
+        over that many keys, for a partitioned stream); :meth:`confirmed` reads its progress.
+        ``control_plane``: kept off the workers."""
+        self.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ledger-publisher"},
+                    "data": {"publisher.py": (WORKERS / "ledger_publisher.py").read_text()}})  # fmt: skip
+        spec = self.pod_spec(f"exec python /worker/publisher.py {stream} {count} {rate} {group} {keys or ''}")
+        spec["containers"][0]["volumeMounts"] = [{"name": "worker", "mountPath": "/worker"}]
+        spec["volumes"] = [{"name": "worker", "configMap": {"name": "ledger-publisher"}}]
+        labels = {"app": job, STACK_DUMP_LABEL: "1"}
+        self.apply({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": job},
+                    "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": labels}, "spec": (
+                        on_control_plane(spec) if control_plane else spec)}}})  # fmt: skip
+
+    def hurry(self, job: str = "publisher") -> None:
+        """The publisher Job publishes the rest without pacing (once the test's faults are over: its
+        subscribers then get every body, and the test need not wait out the rate)."""
+        self.cluster.kubectl("exec", f"job/{job}", "-n", self.ns, "--", "python", "-c",
+                             "import os, signal; os.kill(1, signal.SIGUSR2)")  # fmt: skip
+
+    def confirmed(self, job: str = "publisher") -> list[dict[str, Any]]:
+        """The publisher Job's confirmed flushes so far: ``{"confirmed": last body, "t": unix time}``."""
+        return [m for m in json_lines(self.logs(f"job/{job}")) if "confirmed" in m]
+
+    def confirmed_past(self, n: int, job: str = "publisher") -> bool:
+        lines = self.confirmed(job)
+        return bool(lines) and lines[-1]["confirmed"] >= n
 
     def wait_succeeded(self, pod: str, timeout: float = 240) -> str:
         """Wait for a pod to succeed and return its log; a failed pod fails the test with its log."""

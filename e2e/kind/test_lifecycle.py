@@ -6,27 +6,12 @@ the tests after this file still have it)."""
 from __future__ import annotations
 
 import os
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
-from kindapp import CHROOT, OPERATOR_NAMESPACE, RELEASE, ROOT, App, ZooKeeperShell
+from kindapp import CHROOT, OPERATOR_NAMESPACE, RELEASE, ROOT, App, ZooKeeperShell, helm
 
 OPERATOR_PODS = ("pods", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/name=zeps-operator")
-
-
-def _helm(*args: str) -> str:
-    helm = Path(os.environ["ZEPS_KINDBIN"]) / "helm"
-    result = subprocess.run(
-        [str(helm), f"--kubeconfig={os.environ['ZEPS_E2E_KUBECONFIG']}", *args],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert result.returncode == 0, f"helm {' '.join(args[:2])} failed: {result.stderr}"
-    return result.stdout
 
 
 def _topic(name: str, policy: str) -> str:
@@ -52,7 +37,7 @@ def test_helm_upgrade_keeps_resources_ready(cluster: Any, app: App) -> None:
     before = app.ready("topic", "cache-invalidation")["status"]["conditions"]
     old_pods = {p["metadata"]["name"] for p in cluster.json(*OPERATOR_PODS)["items"]}
     cluster.kubectl("apply", "-f", str(ROOT / "crds"))  # the README's upgrade steps, in order
-    _helm("upgrade", RELEASE, str(ROOT / "charts" / "zeps"), "--namespace", OPERATOR_NAMESPACE, "--reuse-values",
+    helm("upgrade", RELEASE, str(ROOT / "charts" / "zeps"), "--namespace", OPERATOR_NAMESPACE, "--reuse-values",
           "--set", "operator.resyncSeconds=12", "--wait", "--timeout", "5m")  # fmt: skip
     cluster.wait_for(
         "the upgraded operator's pod to replace the old one",
@@ -87,7 +72,7 @@ def test_helm_uninstall_leaves_no_pod_lease_or_rbac(cluster: Any, app: App) -> N
     # one Lease for the installation, none per Topic
     assert not cluster.kubectl("get", "leases", "-n", app.ns, "-o", "name")
     cluster.kubectl("delete", "topic", "cache-invalidation", "-n", app.ns, "--timeout=120s", timeout=150)
-    _helm("uninstall", RELEASE, "--namespace", OPERATOR_NAMESPACE, "--wait", "--timeout", "5m")
+    helm("uninstall", RELEASE, "--namespace", OPERATOR_NAMESPACE, "--wait", "--timeout", "5m")
     try:
         cluster.wait_for(
             "no pod left in the release's namespace",
@@ -103,6 +88,7 @@ def test_helm_uninstall_leaves_no_pod_lease_or_rbac(cluster: Any, app: App) -> N
         accounts = cluster.kubectl("get", "serviceaccounts", "-n", OPERATOR_NAMESPACE, "-o", "name")
         assert f"{RELEASE}-operator" not in accounts
     finally:  # the chart back, as make e2e installed it, for whatever runs after
-        sets = [arg for value in os.environ["ZEPS_E2E_CHART_VALUES"].split(",") for arg in ("--set", value)]
-        _helm("install", RELEASE, str(ROOT / "charts" / "zeps"), "--namespace", OPERATOR_NAMESPACE, *sets,
+        files = [arg for name in os.environ.get("ZEPS_E2E_CHART_FILES", "").split(",") if name for arg in ("-f", name)]
+        sets = files + [arg for value in os.environ["ZEPS_E2E_CHART_VALUES"].split(",") for arg in ("--set", value)]
+        helm("install", RELEASE, str(ROOT / "charts" / "zeps"), "--namespace", OPERATOR_NAMESPACE, *sets,
               "--wait", "--timeout", "10m")  # fmt: skip

@@ -23,13 +23,11 @@ import itertools
 import json
 import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
-from kindapp import STACK_DUMP_LABEL, App, json_lines
+from kindapp import WORKERS, App, docker, json_lines
 
-WORKERS = Path(__file__).resolve().parent / "workers"
 STREAM = "ops"
 PREFERRED, HELD = f"{STREAM}-broker-0", f"{STREAM}-broker-1"
 COUNT, RATE, GROUP = 9000, 20.0, 10  # 450 s of publishing at least: both operations happen within it
@@ -40,28 +38,6 @@ def _stream(**spec: Any) -> dict[str, Any]:
             "spec": {"replicas": 3, "minInSync": 2, "storage": {"size": "1Gi"}, "fsync": "always", **spec}}  # fmt: skip
 
 
-def _replication(app: App) -> dict[str, Any]:
-    return dict(app.get("zepsstream", STREAM).get("status", {}).get("replication", {}))
-
-
-def _condition(app: App, kind: str) -> dict[str, Any]:
-    conditions = app.get("zepsstream", STREAM).get("status", {}).get("conditions", [])
-    return next((c for c in conditions if c.get("type") == kind), {})
-
-
-def _confirmed(app: App) -> list[dict[str, Any]]:
-    return [m for m in json_lines(app.logs("job/publisher")) if "confirmed" in m]
-
-
-def _confirmed_past(app: App, n: int) -> bool:
-    lines = _confirmed(app)
-    return bool(lines) and lines[-1]["confirmed"] >= n
-
-
-def _docker(*args: str) -> str:
-    return subprocess.run(["docker", *args], capture_output=True, text=True, check=True, timeout=120).stdout.strip()
-
-
 def _broker_process(app: App, pod: str) -> tuple[str, list[str]]:
     """The node of a broker pod, and its broker's PIDs as the node sees them (its processes whose
     cgroup names the pod's UID and whose command line is zeps-broker)."""
@@ -69,29 +45,16 @@ def _broker_process(app: App, pod: str) -> tuple[str, list[str]]:
     node, uid = body["spec"]["nodeName"], body["metadata"]["uid"]
     script = (f"for f in $(grep -l -e {uid} -e {uid.replace('-', '_')} /proc/[0-9]*/cgroup 2>/dev/null); do "
               "p=${f%/cgroup}; grep -q zeps-broker $p/cmdline 2>/dev/null && echo ${p#/proc/}; done; true")  # fmt: skip
-    return node, _docker("exec", node, "bash", "-c", script).split()
+    return node, docker("exec", node, "bash", "-c", script).split()
 
 
 def _start_clients(app: App) -> None:
     app.run_pod("subscriber", f"exec zeps --json stream replay {STREAM} --since 0 --count {COUNT} --timeout 900")
-    app.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "publisher"},
-               "data": {"publisher.py": (WORKERS / "ledger_publisher.py").read_text()}})  # fmt: skip
-    spec = App.pod_spec(f"exec python /worker/publisher.py {STREAM} {COUNT} {RATE} {GROUP}")
-    spec["containers"][0]["volumeMounts"] = [{"name": "worker", "mountPath": "/worker"}]
-    spec["volumes"] = [{"name": "worker", "configMap": {"name": "publisher"}}]
-    app.apply({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "publisher"},
-               "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": {STACK_DUMP_LABEL: "1"}},
-                                                        "spec": spec}}})  # fmt: skip
-
-
-def _rolled_pods(app: App) -> list[dict[str, Any]]:
-    """The operator's RollingPod events, oldest first."""
-    events = list(app.get("events", "--field-selector", "reason=RollingPod")["items"])
-    return sorted(events, key=lambda e: e.get("lastTimestamp") or e["metadata"]["creationTimestamp"])
+    app.start_publisher(STREAM, COUNT, RATE, GROUP)
 
 
 def _whole_with_preferred_leading(app: App) -> bool:
-    r = _replication(app)
+    r = app.replication(STREAM)
     return r.get("leader") == PREFERRED and len(r.get("inSync", [])) == 3
 
 
@@ -104,56 +67,57 @@ def test_a_drain_of_the_leaders_node_and_a_roll_held_by_a_stopped_follower_lose_
     cluster.wait_for("three in sync, the preferred replica leading", lambda: _whole_with_preferred_leading(app),
                      timeout=240, interval=2)  # fmt: skip
     _start_clients(app)
-    cluster.wait_for("300 confirmed", lambda: _confirmed_past(app, 300), timeout=240, interval=1)
+    cluster.wait_for("300 confirmed", lambda: app.confirmed_past(300), timeout=240, interval=1)
 
     # 1. the leader's node drained (its broker pods): a hand-over, the pod pending until uncordoned
     node = app.get("pod", PREFERRED)["spec"]["nodeName"]
-    epoch, began, before = _replication(app)["epoch"], time.time(), _confirmed(app)[-1]["confirmed"]
+    epoch, began, before = app.replication(STREAM)["epoch"], time.time(), app.confirmed()[-1]["confirmed"]
     try:
         cluster.kubectl("drain", node, f"--pod-selector=app.kubernetes.io/instance={STREAM}", "--ignore-daemonsets",
                         "--delete-emptydir-data", "--timeout=240s", timeout=270)  # fmt: skip
-        cluster.wait_for("another replica leading a later epoch", lambda: (r := _replication(app)).get("leader") not in
-                         ("", PREFERRED) and r.get("epoch", 0) > epoch, timeout=120, interval=1)  # fmt: skip
-        cluster.wait_for("confirmations after the drain", lambda: _confirmed_past(app, before + 20 * GROUP),
+        cluster.wait_for("another replica leading a later epoch", lambda: (r := app.replication(STREAM)).get(
+            "leader") not in ("", PREFERRED) and r.get("epoch", 0) > epoch, timeout=120, interval=1)  # fmt: skip
+        cluster.wait_for("confirmations after the drain", lambda: app.confirmed_past(before + 20 * GROUP),
                          timeout=240, interval=1)  # fmt: skip
         drained = time.time()
-        cluster.wait_for("UnderReplicated naming the drained replica", lambda: (c := _condition(
-            app, "UnderReplicated")).get("status") == "True" and f"{PREFERRED} not fetching" in c.get("message", ""),
+        cluster.wait_for("UnderReplicated naming the drained replica", lambda: (c := app.condition(
+            STREAM, "UnderReplicated")).get("status") == "True" and f"{PREFERRED} not fetching" in c.get("message", ""),
             timeout=120, interval=2)  # fmt: skip
     finally:
         cluster.kubectl("uncordon", node)
-    times = [m["t"] for m in _confirmed(app) if began - 1 <= m["t"] <= drained]
+    times = [m["t"] for m in app.confirmed() if began - 1 <= m["t"] <= drained]
     cluster.wait_for("the drained replica back in sync, leading again", lambda: _whole_with_preferred_leading(app),
                      timeout=420, interval=2)  # fmt: skip
 
     # 2. a follower held back; a new template: the roll must restart the held one first, and waits for it
     held_node, pids = _broker_process(app, HELD)
     assert pids, f"no zeps-broker process of {HELD} found on {held_node}"
-    _docker("exec", held_node, "kill", "-STOP", *pids)
+    docker("exec", held_node, "kill", "-STOP", *pids)
     try:
-        cluster.wait_for(f"{HELD} out of the in-sync set", lambda: HELD not in _replication(app).get("inSync", [HELD]),
-                         timeout=120, interval=1)  # fmt: skip
+        cluster.wait_for(f"{HELD} out of the in-sync set", lambda: HELD not in app.replication(STREAM).get(
+            "inSync", [HELD]), timeout=120, interval=1)  # fmt: skip
         app.apply(_stream(resources={"limits": {"memory": "768Mi"}}))  # a new template
         cluster.wait_for(f"the roll restarting {HELD}", lambda: any(e["message"].startswith(f"{HELD} ")
-                         for e in _rolled_pods(app)), timeout=180, interval=1)  # fmt: skip
-        assert _condition(app, "Rolling").get("status") == "True"
+                         for e in app.rolled_pods()), timeout=180, interval=1)  # fmt: skip
+        assert app.condition(STREAM, "Rolling").get("status") == "True"
     finally:
         subprocess.run(["docker", "exec", held_node, "kill", "-CONT", *pids], capture_output=True, timeout=60,
                        check=False)  # its pod may be gone already  # fmt: skip
-    first = _rolled_pods(app)[0]["message"].split(" ", 1)[0]
+    first = app.rolled_pods()[0]["message"].split(" ", 1)[0]
     assert first == HELD, f"the roll restarted {first} first, leaving fewer than minInSync in sync"
 
     def rolled() -> bool:
         status = app.get("zepsstream", STREAM).get("status", {})
-        return not status.get("roll") and _condition(app, "Rolling").get("status") == "False" and len(
+        return not status.get("roll") and app.condition(STREAM, "Rolling").get("status") == "False" and len(
             status.get("replication", {}).get("inSync", [])) == 3  # fmt: skip
 
     cluster.wait_for("the roll done, all three in sync", rolled, timeout=600, interval=2)
-    order = [e["message"].split(" ", 1)[0] for e in _rolled_pods(app)]
+    order = [e["message"].split(" ", 1)[0] for e in app.rolled_pods()]
     cluster.wait_for("the lead back at the preferred replica", lambda: _whole_with_preferred_leading(app),
                      timeout=180, interval=2)  # fmt: skip
 
-    cluster.wait_for("the publisher to finish", lambda: _confirmed_past(app, COUNT), timeout=900, interval=2)
+    app.hurry()  # the faults are over: the rest at once
+    cluster.wait_for("the publisher to finish", lambda: app.confirmed_past(COUNT), timeout=900, interval=2)
     received = json_lines(app.wait_succeeded("subscriber", timeout=600))
     bodies = [m["body"] for m in received]
     assert bodies == [str(i) for i in range(1, COUNT + 1)], f"{len(bodies)} received, {len(set(bodies))} distinct"

@@ -24,36 +24,19 @@ import json
 import subprocess
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
-from kindapp import OPERATOR_NAMESPACE, RELEASE, STACK_DUMP_LABEL, App, ZooKeeperShell, json_lines
+from kindapp import OPERATOR_NAMESPACE, RELEASE, App, ZooKeeperShell, docker, json_lines, on_control_plane
 
 from zeps_dev.kind import wire_pod_network
 
-WORKERS = Path(__file__).resolve().parent / "workers"
 STREAM = "ledger"  # examples/zepsstream-replicated.yaml
 COUNT, RATE, GROUP = 8000, 40.0, 20  # 200 s of publishing at least: the four faults happen within it
-CONTROL_PLANE = "node-role.kubernetes.io/control-plane"
 
 
 def _figure(**fields: object) -> None:
     print("\nFIGURE " + json.dumps(fields), flush=True)
-
-
-def _docker(*args: str) -> str:
-    return subprocess.run(["docker", *args], capture_output=True, text=True, check=True, timeout=120).stdout.strip()
-
-
-def _on_control_plane(spec: dict[str, Any]) -> dict[str, Any]:
-    """A client pod kept off the workers, whose loss the test makes."""
-    toleration = {"key": CONTROL_PLANE, "operator": "Exists", "effect": "NoSchedule"}
-    return {**spec, "nodeSelector": {CONTROL_PLANE: ""}, "tolerations": [toleration]}
-
-
-def _replication(app: App) -> dict[str, Any]:
-    return dict(app.get("zepsstream", STREAM).get("status", {}).get("replication", {}))
 
 
 def _brokers(app: App) -> dict[str, str]:
@@ -62,39 +45,26 @@ def _brokers(app: App) -> dict[str, str]:
     return {p["metadata"]["name"]: p["spec"].get("nodeName", "") for p in pods}
 
 
-def _confirmed(app: App) -> list[dict[str, Any]]:
-    return [m for m in json_lines(app.logs("job/publisher")) if "confirmed" in m]
-
-
 def _longest_pause(app: App, moment: float, end: float) -> float:
     """The longest time between two confirmed flushes from ``moment`` (time.time(), when the fault
     began; the publisher's clock is this machine's) to ``end``: what the publisher saw of the
     failover (it confirms a flush every half second when nothing is wrong)."""
-    times = [m["t"] for m in _confirmed(app)]
+    times = [m["t"] for m in app.confirmed()]
     window = [t for t in times if moment - 1 <= t <= end]
     return max((b - a for a, b in itertools.pairwise(window)), default=0.0)
 
 
 def _start_clients(app: App) -> list[str]:
     """Three subscriber pods replaying from the journal's start through both faults until the last
-    message, and the publisher Job (workers/ledger_publisher.py); returns the subscribers' names."""
+    message, and the publisher Job (workers/ledger_publisher.py), all on the control-plane node;
+    returns the subscribers' names."""
     subscribers = [f"subscriber-{i}" for i in range(3)]
     for name in subscribers:
         command = f"exec zeps --json stream replay {STREAM} --since 0 --count {COUNT} --timeout 600"
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-               "spec": _on_control_plane(App.pod_spec(command))}  # fmt: skip
+               "spec": on_control_plane(App.pod_spec(command))}  # fmt: skip
         app.apply(pod)
-    source = (WORKERS / "ledger_publisher.py").read_text()
-    app.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "publisher"},
-               "data": {"publisher.py": source}})  # fmt: skip
-    spec = _on_control_plane(App.pod_spec(f"exec python /worker/publisher.py {STREAM} {COUNT} {RATE} {GROUP}"))
-    spec["containers"][0]["volumeMounts"] = [{"name": "worker", "mountPath": "/worker"}]
-    spec["volumes"] = [{"name": "worker", "configMap": {"name": "publisher"}}]
-    app.apply({
-        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "publisher"},
-        "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": {"app": "publisher", STACK_DUMP_LABEL: "1"}},
-                                                 "spec": spec}},
-    })  # fmt: skip
+    app.start_publisher(STREAM, COUNT, RATE, GROUP, control_plane=True)
     return subscribers
 
 
@@ -105,26 +75,23 @@ def test_a_replicated_stream_loses_nothing_confirmed_to_pod_deletions_and_node_l
 ) -> None:
     app.apply_example("zepsstream-replicated.yaml")
     app.ready("zepsstream", STREAM, timeout=300)
-    cluster.wait_for("three replicas in sync", lambda: len(_replication(app).get("inSync", [])) == 3, timeout=180)
+    cluster.wait_for("three replicas in sync", lambda: len(app.replication(STREAM).get("inSync", [])) == 3, timeout=180)
     brokers = _brokers(app)
     assert len(set(brokers.values())) == 3, f"the replicas share nodes: {brokers}"
 
     subscribers = _start_clients(app)
 
-    def confirmed_past(n: int) -> bool:
-        lines = _confirmed(app)
-        return bool(lines) and lines[-1]["confirmed"] >= n
-
+    confirmed_past = app.confirmed_past
     # 1. the leader's pod deleted (its broker closes its ZooKeeper session as it stops)
     cluster.wait_for("1,000 confirmed", lambda: confirmed_past(1000), timeout=240, interval=1)
-    first = _replication(app)
-    deleted_at, before = time.time(), _confirmed(app)[-1]["confirmed"]
+    first = app.replication(STREAM)
+    deleted_at, before = time.time(), app.confirmed()[-1]["confirmed"]
     cluster.kubectl("delete", "pod", first["leader"], "-n", app.ns, "--wait=false")
     cluster.wait_for("confirmations after the deletion", lambda: confirmed_past(before + 10 * GROUP), timeout=240)
     cluster.wait_for(
         "a new leader in a later epoch, and three in sync again",
-        lambda: (r := _replication(app)).get("leader") not in ("", first["leader"]) and r["epoch"] > first["epoch"]
-        and len(r.get("inSync", [])) == 3,
+        lambda: (r := app.replication(STREAM)).get("leader") not in ("", first["leader"])
+        and r["epoch"] > first["epoch"] and len(r.get("inSync", [])) == 3,
         timeout=240,
     )  # fmt: skip
 
@@ -132,7 +99,7 @@ def test_a_replicated_stream_loses_nothing_confirmed_to_pod_deletions_and_node_l
     # broker stops cleanly, so the leader's ZooKeeper session is left to expire; that node's
     # ZooKeeper server goes too, and maybe the operator's pod). (`docker stop -t 0` is no power cut:
     # systemd stops the pods first, and the leader closed its session in milliseconds.)
-    second = _replication(app)
+    second = app.replication(STREAM)
     placed = _brokers(app)
     node = placed[second["leader"]]
     cluster.wait_for("1,000 more confirmed", lambda: confirmed_past(before + 1000), timeout=240, interval=1)
@@ -145,28 +112,30 @@ def test_a_replicated_stream_loses_nothing_confirmed_to_pod_deletions_and_node_l
                                 for p in zookeeper_pods),
         "coredns_pods": sum(p["spec"].get("nodeName") == node for p in coredns),
     }  # fmt: skip
-    killed_at, before = time.time(), _confirmed(app)[-1]["confirmed"]
-    _docker("kill", node)
+    killed_at, before = time.time(), app.confirmed()[-1]["confirmed"]
+    docker("kill", node)
     try:
         cluster.wait_for("confirmations by a new leader", lambda: confirmed_past(before + 10 * GROUP), timeout=240)
     finally:  # 3. the node comes back (whatever happened): its routes are wired again, its pods restart
-        _docker("start", node)
+        docker("start", node)
         rejoined_at = time.monotonic()
         cluster.wait_for(f"node {node} back, its pod network wired", lambda: _wired(cluster, node), timeout=180,
                          interval=2)  # fmt: skip
     cluster.wait_for(
         f"the replica on {node} back in sync",
-        lambda: (r := _replication(app)).get("leader") and r["epoch"] > second["epoch"]  # not the status of before
+        lambda: (r := app.replication(STREAM)).get("leader")
+        and r["epoch"] > second["epoch"]  # not the status of before
         and len(r.get("inSync", [])) == 3,  # it rejoins the set once it caught up
         timeout=360,
         interval=2,
     )  # fmt: skip
     caught_up_s = time.monotonic() - rejoined_at
 
-    all_at, before = _all_pods_deleted(cluster, app, confirmed_past, before + 2000)  # 3.
-    both_at, before = _a_node_and_a_pod_lost(cluster, app, confirmed_past, before + 500)  # 4.
+    all_at, before = _all_pods_deleted(cluster, app, before + 2000)  # 3.
+    both_at, before = _a_node_and_a_pod_lost(cluster, app, before + 500)  # 4.
 
     # everything confirmed, delivered to every subscriber once, in order, with no gap
+    app.hurry()  # the faults are over: the rest at once
     cluster.wait_for("the publisher to finish", lambda: confirmed_past(COUNT), timeout=600, interval=2)
     expected = [str(i) for i in range(1, COUNT + 1)]
     for name in subscribers:
@@ -178,7 +147,7 @@ def test_a_replicated_stream_loses_nothing_confirmed_to_pod_deletions_and_node_l
         )
         sequences = [m["sequence"] for m in received]
         assert sequences == list(range(sequences[0], sequences[0] + COUNT)), f"{name}: a gap in the sequences"
-    final = _replication(app)
+    final = app.replication(STREAM)
     # the cluster as found, for the tests after this one: the lost node's ZooKeeper server back in the
     # ensemble, the operator serving (its pod may have been on that node)
     cluster.wait_for("the ensemble whole again", zk.whole, timeout=240, interval=2)
@@ -207,43 +176,42 @@ def _whole_again(app: App, after: int) -> Callable[[], bool]:
     """A leader in an epoch after ``after``, with the three replicas in sync."""
 
     def whole() -> bool:
-        r = _replication(app)
+        r = app.replication(STREAM)
         return bool(r.get("leader")) and r.get("epoch", 0) > after and len(r.get("inSync", [])) == 3
 
     return whole
 
 
-def _all_pods_deleted(cluster: Any, app: App, confirmed_past: Callable[[int], bool], wait: int) -> tuple[float, int]:
+def _all_pods_deleted(cluster: Any, app: App, wait: int) -> tuple[float, int]:
     """3. Once ``wait`` are confirmed, every broker pod deleted at once: they start again together, each
     from its journal. Returns (when, confirmed then)."""
-    epoch = _replication(app)["epoch"]
-    cluster.wait_for(f"{wait} confirmed", lambda: confirmed_past(wait), timeout=240, interval=1)
-    at, before = time.time(), _confirmed(app)[-1]["confirmed"]
+    epoch = app.replication(STREAM)["epoch"]
+    cluster.wait_for(f"{wait} confirmed", lambda: app.confirmed_past(wait), timeout=240, interval=1)
+    at, before = time.time(), app.confirmed()[-1]["confirmed"]
     cluster.kubectl("delete", "pod", "-n", app.ns, "-l", f"app.kubernetes.io/instance={STREAM}", "--wait=false",
                     "--grace-period=1")  # fmt: skip
-    cluster.wait_for("confirmations after all three restarted", lambda: confirmed_past(before + 10 * GROUP),
+    cluster.wait_for("confirmations after all three restarted", lambda: app.confirmed_past(before + 10 * GROUP),
                      timeout=300, interval=1)  # fmt: skip
     cluster.wait_for("three in sync again, in a later epoch", _whole_again(app, epoch), timeout=300, interval=2)
     return at, before
 
 
-def _a_node_and_a_pod_lost(cluster: Any, app: App, confirmed_past: Callable[[int], bool], wait: int
-                           ) -> tuple[float, int]:  # fmt: skip
+def _a_node_and_a_pod_lost(cluster: Any, app: App, wait: int) -> tuple[float, int]:
     """4. Once ``wait`` are confirmed, the leader's node lost while a follower's pod (on another node)
     is deleted: the third replica and the deleted one elect and serve; the node comes back."""
-    r = _replication(app)
+    r = app.replication(STREAM)
     placed = _brokers(app)
     lost_node = placed[r["leader"]]
     deleted_pod = next(p for p in sorted(placed) if p != r["leader"])
-    cluster.wait_for(f"{wait} confirmed", lambda: confirmed_past(wait), timeout=240, interval=1)
-    at, before = time.time(), _confirmed(app)[-1]["confirmed"]
-    _docker("kill", lost_node)
+    cluster.wait_for(f"{wait} confirmed", lambda: app.confirmed_past(wait), timeout=240, interval=1)
+    at, before = time.time(), app.confirmed()[-1]["confirmed"]
+    docker("kill", lost_node)
     cluster.kubectl("delete", "pod", deleted_pod, "-n", app.ns, "--wait=false")
     try:
-        cluster.wait_for("confirmations by a leader on the third node", lambda: confirmed_past(before + 10 * GROUP),
+        cluster.wait_for("confirmations by a leader on the third node", lambda: app.confirmed_past(before + 10 * GROUP),
                          timeout=300)  # fmt: skip
     finally:
-        _docker("start", lost_node)
+        docker("start", lost_node)
         cluster.wait_for(f"node {lost_node} back, its pod network wired", lambda: _wired(cluster, lost_node),
                          timeout=180, interval=2)  # fmt: skip
     cluster.wait_for("three in sync again after the node and the pod", _whole_again(app, r["epoch"]), timeout=360,
@@ -254,7 +222,7 @@ def _a_node_and_a_pod_lost(cluster: Any, app: App, confirmed_past: Callable[[int
 def _wired(cluster: Any, node: str) -> bool:
     """Once the restarted ``node``'s kubelet reports its address (a new one, maybe), every node's
     pod network wired again: the node's routes went with its network namespace."""
-    address = _docker("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", node)
+    address = docker("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", node)
     nodes = cluster.json("nodes")["items"]
     listed = next(n for n in nodes if n["metadata"]["name"] == node)
     if address not in {a["address"] for a in listed["status"].get("addresses", [])}:
