@@ -514,6 +514,11 @@ class KindStack(LocalServer):
             *(["zookeeper.ensemble.antiAffinity=required"] if self.workers >= 3 else []),
         ]
 
+    def chart_files(self) -> list[str]:
+        """Values files under the ``--set`` values: the production values where the cluster has the
+        three workers they need (servers on nodes of their own): the e2e suite runs against them."""
+        return [str(CHART / "values-production.yaml")] if self.workers >= 3 else []
+
     def install_chart(self, *, upgrade: bool = False, extra: Sequence[str] = ()) -> None:
         assert self.cluster is not None
         verb = "upgrade" if upgrade else "install"
@@ -522,6 +527,8 @@ class KindStack(LocalServer):
             verb, RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE,
             "--create-namespace", "--wait", "--timeout", "10m",
         ]  # fmt: skip
+        for values in self.chart_files():
+            args += ["-f", values]
         for value in [*self.chart_values(), *extra]:
             args += ["--set", value]
         self.cluster.helm(*args, timeout=660)
@@ -539,6 +546,7 @@ class KindStack(LocalServer):
             "ZEPS_E2E_RELEASE": RELEASE,
             "ZEPS_E2E_NAMESPACE": OPERATOR_NAMESPACE,
             "ZEPS_E2E_CHART_VALUES": ",".join(self.chart_values()),
+            "ZEPS_E2E_CHART_FILES": ",".join(self.chart_files()),
             "ZEPS_E2E_KIND_CLUSTER": self.cluster_name,
             **{k: v for k, v in self.engine.env.items() if k == "DOCKER_HOST"},
         }

@@ -1,8 +1,9 @@
 """The safety promises where they live, on kind: the journal kept by ``deletionPolicy: Retain``, CURVE
 admitting only the listed clients (and cutting one off when it is taken off the list), its key
 rotated by annotation under a running publisher, a namespace with ZooKeeper ACLs working from pods
-and refusing other credentials, the operator unable to read a Secret it did not make, and the
-broker's metrics scraped from another pod."""
+and refusing other credentials, the operator unable to read a Secret it did not make, the
+broker's metrics scraped from another pod, and a pod posing as a ZooKeeper server cut off by every
+server of the ensemble."""
 
 from __future__ import annotations
 
@@ -286,3 +287,23 @@ def test_the_broker_metrics_are_scraped_from_another_pod(app: App) -> None:
                 ".read().decode())\"")  # fmt: skip
     scraped = app.wait_succeeded("scraper")
     assert 'zeps_broker_messages_in_total{stream="metered"} 3.0' in scraped, scraped[-2000:]
+
+
+def test_a_pod_posing_as_a_zookeeper_server_is_cut_off_by_every_server_of_the_ensemble(
+    app: App, zk: ZooKeeperShell
+) -> None:
+    """A tenant's pod reaches each server's election port and opens with a server's handshake and
+    vote (``workers/forged_zookeeper_peer.py``), as a stranger (id 1000) and as server 2. The
+    chart's servers authenticate each other (``zookeeper.ensemble.quorumAuth``), so each cuts it
+    off before reading its vote (without that, each answers with its own vote: the integration
+    test ``test_zookeeper_quorum_auth.py`` shows both on real servers); the ensemble stays whole."""
+    app.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "forger"},
+               "data": {"forger.py": (WORKERS / "forged_zookeeper_peer.py").read_text()}})  # fmt: skip
+    servers = [f"{RELEASE}-zookeeper-{i}.{RELEASE}-zookeeper.{OPERATOR_NAMESPACE}.svc:3888" for i in range(3)]
+    spec = App.pod_spec(" && ".join(f"python /worker/forger.py {sid} {' '.join(servers)}" for sid in (1000, 2)))
+    spec["containers"][0]["volumeMounts"] = [{"name": "worker", "mountPath": "/worker"}]
+    spec["volumes"] = [{"name": "worker", "configMap": {"name": "forger"}}]
+    app.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "forger"}, "spec": spec})
+    answers = [(line["server"], line["answer"]) for line in json_lines(app.wait_succeeded("forger"))]
+    assert answers == [(server, "closed") for server in servers] * 2, answers
+    assert zk.whole(), "the ensemble is not whole after the forgers"

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import yaml
 from kubernetes import client
@@ -31,8 +34,10 @@ def test_lint_and_render() -> None:
     docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
     kinds = sorted(d["kind"] for d in docs)
     # 3 dashboard ConfigMaps; the ensemble's PodDisruptionBudget
+    # the ensemble's quorum password (a Secret)
     expected = ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "ConfigMap", "ConfigMap", "Deployment", "Lease",
-                "PodDisruptionBudget", "Role", "RoleBinding", "Service", "ServiceAccount", "StatefulSet"]  # fmt: skip
+                "PodDisruptionBudget", "Role", "RoleBinding", "Secret", "Service", "ServiceAccount",
+                "StatefulSet"]  # fmt: skip
     assert kinds == expected
     cluster_rules = next(d for d in docs if d["kind"] == "ClusterRole")["rules"]
     assert not any("leases" in r["resources"] for r in cluster_rules), "Leases only in the release's namespace"
@@ -43,6 +48,8 @@ def test_lint_and_render() -> None:
     lease = next(d for d in docs if d["kind"] == "Lease")
     assert env["ZEPS_CLEANER_LEASE"] == lease["metadata"]["name"] == "z-operator-cleaner"
     assert "POD_NAMESPACE" in env
+    # an upgrade replaces the operator: never two versions at once, each setting the brokers' template
+    assert operator["spec"]["strategy"] == {"type": "Recreate"}
     pod = operator["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] and pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"]
     rules = next(d for d in docs if d["kind"] == "ClusterRole")["rules"]
@@ -120,6 +127,81 @@ def test_monitoring_objects_render_only_where_their_crds_exist() -> None:
         assert json.loads(body)["tags"] == ["zeps"]
     off = [d for d in yaml.safe_load_all(_helm(*base, *apis, "--set", "monitoring.rules=false").stdout) if d]
     assert not [d for d in off if d["kind"] == "PrometheusRule"]
+
+
+def _objects(*args: str) -> list[dict[str, Any]]:
+    rendered = _helm("template", "z", str(CHART), "--kube-version", KUBE, *args)
+    assert rendered.returncode == 0, rendered.stderr
+    return [d for d in yaml.safe_load_all(rendered.stdout) if d]
+
+
+def test_the_ensemble_s_servers_authenticate_each_other_with_a_password_the_chart_makes() -> None:
+    """quorumAuth (on by default): each server gets the quorum identity from the chart's Secret (a
+    random password of 32 letters and digits), or from the one named; the mode goes to the launcher;
+    off, neither the Secret nor the variables."""
+
+    def quorum(*values: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        docs = _objects("--set", "zookeeper.ensemble.enabled=true", *(a for v in values for a in ("--set", v)))
+        ensemble = next(d for d in docs if d["kind"] == "StatefulSet")
+        env = {e["name"]: e for e in ensemble["spec"]["template"]["spec"]["containers"][0]["env"]}
+        return env, [d for d in docs if d["kind"] == "Secret"]
+
+    env, secrets = quorum()
+    (secret,) = secrets
+    assert secret["metadata"]["name"] == "z-zookeeper-quorum"
+    password = base64.b64decode(secret["data"]["password"]).decode()
+    assert len(password) == 32 and password.isalnum()
+    for name, key in (("ZOO_QUORUM_USER", "user"), ("ZOO_QUORUM_PASSWORD", "password")):
+        assert env[name]["valueFrom"]["secretKeyRef"] == {"name": "z-zookeeper-quorum", "key": key}
+    assert env["ZOO_QUORUM_AUTH"]["value"] == "require"
+    env, secrets = quorum(
+        "zookeeper.ensemble.quorumAuth.existingSecret=mine", "zookeeper.ensemble.quorumAuth.mode=accept"
+    )
+    assert not secrets and env["ZOO_QUORUM_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "mine"
+    assert env["ZOO_QUORUM_AUTH"]["value"] == "accept"
+    env, secrets = quorum("zookeeper.ensemble.quorumAuth.enabled=false")
+    assert not secrets and not any(name.startswith("ZOO_QUORUM") for name in env)
+
+
+def test_a_release_from_before_quorum_authentication_upgraded_with_reuse_values_keeps_its_ensemble(
+    tmp_path: Path,
+) -> None:
+    """``helm upgrade --reuse-values`` (the upgrade the docs give) renders the new chart with the old
+    release's values alone: helm leaves the new chart's defaults out. A release from before
+    ``quorumAuth`` then has none: the chart renders (no nil pointer), and its servers run as they did,
+    without quorum authentication (turning it on takes the three steps of the CHANGELOG; straight
+    to ``require``, the roll would wait for ever for the first restarted server)."""
+    old = yaml.safe_load((CHART / "values.yaml").read_text())
+    del old["zookeeper"]["ensemble"]["quorumAuth"], old["zookeeper"]["auth"]["required"]
+    old["zookeeper"]["ensemble"]["enabled"] = True
+    chart = tmp_path / "zeps"
+    shutil.copytree(CHART, chart)
+    (chart / "values.yaml").write_text(yaml.safe_dump(old))  # what helm renders with: the old values only
+    rendered = _helm("template", "z", str(chart), "--kube-version", KUBE)
+    assert rendered.returncode == 0, rendered.stderr
+    docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
+    ensemble = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
+    assert not any(e["name"].startswith("ZOO_QUORUM") for e in ensemble["containers"][0]["env"])
+    assert not [d for d in docs if d["kind"] == "Secret"]
+
+
+def test_the_production_values_need_the_operator_s_identity_and_harden_the_ensemble() -> None:
+    """values-production.yaml: without the operator's ZooKeeper identity the chart refuses to render,
+    naming the values to set; with it, ACLs (the identity), quotas, the servers on nodes of their own,
+    quorum authentication required, the chart's own image only."""
+    production = ("-f", str(CHART / "values-production.yaml"))
+    refused = _helm("template", "z", str(CHART), "--kube-version", KUBE, *production)
+    assert refused.returncode != 0 and "set zookeeper.auth.existingSecret" in refused.stderr, refused.stderr
+    docs = _objects(*production, "--set", "zookeeper.auth.existingSecret=zeps-zookeeper-auth")
+    ensemble = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in ensemble["containers"][0]["env"]}
+    assert env["ZOO_SUPER_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "zeps-zookeeper-auth"
+    assert env["ZOO_QUORUM_AUTH"]["value"] == "require"
+    assert "requiredDuringSchedulingIgnoredDuringExecution" in ensemble["affinity"]["podAntiAffinity"]
+    operator = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    values = {e["name"]: e.get("value") for e in operator["env"]}
+    assert values["ZEPS_ALLOWED_BROKER_IMAGES"] == values["ZEPS_PRIVILEGED_NAMESPACES"] == ""
+    assert values["ZEPS_NAMESPACE_QUOTA_NODES"] == "50000", values
 
 
 def test_bad_values_are_refused_clearly() -> None:

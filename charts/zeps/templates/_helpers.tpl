@@ -25,3 +25,17 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 {{ .Release.Name }}-zookeeper-auth
 {{- end -}}
 {{- end -}}
+
+{{/* zookeeper.ensemble.quorumAuth, or an empty dict (off) for a release upgraded with --reuse-values from a
+chart without it: helm then leaves the new defaults out, and the ensemble keeps running as it did. */}}
+{{- define "zeps.quorumAuth" -}}
+{{- .Values.zookeeper.ensemble.quorumAuth | default dict | toJson -}}
+{{- end -}}
+
+{{/* The Secret holding the ensemble's quorum identity (user, password), if quorum authentication is on. */}}
+{{- define "zeps.zookeeperQuorumSecret" -}}
+{{- $quorum := include "zeps.quorumAuth" . | fromJson -}}
+{{- if $quorum.enabled -}}
+{{ $quorum.existingSecret | default (printf "%s-zookeeper-quorum" .Release.Name) }}
+{{- end -}}
+{{- end -}}
