@@ -29,6 +29,16 @@ def zookeeper_home() -> Path:
     return home
 
 
+def four_letter(port: int, command: str, timeout: float = 5.0) -> str:
+    """Send a four-letter-word command to the server on 127.0.0.1:``port`` and return the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(command.encode("ascii"))
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
 class ZooKeeperServer(LocalServer):
     """One standalone ZooKeeper server with its own data directory.
 
@@ -169,12 +179,7 @@ class ZooKeeperServer(LocalServer):
         """Send a four-letter-word command (``ruok``, ``srvr``, ``mntr``, ``cons``…) and return the answer."""
         if self.port is None:
             raise SetupError("ZooKeeperServer has not been started yet")
-        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as sock:
-            sock.sendall(command.encode("ascii"))
-            chunks = []
-            while chunk := sock.recv(65536):
-                chunks.append(chunk)
-        return b"".join(chunks).decode("utf-8", "replace")
+        return four_letter(self.port, command, timeout)
 
     def metrics(self) -> dict[str, str]:
         """The ``mntr`` metrics as a dict (for example ``zk_packets_received``, ``zk_znode_count``)."""

@@ -129,8 +129,8 @@ def test_monitoring_objects_render_only_where_their_crds_exist() -> None:
     assert not [d for d in off if d["kind"] == "PrometheusRule"]
 
 
-def _objects(*args: str) -> list[dict[str, Any]]:
-    rendered = _helm("template", "z", str(CHART), "--kube-version", KUBE, *args)
+def _objects(*args: str, chart: Path = CHART) -> list[dict[str, Any]]:
+    rendered = _helm("template", "z", str(chart), "--kube-version", KUBE, *args)
     assert rendered.returncode == 0, rendered.stderr
     return [d for d in yaml.safe_load_all(rendered.stdout) if d]
 
@@ -177,9 +177,7 @@ def test_a_release_from_before_quorum_authentication_upgraded_with_reuse_values_
     chart = tmp_path / "zeps"
     shutil.copytree(CHART, chart)
     (chart / "values.yaml").write_text(yaml.safe_dump(old))  # what helm renders with: the old values only
-    rendered = _helm("template", "z", str(chart), "--kube-version", KUBE)
-    assert rendered.returncode == 0, rendered.stderr
-    docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
+    docs = _objects(chart=chart)
     ensemble = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
     assert not any(e["name"].startswith("ZOO_QUORUM") for e in ensemble["containers"][0]["env"])
     assert not [d for d in docs if d["kind"] == "Secret"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from zeps_dev.process import free_port, wait_until
-from zeps_dev.zookeeper import zookeeper_home
+from zeps_dev.zookeeper import four_letter, zookeeper_home
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = ROOT / "images" / "zookeeper" / "zookeeper-run"
@@ -46,9 +45,7 @@ class Server:
     def mode(self) -> str:
         """leader, follower, or "" while it serves no client (no quorum yet)."""
         try:
-            with socket.create_connection(("127.0.0.1", self.client), timeout=2) as conn:
-                conn.sendall(b"srvr")
-                text = b"".join(iter(lambda: conn.recv(4096), b"")).decode(errors="replace")
+            text = four_letter(self.client, "srvr", timeout=2)
         except OSError:
             return ""
         return text.split("Mode: ")[1].split()[0] if "Mode: " in text else ""
