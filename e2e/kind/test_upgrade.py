@@ -15,7 +15,6 @@ the operator's events'. The publishers' longest waits for a confirmation are pri
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import time
@@ -84,11 +83,6 @@ def _upgrade(*values: str) -> None:
     sets = [arg for value in values for arg in ("--set", value)]
     helm("upgrade", RELEASE, str(ROOT / "charts" / "zeps"), "--namespace", OPERATOR_NAMESPACE, "--reuse-values", *sets,
          "--wait", "--timeout", "5m")  # fmt: skip
-
-
-def _longest_pause(app: App, job: str, began: float, ended: float) -> float:
-    times = [m["t"] for m in app.confirmed(job) if began - 1 <= m["t"] <= ended]
-    return round(max((b - a for a, b in itertools.pairwise(times)), default=0.0), 2)
 
 
 def _every_body_once_in_order(app: App) -> None:
@@ -176,7 +170,7 @@ def test_a_chart_upgrade_to_a_new_image_tag_rolls_every_broker_set_the_leader_la
     print("\nFIGURE " + json.dumps({
         "fault": "helm upgrade to a new image tag: the operator's roll of an R3 stream and a 2-partition R3 stream",
         "restart_order": order, "leaders": leaders, "roll_s": round(ended - began, 1),
-        "longest_confirmation_pause_s": {n: _longest_pause(app, f"publisher-{n}", began, ended)
+        "longest_confirmation_pause_s": {n: app.longest_pause(began, ended, f"publisher-{n}")
                                          for n in (SINGLE, PARTED)},
         "confirmed": 2 * COUNT, "lost": 0}), flush=True)  # fmt: skip
 
