@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import zmq
 
+from zeps.broker.config import DEFAULT_MAX_SESSION_BYTES_IN_FLIGHT
 from zeps.client import Seq, StreamClient
 from zeps.protocol import (
     Attach,
@@ -45,12 +46,12 @@ PEER_BOUND = MAX_CREDIT_BYTES + 96 * MiB
 class Broker:
     """A ``zeps-broker`` process and its memory."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, *flags: str) -> None:
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.process = ManagedProcess(
             "zeps-broker",
             [sys.executable, "-m", "zeps.broker.main", "--stream", "prices", "--data-dir", str(tmp_path / "journal"),
-             "--bind", self.endpoint, "--fsync", "never"],
+             "--bind", self.endpoint, "--fsync", "never", *flags],
             log_path=tmp_path / "broker.log",
         )  # fmt: skip
 
@@ -165,6 +166,71 @@ def test_a_peer_granting_huge_credit_and_reading_nothing_holds_at_most_the_credi
         assert grew < PEER_BOUND, f"the broker grew by {grew / MiB:.0f} MiB for one peer"
     finally:
         peer.close()
+
+
+def _non_readers(endpoint: str, count: int) -> list[RawPeer]:
+    """``count`` peers subscribed to everything from the start that never read: ZeroMQ takes one
+    frame off their connection at most (``RCVHWM`` 1), the kernel a few KiB."""
+    peers = []
+    for _ in range(count):
+        peer = RawPeer(endpoint)
+        peers.append(peer)
+        peer.sock.setsockopt(zmq.RCVBUF, 4096)
+        peer.sock.setsockopt(zmq.RCVHWM, 2)
+        peer.sock.send(encode(Subscribe(pattern="", latest=0)))
+        assert peer.recv() == SubscribeOk()
+    return peers
+
+
+def _flood_granting_credit(broker: Broker, peers: list[RawPeer], mib: int) -> int:
+    """Publish ``mib`` MiB while each peer grants its whole credit again after every 4 MiB (as a client
+    would that read what it got); returns how much the broker's peak memory grew meanwhile."""
+    before = broker.memory()
+    body = bytes(64 * 1024)
+    with StreamClient(broker.endpoint, "prices", timeout=30) as publisher:
+        for _ in range(mib // 4):
+            publisher.publish_many(("flood", body) for _ in range(64))
+            publisher.flush()
+            for peer in peers:
+                peer.sock.send(encode(Credit(credit=MAX_CREDIT_BYTES)))
+    time.sleep(1)  # the deliveries the last grants allow
+    return broker.memory("VmHWM") - before
+
+
+def test_a_peer_granting_credit_again_and_again_and_reading_nothing_holds_at_most_its_bytes_in_flight(
+    tmp_path: Path,
+) -> None:
+    """Credit is a balance, not proof of reading: a peer that grants it again each time, reading
+    nothing, had the broker queue every byte granted in its socket (ZeroMQ's queue holds 10,000
+    frames of up to 1 MiB). Deliveries now count as in flight until ZeroMQ wrote them to the peer's
+    connection, and stop at the session's bytes in flight (16 MiB). Here 512 MiB are published."""
+    broker = Broker(tmp_path)
+    broker.start()
+    try:
+        [peer] = peers = _non_readers(broker.endpoint, 1)
+        grew = _flood_granting_credit(broker, peers, 512)
+        _honest_round_trip(broker.endpoint)
+        assert grew < DEFAULT_MAX_SESSION_BYTES_IN_FLIGHT + 96 * MiB, f"the broker grew by {grew / MiB:.0f} MiB"
+        peer.close()
+    finally:
+        broker.process.stop()
+
+
+def test_many_peers_reading_nothing_hold_at_most_the_brokers_bytes_in_flight(tmp_path: Path) -> None:
+    """Bytes in flight are bounded for the whole broker too: eight peers that read nothing, each
+    allowed 64 MiB in flight, hold 16 MiB together (and a frame each), not 512 MiB; a client that
+    reads is served beside them once its turn comes (their bytes never leave, so it waits for none)."""
+    broker = Broker(tmp_path, "--max-session-bytes-in-flight", str(64 * MiB), "--max-bytes-in-flight", str(16 * MiB))
+    broker.start()
+    try:
+        peers = _non_readers(broker.endpoint, 8)
+        grew = _flood_granting_credit(broker, peers, 256)
+        assert grew < (16 + 8 + 96) * MiB, f"the broker grew by {grew / MiB:.0f} MiB"
+        for peer in peers:
+            peer.close()
+        _honest_round_trip(broker.endpoint)
+    finally:
+        broker.process.stop()
 
 
 def test_ten_thousand_subscriptions_from_one_peer_are_refused_past_the_limit(broker: Broker) -> None:

@@ -98,3 +98,94 @@ def test_the_budgets_are_flags_checked_before_the_broker_starts(tmp_path: Path) 
     assert settings(parse_args(base))[0].max_regex_subscriptions == 1_000
     with pytest.raises(ConfigError, match="--max-total-subscriptions=0: must be at least 1"):
         settings(parse_args([*base, "--max-total-subscriptions", "0"]))
+
+
+# -- bytes in flight ---------------------------------------------------------------------------------
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def _delivered(core: BrokerCore, peer: bytes, outgoing: list[Any]) -> int:
+    """The bytes of deliveries to ``peer`` among ``outgoing``."""
+    return sum(out.cost for out in outgoing if out.peer == peer)
+
+
+def _flood(core: BrokerCore, mib: int) -> list[Any]:
+    """``mib`` MiB published (64 KiB bodies) by another peer, and what the core has to send then."""
+    body = bytes(64 * KiB)
+    core.receive(b"pub", encode(Attach(stream="prices", version=7)), now=0.0)
+    for _ in range(mib * 16):
+        core.receive(b"pub", encode(Publish(key="k", body=body)), now=0.0)
+    core.flush_appends()
+    return core.pump(now=0.0)
+
+
+def _subscriber(core: BrokerCore, peer: bytes) -> None:
+    assert _send(core, peer, Attach(stream="prices", version=7), Credit(credit=64 * MiB)) == [AttachOk()]
+    assert _send(core, peer, Subscribe(pattern="")) == [SubscribeOk()]
+
+
+def test_a_sessions_deliveries_stop_at_its_bytes_in_flight_and_go_on_as_they_leave(tmp_path: Path) -> None:
+    """Credit allows 64 MiB, but what the adapter has not seen leave (``released``) counts as in
+    flight: the deliveries stop at the session's 1 MiB and go on as bytes leave, not at CREDIT."""
+    core = _core(tmp_path, max_session_bytes_in_flight=1 * MiB)
+    _subscriber(core, b"a")
+    sent = _delivered(core, b"a", _flood(core, 4))
+    assert 0 < sent <= 1 * MiB and core.sessions[b"a"].in_flight == sent == core.bytes_in_flight
+    assert core.held and _delivered(core, b"a", core.pump(now=0.0)) == 0, "held, though its credit allows more"
+    core.receive(b"a", encode(Credit(credit=1)), now=0.0)  # CREDIT does not lift it: it proves nothing
+    assert _delivered(core, b"a", core.pump(now=0.0)) == 0
+    total = sent
+    while total < 4 * MiB:  # each time the adapter sees bytes leave, as many more go
+        core.released(core.sessions[b"a"], sent)
+        sent = _delivered(core, b"a", core.pump(now=0.0))
+        assert 0 < sent <= 1 * MiB
+        total += sent
+    assert total >= 4 * MiB and core.sessions[b"a"].credit == 64 * MiB + 1 - total
+    core.close()
+
+
+def test_the_bytes_in_flight_of_all_sessions_together_are_bounded(tmp_path: Path) -> None:
+    """Four sessions each allowed 4 MiB in flight hold 2 MiB together (and one frame each at most:
+    a session with nothing in flight may send one); bytes leaving one session's socket let the
+    others go on; a delivery the socket refused gives its share back, and a session that goes gives
+    its share back once its bytes leave (ZeroMQ's queue for its peer outlives it)."""
+    core = _core(tmp_path, max_session_bytes_in_flight=4 * MiB, max_bytes_in_flight=2 * MiB)
+    peers = [b"a", b"b", b"c", b"d"]
+    for peer in peers:
+        _subscriber(core, peer)
+    outgoing = _flood(core, 4)
+    assert core.bytes_in_flight == sum(_delivered(core, p, outgoing) for p in peers)
+    assert 2 * MiB <= core.bytes_in_flight <= 2 * MiB + 4 * core.config.batch_bytes
+    assert _delivered(core, b"d", core.pump(now=0.0)) == 0
+    most = max(peers, key=lambda p: core.sessions[p].in_flight)
+    core.released(core.sessions[most], core.sessions[most].in_flight)  # what one read makes room for all
+    again = core.pump(now=0.0)
+    assert sum(_delivered(core, p, again) for p in peers) > 0
+    refused = next(out for out in again if out.cost)
+    before = core.bytes_in_flight
+    core.unsent(refused, now=0.0)
+    assert core.bytes_in_flight == before - refused.cost
+    gone = core.sessions[most]
+    core.disconnected(most)
+    assert core.bytes_in_flight == before - refused.cost, "counted until its bytes leave"
+    core.released(gone, gone.in_flight)
+    assert core.bytes_in_flight == sum(s.in_flight for s in core.sessions.values()) > 0
+    core.close()
+
+
+def test_a_record_larger_than_the_window_goes_alone(tmp_path: Path) -> None:
+    """A session with nothing in flight may always take one frame: a record larger than its bytes in
+    flight is delivered (alone), not held for ever."""
+    core = _core(tmp_path, max_session_bytes_in_flight=64 * KiB, max_message_bytes=512 * KiB)
+    _subscriber(core, b"a")
+    core.receive(b"pub", encode(Attach(stream="prices", version=7)), now=0.0)
+    core.receive(b"pub", encode(Publish(key="k", body=bytes(256 * KiB))), now=0.0)
+    core.flush_appends()
+    first = _delivered(core, b"a", core.pump(now=0.0))
+    assert first > 256 * KiB
+    core.receive(b"pub", encode(Publish(key="k", body=b"small")), now=0.0)
+    core.flush_appends()
+    assert _delivered(core, b"a", core.pump(now=0.0)) == 0, "the next waits for the large one to leave"
+    core.released(core.sessions[b"a"], first)
+    assert 0 < _delivered(core, b"a", core.pump(now=0.0)) < KiB
+    core.close()

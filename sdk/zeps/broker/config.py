@@ -9,7 +9,14 @@ from typing import Literal
 from zeps.journal import JournalConfig
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES, DELIVERY_BATCH_BYTES, MAX_CREDIT_BYTES, max_frame_bytes
 
-__all__ = ["DEFAULT_MAX_REGEX_SUBSCRIPTIONS", "DEFAULT_MAX_SESSIONS", "DEFAULT_MAX_TOTAL_SUBSCRIPTIONS", "BrokerConfig"]
+__all__ = [
+    "DEFAULT_MAX_BYTES_IN_FLIGHT",
+    "DEFAULT_MAX_REGEX_SUBSCRIPTIONS",
+    "DEFAULT_MAX_SESSIONS",
+    "DEFAULT_MAX_SESSION_BYTES_IN_FLIGHT",
+    "DEFAULT_MAX_TOTAL_SUBSCRIPTIONS",
+    "BrokerConfig",
+]
 
 
 #: BrokerConfig's defaults for the broker's flags (a compiled dataclass's class attributes are not its
@@ -17,6 +24,8 @@ __all__ = ["DEFAULT_MAX_REGEX_SUBSCRIPTIONS", "DEFAULT_MAX_SESSIONS", "DEFAULT_M
 DEFAULT_MAX_SESSIONS = 10_000
 DEFAULT_MAX_TOTAL_SUBSCRIPTIONS = 100_000
 DEFAULT_MAX_REGEX_SUBSCRIPTIONS = 1_000
+DEFAULT_MAX_SESSION_BYTES_IN_FLIGHT = 16 << 20
+DEFAULT_MAX_BYTES_IN_FLIGHT = 512 << 20
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,12 @@ class BrokerConfig:
     #: of those, with a ``~regex`` pattern at most (LIMIT past it): each runs against every live
     #: record's key on the broker's one thread
     max_regex_subscriptions: int = DEFAULT_MAX_REGEX_SUBSCRIPTIONS
+    #: deliveries handed to the socket and not yet gone from this process (written to the kernel) for
+    #: one session at most: a peer that grants credit and reads nothing holds this much of the broker's
+    #: memory, whatever its credit says (the adapter learns what left, see ``BrokerCore.released``)
+    max_session_bytes_in_flight: int = DEFAULT_MAX_SESSION_BYTES_IN_FLIGHT
+    #: the same for all sessions together (a session with nothing in flight may still send one frame)
+    max_bytes_in_flight: int = DEFAULT_MAX_BYTES_IN_FLIGHT
     pump_budget_bytes: int = 4 * 1024 * 1024  #: delivered per pump() call, across all sessions
     replay_batch: int = 512  #: records read from the journal per subscription visit (older sessions)
     batch_bytes: int = DELIVERY_BATCH_BYTES  #: the largest DELIVER-BATCH (a record larger than this goes alone)

@@ -22,7 +22,9 @@ from collections.abc import Callable
 from typing import Any
 
 from zeps.broker.config import (
+    DEFAULT_MAX_BYTES_IN_FLIGHT,
     DEFAULT_MAX_REGEX_SUBSCRIPTIONS,
+    DEFAULT_MAX_SESSION_BYTES_IN_FLIGHT,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_MAX_TOTAL_SUBSCRIPTIONS,
     BrokerConfig,
@@ -61,8 +63,10 @@ from zeps.protocol.connection import SUPPORTED_VERSIONS
 from zeps.replication.follower import REPLICATION_VERSION
 
 __all__ = [
+    "DEFAULT_MAX_BYTES_IN_FLIGHT",
     "DEFAULT_MAX_REGEX_SUBSCRIPTIONS",
     "DEFAULT_MAX_SESSIONS",
+    "DEFAULT_MAX_SESSION_BYTES_IN_FLIGHT",
     "DEFAULT_MAX_TOTAL_SUBSCRIPTIONS",
     "BrokerConfig",
     "BrokerCore",
@@ -182,9 +186,7 @@ class BrokerCore(Publishing):
     def _on_credit(self, session: Session, command: Credit) -> None:
         session.credit = min(session.credit + command.credit, self.config.max_credit_bytes)
         session.blocked_until = 0.0
-        for sub in session.subscriptions:
-            if not sub.live and sub not in self._lagging:
-                self._lagging.append(sub)
+        self._resume(session)
 
     def _on_ping(self, session: Session, _command: Ping) -> None:
         self._confirm(session, session.conn.send(PingOk()))
@@ -228,6 +230,12 @@ class BrokerCore(Publishing):
         """Work waits that a loop should come back for soon (a millisecond, not a tick): subscriptions
         behind, publishes not yet written, records gathered for the multicast group."""
         return bool(self._lagging or self._appends or self.multicast_pending)
+
+    @property
+    def held(self) -> int:
+        """Sessions whose deliveries wait for their bytes in flight to leave (the adapter looks for that
+        more often while there are any)."""
+        return len(self._held)
 
     def tick(self, now: float | None = None) -> None:
         """Heartbeats: PING peers silent for heartbeat_s; forget those silent for ttl_s."""

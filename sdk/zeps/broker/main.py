@@ -18,7 +18,9 @@ import time
 from pathlib import Path
 
 from zeps.broker.core import (
+    DEFAULT_MAX_BYTES_IN_FLIGHT,
     DEFAULT_MAX_REGEX_SUBSCRIPTIONS,
+    DEFAULT_MAX_SESSION_BYTES_IN_FLIGHT,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_MAX_TOTAL_SUBSCRIPTIONS,
     BrokerConfig,
@@ -74,6 +76,17 @@ def parser() -> argparse.ArgumentParser:
                    help="of those, with a ~regex pattern at most, all peerings together: each runs against "
                    "every record's key on the broker's one thread (LIMIT past it) "
                    "[ZEPS_BROKER_MAX_REGEX_SUBSCRIPTIONS]")  # fmt: skip
+    p.add_argument("--max-session-bytes-in-flight", type=int,
+                   default=int(_env("MAX_SESSION_BYTES_IN_FLIGHT") or DEFAULT_MAX_SESSION_BYTES_IN_FLIGHT),
+                   help="bytes of deliveries handed to a peering's socket and not yet written to its connection, "
+                   "at most: a peer that grants credit and reads nothing holds this much, whatever its credit "
+                   "[ZEPS_BROKER_MAX_SESSION_BYTES_IN_FLIGHT]")  # fmt: skip
+    p.add_argument(
+        "--max-bytes-in-flight",
+        type=int,
+        default=int(_env("MAX_BYTES_IN_FLIGHT") or DEFAULT_MAX_BYTES_IN_FLIGHT),
+        help="the same, all peerings together (deliveries wait past it) [ZEPS_BROKER_MAX_BYTES_IN_FLIGHT]",
+    )
     p.add_argument("--heartbeat", type=float, default=float(_env("HEARTBEAT", "5") or 5))
     p.add_argument("--ttl", type=float, default=float(_env("TTL", "30") or 30))
     p.add_argument("--curve-secret-key", default=_env("CURVE_SECRET_KEY"), help="zmq certificate with the secret key")
@@ -226,7 +239,9 @@ def settings(args: argparse.Namespace) -> tuple[BrokerConfig, CurveConfig | None
                           f"{MAX_MESSAGE_BYTES_CEILING}")  # fmt: skip
     for flag, value, least in (("--max-sessions", args.max_sessions, 1),
                                ("--max-total-subscriptions", args.max_total_subscriptions, 1),
-                               ("--max-regex-subscriptions", args.max_regex_subscriptions, 0)):  # fmt: skip
+                               ("--max-regex-subscriptions", args.max_regex_subscriptions, 0),
+                               ("--max-session-bytes-in-flight", args.max_session_bytes_in_flight, 1 << 16),
+                               ("--max-bytes-in-flight", args.max_bytes_in_flight, 1 << 16)):  # fmt: skip
         if value < least:
             raise ConfigError(
                 f"{flag}={value}: must be at least {least}"
@@ -237,6 +252,8 @@ def settings(args: argparse.Namespace) -> tuple[BrokerConfig, CurveConfig | None
                           under_replicated=args.under_replicated, max_sessions=args.max_sessions,
                           max_total_subscriptions=args.max_total_subscriptions,
                           max_regex_subscriptions=args.max_regex_subscriptions,
+                          max_session_bytes_in_flight=args.max_session_bytes_in_flight,
+                          max_bytes_in_flight=args.max_bytes_in_flight,
                           replica_catchup_bytes_per_s=int(args.replica_catchup_rate * 1e6) or None)  # fmt: skip
     curve = None
     if args.curve_secret_key:

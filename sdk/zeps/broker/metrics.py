@@ -118,6 +118,11 @@ class BrokerMetrics:
                              "sends credit")  # fmt: skip
         self.lag = gauge("zeps_broker_subscriber_lag", f"Records a subscription is behind (the {LAG_SERIES} furthest "
                          "behind per stream)", ("stream", "peer", "sub"))  # fmt: skip
+        self.in_flight = gauge("zeps_broker_bytes_in_flight", "Delivery bytes handed to peers' sockets and not yet "
+                               "written to their connections, all peerings together (limit: --max-bytes-in-flight)",
+                               ())  # fmt: skip
+        self.held = gauge("zeps_broker_held_sessions", "Peerings whose deliveries wait for their bytes in flight to "
+                          "be written out (a peer reading slowly, or not at all)", ())  # fmt: skip
         self.free = _FreeSpace(registry)
         self._exported: dict[tuple[str, ...], int] = {}  # counter values already exported, by series
 
@@ -153,3 +158,5 @@ class BrokerMetrics:
                 self.lag.labels(name, peer, str(sub.id)).set(sub.lag)
         for labels, value in core.refusals.items():
             self._count(self.refused, labels, value)
+        self.in_flight.set(core.bytes_in_flight)
+        self.held.set(core.held)

@@ -16,6 +16,17 @@ DELIVER (-TS) per record from the same chunks.
 Credit. A delivery costs its frame's size. With too little credit a subscription stops and
 keeps its cursor; CREDIT resumes it at once. A session's credit is shared by its subscriptions.
 
+Bytes in flight. Credit is what a peer says it can take, and a peer may say anything: one that
+grants credit and reads nothing would have the broker queue all of it in its socket. So deliveries
+handed to the socket count as *in flight* until the adapter learns that ZeroMQ wrote them out of this
+process (:meth:`Routing.released`; what the peer's connection reads is the only proof), and a
+session's deliveries also stop at ``max_session_bytes_in_flight``, all sessions' together at
+``max_bytes_in_flight``. A session stopped so goes on once bytes leave. A session with nothing in
+flight may always send one frame, whatever the budgets say: a record larger than the window still
+goes (alone), and peers that read nothing, holding the whole budget, cannot stop the others (each of
+those holds one frame past it at most). A session that goes keeps counting until its bytes leave
+(ZeroMQ frees them when the connection closes): ZeroMQ's queue for a peer outlives its session.
+
 Fairness and memory. ``pump`` hands out at most ``pump_budget_bytes`` per call, visiting lagging
 subscriptions round-robin, and never reads more than one journal batch per subscription per visit.
 Sessions, subscriptions per session and pattern sizes are bounded.
@@ -247,7 +258,8 @@ class Routing(BrokerState):
             # the session is attached (it has subscriptions), so DELIVER is allowed: the fast encoder
             # skips the state machine and the generic codec on this, the hottest path of older sessions
             frame = encode_deliver(r.sequence, r.key, r.body, r.timestamp_ms if timestamps else None)
-            if session.credit < len(frame):
+            if self._room(session) < len(frame):
+                self._hold(session)
                 return r.sequence
             self._queue(sub, frame, r.sequence, 1)
         sub.cursor = chunk.last + 1
@@ -256,8 +268,8 @@ class Routing(BrokerState):
     def _deliver_batch(self, sub: Subscription, chunk: Chunk, picks: list[int] | None) -> int | None:
         """DELIVER-BATCH (version 3) or DELIVER-RUN (version 4: plus a 4-byte index entry per record)."""
         session, offsets = sub.session, chunk.offsets
-        indexed = session.indexed
-        per_record, room = (4, session.credit - 15) if indexed else (0, session.credit - 7)  # frame overhead
+        indexed, room = session.indexed, self._room(session)
+        per_record, room = (4, room - 15) if indexed else (0, room - 7)  # frame overhead
         if picks is None:  # a run: the journal's bytes as they are, as far as credit goes
             fits = bisect.bisect_right(range(len(offsets)), room, key=lambda i: offsets[i] + per_record * i) - 1
             if fits > 0:
@@ -265,6 +277,7 @@ class Routing(BrokerState):
                 frame = encode_deliver_run(data, run_index(offsets[:fits])) if indexed else encode_deliver_batch(data)
                 self._queue(sub, frame, chunk.first, fits)
             if fits < len(chunk):
+                self._hold(session)
                 return chunk.first + max(fits, 0)
         else:
             size, taken = 0, 0
@@ -284,15 +297,53 @@ class Routing(BrokerState):
                     frame = encode_deliver_batch(records)
                 self._queue(sub, frame, chunk.first + picks[0], taken)
             if taken < len(picks):
+                self._hold(session)
                 return chunk.first + picks[taken]
         sub.cursor = chunk.last + 1
         return None
+
+    def _room(self, session: Session) -> int:
+        """The bytes ``session`` may be delivered now: its credit, within the bytes-in-flight budgets
+        (see the module's notes)."""
+        config = self.config
+        shared = config.max_bytes_in_flight - self.bytes_in_flight
+        room = min(config.max_session_bytes_in_flight - session.in_flight, shared)
+        if session.in_flight == 0:
+            room = 1 << 62  # one frame, whatever its size and the budgets
+        return min(session.credit, room)
+
+    def _hold(self, session: Session) -> None:
+        """``session``'s delivery stopped: if for bytes in flight rather than credit, it goes on once
+        bytes leave (:meth:`released`), not when its peer sends CREDIT."""
+        if self._room(session) < session.credit:
+            self._held.add(session.peer)
+
+    def released(self, session: Session, size: int) -> None:
+        """The adapter learnt that ``size`` more bytes of the deliveries to ``session`` left this process
+        (ZeroMQ wrote them to the connection, or freed them with a connection that closed; a session
+        that went counts until then): the sessions stopped for bytes in flight go on."""
+        size = min(size, session.in_flight)
+        session.in_flight -= size
+        self.bytes_in_flight -= size
+        for held in self._held:
+            waiting = self.sessions.get(held)
+            if waiting is not None:
+                self._resume(waiting)
+        self._held.clear()
+
+    def _resume(self, session: Session) -> None:
+        """Back in line: every subscription of ``session`` that stopped (not live)."""
+        for sub in session.subscriptions:
+            if not sub.live and sub not in self._lagging:
+                self._lagging.append(sub)
 
     def _queue(self, sub: Subscription, frame: bytes, first: int, count: int) -> None:
         session = sub.session
         cost = len(frame)
         self._queued_bytes += cost
         session.credit -= cost
+        session.in_flight += cost
+        self.bytes_in_flight += cost
         session.stream.messages_out += count
         session.stream.bytes_out += cost
         self._pending.append(Outgoing(session.peer, frame, sub, first, cost, count))
@@ -385,6 +436,8 @@ class Routing(BrokerState):
             session.blocked_until = (time.monotonic() if now is None else now) + 0.01
             return
         session.credit += item.cost
+        session.in_flight -= item.cost
+        self.bytes_in_flight -= item.cost
         session.stream.messages_out -= item.count  # they were counted when queued; undo it
         if item.replayed:
             session.stream.messages_replayed -= item.count
@@ -398,6 +451,7 @@ class Routing(BrokerState):
             self._leave_live(sub, sub.cursor)
             self._remove_subscription(sub)
         self.sessions.pop(session.peer, None)
+        self._let_go(session)
         stream = session.stream
         stream.waiting.pop(session.peer, None)
         if stream.held:  # never a confirmation on a later peering of the same peer

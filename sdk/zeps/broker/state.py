@@ -133,6 +133,8 @@ class Session:
     last_heard: float = 0.0
     last_ping: float = 0.0
     blocked_until: float = 0.0  # the socket refused a send: wait before trying again
+    #: delivery bytes handed to the socket that have not left this process yet (max_session_bytes_in_flight)
+    in_flight: int = 0
     producer: str | None = None  # the producer name this session claimed (PRODUCE), and its epoch
     epoch: int = 0
     key: str | None = None  # the CURVE public key its connection authenticated with (a CURVE broker)
@@ -169,6 +171,9 @@ class BrokerState:
         self._queued_bytes = 0  # delivery bytes queued, ever: pump() measures its budget with it
         self.subscription_count = 0  #: subscriptions and open fetches of all sessions (max_total_subscriptions)
         self.regex_subscriptions = 0  #: of those, with a regular expression (max_regex_subscriptions)
+        self.bytes_in_flight = 0  #: the sessions' ``in_flight`` together (max_bytes_in_flight)
+        #: peers whose deliveries stopped for bytes in flight (not credit): they go on as bytes leave
+        self._held: set[bytes] = set()
         self._clock_ms = self.wall_ms()  # this broker's wall clock, read once per flush (see _stream_ms)
         self.invalid_frames = 0
         #: refusals sent (INVALID, INVALID-CODE), by (the peer's stream, "" before ATTACH; the code's
@@ -194,7 +199,14 @@ class BrokerState:
         refusal = InvalidCode(code=code, reason=text) if version >= CODES_SINCE else Invalid(reason=text)
         self._send(peer, encode(refusal))  # not through a Connection: the peer may have none
         if forget:
-            self.sessions.pop(peer, None)
+            gone = self.sessions.pop(peer, None)
+            if gone is not None:
+                self._let_go(gone)
+
+    def _let_go(self, session: Session) -> None:
+        """A session goes: it waits for nothing now (its bytes in flight count until the adapter sees
+        them leave: ZeroMQ's queue for its peer may outlive it)."""
+        self._held.discard(session.peer)
 
     def _send(self, peer: bytes, frame: bytes) -> None:
         self._pending.append(Outgoing(peer, frame))
