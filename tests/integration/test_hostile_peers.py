@@ -18,7 +18,7 @@ import pytest
 import zmq
 
 from zeps.broker.config import DEFAULT_MAX_SESSION_BYTES_IN_FLIGHT
-from zeps.client import Seq, StreamClient
+from zeps.client import BrokerUnavailableError, Seq, StreamClient
 from zeps.protocol import (
     Attach,
     AttachOk,
@@ -182,10 +182,9 @@ def _non_readers(endpoint: str, count: int) -> list[RawPeer]:
     return peers
 
 
-def _flood_granting_credit(broker: Broker, peers: list[RawPeer], mib: int) -> int:
+def _flood_granting_credit(broker: Broker, peers: list[RawPeer], mib: int) -> None:
     """Publish ``mib`` MiB while each peer grants its whole credit again after every 4 MiB (as a client
-    would that read what it got); returns how much the broker's peak memory grew meanwhile."""
-    before = broker.memory()
+    would that read what it got)."""
     body = bytes(64 * 1024)
     with StreamClient(broker.endpoint, "prices", timeout=30) as publisher:
         for _ in range(mib // 4):
@@ -193,8 +192,6 @@ def _flood_granting_credit(broker: Broker, peers: list[RawPeer], mib: int) -> in
             publisher.flush()
             for peer in peers:
                 peer.sock.send(encode(Credit(credit=MAX_CREDIT_BYTES)))
-    time.sleep(1)  # the deliveries the last grants allow
-    return broker.memory("VmHWM") - before
 
 
 def test_a_peer_granting_credit_again_and_again_and_reading_nothing_holds_at_most_its_bytes_in_flight(
@@ -208,8 +205,10 @@ def test_a_peer_granting_credit_again_and_again_and_reading_nothing_holds_at_mos
     broker.start()
     try:
         [peer] = peers = _non_readers(broker.endpoint, 1)
-        grew = _flood_granting_credit(broker, peers, 512)
-        _honest_round_trip(broker.endpoint)
+        before = broker.memory()
+        _flood_granting_credit(broker, peers, 512)
+        _honest_round_trip(broker.endpoint)  # (and the deliveries the last grants allowed meanwhile)
+        grew = broker.memory("VmHWM") - before
         assert grew < DEFAULT_MAX_SESSION_BYTES_IN_FLIGHT + 96 * MiB, f"the broker grew by {grew / MiB:.0f} MiB"
         peer.close()
     finally:
@@ -218,17 +217,32 @@ def test_a_peer_granting_credit_again_and_again_and_reading_nothing_holds_at_mos
 
 def test_many_peers_reading_nothing_hold_at_most_the_brokers_bytes_in_flight(tmp_path: Path) -> None:
     """Bytes in flight are bounded for the whole broker too: eight peers that read nothing, each
-    allowed 64 MiB in flight, hold 16 MiB together (and a frame each), not 512 MiB; a client that
-    reads is served beside them once its turn comes (their bytes never leave, so it waits for none)."""
+    allowed 64 MiB in flight, hold 16 MiB together (and a frame each), not 512 MiB; and a client that
+    reads is still served beside them (a peering with nothing in flight always gets a frame)."""
     broker = Broker(tmp_path, "--max-session-bytes-in-flight", str(64 * MiB), "--max-bytes-in-flight", str(16 * MiB))
     broker.start()
     try:
         peers = _non_readers(broker.endpoint, 8)
-        grew = _flood_granting_credit(broker, peers, 256)
+        before = broker.memory()
+        _flood_granting_credit(broker, peers, 256)
+        _honest_round_trip(broker.endpoint)
+        grew = broker.memory("VmHWM") - before
         assert grew < (16 + 8 + 96) * MiB, f"the broker grew by {grew / MiB:.0f} MiB"
         for peer in peers:
             peer.close()
-        _honest_round_trip(broker.endpoint)
+    finally:
+        broker.process.stop()
+
+
+def test_past_its_memory_budget_a_broker_refuses_new_clients_naming_the_budget(tmp_path: Path) -> None:
+    """The broker reads its resident memory (``/proc/self/statm``) at start and every second; past
+    ``--max-memory-bytes`` a client's ATTACH is refused BUSY, and the client's error says why."""
+    broker = Broker(tmp_path, "--max-memory-bytes", str(1 * MiB))  # a Python process holds tens of MiB
+    broker.start()
+    try:
+        refused = r"refused: the broker uses \d+ MiB, past its memory budget of 1 MiB \(--max-memory-bytes\)"
+        with pytest.raises(BrokerUnavailableError, match=refused), StreamClient(broker.endpoint, "prices", timeout=5):
+            pass
     finally:
         broker.process.stop()
 

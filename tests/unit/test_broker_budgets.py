@@ -189,3 +189,50 @@ def test_a_record_larger_than_the_window_goes_alone(tmp_path: Path) -> None:
     core.released(core.sessions[b"a"], first)
     assert 0 < _delivered(core, b"a", core.pump(now=0.0)) < KiB
     core.close()
+
+
+# -- memory --------------------------------------------------------------------------------------------
+def test_past_its_memory_budget_the_broker_takes_on_nothing_new_and_serves_what_it_has(tmp_path: Path) -> None:
+    """Past ``max_memory_bytes`` (the adapter reads the process's resident memory into
+    ``resident_bytes``) a new peering is refused BUSY and a new subscription LIMIT, each naming the
+    budget; an attached session still publishes; under the budget again, both are taken."""
+    core = _core(tmp_path, max_memory_bytes=100 * MiB)
+    core.resident_bytes = 60 * MiB
+    _attach(core, b"a")
+    core.resident_bytes = 120 * MiB
+    [busy] = _send(core, b"b", Attach(stream="prices", version=7))
+    assert isinstance(busy, InvalidCode) and busy.code == Refusal.BUSY, busy
+    assert busy.reason == ("the broker uses 120 MiB, past its memory budget of 100 MiB (--max-memory-bytes); "
+                           "try again later")  # fmt: skip
+    assert b"b" not in core.sessions
+    assert "memory budget" in _refused(_send(core, b"a", Subscribe(pattern="x.")))
+    _send(core, b"a", Publish(key="x.1", body=b"1"))
+    assert core.streams["prices"].journal.written == 1, "what is attached goes on"
+    core.resident_bytes = 90 * MiB
+    _attach(core, b"b")
+    assert _send(core, b"b", Subscribe(pattern="x."))[0] == SubscribeOk()  # (and x.1, replayed)
+    core.close()
+
+
+def test_the_memory_budget_is_eighty_percent_of_the_containers_limit_unless_set(tmp_path: Path) -> None:
+    from zeps.broker.main import memory_budget, parse_args, settings  # noqa: PLC0415
+    from zeps.errors import ConfigError  # noqa: PLC0415
+
+    v2, v1, none = tmp_path / "v2", tmp_path / "v1", tmp_path / "none"
+    (v1 / "memory").mkdir(parents=True)
+    v2.mkdir()
+    none.mkdir()
+    (v2 / "memory.max").write_text("1073741824\n")
+    assert memory_budget(v2) == 858993459
+    (v2 / "memory.max").write_text("max\n")
+    assert memory_budget(v2) == 0, "no limit, no budget"
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("536870912\n")
+    assert memory_budget(v1) == 429496729
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
+    assert memory_budget(v1) == 0
+    assert memory_budget(none) == 0
+    base = ["--stream", "prices", "--data-dir", str(tmp_path)]
+    assert settings(parse_args([*base, "--max-memory-bytes", "0"]))[0].max_memory_bytes == 0
+    assert settings(parse_args([*base, "--max-memory-bytes", str(64 * MiB)]))[0].max_memory_bytes == 64 * MiB
+    with pytest.raises(ConfigError, match="--max-memory-bytes=-1: must be at least 0"):
+        settings(parse_args([*base, "--max-memory-bytes", "-1"]))

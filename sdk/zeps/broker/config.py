@@ -49,6 +49,10 @@ class BrokerConfig:
     max_session_bytes_in_flight: int = DEFAULT_MAX_SESSION_BYTES_IN_FLIGHT
     #: the same for all sessions together (a session with nothing in flight may still send one frame)
     max_bytes_in_flight: int = DEFAULT_MAX_BYTES_IN_FLIGHT
+    #: the broker's resident memory past which new sessions (BUSY) and subscriptions (LIMIT) are
+    #: refused, whoever asks; what is attached goes on (0: no budget). The adapter reads the memory
+    #: (``BrokerCore.resident_bytes``)
+    max_memory_bytes: int = 0
     pump_budget_bytes: int = 4 * 1024 * 1024  #: delivered per pump() call, across all sessions
     replay_batch: int = 512  #: records read from the journal per subscription visit (older sessions)
     batch_bytes: int = DELIVERY_BATCH_BYTES  #: the largest DELIVER-BATCH (a record larger than this goes alone)

@@ -209,6 +209,9 @@ class BrokerCore(Publishing):
             self._invalid(peer, "broker is at its session limit; try again later", Refusal.BUSY,
                           version=command.version, forget=True)  # fmt: skip
             return
+        if (why := self._over_memory()) is not None:
+            self._invalid(peer, why, Refusal.BUSY, version=command.version, forget=True)
+            return
         if stream.following and command.version < REPLICATION_VERSION:
             self._invalid(peer, f"this broker follows the leader of stream {stream.name!r}: attach to the leader "
                           "(ZooKeeper names it)", Refusal.NOT_LEADER, version=command.version, forget=True)  # fmt: skip

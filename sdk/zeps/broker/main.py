@@ -87,6 +87,10 @@ def parser() -> argparse.ArgumentParser:
         default=int(_env("MAX_BYTES_IN_FLIGHT") or DEFAULT_MAX_BYTES_IN_FLIGHT),
         help="the same, all peerings together (deliveries wait past it) [ZEPS_BROKER_MAX_BYTES_IN_FLIGHT]",
     )
+    p.add_argument("--max-memory-bytes", type=int, default=_env_int("MAX_MEMORY_BYTES"),
+                   help="resident memory past which new peerings (BUSY) and subscriptions (LIMIT) are refused; "
+                   "0: no budget; unset: 0.8 times the container's memory limit (cgroup), none without one "
+                   "[ZEPS_BROKER_MAX_MEMORY_BYTES]")  # fmt: skip
     p.add_argument("--heartbeat", type=float, default=float(_env("HEARTBEAT", "5") or 5))
     p.add_argument("--ttl", type=float, default=float(_env("TTL", "30") or 30))
     p.add_argument("--curve-secret-key", default=_env("CURVE_SECRET_KEY"), help="zmq certificate with the secret key")
@@ -228,6 +232,19 @@ def replication(args: argparse.Namespace) -> Replication | None:
                        preferred_leader=args.preferred_leader or None)  # fmt: skip
 
 
+def memory_budget(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """The broker's memory budget unless set: 80% of its container's memory limit (cgroup v2
+    ``memory.max``, or v1 ``memory/memory.limit_in_bytes``), so that it refuses new work before the
+    kernel kills it; 0 (none) without a limit."""
+    for name in ("memory.max", "memory/memory.limit_in_bytes"):
+        try:
+            text = (cgroup / name).read_text().strip()
+        except OSError:
+            continue
+        return int(text) * 4 // 5 if text.isdigit() and int(text) < 1 << 60 else 0  # "max", v1's "none"
+    return 0
+
+
 def settings(args: argparse.Namespace) -> tuple[BrokerConfig, CurveConfig | None, Registration | None]:
     """The broker's configuration from its parsed flags (no I/O). Raises ZepsError for a bad journal
     setting."""
@@ -241,7 +258,8 @@ def settings(args: argparse.Namespace) -> tuple[BrokerConfig, CurveConfig | None
                                ("--max-total-subscriptions", args.max_total_subscriptions, 1),
                                ("--max-regex-subscriptions", args.max_regex_subscriptions, 0),
                                ("--max-session-bytes-in-flight", args.max_session_bytes_in_flight, 1 << 16),
-                               ("--max-bytes-in-flight", args.max_bytes_in_flight, 1 << 16)):  # fmt: skip
+                               ("--max-bytes-in-flight", args.max_bytes_in_flight, 1 << 16),
+                               ("--max-memory-bytes", args.max_memory_bytes or 0, 0)):  # fmt: skip
         if value < least:
             raise ConfigError(
                 f"{flag}={value}: must be at least {least}"
@@ -254,6 +272,7 @@ def settings(args: argparse.Namespace) -> tuple[BrokerConfig, CurveConfig | None
                           max_regex_subscriptions=args.max_regex_subscriptions,
                           max_session_bytes_in_flight=args.max_session_bytes_in_flight,
                           max_bytes_in_flight=args.max_bytes_in_flight,
+                          max_memory_bytes=memory_budget() if args.max_memory_bytes is None else args.max_memory_bytes,
                           replica_catchup_bytes_per_s=int(args.replica_catchup_rate * 1e6) or None)  # fmt: skip
     curve = None
     if args.curve_secret_key:

@@ -102,7 +102,9 @@ class Routing(BrokerState):
         """Whether the broker-wide budgets take one more subscription (or fetch) of ``matcher``; if
         not, the peer is told (LIMIT) and nothing of it is kept."""
         config = self.config
-        if self.subscription_count >= config.max_total_subscriptions:
+        if (memory := self._over_memory()) is not None:
+            why = memory
+        elif self.subscription_count >= config.max_total_subscriptions:
             why = (f"the broker holds {self.subscription_count} subscriptions across its peerings, its limit "
                    "(max_total_subscriptions); try again later")  # fmt: skip
         elif matcher.regex is not None and self.regex_subscriptions >= config.max_regex_subscriptions:

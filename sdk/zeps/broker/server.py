@@ -208,6 +208,17 @@ class Replication:
                                leader_silence_s=self.leader_silence_s)  # fmt: skip
 
 
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (``/proc/self/statm``; 0 where there is none to read)."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * _PAGE_BYTES
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 class _InFlight:
     """Which deliveries left this process (see the module's notes): per peer, its delivery frames
     ZeroMQ may still hold (tracker, size, the session it was sent to), oldest first."""
@@ -333,6 +344,9 @@ class BrokerServer:
             self.stop()
             raise
         log.info("broker serving %s at %s", ", ".join(self.config.streams), self.endpoint)
+        if self.config.max_memory_bytes:
+            log.info("memory budget %d MiB: past it, new peerings and subscriptions are refused",
+                     self.config.max_memory_bytes >> 20)  # fmt: skip
         return self
 
     def _start(self) -> None:
@@ -741,6 +755,7 @@ class BrokerServer:
         poller = self._poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         last_tick = time.monotonic()
+        core.resident_bytes = resident_bytes()  # the memory budget from the first ATTACH
         self._update_metrics()  # every gauge from the start, not a second later
         try:
             while not self._stop.is_set():
@@ -762,6 +777,7 @@ class BrokerServer:
                 if now - last_tick >= 1.0:
                     last_tick = now
                     self._reload_keys()
+                    core.resident_bytes = resident_bytes()
                     core.tick(now)
                     self._send(core.pump())
                     self._update_metrics()

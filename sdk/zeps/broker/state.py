@@ -172,6 +172,7 @@ class BrokerState:
         self.subscription_count = 0  #: subscriptions and open fetches of all sessions (max_total_subscriptions)
         self.regex_subscriptions = 0  #: of those, with a regular expression (max_regex_subscriptions)
         self.bytes_in_flight = 0  #: the sessions' ``in_flight`` together (max_bytes_in_flight)
+        self.resident_bytes = 0  #: the process's resident memory as the adapter last read it (max_memory_bytes)
         #: peers whose deliveries stopped for bytes in flight (not credit): they go on as bytes leave
         self._held: set[bytes] = set()
         self._clock_ms = self.wall_ms()  # this broker's wall clock, read once per flush (see _stream_ms)
@@ -190,6 +191,14 @@ class BrokerState:
         #: the key a peer without a session authenticated with, for its next frame (the adapter sets it)
         self.peer_keys: dict[bytes, str | None] = {}
         self._max_body = config.max_message_bytes
+
+    def _over_memory(self) -> str | None:
+        """Why nothing new is taken on (the memory budget is spent), or None."""
+        budget = self.config.max_memory_bytes
+        if not budget or self.resident_bytes <= budget:
+            return None
+        return (f"the broker uses {self.resident_bytes >> 20} MiB, past its memory budget of {budget >> 20} MiB "
+                "(--max-memory-bytes); try again later")  # fmt: skip
 
     def _invalid(self, peer: bytes, reason: str, code: Refusal, *, version: int, forget: bool) -> None:
         """Refuse: INVALID-CODE to a peer speaking (or asking for) version 5 or more, else plain INVALID."""

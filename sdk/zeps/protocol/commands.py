@@ -169,7 +169,7 @@ class Refusal(IntEnum):
     BAD_FRAME = 1  #: malformed, or not allowed in the peering's state (an attached peering lives on)
     VERSION_UNSUPPORTED = 2  #: ATTACH asked for a version this broker does not speak: try a lower one
     STREAM_UNKNOWN = 3  #: ATTACH named a stream this broker does not serve
-    BUSY = 4  #: the broker is at its session limit: try again later
+    BUSY = 4  #: the broker is at its session limit or past its memory budget: try again later
     PATTERN_REFUSED = 5  #: a subscription pattern is invalid, or not accepted here (matching: prefix)
     LIMIT = 6  #: a limit is reached (subscriptions per peering, producers per stream)
     FENCED = 7  #: a newer client claimed this producer name (version 6)
