@@ -122,6 +122,9 @@ def test_a_hostile_tenant_is_refused_everywhere_and_costs_the_other_nothing(app:
         timeout=240,
     )
     restarts = _operator_restarts(app)
+    # each broker's memory budget, past which it takes on no new peering: 0.8 of its container's
+    # memory limit (the CRD's default 1Gi), read from its cgroup
+    assert "memory budget 819 MiB" in app.logs(app.replication("vault")["leader"])
 
     # A's traffic, through everything below
     teller = {**a_env, "ZEPS_STREAM_VAULT_CURVE_CLIENT": f"{CLIENT_DIR}/client.key_secret"}

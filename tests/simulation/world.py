@@ -691,8 +691,8 @@ class Replica:
     def _send(self, outgoing: list[Outgoing]) -> None:
         for item in outgoing:
             self.world.deliver(self, item.peer, item.frame)
-            if item.cost and item.subscription is not None and self.core is not None:  # the network took it
-                self.core.released(item.subscription.session, item.cost)
+            if item.session is not None and self.core is not None:  # the network took it: it left
+                self.core.released(item.session, item.cost)
 
 
 # -- clients -----------------------------------------------------------------------------------------

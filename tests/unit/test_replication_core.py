@@ -79,6 +79,7 @@ class Cluster:
             for name in followers:
                 frames, self.in_flight[name] = self.in_flight.get(name, []), []
                 for frame in frames:
+                    leader.released(leader.sessions[name.encode()], len(frame))  # it left: the follower read it
                     for answer in self.copies[name].receive(frame):
                         leader.receive(name.encode(), answer, now=0.0)
                     self.cores[name].copied("prices", self.copies[name].commit)  # as the adapter does
@@ -255,6 +256,28 @@ def test_a_replica_catching_up_is_sent_at_most_the_catch_up_rate(tmp_path: Path)
         assert 0 < copied["c"] < 100  # about 3000 bytes' worth (whole records; a group may overshoot)
         journal = cluster.cores["c"].streams["prices"].journal
         assert journal.replica_position()[1] <= 3000 + 200
+    finally:
+        cluster.close()
+
+
+def test_a_follower_that_reads_nothing_is_answered_at_most_its_bytes_in_flight(tmp_path: Path) -> None:
+    """A peer fetching as a follower again and again, reading none of the answers, is answered as
+    long as its bytes in flight allow (the answer after waits for earlier ones to leave): 64 KiB and
+    an answer here, not 16 KiB per fetch. The follower that reads is served all along."""
+    cluster = Cluster(tmp_path, max_session_bytes_in_flight=64 * 1024, replica_fetch_bytes=16 * 1024)
+    try:
+        a = cluster.cores["a"]
+        cluster.turn()  # both attached and fetching
+        cluster.send(b"pub", Attach(stream="prices", version=7))
+        cluster.send(b"pub", *(Publish(key="k", body=b"x" * 1000) for _ in range(300)))  # about 300 KB
+        for _ in range(40):
+            a.receive(b"c", cluster.copies["c"].fetch(), now=0.0)  # the same fetch: its copy never moves
+            cluster.turn(followers="b", rounds=1)  # b reads its answers; c's pile up unread
+        queued = sum(len(frame) for frame in cluster.in_flight["c"])
+        assert 16 * 1024 < queued <= 64 * 1024 + 17 * 1024, queued
+        assert a.sessions[b"c"].in_flight == queued
+        cluster.turn(followers="b", rounds=200)  # (a fetch reads one of the 4 KiB segments)
+        assert cluster.cores["b"].streams["prices"].journal.written == 300
     finally:
         cluster.close()
 

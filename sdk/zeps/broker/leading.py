@@ -21,7 +21,7 @@ import time
 import crc32c
 
 from zeps.broker.routing import Routing
-from zeps.broker.state import Session, Stream
+from zeps.broker.state import Outgoing, Session, Stream
 from zeps.journal import ReplicaSlice
 from zeps.journal.producers import ProducerState
 from zeps.protocol import (
@@ -214,6 +214,9 @@ class Leading(Routing):
             more = journal.replica_has_more(fetch.base, fetch.offset)
             if not more and now - since < leader.heartbeat_s:
                 continue
+            if self._flight_room(session) < self.config.replica_fetch_bytes:
+                self._held.add(peer)  # its earlier answers are not out yet: this one waits for them (a
+                continue  # peer that fetches again and again, reading nothing, holds its window at most)
             most = min(fetch.most, self.config.replica_fetch_bytes)
             window = self._catchup_window(stream, fetch.replica, now)
             if window is not None and window[1] <= 0:  # this second's bytes are spent: the rest in the next
@@ -231,7 +234,10 @@ class Leading(Routing):
             answer = ReplicaData(epoch=leader.epoch, base=part.base, offset=part.offset, next=part.next_base,
                                  commit=leader.commit, reset=int(part.reset), epochs=epochs, crc=crc,
                                  index=part.starts, marks=part.marks, data=part.data)  # fmt: skip
-            self._send(peer, session.conn.send(answer))
+            frame = session.conn.send(answer)
+            session.in_flight += len(frame)  # counted as a delivery is (see zeps.broker.routing)
+            self.bytes_in_flight += len(frame)
+            self._pending.append(Outgoing(peer, frame, cost=len(frame), session=session))
             del stream.waiting[peer]
         commit = leader.advance(journal.durable)
         while stream.held and stream.held[0][0] <= commit:

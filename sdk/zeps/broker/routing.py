@@ -305,14 +305,16 @@ class Routing(BrokerState):
         return None
 
     def _room(self, session: Session) -> int:
-        """The bytes ``session`` may be delivered now: its credit, within the bytes-in-flight budgets
-        (see the module's notes)."""
-        config = self.config
-        shared = config.max_bytes_in_flight - self.bytes_in_flight
-        room = min(config.max_session_bytes_in_flight - session.in_flight, shared)
+        """The bytes ``session`` may be delivered now: its credit, within the bytes-in-flight budgets."""
+        return min(session.credit, self._flight_room(session))
+
+    def _flight_room(self, session: Session) -> int:
+        """The bytes the bytes-in-flight budgets let go to ``session`` now (see the module's notes)."""
         if session.in_flight == 0:
-            room = 1 << 62  # one frame, whatever its size and the budgets
-        return min(session.credit, room)
+            return 1 << 62  # one frame, whatever its size and the budgets
+        config = self.config
+        return min(config.max_session_bytes_in_flight - session.in_flight,
+                   config.max_bytes_in_flight - self.bytes_in_flight)  # fmt: skip
 
     def _hold(self, session: Session) -> None:
         """``session``'s delivery stopped: if for bytes in flight rather than credit, it goes on once
@@ -348,7 +350,7 @@ class Routing(BrokerState):
         self.bytes_in_flight += cost
         session.stream.messages_out += count
         session.stream.bytes_out += cost
-        self._pending.append(Outgoing(session.peer, frame, sub, first, cost, count))
+        self._pending.append(Outgoing(session.peer, frame, sub, first, cost, count, session=session))
 
     def replay_ready(self, now: float) -> bool:
         """A lagging subscription can be served now (not waiting out a refused send): the loop
@@ -428,6 +430,9 @@ class Routing(BrokerState):
         """The adapter could not send ``item`` (the peer's queue is full): undo the delivery."""
         sub = item.subscription
         if sub is None:
+            if item.session is not None:  # a follower's REPLICA-DATA: lost (it fetches again), not in flight
+                item.session.in_flight -= item.cost
+                self.bytes_in_flight -= item.cost
             return
         session = sub.session
         if item.ends_fetch:  # FETCH-END did not go: the fetch is open again, and ends again later

@@ -228,10 +228,11 @@ class _InFlight:
         self.looked = 0.0  #: when :meth:`release` last looked
 
     def send(self, sock: zmq.Socket[Any], item: Outgoing) -> None:
-        """Send the delivery ``item``, tracked (raises zmq.Again as a send does)."""
+        """Send ``item`` (a delivery, or a follower's REPLICA-DATA), tracked (raises zmq.Again as a
+        send does)."""
         tracker = sock.send_multipart([item.peer, item.frame], _NOBLOCK, copy=False, track=True)
-        assert tracker is not None and item.subscription is not None  # a tracked send without copy; a delivery
-        self.marks.setdefault(item.peer, deque()).append((tracker, item.cost, item.subscription.session))
+        assert tracker is not None and item.session is not None  # a tracked send without copy; what it counts for
+        self.marks.setdefault(item.peer, deque()).append((tracker, item.cost, item.session))
 
     def release(self, core: BrokerCore) -> None:
         """Tell ``core`` which deliveries left, for at most ``_MARKS_PER_TURN`` peers (in turn): a
@@ -968,7 +969,7 @@ class BrokerServer:
                 self.core.unsent(item)
                 continue
             try:
-                if item.cost:  # a delivery: tracked until it leaves
+                if item.cost:  # a delivery or REPLICA-DATA: tracked until it leaves
                     self._in_flight.send(self._sock, item)
                 else:  # an answer, a refusal, a PING
                     self._sock.send_multipart([item.peer, item.frame], zmq.NOBLOCK)

@@ -54,6 +54,8 @@ class Outgoing:
     count: int = 0  #: messages it delivers
     replayed: bool = False  #: read from the journal for a subscription behind the tail (not live routing)
     ends_fetch: bool = False  #: FETCH-END of ``subscription`` (a fetch): unsent, the fetch is reopened
+    #: the session whose bytes in flight ``cost`` counts in (a delivery's, a follower's REPLICA-DATA)
+    session: Session | None = None
 
 
 @dataclass(eq=False)
