@@ -47,7 +47,8 @@ class BrokerConfig:
     #: one session at most: a peer that grants credit and reads nothing holds this much of the broker's
     #: memory, whatever its credit says (the adapter learns what left, see ``BrokerCore.released``)
     max_session_bytes_in_flight: int = DEFAULT_MAX_SESSION_BYTES_IN_FLIGHT
-    #: the same for all sessions together (a session with nothing in flight may still send one frame)
+    #: the same for all sessions together (a session with nothing in flight may still be sent a frame of
+    #: ``zeps.broker.routing.RESERVE_BYTES``)
     max_bytes_in_flight: int = DEFAULT_MAX_BYTES_IN_FLIGHT
     #: the broker's resident memory past which new sessions (BUSY) and subscriptions (LIMIT) are
     #: refused, whoever asks; what is attached goes on (0: no budget). The adapter reads the memory

@@ -215,7 +215,7 @@ class Leading(Routing):
             if not more and now - since < leader.heartbeat_s:
                 continue
             if self._flight_room(session) < self.config.replica_fetch_bytes:
-                self._held.add(peer)  # its earlier answers are not out yet: this one waits for them (a
+                self._held[peer] = None  # its earlier answers are not out yet: this one waits for them (a
                 continue  # peer that fetches again and again, reading nothing, holds its window at most)
             most = min(fetch.most, self.config.replica_fetch_bytes)
             window = self._catchup_window(stream, fetch.replica, now)

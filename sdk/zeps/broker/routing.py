@@ -22,10 +22,11 @@ handed to the socket count as *in flight* until the adapter learns that ZeroMQ w
 process (:meth:`Routing.released`; what the peer's connection reads is the only proof), and a
 session's deliveries also stop at ``max_session_bytes_in_flight``, all sessions' together at
 ``max_bytes_in_flight``. A session stopped so goes on once bytes leave. A session with nothing in
-flight may always send one frame, whatever the budgets say: a record larger than the window still
-goes (alone), and peers that read nothing, holding the whole budget, cannot stop the others (each of
-those holds one frame past it at most). A session that goes keeps counting until its bytes leave
-(ZeroMQ frees them when the connection closes): ZeroMQ's queue for a peer outlives its session.
+flight may always send one frame: as large as the shared budget's room (a record larger than the
+window still goes, alone), and of :data:`RESERVE_BYTES` past it, so that peers reading nothing,
+holding the whole budget, cannot stop those that read (and each holds that much past it at most).
+A session that goes keeps counting until its bytes leave (ZeroMQ frees them when the connection
+closes): ZeroMQ's queue for a peer outlives its session.
 
 Fairness and memory. ``pump`` hands out at most ``pump_budget_bytes`` per call, visiting lagging
 subscriptions round-robin, and never reads more than one journal batch per subscription per visit.
@@ -69,7 +70,12 @@ from zeps.protocol import (
     run_index,
 )
 
-__all__ = ["Routing"]
+__all__ = ["RESERVE_BYTES", "Routing"]
+
+
+#: what a session with nothing in flight may still be sent when the shared bytes-in-flight budget is
+#: spent (see the module's notes)
+RESERVE_BYTES = 64 << 10
 
 
 class Routing(BrokerState):
@@ -310,17 +316,17 @@ class Routing(BrokerState):
 
     def _flight_room(self, session: Session) -> int:
         """The bytes the bytes-in-flight budgets let go to ``session`` now (see the module's notes)."""
-        if session.in_flight == 0:
-            return 1 << 62  # one frame, whatever its size and the budgets
         config = self.config
-        return min(config.max_session_bytes_in_flight - session.in_flight,
-                   config.max_bytes_in_flight - self.bytes_in_flight)  # fmt: skip
+        shared = config.max_bytes_in_flight - self.bytes_in_flight
+        if session.in_flight == 0:  # one frame, as large as the shared budget's room (a small one past it)
+            return max(shared, RESERVE_BYTES)
+        return min(config.max_session_bytes_in_flight - session.in_flight, shared)
 
     def _hold(self, session: Session) -> None:
         """``session``'s delivery stopped: if for bytes in flight rather than credit, it goes on once
         bytes leave (:meth:`released`), not when its peer sends CREDIT."""
         if self._room(session) < session.credit:
-            self._held.add(session.peer)
+            self._held[session.peer] = None
 
     def released(self, session: Session, size: int) -> None:
         """The adapter learnt that ``size`` more bytes of the deliveries to ``session`` left this process
@@ -329,11 +335,18 @@ class Routing(BrokerState):
         size = min(size, session.in_flight)
         session.in_flight -= size
         self.bytes_in_flight -= size
-        for held in self._held:
-            waiting = self.sessions.get(held)
-            if waiting is not None:
-                self._resume(waiting)
-        self._held.clear()
+        if session.peer in self._held:  # its own bytes left: it goes on
+            del self._held[session.peer]
+            self._resume(session)
+        if self.bytes_in_flight < self.config.max_bytes_in_flight:
+            # room in the shared budget: as many of the others as the bytes that left can serve, oldest
+            # first (one that stops again goes to the back), so that peers reading nothing, held for
+            # ever, cost a turn each now and then, not a turn each every time bytes leave
+            for peer in list(itertools.islice(self._held, 1 + size // self.config.batch_bytes)):
+                del self._held[peer]
+                waiting = self.sessions.get(peer)
+                if waiting is not None:
+                    self._resume(waiting)
 
     def _resume(self, session: Session) -> None:
         """Back in line: every subscription of ``session`` that stopped (not live)."""

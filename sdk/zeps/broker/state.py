@@ -175,8 +175,9 @@ class BrokerState:
         self.regex_subscriptions = 0  #: of those, with a regular expression (max_regex_subscriptions)
         self.bytes_in_flight = 0  #: the sessions' ``in_flight`` together (max_bytes_in_flight)
         self.resident_bytes = 0  #: the process's resident memory as the adapter last read it (max_memory_bytes)
-        #: peers whose deliveries stopped for bytes in flight (not credit): they go on as bytes leave
-        self._held: set[bytes] = set()
+        #: peers whose deliveries stopped for bytes in flight (not credit), in the order they stopped:
+        #: they go on as bytes leave
+        self._held: dict[bytes, None] = {}
         self._clock_ms = self.wall_ms()  # this broker's wall clock, read once per flush (see _stream_ms)
         self.invalid_frames = 0
         #: refusals sent (INVALID, INVALID-CODE), by (the peer's stream, "" before ATTACH; the code's
@@ -217,7 +218,7 @@ class BrokerState:
     def _let_go(self, session: Session) -> None:
         """A session goes: it waits for nothing now (its bytes in flight count until the adapter sees
         them leave: ZeroMQ's queue for its peer may outlive it)."""
-        self._held.discard(session.peer)
+        self._held.pop(session.peer, None)
 
     def _send(self, peer: bytes, frame: bytes) -> None:
         self._pending.append(Outgoing(peer, frame))
