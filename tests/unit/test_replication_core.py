@@ -282,6 +282,26 @@ def test_a_follower_that_reads_nothing_is_answered_at_most_its_bytes_in_flight(t
         cluster.close()
 
 
+def test_followers_are_still_answered_when_subscribers_reading_nothing_hold_the_shared_budget(
+    tmp_path: Path,
+) -> None:
+    """A subscriber that reads nothing holds the leader's whole bytes-in-flight budget (256 KiB
+    here): the followers' answers are cut to what a session with nothing in flight may still take,
+    and replication goes on (publishes are confirmed) instead of waiting for room that never comes."""
+    cluster = Cluster(tmp_path, max_bytes_in_flight=256 * 1024, max_session_bytes_in_flight=256 * 1024)
+    try:
+        a = cluster.cores["a"]
+        cluster.turn()
+        cluster.send(b"sub", Attach(stream="prices", version=7), Credit(credit=64 << 20), Subscribe(pattern=""))
+        cluster.send(b"pub", Attach(stream="prices", version=7))
+        cluster.send(b"pub", *(Publish(key="k", body=b"x" * 1000) for _ in range(300)))
+        cluster.turn(rounds=400)  # the subscriber's deliveries are never read (never released)
+        assert a.sessions[b"sub"].in_flight > 200 * 1024, "the subscriber holds the budget"
+        assert all(cluster.cores[n].streams["prices"].journal.written == 300 for n in "bc")
+    finally:
+        cluster.close()
+
+
 def _from(core: BrokerCore, peer: bytes) -> list[Any]:
     """What ``core`` (a follower, which the cluster's turns do not pump) sends ``peer`` now."""
     core.flush_appends()

@@ -214,10 +214,11 @@ class Leading(Routing):
             more = journal.replica_has_more(fetch.base, fetch.offset)
             if not more and now - since < leader.heartbeat_s:
                 continue
-            if self._flight_room(session) < self.config.replica_fetch_bytes:
+            room = self._flight_room(session)  # an answer is cut to it: past the shared budget, a small one
+            if room <= 0:
                 self._held[peer] = None  # its earlier answers are not out yet: this one waits for them (a
                 continue  # peer that fetches again and again, reading nothing, holds its window at most)
-            most = min(fetch.most, self.config.replica_fetch_bytes)
+            most = min(fetch.most, self.config.replica_fetch_bytes, room)
             window = self._catchup_window(stream, fetch.replica, now)
             if window is not None and window[1] <= 0:  # this second's bytes are spent: the rest in the next
                 if now - since < leader.heartbeat_s:
