@@ -21,14 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from zeps.broker.config import (
-    DEFAULT_MAX_BYTES_IN_FLIGHT,
-    DEFAULT_MAX_REGEX_SUBSCRIPTIONS,
-    DEFAULT_MAX_SESSION_BYTES_IN_FLIGHT,
-    DEFAULT_MAX_SESSIONS,
-    DEFAULT_MAX_TOTAL_SUBSCRIPTIONS,
-    BrokerConfig,
-)
+from zeps.broker.config import BrokerConfig
 from zeps.broker.publishing import Publishing
 from zeps.broker.state import Outgoing, Session, Stream
 from zeps.errors import ProtocolError
@@ -62,16 +55,7 @@ from zeps.protocol.commands import PROTOCOL, SIGNATURE
 from zeps.protocol.connection import SUPPORTED_VERSIONS
 from zeps.replication.follower import REPLICATION_VERSION
 
-__all__ = [
-    "DEFAULT_MAX_BYTES_IN_FLIGHT",
-    "DEFAULT_MAX_REGEX_SUBSCRIPTIONS",
-    "DEFAULT_MAX_SESSIONS",
-    "DEFAULT_MAX_SESSION_BYTES_IN_FLIGHT",
-    "DEFAULT_MAX_TOTAL_SUBSCRIPTIONS",
-    "BrokerConfig",
-    "BrokerCore",
-    "Outgoing",
-]
+__all__ = ["BrokerConfig", "BrokerCore", "Outgoing"]
 
 #: PUBLISH-SEQ and PUBLISH, the frames of a client publishing one message at a time (idempotent or
 #: not), skip the state machine's objects when it would take them (an attached session of a version

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from zeps.broker.core import (
+from zeps.broker.config import (
     DEFAULT_MAX_BYTES_IN_FLIGHT,
     DEFAULT_MAX_REGEX_SUBSCRIPTIONS,
     DEFAULT_MAX_SESSION_BYTES_IN_FLIGHT,
