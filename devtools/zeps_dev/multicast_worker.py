@@ -8,7 +8,7 @@ line when done.
 * ``multicast``: a multicast subscription from ``--since`` with key prefix ``--prefix`` until it has
   every record up to ``--count`` that matches (``--aio``: with the asyncio client); prints what it
   got (as sequence ranges), whether each body matched its sequence, the subscription's stats, and
-  the seconds from its first record to its last.
+  the seconds from its first record to its last; ``{"receiving": true}`` as its first record arrives.
 * ``unicast``: the same through an ordinary subscription (``bench-multicast``'s baseline).
 
 ``--key`` (hex): the stream's multicast key, for a receiver of a signed stream. ``--start-on FILE``
@@ -112,6 +112,7 @@ def receive(args: argparse.Namespace) -> None:
             batch = take(0.5)
             if batch and not started:
                 started = time.monotonic()
+                print(json.dumps({"receiving": True}), flush=True)
             got += batch
         extra = _stats(subscription.stats) if args.role == "multicast" else {}
         if args.role == "multicast":
@@ -141,6 +142,7 @@ async def receive_aio(args: argparse.Namespace) -> None:
                 batch = await subscription.receive_many(0.5)
                 if batch and not started:
                     started = time.monotonic()
+                    print(json.dumps({"receiving": True}), flush=True)
                 got += batch
             extra = _stats(subscription.stats)
     _report(got, started, wanted=wanted, aio=True, **extra)

@@ -3,10 +3,10 @@ ZooKeeper's shell in the chart's ensemble."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,8 +55,17 @@ def _dump(cluster: Any, namespace: str, *, tail: int = 60, stacks: bool = True) 
     dumping = [p["metadata"]["name"] for p in items if STACK_DUMP_LABEL in p["metadata"].get("labels", {})]
     for name in dumping if stacks else []:
         cluster.kubectl("exec", name, "-n", namespace, "--", "kill", "-USR1", "1", check=False)
-    if dumping and stacks:
-        time.sleep(1)  # the dumps reach the logs (nothing to wait on from here: a pod's log is read once)
+    for name in dumping if stacks else []:  # faulthandler's dump ends up in the log: wait for it, briefly
+        with contextlib.suppress(AssertionError):  # no dump after all: the log below says what there is
+            cluster.wait_for(
+                f"{name}'s stack dump",
+                lambda n=name: (
+                    "most recent call first"
+                    in cluster.kubectl("logs", n, "-n", namespace, "--all-containers", "--tail=400", check=False)
+                ),
+                timeout=10,
+                interval=0.5,
+            )
     for pod in items:
         name = pod["metadata"]["name"]
         log = cluster.kubectl("logs", name, "-n", namespace, "--all-containers", f"--tail={tail}", check=False)

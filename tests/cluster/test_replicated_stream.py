@@ -12,14 +12,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
+from kubernetes import client, watch
 
 from zeps.client import PartitionedStreamClient, StreamClient
 from zeps.client.discovery import LeaderLocator
@@ -388,6 +387,31 @@ def _pods_by_ordinal(core: Any, namespace: str, stream: str) -> dict[str, Any]:
     return {p.metadata.name: p for p in pods}
 
 
+def _watch_roll(core: Any, namespace: str, names: list[str], first: dict[str, str]) -> list[str]:
+    """Follow the roll of stream "roll" in ``namespace`` through every change of its pods (the API
+    server's watch: no state between two looks is missed), asserting that never two of ``names`` are
+    down at once; return the order in which they were replaced (``first``: each name's uid before)."""
+    order: list[str] = []
+    listed = core.list_namespaced_pod(namespace, label_selector="app.kubernetes.io/instance=roll")
+    pods = {p.metadata.name: p for p in listed.items}
+    watching = watch.Watch()
+    changes = watching.stream(core.list_namespaced_pod, namespace, timeout_seconds=180,
+                              label_selector="app.kubernetes.io/instance=roll",
+                              resource_version=listed.metadata.resource_version)  # fmt: skip
+    for change in changes:
+        pod = change["object"]
+        if change["type"] == "DELETED":
+            pods.pop(pod.metadata.name, None)
+        else:
+            pods[pod.metadata.name] = pod
+        order += [n for n in names if n not in order and (n not in pods or pods[n].metadata.uid != first[n])]
+        missing = [n for n in names if n not in pods or not _ready(pods[n]) or pods[n].metadata.deletion_timestamp]
+        assert len(missing) <= 1, f"two pods down at once: {missing}"
+        if len(order) == 3 and not missing:
+            watching.stop()
+    return order
+
+
 def zk_json(zookeeper_server: ZooKeeperServer, namespace: str, node: str) -> dict[str, Any]:
     """A node of the "orders" stream as ZooKeeper holds it: its ``manifest`` (the brokers that should
     run) or its ``committed`` point (the leader's record of it); {} if there is none."""
@@ -465,16 +489,7 @@ def test_a_new_template_rolls_the_broker_pods_one_at_a_time_followers_first_the_
         _apply(
             crds, namespace, "roll", {"replicas": 3, "storage": storage, "resources": {"limits": {"memory": "1536Mi"}}}
         )
-        order: list[str] = []
-        deadline = time.monotonic() + 180
-        while len(order) < 3:
-            assert time.monotonic() < deadline, f"the roll did not finish: {order}"
-            pods = _pods_by_ordinal(core, namespace, "roll")
-            gone = [n for n in names if n not in order and (n not in pods or pods[n].metadata.uid != first[n])]
-            order += gone
-            missing = [n for n in names if n not in pods or not _ready(pods[n]) or pods[n].metadata.deletion_timestamp]
-            assert len(missing) <= 1, f"two pods down at once: {missing}"
-            time.sleep(0.1)  # the roll is watched, sampled ten times a second (its steps take seconds)
+        order = _watch_roll(core, namespace, names, first)
         assert order == ["roll-broker-2", "roll-broker-0", "roll-broker-1"], order
         wait_until(lambda: "roll" not in _status(crds, namespace, "roll"), timeout=60, what="status.roll gone")
         assert _cond(crds, namespace, "roll", "Rolling") == ("False", "Current", "every broker pod runs the current "

@@ -10,16 +10,17 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from harness import WORKERS, ZooKeeperHarness, until
+from workers.workload import work
 from zeps.client import GroupConsumer, PartitionedStreamClient, PartitionMessage
-from zeps.coordination.consumers import ConsumerGroup, PartitionLostError
+from zeps.coordination.consumers import ConsumerGroup, PartitionLostError, describe
 from zeps.partitioning import partition_of
 from zeps.paths import StreamPaths
 
@@ -29,6 +30,21 @@ PARTITIONS = 3
 def _group(zookeeper: ZooKeeperHarness, member: str, client: object | None = None) -> ConsumerGroup:
     paths = StreamPaths.of("default", "orders", chroot=zookeeper.root).consumer_group("billing")
     return ConsumerGroup(client or zookeeper.client(), paths, member).join()  # type: ignore[arg-type]
+
+
+def _committed(zookeeper: ZooKeeperHarness) -> Callable[[], int]:
+    """How many records group "billing" has committed over every partition (each partition's
+    sequences count from 1), read afresh at each call: what :func:`until` waits on."""
+    paths = StreamPaths.of("default", "orders", chroot=zookeeper.root).consumer_group("billing")
+    client = zookeeper.client()
+    return lambda: sum(p["committed"] for p in describe(client, paths, PARTITIONS)["partitions"])
+
+
+def _owners(zookeeper: ZooKeeperHarness) -> Callable[[], list[str]]:
+    """Who owns each partition of group "billing" now ("" for none), read afresh at each call."""
+    paths = StreamPaths.of("default", "orders", chroot=zookeeper.root).consumer_group("billing")
+    client = zookeeper.client()
+    return lambda: [p["owner"] for p in describe(client, paths, PARTITIONS)["partitions"]]
 
 
 def test_a_partition_passes_to_its_next_owner_after_the_last_commit_and_a_lost_owner_cannot_commit(
@@ -80,7 +96,7 @@ class Member(threading.Thread):
                     batch: list[PartitionMessage] = self.consumer.receive_many(0.1, max_messages=20)
                     self.processed += [(m.partition, m.sequence) for m in batch]
                     if batch:
-                        time.sleep(0.02)  # the work: a backlog stays while members come and go
+                        work(0.02)  # a backlog stays while members come and go
                     self.partitions = set(self.consumer.assigned)
         except BaseException as exc:  # reported by the test
             self.error = exc  # type: ignore[assignment]
@@ -110,7 +126,8 @@ def test_members_share_the_partitions_take_over_as_they_come_and_go_and_process_
         members[0].stopping.set()  # a member leaves: the others take its partition over
         members[0].join(30)
         until(lambda: len(processed) >= total, "every message processed", timeout=60)
-        time.sleep(0.5)  # anything processed twice would show up now
+        committed = _committed(zookeeper)  # and committed: nothing is left for anyone to read again
+        until(lambda: committed() == total, "every message committed", timeout=30)
         for m in (members[1], third):
             m.stopping.set()
             m.join(30)
@@ -163,7 +180,8 @@ def test_a_member_killed_mid_backlog_leaves_only_its_last_uncommitted_batch_to_b
         procs["m1"].send_signal(signal.SIGKILL)
         procs["m1"].wait(10)
         until(lambda: len(set(processed())) >= total, "the rest processed by the other member", timeout=60)
-        time.sleep(0.5)  # a negative check: anything processed twice would show up now
+        committed = _committed(zookeeper)  # and committed: nothing is left for anyone to read again
+        until(lambda: committed() == total, "every message committed", timeout=30)
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -202,7 +220,10 @@ def test_a_member_paused_past_its_session_hands_out_nothing_of_the_partitions_an
         until(lambda: len({p for p, _ in lines("m2")}) == PARTITIONS, "m2 taking every partition over", timeout=30)
         procs["m1"].send_signal(signal.SIGCONT)
         until(lambda: len(set(lines("m1")) | set(lines("m2"))) >= total, "every message processed", timeout=90)
-        time.sleep(1.0)  # time for a zombie to hand out what it had read
+        # m1 back in the group, owning a partition again: it claims in the call after the one that
+        # would hand out what it had read before the pause (written to its file before it asks again)
+        owners = _owners(zookeeper)
+        until(lambda: "m1" in owners(), "m1 owning a partition again", timeout=30)
     finally:
         for proc in procs.values():
             proc.send_signal(signal.SIGCONT)

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from zeps.broker.config import DEFAULT_MAX_SESSION_BYTES_IN_FLIGHT
 from zeps.client import BrokerUnavailableError, Seq, StreamClient
@@ -82,6 +83,10 @@ class RawPeer:
     def recv(self, timeout: float = 5.0) -> Any:
         return decode(self.sock.recv()) if self.sock.poll(int(timeout * 1000)) else None
 
+    def watch_disconnect(self) -> zmq.Socket[Any]:
+        """A monitor of this peer's connection (before the frame that should cut it): :func:`_cut` waits on it."""
+        return self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+
     def close(self) -> None:
         self.sock.close()
         self.ctx.term()
@@ -95,6 +100,16 @@ def broker(tmp_path: Path) -> Iterator[Broker]:
         yield server
     finally:
         server.process.stop()
+
+
+def _cut(monitor: zmq.Socket[Any], timeout: float = 20.0) -> None:
+    """Wait for the connection ``monitor`` watches to be dropped (ZMQ_EVENT_DISCONNECTED): the event
+    that says the other side refused what it was sent. Closes ``monitor`` (its context can end)."""
+    try:
+        assert monitor.poll(int(timeout * 1000)), f"the connection was not dropped within {timeout:.0f} s"
+        assert recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
+    finally:
+        monitor.close(linger=0)
 
 
 def _honest_round_trip(endpoint: str, n: int = 100) -> None:
@@ -118,9 +133,10 @@ def test_an_oversized_frame_costs_the_broker_nothing(broker: Broker) -> None:
     before = broker.memory()
     peer = RawPeer(broker.endpoint)
     try:
+        cut = peer.watch_disconnect()
         peer.sock.send(encode(Publish(key="k", body=bytes(256 * MiB))), copy=False)
-        time.sleep(3)  # what the broker makes of it, if anything: nothing is answered, so wait a while
-        assert peer.recv(0.5) is None
+        _cut(cut)  # the broker dropped the connection at the frame's header
+        assert peer.recv(0.5) is None  # and answered nothing
     finally:
         peer.close()
     _honest_round_trip(broker.endpoint)
@@ -328,10 +344,11 @@ def test_a_hostile_broker_cannot_fill_a_clients_memory_with_huge_frames(tmp_path
             return int(line.split()[1]) * 1024
 
         before = rss()
+        cut = fake.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         huge = b"\xaa\xa5\x07" + b"x" * (100 * MiB)
         for _ in range(3):
             fake.send_multipart([peer, huge], copy=False)
-        time.sleep(3)  # what the client's I/O thread would read meanwhile (nothing to wait on: it reads nothing)
+        _cut(cut)  # the client dropped the connection at the first frame's header (the rest go with it)
         grown = rss() - before
         assert grown < 50 * MiB, f"the client's memory grew {grown // MiB} MiB"
     finally:

@@ -91,7 +91,7 @@ def test_receivers_in_other_namespaces_get_every_record_once_through_loss(transp
         late.json_line("connected", timeout=30)
         publisher = _worker(lab, 0, "publish", tmp_path, load)
         publisher.json_line("publishing", timeout=30)
-        time.sleep(1.5)  # the traffic before the fault: the early receiver live
+        early.json_line("receiving", timeout=30)  # the traffic before the fault: the early receiver live
         if not norm:
             lab.blackout(1)  # host 1 hears nothing from the group for 2 s: its receiver fetches meanwhile
         go.touch()  # the late start

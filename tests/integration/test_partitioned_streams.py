@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from harness import PlainPartitions, ReplicaSet, ZooKeeperHarness, until
+from workers.workload import Pace
 from zeps.client import PartitionedStreamClient, PartitionMessage, Position, StreamClient
 from zeps.errors import PublishRefusedError
 from zeps.partitioning import partition_of
@@ -126,12 +127,14 @@ def test_a_partition_leaders_kill_loses_nothing_confirmed_and_stores_nothing_twi
                         batch = _orders(40, start=n)
                         n += 40
                         client.publish_many(batch)
+                        tries = Pace(10)  # an election takes a moment: ten tries a second
                         for _ in range(100):
+                            tries.step()
                             try:
                                 client.flush(timeout=60)
                                 break
                             except PublishRefusedError:  # too few in sync for a moment: resent on re-attach
-                                time.sleep(0.1)  # the retry's pause (an election takes a moment)
+                                continue
                         confirmed.extend(batch)
             except BaseException as exc:
                 errors.append(exc)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import random
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -365,28 +364,28 @@ def test_chaos_10000_items_8_workers_kill9_and_session_expiry(zookeeper: ZooKeep
     # The chaos is keyed to progress, not to time: each event fires once the queue's depth is below
     # its share of the items (97 % down to 64 %, the last third left for the redeliveries), so it
     # happens while items are processed however fast the machine is. (On a loaded 2-core CI machine, a
-    # schedule of one event per 0.3 s ran out of items after 4 kills: each pass of this loop took
-    # seconds there; so did thresholds down to 30 %, the queue draining from 60 % in one pass.)
+    # schedule of one event per 0.3 s ran out of items after 4 kills: a look at the depth took seconds
+    # there; so did thresholds down to 30 %, the queue draining from 60 % between two looks.)
     events = ["kill", "expire"] * 6 + ["kill", "kill"]
     thresholds = [len(ids) * (0.97 - 0.025 * i) for i in range(len(events))]
     kills = expiries = 0
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and (depth := producer.stats().depth) > 0:
-        while kills + expiries < len(events) and depth <= thresholds[kills + expiries]:
-            if events[kills + expiries] == "kill":
-                victim = rng.randrange(len(workers))
-                workers[victim].kill()  # kill -9 mid-work
-                workers[victim] = WorkerProcess(tmp_path, "queue_worker.py", f"w{next(counter)}", args).start()
-                everyone.append(workers[victim])
-                kills += 1
-                continue
-            known = [s for w in workers if (s := sessions(w))]  # a worker just started may not have one yet
-            if not known:
-                break
-            _, sid, password = rng.choice(known)[-1]
-            expire_session_by_id(zookeeper.connect_string, int(sid, 16), bytes.fromhex(password))
-            expiries += 1
-        time.sleep(0.1)  # the chaos's pace: a fault a tenth of a second at most
+    for event, threshold in zip(events, thresholds, strict=True):
+        until(lambda t=threshold: producer.stats().depth <= t, f"the queue's depth down to {threshold:.0f}", 120)
+        if producer.stats().depth == 0:
+            break  # drained: the rest would hit nothing (the assertion on the counts below says so)
+        if event == "kill":
+            victim = rng.randrange(len(workers))
+            workers[victim].kill()  # kill -9 mid-work
+            workers[victim] = WorkerProcess(tmp_path, "queue_worker.py", f"w{next(counter)}", args).start()
+            everyone.append(workers[victim])
+            kills += 1
+            continue
+        # a worker just started may not have a session yet
+        until(lambda: any(sessions(w) for w in workers), "a worker with a session", 60)
+        _, sid, password = rng.choice([s for w in workers if (s := sessions(w))])[-1]
+        expire_session_by_id(zookeeper.connect_string, int(sid, 16), bytes.fromhex(password))
+        expiries += 1
+    until(lambda: producer.stats().depth == 0, "the queue drained", 240)
     for w in workers:
         w.stop()
     assert producer.stats().depth == 0, "the queue did not drain"

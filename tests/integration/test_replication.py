@@ -21,6 +21,7 @@ import pytest
 
 from harness import ReplicaSet as Replicas
 from harness import ZooKeeperHarness, until
+from workers.workload import Pace
 from zeps.client import StreamClient
 from zeps.errors import PublishRefusedError, SetupError
 from zeps.replication.election import election_replica
@@ -45,14 +46,14 @@ class Publisher(threading.Thread):
     def run(self) -> None:
         try:
             with self.client:
-                n = 0
+                n, pace = 0, Pace(200)  # flushes a second
                 while self.stop_at is None or n < self.stop_at:
                     for _ in range(self.group):
                         n += 1
                         self.client.publish("k", b"%d" % n)
                     self._flush()
                     self.confirmed = n
-                    time.sleep(0.005)  # the publisher's pace: steady, not flat out
+                    pace.step()  # steady, not flat out
         except BaseException as exc:  # reported by the test
             self.error = exc
         finally:
@@ -66,13 +67,14 @@ class Publisher(threading.Thread):
         return self.confirmed > beyond
 
     def _flush(self) -> None:
+        tries = Pace(10)  # an election takes a moment: ten tries a second
         for _ in range(200):
+            tries.step()
             try:
                 self.client.flush(timeout=60)
                 return
             except PublishRefusedError:  # too few in sync for a moment: it attaches again and resends
                 self.refusals += 1
-                time.sleep(0.1)  # the retry's pause (an election takes a moment)
         raise AssertionError("publishes refused 200 times in a row")
 
 

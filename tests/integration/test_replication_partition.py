@@ -130,7 +130,9 @@ def test_a_leader_cut_off_from_zookeeper_and_its_followers_stops_confirming(tmp_
         assert after is not None and after["leader"] != old
         wait_until(lambda: any("confirmed" in e and e["t"] > cut_at + 1 for e in _events(follower.log_path)),
                    timeout=60, what="the new leader confirming the client that follows it")  # fmt: skip
-        time.sleep(2)  # the pinned client keeps publishing to the old leader meanwhile
+        # the pinned client keeps publishing to the old leader: two of its flushes (3 s each) go unconfirmed
+        wait_until(lambda: sum("refused" in e and e["t"] > cut_at for e in _events(pinned.log_path)) >= 2,
+                   timeout=60, what="the pinned client refused twice")  # fmt: skip
         late = [e for e in _events(pinned.log_path) if "confirmed" in e and e["t"] > cut_at + 0.5]
         assert late == [], f"the cut-off leader confirmed after the cut: {late[:3]}"
 

@@ -584,8 +584,10 @@ def test_live_facts_are_written_to_zookeeper_only_when_they_change(
     node = f"{StreamPaths.of('shop', 'prices', chroot=zookeeper.root).brokers.members}/prices-0"
     zk = zookeeper.client()
     wait_until(lambda: b"lastSequence" in zk.get(node)[0], timeout=10, what="the first facts")
-    version = zk.get(node)[1].version
-    time.sleep(2.5)  # two or three fact ticks with nothing new
+    version, tick = zk.get(node)[1].version, broker._last_facts
+    # two more of the broker's fact ticks (once a second) with nothing new, any write they began done
+    wait_until(lambda: broker._last_facts >= tick + 2 and not broker._facts_writing.is_set(), timeout=20,
+               what="two fact ticks")  # fmt: skip
     assert zk.get(node)[1].version == version
     with StreamClient(broker.endpoint, "prices") as c:
         c.publish("k", b"v")

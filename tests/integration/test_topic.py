@@ -191,7 +191,9 @@ def test_killing_the_cleaner_hands_over_to_another_instance(
     standby_topic = topic_factory(cleaner_grace=0.5, cleaner_interval=0.5)
     standby = standby_topic.cleaner(identifier="cleaner-b").start()
     try:
-        time.sleep(1.0)  # a negative check: two of the standby's intervals, and it must not lead
+        election = standby_topic.client.Election(standby_topic.paths.cleaner)
+        until(lambda: "cleaner-b" in election.contenders(), "the standby in the cleaners' election", 20)
+        assert election.contenders()[0] == "cleaner-a"  # the first leads; the standby waits its turn
         assert not standby.is_leader, "two cleaners led at once"
         first.kill()
         until(lambda: standby.is_leader, "the standby cleaner to take over", 30)

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from zeps_dev.process import wait_until
 from zeps_operator.freshness import CLOCK_SKEW_S, ReadCache, read_after_creation
 
 
@@ -18,6 +19,21 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+class CountingLock:
+    """A lock counting how often it was taken."""
+
+    def __init__(self) -> None:
+        self._lock, self.taken = threading.Lock(), 0
+
+    def __enter__(self) -> CountingLock:
+        self._lock.acquire()
+        self.taken += 1
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._lock.release()
 
 
 def test_a_read_serves_every_caller_created_before_it_started_and_none_created_after() -> None:
@@ -80,6 +96,7 @@ def test_callers_arriving_during_a_read_wait_for_it_and_take_it_when_fresh_enoug
         return "v1"
 
     cache = ReadCache(slow_read, max_age=30)
+    cache._guard = guard = CountingLock()  # taken once per caller that found no fresh value: before its wait
     before = time.time() - 1
     got: list[str] = []
     first = threading.Thread(target=lambda: got.append(cache.get("ns", read_after=before)))
@@ -88,7 +105,7 @@ def test_callers_arriving_during_a_read_wait_for_it_and_take_it_when_fresh_enoug
     others = [threading.Thread(target=lambda: got.append(cache.get("ns", read_after=before))) for _ in range(10)]
     for thread in others:
         thread.start()
-    time.sleep(0.2)  # nothing says a thread waits on a lock: time for the ten to reach the read in flight
+    wait_until(lambda: guard.taken == 11, timeout=10, what="the ten past their first look, at the read in flight")
     release.set()
     for thread in [first, *others]:
         thread.join(10)

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import zmq
+from workload import Pace
 
 from zeps import _netif
 from zeps._records import encode_record
@@ -28,7 +29,7 @@ def main() -> None:
     pub = ctx.socket(zmq.PUB)
     pub.connect(_netif.endpoint(options.transport, options.group, options.port, _netif.resolve(None, options.group)))
     own_key, sent, sequence = b"not-the-stream-key-0123456789", 0, 1
-    deadline = time.monotonic() + args.seconds
+    deadline, pace = time.monotonic() + args.seconds, Pace(200)  # runs a second
     while time.monotonic() < deadline:
         record = encode_record(sequence, int(time.time() * 1000), b"eu.fr", b"forged")
         message = multicast.encode_run(args.stream, record, (0).to_bytes(4, "big"))
@@ -37,7 +38,7 @@ def main() -> None:
         sent, sequence = sent + 2, sequence + 1
         if sent == 100:
             print(json.dumps({"forging": sent}), flush=True)
-        time.sleep(0.005)  # the forger's pace
+        pace.step()
     pub.close(linger=1000)
     ctx.term()
     print(json.dumps({"forged_sent": sent}), flush=True)

@@ -13,9 +13,9 @@ import random
 import signal
 import sys
 import threading
-import time
 
 from kazoo.client import KazooState
+from workload import work
 
 from zeps.coordination import connect
 from zeps.coordination.queue import LockLostError, WorkQueue
@@ -57,7 +57,7 @@ def main() -> int:
     while not stop.is_set():
         items = queue.take_many(args.prefetch, timeout=0.5)
         for item in items:
-            time.sleep(random.expovariate(1000 / args.work_ms) if args.work_ms else 0)  # the work
+            work(random.expovariate(1000 / args.work_ms) if args.work_ms else 0)
             if item.body.startswith(b"poison"):
                 try:
                     item.release()

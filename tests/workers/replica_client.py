@@ -18,6 +18,8 @@ import json
 import os
 import time
 
+from workload import Pace
+
 from zeps.client import StreamClient
 from zeps.client.discovery import LeaderLocator
 from zeps.coordination import connect
@@ -49,7 +51,8 @@ def publish(args: argparse.Namespace) -> None:
     else:
         locator = LeaderLocator(args.zookeeper, args.namespace, args.stream, chroot=args.chroot)
         client = StreamClient(locator(), args.stream, producer_id=args.tag, locator=locator, timeout=60)
-    deadline = time.monotonic() + args.seconds
+    # at most 50 flushes a second; refused, it tries again at most twice a second
+    deadline, pace, tries = time.monotonic() + args.seconds, Pace(50), Pace(2)
     n = 0
     with client:
         while time.monotonic() < deadline and not (args.stop_file and os.path.exists(args.stop_file)):
@@ -60,10 +63,10 @@ def publish(args: argparse.Namespace) -> None:
                 client.flush(timeout=3 if args.pinned else 60)
             except ZepsError as exc:
                 _say(refused=str(exc)[:200], n=n)
-                time.sleep(0.5)  # refused: try again shortly (the workload's retry)
+                tries.step()
                 continue
             _say(confirmed=n)
-            time.sleep(0.02)  # the workload's pace
+            pace.step()
 
 
 def subscribe(args: argparse.Namespace) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
+
+from workload import work
 
 from zeps.client import GroupConsumer
 
@@ -27,7 +28,7 @@ def main() -> int:
             out.write("".join(f"{m.partition} {m.sequence}\n" for m in batch))
             out.flush()
             if batch:
-                time.sleep(0.02)  # the work
+                work(0.02)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ import argparse
 import signal
 import sys
 import threading
-import time
+
+from workload import work
 
 from zeps.coordination import Message, Topic, connect
 from zeps.options import TopicOptions
@@ -36,8 +37,8 @@ def main() -> int:
     args = parser.parse_args()
 
     out = open(args.out, "a", buffering=1)  # noqa: SIM115 — line-buffered for the life of the process
-    stopping: list[int] = []  # set by the handler without a lock (Event.set() there can deadlock with stop.wait())
-    signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
+    # SIGTERM stops it: blocked in every thread (before any starts), taken by the sigwait below
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     client = connect(args.hosts, session_timeout=args.session_timeout)
     options = TopicOptions.make(cleaner_grace=args.cleaner_grace, cleaner_interval=args.cleaner_interval)
     topic = Topic(client, args.topic, namespace=args.namespace, chroot=args.chroot, options=options)
@@ -51,8 +52,7 @@ def main() -> int:
         if calls[0] == args.hold_at:
             out.write("holding\n")
             never.wait()
-        if args.sleep:
-            time.sleep(args.sleep)  # the work
+        work(args.sleep)
         out.write(f"done {message.id}\n")
 
     cleaner = None
@@ -60,12 +60,15 @@ def main() -> int:
         cleaner = topic.cleaner(identifier=args.consumer).start()
     sub = None if args.no_subscribe else topic.subscribe(on_message, consumer_id=args.consumer)
     out.write("ready\n")
-    was_leader = False
-    while not stopping:
-        time.sleep(0.05)  # the cleaner's leadership is looked at 20 times a second (it has no callback)
-        if cleaner is not None and cleaner.is_leader and not was_leader:
-            was_leader = True
-            out.write("leader\n")
+    if cleaner is not None:
+        leads = cleaner  # says "leader" once it leads
+
+        def announce() -> None:
+            if leads.wait_leading():
+                out.write("leader\n")
+
+        threading.Thread(target=announce, name="announce-leader", daemon=True).start()
+    signal.sigwait({signal.SIGTERM})
     if sub is not None:
         sub.close()
     if cleaner is not None:

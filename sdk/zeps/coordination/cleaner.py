@@ -56,6 +56,10 @@ class TopicCleaner:
     def is_leader(self) -> bool:
         return self._leading.is_set()
 
+    def wait_leading(self, timeout: float | None = None) -> bool:
+        """Wait until this instance leads: True once it does, False if ``timeout`` seconds passed first."""
+        return self._leading.wait(timeout)
+
     def start(self) -> TopicCleaner:
         self.topic.ensure()
         self._thread = threading.Thread(target=self._run, name=f"zeps-cleaner-{self.topic.name}", daemon=True)
