@@ -8,8 +8,10 @@ subscribes beside them. The bounds asserted are the README's limits table.
 
 from __future__ import annotations
 
+import socket
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from harness import until
 from zeps.broker.config import DEFAULT_MAX_SESSION_BYTES_IN_FLIGHT
 from zeps.client import BrokerUnavailableError, Seq, StreamClient
 from zeps.protocol import (
@@ -355,3 +358,35 @@ def test_a_hostile_broker_cannot_fill_a_clients_memory_with_huge_frames(tmp_path
         client.stop()
         fake.close()
         ctx.term()
+
+
+def test_connections_past_the_budget_are_refused_at_their_handshake_and_free_again_when_they_close(
+    tmp_path: Path,
+) -> None:
+    """Peers that only connect (a TCP connection each, never a byte) took a file descriptor and ZeroMQ's
+    buffers each, without bound: enough of them and the broker could open no journal segment. With
+    ``--max-connections 16``, 16 such connections fill the budget: a client's connection is refused at
+    its handshake, and it says so at once (not a timeout); once they close, clients get in again. The
+    gauge and the counter say what happened."""
+    metrics = free_port()
+    server = Broker(tmp_path, "--max-connections", "16", "--metrics-port", str(metrics))
+    server.start()
+    host, port = server.endpoint.removeprefix("tcp://").rsplit(":", 1)
+
+    def scraped(name: str) -> float:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10).read().decode()
+        return next((float(line.split()[-1]) for line in text.splitlines() if line.startswith(f"{name} ")), -1.0)
+
+    silent = [socket.create_connection((host, int(port)), timeout=10) for _ in range(16)]
+    try:
+        assert "connection budget 16" in server.process.log_tail()
+        until(lambda: scraped("zeps_broker_connections") == 16, "the 16 counted (the gauge, once a second)")
+        with pytest.raises(BrokerUnavailableError, match="connection budget is full"):
+            StreamClient(server.endpoint, "prices", timeout=20).connect()
+        assert scraped("zeps_broker_connections_refused_total") >= 1
+    finally:
+        for s in silent:
+            s.close()
+    until(lambda: scraped("zeps_broker_connections") == 0, "the closed connections forgotten")
+    _honest_round_trip(server.endpoint)
+    server.process.stop()

@@ -11,6 +11,7 @@ from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES, DELIVERY_BATCH_BYTES
 
 __all__ = [
     "DEFAULT_MAX_BYTES_IN_FLIGHT",
+    "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_MAX_REGEX_SUBSCRIPTIONS",
     "DEFAULT_MAX_SESSIONS",
     "DEFAULT_MAX_SESSION_BYTES_IN_FLIGHT",
@@ -26,6 +27,7 @@ DEFAULT_MAX_TOTAL_SUBSCRIPTIONS = 100_000
 DEFAULT_MAX_REGEX_SUBSCRIPTIONS = 1_000
 DEFAULT_MAX_SESSION_BYTES_IN_FLIGHT = 16 << 20
 DEFAULT_MAX_BYTES_IN_FLIGHT = 512 << 20
+DEFAULT_MAX_CONNECTIONS = 4096
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,10 @@ class BrokerConfig:
     #: refused, whoever asks; what is attached goes on (0: no budget). The adapter reads the memory
     #: (``BrokerCore.resident_bytes``)
     max_memory_bytes: int = 0
+    #: connections open at once at most, handshakes under way included: past it a new one is refused
+    #: at its handshake, before it carries a frame (a replica known by its CURVE key is let in; 0: no
+    #: budget). The adapter counts and refuses (``zeps.broker.admission``)
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
     pump_budget_bytes: int = 4 * 1024 * 1024  #: delivered per pump() call, across all sessions
     replay_batch: int = 512  #: records read from the journal per subscription visit (older sessions)
     batch_bytes: int = DELIVERY_BATCH_BYTES  #: the largest DELIVER-BATCH (a record larger than this goes alone)

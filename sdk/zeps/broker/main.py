@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import resource
 import signal
 import sys
 import time
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from zeps.broker.config import (
     DEFAULT_MAX_BYTES_IN_FLIGHT,
+    DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_REGEX_SUBSCRIPTIONS,
     DEFAULT_MAX_SESSION_BYTES_IN_FLIGHT,
     DEFAULT_MAX_SESSIONS,
@@ -91,6 +93,11 @@ def parser() -> argparse.ArgumentParser:
                    help="resident memory past which new peerings (BUSY) and subscriptions (LIMIT) are refused; "
                    "0: no budget; unset: 0.8 times the container's memory limit (cgroup), none without one "
                    "[ZEPS_BROKER_MAX_MEMORY_BYTES]")  # fmt: skip
+    p.add_argument("--max-connections", type=int, default=_env_int("MAX_CONNECTIONS"),
+                   help="connections open at once (handshakes under way included) past which a new one is refused "
+                   "at its handshake, before it carries a frame; a replica with its CURVE key is let in; 0: no "
+                   f"budget; unset: {DEFAULT_MAX_CONNECTIONS}, or half the process's file descriptor limit if that "
+                   "is lower [ZEPS_BROKER_MAX_CONNECTIONS]")  # fmt: skip
     p.add_argument("--heartbeat", type=float, default=float(_env("HEARTBEAT", "5") or 5))
     p.add_argument("--ttl", type=float, default=float(_env("TTL", "30") or 30))
     p.add_argument("--curve-secret-key", default=_env("CURVE_SECRET_KEY"), help="zmq certificate with the secret key")
@@ -245,6 +252,15 @@ def memory_budget(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
     return 0
 
 
+def connection_budget() -> int:
+    """The broker's connection budget unless set: DEFAULT_MAX_CONNECTIONS, or half its file descriptor
+    limit if that is lower (each connection takes one; the journal's segments need theirs)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return DEFAULT_MAX_CONNECTIONS
+    return max(1, min(DEFAULT_MAX_CONNECTIONS, soft // 2))
+
+
 def settings(args: argparse.Namespace) -> tuple[BrokerConfig, CurveConfig | None, Registration | None]:
     """The broker's configuration from its parsed flags (no I/O). Raises ZepsError for a bad journal
     setting."""
@@ -259,7 +275,8 @@ def settings(args: argparse.Namespace) -> tuple[BrokerConfig, CurveConfig | None
                                ("--max-regex-subscriptions", args.max_regex_subscriptions, 0),
                                ("--max-session-bytes-in-flight", args.max_session_bytes_in_flight, 1 << 16),
                                ("--max-bytes-in-flight", args.max_bytes_in_flight, 1 << 16),
-                               ("--max-memory-bytes", args.max_memory_bytes or 0, 0)):  # fmt: skip
+                               ("--max-memory-bytes", args.max_memory_bytes or 0, 0),
+                               ("--max-connections", args.max_connections or 0, 0)):  # fmt: skip
         if value < least:
             raise ConfigError(
                 f"{flag}={value}: must be at least {least}"
@@ -273,6 +290,7 @@ def settings(args: argparse.Namespace) -> tuple[BrokerConfig, CurveConfig | None
                           max_session_bytes_in_flight=args.max_session_bytes_in_flight,
                           max_bytes_in_flight=args.max_bytes_in_flight,
                           max_memory_bytes=memory_budget() if args.max_memory_bytes is None else args.max_memory_bytes,
+                          max_connections=connection_budget() if args.max_connections is None else args.max_connections,
                           replica_catchup_bytes_per_s=int(args.replica_catchup_rate * 1e6) or None)  # fmt: skip
     curve = None
     if args.curve_secret_key:

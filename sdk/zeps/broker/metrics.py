@@ -123,6 +123,10 @@ class BrokerMetrics:
                                ())  # fmt: skip
         self.held = gauge("zeps_broker_held_sessions", "Peerings whose deliveries wait for their bytes in flight to "
                           "be written out (a peer reading slowly, or not at all)", ())  # fmt: skip
+        self.connections = gauge("zeps_broker_connections", "Connections open to the broker, handshakes under way "
+                                 "included (limit: --max-connections)", ())  # fmt: skip
+        self.connections_refused = counter("zeps_broker_connections_refused", "Connections refused at their "
+                                           "handshake: the connection budget was full", ())  # fmt: skip
         self.free = _FreeSpace(registry)
         self._exported: dict[tuple[str, ...], int] = {}  # counter values already exported, by series
 

@@ -9,6 +9,9 @@
   frees its share. (A tracked send costs about 2 µs more; a delivery is a batch of records.)
 * Publishers are read in bounded batches per loop, so a flood cannot starve deliveries; when the
   broker is behind, ZeroMQ's receive high-water mark pushes back on publishers (they block).
+* A connection budget (:mod:`zeps.broker.admission`): the ROUTER's open connections are counted from
+  its monitor, and its ZAP handler (asked about every handshake, CURVE or NULL) refuses those past
+  ``max_connections`` before they carry a frame.
 * Optional CURVE: the broker's secret key from a certificate file, and who may connect
   (:class:`CurveConfig`): a ZAP handler (pyzmq's authenticator, with :class:`AllowedClients` as its
   credentials provider) admits only the listed client public keys. The list is read again when it
@@ -48,9 +51,11 @@ import zmq
 import zmq.auth
 from prometheus_client import CollectorRegistry, start_http_server
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
 
 from zeps import _netif
+from zeps.broker.admission import ZAP_DOMAIN, ConnectionCount, Gatekeeper
 from zeps.broker.core import BrokerConfig, BrokerCore
 from zeps.broker.metrics import BrokerMetrics, ReplicationMetrics
 from zeps.broker.replica import Close, Connect, MarkData, RecordCommit, ReplicaNode, ReplicaSettings, Send, WriteIsr
@@ -273,9 +278,7 @@ class BrokerServer:
             largest = _NORM_MESSAGE_BYTES if multicast.transport == "norm" else config.batch_bytes
             config = dataclasses.replace(config, multicast_heartbeat_s=multicast.heartbeat_ms / 1000,
                                          multicast_max_bytes=largest)  # fmt: skip
-        self.config = config
-        self.bind = bind
-        self.curve = curve
+        self.config, self.bind, self.curve = config, bind, curve
         self.metrics_port = metrics_port
         self.metrics_address = metrics_address  #: where metrics are served (a pod: 0.0.0.0, its port's interfaces)
         self.registration = registration
@@ -298,7 +301,9 @@ class BrokerServer:
         self._stop = threading.Event()
         self._loop_thread: threading.Thread | None = None
         self._ctx: zmq.Context[Any] | None = None
-        self._auth: ThreadAuthenticator | None = None
+        self._auth: ThreadAuthenticator | None = None  # the ZAP handler: a Gatekeeper (zeps.broker.admission)
+        #: the connections open now, against the budget (the ROUTER's monitor counts them)
+        self.connections = ConnectionCount(config.max_connections)
         #: the client keys a CURVE broker admits (None: no CURVE, or any client)
         self.allowed: AllowedClients | None = None
         #: a CURVE replica set's replicas and their keys, and this replica's own certificate (public, secret)
@@ -348,6 +353,9 @@ class BrokerServer:
         if self.config.max_memory_bytes:
             log.info("memory budget %d MiB: past it, new peerings and subscriptions are refused",
                      self.config.max_memory_bytes >> 20)  # fmt: skip
+        if self.connections.budget:
+            log.info("connection budget %d: past it, new connections are refused at their handshake",
+                     self.connections.budget)  # fmt: skip
         return self
 
     def _start(self) -> None:
@@ -362,8 +370,14 @@ class BrokerServer:
         # a larger frame drops its peer's connection before it is read into memory (a 256 MiB PUBLISH
         # from a raw peer took the broker from 56 to 825 MB); clients never send one (zeps.protocol.limits)
         sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_frame_bytes)
+        if self.connections.budget or self.curve is not None:  # a ZAP handler: the connection budget, CURVE keys
+            self._auth = Gatekeeper(ctx, self.connections, exempt=self._replica_key,
+                                    refused=self.metrics.connections_refused.inc)  # fmt: skip
+            self._auth.start()
+            sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN.encode())  # ZeroMQ asks it about NULL handshakes too
+            self.connections.watch(sock)
         if self.curve is not None:
-            self._setup_curve(ctx, sock)
+            self._setup_curve(sock)
         sock.bind(self.bind)
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._sock = sock
@@ -427,11 +441,9 @@ class BrokerServer:
             raise ConfigError(f"{path} holds no secret key; use the .key_secret certificate")
         return text, public, secret
 
-    def _setup_curve(self, ctx: zmq.Context[Any], sock: zmq.Socket[Any]) -> None:
-        assert self.curve is not None
+    def _setup_curve(self, sock: zmq.Socket[Any]) -> None:
+        assert self.curve is not None and self._auth is not None
         self._certificate, public, secret = self._load_certificate()
-        self._auth = ThreadAuthenticator(ctx)
-        self._auth.start()
         if self.curve.replicas is not None:  # a replica set: each replica's key, and this one's own certificate
             self.replicas_allowed = AllowedClients(self.curve.replicas)
             self.replicas_allowed.reload()
@@ -448,9 +460,9 @@ class BrokerServer:
         else:
             log.warning("CURVE encrypts, but admits any client key: give the clients allowed (--curve-clients)")
         if self.allowed is not None or self.replicas_allowed is not None:  # keys checked: each peer's is known
-            self._auth.configure_curve_callback(domain="*", credentials_provider=self)
+            self._auth.configure_curve_callback(domain=ZAP_DOMAIN, credentials_provider=self)
         else:
-            self._auth.configure_curve(domain="*", location=zmq.auth.CURVE_ALLOW_ANY)
+            self._auth.configure_curve(domain=ZAP_DOMAIN, location=zmq.auth.CURVE_ALLOW_ANY)
         sock.setsockopt(zmq.CURVE_SERVER, 1)
         sock.setsockopt(zmq.CURVE_SECRETKEY, secret)
         sock.setsockopt(zmq.CURVE_PUBLICKEY, public)
@@ -463,6 +475,12 @@ class BrokerServer:
         clients = self.allowed.keys if self.allowed is not None else frozenset()
         replicas = self.replicas_allowed.keys if self.replicas_allowed is not None else frozenset()
         return clients | replicas
+
+    def _replica_key(self, key: bytes) -> bool:
+        """The ZAP handler's question (its thread) past the connection budget: is this CURVE public key
+        (32 bytes) one of the stream's replicas'?"""
+        replicas = self.replicas_allowed
+        return replicas is not None and len(key) == 32 and z85.encode(key).decode("ascii") in replicas.keys
 
     def callback(self, domain: str, key: bytes) -> bool:
         """The ZAP handler's question (its thread): is this key admitted (any client's, without a list of
@@ -755,6 +773,7 @@ class BrokerServer:
         core, sock = self.core, self._sock
         poller = self._poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
+        self.connections.register(poller)
         last_tick = time.monotonic()
         core.resident_bytes = resident_bytes()  # the memory budget from the first ATTACH
         self._update_metrics()  # every gauge from the start, not a second later
@@ -765,6 +784,7 @@ class BrokerServer:
                 # sessions waiting for their bytes in flight to leave: 5 ms
                 wait = 0 if core.replay_ready(time.monotonic()) else 1 if core.busy else 5 if core.held else 50
                 events = dict(poller.poll(wait))
+                self.connections.turn(events)
                 if self.node is not None:
                     self._replication_turn(self.node, events)
                 if self._in_flight.marks and (core.held or time.monotonic() - self._in_flight.looked >= 0.01):
@@ -794,6 +814,7 @@ class BrokerServer:
             except Exception as exc:
                 self.failure = self.failure or f"closing the journals: {exc}"
                 log.error("closing the journals failed: %s", exc)
+            self.connections.unwatch(sock)
             sock.close(linger=0)
             self._close_link()
             if self._pub is not None:
@@ -1000,6 +1021,7 @@ class BrokerServer:
 
     def _update_metrics(self) -> None:
         self.metrics.update(self.core)
+        self.metrics.connections.set(self.connections.open)
         if self._replication_metrics is not None and self.replication is not None and self.node is not None:
             for name, stream in self.core.streams.items():
                 self._replication_metrics.update(name, stream, self.replication.min_insync,

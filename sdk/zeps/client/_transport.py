@@ -118,11 +118,16 @@ def failed_handshake(event: int) -> bool:
     return event in (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
 
 
-def refused_handshake(event: int, client_keys: tuple[str, str] | None) -> str | None:
-    """Why the broker refused this client, if ``event`` (a monitor event) says it refused the CURVE
-    handshake: its ZAP handler does not admit the client's key."""
+def refused_handshake(event: int, client_keys: tuple[str, str] | None, status: int = 400) -> str | None:
+    """Why the broker refused this client, if ``event`` (a monitor event, with its ``status``: the ZAP
+    status the broker answered) says it refused the handshake: its connection budget is full (500),
+    or its ZAP handler does not admit the client's CURVE key (400)."""
     if event != zmq.EVENT_HANDSHAKE_FAILED_AUTH:
         return None
+    if status == 500:
+        return ("the broker refused the connection at its handshake: its connection budget is full (as many "
+                "connections are open to it as its --max-connections allows); try again later, or raise the "
+                "budget")  # fmt: skip
     if client_keys is None:
         return ("the broker refused the CURVE handshake: this client has no key of its own (a random one was "
                 "used); give it the client certificate the operator made (ZEPS_STREAM_<NAME>_CURVE_CLIENT, or "

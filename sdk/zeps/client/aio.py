@@ -198,7 +198,7 @@ class AsyncStreamClient:
                 event = parse_monitor_message(await monitor.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 break
-            refused = refused_handshake(event["event"], self.client_keys)
+            refused = refused_handshake(event["event"], self.client_keys, event["value"])
             if refused is not None and self._trust.renewed():  # its key was rotated: the new one is used
                 refused, lost = None, True
             if refused is not None:

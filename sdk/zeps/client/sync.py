@@ -277,7 +277,7 @@ class StreamClient(Opened):
         got = False
         if self._monitor in events:
             event = recv_monitor_message(self._monitor)
-            refused = refused_handshake(event["event"], self.client_keys)
+            refused = refused_handshake(event["event"], self.client_keys, event["value"])
             if refused is not None and self._trust.renewed():  # its key was rotated: the new one is used
                 refused, event["event"] = None, zmq.EVENT_DISCONNECTED
             if refused is not None:
