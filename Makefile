@@ -5,7 +5,7 @@ PY := .venv/bin/python
 # Load .zeps-env (written by tools/setup.sh) so the harness finds the cached servers.
 WITH_ENV := source ./.zeps-env &&
 
-.PHONY: setup setup-test setup-python test test-unit sim chaos-replication docs e2e e2e-images e2e-stack e2e-down lint demo generate check-generated bench bench-operator-kind clean
+.PHONY: setup setup-test setup-python test test-unit sim chaos-replication docs e2e e2e-images e2e-stack e2e-down lint demo generate check-generated bench bench-operator-kind bench-roll-kind clean
 
 setup:            ## everything: .venv, ZooKeeper jars, control-plane binaries, the compiled hot path (idempotent)
 	@tools/setup.sh python zookeeper testbin promtool compiled
@@ -76,7 +76,11 @@ bench-operator-kind: setup  ## bench-operator with the operator in a pod on kind
 	@tools/setup.sh bench kind
 	@$(WITH_ENV) $(PY) benchmarks/bench_operator_kind.py
 
-bench-%: setup    ## benchmarks: bench-topic, -queue, -stream, -stages, -spark, -operator, -core, -replication, -roll, -partitions, -batches, -fsync, -zookeeper; each prints one JSON line last
+bench-roll-kind: setup  ## bench-roll on kind: an R3 stream's roll with hand-overs against pods killed one at a time (the e2e stack; removed after)
+	@tools/setup.sh bench kind
+	@$(WITH_ENV) $(PY) benchmarks/bench_roll_kind.py
+
+bench-%: setup    ## benchmarks: bench-topic, -queue, -stream, -stages, -spark, -operator, -core, -replication, -roll, -partitions, -batches, -fsync, -zookeeper, -connections; each prints one JSON line last
 	@tools/setup.sh bench
 	@$(WITH_ENV) $(PY) benchmarks/bench_$*.py
 
