@@ -32,19 +32,18 @@ def _group(zookeeper: ZooKeeperHarness, member: str, client: object | None = Non
     return ConsumerGroup(client or zookeeper.client(), paths, member).join()  # type: ignore[arg-type]
 
 
+def _partitions(zookeeper: ZooKeeperHarness) -> Callable[[], list[dict[str, Any]]]:
+    """Group "billing" per partition as ZooKeeper holds it now (``describe``: the sequence committed,
+    the owner or ""), read afresh at each call: what :func:`until` waits on."""
+    paths = StreamPaths.of("default", "orders", chroot=zookeeper.root).consumer_group("billing")
+    client = zookeeper.client()
+    return lambda: list(describe(client, paths, PARTITIONS)["partitions"])
+
+
 def _committed(zookeeper: ZooKeeperHarness) -> Callable[[], int]:
-    """How many records group "billing" has committed over every partition (each partition's
-    sequences count from 1), read afresh at each call: what :func:`until` waits on."""
-    paths = StreamPaths.of("default", "orders", chroot=zookeeper.root).consumer_group("billing")
-    client = zookeeper.client()
-    return lambda: sum(p["committed"] for p in describe(client, paths, PARTITIONS)["partitions"])
-
-
-def _owners(zookeeper: ZooKeeperHarness) -> Callable[[], list[str]]:
-    """Who owns each partition of group "billing" now ("" for none), read afresh at each call."""
-    paths = StreamPaths.of("default", "orders", chroot=zookeeper.root).consumer_group("billing")
-    client = zookeeper.client()
-    return lambda: [p["owner"] for p in describe(client, paths, PARTITIONS)["partitions"]]
+    """How many records the group has committed over every partition (sequences count from 1)."""
+    partitions = _partitions(zookeeper)
+    return lambda: sum(p["committed"] for p in partitions())
 
 
 def test_a_partition_passes_to_its_next_owner_after_the_last_commit_and_a_lost_owner_cannot_commit(
@@ -222,8 +221,8 @@ def test_a_member_paused_past_its_session_hands_out_nothing_of_the_partitions_an
         until(lambda: len(set(lines("m1")) | set(lines("m2"))) >= total, "every message processed", timeout=90)
         # m1 back in the group, owning a partition again: it claims in the call after the one that
         # would hand out what it had read before the pause (written to its file before it asks again)
-        owners = _owners(zookeeper)
-        until(lambda: "m1" in owners(), "m1 owning a partition again", timeout=30)
+        partitions = _partitions(zookeeper)
+        until(lambda: any(p["owner"] == "m1" for p in partitions()), "m1 owning a partition again", timeout=30)
     finally:
         for proc in procs.values():
             proc.send_signal(signal.SIGCONT)
