@@ -57,16 +57,13 @@ def main() -> None:  # noqa: PLR0915 — one scenario, step by step
         assert stack.cluster is not None
         os.environ.update(stack.env())  # what the e2e helpers read (the image, the kubeconfig)
         sys.path[:0] = [str(ROOT / "e2e"), str(ROOT / "e2e" / "kind")]
-        from kindapp import App, docker, json_lines  # noqa: PLC0415
+        from kindapp import App, client_namespace, docker, json_lines  # noqa: PLC0415
         from test_operations import CHECK, _broker_process  # noqa: PLC0415 — a stream read back whole; a broker's PIDs
 
         from conftest import Cluster  # noqa: PLC0415 — e2e/conftest.py: kubectl and its waits
 
         cluster = Cluster([str(stack.binaries / "kubectl"), f"--kubeconfig={stack.cluster.kubeconfig}"])
-        cluster.kubectl("create", "namespace", NAMESPACE)
-        cluster.wait_for("the default SA", lambda: cluster.kubectl("get", "sa", "default", "-n", NAMESPACE))
-        cluster.kubectl("apply", "-n", NAMESPACE, "-f", str(ROOT / "examples" / "client-rbac.yaml"))
-        app = App(cluster, NAMESPACE)
+        app = client_namespace(cluster, NAMESPACE)  # its pods reach ZooKeeper (the production NetworkPolicy)
         pods = [f"{STREAM}-broker-{i}" for i in range(3)]
 
         def whole() -> bool:

@@ -6,7 +6,8 @@ What is built, each cached by a hash of what goes into it (an image whose tag ex
   list, then ``docker import``. The mirror is the machine's own apt source.
 * the node-side component images kubeadm asks for (``kubeadm config images list``): kube-apiserver,
   kube-controller-manager, kube-scheduler, kube-proxy, etcd, CoreDNS, pause — binaries from
-  ``tools/testbin/build.sh kind`` (pause: ``pause.c`` from the pinned Kubernetes module, gcc -static).
+  ``tools/testbin/build.sh kind`` (pause: ``pause.c`` from the pinned Kubernetes module, gcc -static);
+  and the node's add-ons: local-path-provisioner (storage) and kube-router (NetworkPolicy).
 * the kind node image (``images/kind-node/Dockerfile``): the node rootfs, kind's node files from the
   pinned kind module, kubelet/kubeadm/kubectl, the component images preloaded into containerd.
   Also kept as a ``docker save`` archive in the cache, so an engine without it loads it in seconds.
@@ -34,7 +35,7 @@ from zeps.errors import SetupError
 from zeps_dev.docker import DockerEngine, image_exists
 from zeps_dev.process import apt_install, run_tool
 
-__all__ = ["ROOTFS", "ImageBuilder", "Pins", "go_module_dir", "project_image_tag"]
+__all__ = ["NETWORK_POLICY", "ROOTFS", "ImageBuilder", "Pins", "go_module_dir", "project_image_tag"]
 
 REPOSITORY = Path(__file__).resolve().parents[2]  # devtools/zeps_dev/images.py -> the checkout
 TESTBIN_SOURCES = REPOSITORY / "tools" / "testbin"
@@ -50,7 +51,9 @@ ROOTFS: Mapping[str, tuple[str, ...]] = {
         "iproute2", "iptables", "nftables", "conntrack", "ethtool", "util-linux", "mount", "kmod",
         "libseccomp2", "pigz", "bash", "ca-certificates", "jq", "procps",
     ),
-    "kube-proxy": ("iptables", "nftables", "conntrack"),
+    # kube-proxy's; kube-router's too (a NetworkPolicy controller: it programs iptables and ipset
+    # through their tools), which saves a debootstrap of its own
+    "kube-proxy": ("iptables", "nftables", "conntrack", "ipset"),
     # libzmq5: Debian's libzmq (PGM and NORM), which the wheels' pyzmq is built against (_wheels);
     # venv and pip: the same rootfs is the project images' build stage (one debootstrap fewer)
     "python": ("python3", "python3-venv", "python3-pip", "ca-certificates", "libzmq5"),
@@ -71,10 +74,14 @@ _COMPONENTS: Mapping[str, tuple[str, str | None, str | None]] = {
     "coredns": ("coredns", None, "/usr/local/bin/coredns"),
     "pause": ("pause", None, "/usr/local/bin/pause"),
     "local-path-provisioner": ("local-path-provisioner", None, None),
+    "kube-router": ("kube-router", "kube-proxy", "/usr/local/bin/kube-router"),
 }
 # The node's default StorageClass; its helper pod needs a shell: kube-proxy's image (Debian) has one.
 PROVISIONER = "zeps.local/local-path-provisioner"
 STORAGE_HELPER = "kube-proxy"
+# What enforces NetworkPolicy on the nodes (the pod network zeps_dev.kind wires has no policy of its
+# own): kube-router's firewall alone, as a DaemonSet zeps_dev.kind applies (network_policy_controller)
+NETWORK_POLICY = "zeps.local/kube-router"
 
 
 def _go_mod_version(module_dir: str, module: str) -> str:
@@ -129,6 +136,7 @@ class Pins:
     coredns: str
     kind: str
     local_path: str
+    kube_router: str
 
     @classmethod
     def read(cls) -> Pins:
@@ -138,6 +146,7 @@ class Pins:
             coredns=_go_mod_version("coredns", "github.com/coredns/coredns"),
             kind=_go_mod_version("kind", "sigs.k8s.io/kind"),
             local_path=_go_mod_version("local-path", "github.com/rancher/local-path-provisioner"),
+            kube_router=_go_mod_version("kube-router", "github.com/cloudnativelabs/kube-router/v2"),
         )
 
 
@@ -272,9 +281,14 @@ class ImageBuilder:
                 )
 
     def node_images(self) -> list[str]:
-        """What the node preloads: every image kubeadm lists (tagged as kubeadm names them) and the
-        storage provisioner's."""
-        return [*self.kubeadm_images(), f"{PROVISIONER}:{self.pins.local_path}"]
+        """What the node preloads: every image kubeadm lists (tagged as kubeadm names them), the
+        storage provisioner's and the NetworkPolicy controller's."""
+        return [*self.kubeadm_images(), f"{PROVISIONER}:{self.pins.local_path}", self.network_policy_image]
+
+    @property
+    def network_policy_image(self) -> str:
+        """The NetworkPolicy controller's image (kube-router), preloaded in the node image."""
+        return f"{NETWORK_POLICY}:{self.pins.kube_router}"
 
     def component_images(self) -> list[str]:
         """Build every image of :meth:`node_images` that the engine lacks; return their refs."""

@@ -40,6 +40,7 @@ __all__ = [
     "cache_dir",
     "client_pod_spec",
     "kind_stack_from_env",
+    "network_policy_controller",
     "wire_pod_network",
 ]
 
@@ -57,6 +58,10 @@ NO_TESTS_COLLECTED = 5  #: pytest's exit code when a run selects no test
 #: beside a cluster's kubeconfig: what ``make e2e-stack`` left running, for ``make e2e`` to use
 PREPARED_NOTE = "prepared.json"
 CNI_CONFIG = "/etc/cni/net.d/10-zeps-ptp.conflist"
+#: kind's pod network: the controller-manager gives each node a /24 of it
+POD_NETWORK = "10.244.0.0/16"
+#: kind's (kubeadm's) Service network
+SERVICE_NETWORK = "10.96.0.0/12"
 
 
 def upstream_node_image() -> str:
@@ -171,7 +176,7 @@ class KindCluster(LocalServer):
 
     def wire_pod_network(self, *, timeout: float = 120) -> None:
         """:func:`wire_pod_network` for this cluster, once every node has its pod CIDR (the
-        controller-manager gives each a /24 of kind's 10.244.0.0/16 as it registers)."""
+        controller-manager gives each a /24 of kind's :data:`POD_NETWORK` as it registers)."""
         deadline = time.monotonic() + timeout
         while True:
             nodes = json.loads(self.kubectl("get", "nodes", "-o", "json"))["items"]
@@ -198,6 +203,15 @@ class KindCluster(LocalServer):
             cm["data"]["Corefile"] = patched
             self.kubectl("replace", "-f", "-", input=json.dumps(cm))
             self.kubectl("-n", "kube-system", "rollout", "restart", "deployment/coredns")
+
+    def enforce_network_policy(self, image: str) -> None:
+        """Run :func:`network_policy_controller` with ``image`` (preloaded in the node image) and wait
+        until it runs on every node."""
+        self.say("kind: NetworkPolicy enforced by kube-router's firewall on every node")
+        manifest = json.dumps({"apiVersion": "v1", "kind": "List", "items": network_policy_controller(image)})
+        self.kubectl("apply", "-f", "-", input=manifest)
+        self.kubectl("-n", "kube-system", "rollout", "status", "daemonset/zeps-kube-router", "--timeout=180s",
+                     timeout=210)  # fmt: skip
 
     def load(self, *images: str, workers_only: bool = False) -> None:
         """``kind load docker-image`` into every node, or (``workers_only``, with workers) into the
@@ -261,13 +275,12 @@ def client_pod_spec(image: str, command: str, *, restart: str = "Never") -> dict
 
 
 def cni_config(subnet: str) -> str:
-    """A node's CNI config: a ptp network on its pod CIDR ``subnet``, with ipMasq as kindnetd does
-    it: traffic from a pod to an address outside the node's pod CIDR (a pod on another node, the
-    host, where a client-mode Spark driver listens) leaves with the node's address, so replies come
-    back over the kind network whatever routes the far end has."""
+    """A node's CNI config: a ptp network on its pod CIDR ``subnet``. No masquerading here: a pod's
+    traffic to another pod keeps its source address (a NetworkPolicy judges pods by it); traffic
+    leaving the cluster's pod network is masqueraded by the node's own rule (:func:`masquerade_rule`)."""
     ptp = {
         "type": "ptp",
-        "ipMasq": True,
+        "ipMasq": False,
         "ipam": {
             "type": "host-local",
             "dataDir": "/run/cni-ipam-state",
@@ -278,6 +291,15 @@ def cni_config(subnet: str) -> str:
     }
     portmap = {"type": "portmap", "capabilities": {"portMappings": True}}
     return json.dumps({"cniVersion": "0.3.1", "name": "zeps-kind", "plugins": [ptp, portmap]}, indent=2) + "\n"
+
+
+def masquerade_rule(subnet: str) -> list[str]:
+    """The node's NAT rule for its pods (what kindnetd sets): traffic from ``subnet`` to an address
+    outside the cluster's pod network (:data:`POD_NETWORK`: the host, where a client-mode Spark driver
+    listens, or a node) leaves with the node's address, so replies come back over the kind network
+    whatever routes the far end has; pod-to-pod traffic keeps its pod address."""
+    return ["POSTROUTING", "-s", subnet, "!", "-d", POD_NETWORK, "-m", "comment", "--comment", "zeps-kind pods",
+            "-j", "MASQUERADE"]  # fmt: skip
 
 
 def wire_pod_network(
@@ -299,9 +321,73 @@ def wire_pod_network(
         # written beside it and renamed: containerd never reads a half-written config
         write = f"mkdir -p /etc/cni/net.d && cat > {CNI_CONFIG}.new && mv {CNI_CONFIG}.new {CNI_CONFIG}"
         docker_exec(name, ["sh", "-c", write], cni_config(cidr).encode())
+        rule = " ".join(f"'{word}'" for word in masquerade_rule(cidr))
+        docker_exec(name, ["sh", "-c", f"iptables -t nat -C {rule} 2>/dev/null || iptables -t nat -A {rule}"], None)
         for other, other_cidr, other_address in wired:
             if other != name:
                 docker_exec(name, ["ip", "route", "replace", other_cidr, "via", other_address], None)
+
+
+def network_policy_controller(image: str) -> list[dict[str, Any]]:
+    """kube-router as the cluster's NetworkPolicy controller (its firewall only: no BGP router, no
+    service proxy), a DaemonSet on every node with the RBAC it needs to watch pods, namespaces, nodes
+    and policies. The pod network :func:`wire_pod_network` makes enforces no policy by itself; with
+    this, the chart's NetworkPolicy for ZooKeeper is enforced on kind as on a production cluster."""
+    name = "zeps-kube-router"
+    labels = {"k8s-app": name}
+    rules = [
+        {"apiGroups": [""], "resources": ["namespaces", "pods", "nodes", "services", "endpoints"],
+         "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+    ]  # fmt: skip
+    container = {
+        "name": "kube-router",
+        "image": image,
+        "imagePullPolicy": "Never",
+        "args": [
+            "--run-router=false",
+            "--run-service-proxy=false",
+            "--run-firewall=true",
+            f"--service-cluster-ip-range={SERVICE_NETWORK}",
+            "--iptables-sync-period=1m",
+        ],
+        "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+        "securityContext": {"privileged": True},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": 20244}, "periodSeconds": 10},
+        "volumeMounts": [{"name": "xtables-lock", "mountPath": "/run/xtables.lock"}],
+    }
+    # iptables' lock, shared with kube-proxy on the node
+    lock = {"name": "xtables-lock", "hostPath": {"path": "/run/xtables.lock", "type": "FileOrCreate"}}
+    daemonset = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": name, "namespace": "kube-system", "labels": labels},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "serviceAccountName": name,
+                    "priorityClassName": "system-node-critical",
+                    "hostNetwork": True,
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [container],
+                    "volumes": [lock],
+                },
+            },
+        },
+    }
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": "kube-system"}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
+         "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "kube-system"}]},
+        daemonset,
+    ]  # fmt: skip
 
 
 def _kind_config(api_port: int, workers: int) -> str:
@@ -367,6 +453,8 @@ class KindStack(LocalServer):
         self.prometheus_image = ""
         #: the images the node image holds besides kubeadm's (none in a node image not built here)
         self.preloaded: tuple[str, ...] = ()
+        #: what enforces NetworkPolicy, in the node image built here ("": a node image from elsewhere)
+        self.network_policy_image = ""
         #: the operator's ZooKeeper identity on this cluster (the ensemble's super user): new each stack
         self.zookeeper_password = secrets.token_hex(12)
         self.timings: dict[str, float] = {}
@@ -462,6 +550,8 @@ class KindStack(LocalServer):
                 return
             self.cluster = self._new_cluster(node_image)
             self.cluster.start()
+            if self.network_policy_image:
+                self.cluster.enforce_network_policy(self.network_policy_image)
             self.timings["cluster_create_s"] = time.monotonic() - t1
             # zeps everywhere (test clients run on the control-plane node too: test_replication.py),
             # the servers and Spark on the workers, where their pods go
@@ -494,6 +584,7 @@ class KindStack(LocalServer):
         # the pinned servers' images change only with their pins: inside the node image, no node
         # imports them again (the project's images change with every source change: loaded)
         self.preloaded = (self.zookeeper_image, self.seaweedfs_image, self.prometheus_image)
+        self.network_policy_image = self.builder.network_policy_image  # in the node image
         return self.builder.node_image(preload=self.preloaded)
 
     def chart_values(self) -> list[str]:

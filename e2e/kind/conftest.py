@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kindapp import OPERATOR_NAMESPACE, ROOT, STACK_DUMP_LABEL, App, ZooKeeperShell
+from kindapp import OPERATOR_NAMESPACE, STACK_DUMP_LABEL, App, ZooKeeperShell, client_namespace
 
 _names = itertools.count()
 
@@ -84,14 +84,11 @@ def _operator_namespace_on_failure(request: pytest.FixtureRequest, cluster: Any)
 
 @pytest.fixture
 def app(request: pytest.FixtureRequest, cluster: Any) -> Iterator[App]:
-    """A fresh namespace with the examples' client RBAC (``examples/client-rbac.yaml``); dumped to the
-    output when the test fails."""
+    """A fresh namespace with the examples' client RBAC (``examples/client-rbac.yaml``), its pods let
+    through to ZooKeeper (:func:`kindapp.client_namespace`); dumped to the output when the test fails."""
     name = f"e2e-{next(_names)}-{os.getpid() % 1000}"
-    cluster.kubectl("create", "namespace", name)
-    cluster.wait_for(f"the default SA in {name}", lambda: cluster.kubectl("get", "sa", "default", "-n", name))
-    cluster.kubectl("apply", "-n", name, "-f", str(ROOT / "examples" / "client-rbac.yaml"))
     try:
-        yield App(cluster, name)
+        yield client_namespace(cluster, name)
     finally:
         report = getattr(request.node, "report_call", None)
         if report is not None and report.failed:

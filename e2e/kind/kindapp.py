@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from zeps.resources import ZOOKEEPER_CLIENT_LABEL
 from zeps_dev.kind import client_pod_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,6 +51,18 @@ def on_control_plane(spec: dict[str, Any]) -> dict[str, Any]:
 def json_lines(text: str) -> list[dict[str, Any]]:
     """The JSON lines (``zeps --json``, the test workers) in a pod's log."""
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def client_namespace(cluster: Any, name: str, *, zookeeper: bool = True) -> App:
+    """A new namespace ``name`` for SDK clients: the examples' client RBAC, and (``zookeeper``) the
+    label by which the chart's NetworkPolicy lets every pod of it reach ZooKeeper (the cluster admin's
+    opt-in; without it only pods labelled so, and the brokers the operator makes, get through)."""
+    labels = {ZOOKEEPER_CLIENT_LABEL: "true"} if zookeeper else {}
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+    cluster.kubectl("create", "-f", "-", input=json.dumps(namespace))
+    cluster.wait_for(f"the default SA in {name}", lambda: cluster.kubectl("get", "sa", "default", "-n", name))
+    cluster.kubectl("apply", "-n", name, "-f", str(ROOT / "examples" / "client-rbac.yaml"))
+    return App(cluster, name)
 
 
 class App:

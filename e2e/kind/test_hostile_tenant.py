@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kindapp import OPERATOR_NAMESPACE, ROOT, App, json_lines
+from kindapp import OPERATOR_NAMESPACE, App, client_namespace, json_lines
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 COUNT, RATE, GROUP = 1200, 12.0, 4  # 100 s of publishing: B's attacks happen within it
@@ -37,12 +37,7 @@ CLIENT_DIR = "/etc/zeps/client"
 
 def _namespace(app: App, suffix: str) -> App:
     """Another tenant's namespace beside ``app``'s, with the examples' client RBAC (deleted by the caller)."""
-    other = App(app.cluster, f"{app.ns}-{suffix}")
-    app.cluster.kubectl("create", "namespace", other.ns)
-    app.cluster.wait_for(f"the default SA in {other.ns}", lambda: app.cluster.kubectl("get", "sa", "default",
-                                                                                       "-n", other.ns))  # fmt: skip
-    app.cluster.kubectl("apply", "-n", other.ns, "-f", str(ROOT / "examples" / "client-rbac.yaml"))
-    return other
+    return client_namespace(app.cluster, f"{app.ns}-{suffix}")
 
 
 @pytest.fixture

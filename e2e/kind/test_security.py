@@ -2,8 +2,9 @@
 admitting only the listed clients (and cutting one off when it is taken off the list), its key
 rotated by annotation under a running publisher, a namespace with ZooKeeper ACLs working from pods
 and refusing other credentials, the operator unable to read a Secret it did not make, the
-broker's metrics scraped from another pod, and a pod posing as a ZooKeeper server cut off by every
-server of the ensemble."""
+broker's metrics scraped from another pod, a process posing as a ZooKeeper server cut off by every
+server of the ensemble, and the ensemble's NetworkPolicy letting in only zeps's pods and labelled
+clients."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from kindapp import CHROOT, OPERATOR_NAMESPACE, RELEASE, App, ZooKeeperShell, json_lines
+from kindapp import CHROOT, OPERATOR_NAMESPACE, RELEASE, App, ZooKeeperShell, client_namespace, json_lines
 
 from zeps.partitioning import partition_of
+from zeps.resources import ZOOKEEPER_CLIENT_LABEL
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 
@@ -292,18 +294,78 @@ def test_the_broker_metrics_are_scraped_from_another_pod(app: App) -> None:
 def test_a_pod_posing_as_a_zookeeper_server_is_cut_off_by_every_server_of_the_ensemble(
     app: App, zk: ZooKeeperShell
 ) -> None:
-    """A tenant's pod reaches each server's election port and opens with a server's handshake and
-    vote (``workers/forged_zookeeper_peer.py``), as a stranger (id 1000) and as server 2. The
-    chart's servers authenticate each other (``zookeeper.ensemble.quorumAuth``), so each cuts it
-    off before reading its vote (without that, each answers with its own vote: the integration
-    test ``test_zookeeper_quorum_auth.py`` shows both on real servers); the ensemble stays whole."""
-    app.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "forger"},
-               "data": {"forger.py": (WORKERS / "forged_zookeeper_peer.py").read_text()}})  # fmt: skip
+    """A process opens each server's election port with a server's handshake and vote
+    (``workers/forged_zookeeper_peer.py``), as a stranger (id 1000) and as server 2. It runs inside
+    server 0's own pod: the ensemble's NetworkPolicy lets no other pod reach the election port (the
+    next test), so that is where an attacker who got past it would be. The chart's servers
+    authenticate each other (``zookeeper.ensemble.quorumAuth``), so each cuts it off before reading its
+    vote (without that, each answers with its own vote: the integration test
+    ``test_zookeeper_quorum_auth.py`` shows both on real servers); the ensemble stays whole."""
     servers = [f"{RELEASE}-zookeeper-{i}.{RELEASE}-zookeeper.{OPERATOR_NAMESPACE}.svc:3888" for i in range(3)]
-    spec = App.pod_spec(" && ".join(f"python /worker/forger.py {sid} {' '.join(servers)}" for sid in (1000, 2)))
-    spec["containers"][0]["volumeMounts"] = [{"name": "worker", "mountPath": "/worker"}]
-    spec["volumes"] = [{"name": "worker", "configMap": {"name": "forger"}}]
-    app.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "forger"}, "spec": spec})
-    answers = [(line["server"], line["answer"]) for line in json_lines(app.wait_succeeded("forger"))]
+    forger = (WORKERS / "forged_zookeeper_peer.py").read_text()
+    answers = []
+    for sid in (1000, 2):
+        out = app.cluster.kubectl("exec", "-i", "-n", OPERATOR_NAMESPACE, f"{RELEASE}-zookeeper-0", "--",
+                                  "python3", "-", str(sid), *servers, input=forger, timeout=120)  # fmt: skip
+        answers += [(line["server"], line["answer"]) for line in json_lines(out)]
     assert answers == [(server, "closed") for server in servers] * 2, answers
     assert zk.whole(), "the ensemble is not whole after the forgers"
+
+
+def test_only_the_operator_its_brokers_and_labelled_clients_reach_zookeeper(app: App) -> None:
+    """The ensemble's NetworkPolicy (``zookeeper.ensemble.networkPolicy``, on in values-production.yaml),
+    enforced on kind by kube-router. In a namespace the admin did not label: a stream's broker (the
+    operator labels its pods) registers in ZooKeeper and serves a labelled client, which reaches the
+    client port; an unlabelled pod there cannot open a connection to any server's client, quorum or
+    election port. A pod of a labelled namespace (the ``app`` fixture's) reaches the client port
+    unlabelled."""
+    ports = {"client": 2181, "quorum": 2888, "election": 3888}
+    targets = [f"{RELEASE}-zookeeper-{i}.{RELEASE}-zookeeper.{OPERATOR_NAMESPACE}.svc:{port}"
+               for i in range(3) for port in ports.values()]  # fmt: skip
+    # a new pod's address reaches the nodes' firewalls a moment after the pod starts (as with any
+    # policy controller): until one target answered, each is tried again for up to 20 s from the start
+    probe = ("import json, socket, sys, time\n"
+             "deadline, known = time.monotonic() + 20, False\n"
+             "for target in sys.argv[1:]:\n"
+             "    host, port = target.rsplit(':', 1)\n"
+             "    while True:\n"
+             "        try:\n"
+             "            socket.create_connection((host, int(port)), timeout=3).close(); reached = True; break\n"
+             "        except OSError:\n"
+             "            reached = False\n"
+             "        if known or time.monotonic() > deadline: break\n"
+             "        time.sleep(0.5)\n"
+             "    known = known or reached\n"
+             "    print(json.dumps({'target': target, 'reached': reached}), flush=True)\n")  # fmt: skip
+    command = f'python -c "$PROBE" {" ".join(targets)}'
+
+    def reached(namespace: App, pod: str, labels: dict[str, str]) -> dict[str, bool]:
+        spec = App.pod_spec(command)
+        spec["containers"][0]["env"].append({"name": "PROBE", "value": probe})
+        namespace.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod, "labels": labels},
+                         "spec": spec})  # fmt: skip
+        return {line["target"]: line["reached"] for line in json_lines(namespace.wait_succeeded(pod))}
+
+    closed = client_namespace(app.cluster, f"{app.ns}-closed", zookeeper=False)
+    try:
+        # a stream's broker registers in ZooKeeper before it is Ready; a queue is ZooKeeper's alone
+        closed.apply(_stream("fenced"))
+        closed.apply_example("queue.yaml")
+        closed.ready("zepsstream", "fenced", timeout=240)
+        closed.ready("queue", "crawl-links")
+        labelled = {ZOOKEEPER_CLIENT_LABEL: "true"}
+        pod = App.pod_spec("zeps --json queue put crawl-links a b c && "
+                           "zeps --json queue take crawl-links --count 3 --timeout 60")  # fmt: skip
+        closed.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "client", "labels": labelled},
+                      "spec": pod})  # fmt: skip
+        got = sorted(m["body"] for m in json_lines(closed.wait_succeeded("client")) if "body" in m)
+        assert got == ["a", "b", "c"], "a labelled client works where the policy applies"
+
+        let_in = reached(closed, "labelled", labelled)
+        assert let_in == {t: t.endswith(":2181") for t in targets}, let_in
+        kept_out = reached(closed, "stranger", {})
+        assert kept_out == dict.fromkeys(targets, False), kept_out
+        opted_in = reached(app, "opted-in", {})
+        assert opted_in == {t: t.endswith(":2181") for t in targets}, opted_in
+    finally:
+        app.cluster.kubectl("delete", "namespace", closed.ns, "--wait=false", check=False)

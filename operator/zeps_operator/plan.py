@@ -18,6 +18,7 @@ from typing import Any
 
 from zeps.options import MulticastOptions
 from zeps.paths import DEFAULT_CHROOT, paths_of
+from zeps.resources import ZOOKEEPER_CLIENT_LABEL
 from zeps_operator.curve import REPLICAS, REPLICAS_DIR, broker_volume, replicas_volume
 from zeps_operator.models import MAX_REPLICAS, Multicast, StreamSpec
 from zeps_operator.roll import CONFIG_ANNOTATION
@@ -479,7 +480,10 @@ def stream_objects(
     # plain prometheus.io annotations, for a Prometheus without the operator's PodMonitor CRD (the chart
     # ships a PodMonitor for brokers where it exists: charts/zeps/templates/monitoring.yaml)
     scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT), "prometheus.io/path": "/metrics"}
-    template: dict[str, Any] = {"metadata": {"labels": labels, "annotations": scrape}, "spec": pod}
+    # the pods' labels: the selector's, and the one the chart's NetworkPolicy for ZooKeeper admits (never in
+    # a selector: a selector cannot change once its set exists)
+    pod_labels = {**labels, ZOOKEEPER_CLIENT_LABEL: "true"}
+    template: dict[str, Any] = {"metadata": {"labels": pod_labels, "annotations": scrape}, "spec": pod}
     if multicast is not None:
         _multicast_pod(multicast, template, container)
     config_map = {
@@ -503,8 +507,8 @@ def stream_objects(
     }
     if replicated:
         volumes.remove(volumes[0])  # each replica's journal comes from the StatefulSet's claim template
-        return [config_map, _statefulset(namespace, name, spec, template, pvc, partition=partition), service,
-                *_replica_objects(namespace, name, spec, labels, partition)]  # fmt: skip
+        statefulset = _statefulset(namespace, name, spec, template, pvc, labels=labels, partition=partition)
+        return [config_map, statefulset, service, *_replica_objects(namespace, name, spec, labels, partition)]
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -545,12 +549,11 @@ def migration_objects(
 
 
 def _statefulset(namespace: str, name: str, spec: StreamSpec, template: dict[str, Any], pvc: dict[str, Any], *,
-                 partition: int = 0) -> dict[str, Any]:  # fmt: skip
+                 labels: dict[str, str], partition: int = 0) -> dict[str, Any]:  # fmt: skip
     """A replicated stream's brokers: one pod and one journal volume per replica, started together (the
     election orders them, not the StatefulSet), spread across nodes (and zones, where nodes have zone
     labels). Its volumes outlive it with deletionPolicy Retain (the StatefulSet's retention policy),
-    and go with it otherwise."""
-    labels = template["metadata"]["labels"]
+    and go with it otherwise. ``labels``: the set's selector."""
     spread = {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
               "labelSelector": {"matchLabels": labels}}  # fmt: skip
     # zones by anti-affinity, not a second spread constraint: the scheduler's spread scoring skips every

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-__all__ = ["GROUP", "KIND_NAMES", "PLURALS", "VERSION", "Kind"]
+__all__ = ["GROUP", "KIND_NAMES", "PLURALS", "VERSION", "ZOOKEEPER_CLIENT_LABEL", "Kind"]
 
 GROUP = "zeps.dev"
 VERSION = "v1alpha1"
@@ -14,3 +14,6 @@ Kind = Literal["Topic", "Queue", "ZepsStream"]
 #: each kind's plural, as in its CRD's name (``<plural>.<group>``) and in API paths
 PLURALS: dict[str, str] = {"Topic": "topics", "Queue": "queues", "ZepsStream": "zepsstreams"}
 KIND_NAMES: tuple[str, ...] = tuple(PLURALS)
+#: the pod label the chart's NetworkPolicy for ZooKeeper admits (value "true"): the operator's pods,
+#: the brokers it makes, and every SDK client's pod (charts/zeps/templates/zookeeper-network-policy.yaml)
+ZOOKEEPER_CLIENT_LABEL = "zeps.dev/zookeeper-client"

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 from kubernetes import client
 
+from zeps.resources import ZOOKEEPER_CLIENT_LABEL
 from zeps_dev import ControlPlane
 from zeps_dev.controlplane import binaries_dir
 from zeps_dev.process import wait_until
@@ -200,6 +201,39 @@ def test_the_production_values_need_the_operator_s_identity_and_harden_the_ensem
     values = {e["name"]: e.get("value") for e in operator["env"]}
     assert values["ZEPS_ALLOWED_BROKER_IMAGES"] == values["ZEPS_PRIVILEGED_NAMESPACES"] == ""
     assert values["ZEPS_NAMESPACE_QUOTA_NODES"] == "50000", values
+    assert any(d["kind"] == "NetworkPolicy" for d in docs), "production keeps strangers' pods off ZooKeeper"
+
+
+def test_the_ensemble_s_network_policy_admits_the_servers_the_operator_and_labelled_clients() -> None:
+    """zookeeper.ensemble.networkPolicy: the servers on every port; on the client port only the
+    operator, every pod of a namespace with the SDK's label (ZOOKEEPER_CLIENT_LABEL), pods with it in
+    any namespace (unless labelledPods is false), and the peers listed in extraFrom. The operator's
+    pods carry the label (the brokers get it from the operator: tests/unit/test_plan.py); the
+    enforcement itself is tested on kind."""
+    docs = _objects("--set", "zookeeper.ensemble.enabled=true")
+    assert not any(d["kind"] == "NetworkPolicy" for d in docs), "off by default: it needs clients labelled"
+    nodes = {"ipBlock": {"cidr": "172.18.0.0/16"}}
+    policy_values = "zookeeper.ensemble.networkPolicy"
+    docs = _objects("--set", "zookeeper.ensemble.enabled=true", "--set", f"{policy_values}.enabled=true",
+                    "--set-json", f"{policy_values}.extraFrom=[{json.dumps(nodes)}]")  # fmt: skip
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy")["spec"]
+    servers = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"] == servers and policy["policyTypes"] == ["Ingress"]
+    peers, clients = policy["ingress"]
+    assert peers == {"from": [{"podSelector": {"matchLabels": servers}}]}, "servers reach each other on every port"
+    label = {ZOOKEEPER_CLIENT_LABEL: "true"}
+    operator = next(d for d in docs if d["kind"] == "Deployment")["spec"]
+    namespaces = {"namespaceSelector": {"matchLabels": label}}
+    labelled_pods = {"namespaceSelector": {}, "podSelector": {"matchLabels": label}}
+    assert clients["from"] == [{"podSelector": operator["selector"]}, namespaces, labelled_pods, nodes]
+    assert clients["ports"] == [{"protocol": "TCP", "port": 2181}]
+    assert operator["template"]["metadata"]["labels"][ZOOKEEPER_CLIENT_LABEL] == "true"
+    assert ZOOKEEPER_CLIENT_LABEL not in operator["selector"]["matchLabels"]
+    # the stricter choice: namespaces only, whatever a tenant labels its pods
+    strict = _objects("--set", "zookeeper.ensemble.enabled=true", "--set", f"{policy_values}.enabled=true",
+                      "--set", f"{policy_values}.labelledPods=false")  # fmt: skip
+    _, clients = next(d for d in strict if d["kind"] == "NetworkPolicy")["spec"]["ingress"]
+    assert clients["from"] == [{"podSelector": operator["selector"]}, namespaces]
 
 
 def test_bad_values_are_refused_clearly() -> None:

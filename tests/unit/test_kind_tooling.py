@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -105,7 +106,7 @@ def test_no_engine_and_no_apt_says_what_to_install_in_one_line(tmp_path: Path, c
     assert "Traceback" not in result.stdout + result.stderr
 
 
-def test_each_node_gets_a_cni_config_for_its_own_pod_cidr_and_routes_to_the_others() -> None:
+def test_each_node_gets_a_cni_config_for_its_own_pod_cidr_a_nat_rule_and_routes_to_the_others() -> None:
     """What ``wire_pod_network`` runs in the node containers (a recorder stands in for docker exec)."""
     from zeps_dev.kind import CNI_CONFIG, wire_pod_network  # noqa: PLC0415
 
@@ -127,6 +128,15 @@ def test_each_node_gets_a_cni_config_for_its_own_pod_cidr_and_routes_to_the_othe
         ("w1", "10.244.0.0/24", "172.18.0.2"), ("w1", "10.244.2.0/24", "172.18.0.4"),
         ("w2", "10.244.0.0/24", "172.18.0.2"), ("w2", "10.244.1.0/24", "172.18.0.3"),
     ]  # fmt: skip
+    # pod-to-pod traffic keeps the pod's address (a NetworkPolicy judges it); what leaves the pod
+    # network is masqueraded by one rule per node, added only if missing (wired again after a restart)
+    assert not any(c["plugins"][0]["ipMasq"] for c in configs.values())
+    nat = {name: argv[-1] for name, argv, data in ran if data is None and "MASQUERADE" in argv[-1]}
+    assert set(nat) == {"cp", "w1", "w2"}
+    check, add = (shlex.split(part) for part in nat["w1"].split(" || "))
+    assert check[:4] == ["iptables", "-t", "nat", "-C"] and add[:4] == ["iptables", "-t", "nat", "-A"]
+    assert check[4:] == [*add[4:], "2>/dev/null"]
+    assert add[4:10] == ["POSTROUTING", "-s", "10.244.1.0/24", "!", "-d", "10.244.0.0/16"]
     with pytest.raises(SetupError, match="w3 has no pod CIDR"):
         wire_pod_network([*nodes, node("w3", "", "172.18.0.5")], lambda *_: None)
 

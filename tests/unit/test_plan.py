@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from zeps.paths import QueuePaths, TopicPaths
+from zeps.resources import ZOOKEEPER_CLIENT_LABEL
 from zeps_operator.models import StreamSpec
 from zeps_operator.plan import (
     Settings,
@@ -31,8 +32,11 @@ def test_a_stream_gets_a_broker_with_one_writer_per_journal() -> None:
     assert set(objects) == {"ConfigMap", "PersistentVolumeClaim", "Deployment", "Service"}
     deployment = objects["Deployment"]["spec"]
     assert deployment["replicas"] == 1 and deployment["strategy"] == {"type": "Recreate"}  # never two brokers
-    assert deployment["selector"]["matchLabels"] == deployment["template"]["metadata"]["labels"]
-    assert objects["Service"]["spec"]["selector"] == deployment["selector"]["matchLabels"]
+    # the pods: the selector's labels, and the one the chart's NetworkPolicy lets reach ZooKeeper (never
+    # in the selector: it cannot change on a set that exists)
+    selector = deployment["selector"]["matchLabels"]
+    assert deployment["template"]["metadata"]["labels"] == {**selector, ZOOKEEPER_CLIENT_LABEL: "true"}
+    assert objects["Service"]["spec"]["selector"] == selector
     pod = deployment["template"]["spec"]
     [container] = pod["containers"]
     assert container["securityContext"]["readOnlyRootFilesystem"] and pod["securityContext"]["runAsNonRoot"]
@@ -164,6 +168,8 @@ def test_a_replicated_stream_is_a_statefulset_spread_across_nodes_with_a_budget(
                             "Service/prices-broker-pods", "PodDisruptionBudget/prices-broker"}  # fmt: skip
     sts = objects["StatefulSet/prices-broker"]["spec"]
     assert sts["replicas"] == 3 and sts["serviceName"] == "prices-broker-pods"
+    assert sts["template"]["metadata"]["labels"] == {**sts["selector"]["matchLabels"], ZOOKEEPER_CLIENT_LABEL: "true"}
+    assert ZOOKEEPER_CLIENT_LABEL not in sts["selector"]["matchLabels"]
     assert sts["podManagementPolicy"] == "Parallel"
     assert sts["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Retain", "whenScaled": "Retain"}
     (claim,) = sts["volumeClaimTemplates"]

@@ -4,7 +4,8 @@
 #   test (default)  the cluster tier of `make test`: etcd, kube-apiserver, kube-controller-manager,
 #                   kube-scheduler, kubectl, kwok, helm; and SeaweedFS's weed (the batch stores' S3 server)
 #   kind            what `make e2e` adds for a kind cluster built here: kind, kubelet, kubeadm,
-#                   kube-proxy, CoreDNS and local-path-provisioner (the node image and its images)
+#                   kube-proxy, CoreDNS, local-path-provisioner and kube-router (the node image and its
+#                   images; kube-router enforces NetworkPolicy)
 #   bench           what only the benchmarks need: nats-server (JetStream, their baseline)
 #
 # Each module is rebuilt only when its go.mod/go.sum, its target list or the Go version change: the
@@ -30,7 +31,7 @@ goversion=$(go env GOVERSION)
 keys=""
 
 # build name -> the module directory beside this script, and the packages it builds from it
-declare -A module=([etcd]=etcd [k8s]=k8s [kwok]=kwok [helm]=helm [k8s-node]=k8s [kind]=kind [coredns]=coredns [local-path]=local-path [seaweedfs]=seaweedfs [nats-server]=nats-server)
+declare -A module=([etcd]=etcd [k8s]=k8s [kwok]=kwok [helm]=helm [k8s-node]=k8s [kind]=kind [coredns]=coredns [local-path]=local-path [kube-router]=kube-router [seaweedfs]=seaweedfs [nats-server]=nats-server)
 declare -A targets=(
   [etcd]="."
   [k8s]="k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl"
@@ -40,12 +41,13 @@ declare -A targets=(
   [kind]="sigs.k8s.io/kind"
   [coredns]="."
   [local-path]="github.com/rancher/local-path-provisioner"
+  [kube-router]="github.com/cloudnativelabs/kube-router/v2/cmd/kube-router"
   [seaweedfs]="github.com/seaweedfs/seaweedfs/weed"
   [nats-server]="github.com/nats-io/nats-server/v2"
 )
 case "$set_name" in
   test) builds="etcd k8s kwok helm seaweedfs" ;;
-  kind) builds="etcd k8s kwok helm seaweedfs k8s-node kind coredns local-path" ;;
+  kind) builds="etcd k8s kwok helm seaweedfs k8s-node kind coredns local-path kube-router" ;;
   bench) builds="nats-server" ;;
   *) echo "setup: unknown binary set '$set_name' (test, kind, bench)" >&2; exit 2 ;;
 esac
@@ -66,6 +68,7 @@ declare -A ldflags=(
   [kind]=""
   [coredns]=""
   [local-path]=""
+  [kube-router]=""
   [seaweedfs]=""
   [nats-server]=""
   [kwok]=""
