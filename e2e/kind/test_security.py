@@ -322,10 +322,11 @@ def test_only_the_operator_its_brokers_and_labelled_clients_reach_zookeeper(app:
     ports = {"client": 2181, "quorum": 2888, "election": 3888}
     targets = [f"{RELEASE}-zookeeper-{i}.{RELEASE}-zookeeper.{OPERATOR_NAMESPACE}.svc:{port}"
                for i in range(3) for port in ports.values()]  # fmt: skip
-    # a new pod's address reaches the nodes' firewalls a moment after the pod starts (as with any
-    # policy controller): until one target answered, each is tried again for up to 20 s from the start
+    # a new pod's address reaches each node's firewall a moment after the pod starts, each node on its
+    # own (as with any policy controller): until one port of a server answered, each of its ports is
+    # tried again for up to 20 s from the start
     probe = ("import json, socket, sys, time\n"
-             "deadline, known = time.monotonic() + 20, False\n"
+             "deadline, known = time.monotonic() + 20, set()\n"
              "for target in sys.argv[1:]:\n"
              "    host, port = target.rsplit(':', 1)\n"
              "    while True:\n"
@@ -333,9 +334,9 @@ def test_only_the_operator_its_brokers_and_labelled_clients_reach_zookeeper(app:
              "            socket.create_connection((host, int(port)), timeout=3).close(); reached = True; break\n"
              "        except OSError:\n"
              "            reached = False\n"
-             "        if known or time.monotonic() > deadline: break\n"
+             "        if host in known or time.monotonic() > deadline: break\n"
              "        time.sleep(0.5)\n"
-             "    known = known or reached\n"
+             "    if reached: known.add(host)\n"
              "    print(json.dumps({'target': target, 'reached': reached}), flush=True)\n")  # fmt: skip
     command = f'python -c "$PROBE" {" ".join(targets)}'
 
