@@ -58,8 +58,10 @@ ROOTFS: Mapping[str, tuple[str, ...]] = {
     # venv and pip: the same rootfs is the project images' build stage (one debootstrap fewer)
     "python": ("python3", "python3-venv", "python3-pip", "ca-certificates", "libzmq5"),
     # Spark's driver and executors: the JVM, the Python that runs pyspark's workers, tini as PID 1;
-    # ZooKeeper's image too (a JRE and bash: a second JRE rootfs cost a debootstrap of its own)
-    "spark": ("python3", "openjdk-17-jre-headless", "tini", "bash", "procps", "ca-certificates", "libzmq5"),
+    # ZooKeeper's image too (a JRE and bash: a second JRE rootfs cost a debootstrap of its own; openssl:
+    # zookeeper-run turns a PKCS#1 key into the PKCS#8 ZooKeeper's PEM key store reads)
+    "spark": ("python3", "openjdk-17-jre-headless", "tini", "bash", "procps", "ca-certificates", "libzmq5",
+              "openssl"),
 }
 # fmt: on
 

@@ -169,19 +169,21 @@ def test_a_release_from_before_quorum_authentication_upgraded_with_reuse_values_
 ) -> None:
     """``helm upgrade --reuse-values`` (the upgrade the docs give) renders the new chart with the old
     release's values alone: helm leaves the new chart's defaults out. A release from before
-    ``quorumAuth`` then has none: the chart renders (no nil pointer), and its servers run as they did,
-    without quorum authentication (turning it on takes the three steps of the CHANGELOG; straight
-    to ``require``, the roll would wait for ever for the first restarted server)."""
+    ``quorumAuth`` (and ``tls``, ``networkPolicy``) then has none: the chart renders (no nil
+    pointer), and its servers run as they did, without quorum authentication or TLS (turning either
+    on takes the three steps of the CHANGELOG; straight to ``require``, the roll would wait for ever
+    for the first restarted server)."""
     old = yaml.safe_load((CHART / "values.yaml").read_text())
     del old["zookeeper"]["ensemble"]["quorumAuth"], old["zookeeper"]["auth"]["required"]
+    del old["zookeeper"]["ensemble"]["tls"], old["zookeeper"]["ensemble"]["networkPolicy"]
     old["zookeeper"]["ensemble"]["enabled"] = True
     chart = tmp_path / "zeps"
     shutil.copytree(CHART, chart)
     (chart / "values.yaml").write_text(yaml.safe_dump(old))  # what helm renders with: the old values only
     docs = _objects(chart=chart)
     ensemble = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
-    assert not any(e["name"].startswith("ZOO_QUORUM") for e in ensemble["containers"][0]["env"])
-    assert not [d for d in docs if d["kind"] == "Secret"]
+    assert not any(e["name"].startswith(("ZOO_QUORUM", "ZOO_TLS")) for e in ensemble["containers"][0]["env"])
+    assert not [d for d in docs if d["kind"] in ("Secret", "NetworkPolicy")]
 
 
 def test_the_production_values_need_the_operator_s_identity_and_harden_the_ensemble() -> None:
@@ -202,6 +204,40 @@ def test_the_production_values_need_the_operator_s_identity_and_harden_the_ensem
     assert values["ZEPS_ALLOWED_BROKER_IMAGES"] == values["ZEPS_PRIVILEGED_NAMESPACES"] == ""
     assert values["ZEPS_NAMESPACE_QUOTA_NODES"] == "50000", values
     assert any(d["kind"] == "NetworkPolicy" for d in docs), "production keeps strangers' pods off ZooKeeper"
+    assert env["ZOO_TLS_DIR"]["value"] == "/etc/zookeeper/tls" and env["ZOO_QUORUM_TLS"]["value"] == "require"
+
+
+def test_the_ensemble_s_servers_peer_over_tls_with_certificates_the_chart_makes(tmp_path: Path) -> None:
+    """zookeeper.ensemble.tls: a Secret with a CA and one certificate (Helm's genCA and
+    genSignedCert) naming every server under the ensemble's Service, for server and client use, mounted
+    read-only where zookeeper-run reads it; or the Secret named in existingSecret, and none made. The
+    launcher's use of it runs against real servers: tests/integration/test_zookeeper_quorum_auth.py."""
+    docs = _objects("--set", "zookeeper.ensemble.enabled=true", "--set", "zookeeper.ensemble.tls.enabled=true",
+                    "--namespace", "zk")  # fmt: skip
+    (secret,) = [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == "z-zookeeper-tls"]
+    assert secret["type"] == "kubernetes.io/tls"
+    for key in ("ca.crt", "tls.crt", "tls.key"):
+        (tmp_path / key).write_bytes(base64.b64decode(secret["data"][key]))
+    extensions = ["-noout", "-ext", "subjectAltName,extendedKeyUsage"]
+    shown = subprocess.run(["openssl", "x509", "-in", str(tmp_path / "tls.crt"), *extensions],
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert "DNS:*.z-zookeeper.zk.svc, DNS:*.z-zookeeper.zk.svc.cluster.local" in shown, shown
+    assert "TLS Web Server Authentication, TLS Web Client Authentication" in shown, shown
+    verified = subprocess.run(["openssl", "verify", "-CAfile", str(tmp_path / "ca.crt"), str(tmp_path / "tls.crt")],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    pod = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["ZOO_TLS_DIR"] == "/etc/zookeeper/tls" and env["ZOO_QUORUM_TLS"] == "require"
+    assert {"name": "tls", "mountPath": "/etc/zookeeper/tls", "readOnly": True} in pod["containers"][0]["volumeMounts"]
+    assert {"name": "tls", "secret": {"secretName": "z-zookeeper-tls", "defaultMode": 0o440}} in pod["volumes"]
+    theirs = _objects("--set", "zookeeper.ensemble.enabled=true", "--set", "zookeeper.ensemble.tls.enabled=true",
+                      "--set", "zookeeper.ensemble.tls.existingSecret=mine", "--set",
+                      "zookeeper.ensemble.tls.quorumMode=accept")  # fmt: skip
+    assert not [d for d in theirs if d["kind"] == "Secret" and "tls" in d["metadata"]["name"]]
+    pod = next(d for d in theirs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
+    assert {"name": "tls", "secret": {"secretName": "mine", "defaultMode": 0o440}} in pod["volumes"]
+    assert {"name": "ZOO_QUORUM_TLS", "value": "accept"} in pod["containers"][0]["env"]
 
 
 def test_the_ensemble_s_network_policy_admits_the_servers_the_operator_and_labelled_clients() -> None:

@@ -32,6 +32,23 @@ chart without it: helm then leaves the new defaults out, and the ensemble keeps 
 {{- .Values.zookeeper.ensemble.quorumAuth | default dict | toJson -}}
 {{- end -}}
 
+{{/* zookeeper.ensemble.tls and .networkPolicy likewise: an empty dict (off) for a release upgraded with
+--reuse-values from a chart without them. */}}
+{{- define "zeps.zookeeperTLS" -}}
+{{- .Values.zookeeper.ensemble.tls | default dict | toJson -}}
+{{- end -}}
+{{- define "zeps.zookeeperNetworkPolicy" -}}
+{{- .Values.zookeeper.ensemble.networkPolicy | default dict | toJson -}}
+{{- end -}}
+
+{{/* The Secret holding the servers' certificates (ca.crt, tls.crt, tls.key), if quorum TLS is on. */}}
+{{- define "zeps.zookeeperTLSSecret" -}}
+{{- $tls := include "zeps.zookeeperTLS" . | fromJson -}}
+{{- if $tls.enabled -}}
+{{ $tls.existingSecret | default (printf "%s-zookeeper-tls" .Release.Name) }}
+{{- end -}}
+{{- end -}}
+
 {{/* The Secret holding the ensemble's quorum identity (user, password), if quorum authentication is on. */}}
 {{- define "zeps.zookeeperQuorumSecret" -}}
 {{- $quorum := include "zeps.quorumAuth" . | fromJson -}}

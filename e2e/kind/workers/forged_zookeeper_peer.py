@@ -24,16 +24,16 @@ def pose(sid: int, host: str, port: int) -> str:
         return "unreachable"
     with conn:
         address = f"{socket.gethostname()}:3888".encode()
-        conn.sendall(struct.pack("!qqi", PROTOCOL_VERSION_V2, sid, len(address)) + address)
         # a notification of 40 bytes (state, proposed leader, zxid, election epoch, peer epoch, and a
         # version the receiver reads as the format before dynamic reconfiguration)
         vote = struct.pack("!iqqqqi", LOOKING, sid, 0, 1, 0, 0)
-        conn.sendall(struct.pack("!i", len(vote)) + vote)
         try:
+            conn.sendall(struct.pack("!qqi", PROTOCOL_VERSION_V2, sid, len(address)) + address)
+            conn.sendall(struct.pack("!i", len(vote)) + vote)
             answer = conn.recv(4096)
         except TimeoutError:
             return "silent"
-        except ConnectionResetError:
+        except (ConnectionResetError, BrokenPipeError):  # cut off while still sending, or after
             return "closed"
         return "vote" if answer else "closed"
 
