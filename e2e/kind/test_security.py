@@ -3,8 +3,8 @@ admitting only the listed clients (and cutting one off when it is taken off the 
 rotated by annotation under a running publisher, a namespace with ZooKeeper ACLs working from pods
 and refusing other credentials, the operator unable to read a Secret it did not make, the
 broker's metrics scraped from another pod, a process posing as a ZooKeeper server cut off by every
-server of the ensemble, and the ensemble's NetworkPolicy letting in only zeps's pods and labelled
-clients."""
+server of the ensemble, the servers peering over TLS with the chart's certificates, and the
+ensemble's NetworkPolicy letting in only zeps's pods and labelled clients."""
 
 from __future__ import annotations
 
@@ -310,6 +310,22 @@ def test_a_pod_posing_as_a_zookeeper_server_is_cut_off_by_every_server_of_the_en
         answers += [(line["server"], line["answer"]) for line in json_lines(out)]
     assert answers == [(server, "closed") for server in servers] * 2, answers
     assert zk.whole(), "the ensemble is not whole after the forgers"
+
+
+def test_the_zookeeper_servers_peer_over_tls_with_the_chart_s_certificates(app: App) -> None:
+    """``zookeeper.ensemble.tls`` (on in values-production.yaml): from server 0's pod, with the
+    certificate the chart made and mounted there (``workers/zookeeper_tls_peer.py``), a TLS handshake
+    with each server's election port succeeds, the server presenting the ensemble's certificate;
+    without a certificate of its own a peer is refused. (Plain TCP to those ports is cut off: the
+    test before; the integration test ``test_zookeeper_quorum_auth.py`` runs the same worker.)"""
+    servers = [f"{RELEASE}-zookeeper-{i}.{RELEASE}-zookeeper.{OPERATOR_NAMESPACE}.svc:3888" for i in range(3)]
+    peer = (WORKERS / "zookeeper_tls_peer.py").read_text()
+    out = app.cluster.kubectl("exec", "-i", "-n", OPERATOR_NAMESPACE, f"{RELEASE}-zookeeper-0", "--",
+                              "python3", "-", "/etc/zookeeper/tls", *servers, input=peer, timeout=120)  # fmt: skip
+    got = {(line["server"], line["certificate"]): line for line in json_lines(out)}
+    for server in servers:
+        assert got[server, True]["answer"] == "open" and got[server, True]["peer"] == f"{RELEASE}-zookeeper", got
+        assert got[server, False]["answer"] == "refused", got
 
 
 def test_only_the_operator_its_brokers_and_labelled_clients_reach_zookeeper(app: App) -> None:
