@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,6 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from kazoo.client import KazooClient
+from kazoo.handlers.threading import KazooTimeoutError
 
 from zeps_dev.process import free_port, wait_until
 from zeps_dev.zookeeper import four_letter, zookeeper_home
@@ -161,7 +164,8 @@ def _certificates(folder: Path, ca: Path | None = None) -> Path:
             (folder / name).write_bytes((ca / name).read_bytes())
     openssl("genrsa", "-traditional", "-out", "tls.key", "2048")
     openssl("req", "-new", "-key", "tls.key", "-subj", "/CN=zeps-zookeeper", "-out", "tls.csr")
-    extensions = "subjectAltName=DNS:*.zeps-zookeeper.zeps.svc\nextendedKeyUsage=serverAuth,clientAuth\n"
+    # the chart's names, and this machine's loopback address, which the clients of these tests dial
+    extensions = "subjectAltName=DNS:*.zeps-zookeeper.zeps.svc,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n"
     (folder / "ext").write_text(extensions)
     openssl("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "1",
             "-extfile", "ext", "-out", "tls.crt")  # fmt: skip
@@ -227,11 +231,58 @@ def test_an_ensemble_that_ran_without_tls_gets_to_it_one_server_at_a_time(tmp_pa
         assert _forge(1000, servers) == {1: "closed", 2: "closed", 3: "closed"}
 
 
-def test_the_launcher_refuses_a_tls_folder_without_its_files(tmp_path: Path) -> None:
+def test_clients_reach_a_server_over_tls_and_its_plain_port_only_from_its_own_address(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ZOO_CLIENT_TLS=require: a client that trusts the ensemble's CA and checks the server's name
+    works on the secure port (kazoo's TLS); a client trusting another CA is refused there; the
+    plain port answers on 127.0.0.1 alone (the readiness probe, a shell in the pod), so another
+    address of this machine (127.0.0.2) gets no plain connection."""
+    tls = _certificates(tmp_path / "tls")
+    stranger = _certificates(tmp_path / "stranger")
+    server = Server(1, tmp_path / "server1")
+    secure = free_port()
+    server.folder.mkdir()
+    env = {"PATH": os.environ["PATH"], "ZOO_MY_ID": "1", "ZOO_DATA_DIR": str(server.folder / "data"),
+           "ZOO_CLIENT_PORT": str(server.client), "ZOO_SECURE_CLIENT_PORT": str(secure),
+           "ZOO_RUN_DIR": str(server.folder), "ZOO_LIB": str(zookeeper_home() / "lib"), "ZOO_HEAP": "128m",
+           "ZOO_TLS_DIR": str(tls), "ZOO_CLIENT_TLS": "require"}  # fmt: skip
+    with (server.folder / "log").open("ab") as log:
+        server.process = subprocess.Popen(["bash", str(LAUNCHER)], env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: server.mode() == "standalone", timeout=60, what="the server serving")
+
+        def client(ca: Path) -> KazooClient:
+            return KazooClient(hosts=f"127.0.0.1:{secure}", use_ssl=True, ca=str(ca / "ca.crt"), verify_certs=True,
+                               check_hostname=True, connection_retry={"max_tries": 0})  # fmt: skip
+
+        trusted = client(tls)
+        trusted.start(timeout=30)
+        try:
+            trusted.create("/over-tls", b"secret")
+            assert trusted.get("/over-tls")[0] == b"secret"
+        finally:
+            trusted.stop()
+            trusted.close()
+        refused = client(stranger)
+        with pytest.raises(KazooTimeoutError):  # kazoo logs each refused handshake and gives up at the timeout
+            refused.start(timeout=5)
+        assert "CERTIFICATE_VERIFY_FAILED" in caplog.text
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.2", server.client), timeout=5).close()
+    finally:
+        server.stop()
+
+
+def test_the_launcher_refuses_a_tls_folder_without_its_files_and_client_tls_without_one(tmp_path: Path) -> None:
     env = {"PATH": os.environ["PATH"], "ZOO_DATA_DIR": str(tmp_path), "ZOO_MY_ID": "1", "ZOO_TLS_DIR": str(tmp_path)}
     done = subprocess.run(["bash", str(LAUNCHER)], env=env, capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == 64
     assert "has no readable ca.crt" in done.stderr
+    env = {"PATH": os.environ["PATH"], "ZOO_DATA_DIR": str(tmp_path), "ZOO_MY_ID": "1", "ZOO_CLIENT_TLS": "require"}
+    done = subprocess.run(["bash", str(LAUNCHER)], env=env, capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 64
+    assert "ZOO_CLIENT_TLS needs ZOO_TLS_DIR" in done.stderr
 
 
 def test_the_launcher_refuses_half_a_quorum_identity(tmp_path: Path) -> None:
