@@ -57,10 +57,10 @@ class Server:
         return text.split("Mode: ")[1].split()[0] if "Mode: " in text else ""
 
     def start(self, servers: str, password: str | None, auth: str = "require", *, tls: Path | None = None,
-              tls_mode: str = "require") -> None:  # fmt: skip
+              tls_mode: str = "require", client_tls: str = "") -> None:  # fmt: skip
         """(Re)start it: ``servers`` the ensemble's server lines; ``password`` None: no quorum
         authentication; ``auth``: ZOO_QUORUM_AUTH; ``tls``: ZOO_TLS_DIR (None: plain TCP between the
-        servers), ``tls_mode``: ZOO_QUORUM_TLS."""
+        servers), ``tls_mode``: ZOO_QUORUM_TLS, ``client_tls``: ZOO_CLIENT_TLS ("": none)."""
         self.stop()
         self.folder.mkdir(exist_ok=True)
         env = {"PATH": os.environ["PATH"], "ZOO_SERVERS": servers, "ZOO_MY_ID": str(self.sid),
@@ -68,7 +68,9 @@ class Server:
                "ZOO_RUN_DIR": str(self.folder), "ZOO_LIB": str(zookeeper_home() / "lib"), "ZOO_HEAP": "128m",
                **({"ZOO_QUORUM_USER": USER, "ZOO_QUORUM_PASSWORD": password, "ZOO_QUORUM_AUTH": auth}
                   if password else {}),
-               **({"ZOO_TLS_DIR": str(tls), "ZOO_QUORUM_TLS": tls_mode} if tls else {})}  # fmt: skip
+               **({"ZOO_TLS_DIR": str(tls), "ZOO_QUORUM_TLS": tls_mode} if tls else {}),
+               **({"ZOO_CLIENT_TLS": client_tls, "ZOO_SECURE_CLIENT_PORT": str(free_port())}
+                  if client_tls else {})}  # fmt: skip
         with (self.folder / "log").open("ab") as log:
             self.process = subprocess.Popen(["bash", str(LAUNCHER)], env=env, stdout=log, stderr=subprocess.STDOUT)
 
@@ -272,6 +274,23 @@ def test_clients_reach_a_server_over_tls_and_its_plain_port_only_from_its_own_ad
             socket.create_connection(("127.0.0.2", server.client), timeout=5).close()
     finally:
         server.stop()
+
+
+def test_in_an_ensemble_with_client_tls_required_the_plain_port_listens_on_loopback_alone(tmp_path: Path) -> None:
+    """Each server line names its client port (";2181" in the chart), which overrides
+    clientPortAddress: the launcher binds it to 127.0.0.1 there too."""
+    tls = _certificates(tmp_path / "tls")
+    servers = [Server(i + 1, tmp_path / f"server{i + 1}") for i in range(3)]
+    try:
+        for server in servers:
+            server.start(_line(servers), None, tls=tls, client_tls="require")
+        wait_until(lambda: _whole(servers), timeout=60, what="one leader and two followers")  # plain srvr on 127.0.0.1
+        for server in servers:
+            with pytest.raises(OSError):
+                socket.create_connection(("127.0.0.2", server.client), timeout=5).close()
+    finally:
+        for server in servers:
+            server.stop()
 
 
 def test_the_launcher_refuses_a_tls_folder_without_its_files_and_client_tls_without_one(tmp_path: Path) -> None:
