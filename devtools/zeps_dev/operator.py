@@ -15,7 +15,8 @@ __all__ = ["OperatorProcess"]
 class OperatorProcess(LocalServer):
     """Runs the operator against ``kubeconfig`` and ``zookeeper``; ready when its liveness endpoint
     answers. ``resync_seconds`` shortens the drift-check timers (tests use 3 s); ``namespace_quota``:
-    each namespace's ZooKeeper quota, (nodes, bytes), 0 for none (the chart's zookeeper.namespaceQuota)."""
+    each namespace's ZooKeeper quota, (nodes, bytes), 0 for none (the chart's zookeeper.namespaceQuota);
+    ``zookeeper_ca``: the CA file of the servers' TLS certificates, for a ``zookeeper`` that is a TLS port."""
 
     def __init__(
         self,
@@ -30,6 +31,7 @@ class OperatorProcess(LocalServer):
         zookeeper_auth: str = "",
         cleaner_lease_seconds: int = 45,
         namespace_quota: tuple[int, int] = (0, 0),
+        zookeeper_ca: str = "",
     ) -> None:
         self.workdir = workdir
         self.port = free_port()
@@ -48,6 +50,7 @@ class OperatorProcess(LocalServer):
             "ZEPS_OPERATOR_METRICS_ADDR": "127.0.0.1",
             "ZEPS_NAMESPACE_QUOTA_NODES": str(namespace_quota[0]),
             "ZEPS_NAMESPACE_QUOTA_BYTES": str(namespace_quota[1]),
+            "ZEPS_ZOOKEEPER_CA": zookeeper_ca,
         }
         argv = [
             sys.executable,

@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,6 +62,7 @@ class ZooKeeperServer(LocalServer):
         heap_mb: int = 512,
         extra_config: dict[str, str] | None = None,
         jvm_flags: list[str] | None = None,
+        tls: Path | None = None,
     ) -> None:
         self.workdir = workdir
         self.home = home
@@ -70,6 +72,10 @@ class ZooKeeperServer(LocalServer):
         self.heap_mb = heap_mb
         self.extra_config = dict(extra_config or {})
         self.jvm_flags = list(jvm_flags or [])  # e.g. -Dzookeeper.DigestAuthenticationProvider.superDigest=…
+        #: a folder with ca.crt, tls.crt and tls.key (zeps_dev.tls.certificates): clients are served over
+        #: TLS on secure_port as well (the plain port stays, on 127.0.0.1, for srvr and the tests' checks)
+        self.tls = tls
+        self.secure_port: int | None = None
         self._process: ManagedProcess | None = None
 
     # -- addresses --------------------------------------------------------------------------------
@@ -78,6 +84,13 @@ class ZooKeeperServer(LocalServer):
         if self.port is None:
             raise SetupError("ZooKeeperServer has not been started yet")
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def secure_connect_string(self) -> str:
+        """The TLS port's address, with a server started with ``tls``."""
+        if self.secure_port is None:
+            raise SetupError("ZooKeeperServer was not started with tls")
+        return f"127.0.0.1:{self.secure_port}"
 
     @property
     def data_dir(self) -> Path:
@@ -103,11 +116,35 @@ class ZooKeeperServer(LocalServer):
             "forceSync": "yes" if self.force_sync else "no",
             "autopurge.snapRetainCount": "3",
             "autopurge.purgeInterval": "1",
+            **self._tls_config(),
             **self.extra_config,
         }
         path = self.workdir / "zoo.cfg"
         path.write_text("".join(f"{k}={v}\n" for k, v in config.items()))
         return path
+
+    def _tls_config(self) -> dict[str, str]:
+        """The secure client port's settings (as images/zookeeper/zookeeper-run writes them)."""
+        if self.tls is None:
+            return {}
+        if self.secure_port is None:
+            self.secure_port = free_port()
+        # ZooKeeper's PEM key store takes a PKCS#8 key: the chart's (Helm's) is PKCS#1
+        key = subprocess.run(["openssl", "pkcs8", "-topk8", "-nocrypt", "-in", str(self.tls / "tls.key")],
+                             capture_output=True, text=True, check=True, timeout=60).stdout  # fmt: skip
+        keystore = self.workdir / "keystore.pem"
+        keystore.write_text(key + (self.tls / "tls.crt").read_text())
+        keystore.chmod(0o600)
+        return {
+            "serverCnxnFactory": "org.apache.zookeeper.server.NettyServerCnxnFactory",
+            "secureClientPort": str(self.secure_port),
+            "secureClientPortAddress": "127.0.0.1",
+            "ssl.keyStore.location": str(keystore),
+            "ssl.keyStore.type": "PEM",
+            "ssl.trustStore.location": str(self.tls / "ca.crt"),
+            "ssl.trustStore.type": "PEM",
+            "ssl.clientAuth": "none",
+        }
 
     def start(self, timeout: float = 60.0) -> None:
         """Start the server and wait until it serves requests."""

@@ -156,7 +156,8 @@ def test_a_hostile_tenant_is_refused_everywhere_and_costs_the_other_nothing(app:
     c.ready("topic", "fresh")
     read_acl = (  # as C (an ACL is readable by whom it admits): whose digest it names
         'python -c "import json; from zeps.config import resolve; from zeps.coordination import connect; '
-        "s = resolve('Topic', 'fresh', needs=('zookeeper',)); zk = connect(s.zookeeper, auth=s.auth); "
+        "s = resolve('Topic', 'fresh', needs=('zookeeper',)); "
+        "zk = connect(s.zookeeper, auth=s.auth, ca=s.zookeeper_ca); "
         "acl = zk.get_acls(s.chroot + '/' + s.namespace)[0]; print(json.dumps([a.id.id.split(':')[0] for a in acl]))\""
     )
     c.apply(_pod("acl", read_acl, c_env))

@@ -242,7 +242,7 @@ def test_an_acl_namespace_works_from_pods_and_refuses_other_credentials(app: App
     member_acl = (  # the broker registered with the namespace's identity: its member node has its ACL
         'python -c "import json; from zeps.config import resolve; from zeps.coordination import connect; '
         "from zeps.paths import StreamPaths; s = resolve('ZepsStream', 'orders', needs=('zookeeper',)); "
-        "zk = connect(s.zookeeper, auth=s.auth); "
+        "zk = connect(s.zookeeper, auth=s.auth, ca=s.zookeeper_ca); "
         "node = StreamPaths.of(s.namespace, 'orders', chroot=s.chroot).brokers.member('orders-0'); "
         "print(json.dumps({'acl': [a.id.id for a in zk.get_acls(node)[0]]}))\""
     )
@@ -334,8 +334,10 @@ def test_only_the_operator_its_brokers_and_labelled_clients_reach_zookeeper(app:
     operator labels its pods) registers in ZooKeeper and serves a labelled client, which reaches the
     client port; an unlabelled pod there cannot open a connection to any server's client, quorum or
     election port. A pod of a labelled namespace (the ``app`` fixture's) reaches the client port
-    unlabelled."""
-    ports = {"client": 2181, "quorum": 2888, "election": 3888}
+    unlabelled. The client port is the TLS one (``tls.clientMode: require``): no pod reaches the
+    plain one, which listens on each server's 127.0.0.1 alone, and the labelled client above works
+    with what the status gave it (the address of the TLS port and the CA)."""
+    ports = {"client (TLS)": 2281, "client (plain)": 2181, "quorum": 2888, "election": 3888}
     targets = [f"{RELEASE}-zookeeper-{i}.{RELEASE}-zookeeper.{OPERATOR_NAMESPACE}.svc:{port}"
                for i in range(3) for port in ports.values()]  # fmt: skip
     # a new pod's address reaches each node's firewall a moment after the pod starts, each node on its
@@ -378,11 +380,13 @@ def test_only_the_operator_its_brokers_and_labelled_clients_reach_zookeeper(app:
         got = sorted(m["body"] for m in json_lines(closed.wait_succeeded("client")) if "body" in m)
         assert got == ["a", "b", "c"], "a labelled client works where the policy applies"
 
+        status = closed.get("queue", "crawl-links")["status"]
+        assert status["zookeeper"].endswith(".svc:2281") and "BEGIN CERTIFICATE" in status["zookeeperCA"], status
         let_in = reached(closed, "labelled", labelled)
-        assert let_in == {t: t.endswith(":2181") for t in targets}, let_in
+        assert let_in == {t: t.endswith(":2281") for t in targets}, let_in
         kept_out = reached(closed, "stranger", {})
         assert kept_out == dict.fromkeys(targets, False), kept_out
         opted_in = reached(app, "opted-in", {})
-        assert opted_in == {t: t.endswith(":2181") for t in targets}, opted_in
+        assert opted_in == {t: t.endswith(":2281") for t in targets}, opted_in
     finally:
         app.cluster.kubectl("delete", "namespace", closed.ns, "--wait=false", check=False)

@@ -82,12 +82,12 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.background.cancellation_polling = 1.0
     # Calls made during an outage fail at once (retried until ZK_DEADLINE), never wait for its end: a
     # resync pass stuck in one held up the deletion of its object (Resync.forget waits for it)
+    s = state.settings
     state.zk = connect(
-        state.settings.zookeeper, auth=state.settings.zookeeper_auth, acl_from_auth=False, call_deadline=ZK_DEADLINE
+        s.zookeeper, auth=s.zookeeper_auth, ca=s.zookeeper_ca, acl_from_auth=False, call_deadline=ZK_DEADLINE
     )
     metrics.watch_zookeeper(lambda: state.zk is not None and state.zk.connected)
     state.kube = Kube.connect()
-    s = state.settings
     state.cleaner_lease = LeaseKeeper(
         state.kube, s.cleaner_lease_namespace, s.cleaner_lease, identity=s.identity, duration=s.cleaner_lease_seconds
     ).start()

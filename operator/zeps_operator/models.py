@@ -308,6 +308,10 @@ KINDS = [
             "subscribers": ("integer", "Live subscribers."),
             "cleanerHolder": ("string", "Who runs the topic's cleaner now."),
             "zookeeper": ("string", "ZooKeeper connect string the SDK should use."),
+            "zookeeperCA": (
+                "string",
+                "The PEM of the CA of the ZooKeeper servers' TLS certificates, when they speak TLS.",
+            ),
             "path": ("string", "The topic's ZooKeeper path."),
         },
         columns=[("Subscribers", "integer", ".status.subscribers")],
@@ -330,6 +334,10 @@ KINDS = [
                 f"Batch consumers registered (consumerLag shows at most {BATCH_CONSUMERS_SHOWN} of them).",
             ),
             "zookeeper": ("string", "ZooKeeper connect string the SDK should use."),
+            "zookeeperCA": (
+                "string",
+                "The PEM of the CA of the ZooKeeper servers' TLS certificates, when they speak TLS.",
+            ),
             "path": ("string", "The queue's ZooKeeper path."),
         },
         columns=[("Mode", "string", ".spec.mode"), ("Depth", "integer", ".status.depth")],
@@ -361,6 +369,10 @@ KINDS = [
                 "recovery_ms, heartbeat_ms), as the broker publishes it in its member node.",
             ),
             "zookeeper": ("string", "ZooKeeper connect string."),
+            "zookeeperCA": (
+                "string",
+                "The PEM of the CA of the ZooKeeper servers' TLS certificates, when they speak TLS.",
+            ),
             "path": ("string", "The stream's ZooKeeper path."),
             "partitions": (
                 "array",

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from zeps.config import read_ca
+from zeps.errors import ConfigError
 from zeps.options import MulticastOptions
 from zeps.paths import DEFAULT_CHROOT, paths_of
 from zeps.resources import ZOOKEEPER_CLIENT_LABEL
@@ -59,6 +61,9 @@ class Settings:
     delete_retries: int = 5  #: finalizer attempts while ZooKeeper is unreachable, then release
     #: the operator's ZooKeeper digest identity ("user:password"; a superDigest user on the servers)
     zookeeper_auth: tuple[str, str] | None = None
+    #: the PEM of the CA of the ZooKeeper servers' TLS certificates ("": plain TCP): the operator, its
+    #: brokers and, through each object's status, the SDK speak TLS and trust that CA alone
+    zookeeper_ca: str = ""
     #: the broker image of a ZepsStream without spec.image: the operator's own (the chart sets both)
     broker_image: str = DEFAULT_BROKER_IMAGE
     broker_image_pull_policy: str = "IfNotPresent"
@@ -90,6 +95,7 @@ class Settings:
             resync_seconds=float(os.environ.get("ZEPS_RESYNC_SECONDS", "30")),
             delete_retries=int(os.environ.get("ZEPS_DELETE_RETRIES", "5")),
             zookeeper_auth=_auth(os.environ.get("ZEPS_ZOOKEEPER_AUTH", "")),
+            zookeeper_ca=_ca(),
             broker_image=os.environ.get("ZEPS_BROKER_IMAGE") or DEFAULT_BROKER_IMAGE,
             broker_image_pull_policy=os.environ.get("ZEPS_BROKER_IMAGE_PULL_POLICY") or "IfNotPresent",
             allowed_images=_listed(os.environ.get("ZEPS_ALLOWED_BROKER_IMAGES", "")),
@@ -100,6 +106,15 @@ class Settings:
             namespace_quota_nodes=_count("ZEPS_NAMESPACE_QUOTA_NODES"),
             namespace_quota_bytes=_count("ZEPS_NAMESPACE_QUOTA_BYTES"),
         )
+
+
+def _ca() -> str:
+    """ZEPS_ZOOKEEPER_CA (a PEM file, the chart mounts the ensemble's ca.crt): read once, at start; a
+    bad one stops the operator, naming it."""
+    try:
+        return read_ca(os.environ.get("ZEPS_ZOOKEEPER_CA", ""), source="ZEPS_ZOOKEEPER_CA")
+    except ConfigError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def _count(variable: str) -> int:
@@ -340,6 +355,7 @@ def _broker_env(namespace: str, name: str, spec: StreamSpec, settings: Settings,
         "ZEPS_BROKER_PRODUCER_TTL": str(spec.producers.ttl_seconds),
         "ZEPS_BROKER_MAX_PRODUCERS": str(spec.producers.max),
         "ZEPS_BROKER_ZOOKEEPER": settings.zookeeper,
+        **({"ZEPS_BROKER_ZOOKEEPER_CA": settings.zookeeper_ca} if settings.zookeeper_ca else {}),
         "ZEPS_BROKER_NAMESPACE": namespace,
         "ZEPS_BROKER_CHROOT": settings.chroot,
         "ZEPS_BROKER_MEMBER": stream_member(name),

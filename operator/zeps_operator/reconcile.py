@@ -118,6 +118,7 @@ def reconcile(
         metrics.DRIFT_REPAIRS.labels(kind).inc()
     patch.status["observedGeneration"] = generation
     patch.status["zookeeper"] = state.settings.zookeeper
+    patch.status["zookeeperCA"] = state.settings.zookeeper_ca or None  # None: removed, if TLS was turned off
     patch.status["path"] = root
     RECONCILES.labels(kind, "ok").inc()
     return "ok"

@@ -25,7 +25,7 @@ __all__ = ["cli", "main"]
 
 def _settings(ctx: click.Context) -> dict[str, Any]:
     o = ctx.obj
-    out = {k: o[k] for k in ("zookeeper", "chroot", "endpoint") if o.get(k)}
+    out = {k: o[k] for k in ("zookeeper", "zookeeper_ca", "chroot", "endpoint") if o.get(k)}
     if o.get("user"):
         out["auth"] = (o["user"], o["password"] or "")
     return out
@@ -34,6 +34,11 @@ def _settings(ctx: click.Context) -> dict[str, Any]:
 @click.group()
 @click.option("--namespace", "-n", default=None, help="Namespace of the resources (default: ZEPS_NAMESPACE…).")
 @click.option("--zookeeper", default=None, help="ZooKeeper connect string (default: ZEPS_ZOOKEEPER or the status).")
+@click.option(
+    "--zookeeper-ca",
+    default=None,
+    help="The servers' TLS CA, a PEM file: speak TLS (default: ZEPS_ZOOKEEPER_CA or the status).",
+)
 @click.option("--chroot", default=None, help="The installation's ZooKeeper root (default /zeps).")
 @click.option("--endpoint", default=None, help="Broker endpoint for stream commands (default: the status).")
 @click.option("--user", default=None, help="ZooKeeper digest user, when ACLs are on.")
@@ -46,6 +51,7 @@ def cli(
     *,
     namespace: str | None,
     zookeeper: str | None,
+    zookeeper_ca: str | None,
     chroot: str | None,
     endpoint: str | None,
     user: str | None,
@@ -56,6 +62,7 @@ def cli(
     ctx.obj = {
         "namespace": namespace,
         "zookeeper": zookeeper,
+        "zookeeper_ca": zookeeper_ca,
         "chroot": chroot,
         "endpoint": endpoint,
         "user": user,
@@ -297,7 +304,7 @@ def _partition_endpoints(s: Any) -> tuple[str, ...]:
     from zeps.errors import ZepsError  # noqa: PLC0415
 
     try:
-        client = connect(s.zookeeper, auth=s.auth)
+        client = connect(s.zookeeper, auth=s.auth, ca=s.zookeeper_ca)
     except ZepsError as exc:  # the endpoint given still serves a stream of one partition
         click.echo(f"zeps: could not look for partitions of {s.name} in ZooKeeper ({exc}); using {s.endpoint}",
                    err=True)  # fmt: skip
@@ -428,7 +435,7 @@ def _stream_facts(s: Any, group: str | None) -> tuple[list[dict[str, Any]], dict
     from zeps.coordination.consumers import describe  # noqa: PLC0415
     from zeps.paths import StreamPaths  # noqa: PLC0415
 
-    zk = connect(s.zookeeper, auth=s.auth)
+    zk = connect(s.zookeeper, auth=s.auth, ca=s.zookeeper_ca)
     try:
         count = partition_count(zk, s.namespace, s.name, chroot=s.chroot)
         metas = [broker_metadata(zk, s.namespace, s.name, chroot=s.chroot, partition=p) for p in range(count)]
@@ -522,7 +529,7 @@ def stream_elect_unclean(ctx: click.Context, *, name: str, replica: str, partiti
     from zeps.paths import StreamPaths  # noqa: PLC0415
 
     s = resolve("ZepsStream", name, namespace=ctx.obj["namespace"], needs=("zookeeper",), **_settings(ctx))
-    zk = connect(s.zookeeper, auth=s.auth)
+    zk = connect(s.zookeeper, auth=s.auth, ca=s.zookeeper_ca)
     try:
         paths = StreamPaths.of(s.namespace, s.name, chroot=s.chroot, partition=partition)
         report = elect_unclean(zk, paths, replica, dry_run=not yes)

@@ -57,7 +57,7 @@ class _Handle:
         return self._per_pid[pid]
 
     def _zookeeper(self) -> Any:
-        return shared_client(self.settings.zookeeper, auth=self.settings.auth)
+        return shared_client(self.settings.zookeeper, auth=self.settings.auth, ca=self.settings.zookeeper_ca)
 
 
 class _Forwarding(_Handle):

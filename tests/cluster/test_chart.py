@@ -189,7 +189,7 @@ def test_a_release_from_before_quorum_authentication_upgraded_with_reuse_values_
 def test_the_production_values_need_the_operator_s_identity_and_harden_the_ensemble() -> None:
     """values-production.yaml: without the operator's ZooKeeper identity the chart refuses to render,
     naming the values to set; with it, ACLs (the identity), quotas, the servers on nodes of their own,
-    quorum authentication required, the chart's own image only."""
+    quorum authentication required, TLS between the servers and to them, the chart's own image only."""
     production = ("-f", str(CHART / "values-production.yaml"))
     refused = _helm("template", "z", str(CHART), "--kube-version", KUBE, *production)
     assert refused.returncode != 0 and "set zookeeper.auth.existingSecret" in refused.stderr, refused.stderr
@@ -205,6 +205,8 @@ def test_the_production_values_need_the_operator_s_identity_and_harden_the_ensem
     assert values["ZEPS_NAMESPACE_QUOTA_NODES"] == "50000", values
     assert any(d["kind"] == "NetworkPolicy" for d in docs), "production keeps strangers' pods off ZooKeeper"
     assert env["ZOO_TLS_DIR"]["value"] == "/etc/zookeeper/tls" and env["ZOO_QUORUM_TLS"]["value"] == "require"
+    assert env["ZOO_CLIENT_TLS"]["value"] == "require", "clients speak TLS to the servers too"
+    assert values["ZEPS_ZOOKEEPER"].endswith(".svc:2281") and values["ZEPS_ZOOKEEPER_CA"], values
 
 
 def test_the_ensemble_s_servers_peer_over_tls_with_certificates_the_chart_makes(tmp_path: Path) -> None:
@@ -238,6 +240,47 @@ def test_the_ensemble_s_servers_peer_over_tls_with_certificates_the_chart_makes(
     pod = next(d for d in theirs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
     assert {"name": "tls", "secret": {"secretName": "mine", "defaultMode": 0o440}} in pod["volumes"]
     assert {"name": "ZOO_QUORUM_TLS", "value": "accept"} in pod["containers"][0]["env"]
+
+
+def test_with_client_tls_the_operator_reaches_the_servers_on_their_tls_port_with_the_ca_alone() -> None:
+    """zookeeper.ensemble.tls.clientMode (accept, require): the servers serve clients on 2281 too
+    (ZOO_CLIENT_TLS; require keeps the plain port on 127.0.0.1), the Service and the NetworkPolicy
+    open 2281, and the operator's connect string names 2281 with ZEPS_ZOOKEEPER_CA, the CA of the
+    chart's Secret mounted alone (never the servers' key). Off, or without tls.enabled: 2181, no CA.
+    The SDK, the brokers and the servers over TLS: tests/integration/test_zookeeper_client_tls.py and
+    the kind suite, which runs with values-production.yaml (clientMode require)."""
+    ensemble = ("--set", "zookeeper.ensemble.enabled=true", "--set", "zookeeper.ensemble.tls.enabled=true",
+                "--set", "zookeeper.ensemble.networkPolicy.enabled=true", "--namespace", "zk")  # fmt: skip
+    for mode in ("accept", "require"):
+        docs = _objects(*ensemble, "--set", f"zookeeper.ensemble.tls.clientMode={mode}")
+        servers = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in servers["env"]}
+        assert (env["ZOO_CLIENT_TLS"], env["ZOO_SECURE_CLIENT_PORT"]) == (mode, "2281")
+        assert {"name": "client-tls", "containerPort": 2281} in servers["ports"]
+        service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "z-zookeeper")
+        assert {"name": "client-tls", "port": 2281} in service["spec"]["ports"]
+        _, clients = next(d for d in docs if d["kind"] == "NetworkPolicy")["spec"]["ingress"]
+        assert clients["ports"] == [{"protocol": "TCP", "port": 2181}, {"protocol": "TCP", "port": 2281}]
+        operator = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+        values = {e["name"]: e.get("value") for e in operator["containers"][0]["env"]}
+        assert values["ZEPS_ZOOKEEPER"] == ",".join(f"z-zookeeper-{i}.z-zookeeper.zk.svc:2281" for i in range(3))
+        assert values["ZEPS_ZOOKEEPER_CA"] == "/etc/zeps/zookeeper-ca/ca.crt"
+        only_the_ca = [{"key": "ca.crt", "path": "ca.crt"}]
+        ca = {"name": "zookeeper-ca", "secret": {"secretName": "z-zookeeper-tls", "items": only_the_ca}}
+        assert ca in operator["volumes"]
+        mount = {"name": "zookeeper-ca", "mountPath": "/etc/zeps/zookeeper-ca", "readOnly": True}
+        assert mount in operator["containers"][0]["volumeMounts"]
+    tls_off = ("--set", "zookeeper.ensemble.tls.enabled=false", "--set", "zookeeper.ensemble.tls.clientMode=require")
+    for off in (("--set", "zookeeper.ensemble.tls.clientMode=off"), tls_off):
+        docs = _objects(*ensemble, *off)
+        operator = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+        values = {e["name"]: e.get("value") for e in operator["containers"][0]["env"]}
+        assert values["ZEPS_ZOOKEEPER"].endswith(".svc:2181") and "ZEPS_ZOOKEEPER_CA" not in values, off
+        servers = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]["containers"][0]
+        assert "ZOO_CLIENT_TLS" not in {e["name"] for e in servers["env"]}, off
+    refused = _helm("template", "z", str(CHART), "--kube-version", KUBE, *ensemble,
+                    "--set", "zookeeper.ensemble.tls.clientMode=on")  # fmt: skip
+    assert refused.returncode != 0 and "clientMode" in refused.stderr, refused.stderr
 
 
 def test_the_ensemble_s_network_policy_admits_the_servers_the_operator_and_labelled_clients() -> None:

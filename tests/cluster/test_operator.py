@@ -27,6 +27,7 @@ from zeps.client import StreamClient
 from zeps.coordination import Topic, connect
 from zeps_dev import ControlPlane, OperatorProcess, ZooKeeperServer
 from zeps_dev.process import ManagedProcess, free_port, wait_until
+from zeps_dev.tls import certificates
 from zeps_operator.curve import CURVE_SECRET
 
 CHROOT = "/operator-tests"
@@ -217,29 +218,34 @@ def test_retain_keeps_the_data(
 @dataclass
 class Solo:
     """A stack of its own: ZooKeeper, a control plane and an operator with a 1 s resync, for the tests
-    that stop or freeze ZooKeeper or count every request the API server saw."""
+    that stop or freeze ZooKeeper or count every request the API server saw. The operator reaches
+    ZooKeeper over TLS, as the chart's does with values-production.yaml (``ca``: the servers' CA
+    file); the tests' own clients use the server's plain port, on 127.0.0.1."""
 
     zk: ZooKeeperServer
     plane: ControlPlane
     operator: OperatorProcess
+    ca: Path
 
 
 @pytest.fixture(scope="module")
 def solo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Solo]:
     tmp = tmp_path_factory.mktemp("solo")
-    with ZooKeeperServer(tmp / "zk") as zk, ControlPlane(tmp / "cp") as plane:
+    tls = certificates(tmp / "tls")
+    with ZooKeeperServer(tmp / "zk", tls=tls) as zk, ControlPlane(tmp / "cp") as plane:
         plane.kubectl("apply", "-f", str(Path(__file__).resolve().parents[2] / "crds"))
         plane.kubectl("wait", "--for=condition=Established", "crd/topics.zeps.dev", "--timeout=60s")
         with OperatorProcess(
             tmp / "op",
             kubeconfig=plane.kubeconfig,
-            zookeeper=zk.connect_string,
+            zookeeper=zk.secure_connect_string,
+            zookeeper_ca=str(tls / "ca.crt"),
             resync_seconds=1,
             delete_retries=3,
             identity="solo-first",
             cleaner_lease_seconds=3,
         ) as operator:
-            yield Solo(zk, plane, operator)
+            yield Solo(zk, plane, operator, tls / "ca.crt")
 
 
 def _ready_and_resynced(plane: ControlPlane, name: str, spec: dict[str, Any] | None = None) -> None:
@@ -380,7 +386,8 @@ def _replica(solo: Solo, tmp_path: Path, identity: str, *, resync_seconds: float
     return OperatorProcess(
         tmp_path / identity,
         kubeconfig=solo.plane.kubeconfig,
-        zookeeper=solo.zk.connect_string,
+        zookeeper=solo.zk.secure_connect_string,
+        zookeeper_ca=str(solo.ca),
         resync_seconds=resync_seconds,
         identity=identity,
         cleaner_lease_seconds=3,
@@ -528,6 +535,38 @@ def test_the_finalizer_is_released_when_zookeeper_is_down(solo: Solo) -> None:
         assert "doomed" in events or "CleanupSkipped" in events
     finally:
         solo.zk.start()
+
+
+def test_an_operator_over_tls_hands_the_ca_to_the_sdk_and_the_brokers(
+    solo: Solo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator reaches ZooKeeper over TLS only (its ZEPS_ZOOKEEPER is the TLS port): each object's
+    status gives that address and the CA's PEM, so an SDK handle resolved from the status alone works;
+    a stream's broker ConfigMap carries the CA for the brokers' own sessions."""
+    import zeps  # noqa: PLC0415
+
+    pem = solo.ca.read_text().strip()
+    _apply(solo.plane, "default", "Queue", "tls-jobs")
+    _wait_ready(solo.plane, "default", "queue", "tls-jobs")
+    status = _get(solo.plane, "default", "queue", "tls-jobs")["status"]
+    assert (status["zookeeper"], status["zookeeperCA"]) == (solo.zk.secure_connect_string, pem)
+    for var in ("ZEPS_ZOOKEEPER", "ZEPS_ZOOKEEPER_CA", "ZEPS_CHROOT", "ZEPS_NAMESPACE", "KUBERNETES_SERVICE_HOST"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(solo.plane.kubeconfig))
+    jobs = zeps.queue("tls-jobs", namespace="default")
+    assert jobs.settings.zookeeper_ca == pem
+    jobs.put(b"resolved from the status, over TLS")
+    item = jobs.take(timeout=10)
+    assert item is not None and item.body == b"resolved from the status, over TLS"
+    item.ack()
+    _apply(solo.plane, "default", "ZepsStream", "tls-prices")
+    wait_until(lambda: "tls-prices-broker" in solo.plane.kubectl("get", "configmaps", "-n", "default", "-o", "name"),
+               timeout=30, what="the broker's ConfigMap")  # fmt: skip
+    config = json.loads(solo.plane.kubectl("get", "configmap", "tls-prices-broker", "-n", "default", "-o", "json"))
+    assert config["data"]["ZEPS_BROKER_ZOOKEEPER"] == solo.zk.secure_connect_string
+    assert config["data"]["ZEPS_BROKER_ZOOKEEPER_CA"].strip() == pem
+    for kind, name in (("zepsstream", "tls-prices"), ("queue", "tls-jobs")):
+        solo.plane.kubectl("delete", kind, name, "-n", "default", "--timeout=60s")
 
 
 def test_zepsstream_broker_objects_and_a_runnable_pod_template(

@@ -27,6 +27,7 @@ from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
 from zeps_dev.process import free_port, wait_until
+from zeps_dev.tls import certificates
 from zeps_dev.zookeeper import four_letter, zookeeper_home
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,39 +149,12 @@ def test_an_ensemble_that_ran_without_it_gets_to_quorum_authentication_one_serve
         assert _forge(1000, servers) == {1: "closed", 2: "closed", 3: "closed"}
 
 
-def _certificates(folder: Path, ca: Path | None = None) -> Path:
-    """``folder`` with ca.crt, tls.crt and tls.key as the chart's Secret holds them (Helm's genCA and
-    genSignedCert: RSA keys in PKCS#1, serverAuth and clientAuth), made with openssl; signed by the CA
-    in ``ca`` (its ca.crt and ca.key) or by a new one."""
-    folder.mkdir()
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=folder, capture_output=True, check=True, timeout=60)
-
-    if ca is None:
-        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "1",
-                "-subj", "/CN=zeps-zookeeper-ca")  # fmt: skip
-        ca = folder
-    else:
-        for name in ("ca.crt", "ca.key"):
-            (folder / name).write_bytes((ca / name).read_bytes())
-    openssl("genrsa", "-traditional", "-out", "tls.key", "2048")
-    openssl("req", "-new", "-key", "tls.key", "-subj", "/CN=zeps-zookeeper", "-out", "tls.csr")
-    # the chart's names, and this machine's loopback address, which the clients of these tests dial
-    extensions = "subjectAltName=DNS:*.zeps-zookeeper.zeps.svc,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n"
-    (folder / "ext").write_text(extensions)
-    openssl("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "1",
-            "-extfile", "ext", "-out", "tls.crt")  # fmt: skip
-    assert (folder / "tls.key").read_text().startswith("-----BEGIN RSA PRIVATE KEY-----"), "PKCS#1, as Helm's"
-    return folder
-
-
 def test_servers_that_share_a_ca_peer_over_tls_and_cut_off_a_process_speaking_plain_tcp(tmp_path: Path) -> None:
     """ZOO_TLS_DIR: the quorum and election connections are TLS, each server's certificate signed by
     the ensemble's CA; a process that reaches an election port and speaks ZooKeeper's plain
     handshake is cut off before its vote is read (without TLS or SASL it is answered: the first test
     of this module). Quorum authentication on too, as the chart runs them."""
-    tls = _certificates(tmp_path / "tls")
+    tls = certificates(tmp_path / "tls")
     servers = [Server(i + 1, tmp_path / f"server{i + 1}") for i in range(3)]
     try:
         for server in servers:
@@ -204,8 +178,8 @@ def test_servers_that_share_a_ca_peer_over_tls_and_cut_off_a_process_speaking_pl
 
 
 def test_a_server_whose_certificate_another_ca_signed_never_joins(tmp_path: Path) -> None:
-    tls = _certificates(tmp_path / "tls")
-    stranger = _certificates(tmp_path / "stranger")
+    tls = certificates(tmp_path / "tls")
+    stranger = certificates(tmp_path / "stranger")
     servers = [Server(i + 1, tmp_path / f"server{i + 1}") for i in range(3)]
     try:
         for server, folder in zip(servers, (tls, tls, stranger), strict=True):
@@ -223,7 +197,7 @@ def test_an_ensemble_that_ran_without_tls_gets_to_it_one_server_at_a_time(tmp_pa
     """The chart's upgrade path (``tls.quorumMode``): three rolling restarts, highest id first, each
     server back in the quorum before the next; accept (TLS and plain on the same ports), send (peers
     reached with TLS), require. The ensemble serves at every step; at the end plain TCP is cut off."""
-    tls = _certificates(tmp_path / "tls")
+    tls = certificates(tmp_path / "tls")
     with ensemble(tmp_path, [None, None, None]) as servers:
         wait_until(lambda: _whole(servers), timeout=60, what="one leader and two followers, plain TCP")
         for mode in ("accept", "send", "require"):
@@ -240,8 +214,8 @@ def test_clients_reach_a_server_over_tls_and_its_plain_port_only_from_its_own_ad
     works on the secure port (kazoo's TLS); a client trusting another CA is refused there; the
     plain port answers on 127.0.0.1 alone (the readiness probe, a shell in the pod), so another
     address of this machine (127.0.0.2) gets no plain connection."""
-    tls = _certificates(tmp_path / "tls")
-    stranger = _certificates(tmp_path / "stranger")
+    tls = certificates(tmp_path / "tls")
+    stranger = certificates(tmp_path / "stranger")
     server = Server(1, tmp_path / "server1")
     secure = free_port()
     server.folder.mkdir()
@@ -279,7 +253,7 @@ def test_clients_reach_a_server_over_tls_and_its_plain_port_only_from_its_own_ad
 def test_in_an_ensemble_with_client_tls_required_the_plain_port_listens_on_loopback_alone(tmp_path: Path) -> None:
     """Each server line names its client port (";2181" in the chart), which overrides
     clientPortAddress: the launcher binds it to 127.0.0.1 there too."""
-    tls = _certificates(tmp_path / "tls")
+    tls = certificates(tmp_path / "tls")
     servers = [Server(i + 1, tmp_path / f"server{i + 1}") for i in range(3)]
     try:
         for server in servers:

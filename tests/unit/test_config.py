@@ -35,6 +35,23 @@ def test_environment_and_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve("ZepsStream", "us-prices", needs=("zookeeper",)).zookeeper == "zk-0:2181,zk-1:2181"
 
 
+def test_the_zookeeper_ca_is_a_pem_file_or_the_pem(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----"
+    (tmp_path / "ca.crt").write_text(pem + "\n")
+    (tmp_path / "key.pem").write_text("-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n")
+    monkeypatch.setenv("ZEPS_ZOOKEEPER", "zk:2281")
+    assert resolve("Topic", "cache").zookeeper_ca == ""  # none: plain TCP
+    monkeypatch.setenv("ZEPS_ZOOKEEPER_CA", str(tmp_path / "ca.crt"))
+    assert resolve("Topic", "cache").zookeeper_ca == pem
+    assert resolve("Topic", "cache", zookeeper_ca=pem + "\n").zookeeper_ca == pem  # an argument wins
+    monkeypatch.setenv("ZEPS_ZOOKEEPER_CA", str(tmp_path / "key.pem"))
+    with pytest.raises(ConfigError, match=r"ZEPS_ZOOKEEPER_CA=.*key\.pem.*holds no PEM certificate"):
+        resolve("Topic", "cache")
+    monkeypatch.setenv("ZEPS_ZOOKEEPER_CA", str(tmp_path))
+    with pytest.raises(ConfigError, match=r"cannot read it .*give the path of the servers' ca\.crt"):
+        resolve("Topic", "cache")
+
+
 def test_half_an_identity_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ZEPS_ZOOKEEPER", "zk:2181")
     monkeypatch.setenv("ZEPS_ZOOKEEPER_USER", "shop")

@@ -46,6 +46,25 @@ def test_a_stream_gets_a_broker_with_one_writer_per_journal() -> None:
     assert env["ZEPS_BROKER_MEMBER"] == "prices-0" and env["ZEPS_BROKER_ZOOKEEPER"] == "zk:2181"
 
 
+def test_brokers_get_the_zookeeper_ca_where_the_operator_has_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """The operator's CA file (ZEPS_ZOOKEEPER_CA, the chart mounts ca.crt) is read once; its PEM goes to
+    each broker's ConfigMap (a public certificate), none where the operator speaks plain TCP."""
+    assert "ZEPS_BROKER_ZOOKEEPER_CA" not in _objects()["ConfigMap"]["data"]
+    pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----"
+    (tmp_path / "ca.crt").write_text(pem + "\n")
+    monkeypatch.setenv("ZEPS_ZOOKEEPER", "zk:2281")
+    monkeypatch.setenv("ZEPS_ZOOKEEPER_CA", str(tmp_path / "ca.crt"))
+    settings = Settings.from_env()
+    assert settings.zookeeper_ca == pem
+    made = stream_objects("shop", "prices", StreamSpec(), settings)
+    assert next(o for o in made if o["kind"] == "ConfigMap")["data"]["ZEPS_BROKER_ZOOKEEPER_CA"] == pem
+    monkeypatch.setenv("ZEPS_ZOOKEEPER_CA", str(tmp_path / "missing.crt"))
+    with pytest.raises(SystemExit, match=r"ZEPS_ZOOKEEPER_CA=.*missing\.crt.*cannot read it"):
+        Settings.from_env()
+
+
 def test_defaults_come_from_the_model() -> None:
     """An empty spec gets the model's defaults, not a second copy of them in the planner."""
     defaults = StreamSpec()

@@ -8,7 +8,8 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 {{- define "zeps.zookeeper" -}}
 {{- if .Values.zookeeper.ensemble.enabled -}}
 {{- $n := int .Values.zookeeper.ensemble.replicas -}}
-{{- range $i, $_ := until $n }}{{ if $i }},{{ end }}{{ $.Release.Name }}-zookeeper-{{ $i }}.{{ $.Release.Name }}-zookeeper.{{ $.Release.Namespace }}.svc:2181{{ end -}}
+{{- $port := ternary 2281 2181 (ne (include "zeps.zookeeperClientTLS" .) "") -}}
+{{- range $i, $_ := until $n }}{{ if $i }},{{ end }}{{ $.Release.Name }}-zookeeper-{{ $i }}.{{ $.Release.Name }}-zookeeper.{{ $.Release.Namespace }}.svc:{{ $port }}{{ end -}}
 {{- else if .Values.zookeeper.connect -}}
 {{ .Values.zookeeper.connect }}
 {{- else -}}
@@ -46,6 +47,15 @@ chart without it: helm then leaves the new defaults out, and the ensemble keeps 
 {{- $tls := include "zeps.zookeeperTLS" . | fromJson -}}
 {{- if $tls.enabled -}}
 {{ $tls.existingSecret | default (printf "%s-zookeeper-tls" .Release.Name) }}
+{{- end -}}
+{{- end -}}
+
+{{/* Whether the ensemble serves clients over TLS (zookeeper.ensemble.tls.clientMode): accept or
+require, "" when not (TLS off, or clientMode off). */}}
+{{- define "zeps.zookeeperClientTLS" -}}
+{{- $tls := include "zeps.zookeeperTLS" . | fromJson -}}
+{{- if and .Values.zookeeper.ensemble.enabled $tls.enabled (has $tls.clientMode (list "accept" "require")) -}}
+{{ $tls.clientMode }}
 {{- end -}}
 {{- end -}}
 

@@ -35,7 +35,7 @@ def main() -> None:
     name, group, effects, again = sys.argv[1:5]
     signal.signal(signal.SIGTERM, stop)
     settings = resolve("ZepsStream", name, needs=("zookeeper",))
-    store = connect(settings.zookeeper, auth=settings.auth)
+    store = connect(settings.zookeeper, auth=settings.auth, ca=settings.zookeeper_ca)
     processed = 0
     with zeps.stream(name).consumer_group(group) as consumer:
         while not stopping:

@@ -83,8 +83,8 @@ def main() -> None:
     assert mine.auth is not None, "B's pod has no ZooKeeper identity"
     chroot = mine.chroot
     report: dict[str, object] = {}
-    zk = connect(mine.zookeeper, auth=mine.auth)
-    anonymous = connect(mine.zookeeper)
+    zk = connect(mine.zookeeper, auth=mine.auth, ca=mine.zookeeper_ca)
+    anonymous = connect(mine.zookeeper, ca=mine.zookeeper_ca)
     report["as B"] = zookeeper_attacks(zk, a_ns, stream, leader, queue, chroot=chroot)
     report["anonymous"] = zookeeper_attacks(anonymous, a_ns, stream, leader, queue, chroot=chroot)
     # C's root claimed before C uses zeps, with B's ACL (allowed: the operator must take it back)

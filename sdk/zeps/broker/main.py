@@ -28,6 +28,7 @@ from zeps.broker.config import (
     BrokerConfig,
 )
 from zeps.broker.server import BrokerServer, CurveConfig, Registration, Replication
+from zeps.config import read_ca
 from zeps.errors import ConfigError, ZepsError
 from zeps.journal import DEFAULT_MAX_PRODUCERS, DEFAULT_PRODUCER_TTL_MS, JournalConfig
 from zeps.options import MulticastOptions
@@ -121,6 +122,9 @@ def parser() -> argparse.ArgumentParser:
                    help="the largest message body accepted; a larger one is refused (TOO_LARGE) "
                    "[ZEPS_BROKER_MAX_MESSAGE_BYTES]")  # fmt: skip
     p.add_argument("--zookeeper", default=_env("ZOOKEEPER"), help="register in ZooKeeper (host:port,…)")
+    p.add_argument("--zookeeper-ca", default=_env("ZOOKEEPER_CA"),
+                   help="the CA of the ZooKeeper servers' TLS certificates, a PEM file (or the PEM): speak TLS to "
+                   "them [ZEPS_BROKER_ZOOKEEPER_CA]")  # fmt: skip
     p.add_argument("--namespace", default=_env("NAMESPACE", "default"))
     p.add_argument("--chroot", default=_env("CHROOT", "/zeps"))
     p.add_argument("--member", default=_env("MEMBER"), help="this broker's member id in the group")
@@ -300,7 +304,8 @@ def settings(args: argparse.Namespace) -> tuple[BrokerConfig, CurveConfig | None
     registration = None
     if args.zookeeper:
         registration = Registration(args.zookeeper, args.namespace, args.member, args.chroot, args.advertise,
-                                    auth=_zookeeper_auth(), partition=args.partition)  # fmt: skip
+                                    auth=_zookeeper_auth(), partition=args.partition,
+                                    ca=read_ca(args.zookeeper_ca or "", source="--zookeeper-ca"))  # fmt: skip
     return config, curve, registration
 
 

@@ -185,6 +185,8 @@ class Registration:
     #: the namespace's ZooKeeper digest identity (user, password): the broker's session authenticates
     #: with it and its member node gets its ACL, so no other ZooKeeper user can forge or change it
     auth: tuple[str, str] | None = None
+    #: the PEM of the CA of the servers' TLS certificates: the session speaks TLS ("": plain TCP)
+    ca: str = ""
     #: which partition of its stream this broker serves (0: a stream of one partition, or the first);
     #: it registers in that partition's group and elects its leader among that partition's replicas
     partition: int = 0
@@ -569,7 +571,7 @@ class BrokerServer:
         from zeps.coordination import Group, connect  # noqa: PLC0415 — ZooKeeper only when registering
 
         timeout = self.replication.session_timeout_s if self.replication is not None else 10.0
-        self._zk = connect(reg.zookeeper, auth=reg.auth, session_timeout=timeout)
+        self._zk = connect(reg.zookeeper, auth=reg.auth, ca=reg.ca, session_timeout=timeout)
         metadata = {
             "endpoint": reg.advertise or self.endpoint,
             "curvePublicKey": self.public_key,

@@ -87,12 +87,13 @@ def read_broker_metadata(
     *,
     chroot: str = "/zeps",
     auth: tuple[str, str] | None = None,
+    ca: str = "",
     partition: int = 0,
 ) -> dict[str, Any]:
     """:func:`broker_metadata` through a ZooKeeper session of its own, closed before returning."""
     from zeps.coordination import connect  # noqa: PLC0415 — ZooKeeper only for discovery
 
-    client = connect(zookeeper, auth=auth)
+    client = connect(zookeeper, auth=auth, ca=ca)
     try:
         return broker_metadata(client, namespace, stream, chroot=chroot, partition=partition)
     finally:
@@ -107,14 +108,16 @@ def discover(
     *,
     chroot: str = "/zeps",
     auth: tuple[str, str] | None = None,
+    ca: str = "",
     partition: int = 0,
 ) -> tuple[str, str]:
     """The (endpoint, CURVE public key) of the live broker of ``stream``, from its ZooKeeper group
-    (``auth``: the namespace's ZooKeeper identity, where ACLs are on). What a member node says is only
+    (``auth``: the namespace's ZooKeeper identity, where ACLs are on; ``ca``: the PEM of the servers'
+    TLS CA, where they speak TLS). What a member node says is only
     as trustworthy as who may write it: with the namespace's ACL, its brokers; without, anyone. So
     take the broker's key from a source of your own (the Secret the operator made, the resource's
     status) when it matters: a forged node's endpoint then fails the CURVE handshake."""
-    meta = read_broker_metadata(zookeeper, namespace, stream, chroot=chroot, auth=auth, partition=partition)
+    meta = read_broker_metadata(zookeeper, namespace, stream, chroot=chroot, auth=auth, ca=ca, partition=partition)
     return str(meta["endpoint"]), str(meta.get("curvePublicKey", ""))
 
 
@@ -134,10 +137,12 @@ class LeaderLocator:
         *,
         chroot: str = "/zeps",
         auth: tuple[str, str] | None = None,
+        ca: str = "",
         followers: bool = False,
         partition: int = 0,
     ) -> None:
         self.zookeeper, self.namespace, self.stream, self.chroot, self.auth = zookeeper, namespace, stream, chroot, auth
+        self.ca = ca
         self.followers, self.partition = followers, partition
         self._follower: str | None = None  # the follower chosen last (a reader stays with it while it serves)
         self._client: Any = None
@@ -152,7 +157,7 @@ class LeaderLocator:
         if self._client is None:
             from zeps.coordination import connect  # noqa: PLC0415 — ZooKeeper only for discovery
 
-            self._client = connect(self.zookeeper, auth=self.auth, timeout=3)  # a client waits on this
+            self._client = connect(self.zookeeper, auth=self.auth, ca=self.ca, timeout=3)  # a client waits on this
         paths = StreamPaths.of(self.namespace, self.stream, chroot=self.chroot, partition=self.partition)
         state = read_replication_state(self._client, paths)
         if state is None:
@@ -192,9 +197,11 @@ class PartitionWatch:
         *,
         chroot: str = "/zeps",
         auth: tuple[str, str] | None = None,
+        ca: str = "",
         followers: bool = False,
     ) -> None:
         self.zookeeper, self.namespace, self.stream, self.chroot, self.auth = zookeeper, namespace, stream, chroot, auth
+        self.ca = ca
         self.followers = followers
         self.count = 0  #: the stream's partitions as ZooKeeper says now (0 until the watch has read them)
         self._client: Any = None
@@ -214,7 +221,7 @@ class PartitionWatch:
             self.count = max(self.count, _contiguous(names))  # partitions never go away
 
         try:
-            self._client = connect(self.zookeeper, auth=self.auth, timeout=3)
+            self._client = connect(self.zookeeper, auth=self.auth, ca=self.ca, timeout=3)
         except ZepsError as exc:
             log.warning("stream %s: cannot watch for partitions added (%s)", self.stream, exc)
             return self
@@ -241,7 +248,7 @@ class PartitionWatch:
     def locator(self, partition: int) -> LeaderLocator:
         """A locator for ``partition`` (a client of a partition added follows its leader too)."""
         return LeaderLocator(self.zookeeper, self.namespace, self.stream, chroot=self.chroot, auth=self.auth,
-                             followers=self.followers, partition=partition)  # fmt: skip
+                             ca=self.ca, followers=self.followers, partition=partition)  # fmt: skip
 
     def close(self) -> None:
         if self._client is not None:
@@ -258,7 +265,8 @@ def locator_of(settings: Resolved, *, followers: bool = False, partition: int = 
     if not settings.zookeeper:
         return None
     return LeaderLocator(settings.zookeeper, settings.namespace, settings.name, chroot=settings.chroot,
-                         auth=settings.auth, followers=followers, partition=partition)  # fmt: skip
+                         auth=settings.auth, ca=settings.zookeeper_ca, followers=followers,
+                         partition=partition)  # fmt: skip
 
 
 def growth_of(settings: Resolved, *, followers: bool = False) -> PartitionWatch | None:
@@ -267,4 +275,4 @@ def growth_of(settings: Resolved, *, followers: bool = False) -> PartitionWatch 
     if not settings.zookeeper:
         return None
     return PartitionWatch(settings.zookeeper, settings.namespace, settings.name, chroot=settings.chroot,
-                          auth=settings.auth, followers=followers)  # fmt: skip
+                          auth=settings.auth, ca=settings.zookeeper_ca, followers=followers)  # fmt: skip

@@ -345,6 +345,7 @@ class GroupConsumer(Opened):
         namespace: str = "default",
         chroot: str = "/zeps",
         auth: tuple[str, str] | None = None,
+        ca: str = "",
         locators: Sequence[Any] | None = None,
         pattern: str = "",
         session_timeout: float = 10.0,
@@ -359,7 +360,7 @@ class GroupConsumer(Opened):
             raise ConfigError(f"give a locator for each partition ({len(endpoints)}), or none (got {len(locators)})")
         self.endpoints, self.stream, self.pattern = list(endpoints), stream, pattern
         self.locators, self.options = locators, options
-        self._zk = connect(zookeeper, auth=auth, session_timeout=session_timeout)
+        self._zk = connect(zookeeper, auth=auth, ca=ca, session_timeout=session_timeout)
         paths = StreamPaths.of(namespace, stream, chroot=chroot).consumer_group(group)
         self.group = ConsumerGroup(self._zk, paths, member)
         self.claims: dict[int, Any] = {}  # partition -> Claim
@@ -384,9 +385,9 @@ class GroupConsumer(Opened):
         endpoints = settings.partitions or (settings.endpoint,)
         locators = [locator_of(settings, partition=p) for p in range(len(endpoints))]
         return cls(endpoints, settings.name, group=group, member=member, zookeeper=settings.zookeeper,
-                   namespace=settings.namespace, chroot=settings.chroot, auth=settings.auth, locators=locators,
-                   growth=growth_of(settings), **curve_options(settings), max_message_bytes=settings.max_message_bytes,
-                   **options)  # fmt: skip
+                   namespace=settings.namespace, chroot=settings.chroot, auth=settings.auth, ca=settings.zookeeper_ca,
+                   locators=locators, growth=growth_of(settings), **curve_options(settings),
+                   max_message_bytes=settings.max_message_bytes, **options)  # fmt: skip
 
     @property
     def assigned(self) -> list[int]:

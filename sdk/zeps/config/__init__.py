@@ -9,6 +9,9 @@ Environment variables (what a pod gets; the operator's status shows the same val
 ``ZEPS_NAMESPACE``                      the resources' namespace (default: ``POD_NAMESPACE``, the pod's
                                         own namespace, or ``default``)
 ``ZEPS_ZOOKEEPER_USER`` / ``_PASSWORD``   the namespace's ZooKeeper digest identity, when ACLs are on
+``ZEPS_ZOOKEEPER_CA``                   the CA of the servers' TLS certificates (a PEM file, or the PEM
+                                        itself): the client speaks TLS to ZooKeeper and trusts that CA
+                                        alone (else the resource's status, ``zookeeperCA``)
 ``ZEPS_STREAM_<NAME>_ENDPOINT``         a stream's broker endpoint (``<NAME>`` upper-case, ``-`` → ``_``)
 ``ZEPS_STREAM_<NAME>_PUBLIC_KEY``       its CURVE public key, when CURVE is on (else the ``server.key``
                                         beside the client certificate, else the resource's status)
@@ -39,7 +42,7 @@ from zeps.paths import DEFAULT_CHROOT, chroot_of, validate_name
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES
 from zeps.resources import PLURALS, Kind
 
-__all__ = ["Resolved", "default_namespace", "require_queue_mode", "resolve"]
+__all__ = ["Resolved", "default_namespace", "read_ca", "require_queue_mode", "resolve"]
 
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -55,6 +58,9 @@ class Resolved(BaseModel):
     zookeeper: str = ""
     chroot: str = DEFAULT_CHROOT
     auth: tuple[str, str] | None = None
+    #: the PEM of the CA of the ZooKeeper servers' TLS certificates ("": plain TCP); a public
+    #: certificate, shipped to Spark's executors with the rest
+    zookeeper_ca: str = ""
     endpoint: str = ""
     public_key: str = ""
     #: a stream's multicast output as receivers need it (the broker's member node, via the status)
@@ -101,6 +107,21 @@ def _env_auth() -> tuple[str, str] | None:
     return (user, password) if user else None
 
 
+def read_ca(value: str, *, source: str) -> str:
+    """The PEM of a ZooKeeper CA given as ``value`` (by ``source``, named in errors): the PEM itself, or
+    the path of a file holding it; "" stays "" (plain TCP)."""
+    if not value or value.lstrip().startswith("-----BEGIN"):
+        return value.strip()
+    try:
+        pem = Path(value).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{source}={value!r}: cannot read it ({exc}); give the path of the servers' ca.crt, "
+                          "or its PEM") from None  # fmt: skip
+    if "-----BEGIN CERTIFICATE-----" not in pem:
+        raise ConfigError(f"{source}={value!r}: the file holds no PEM certificate; give the servers' ca.crt")
+    return pem.strip()
+
+
 def _env_int(name: str) -> int | None:
     value = os.environ.get(name, "")
     if not value:
@@ -140,6 +161,7 @@ def resolve(
     zookeeper: str | None = None,
     chroot: str | None = None,
     auth: tuple[str, str] | None = None,
+    zookeeper_ca: str | None = None,
     endpoint: str | None = None,
     public_key: str | None = None,
     multicast: dict[str, Any] | None = None,
@@ -151,6 +173,7 @@ def resolve(
 
     ``needs`` names the settings that must be found (the status is read only when one is missing);
     by default what the kind's handle needs: a stream's broker endpoint, else a ZooKeeper connect string.
+    ``zookeeper_ca`` is the CA of the servers' TLS certificates, its PEM or a file's path.
     """
     validate_name(kind.lower(), name)
     ns = validate_name("namespace", default_namespace(namespace))
@@ -159,6 +182,9 @@ def resolve(
         "zookeeper": zookeeper or os.environ.get("ZEPS_ZOOKEEPER", ""),
         "chroot": chroot or os.environ.get("ZEPS_CHROOT", ""),
         "auth": auth or _env_auth(),
+        "zookeeper_ca": read_ca(zookeeper_ca, source="zookeeper_ca")
+        if zookeeper_ca
+        else read_ca(os.environ.get("ZEPS_ZOOKEEPER_CA", ""), source="ZEPS_ZOOKEEPER_CA"),
         "endpoint": endpoint or os.environ.get(f"ZEPS_STREAM_{env_key}_ENDPOINT", ""),
         "public_key": public_key or os.environ.get(f"ZEPS_STREAM_{env_key}_PUBLIC_KEY", ""),
         "multicast": multicast or _env_multicast(os.environ.get(f"ZEPS_STREAM_{env_key}_MULTICAST", "")),
@@ -175,7 +201,9 @@ def resolve(
         resource = read_resource(PLURALS[kind], kind, name, ns)
         status, spec = resource.get("status") or {}, resource.get("spec") or {}
         found["spec"] = spec
-        found["zookeeper"] = found["zookeeper"] or status.get("zookeeper", "")
+        if not found["zookeeper"]:  # the status's connect string and its CA go together
+            found["zookeeper"] = status.get("zookeeper", "")
+            found["zookeeper_ca"] = found["zookeeper_ca"] or str(status.get("zookeeperCA") or "")
         found["endpoint"] = found["endpoint"] or status.get("endpoint", "")
         found["public_key"] = found["public_key"] or status.get("curvePublicKey", "")
         found["multicast"] = found["multicast"] or status.get("multicast") or {}

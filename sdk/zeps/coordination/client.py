@@ -5,19 +5,21 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import socket
+import ssl
 import threading
 from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss
-from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.handlers.threading import KazooTimeoutError, SequentialThreadingHandler
 from kazoo.protocol.states import KeeperState
 from kazoo.retry import KazooRetry
 from kazoo.security import make_digest_acl
 
-from zeps.errors import CoordinationError
+from zeps.errors import ConfigError, CoordinationError
 
-__all__ = ["FailFastClient", "connect", "digest_acl", "reconnect_policy", "shared_client"]
+__all__ = ["FailFastClient", "TLSHandler", "connect", "digest_acl", "reconnect_policy", "shared_client"]
 
 
 def connect(
@@ -28,6 +30,7 @@ def connect(
     auth: tuple[str, str] | None = None,
     acl_from_auth: bool = True,
     call_deadline: float | None = None,
+    ca: str = "",
 ) -> KazooClient:
     """Start a kazoo client for ``hosts`` (``"host:port[,host:port…][/chroot]"``) and return it connected.
 
@@ -43,6 +46,10 @@ def connect(
     zeps's retries retry until their deadline, and kazoo's own retries (its watches' first read)
     give up after ``call_deadline``. Without it, such a call waits, as kazoo's do, until a server
     answers again, however long that takes (:class:`FailFastClient` says why).
+
+    ``ca`` is the PEM of the certificate authority that signed the servers' certificates (the
+    chart's ``<release>-zookeeper-tls``): given, the client speaks TLS and takes a server only if its
+    certificate is that CA's and names the address dialled (:class:`TLSHandler`).
     """
     auth_data = [("digest", f"{auth[0]}:{auth[1]}")] if auth else None
     default_acl = digest_acl(*auth) if auth and acl_from_auth else None
@@ -53,6 +60,9 @@ def connect(
         "default_acl": default_acl,
         "connection_retry": reconnect_policy(session_timeout),
     }
+    tls = TLSHandler(ca) if ca else None
+    if tls is not None:
+        settings["handler"] = tls
     if call_deadline is None:
         client = KazooClient(**settings)
     else:
@@ -62,8 +72,44 @@ def connect(
         client.start(timeout=timeout)
     except KazooTimeoutError as exc:
         client.close()
-        raise CoordinationError(f"no ZooKeeper server answered at {hosts!r} within {timeout:.0f}s") from exc
+        why = (f" (TLS: {tls.refusal}: give the CA that signed the servers' certificates, ZEPS_ZOOKEEPER_CA, and "
+               "dial a name they carry)") if tls and tls.refusal else ""  # fmt: skip
+        raise CoordinationError(f"no ZooKeeper server answered at {hosts!r} within {timeout:.0f}s{why}") from exc
     return client
+
+
+class TLSHandler(SequentialThreadingHandler):  # type: ignore[misc]  # kazoo has no type hints
+    """kazoo's threading handler, its connections wrapped in TLS that trusts one CA alone.
+
+    kazoo's own ``use_ssl`` also trusts every CA of the system's store (it loads the defaults before
+    the given one), so with the server name unchecked, as is kazoo's default, any certificate a public
+    CA signed would pass. Here the context holds the ensemble's CA only, checks the server's name
+    against the host of the connect string, and speaks TLS 1.2 or newer. The last handshake refused
+    is kept (``refusal``) for the error a client that never connected raises."""
+
+    def __init__(self, ca: str) -> None:
+        super().__init__()
+        try:
+            self.context = ssl.create_default_context(cadata=ca)
+        except (ssl.SSLError, ValueError) as exc:
+            raise ConfigError(f"the ZooKeeper CA is not a PEM certificate ({exc}): give the servers' ca.crt") from None
+        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self.refusal = ""
+
+    def create_connection(self, *args: Any, **kwargs: Any) -> socket.socket:
+        hostname = kwargs.pop("hostname", None)
+        for kazoo_tls in ("use_ssl", "ca", "certfile", "keyfile", "keyfile_password", "verify_certs", "check_hostname"):
+            kwargs.pop(kazoo_tls, None)
+        plain: socket.socket = super().create_connection(*args, **kwargs)  # with kazoo's socket options
+        try:
+            return self.context.wrap_socket(plain, server_hostname=hostname)  # the handshake, in plain's timeout
+        except ssl.SSLError as exc:
+            self.refusal = str(exc)
+            plain.close()
+            raise
+        except OSError:
+            plain.close()
+            raise
 
 
 class FailFastClient(KazooClient):  # type: ignore[misc]  # kazoo has no type hints
@@ -107,21 +153,21 @@ def digest_acl(user: str, password: str) -> list[Any]:
     return [make_digest_acl(user, password, all=True)]
 
 
-_shared: dict[tuple[int, str, tuple[str, str] | None], KazooClient] = {}
+_shared: dict[tuple[int, str, tuple[str, str] | None, str], KazooClient] = {}
 _shared_lock = threading.Lock()
 
 
-def shared_client(hosts: str, *, auth: tuple[str, str] | None = None) -> KazooClient:
-    """The process's one client for ``hosts`` (and identity), made on first use.
+def shared_client(hosts: str, *, auth: tuple[str, str] | None = None, ca: str = "") -> KazooClient:
+    """The process's one client for ``hosts`` (and identity, and TLS CA), made on first use.
 
     Keyed by process id: a forked child (a Spark worker, a multiprocessing pool) never reuses its
     parent's client, whose threads did not survive the fork. Clients are closed at interpreter exit.
     """
-    key = (os.getpid(), hosts, auth)
+    key = (os.getpid(), hosts, auth, ca)
     with _shared_lock:
         client = _shared.get(key)
         if client is None or (not client.connected and client.state == "LOST"):
-            client = connect(hosts, auth=auth)
+            client = connect(hosts, auth=auth, ca=ca)
             _shared[key] = client
         return client
 

@@ -31,6 +31,7 @@ Batch queues (option ``queue``): offsets are batch numbers ``{"<queue>": n}``; b
 so this source is exactly-once too.
 
 Options: ``stream`` or ``queue`` (the resource name), ``namespace``, ``endpoint``, ``zookeeper``,
+``zookeeperCA`` (the servers' TLS CA, a PEM file on the driver: its PEM travels to the executors),
 ``chroot`` (explicit settings), ``pattern`` (prefix, or ``~regex``), ``startingOffsets``
 (``earliest`` | ``latest`` | JSON ``{"prices": 1000}`` | epoch milliseconds), ``maxOffsetsPerTrigger``,
 ``failOnDataLoss`` (true/false, default true), ``partitionSize`` (sequences per partition, default
@@ -128,6 +129,11 @@ def _bool(value: str | None, default: bool) -> bool:
 _STORE_OPTIONS = ("storeUrl", "storeEndpoint", "storeRegion", "storePathStyle")
 
 
+def _zookeeper(settings: Resolved) -> Any:
+    """This process's ZooKeeper client for ``settings`` (a driver's, or an executor's: one per process)."""
+    return shared_client(settings.zookeeper, auth=settings.auth, ca=settings.zookeeper_ca)
+
+
 def _settings(options: dict[str, str]) -> Resolved:
     """Resolve once, on the driver: explicit options, then environment, then the resource's status."""
     kind = "Queue" if "queue" in options else "ZepsStream"
@@ -135,6 +141,8 @@ def _settings(options: dict[str, str]) -> Resolved:
     if not name:
         raise ConfigError("the zeps source needs option stream=<ZepsStream name> (or queue=<Queue name>)")
     explicit = {k: options[k] for k in ("zookeeper", "chroot", "endpoint") if options.get(k)}
+    if options.get("zookeeperca"):  # option zookeeperCA (Spark hands options over lower-cased)
+        explicit["zookeeper_ca"] = options["zookeeperca"]
     settings = resolve(kind, name, namespace=options.get("namespace"), **explicit)  # type: ignore[arg-type]
     if kind == "Queue":
         require_queue_mode(settings, "batches")  # the source reads batches; work items are taken, not read
@@ -148,7 +156,7 @@ def _settings(options: dict[str, str]) -> Resolved:
         # settings given without the resource's spec: whether the stream is partitioned, ZooKeeper says
         # (a driver that cannot reach it, outside the cluster, reads one partition as before)
         try:
-            found = partition_endpoints(shared_client(settings.zookeeper, auth=settings.auth), settings.namespace,
+            found = partition_endpoints(_zookeeper(settings), settings.namespace,
                                         settings.name, chroot=settings.chroot)  # fmt: skip
         except ZepsError as exc:
             log.warning("stream %s: could not look for its partitions in ZooKeeper (%s): reading one", name, exc)
@@ -189,7 +197,7 @@ def _durable_tail(settings: Resolved, partition: int = 0) -> tuple[int, str]:
             "to learn the broker's durable tail"
         )
     try:
-        meta = broker_metadata(shared_client(settings.zookeeper, auth=settings.auth), settings.namespace,
+        meta = broker_metadata(_zookeeper(settings), settings.namespace,
                                settings.name, chroot=settings.chroot, partition=partition)  # fmt: skip
     except BrokerUnavailableError as exc:
         raise BrokerUnavailableError(f"the zeps source cannot learn the durable tail: {exc}") from None
@@ -436,7 +444,7 @@ class _QueueRead:
     def _queue(self) -> BatchQueue:
         s = self.settings
         options = BatchOptions.from_spec(s.spec.get("batches") or {})  # its batch store, where large batches are
-        return BatchQueue(shared_client(s.zookeeper, auth=s.auth), s.name, namespace=s.namespace, chroot=s.chroot,
+        return BatchQueue(_zookeeper(s), s.name, namespace=s.namespace, chroot=s.chroot,
                           options=options)  # fmt: skip
 
     def read_batches(self, part: _Range) -> Iterator[pa.RecordBatch]:
