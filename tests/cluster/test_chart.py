@@ -247,6 +247,7 @@ def test_with_client_tls_the_operator_reaches_the_servers_on_their_tls_port_with
     (ZOO_CLIENT_TLS; require keeps the plain port on 127.0.0.1), the Service and the NetworkPolicy
     open 2281, and the operator's connect string names 2281 with ZEPS_ZOOKEEPER_CA, the CA of the
     chart's Secret mounted alone (never the servers' key). Off, or without tls.enabled: 2181, no CA.
+    An external ensemble's CA comes from the Secret ``zookeeper.caSecret`` names.
     The SDK, the brokers and the servers over TLS: tests/integration/test_zookeeper_client_tls.py and
     the kind suite, which runs with values-production.yaml (clientMode require)."""
     ensemble = ("--set", "zookeeper.ensemble.enabled=true", "--set", "zookeeper.ensemble.tls.enabled=true",
@@ -281,6 +282,12 @@ def test_with_client_tls_the_operator_reaches_the_servers_on_their_tls_port_with
     refused = _helm("template", "z", str(CHART), "--kube-version", KUBE, *ensemble,
                     "--set", "zookeeper.ensemble.tls.clientMode=on")  # fmt: skip
     assert refused.returncode != 0 and "clientMode" in refused.stderr, refused.stderr
+    # an external ensemble over TLS: its CA from the Secret zookeeper.caSecret names
+    docs = _objects("--set", "zookeeper.connect=zk-0.zk:2281", "--set", "zookeeper.caSecret=zk-ca")
+    operator = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    values = {e["name"]: e.get("value") for e in operator["containers"][0]["env"]}
+    assert (values["ZEPS_ZOOKEEPER"], values["ZEPS_ZOOKEEPER_CA"]) == ("zk-0.zk:2281", "/etc/zeps/zookeeper-ca/ca.crt")
+    assert {"name": "zookeeper-ca", "secret": {"secretName": "zk-ca", "items": only_the_ca}} in operator["volumes"]
 
 
 def test_the_ensemble_s_network_policy_admits_the_servers_the_operator_and_labelled_clients() -> None:

@@ -59,6 +59,16 @@ require, "" when not (TLS off, or clientMode off). */}}
 {{- end -}}
 {{- end -}}
 
+{{/* The Secret whose ca.crt is the CA of the servers' client certificates, where clients speak TLS:
+the in-chart ensemble's (tls.clientMode), or an external ensemble's (zookeeper.caSecret); "" for none. */}}
+{{- define "zeps.zookeeperCASecret" -}}
+{{- if .Values.zookeeper.ensemble.enabled -}}
+{{- if (include "zeps.zookeeperClientTLS" .) }}{{ include "zeps.zookeeperTLSSecret" . }}{{ end -}}
+{{- else -}}
+{{ .Values.zookeeper.caSecret | default "" }}
+{{- end -}}
+{{- end -}}
+
 {{/* The Secret holding the ensemble's quorum identity (user, password), if quorum authentication is on. */}}
 {{- define "zeps.zookeeperQuorumSecret" -}}
 {{- $quorum := include "zeps.quorumAuth" . | fromJson -}}
