@@ -192,3 +192,65 @@ def test_replicas_1_to_3_to_1_on_a_stream_of_100000_records_keep_every_record(ap
     app.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "reader"}, "spec": reader})
     (summary,) = json_lines(app.wait_succeeded("reader", timeout=420))
     assert (summary["read"], summary["in_order_once"], summary["exit"]) == (RECORDS, True, 0), summary
+
+
+MOVED, MOVE_COUNT = "moved", 4000
+
+
+@pytest.mark.serial  # a node is cordoned
+@pytest.mark.timeout(1500)
+def test_a_replica_moved_off_a_cordoned_node_is_copied_first_then_rebuilt_elsewhere(app: App) -> None:
+    """``zeps.dev/move-replica`` on an R3 stream (minInSync 2) under a publisher Job and a subscriber,
+    the replica's node cordoned first (the admin's act): the operator adds a fourth replica and waits
+    for it in sync, then deletes the moved replica's volume and pod; the pod starts on another node
+    with a new volume and copies the stream; then the extra replica goes, its volume with it, and
+    the annotation is removed. Every confirmed publish reaches the subscriber once, in order."""
+    cluster = app.cluster
+    moved, extra = f"{MOVED}-broker-1", f"{MOVED}-broker-3"
+    body = _stream()
+    body["metadata"]["name"] = MOVED
+    app.apply(body)
+    app.ready("zepsstream", MOVED, timeout=300)
+
+    def in_sync() -> list[str]:
+        return list(app.get("zepsstream", MOVED).get("status", {}).get("replication", {}).get("inSync", []))
+
+    cluster.wait_for("three in sync", lambda: len(in_sync()) == 3, timeout=240, interval=2)
+    app.run_pod("move-subscriber", f"exec zeps --json stream replay {MOVED} --since 0 --count {MOVE_COUNT} "
+                "--timeout 900")  # fmt: skip
+    app.start_publisher(MOVED, MOVE_COUNT, 20.0, 10, job="move-publisher")
+    cluster.wait_for("200 confirmed", lambda: app.confirmed_past(200, "move-publisher"), timeout=240, interval=1)
+    node = app.get("pod", moved)["spec"]["nodeName"]
+    old_claim = app.get("pvc", f"journal-{moved}")["metadata"]["uid"]
+    cluster.kubectl("cordon", node)
+    try:
+        cluster.kubectl("annotate", "zepsstream", MOVED, "-n", app.ns, f"zeps.dev/move-replica={moved}")
+        cluster.wait_for("Reassigning True", lambda: app.condition(MOVED, "Reassigning").get("status") == "True",
+                         timeout=120, interval=1)  # fmt: skip
+        cluster.wait_for("the move done (the annotation removed)", lambda: "zeps.dev/move-replica" not in (
+            app.get("zepsstream", MOVED)["metadata"].get("annotations") or {}), timeout=900, interval=2)  # fmt: skip
+    finally:
+        cluster.kubectl("uncordon", node)
+    rebuilt = app.get("pod", moved)
+    assert rebuilt["spec"]["nodeName"] != node, f"{moved} is still on {node}"
+    assert app.get("pvc", f"journal-{moved}")["metadata"]["uid"] != old_claim, "its volume was not rebuilt"
+    assert app.get("statefulset", f"{MOVED}-broker")["spec"]["replicas"] == 3
+    cluster.wait_for(f"the extra replica's volume gone (journal-{extra})", lambda: not [
+        c for c in app.get("pvc")["items"] if c["metadata"]["name"] == f"journal-{extra}"], timeout=120,
+        interval=2)  # fmt: skip
+    cluster.wait_for("three in sync, the moved replica among them", lambda: sorted(in_sync()) == [
+        f"{MOVED}-broker-{i}" for i in range(3)], timeout=240, interval=2)  # fmt: skip
+    assert app.condition(MOVED, "Reassigning").get("status") == "False"
+    events = app.get("events", "--field-selector", "reason=ReplicaMoved")["items"]
+    assert any(f"from node {node} to node {rebuilt['spec']['nodeName']}" in e["message"] for e in events), events
+    phases = [e["message"].split(": ", 1)[1].split(",")[0] for e in sorted(
+        app.get("events", "--field-selector", "reason=MovingReplica")["items"],
+        key=lambda e: e.get("lastTimestamp") or e["metadata"]["creationTimestamp"])]  # fmt: skip
+    assert phases == ["adding", "rebuilding", "settling", "removing"], phases
+
+    app.hurry("move-publisher")
+    cluster.wait_for("the publisher to finish", lambda: app.confirmed_past(MOVE_COUNT, "move-publisher"), timeout=600,
+                     interval=2)  # fmt: skip
+    received = json_lines(app.wait_succeeded("move-subscriber", timeout=600))
+    bodies = [m["body"] for m in received]
+    assert bodies == [str(i) for i in range(1, MOVE_COUNT + 1)], f"{len(bodies)} received, {len(set(bodies))} distinct"

@@ -121,7 +121,8 @@ class Kube:
             current = labels.get("controller-revision-hash") == revision and not self._filesystem_pending(
                 namespace, f"journal-{meta.name}")  # fmt: skip
             config = annotations.get(CONFIG_ANNOTATION, "")
-            pods.append(RollPod(meta.name, current, ready, meta.deletion_timestamp is not None, config))
+            node = (pod.spec.node_name if pod.spec is not None else None) or ""
+            pods.append(RollPod(meta.name, current, ready, meta.deletion_timestamp is not None, config, node))
         return revision, pods
 
     def claim_size(self, namespace: str, kind: str, name: str) -> str | None:
@@ -157,6 +158,17 @@ class Kube:
 
     def _claim(self, namespace: str, name: str) -> Any:
         return _unless_missing(lambda: self._core.read_namespaced_persistent_volume_claim(name, namespace))
+
+    def claim_identity(self, namespace: str, name: str) -> tuple[str, bool] | None:
+        """A claim's uid and whether its deletion was asked (it stays while a pod uses it); None: gone."""
+        pvc = self._claim(namespace, name)
+        if pvc is None or pvc.metadata is None:
+            return None
+        return str(pvc.metadata.uid or ""), pvc.metadata.deletion_timestamp is not None
+
+    def delete_claim(self, namespace: str, name: str) -> None:
+        """Delete a claim (it goes once no pod uses it); gone already: nothing to do."""
+        _unless_missing(lambda: self._core.delete_namespaced_persistent_volume_claim(name, namespace))
 
     def grow_claim(self, namespace: str, name: str, size: str) -> str | None:
         """Ask for ``size`` on a claim (a volume grown in place); None once asked, else the API server's

@@ -350,6 +350,11 @@ KINDS = [
         status={
             "endpoint": ("string", "The broker's ZeroMQ endpoint."),
             "curvePublicKey": ("string", "The broker's CURVE public key (with curve: true)."),
+            "move": (
+                "object",
+                "The replica being moved (the annotation zeps.dev/move-replica): its phase (adding, rebuilding, "
+                "settling, removing), what it waits for, the node it left, or why the move is refused.",
+            ),
             "scaling": (
                 "object",
                 "Each broker set kept above spec.replicas while it may not go down yet, and what it waits for: "

@@ -43,6 +43,7 @@ class RollPod:
     ready: bool
     stopping: bool  #: deletion asked (it has a deletionTimestamp)
     config: str = ""  #: the digest of the settings it started with (its zeps.dev/config-digest)
+    node: str = ""  #: the node it was placed on ("" while not scheduled)
 
 
 @dataclass(frozen=True)

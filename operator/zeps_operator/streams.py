@@ -36,6 +36,7 @@ from zeps_operator.curve import (
     rotation_data,
 )
 from zeps_operator.models import StreamSpec
+from zeps_operator.moving import MOVE_ANNOTATION, MoveFacts, journal_claim, plan_move
 from zeps_operator.plan import (
     STREAM_LABEL,
     broker_config_digest,
@@ -86,8 +87,10 @@ def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason
     replicated = replication_mode(body, typed, patch)
     migrating = replicated is None
     waits: dict[str, str] = {}  # a smaller replicas waits for the replicas that stay (roll.scale_down)
-    wanted, typed = typed, guarded_scale(namespace, name, typed, 0, waits) if replicated else typed
-    members = stream_members(name, typed, replicated=replicated is not False)
+    moves: dict[str, dict[str, Any]] = {}  # a replica being moved (zeps_operator.moving), by its broker set
+    wanted = typed
+    typed, surge = scaled(body, typed, 0, waits, moves) if replicated else (typed, 0)
+    members = surged_members(name, typed, surge, replicated=replicated is not False)
     if migrating:  # the old broker is the first replica until the new ones hold its journal
         members = [stream_member(name), *members]
         seed_replication_state(state.zk, paths, stream_member(name), acl=acl)
@@ -100,14 +103,15 @@ def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason
         if replicated is not False:
             peers = [*members, *peers]
         public_key = ensure_curve(body, namespace, name, typed, replicas=peers, patch=patch)
-    zookeeper_auth = acl is not None
     retain = retains_data(dict(spec))
-    apply_objects(body, broker_objects(namespace, name, typed, replicated, zookeeper_auth=zookeeper_auth),
-                  retain=retain)  # fmt: skip
+    objects = broker_objects(namespace, name, typed, replicated, zookeeper_auth=acl is not None)
+    apply_objects(body, surged(objects, surge), retain=retain)
     if replicated and (asked := (meta.get("annotations") or {}).get(UNCLEAN_ELECTION)):
         unclean_election(body, typed, str(asked), patch)
-    others = [reconcile_partition(body, wanted, p, acl=acl, waits=waits) for p in range(1, typed.partitions)]
+    others = [reconcile_partition(body, wanted, p, acl=acl, waits=waits, moves=moves)
+              for p in range(1, typed.partitions)]  # fmt: skip
     scaling_status(body, patch, waits)
+    move_status(body, patch, moves, generation=generation)
     if not migrating:
         resize_journals(body, patch, typed, replicated=bool(replicated), generation=generation)
         rolls = {broker_name(name, p): roll_brokers(body, typed, patch, p) for p in range(typed.partitions)
@@ -462,6 +466,107 @@ def guarded_scale(namespace: str, name: str, spec: StreamSpec, partition: int, w
     return now
 
 
+def scaled(body: kopf.Body, spec: StreamSpec, partition: int, waits: dict[str, str],
+           moves: dict[str, dict[str, Any]]) -> tuple[StreamSpec, int]:  # fmt: skip
+    """The spec a replicated broker set is made with now, and its surge: the replicas it runs beyond
+    that spec while one of its replicas moves (:func:`move_replica`), else none and the guarded
+    scale-down's spec (:func:`guarded_scale`). A surge leaves the pods' settings as they are (the
+    set only gets a replica more), so a move rolls no pod."""
+    surge = move_replica(body, spec, partition, moves)
+    if surge:
+        return spec, surge
+    return guarded_scale(body["metadata"]["namespace"], body["metadata"]["name"], spec, partition, waits), 0
+
+
+def surged_members(name: str, spec: StreamSpec, surge: int, *, replicated: bool, partition: int = 0) -> list[str]:
+    """The members of a broker set running ``surge`` replicas beyond ``spec.replicas``."""
+    return stream_members(name, spec.model_copy(update={"replicas": spec.replicas + surge}) if surge else spec,
+                          replicated=replicated, partition=partition)  # fmt: skip
+
+
+def surged(objects: list[dict[str, Any]], surge: int) -> list[dict[str, Any]]:
+    """``objects`` with their StatefulSet running ``surge`` replicas more."""
+    for obj in objects:
+        if surge and obj["kind"] == "StatefulSet":
+            obj["spec"]["replicas"] += surge
+    return objects
+
+
+def move_replica(body: kopf.Body, spec: StreamSpec, partition: int, moves: dict[str, dict[str, Any]]) -> int:
+    """One pass of moving a replica of this broker set, if the annotation asks for one of its pods
+    (:mod:`zeps_operator.moving`): what the step says is deleted now, the move's status entry goes in
+    ``moves``; returns the set's surge (1 while a copy is added, rebuilt and settling)."""
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    statefulset = broker_name(name, partition)
+    asked = str((meta.get("annotations") or {}).get(MOVE_ANNOTATION) or "").strip()
+    if not asked or asked.rsplit("-", 1)[0] != statefulset:
+        return 0
+    before = (body.get("status") or {}).get("move") or {}
+    if before.get("replica") != asked:
+        before = {}
+    running = state.kube.statefulset_replicas(namespace, statefulset) or 0
+    _, pods = state.kube.broker_pods(namespace, statefulset)
+    replication = read_replication_state(state.zk, StreamPaths.of(namespace, name, chroot=state.settings.chroot,
+                                                                   partition=partition))  # fmt: skip
+    pod = next((p for p in pods if p.name == asked), None)
+    claim = state.kube.claim_identity(namespace, journal_claim(asked))
+    extra = f"{statefulset}-{spec.replicas}"
+    facts = MoveFacts(
+        replicas=spec.replicas, running=running,
+        members=surged_members(name, spec, 1, replicated=True, partition=partition),
+        isr=replication.isr if replication is not None else None, min_insync=spec.in_sync,
+        pod_exists=pod is not None, pod_ready=pod is not None and pod.ready,
+        pod_stopping=pod is not None and pod.stopping, claim_uid=claim[0] if claim else None,
+        claim_deleting=bool(claim and claim[1]), extra_pod_exists=any(p.name == extra for p in pods),
+    )  # fmt: skip
+    step = plan_move(asked, str(before.get("phase") or ""), str(before.get("oldClaim") or ""), facts)
+    if step.delete_claim:
+        state.kube.delete_claim(namespace, step.delete_claim)
+    if step.delete_pod:
+        state.kube.delete_pod(namespace, step.delete_pod)
+    node = pod.node if pod is not None else ""
+    left = str(before.get("from") or node)
+    if step.refused:
+        if before.get("refused") != step.refused:
+            kopf.warn(body, reason="MoveRefused", message=f"{MOVE_ANNOTATION}: {step.refused}")
+        moves[statefulset] = {"replica": asked, "refused": step.refused}
+    elif step.done:
+        kopf.info(body, reason="ReplicaMoved", message=f"{asked} moved from node {left} to node {node or '?'}, its "
+                  "copy of the stream rebuilt there")  # fmt: skip
+        moves[statefulset] = {"replica": asked, "done": True}
+    else:
+        if step.phase != before.get("phase"):
+            kopf.info(body, reason="MovingReplica", message=f"{asked}: {step.phase}, waiting for {step.waiting}")
+        moves[statefulset] = {"replica": asked, "phase": step.phase, "waiting": step.waiting, "from": left,
+                              "oldClaim": step.old_claim or None}  # fmt: skip
+    return step.surge
+
+
+def move_status(body: kopf.Body, patch: kopf.Patch, moves: dict[str, dict[str, Any]], *, generation: int) -> None:
+    """``status.move`` (the move under way, or refused; gone once done or no longer asked), the
+    annotation removed once the move is done, and the Reassigning condition."""
+    before = (body.get("status") or {}).get("move")
+    entry = next(iter(moves.values()), None)
+    if entry is not None and entry.get("done"):
+        patch.metadata.annotations[MOVE_ANNOTATION] = None
+        entry = None
+    if entry is not None:
+        patch.status["move"] = replacing_map(before, entry)
+    elif before is not None:
+        patch.status["move"] = None
+    moving = entry is not None and "phase" in entry
+    refused = entry is not None and "refused" in entry
+    message = "no replica is being moved"
+    if entry is not None:
+        message = f"{entry['replica']}: " + (f"{entry['phase']}, waiting for {entry['waiting']}" if moving
+                                             else str(entry.get("refused", "")))  # fmt: skip
+    patch.status["conditions"] = set_condition(
+        conditions_now(body, patch), "Reassigning", moving, generation=generation,
+        reason="Moving" if moving else "Refused" if refused else "Settled", message=message,
+    )  # fmt: skip
+
+
 def scaling_status(body: kopf.Body, patch: kopf.Patch, waits: dict[str, str]) -> None:
     """``status.scaling``: each broker set kept above its replicas, and what it waits for; gone once none is."""
     before = (body.get("status") or {}).get("scaling")
@@ -474,23 +579,24 @@ def scaling_status(body: kopf.Body, patch: kopf.Patch, waits: dict[str, str]) ->
 
 
 def reconcile_partition(body: kopf.Body, spec: StreamSpec, partition: int, *, acl: list[Any] | None,
-                        waits: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+                        waits: dict[str, str], moves: dict[str, dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
     """Partition ``partition`` (1 and up) of a partitioned stream: its manifest (with the namespace's
     ``acl``), its broker set (a StatefulSet of ``spec.replicas``, as a replicated stream's, kept above
     them while it may not go down yet: ``waits``), and its entry in ``status.partitions`` (``ready``:
     a leader serves and minInSync replicas run)."""
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-    spec = guarded_scale(namespace, name, spec, partition, waits)
+    spec, surge = scaled(body, spec, partition, waits, moves)
     zookeeper_auth = acl is not None
     paths = StreamPaths.of(namespace, name, chroot=state.settings.chroot, partition=partition)
     group = Group(state.zk, paths.brokers, acl=acl)
-    members = stream_members(name, spec, replicated=True, partition=partition)
+    members = surged_members(name, spec, surge, replicated=True, partition=partition)
     if group.manifest() != frozenset(members):
         group.set_manifest(members)
     claim_size = state.kube.claim_size(namespace, "StatefulSet", broker_name(name, partition))
     objects = stream_objects(namespace, name, spec, state.settings, zookeeper_auth=zookeeper_auth, partition=partition,
                              claim_size=claim_size)  # fmt: skip
-    apply_objects(body, objects, retain=False)  # its journals are the StatefulSet's claims (its retention policy)
+    # its journals are the StatefulSet's claims (its retention policy)
+    apply_objects(body, surged(objects, surge), retain=False)
     running = state.kube.statefulset_ready(namespace, broker_name(name, partition))
     replication = read_replication_state(state.zk, paths)
     leader = group.members().get(replication.leader) if replication is not None else None

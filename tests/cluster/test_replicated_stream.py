@@ -590,3 +590,101 @@ def test_a_larger_storage_size_grows_the_journal_claims_in_place_and_a_smaller_o
         for name in names:
             crds.kubectl("delete", "pv", f"{namespace}-{name}", "--wait=false", check=False)
         crds.kubectl("delete", "storageclass", sc, "--wait=false", check=False)
+
+
+def _the_move_is_done(crds: ControlPlane, core: Any, namespace: str) -> None:
+    """Stream "mv" after its move: the extra replica's claim deleted, the annotation removed,
+    Reassigning False, and the ReplicaMoved event."""
+    wait_until(lambda: not [c for c in core.list_namespaced_persistent_volume_claim(namespace).items
+                            if c.metadata.name == "journal-mv-broker-3" and not c.metadata.deletion_timestamp],
+               timeout=60, what="the extra replica's claim deleted")  # fmt: skip
+    body = json.loads(crds.kubectl("get", "zepsstream", "mv", "-n", namespace, "-o", "json"))
+    assert "zeps.dev/move-replica" not in (body["metadata"].get("annotations") or {})
+    assert _cond(crds, namespace, "mv", "Reassigning")[:2] == ("False", "Settled")
+    events = crds.kubectl("get", "events", "-n", namespace, "--field-selector", "reason=ReplicaMoved")
+    assert "mv-broker-1 moved from node" in events, events
+
+
+def _offer_volumes(core: Any, namespace: str, volumes: list[tuple[str, str]]) -> None:
+    """No provisioner without a kubelet: a volume offered to each (volume name, claim name)."""
+    for volume, claim in volumes:
+        core.create_persistent_volume(client.V1PersistentVolume(
+            metadata=client.V1ObjectMeta(name=volume),
+            spec=client.V1PersistentVolumeSpec(
+                capacity={"storage": "1Gi"}, access_modes=["ReadWriteOnce"], storage_class_name="",
+                host_path=client.V1HostPathVolumeSource(path=f"/tmp/{volume}"),
+                claim_ref=client.V1ObjectReference(namespace=namespace, name=claim))))  # fmt: skip
+
+
+def test_a_replica_moved_gets_a_copy_added_first_its_volume_made_again_and_the_copy_removed_last(
+    operator: Any, crds: ControlPlane, namespace: str, kube_api: Any, zookeeper_server: ZooKeeperServer
+) -> None:
+    """``zeps.dev/move-replica`` walked through its phases against the real API server (kwok plays
+    the kubelet; the volumes are offered by hand, two for the moved replica's claim: the old and the
+    new; the replication state is written here as the brokers would hold it, so each phase waits
+    until the test says the replicas caught up). The set runs a fourth replica until it is in sync,
+    then the moved replica's claim and pod are deleted and made again (a new claim), then the set
+    goes back to three once the rebuilt replica is in sync, the extra claim is deleted, the
+    annotation removed, and an event says the replica moved. The data path runs on kind:
+    e2e/kind/test_operations.py."""
+    from zeps.coordination import connect  # noqa: PLC0415
+    from zeps.paths import StreamPaths  # noqa: PLC0415
+    from zeps.replication.election import ReplicationState  # noqa: PLC0415
+
+    core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
+    names = [f"mv-broker-{i}" for i in range(4)]
+    volumes = [(f"{namespace}-{n}", f"journal-{n}") for n in names] + [(f"{namespace}-mv-1-new", "journal-mv-broker-1")]
+    _offer_volumes(core, namespace, volumes)
+    zk = connect(zookeeper_server.connect_string)
+    paths = StreamPaths.of(namespace, "mv", chroot=CHROOT)
+
+    def in_sync(*members: str) -> None:
+        state = ReplicationState(3, "mv-broker-0", frozenset(members)).encode()
+        zk.ensure_path(paths.replication_state.rsplit("/", 1)[0])
+        if zk.exists(paths.replication_state):
+            zk.set(paths.replication_state, state)
+        else:
+            zk.create(paths.replication_state, state)
+
+    def move() -> dict[str, Any]:
+        return dict(_status(crds, namespace, "mv").get("move") or {})
+
+    def replicas() -> int:
+        return int(apps.read_namespaced_stateful_set("mv-broker", namespace).spec.replicas)
+
+    storage = {"size": "1Gi", "storageClassName": ""}
+    try:
+        _apply(crds, namespace, "mv", {"replicas": 3, "storage": storage})
+        wait_until(lambda: len(pods := _pods_by_ordinal(core, namespace, "mv")) == 3
+                   and all(map(_ready, pods.values())), timeout=120, what="three broker pods Ready (kwok)")  # fmt: skip
+        in_sync(*names[:3])
+        old_claim = core.read_namespaced_persistent_volume_claim("journal-mv-broker-1", namespace).metadata.uid
+        crds.kubectl("annotate", "zepsstream", "mv", "-n", namespace, "zeps.dev/move-replica=mv-broker-1")
+        wait_until(lambda: replicas() == 4 and move().get("phase") == "adding", timeout=60,
+                   what="a fourth replica added, the move adding")  # fmt: skip
+        assert "mv-broker-3, the extra copy, to catch up" in move()["waiting"]
+        assert _cond(crds, namespace, "mv", "Reassigning")[:2] == ("True", "Moving")
+        claim = core.read_namespaced_persistent_volume_claim("journal-mv-broker-1", namespace)
+        assert claim.metadata.uid == old_claim and claim.metadata.deletion_timestamp is None, "deleted too soon"
+
+        in_sync("mv-broker-0", "mv-broker-2", "mv-broker-3", "mv-broker-1")  # the copy caught up
+        wait_until(lambda: move().get("phase") == "settling", timeout=90, what="the moved replica rebuilt")
+        rebuilt = lambda: core.read_namespaced_persistent_volume_claim("journal-mv-broker-1", namespace)  # noqa: E731
+        assert rebuilt().metadata.uid != old_claim
+        wait_until(lambda: rebuilt().spec.volume_name == f"{namespace}-mv-1-new", timeout=60,
+                   what="the new claim bound to the other volume")  # fmt: skip
+        in_sync("mv-broker-0", "mv-broker-2", "mv-broker-3")  # as the brokers would say: it is catching up
+        assert replicas() == 4 and move().get("phase") == "settling", "the copy must stay until it caught up"
+        in_sync(*names)
+        wait_until(lambda: not move() and replicas() == 3, timeout=90, what="the move done, three replicas again")
+        _the_move_is_done(crds, core, namespace)
+
+        crds.kubectl("annotate", "zepsstream", "mv", "-n", namespace, "zeps.dev/move-replica=mv-broker-7")
+        wait_until(lambda: "is not a replica" in move().get("refused", ""), timeout=60, what="a move refused")
+        assert _cond(crds, namespace, "mv", "Reassigning")[:2] == ("False", "Refused") and replicas() == 3
+    finally:
+        zk.stop()
+        zk.close()
+        crds.kubectl("delete", "zepsstream", "mv", "-n", namespace, "--wait=false", check=False)
+        for volume, _ in volumes:
+            crds.kubectl("delete", "pv", volume, "--wait=false", check=False)
