@@ -225,6 +225,18 @@ class ZooKeeperShell:
             )
         )  # fmt: skip
 
+    @staticmethod
+    def addresses(port: int) -> list[str]:
+        """Each server's ``host:port`` under the ensemble's Service, server 0 first."""
+        return [f"{RELEASE}-zookeeper-{i}.{RELEASE}-zookeeper.{OPERATOR_NAMESPACE}.svc:{port}" for i in range(3)]
+
+    def python(self, worker: str, *args: str, server: int = 0, timeout: float = 120) -> str:
+        """The output of ``workers/<worker>`` run by python3 inside server ``server``'s pod (the only
+        place the ensemble's NetworkPolicy lets reach the quorum and election ports)."""
+        return str(self.cluster.kubectl("exec", "-i", "-n", OPERATOR_NAMESPACE, f"{RELEASE}-zookeeper-{server}", "--",
+                                        "python3", "-", *args, input=(WORKERS / worker).read_text(),
+                                        timeout=timeout))  # fmt: skip
+
     def _answered(self, command: str, path: str, answered: Any) -> str:
         """The output of ``command path`` from the first server that answers (``answered(output)``): a
         server whose pod a test deleted, or restarted, may not serve yet. The last output if none did."""

@@ -291,9 +291,7 @@ def test_the_broker_metrics_are_scraped_from_another_pod(app: App) -> None:
     assert 'zeps_broker_messages_in_total{stream="metered"} 3.0' in scraped, scraped[-2000:]
 
 
-def test_a_pod_posing_as_a_zookeeper_server_is_cut_off_by_every_server_of_the_ensemble(
-    app: App, zk: ZooKeeperShell
-) -> None:
+def test_a_pod_posing_as_a_zookeeper_server_is_cut_off_by_every_server_of_the_ensemble(zk: ZooKeeperShell) -> None:
     """A process opens each server's election port with a server's handshake and vote
     (``workers/forged_zookeeper_peer.py``), as a stranger (id 1000) and as server 2. It runs inside
     server 0's own pod: the ensemble's NetworkPolicy lets no other pod reach the election port (the
@@ -301,27 +299,23 @@ def test_a_pod_posing_as_a_zookeeper_server_is_cut_off_by_every_server_of_the_en
     authenticate each other (``zookeeper.ensemble.quorumAuth``), so each cuts it off before reading its
     vote (without that, each answers with its own vote: the integration test
     ``test_zookeeper_quorum_auth.py`` shows both on real servers); the ensemble stays whole."""
-    servers = [f"{RELEASE}-zookeeper-{i}.{RELEASE}-zookeeper.{OPERATOR_NAMESPACE}.svc:3888" for i in range(3)]
-    forger = (WORKERS / "forged_zookeeper_peer.py").read_text()
+    servers = zk.addresses(3888)
     answers = []
     for sid in (1000, 2):
-        out = app.cluster.kubectl("exec", "-i", "-n", OPERATOR_NAMESPACE, f"{RELEASE}-zookeeper-0", "--",
-                                  "python3", "-", str(sid), *servers, input=forger, timeout=120)  # fmt: skip
+        out = zk.python("forged_zookeeper_peer.py", str(sid), *servers)
         answers += [(line["server"], line["answer"]) for line in json_lines(out)]
     assert answers == [(server, "closed") for server in servers] * 2, answers
     assert zk.whole(), "the ensemble is not whole after the forgers"
 
 
-def test_the_zookeeper_servers_peer_over_tls_with_the_chart_s_certificates(app: App) -> None:
+def test_the_zookeeper_servers_peer_over_tls_with_the_chart_s_certificates(zk: ZooKeeperShell) -> None:
     """``zookeeper.ensemble.tls`` (on in values-production.yaml): from server 0's pod, with the
     certificate the chart made and mounted there (``workers/zookeeper_tls_peer.py``), a TLS handshake
     with each server's election port succeeds, the server presenting the ensemble's certificate;
     without a certificate of its own a peer is refused. (Plain TCP to those ports is cut off: the
     test before; the integration test ``test_zookeeper_quorum_auth.py`` runs the same worker.)"""
-    servers = [f"{RELEASE}-zookeeper-{i}.{RELEASE}-zookeeper.{OPERATOR_NAMESPACE}.svc:3888" for i in range(3)]
-    peer = (WORKERS / "zookeeper_tls_peer.py").read_text()
-    out = app.cluster.kubectl("exec", "-i", "-n", OPERATOR_NAMESPACE, f"{RELEASE}-zookeeper-0", "--",
-                              "python3", "-", "/etc/zookeeper/tls", *servers, input=peer, timeout=120)  # fmt: skip
+    servers = zk.addresses(3888)
+    out = zk.python("zookeeper_tls_peer.py", "/etc/zookeeper/tls", *servers)
     got = {(line["server"], line["certificate"]): line for line in json_lines(out)}
     for server in servers:
         assert got[server, True]["answer"] == "open" and got[server, True]["peer"] == f"{RELEASE}-zookeeper", got
@@ -338,8 +332,7 @@ def test_only_the_operator_its_brokers_and_labelled_clients_reach_zookeeper(app:
     plain one, which listens on each server's 127.0.0.1 alone, and the labelled client above works
     with what the status gave it (the address of the TLS port and the CA)."""
     ports = {"client (TLS)": 2281, "client (plain)": 2181, "quorum": 2888, "election": 3888}
-    targets = [f"{RELEASE}-zookeeper-{i}.{RELEASE}-zookeeper.{OPERATOR_NAMESPACE}.svc:{port}"
-               for i in range(3) for port in ports.values()]  # fmt: skip
+    targets = [ZooKeeperShell.addresses(port)[i] for i in range(3) for port in ports.values()]
     # a new pod's address reaches each node's firewall a moment after the pod starts, each node on its
     # own (as with any policy controller): until one port of a server answered, each of its ports is
     # tried again for up to 20 s from the start
