@@ -246,7 +246,9 @@ def test_a_replica_moved_off_a_cordoned_node_is_copied_first_then_rebuilt_elsewh
     phases = [e["message"].split(": ", 1)[1].split(",")[0] for e in sorted(
         app.get("events", "--field-selector", "reason=MovingReplica")["items"],
         key=lambda e: e.get("lastTimestamp") or e["metadata"]["creationTimestamp"])]  # fmt: skip
-    assert phases == ["adding", "rebuilding", "settling", "removing"], phases
+    # each phase once (a pass that ran before the last one's status was written may say it again)
+    assert [p for i, p in enumerate(phases) if i == 0 or p != phases[i - 1]] == ["adding", "rebuilding", "settling",
+                                                                                 "removing"], phases  # fmt: skip
 
     app.hurry("move-publisher")
     cluster.wait_for("the publisher to finish", lambda: app.confirmed_past(MOVE_COUNT, "move-publisher"), timeout=600,
