@@ -96,14 +96,10 @@ def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason
         seed_replication_state(state.zk, paths, stream_member(name), acl=acl)
     if group.manifest() != frozenset(members):
         group.set_manifest(members)
-    public_key = ""
-    if typed.curve:  # the replicas of every replicated broker set peer with certificates of their own
-        peers = [member for p in range(1, typed.partitions)
-                 for member in stream_members(name, typed, replicated=True, partition=p)]  # fmt: skip
-        if replicated is not False:
-            peers = [*members, *peers]
-        public_key = ensure_curve(body, namespace, name, typed, replicas=peers, patch=patch)
+    public_key = stream_curve(body, typed, members, replicated=replicated, patch=patch)
     retain = retains_data(dict(spec))
+    if migrating and len(migration_copied(namespace, name, typed)) >= typed.in_sync:  # never its old objects again
+        finish_migration(body, typed, group, patch, retain=retain, generation=generation)
     objects = broker_objects(namespace, name, typed, replicated, zookeeper_auth=acl is not None)
     apply_objects(body, surged(objects, surge), retain=retain)
     if replicated and (asked := (meta.get("annotations") or {}).get(UNCLEAN_ELECTION)):
@@ -124,6 +120,20 @@ def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason
         replicated_status(body, typed, group, patch, generation=generation, public_key=public_key, others=others)
         return
     single_status(body, typed, group, patch, generation=generation, public_key=public_key, others=others)
+
+
+def stream_curve(body: kopf.Body, spec: StreamSpec, members: list[str], *, replicated: bool | None,
+                 patch: kopf.Patch) -> str:  # fmt: skip
+    """With ``curve``, the broker's public key, and a certificate for each replica of every replicated
+    broker set (``members``: partition 0's, when it is one), which they peer with; "" without."""
+    if not spec.curve:
+        return ""
+    meta = body["metadata"]
+    peers = [member for p in range(1, spec.partitions)
+             for member in stream_members(meta["name"], spec, replicated=True, partition=p)]  # fmt: skip
+    if replicated is not False:
+        peers = [*members, *peers]
+    return ensure_curve(body, meta["namespace"], meta["name"], spec, replicas=peers, patch=patch)
 
 
 #: annotate a replicated ZepsStream with ``<replica>`` (or ``<partition>/<replica>``) to elect that
@@ -209,16 +219,23 @@ def replication_mode(body: kopf.Body, spec: StreamSpec, patch: kopf.Patch) -> bo
     return bool(decided)
 
 
+def migration_copied(namespace: str, name: str, spec: StreamSpec) -> list[str]:
+    """The new replicas of a stream growing in place that hold the old broker's journal (in sync). Once
+    ``minInSync`` of them do, a pass whose body predates the status that says so (``replicated``) must
+    not make the old broker's Deployment again: it finishes instead."""
+    replication = read_replication_state(state.zk, StreamPaths.of(namespace, name, chroot=state.settings.chroot))
+    new = set(stream_members(name, spec, replicated=True))
+    return sorted(new & set(replication.isr)) if replication is not None else []
+
+
 def finish_migration(body: kopf.Body, spec: StreamSpec, group: Group, patch: kopf.Patch, *, retain: bool,
                      generation: int) -> None:  # fmt: skip
     """A stream growing replicas in place: once ``minInSync`` of the new replicas are in sync (they hold
     the old broker's journal), the old Deployment goes (its broker leaves its session: the new replicas
     elect a leader at once), and its volume too unless the stream retains data."""
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-    paths = StreamPaths.of(namespace, name, chroot=state.settings.chroot)
-    replication = read_replication_state(state.zk, paths)
     new = set(stream_members(name, spec, replicated=True))
-    copied = sorted(new & set(replication.isr)) if replication is not None else []
+    copied = migration_copied(namespace, name, spec)
     if len(copied) < spec.in_sync:
         why = f"growing to {spec.replicas} replicas: {len(copied)} of them hold the journal, {spec.in_sync} needed"
         ready(body, patch, False, "Replicating", why, generation=generation)
@@ -548,6 +565,9 @@ def move_status(body: kopf.Body, patch: kopf.Patch, moves: dict[str, dict[str, A
     annotation removed once the move is done, and the Reassigning condition."""
     before = (body.get("status") or {}).get("move")
     entry = next(iter(moves.values()), None)
+    if entry is None and before is None and not any(c.get("type") == "Reassigning"
+                                                    for c in conditions_now(body, patch) or []):  # fmt: skip
+        return  # the condition appears once a move is asked
     if entry is not None and entry.get("done"):
         patch.metadata.annotations[MOVE_ANNOTATION] = None
         entry = None

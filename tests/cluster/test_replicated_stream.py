@@ -605,6 +605,22 @@ def _the_move_is_done(crds: ControlPlane, core: Any, namespace: str) -> None:
     assert "mv-broker-1 moved from node" in events, events
 
 
+def _write_state(zk: Any, path: str, state: bytes) -> None:
+    """The replication state at ``path``, as the brokers would write it."""
+    zk.ensure_path(path.rsplit("/", 1)[0])
+    if zk.exists(path):
+        zk.set(path, state)
+    else:
+        zk.create(path, state)
+
+
+def _a_move_of_no_replica_is_refused(crds: ControlPlane, namespace: str) -> None:
+    crds.kubectl("annotate", "zepsstream", "mv", "-n", namespace, "zeps.dev/move-replica=mv-broker-7", "--overwrite")
+    wait_until(lambda: "is not a replica" in (_status(crds, namespace, "mv").get("move") or {}).get("refused", ""),
+               timeout=60, what="a move refused")  # fmt: skip
+    assert _cond(crds, namespace, "mv", "Reassigning")[:2] == ("False", "Refused")
+
+
 def _offer_volumes(core: Any, namespace: str, volumes: list[tuple[str, str]]) -> None:
     """No provisioner without a kubelet: a volume offered to each (volume name, claim name)."""
     for volume, claim in volumes:
@@ -620,8 +636,8 @@ def test_a_replica_moved_gets_a_copy_added_first_its_volume_made_again_and_the_c
     operator: Any, crds: ControlPlane, namespace: str, kube_api: Any, zookeeper_server: ZooKeeperServer
 ) -> None:
     """``zeps.dev/move-replica`` walked through its phases against the real API server (kwok plays
-    the kubelet; the volumes are offered by hand, two for the moved replica's claim: the old and the
-    new; the replication state is written here as the brokers would hold it, so each phase waits
+    the kubelet; the volumes are offered by hand, the moved replica's new one once its new claim
+    exists; the replication state is written here as the brokers would hold it, so each phase waits
     until the test says the replicas caught up). The set runs a fourth replica until it is in sync,
     then the moved replica's claim and pod are deleted and made again (a new claim), then the set
     goes back to three once the rebuilt replica is in sync, the extra claim is deleted, the
@@ -633,18 +649,13 @@ def test_a_replica_moved_gets_a_copy_added_first_its_volume_made_again_and_the_c
 
     core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
     names = [f"mv-broker-{i}" for i in range(4)]
-    volumes = [(f"{namespace}-{n}", f"journal-{n}") for n in names] + [(f"{namespace}-mv-1-new", "journal-mv-broker-1")]
+    volumes = [(f"{namespace}-{n}", f"journal-{n}") for n in names]
     _offer_volumes(core, namespace, volumes)
     zk = connect(zookeeper_server.connect_string)
     paths = StreamPaths.of(namespace, "mv", chroot=CHROOT)
 
     def in_sync(*members: str) -> None:
-        state = ReplicationState(3, "mv-broker-0", frozenset(members)).encode()
-        zk.ensure_path(paths.replication_state.rsplit("/", 1)[0])
-        if zk.exists(paths.replication_state):
-            zk.set(paths.replication_state, state)
-        else:
-            zk.create(paths.replication_state, state)
+        _write_state(zk, paths.replication_state, ReplicationState(3, "mv-broker-0", frozenset(members)).encode())
 
     def move() -> dict[str, Any]:
         return dict(_status(crds, namespace, "mv").get("move") or {})
@@ -658,7 +669,8 @@ def test_a_replica_moved_gets_a_copy_added_first_its_volume_made_again_and_the_c
         wait_until(lambda: len(pods := _pods_by_ordinal(core, namespace, "mv")) == 3
                    and all(map(_ready, pods.values())), timeout=120, what="three broker pods Ready (kwok)")  # fmt: skip
         in_sync(*names[:3])
-        old_claim = core.read_namespaced_persistent_volume_claim("journal-mv-broker-1", namespace).metadata.uid
+        first = core.read_namespaced_persistent_volume_claim("journal-mv-broker-1", namespace)
+        old_claim, old_volume = first.metadata.uid, first.spec.volume_name
         crds.kubectl("annotate", "zepsstream", "mv", "-n", namespace, "zeps.dev/move-replica=mv-broker-1")
         wait_until(lambda: replicas() == 4 and move().get("phase") == "adding", timeout=60,
                    what="a fourth replica added, the move adding")  # fmt: skip
@@ -670,18 +682,20 @@ def test_a_replica_moved_gets_a_copy_added_first_its_volume_made_again_and_the_c
         in_sync("mv-broker-0", "mv-broker-2", "mv-broker-3", "mv-broker-1")  # the copy caught up
         wait_until(lambda: move().get("phase") == "settling", timeout=90, what="the moved replica rebuilt")
         rebuilt = lambda: core.read_namespaced_persistent_volume_claim("journal-mv-broker-1", namespace)  # noqa: E731
-        assert rebuilt().metadata.uid != old_claim
-        wait_until(lambda: rebuilt().spec.volume_name == f"{namespace}-mv-1-new", timeout=60,
-                   what="the new claim bound to the other volume")  # fmt: skip
+        assert rebuilt().metadata.uid != old_claim and old_volume
+        new_volume = (f"{namespace}-mv-1-new", "journal-mv-broker-1")  # offered now: the only one it can take
+        volumes.append(new_volume)
+        _offer_volumes(core, namespace, [new_volume])
+        wait_until(lambda: rebuilt().spec.volume_name == new_volume[0], timeout=60,
+                   what="the new claim bound to a new volume")  # fmt: skip
         in_sync("mv-broker-0", "mv-broker-2", "mv-broker-3")  # as the brokers would say: it is catching up
         assert replicas() == 4 and move().get("phase") == "settling", "the copy must stay until it caught up"
         in_sync(*names)
         wait_until(lambda: not move() and replicas() == 3, timeout=90, what="the move done, three replicas again")
         _the_move_is_done(crds, core, namespace)
 
-        crds.kubectl("annotate", "zepsstream", "mv", "-n", namespace, "zeps.dev/move-replica=mv-broker-7")
-        wait_until(lambda: "is not a replica" in move().get("refused", ""), timeout=60, what="a move refused")
-        assert _cond(crds, namespace, "mv", "Reassigning")[:2] == ("False", "Refused") and replicas() == 3
+        _a_move_of_no_replica_is_refused(crds, namespace)
+        assert replicas() == 3
     finally:
         zk.stop()
         zk.close()
