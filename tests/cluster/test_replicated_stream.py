@@ -464,13 +464,7 @@ def test_a_new_template_rolls_the_broker_pods_one_at_a_time_followers_first_the_
 
     core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
     names = [f"roll-broker-{i}" for i in range(3)]
-    for name in names:  # no provisioner without a kubelet: a volume offered to each replica's claim
-        core.create_persistent_volume(client.V1PersistentVolume(
-            metadata=client.V1ObjectMeta(name=f"{namespace}-{name}"),
-            spec=client.V1PersistentVolumeSpec(
-                capacity={"storage": "1Gi"}, access_modes=["ReadWriteOnce"], storage_class_name="",
-                host_path=client.V1HostPathVolumeSource(path=f"/tmp/{namespace}-{name}"),
-                claim_ref=client.V1ObjectReference(namespace=namespace, name=f"journal-{name}"))))  # fmt: skip
+    _offer_volumes(core, namespace, [(f"{namespace}-{name}", f"journal-{name}") for name in names])
     storage = {"size": "1Gi", "storageClassName": ""}
     _apply(crds, namespace, "roll", {"replicas": 3, "storage": storage})
     wait_until(lambda: len(pods := _pods_by_ordinal(core, namespace, "roll")) == 3 and all(map(_ready, pods.values())),
