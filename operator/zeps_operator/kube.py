@@ -166,10 +166,6 @@ class Kube:
             return None
         return str(pvc.metadata.uid or ""), pvc.metadata.deletion_timestamp is not None
 
-    def delete_claim(self, namespace: str, name: str) -> None:
-        """Delete a claim (it goes once no pod uses it); gone already: nothing to do."""
-        _unless_missing(lambda: self._core.delete_namespaced_persistent_volume_claim(name, namespace))
-
     def grow_claim(self, namespace: str, name: str, size: str) -> str | None:
         """Ask for ``size`` on a claim (a volume grown in place); None once asked, else the API server's
         refusal (its StorageClass does not allow expansion, say)."""

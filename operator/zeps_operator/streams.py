@@ -539,7 +539,7 @@ def move_replica(body: kopf.Body, spec: StreamSpec, partition: int, moves: dict[
     )  # fmt: skip
     step = plan_move(asked, str(before.get("phase") or ""), str(before.get("oldClaim") or ""), facts)
     if step.delete_claim:
-        state.kube.delete_claim(namespace, step.delete_claim)
+        state.kube.delete("v1", "PersistentVolumeClaim", namespace, step.delete_claim)
     if step.delete_pod:
         state.kube.delete_pod(namespace, step.delete_pod)
     node = pod.node if pod is not None else ""
