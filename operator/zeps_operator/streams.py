@@ -88,15 +88,16 @@ def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason
     migrating = replicated is None
     waits: dict[str, str] = {}  # a smaller replicas waits for the replicas that stay (roll.scale_down)
     moves: dict[str, dict[str, Any]] = {}  # a replica being moved (zeps_operator.moving), by its broker set
-    wanted = typed
-    typed, surge = scaled(body, typed, 0, waits, moves) if replicated else (typed, 0)
+    surges = {p: scaled(body, typed, p, waits, moves) for p in range(1, typed.partitions)}  # partitions 1 and up
+    surge = scaled(body, typed, 0, waits, moves) if replicated else 0
     members = surged_members(name, typed, surge, replicated=replicated is not False)
     if migrating:  # the old broker is the first replica until the new ones hold its journal
         members = [stream_member(name), *members]
         seed_replication_state(state.zk, paths, stream_member(name), acl=acl)
     if group.manifest() != frozenset(members):
         group.set_manifest(members)
-    public_key = stream_curve(body, typed, members, replicated=replicated, patch=patch)
+    peers = [m for p, up in surges.items() for m in surged_members(name, typed, up, replicated=True, partition=p)]
+    public_key = stream_curve(body, typed, members if replicated is not False else [], peers, patch=patch)
     retain = retains_data(dict(spec))
     if migrating and len(migration_copied(namespace, name, typed)) >= typed.in_sync:  # never its old objects again
         finish_migration(body, typed, group, patch, retain=retain, generation=generation)
@@ -104,9 +105,8 @@ def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason
     apply_objects(body, surged(objects, surge), retain=retain)
     if replicated and (asked := (meta.get("annotations") or {}).get(UNCLEAN_ELECTION)):
         unclean_election(body, typed, str(asked), patch)
-    others = [reconcile_partition(body, wanted, p, acl=acl, waits=waits, moves=moves)
-              for p in range(1, typed.partitions)]  # fmt: skip
-    scaling_status(body, patch, waits)
+    others = [reconcile_partition(body, typed, p, up, acl=acl) for p, up in surges.items()]
+    scaling_status(body, patch, waits, generation=generation)
     move_status(body, patch, moves, generation=generation)
     if not migrating:
         resize_journals(body, patch, typed, replicated=bool(replicated), generation=generation)
@@ -122,18 +122,16 @@ def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason
     single_status(body, typed, group, patch, generation=generation, public_key=public_key, others=others)
 
 
-def stream_curve(body: kopf.Body, spec: StreamSpec, members: list[str], *, replicated: bool | None,
-                 patch: kopf.Patch) -> str:  # fmt: skip
+def stream_curve(body: kopf.Body, spec: StreamSpec, members: list[str], others: list[str], *, patch: kopf.Patch
+                 ) -> str:  # fmt: skip
     """With ``curve``, the broker's public key, and a certificate for each replica of every replicated
-    broker set (``members``: partition 0's, when it is one), which they peer with; "" without."""
+    broker set, which they peer with: ``members``, partition 0's (none for a stream of one broker),
+    ``others`` those of partitions 1 and up, each set's surge included (a replica being moved has
+    a copy added first: :func:`move_replica`); "" without ``curve``."""
     if not spec.curve:
         return ""
     meta = body["metadata"]
-    peers = [member for p in range(1, spec.partitions)
-             for member in stream_members(meta["name"], spec, replicated=True, partition=p)]  # fmt: skip
-    if replicated is not False:
-        peers = [*members, *peers]
-    return ensure_curve(body, meta["namespace"], meta["name"], spec, replicas=peers, patch=patch)
+    return ensure_curve(body, meta["namespace"], meta["name"], spec, replicas=[*members, *others], patch=patch)
 
 
 #: annotate a replicated ZepsStream with ``<replica>`` (or ``<partition>/<replica>``) to elect that
@@ -461,38 +459,47 @@ def replication_condition(body: kopf.Body, patch: kopf.Patch, sets: dict[str, li
     )  # fmt: skip
 
 
-def guarded_scale(namespace: str, name: str, spec: StreamSpec, partition: int, waits: dict[str, str]) -> StreamSpec:
-    """The spec a replicated broker set is made with now: ``spec``, or while it may not go down to
-    ``spec.replicas`` yet (:func:`zeps_operator.roll.scale_down`), the replicas it runs with the
-    ``minInSync`` wanted (which reaches them through the roll first); what it waits for in ``waits``."""
+#: annotate a replicated ZepsStream with "true" to scale its broker sets down without waiting for
+#: the replicas that stay (one that will never be in sync again): what they lack may be gone with
+#: the replicas removed (their volumes stay), as Strimzi's skip-broker-scaledown-check
+SKIP_SCALE_DOWN_CHECK = "zeps.dev/skip-scale-down-check"
+
+
+def guarded_scale(body: kopf.Body, spec: StreamSpec, partition: int, waits: dict[str, str]) -> int:
+    """The replicas a broker set keeps running beyond ``spec.replicas`` while it may not go down to
+    them yet (:func:`zeps_operator.roll.scale_down`: the replicas that stay must be in sync and run
+    the wanted settings, ``minInSync`` and the preferred leader, which reach them through the roll
+    first), what it waits for in ``waits``; 0 once it may, or when :data:`SKIP_SCALE_DOWN_CHECK` says
+    not to wait (a warning event says what was skipped)."""
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     statefulset = broker_name(name, partition)
     running = state.kube.statefulset_replicas(namespace, statefulset)
     if running is None or running <= spec.replicas:
-        return spec
-    now = spec.model_copy(update={"replicas": running, "min_in_sync": spec.in_sync})
+        return 0
     replication = read_replication_state(state.zk, StreamPaths.of(namespace, name, chroot=state.settings.chroot,
                                                                    partition=partition))  # fmt: skip
     _, pods = state.kube.broker_pods(namespace, statefulset)
-    config = broker_config_digest(namespace, name, now, state.settings, replicated=True, partition=partition)
-    members = stream_members(name, now, replicated=True, partition=partition)
+    config = broker_config_digest(namespace, name, spec, state.settings, replicated=True, partition=partition)
+    members = surged_members(name, spec, running - spec.replicas, replicated=True, partition=partition)
     step = scale_down(running, spec.replicas, members, pods, isr=replication.isr if replication else None,
                       config=config)  # fmt: skip
     if step.waiting is None:
-        return spec
+        return 0
+    if str((body["metadata"].get("annotations") or {}).get(SKIP_SCALE_DOWN_CHECK, "")).lower() == "true":
+        kopf.warn(body, reason="ScaleDownCheckSkipped", message=f"{statefulset} goes down to {spec.replicas} now "
+                  f"({SKIP_SCALE_DOWN_CHECK}); it was waiting: {step.waiting}")  # fmt: skip
+        return 0
     waits[statefulset] = step.waiting
-    return now
+    return running - spec.replicas
 
 
 def scaled(body: kopf.Body, spec: StreamSpec, partition: int, waits: dict[str, str],
-           moves: dict[str, dict[str, Any]]) -> tuple[StreamSpec, int]:  # fmt: skip
-    """The spec a replicated broker set is made with now, and its surge: the replicas it runs beyond
-    that spec while one of its replicas moves (:func:`move_replica`), else none and the guarded
-    scale-down's spec (:func:`guarded_scale`). A surge leaves the pods' settings as they are (the
-    set only gets a replica more), so a move rolls no pod."""
-    surge = move_replica(body, spec, partition, moves)
-    if surge:
-        return spec, surge
-    return guarded_scale(body["metadata"]["namespace"], body["metadata"]["name"], spec, partition, waits), 0
+           moves: dict[str, dict[str, Any]]) -> int:  # fmt: skip
+    """The replicas a replicated broker set runs beyond ``spec.replicas`` (its surge): one while one
+    of its replicas moves (:func:`move_replica`), else those the guarded scale-down keeps
+    (:func:`guarded_scale`). A surge changes only the StatefulSet's replicas and the manifest, never
+    the pods' settings (made from ``spec``), so neither a move nor the wait rolls a pod."""
+    return move_replica(body, spec, partition, moves) or guarded_scale(body, spec, partition, waits)
 
 
 def surged_members(name: str, spec: StreamSpec, surge: int, *, replicated: bool, partition: int = 0) -> list[str]:
@@ -587,8 +594,10 @@ def move_status(body: kopf.Body, patch: kopf.Patch, moves: dict[str, dict[str, A
     )  # fmt: skip
 
 
-def scaling_status(body: kopf.Body, patch: kopf.Patch, waits: dict[str, str]) -> None:
-    """``status.scaling``: each broker set kept above its replicas, and what it waits for; gone once none is."""
+def scaling_status(body: kopf.Body, patch: kopf.Patch, waits: dict[str, str], *, generation: int) -> None:
+    """``status.scaling``: each broker set kept above its replicas, and what it waits for (gone once
+    none is), an event when that changes, and the ScalingDown condition (there once a scale-down
+    waited: True while one waits)."""
     before = (body.get("status") or {}).get("scaling")
     if waits:
         patch.status["scaling"] = replacing_map(before, waits)
@@ -596,16 +605,21 @@ def scaling_status(body: kopf.Body, patch: kopf.Patch, waits: dict[str, str]) ->
             kopf.info(body, reason="ScalingDown", message="; ".join(f"{k}: {v}" for k, v in sorted(waits.items())))
     elif before is not None:
         patch.status["scaling"] = None
+    if not waits and not any(c.get("type") == "ScalingDown" for c in conditions_now(body, patch) or []):
+        return  # the condition appears once a scale-down waits
+    patch.status["conditions"] = set_condition(
+        conditions_now(body, patch), "ScalingDown", bool(waits), generation=generation,
+        reason="Waiting" if waits else "Done", message="; ".join(f"{k}: {v}" for k, v in sorted(waits.items()))
+        or "no broker set runs more replicas than it should",
+    )  # fmt: skip
 
 
-def reconcile_partition(body: kopf.Body, spec: StreamSpec, partition: int, *, acl: list[Any] | None,
-                        waits: dict[str, str], moves: dict[str, dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+def reconcile_partition(body: kopf.Body, spec: StreamSpec, partition: int, surge: int, *, acl: list[Any] | None
+                        ) -> dict[str, Any]:  # fmt: skip
     """Partition ``partition`` (1 and up) of a partitioned stream: its manifest (with the namespace's
-    ``acl``), its broker set (a StatefulSet of ``spec.replicas``, as a replicated stream's, kept above
-    them while it may not go down yet: ``waits``), and its entry in ``status.partitions`` (``ready``:
-    a leader serves and minInSync replicas run)."""
+    ``acl``), its broker set (a StatefulSet of ``spec.replicas`` and ``surge`` more: :func:`scaled`),
+    and its entry in ``status.partitions`` (``ready``: a leader serves and minInSync replicas run)."""
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-    spec, surge = scaled(body, spec, partition, waits, moves)
     zookeeper_auth = acl is not None
     paths = StreamPaths.of(namespace, name, chroot=state.settings.chroot, partition=partition)
     group = Group(state.zk, paths.brokers, acl=acl)

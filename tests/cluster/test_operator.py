@@ -760,7 +760,8 @@ def test_a_curve_stream_of_replicas_and_partitions_gives_each_replica_a_certific
     """Each replica of every partition of a replicated CURVE stream: a certificate in the namespace's
     Secret, listed by its public key in ``<s>.replicas.json``; each StatefulSet's pods mount their own
     partition's certificates beside that list (the broker's --curve-replicas); the broker's public key
-    is in status, as for a stream of one broker."""
+    is in status, as for a stream of one broker. A replica of partition 1 moved: its set's extra copy
+    is certified and listed too."""
     _apply(crds, namespace, "ZepsStream", "vault", {"curve": True, "replicas": 3, "partitions": 2})
     core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
 
@@ -791,6 +792,13 @@ def test_a_curve_stream_of_replicas_and_partitions_gives_each_replica_a_certific
             statefulset == "vault-broker-p1")  # fmt: skip
         config = core.read_namespaced_config_map(config_map, namespace).data or {}
         assert config["ZEPS_BROKER_CURVE_REPLICAS"] == "/etc/zeps/curve-replicas/replicas.json"
+    # a replica of partition 1 moved: the copy added first (a fourth replica) gets its certificate and
+    # is listed, as partition 0's would be, or it could not peer and the move would wait for ever
+    crds.kubectl("annotate", "zepsstream", "vault", "-n", namespace, "zeps.dev/move-replica=vault-broker-p1-1")
+    wait_until(lambda: apps.read_namespaced_stateful_set("vault-broker-p1", namespace).spec.replicas == 4,
+               timeout=60, what="partition 1's copy added")  # fmt: skip
+    wait_until(lambda: "vault-broker-p1-3" in listed(), timeout=30, what="the copy's certificate listed")
+    assert sorted(listed()) == sorted([*members, "vault-broker-p1-3"])
 
 
 def test_a_retained_journal_has_no_owner_and_the_broker_gets_the_namespace_s_zookeeper_identity(

@@ -7,6 +7,7 @@ the same way, one per partition."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import signal
@@ -174,6 +175,45 @@ def test_a_replicated_stream_runs_elects_fails_over_and_scales_down(
     finally:
         _stop(procs.values())
         crds.kubectl("delete", "zepsstream", "orders", "-n", namespace, "--timeout=60s", check=False)
+
+
+def test_a_scale_down_waits_for_the_replicas_that_stay_unless_an_annotation_skips_the_check(
+    operator: Any, crds: ControlPlane, namespace: str, kube_api: Any, zookeeper_server: ZooKeeperServer
+) -> None:
+    """replicas 3 -> 2 while sd-broker-1, a replica that stays, is out of the in-sync set (the
+    replication state written here as the brokers would hold it; no broker runs): the StatefulSet
+    keeps 3 and ``status.scaling`` and the ScalingDown condition say why;
+    ``zeps.dev/skip-scale-down-check: "true"`` (the admin's word that it will never be in sync again)
+    takes it to 2 at once, with a warning event naming what was skipped."""
+    from zeps.coordination import connect  # noqa: PLC0415
+    from zeps.paths import StreamPaths  # noqa: PLC0415
+    from zeps.replication.election import ReplicationState  # noqa: PLC0415
+
+    apps = client.AppsV1Api(kube_api)
+    zk = connect(zookeeper_server.connect_string)
+    state = ReplicationState(2, "sd-broker-0", frozenset({"sd-broker-0", "sd-broker-2"})).encode()
+    replicas = lambda: apps.read_namespaced_stateful_set("sd-broker", namespace).spec.replicas  # noqa: E731
+    try:
+        _apply(crds, namespace, "sd", {"replicas": 3, "minInSync": 1})
+        wait_until(lambda: replicas() == 3, timeout=60, what="the StatefulSet of 3")
+        _write_state(zk, StreamPaths.of(namespace, "sd", chroot=CHROOT).replication_state, state)
+        _apply(crds, namespace, "sd", {"replicas": 2, "minInSync": 1})
+        wait_until(lambda: "sd-broker-1 not in sync" in str(_status(crds, namespace, "sd").get("scaling")),
+                   timeout=60, what="the scale-down waiting for sd-broker-1")  # fmt: skip
+        assert replicas() == 3
+        wait_until(lambda: _cond(crds, namespace, "sd", "ScalingDown")[:2] == ("True", "Waiting"), timeout=30,
+                   what="ScalingDown: Waiting")  # fmt: skip
+        assert "sd-broker-1 not in sync" in _cond(crds, namespace, "sd", "ScalingDown")[2]
+        crds.kubectl("annotate", "zepsstream", "sd", "-n", namespace, "zeps.dev/skip-scale-down-check=true")
+        wait_until(lambda: replicas() == 2, timeout=60, what="the StatefulSet down to 2, unchecked")
+        events = crds.kubectl("get", "events", "-n", namespace, "--field-selector", "reason=ScaleDownCheckSkipped")
+        assert "sd-broker goes down to 2 now" in events and "sd-broker-1 not in sync" in events, events
+        wait_until(lambda: "scaling" not in _status(crds, namespace, "sd"), timeout=30, what="status.scaling gone")
+        assert _cond(crds, namespace, "sd", "ScalingDown")[:2] == ("False", "Done")
+    finally:
+        zk.stop()
+        zk.close()
+        crds.kubectl("delete", "zepsstream", "sd", "-n", namespace, "--wait=false", check=False)
 
 
 @pytest.mark.usefixtures("operator")
@@ -525,9 +565,10 @@ def test_a_larger_storage_size_grows_the_journal_claims_in_place_and_a_smaller_o
     each claim for it (the StatefulSet's claim template cannot change, and keeps its size: before,
     every pass failed applying it); ``Resizing`` says so until each volume holds it. **Mocked**, as
     no resizer runs here: the volume plugin's answer (the claims' status capacity) and a filesystem
-    that grows only unmounted (``FileSystemResizePending``), which the roll answers by restarting
-    that pod. A smaller size is refused (volumes never shrink); a StorageClass that cannot expand
-    makes the API server refuse the claims' change, said in the condition and an event."""
+    that grows only unmounted (``FileSystemResizePending`` for longer than kubelet is given to grow
+    it online), which the roll answers by restarting that pod; one just asked is left to kubelet. A
+    smaller size is refused (volumes never shrink); a StorageClass that cannot expand makes the API
+    server refuse the claims' change, said in the condition and an event."""
     core, apps, storage_api = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api), client.StorageV1Api(kube_api)
     names, sc = [f"grow-broker-{i}" for i in range(3)], f"expandable-{namespace}"
     storage_api.create_storage_class(client.V1StorageClass(metadata=client.V1ObjectMeta(name=sc),
@@ -554,18 +595,24 @@ def test_a_larger_storage_size_grows_the_journal_claims_in_place_and_a_smaller_o
         template = apps.read_namespaced_stateful_set("grow-broker", namespace).spec.volume_claim_templates[0]
         assert template.spec.resources.requests["storage"] == "1Gi"  # as made: it cannot change
         first = {n: p.metadata.uid for n, p in _pods_by_ordinal(core, namespace, "grow").items()}
-        for name in names:  # the volume plugin's part (mocked): each grown; one filesystem only unmounted
+        # the volume plugin's part (mocked): each grown; names[1]'s filesystem just asked of kubelet (it
+        # grows it online within seconds: no restart), names[2]'s waiting for longer than kubelet is
+        # given (it grows only unmounted)
+        since = {names[1]: dt.datetime.now(dt.UTC), names[2]: dt.datetime.now(dt.UTC) - dt.timedelta(minutes=10)}
+        for name in names:
             status: dict[str, Any] = {"capacity": {"storage": "2Gi"}}
-            if name == names[2]:
-                status["conditions"] = [{"type": "FileSystemResizePending", "status": "True"}]
+            if name in since:
+                status["conditions"] = [{"type": "FileSystemResizePending", "status": "True",
+                                         "lastTransitionTime": since[name].strftime("%Y-%m-%dT%H:%M:%SZ")}]  # fmt: skip
             core.patch_namespaced_persistent_volume_claim_status(f"journal-{name}", namespace, {"status": status})
         wait_until(lambda: _pods_by_ordinal(core, namespace, "grow").get(names[2]) is not None
                    and _pods_by_ordinal(core, namespace, "grow")[names[2]].metadata.uid != first[names[2]],
                    timeout=60, what="the pod whose filesystem waits restarted by the roll")  # fmt: skip
         assert {n: p.metadata.uid for n, p in _pods_by_ordinal(core, namespace, "grow").items() if n != names[2]} == {
             n: u for n, u in first.items() if n != names[2]}  # the others run on  # fmt: skip
-        core.patch_namespaced_persistent_volume_claim_status(  # the kubelet's part at the mount (mocked)
-            f"journal-{names[2]}", namespace, {"status": {"conditions": None}})  # fmt: skip
+        for name in since:  # the kubelet's part at the mount (mocked)
+            core.patch_namespaced_persistent_volume_claim_status(f"journal-{name}", namespace,
+                                                                 {"status": {"conditions": None}})  # fmt: skip
         wait_until(lambda: resizing()[:2] == ("False", "Current"), timeout=60, what="Resizing done")
 
         _apply(crds, namespace, "grow", {"replicas": 3, "storage": {"size": "1Gi", "storageClassName": sc}})
@@ -587,16 +634,16 @@ def test_a_larger_storage_size_grows_the_journal_claims_in_place_and_a_smaller_o
 
 
 def _the_move_is_done(crds: ControlPlane, core: Any, namespace: str) -> None:
-    """Stream "mv" after its move: the extra replica's claim deleted, the annotation removed,
-    Reassigning False, and the ReplicaMoved event."""
+    """Stream "mv" after its move of mv-broker-p2-1: the extra replica's claim deleted, the
+    annotation removed, Reassigning False, and the ReplicaMoved event."""
     wait_until(lambda: not [c for c in core.list_namespaced_persistent_volume_claim(namespace).items
-                            if c.metadata.name == "journal-mv-broker-3" and not c.metadata.deletion_timestamp],
+                            if c.metadata.name == "journal-mv-broker-p2-2" and not c.metadata.deletion_timestamp],
                timeout=60, what="the extra replica's claim deleted")  # fmt: skip
     body = json.loads(crds.kubectl("get", "zepsstream", "mv", "-n", namespace, "-o", "json"))
     assert "zeps.dev/move-replica" not in (body["metadata"].get("annotations") or {})
     assert _cond(crds, namespace, "mv", "Reassigning")[:2] == ("False", "Settled")
     events = crds.kubectl("get", "events", "-n", namespace, "--field-selector", "reason=ReplicaMoved")
-    assert "mv-broker-1 moved from node" in events, events
+    assert "mv-broker-p2-1 moved from node" in events, events
 
 
 def _write_state(zk: Any, path: str, state: bytes) -> None:
@@ -609,7 +656,8 @@ def _write_state(zk: Any, path: str, state: bytes) -> None:
 
 
 def _a_move_of_no_replica_is_refused(crds: ControlPlane, namespace: str) -> None:
-    crds.kubectl("annotate", "zepsstream", "mv", "-n", namespace, "zeps.dev/move-replica=mv-broker-7", "--overwrite")
+    crds.kubectl("annotate", "zepsstream", "mv", "-n", namespace, "zeps.dev/move-replica=mv-broker-p2-7",
+                 "--overwrite")  # fmt: skip
     wait_until(lambda: "is not a replica" in (_status(crds, namespace, "mv").get("move") or {}).get("refused", ""),
                timeout=60, what="a move refused")  # fmt: skip
     assert _cond(crds, namespace, "mv", "Reassigning")[:2] == ("False", "Refused")
@@ -632,64 +680,72 @@ def test_a_replica_moved_gets_a_copy_added_first_its_volume_made_again_and_the_c
     """``zeps.dev/move-replica`` walked through its phases against the real API server (kwok plays
     the kubelet; the volumes are offered by hand, the moved replica's new one once its new claim
     exists; the replication state is written here as the brokers would hold it, so each phase waits
-    until the test says the replicas caught up). The set runs a fourth replica until it is in sync,
-    then the moved replica's claim and pod are deleted and made again (a new claim), then the set
-    goes back to three once the rebuilt replica is in sync, the extra claim is deleted, the
-    annotation removed, and an event says the replica moved. The data path runs on kind:
-    e2e/kind/test_operations.py."""
+    until the test says the replicas caught up), on partition 2 of a stream of two replicas: the set
+    runs a third replica until it is in sync, then the moved replica's claim and pod are deleted and
+    made again (a new claim), then the set goes back to two once the rebuilt replica is in sync, the
+    extra claim is deleted, the annotation removed, and an event says the replica moved. No pod is
+    rolled: the set's template never changes (its preferred leader is ordinal 2 mod 2 = 0 of the
+    replicas wanted, not of those running). The data path runs on kind: e2e/kind/test_operations.py
+    (partition 0)."""
     from zeps.coordination import connect  # noqa: PLC0415
     from zeps.paths import StreamPaths  # noqa: PLC0415
     from zeps.replication.election import ReplicationState  # noqa: PLC0415
 
     core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
-    names = [f"mv-broker-{i}" for i in range(4)]
+    names = [f"mv-broker-p2-{i}" for i in range(3)]
     volumes = [(f"{namespace}-{n}", f"journal-{n}") for n in names]
     _offer_volumes(core, namespace, volumes)
     zk = connect(zookeeper_server.connect_string)
-    paths = StreamPaths.of(namespace, "mv", chroot=CHROOT)
+    paths = StreamPaths.of(namespace, "mv", chroot=CHROOT, partition=2)
 
     def in_sync(*members: str) -> None:
-        _write_state(zk, paths.replication_state, ReplicationState(3, "mv-broker-0", frozenset(members)).encode())
+        _write_state(zk, paths.replication_state, ReplicationState(3, names[0], frozenset(members)).encode())
 
     def move() -> dict[str, Any]:
         return dict(_status(crds, namespace, "mv").get("move") or {})
 
-    def replicas() -> int:
-        return int(apps.read_namespaced_stateful_set("mv-broker", namespace).spec.replicas)
+    def the_set() -> Any:
+        return apps.read_namespaced_stateful_set("mv-broker-p2", namespace)
+
+    def pods() -> dict[str, Any]:
+        return _pods_by_ordinal(core, namespace, "mv.p2")  # a partition's pods: instance <stream>.p<N>
 
     storage = {"size": "1Gi", "storageClassName": ""}
     try:
-        _apply(crds, namespace, "mv", {"replicas": 3, "storage": storage})
-        wait_until(lambda: len(pods := _pods_by_ordinal(core, namespace, "mv")) == 3
-                   and all(map(_ready, pods.values())), timeout=120, what="three broker pods Ready (kwok)")  # fmt: skip
-        in_sync(*names[:3])
-        first = core.read_namespaced_persistent_volume_claim("journal-mv-broker-1", namespace)
+        _apply(crds, namespace, "mv", {"replicas": 2, "partitions": 3, "storage": storage})
+        wait_until(lambda: len(p := pods()) == 2 and all(map(_ready, p.values())), timeout=120,
+                   what="partition 2's two broker pods Ready (kwok)")  # fmt: skip
+        template, leader = the_set().spec.template.to_dict(), pods()[names[0]].metadata.uid
+        in_sync(*names[:2])
+        first = core.read_namespaced_persistent_volume_claim(f"journal-{names[1]}", namespace)
         old_claim, old_volume = first.metadata.uid, first.spec.volume_name
-        crds.kubectl("annotate", "zepsstream", "mv", "-n", namespace, "zeps.dev/move-replica=mv-broker-1")
-        wait_until(lambda: replicas() == 4 and move().get("phase") == "adding", timeout=60,
-                   what="a fourth replica added, the move adding")  # fmt: skip
-        assert "mv-broker-3, the extra copy, to catch up" in move()["waiting"]
+        crds.kubectl("annotate", "zepsstream", "mv", "-n", namespace, f"zeps.dev/move-replica={names[1]}")
+        wait_until(lambda: the_set().spec.replicas == 3 and move().get("phase") == "adding", timeout=60,
+                   what="a third replica added, the move adding")  # fmt: skip
+        assert f"{names[2]}, the extra copy, to catch up" in move()["waiting"]
         assert _cond(crds, namespace, "mv", "Reassigning")[:2] == ("True", "Moving")
-        claim = core.read_namespaced_persistent_volume_claim("journal-mv-broker-1", namespace)
+        claim = core.read_namespaced_persistent_volume_claim(f"journal-{names[1]}", namespace)
         assert claim.metadata.uid == old_claim and claim.metadata.deletion_timestamp is None, "deleted too soon"
 
-        in_sync("mv-broker-0", "mv-broker-2", "mv-broker-3", "mv-broker-1")  # the copy caught up
+        in_sync(names[0], names[2], names[1])  # the copy caught up
         wait_until(lambda: move().get("phase") == "settling", timeout=90, what="the moved replica rebuilt")
-        rebuilt = lambda: core.read_namespaced_persistent_volume_claim("journal-mv-broker-1", namespace)  # noqa: E731
+        rebuilt = lambda: core.read_namespaced_persistent_volume_claim(f"journal-{names[1]}", namespace)  # noqa: E731
         assert rebuilt().metadata.uid != old_claim and old_volume
-        new_volume = (f"{namespace}-mv-1-new", "journal-mv-broker-1")  # offered now: the only one it can take
+        new_volume = (f"{namespace}-mv-1-new", f"journal-{names[1]}")  # offered now: the only one it can take
         volumes.append(new_volume)
         _offer_volumes(core, namespace, [new_volume])
         wait_until(lambda: rebuilt().spec.volume_name == new_volume[0], timeout=60,
                    what="the new claim bound to a new volume")  # fmt: skip
-        in_sync("mv-broker-0", "mv-broker-2", "mv-broker-3")  # as the brokers would say: it is catching up
-        assert replicas() == 4 and move().get("phase") == "settling", "the copy must stay until it caught up"
+        in_sync(names[0], names[2])  # as the brokers would say: it is catching up
+        assert the_set().spec.replicas == 3 and move().get("phase") == "settling", "the copy stays until it caught up"
         in_sync(*names)
-        wait_until(lambda: not move() and replicas() == 3, timeout=90, what="the move done, three replicas again")
+        wait_until(lambda: not move() and the_set().spec.replicas == 2, timeout=90,
+                   what="the move done, two replicas again")  # fmt: skip
         _the_move_is_done(crds, core, namespace)
+        # no roll: the template as it was, the replica that stayed never restarted
+        assert (the_set().spec.template.to_dict(), pods()[names[0]].metadata.uid) == (template, leader)
 
         _a_move_of_no_replica_is_refused(crds, namespace)
-        assert replicas() == 3
     finally:
         zk.stop()
         zk.close()
