@@ -20,7 +20,7 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.utils import parse_quantity
 
 from zeps.resources import GROUP, PLURALS, VERSION
-from zeps_operator.resize import Claim
+from zeps_operator.resize import Claim, restart_to_finish
 from zeps_operator.roll import CONFIG_ANNOTATION, RollPod
 
 __all__ = ["FIELD_MANAGER", "InvalidSecretError", "Kube"]
@@ -140,7 +140,7 @@ class Kube:
 
     def journal_claims(self, namespace: str, names: list[str]) -> list[Claim]:
         """The journal claims ``names`` as a resize sees them (those that exist)."""
-        out = []
+        out, now = [], dt.datetime.now(dt.UTC)
         for name in names:
             pvc = self._claim(namespace, name)
             if pvc is None or pvc.spec is None:
@@ -149,7 +149,8 @@ class Kube:
             status = pvc.status
             capacity = ((status.capacity if status is not None else None) or {}).get("storage", "")
             conditions = (status.conditions if status is not None else None) or []
-            pending = any(c.type == "FileSystemResizePending" and c.status == "True" for c in conditions)
+            pending = any(c.type == "FileSystemResizePending" and c.status == "True"
+                          and restart_to_finish(c.last_transition_time, now) for c in conditions)  # fmt: skip
             out.append(Claim(name, str(requested), str(capacity), _bytes(requested), _bytes(capacity), pending))
         return out
 

@@ -4,17 +4,23 @@ the claims as they are: which to grow, and what the ``Resizing`` condition says.
 A StatefulSet's claim template cannot change, so each claim is asked for the new size itself (the
 API server allows it where the claim's StorageClass has ``allowVolumeExpansion``); the template
 keeps the size the set was made with. Volumes never shrink: a smaller size is refused in the
-condition, and nothing changes. Once asked, the volume plugin grows the volume; a plugin that can
-grow a filesystem only while it is not mounted sets the claim's ``FileSystemResizePending``, and
-the data-aware roll (:mod:`zeps_operator.roll`) restarts that pod, which finishes the resize.
+condition, and nothing changes. Once asked, the volume plugin grows the volume and sets the claim's
+``FileSystemResizePending`` where the filesystem must grow on the node too. kubelet does that itself
+while the pod runs where the driver can (online expansion: the condition goes within seconds); only
+a condition that lasts :data:`ONLINE_RESIZE_GRACE_S` (a filesystem that grows only unmounted) has
+the data-aware roll (:mod:`zeps_operator.roll`) restart that pod, which finishes the resize.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from dataclasses import dataclass
 
-__all__ = ["Claim", "ResizeStep", "plan_resize", "size_bytes"]
+__all__ = ["ONLINE_RESIZE_GRACE_S", "Claim", "ResizeStep", "plan_resize", "restart_to_finish", "size_bytes"]
+
+#: seconds kubelet is given to grow a mounted volume's filesystem itself before its pod is restarted
+ONLINE_RESIZE_GRACE_S = 120.0
 
 _UNITS = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
 
@@ -29,7 +35,14 @@ class Claim:
     capacity: str  #: status.capacity.storage ("" until bound)
     requested_bytes: int
     capacity_bytes: int  #: 0 until bound
-    filesystem_pending: bool = False  #: FileSystemResizePending: its pod must restart to finish
+    filesystem_pending: bool = False  #: FileSystemResizePending for too long: its pod must restart to finish
+
+
+def restart_to_finish(since: dt.datetime | None, now: dt.datetime) -> bool:
+    """Whether a claim whose ``FileSystemResizePending`` is True since ``since`` waits for its pod to
+    restart: once kubelet has had :data:`ONLINE_RESIZE_GRACE_S` to grow it online (a condition of
+    unknown age: at once)."""
+    return since is None or (now - since).total_seconds() >= ONLINE_RESIZE_GRACE_S
 
 
 def size_bytes(size: str) -> int | None:

@@ -5,9 +5,11 @@ claims patched, a StorageClass that refuses) runs in tests/cluster/test_replicat
 
 from __future__ import annotations
 
+import datetime as dt
+
 from zeps_operator.models import StreamSpec
 from zeps_operator.plan import Settings, stream_objects
-from zeps_operator.resize import Claim, plan_resize, size_bytes
+from zeps_operator.resize import ONLINE_RESIZE_GRACE_S, Claim, plan_resize, restart_to_finish, size_bytes
 
 GI = 1 << 30
 
@@ -56,3 +58,15 @@ def test_the_statefulsets_claim_template_keeps_the_size_it_was_made_with() -> No
     new = stream_objects("shop", "s", spec, Settings(zookeeper="zk:2181"), replicated=True)
     (sts,) = (o for o in new if o["kind"] == "StatefulSet")
     assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "4Gi"  # a new set
+
+
+def test_a_filesystem_waiting_for_its_node_restarts_its_pod_only_once_kubelet_had_its_time() -> None:
+    """kubelet grows a mounted volume's filesystem itself where the driver can (online expansion: the
+    condition goes within seconds); only a FileSystemResizePending that lasts the grace, or whose
+    age is unknown, waits for a restart (before, a pod restarted for every condition: on kind, all
+    three replicas of a stream whose volumes grew online)."""
+    now = dt.datetime(2026, 12, 3, 18, 0, tzinfo=dt.UTC)
+    assert not restart_to_finish(now, now)
+    assert not restart_to_finish(now - dt.timedelta(seconds=ONLINE_RESIZE_GRACE_S - 1), now)
+    assert restart_to_finish(now - dt.timedelta(seconds=ONLINE_RESIZE_GRACE_S), now)
+    assert restart_to_finish(None, now)
