@@ -495,17 +495,31 @@ class ImageBuilder:
         return self._binary_image("zeps-prometheus", server, pin=version, user=65534,
                                   building="Debian's prometheus on the Debian Python rootfs")  # fmt: skip
 
-    def _binary_image(self, repository: str, binary: Path, *, pin: str, user: int, building: str) -> str:
-        """``<repository>:<hash of pin and the rootfs>``: one program (its entrypoint, run as ``user``) on
-        the Debian Python rootfs, built once per pin."""
+    def csi_image(self) -> str:
+        """``zeps-csi:<key>``: the expandable StorageClass's CSI driver (zeps-csi-hostpath) and its
+        sidecars, external-provisioner and external-resizer, built from the pinned module by
+        ``tools/testbin/build.sh kind``, on the Debian Python rootfs; run as root (the driver mounts
+        volumes on the node: zeps_dev.kind.expandable_storage)."""
+        names = ("zeps-csi-hostpath", "csi-provisioner", "csi-resizer")
+        binaries = [(self.binaries / n).resolve() for n in names]
+        if not all(b.exists() for b in binaries):
+            raise SetupError(f"{self.binaries} lacks one of {', '.join(names)}; run `tools/setup.sh kind` again")
+        return self._binary_image("zeps-csi", *binaries, pin=binaries[0].parent.name, user=0,
+                                  building="the CSI driver and its sidecars on the Debian Python rootfs")  # fmt: skip
+
+    def _binary_image(self, repository: str, *binaries: Path, pin: str, user: int, building: str) -> str:
+        """``<repository>:<hash of pin and the rootfs>``: programs (the first one the entrypoint, run
+        as ``user``) on the Debian Python rootfs, built once per pin."""
         tag = f"{repository}:{_hash(pin, *ROOTFS['python'])}"
         if self._cached(tag, building=building):
             return tag
         with tempfile.TemporaryDirectory(dir=self._scratch()) as tmp:
             context = Path(tmp)
-            shutil.copy2(binary, context / binary.name)
-            lines = [f"FROM {self.rootfs('python')}", f"COPY {binary.name} /usr/local/bin/{binary.name}",
-                     f"USER {user}", f'ENTRYPOINT ["/usr/local/bin/{binary.name}"]']  # fmt: skip
+            lines = [f"FROM {self.rootfs('python')}"]
+            for binary in binaries:
+                shutil.copy2(binary, context / binary.name)
+                lines.append(f"COPY {binary.name} /usr/local/bin/{binary.name}")
+            lines += [f"USER {user}", f'ENTRYPOINT ["/usr/local/bin/{binaries[0].name}"]']
             self.build(tag, context, dockerfile="\n".join(lines) + "\n")
         self.forget_older(tag)
         return tag

@@ -213,6 +213,25 @@ class KindCluster(LocalServer):
         self.kubectl("-n", "kube-system", "rollout", "status", "daemonset/zeps-kube-router", "--timeout=180s",
                      timeout=210)  # fmt: skip
 
+    def install_expandable_storage(self, image: str) -> None:
+        """Run :func:`expandable_storage` with ``image`` and wait until its driver is registered with
+        every worker's kubelet (a CSINode lists it), so a claim of its class can be placed at once."""
+        self.say(f"kind: StorageClass {EXPANDABLE_STORAGE} (zeps-csi-hostpath: volumes that can grow)")
+        manifest = json.dumps({"apiVersion": "v1", "kind": "List", "items": expandable_storage(image)})
+        self.kubectl("apply", "-f", "-", input=manifest)
+        self.kubectl("-n", "kube-system", "rollout", "status", "daemonset/zeps-csi", "--timeout=180s", timeout=210)
+        deadline = time.monotonic() + 60
+
+        def registered() -> int:
+            nodes = json.loads(self.kubectl("get", "csinodes", "-o", "json"))["items"]
+            return sum(any(d["name"] == CSI_DRIVER for d in n["spec"].get("drivers") or []) for n in nodes)
+
+        while registered() < max(self.workers, 1):  # without workers, the control-plane node runs pods
+            if time.monotonic() > deadline:
+                raise SetupError(f"{CSI_DRIVER} is not registered with every worker's kubelet after 60 s: see "
+                                 "kubectl -n kube-system logs daemonset/zeps-csi -c driver")  # fmt: skip
+            time.sleep(1)
+
     def load(self, *images: str, workers_only: bool = False) -> None:
         """``kind load docker-image`` into every node, or (``workers_only``, with workers) into the
         worker nodes alone: the control-plane node is tainted against workloads, and importing an
@@ -334,7 +353,6 @@ def network_policy_controller(image: str) -> list[dict[str, Any]]:
     and policies. The pod network :func:`wire_pod_network` makes enforces no policy by itself; with
     this, the chart's NetworkPolicy for ZooKeeper is enforced on kind as on a production cluster."""
     name = "zeps-kube-router"
-    labels = {"k8s-app": name}
     rules = [
         {"apiGroups": [""], "resources": ["namespaces", "pods", "nodes", "services", "endpoints"],
          "verbs": ["get", "list", "watch"]},
@@ -360,6 +378,14 @@ def network_policy_controller(image: str) -> list[dict[str, Any]]:
     }
     # iptables' lock, shared with kube-proxy on the node
     lock = {"name": "xtables-lock", "hostPath": {"path": "/run/xtables.lock", "type": "FileOrCreate"}}
+    pod = {"hostNetwork": True, "tolerations": [{"operator": "Exists"}], "containers": [container], "volumes": [lock]}
+    return _node_agent(name, rules, pod)
+
+
+def _node_agent(name: str, rules: list[dict[str, Any]], pod: dict[str, Any]) -> list[dict[str, Any]]:
+    """A DaemonSet ``name`` in kube-system whose pods (``pod``: their spec, beside the account and
+    priority) run as the ServiceAccount ``name``, bound to a ClusterRole of ``rules``."""
+    labels = {"k8s-app": name}
     daemonset = {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -368,14 +394,7 @@ def network_policy_controller(image: str) -> list[dict[str, Any]]:
             "selector": {"matchLabels": labels},
             "template": {
                 "metadata": {"labels": labels},
-                "spec": {
-                    "serviceAccountName": name,
-                    "priorityClassName": "system-node-critical",
-                    "hostNetwork": True,
-                    "tolerations": [{"operator": "Exists"}],
-                    "containers": [container],
-                    "volumes": [lock],
-                },
+                "spec": {"serviceAccountName": name, "priorityClassName": "system-node-critical", **pod},
             },
         },
     }
@@ -387,6 +406,69 @@ def network_policy_controller(image: str) -> list[dict[str, Any]]:
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
          "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "kube-system"}]},
         daemonset,
+    ]  # fmt: skip
+
+
+#: the StorageClass whose volumes grow in place (:func:`expandable_storage`), and its CSI driver
+EXPANDABLE_STORAGE = "zeps-expandable"
+CSI_DRIVER = "hostpath.csi.zeps.dev"
+
+
+def expandable_storage(image: str) -> list[dict[str, Any]]:
+    """A StorageClass whose claims can grow (``allowVolumeExpansion``), for the tests of a stream's
+    storage grown in place: kind's local-path provisioner cannot expand a volume. Its CSI driver,
+    zeps-csi-hostpath (tools/testbin/csi), keeps each volume as a folder on its node, beside the
+    upstream external-provisioner (one per node, ``--node-deployment``: a volume is made and deleted
+    on the node the scheduler chose) and external-resizer (leader-elected), in one DaemonSet on the
+    workers; kubelet then finishes each expansion on the node (NodeExpandVolume), as for a disk."""
+    name, plugin = "zeps-csi", f"/var/lib/kubelet/plugins/{CSI_DRIVER}"
+    read = ["get", "list", "watch"]
+    rules = [
+        {"apiGroups": [""], "resources": ["persistentvolumes"],
+         "verbs": [*read, "create", "delete", "patch", "update"]},
+        {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": [*read, "patch", "update"]},
+        {"apiGroups": [""], "resources": ["persistentvolumeclaims/status"], "verbs": ["patch", "update"]},
+        {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": read},
+        {"apiGroups": [""], "resources": ["events"], "verbs": [*read, "create", "update", "patch"]},
+        {"apiGroups": ["storage.k8s.io"], "resources": ["storageclasses", "csinodes", "volumeattachments",
+                                                         "volumeattributesclasses"], "verbs": read},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": [*read, "create", "update", "patch",
+                                                                                   "delete"]},
+    ]  # fmt: skip
+    node_name = {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+    socket = {"name": "socket", "mountPath": "/csi"}
+    sidecar = {"image": image, "imagePullPolicy": "Never", "env": [node_name], "volumeMounts": [socket]}
+    containers = [
+        {"name": "driver", "image": image, "imagePullPolicy": "Never", "env": [node_name],
+         "command": ["/usr/local/bin/zeps-csi-hostpath"], "securityContext": {"privileged": True},
+         "volumeMounts": [socket, {"name": "registration", "mountPath": "/registration"},
+                          {"name": "kubelet", "mountPath": "/var/lib/kubelet", "mountPropagation": "Bidirectional"},
+                          {"name": "data", "mountPath": "/var/lib/zeps-csi"}]},
+        {**sidecar, "name": "provisioner", "command": ["/usr/local/bin/csi-provisioner"],
+         "args": ["--csi-address=/csi/csi.sock", "--node-deployment=true", "--feature-gates=Topology=true",
+                  "--timeout=60s"]},
+        {**sidecar, "name": "resizer", "command": ["/usr/local/bin/csi-resizer"],
+         "args": ["--csi-address=/csi/csi.sock", "--leader-election", "--leader-election-namespace=kube-system",
+                  "--timeout=60s"]},
+    ]  # fmt: skip
+
+    def folder(volume: str, path: str, kind: str) -> dict[str, Any]:
+        return {"name": volume, "hostPath": {"path": path, "type": kind}}
+
+    volumes = [
+        folder("socket", plugin, "DirectoryOrCreate"),
+        folder("registration", "/var/lib/kubelet/plugins_registry", "Directory"),
+        folder("kubelet", "/var/lib/kubelet", "Directory"),
+        folder("data", "/var/lib/zeps-csi", "DirectoryOrCreate"),
+    ]
+    return [
+        {"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": CSI_DRIVER},
+         "spec": {"attachRequired": False, "podInfoOnMount": False, "fsGroupPolicy": "File",
+                  "volumeLifecycleModes": ["Persistent"]}},
+        {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": EXPANDABLE_STORAGE},
+         "provisioner": CSI_DRIVER, "reclaimPolicy": "Delete", "volumeBindingMode": "WaitForFirstConsumer",
+         "allowVolumeExpansion": True},
+        *_node_agent(name, rules, {"containers": containers, "volumes": volumes}),
     ]  # fmt: skip
 
 
@@ -451,6 +533,7 @@ class KindStack(LocalServer):
         self.spark_image = ""
         self.seaweedfs_image = ""
         self.prometheus_image = ""
+        self.csi_image = ""
         #: the images the node image holds besides kubeadm's (none in a node image not built here)
         self.preloaded: tuple[str, ...] = ()
         #: what enforces NetworkPolicy, in the node image built here ("": a node image from elsewhere)
@@ -466,6 +549,7 @@ class KindStack(LocalServer):
         self.zookeeper_image = self.builder.zookeeper_image()
         self.seaweedfs_image = self.builder.seaweedfs_image()
         self.prometheus_image = self.builder.prometheus_image()
+        self.csi_image = self.builder.csi_image()
         node_image = self._node_image()
         self.zeps_image = self.builder.zeps_image(self.venv_python)
         if self.spark:
@@ -491,7 +575,8 @@ class KindStack(LocalServer):
         return self.cache / "kind" / "clusters" / self.cluster_name / PREPARED_NOTE
 
     def _what_it_runs(self, node_image: str) -> dict[str, Any]:
-        images = [self.zeps_image, self.zookeeper_image, self.seaweedfs_image, self.prometheus_image, self.spark_image]
+        images = [self.zeps_image, self.zookeeper_image, self.seaweedfs_image, self.prometheus_image, self.csi_image,
+                  self.spark_image]  # fmt: skip
         return {"node_image": node_image, "images": images, "workers": self.workers}
 
     def prepare(self) -> None:
@@ -557,12 +642,14 @@ class KindStack(LocalServer):
             # the servers and Spark on the workers, where their pods go
             t2 = time.monotonic()
             self.cluster.load(self.zeps_image)
-            images = (self.zookeeper_image, self.seaweedfs_image, self.prometheus_image, self.spark_image)
+            images = (self.zookeeper_image, self.seaweedfs_image, self.prometheus_image, self.csi_image,
+                      self.spark_image)  # fmt: skip
             # what the node image does not hold; one load per call (kind loads all of a call's images
             # into every node that lacks any one of them)
             missing = [i for i in images if i and i not in self.preloaded]
             if missing:
                 self.cluster.load(*missing, workers_only=True)
+            self.cluster.install_expandable_storage(self.csi_image)
             t3 = time.monotonic()
             self.timings["load_s"] = t3 - t2
             self.install_chart()
@@ -583,7 +670,7 @@ class KindStack(LocalServer):
             return choice
         # the pinned servers' images change only with their pins: inside the node image, no node
         # imports them again (the project's images change with every source change: loaded)
-        self.preloaded = (self.zookeeper_image, self.seaweedfs_image, self.prometheus_image)
+        self.preloaded = (self.zookeeper_image, self.seaweedfs_image, self.prometheus_image, self.csi_image)
         self.network_policy_image = self.builder.network_policy_image  # in the node image
         return self.builder.node_image(preload=self.preloaded)
 

@@ -15,7 +15,10 @@ Every confirmed publish reaches the subscriber once, in order, with no gap. The 
 confirmation during the drain is printed as a figure (never asserted).
 
 3. Replicas 1 -> 3 -> 1 on a stream of 100,000 records: every record read back from the replica
-   left."""
+   left.
+4. A replica moved off a cordoned node: copied first, then rebuilt elsewhere.
+5. ``storage.size`` raised under load on volumes that can grow (the cluster's expandable
+   StorageClass: a CSI driver, the upstream external-resizer, kubelet's node expansion)."""
 
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ from typing import Any
 
 import pytest
 from kindapp import WORKERS, App, docker, json_lines
+
+from zeps_dev.kind import EXPANDABLE_STORAGE
 
 STREAM = "ops"
 PREFERRED, HELD = f"{STREAM}-broker-0", f"{STREAM}-broker-1"
@@ -55,6 +60,18 @@ def _start_clients(app: App) -> None:
 def _whole_with_preferred_leading(app: App) -> bool:
     r = app.replication(STREAM)
     return r.get("leader") == PREFERRED and len(r.get("inSync", [])) == 3
+
+
+def _all_received_once_in_order(app: App, count: int, job: str = "publisher", subscriber: str = "subscriber",
+                                *, timeout: float = 600) -> None:  # fmt: skip
+    """The publisher Job ``job`` hurried to its end (the faults are over: the rest at once), then
+    each of its ``count`` confirmed records received by ``subscriber`` once, in order, no gap."""
+    app.hurry(job)
+    app.cluster.wait_for("the publisher to finish", lambda: app.confirmed_past(count, job), timeout=timeout,
+                         interval=2)  # fmt: skip
+    received = json_lines(app.wait_succeeded(subscriber, timeout=600))
+    bodies = [m["body"] for m in received]
+    assert bodies == [str(i) for i in range(1, count + 1)], f"{len(bodies)} received, {len(set(bodies))} distinct"
 
 
 @pytest.mark.serial  # a node is drained, a broker stopped
@@ -115,11 +132,7 @@ def test_a_drain_of_the_leaders_node_and_a_roll_held_by_a_stopped_follower_lose_
     cluster.wait_for("the lead back at the preferred replica", lambda: _whole_with_preferred_leading(app),
                      timeout=180, interval=2)  # fmt: skip
 
-    app.hurry()  # the faults are over: the rest at once
-    cluster.wait_for("the publisher to finish", lambda: app.confirmed_past(COUNT), timeout=900, interval=2)
-    received = json_lines(app.wait_succeeded("subscriber", timeout=600))
-    bodies = [m["body"] for m in received]
-    assert bodies == [str(i) for i in range(1, COUNT + 1)], f"{len(bodies)} received, {len(set(bodies))} distinct"
+    _all_received_once_in_order(app, COUNT, timeout=900)
     print("\nFIGURE " + json.dumps({
         "fault": "kubectl drain of the leader's node, then a roll held by a stopped follower",
         "drain_longest_confirmation_pause_s": drain_pause,
@@ -250,9 +263,61 @@ def test_a_replica_moved_off_a_cordoned_node_is_copied_first_then_rebuilt_elsewh
     assert [p for i, p in enumerate(phases) if i == 0 or p != phases[i - 1]] == ["adding", "rebuilding", "settling",
                                                                                  "removing"], phases  # fmt: skip
 
-    app.hurry("move-publisher")
-    cluster.wait_for("the publisher to finish", lambda: app.confirmed_past(MOVE_COUNT, "move-publisher"), timeout=600,
+    _all_received_once_in_order(app, MOVE_COUNT, "move-publisher", "move-subscriber")
+
+
+GROWN, GROW_COUNT = "grown", 3000
+MI = 1 << 20
+
+
+def _bytes(quantity: str) -> int:
+    """A quantity as the API gives a size back: ``96Mi`` or a number of bytes."""
+    for suffix, factor in (("Ki", 1 << 10), ("Mi", MI), ("Gi", 1 << 30)):
+        if quantity.endswith(suffix):
+            return int(quantity.removesuffix(suffix)) * factor
+    return int(quantity or 0)
+
+
+@pytest.mark.timeout(1200)
+def test_a_stream_s_volumes_grown_under_load_reach_the_new_size_and_lose_nothing(app: App) -> None:
+    """``storage.size`` raised from 64Mi to 96Mi on an R3 stream (minInSync 2) whose claims are of
+    the expandable StorageClass, while a publisher Job and a subscriber run: the operator asks each
+    of the three claims for the new size (``Resizing`` True, an event), the real external-resizer
+    grows each volume and kubelet finishes it on the node while the pod runs (the driver expands
+    online), each claim's ``status.capacity`` reaches 96Mi and ``Resizing`` goes back to False; no
+    broker pod restarts. Every confirmed publish reaches the subscriber once, in order."""
+    cluster = app.cluster
+    body = _stream(storage={"size": "64Mi", "storageClassName": EXPANDABLE_STORAGE})
+    body["metadata"]["name"] = GROWN
+    app.apply(body)
+    app.ready("zepsstream", GROWN, timeout=300)
+    claims = [f"journal-{GROWN}-broker-{i}" for i in range(3)]
+
+    def capacities() -> list[int]:
+        return [_bytes(app.get("pvc", c).get("status", {}).get("capacity", {}).get("storage", "")) for c in claims]
+
+    assert capacities() == [64 * MI] * 3
+    pods = {p: app.get("pod", p)["metadata"]["uid"] for p in (f"{GROWN}-broker-{i}" for i in range(3))}
+    app.run_pod("grow-subscriber", f"exec zeps --json stream replay {GROWN} --since 0 --count {GROW_COUNT} "
+                "--timeout 900")  # fmt: skip
+    app.start_publisher(GROWN, GROW_COUNT, 20.0, 10, job="grow-publisher")
+    cluster.wait_for("200 confirmed", lambda: app.confirmed_past(200, "grow-publisher"), timeout=240, interval=1)
+
+    body["spec"]["storage"]["size"] = "96Mi"
+    app.apply(body)
+    cluster.wait_for("each claim asked for 96Mi", lambda: all(
+        app.get("pvc", c)["spec"]["resources"]["requests"]["storage"] == "96Mi" for c in claims), timeout=120,
+        interval=1)  # fmt: skip
+    cluster.wait_for("each volume grown (status.capacity 96Mi)", lambda: capacities() == [96 * MI] * 3, timeout=300,
                      interval=2)  # fmt: skip
-    received = json_lines(app.wait_succeeded("move-subscriber", timeout=600))
-    bodies = [m["body"] for m in received]
-    assert bodies == [str(i) for i in range(1, MOVE_COUNT + 1)], f"{len(bodies)} received, {len(set(bodies))} distinct"
+    cluster.wait_for("Resizing False again", lambda: app.condition(GROWN, "Resizing").get("status") == "False",
+                     timeout=120, interval=2)  # fmt: skip
+    assert app.condition(GROWN, "Resizing").get("reason") == "Current"
+    volumes = [app.get("pv", app.get("pvc", c)["spec"]["volumeName"]) for c in claims]
+    assert [_bytes(v["spec"]["capacity"]["storage"]) for v in volumes] == [96 * MI] * 3
+    assert {v["spec"]["csi"]["driver"] for v in volumes} == {"hostpath.csi.zeps.dev"}
+    events = app.get("events", "--field-selector", "reason=Resizing")["items"]
+    assert any("asked for 96Mi" in e["message"] for e in events), events
+    assert {p: app.get("pod", p)["metadata"]["uid"] for p in pods} == pods, "a broker pod restarted"
+
+    _all_received_once_in_order(app, GROW_COUNT, "grow-publisher", "grow-subscriber")

@@ -5,12 +5,14 @@
 #                   kube-scheduler, kubectl, kwok, helm; and SeaweedFS's weed (the batch stores' S3 server)
 #   kind            what `make e2e` adds for a kind cluster built here: kind, kubelet, kubeadm,
 #                   kube-proxy, CoreDNS, local-path-provisioner and kube-router (the node image and its
-#                   images; kube-router enforces NetworkPolicy)
+#                   images; kube-router enforces NetworkPolicy), and the CSI driver and sidecars of
+#                   the StorageClass whose volumes grow (zeps-csi-hostpath)
 #   bench           what only the benchmarks need: nats-server (JetStream, their baseline)
 #
-# Each module is rebuilt only when its go.mod/go.sum, its target list or the Go version change: the
-# output folder is named by a hash of those, and a binary set is trusted only once the ".complete"
-# stamp is written (an interrupted build leaves nothing the next run trusts). The bin-<hash> folder
+# Each module is rebuilt only when its go.mod/go.sum, its own Go programs (a main.go beside go.mod),
+# its target list or the Go version change: the output folder is named by a hash of those, and a
+# binary set is trusted only once the ".complete" stamp is written (an interrupted build leaves
+# nothing the next run trusts). The bin-<hash> folder
 # of symlinks is per set of pins, so checkouts with different pins never overwrite each other's.
 #
 # Prints the directory holding the binaries on its last line. With a second argument --if-built it
@@ -31,7 +33,7 @@ goversion=$(go env GOVERSION)
 keys=""
 
 # build name -> the module directory beside this script, and the packages it builds from it
-declare -A module=([etcd]=etcd [k8s]=k8s [kwok]=kwok [helm]=helm [k8s-node]=k8s [kind]=kind [coredns]=coredns [local-path]=local-path [kube-router]=kube-router [seaweedfs]=seaweedfs [nats-server]=nats-server)
+declare -A module=([etcd]=etcd [k8s]=k8s [kwok]=kwok [helm]=helm [k8s-node]=k8s [kind]=kind [coredns]=coredns [local-path]=local-path [kube-router]=kube-router [seaweedfs]=seaweedfs [nats-server]=nats-server [csi]=csi)
 declare -A targets=(
   [etcd]="."
   [k8s]="k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl"
@@ -44,10 +46,11 @@ declare -A targets=(
   [kube-router]="github.com/cloudnativelabs/kube-router/v2/cmd/kube-router"
   [seaweedfs]="github.com/seaweedfs/seaweedfs/weed"
   [nats-server]="github.com/nats-io/nats-server/v2"
+  [csi]="github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner github.com/kubernetes-csi/external-resizer/cmd/csi-resizer ./zeps-csi-hostpath"
 )
 case "$set_name" in
   test) builds="etcd k8s kwok helm seaweedfs" ;;
-  kind) builds="etcd k8s kwok helm seaweedfs k8s-node kind coredns local-path kube-router" ;;
+  kind) builds="etcd k8s kwok helm seaweedfs k8s-node kind coredns local-path kube-router csi" ;;
   bench) builds="nats-server" ;;
   *) echo "setup: unknown binary set '$set_name' (test, kind, bench)" >&2; exit 2 ;;
 esac
@@ -71,13 +74,16 @@ declare -A ldflags=(
   [kube-router]=""
   [seaweedfs]=""
   [nats-server]=""
+  [csi]=""
   [kwok]=""
   [helm]="-X helm.sh/helm/v3/internal/version.version=$helm_version -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=$k8s_major -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$k8s_minor"
 )
 
 for mod in $builds; do
   dir="$here/${module[$mod]}"
-  key=$(cat "$dir/go.mod" "$dir/go.sum" <(echo "$goversion ${targets[$mod]} ${ldflags[$mod]}") | sha256sum | cut -c1-16)
+  # its own programs too (CoreDNS's plugin list, etcd's main, the CSI driver); tools.go only pins
+  key=$(cat "$dir/go.mod" "$dir/go.sum" $(find "$dir" -name '*.go' ! -name tools.go | LC_ALL=C sort) \
+        <(echo "$goversion ${targets[$mod]} ${ldflags[$mod]}") | sha256sum | cut -c1-16)
   out="$cache/testbin/$mod-$key"
   if [ "$if_built" = --if-built ]; then  # a check only: no folder made, no lock taken
     [ -f "$out/.complete" ] || exit 3
