@@ -30,6 +30,9 @@ ACL boundary, and one subtree per resource)::
         partitions/<p>/               a partitioned stream's partition p >= 1: manifest, brokers/ and
                                       replication/ as above (partition 0 is the stream's own, so a
                                       stream of one partition keeps its layout when it grows)
+        tier/leader                   tiered streams: the epoch of the leader that uploads (its fencing token)
+        tier/segments/<first>         tiered streams: JSON of one object of the journal in the object
+                                      store (its records first..last, epoch, state: zeps.tiering.manifest)
         consumers/<group>/members/<member>   ephemeral: a live member of a consumer group
         consumers/<group>/owners/<p>  ephemeral; data = member: who reads partition p now
         consumers/<group>/offsets/<p> JSON {sequence, owner}: the last sequence of p the group processed
@@ -342,6 +345,17 @@ class StreamPaths:
         """The last commit point a leader recorded (JSON {"epoch", "commit"}, every few seconds): what an
         unclean election reports it gives up."""
         return f"{self.root}/replication/committed"
+
+    @property
+    def tier_leader(self) -> str:
+        """A tiered stream's uploading leader: its epoch (each change of the manifest checks this node's
+        version, so a leader that lost its lead writes nothing more)."""
+        return f"{self.root}/tier/leader"
+
+    @property
+    def tier_segments(self) -> str:
+        """A tiered stream's manifest: one node per object in the object store, named by its first sequence."""
+        return f"{self.root}/tier/segments"
 
     def consumer_group(self, group: str) -> ConsumerGroupPaths:
         """The nodes of consumer group ``group`` of this stream (of all its partitions)."""

@@ -60,6 +60,11 @@ class BatchStore(Protocol):
         that object, else read again."""
         ...
 
+    def object_url(self, key: str) -> str:
+        """The URL of the object ``put(key, …)`` makes, without its CRC32C: what :meth:`delete` takes
+        for an object whose put may or may not have finished (its reference was never learnt)."""
+        ...
+
     def prefetch(self, key: str) -> Prefetch | None:
         """Begin reading the object ``put(key, …)`` makes, before its reference is known (a reader
         overlaps the object's read with its ZooKeeper lookup); None where that gains nothing."""

@@ -80,6 +80,9 @@ class FileBatchStore:
             ) from None
         return object_payload(raw, str(path), reference_crc(url))
 
+    def object_url(self, key: str) -> str:
+        return (self.root / f"{key}.batch").as_uri()
+
     def prefetch(self, key: str) -> None:
         """Nothing: a file (from the page cache, most often) is read in less than the lookup takes."""
         return None

@@ -220,6 +220,9 @@ class S3BatchStore:
     def _key_path(self, key: str) -> str:
         return f"{self.prefix}/{key}.batch" if self.prefix else f"{key}.batch"
 
+    def object_url(self, key: str) -> str:
+        return self._object_url(self._key_path(key))
+
     def _fetch(self, path: str) -> bytes | memoryview:
         import obstore  # noqa: PLC0415
 

@@ -22,11 +22,13 @@ from zeps.journal.config import (
     JournalWriteError,
 )
 from zeps.journal.copying import Copying
+from zeps.journal.segments import ClosedSegment
 
 __all__ = [
     "DEFAULT_MAX_PRODUCERS",
     "DEFAULT_PRODUCER_TTL_MS",
     "Chunk",
+    "ClosedSegment",
     "FsyncPolicy",
     "Journal",
     "JournalConfig",
@@ -42,12 +44,21 @@ log = logging.getLogger(__name__)
 class Journal(Copying):
     """One stream's journal. The broker's single writer calls ``append``; readers call ``read``."""
 
-    def apply_retention(self, *, now_ms: int | None = None) -> list[int]:
-        """Delete whole closed segments past retention (age or bytes); returns their base sequences."""
+    def closed_segments(self) -> list[ClosedSegment]:
+        """Its closed segments, oldest first (every one but the active segment): what a tiered stream
+        uploads."""
+        return [ClosedSegment(s.base, s.last_seq, s.last_ts, s.size, s.path) for s in self._segments[:-1]]
+
+    def apply_retention(self, *, now_ms: int | None = None, tiered_to: int | None = None) -> list[int]:
+        """Delete whole closed segments past retention (age or bytes); returns their base sequences. A
+        tiered stream's (``tiered_to``: the object store holds every record up to it) keeps a segment
+        until the store holds all of it, whatever its age or size."""
         now = int(time.time() * 1000) if now_ms is None else now_ms
         removed = []
         while len(self._segments) > 1:
             oldest = self._segments[0]
+            if tiered_to is not None and oldest.last_seq > tiered_to:
+                break
             too_old = self.config.retention_ms is not None and oldest.last_ts < now - self.config.retention_ms
             too_big = self.config.retention_bytes is not None and self.size_bytes > self.config.retention_bytes
             if not (too_old or too_big):

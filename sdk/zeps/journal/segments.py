@@ -44,11 +44,13 @@ __all__ = [
     "SEAL_HEAD",
     "SEAL_MAGIC",
     "SEAL_MARK",
+    "ClosedSegment",
     "IndexFile",
     "Readers",
     "Savepoint",
     "Segment",
     "cut_marks",
+    "read_records",
     "read_seal",
     "walk_segment",
 ]
@@ -80,6 +82,18 @@ class Segment:
     @property
     def offsets_path(self) -> Path:
         return self.path.with_suffix(".off")
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedSegment:
+    """A closed segment as others see it (:meth:`Journal.closed_segments`): its file no longer changes
+    until retention removes it, so another thread may read it (:func:`read_records`)."""
+
+    first: int
+    last: int  #: first - 1 when it holds no record
+    last_ts: int
+    size: int  #: bytes on disk, records and producer marks
+    path: Path
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,3 +241,24 @@ def cut_marks(data: bytes, base: int, starts: array[int], marks: list[tuple[int,
             k += 1
         out.append(offset - shift)
     return b"".join(pieces), out
+
+
+def read_records(segment: ClosedSegment, first: int, last: int) -> bytes:
+    """The records ``first .. last`` of a closed segment as stored, without its producer marks (the
+    bytes a DELIVER-BATCH carries), read from its file with a descriptor of its own (any thread may).
+    JournalError if the file does not hold all of them intact."""
+    if not segment.first <= first <= last <= segment.last:
+        raise JournalError(f"records {first}..{last} are not in segment {segment.first}..{segment.last}")
+    try:
+        data = segment.path.read_bytes()
+    except OSError as exc:
+        raise JournalError(f"segment {segment.path}: {exc.strerror or exc}") from None
+    starts, marks, end = walk_segment(data, segment.first)
+    if len(starts) < last - segment.first + 1:
+        raise JournalError(f"segment {segment.path} holds {len(starts)} intact records, not {segment.first}..{last}")
+    begin = starts[first - segment.first]
+    stop = starts[last - segment.first + 1] if last - segment.first + 1 < len(starts) else end
+    # marks between the records are cut out; one right after the last record is beyond ``stop`` already
+    kept = [(a, b) for a, b, _, _ in marks if begin <= a < stop]
+    records, _ = cut_marks(data[begin:stop], begin, array("I"), kept)
+    return records

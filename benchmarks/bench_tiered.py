@@ -1,0 +1,120 @@
+"""make bench-tiered: a replay from the object store against the same replay from the local journal.
+
+One ZooKeeper server, one SeaweedFS server (``weed server -s3``, the pinned module, its volumes on the
+same disk as the journal), one process. A journal of 8 MiB segments is filled with 200-byte records
+and all its closed segments uploaded (``TierUploader``, S3 through the batch store). Then, alternating
+round by round: a replay of every uploaded record from the local journal (``Journal.read_chunk`` in
+1 MiB chunks, its files in the page cache, as on a broker that just wrote them) and from the store
+(``TierReader.read_chunk``, the same chunks: each object fetched, checked, parsed), the reader's cache
+empty each round (every object fetched from S3), and once more from its warm cache. Records/s,
+medians over the rounds, and the ratios store / local. Also the upload's MB/s. Prints one JSON line
+last.
+
+Goal (issue 51): a replay from the object store at >= 0.5 of one from local disk. Not measured here:
+publishing with uploads running against without (the broker does not run uploads yet).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from zeps.batchstore import open_store
+from zeps.coordination.client import connect
+from zeps.journal import Journal, JournalConfig
+from zeps.paths import StreamPaths
+from zeps.tiering import TierReader, TierUploader
+from zeps_dev import ZooKeeperServer
+from zeps_dev.seaweedfs import SeaweedFS
+
+ROUNDS = int(os.environ.get("ZEPS_BENCH_ROUNDS", "5"))
+RECORDS = int(os.environ.get("ZEPS_BENCH_RECORDS", "300000"))
+BODY = 200
+
+
+def _replay(read: Any, first: int, last: int) -> tuple[float, int]:
+    """(seconds, records) of reading ``first .. last`` in 1 MiB chunks through ``read``."""
+    start, count, at = time.perf_counter(), 0, first
+    while at <= last:
+        chunk = read(at, max_bytes=1 << 20, end=last)
+        assert chunk is not None, at
+        count += len(chunk)
+        at = chunk.last + 1
+    return time.perf_counter() - start, count
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="zeps-bench-tiered-") as tmp:
+        root = Path(tmp)
+        zookeeper = ZooKeeperServer(root / "zk")
+        s3 = SeaweedFS(root / "s3")
+        zookeeper.start()
+        s3.start()
+        try:
+            s3.create_bucket("tiers")
+            os.environ.update(s3.credentials())
+            result = _measure(root, zookeeper.connect_string, s3.endpoint)
+        finally:
+            s3.stop()
+            zookeeper.stop()
+    print(json.dumps(result))
+
+
+def _measure(root: Path, connect_string: str, endpoint: str) -> dict[str, Any]:
+    zk = connect(connect_string)
+    journal = Journal(root / "journal", JournalConfig(segment_bytes=8 << 20, fsync="never")).open()
+    body = os.urandom(BODY)
+    for i in range(0, RECORDS, 1000):
+        journal.append_many([(f"key.{(i + n) % 1000}", body) for n in range(min(1000, RECORDS - i))])
+    journal.sync()
+    paths = StreamPaths.of("bench", "tiered")
+    store = open_store("s3://tiers/bench", endpoint=endpoint)
+    uploader = TierUploader(zk, paths, store, epoch=1)
+    start, uploaded = time.perf_counter(), 0
+    for _ in range(len(journal.closed_segments()) + 1):
+        step = uploader.step(journal.closed_segments(), journal.durable, now_ms=0)
+        assert not step.error, step.error
+        if step.uploaded is None:
+            break
+        uploaded += step.uploaded.size
+    upload_s = time.perf_counter() - start
+    last = step.tiered_to
+    local, cold, warm = [], [], []
+    for n in range(ROUNDS):
+        seconds, count = _replay(journal.read_chunk, 1, last)
+        local.append(count / seconds)
+        reader = TierReader(zk, paths, store, cache=root / f"cache-{n}")
+        reader.refresh()
+        seconds, count = _replay(reader.read_chunk, 1, last)
+        cold.append(count / seconds)
+        assert reader.fetches == len(reader.refresh())
+        again = TierReader(zk, paths, store, cache=root / f"cache-{n}")
+        again.refresh()
+        seconds, count = _replay(again.read_chunk, 1, last)
+        warm.append(count / seconds)
+        assert again.fetches == 0
+    journal.close()
+    zk.stop()
+    med = {name: statistics.median(v) for name, v in (("local", local), ("store", cold), ("cache", warm))}
+    return {
+        "benchmark": "tiered",
+        "records": last,
+        "record_bytes": BODY,
+        "rounds": ROUNDS,
+        "upload_mb_s": round(uploaded / upload_s / 1e6, 1),
+        "replay_local_records_s": round(med["local"]),
+        "replay_store_records_s": round(med["store"]),
+        "replay_cache_records_s": round(med["cache"]),
+        "store_over_local": round(med["store"] / med["local"], 2),
+        "cache_over_local": round(med["cache"] / med["local"], 2),
+        "goal_store_over_local": 0.5,
+    }
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""Reads of a tiered stream's records from the object store: the runs its manifest lists as
+``copy-finished`` (:mod:`zeps.tiering.manifest`), as the same :class:`~zeps.journal.Chunk` a local
+read gives, so whoever serves a replay sends them as it sends the journal's.
+
+Every object is checked twice: by the store (its length and the CRC32C its reference names) and here
+(each record whole with its own CRC32C, the sequences exactly the entry's run). Fetched objects are
+kept in a cache directory, bounded in bytes (the least recently used go first), written atomically;
+one read from the cache is checked like one from the store. The most recently read object is also
+kept parsed in memory, so a replay reading forward asks for it once.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from zeps._records import RECORD, walk
+from zeps.batchstore import BatchLostError, BatchStore
+from zeps.journal import Chunk
+from zeps.journal.chunks import fit_chunk
+from zeps.paths import StreamPaths
+from zeps.tiering.manifest import State, TierEntry, tiered_to
+from zeps.tiering.uploader import read_manifest
+
+__all__ = ["DEFAULT_CACHE_BYTES", "TierReader"]
+
+log = logging.getLogger(__name__)
+
+#: bytes of fetched objects the cache keeps by default
+DEFAULT_CACHE_BYTES = 256 << 20
+
+
+class TierReader:
+    """The records of one stream (or partition) that its object store holds."""
+
+    def __init__(self, zk: Any, paths: StreamPaths, store: BatchStore, *, cache: Path | None = None,
+                 cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:  # fmt: skip
+        self.zk, self.paths, self.store = zk, paths, store
+        self.cache, self.cache_bytes = cache, cache_bytes
+        self.fetches = 0  #: objects read from the store (not from the cache)
+        self._entries: list[TierEntry] = []
+        self._hot: tuple[str, Chunk] | None = None  # the last object read, parsed
+
+    def refresh(self) -> list[TierEntry]:
+        """Read the manifest again (what it lists finished and contiguous from the lowest is readable)."""
+        entries, _ = read_manifest(self.zk, self.paths)
+        done = tiered_to(entries)
+        self._entries = sorted((e for e in entries if e.state == State.COPY_FINISHED and e.last <= done),
+                               key=lambda e: e.first)  # fmt: skip
+        return self._entries
+
+    @property
+    def first_sequence(self) -> int:
+        """The oldest record the store holds (0: none)."""
+        return self._entries[0].first if self._entries else 0
+
+    @property
+    def last_sequence(self) -> int:
+        """The newest record the store holds (0: none)."""
+        return self._entries[-1].last if self._entries else 0
+
+    def read_chunk(self, start: int, *, max_bytes: int = 1 << 20, max_records: int = 1 << 30,
+                   end: int | None = None) -> Chunk | None:  # fmt: skip
+        """Records from ``start`` (or the oldest the store holds, if later) up to ``end`` (default: all
+        it holds), within one object and ``max_bytes`` (but at least one record); None when the store
+        holds none of them."""
+        if not self._entries:
+            return None
+        start = max(start, self.first_sequence)
+        end = self.last_sequence if end is None else min(end, self.last_sequence)
+        if start > end:
+            return None
+        i = bisect.bisect_right(self._entries, start, key=lambda e: e.first) - 1
+        entry = self._entries[i]
+        chunk = self._object(entry)
+        begin = start - entry.first
+        stop = fit_chunk(chunk, begin, min(end, entry.last) - entry.first + 1, max_bytes, max_records, force=True)
+        return chunk.part(begin, stop)
+
+    def seek_time(self, timestamp_ms: int) -> int:
+        """The first sequence the store holds with a timestamp at or after ``timestamp_ms`` (0: none)."""
+        for entry in self._entries:
+            if entry.last_ts >= timestamp_ms:
+                chunk = self._object(entry)
+                for i in range(len(chunk)):
+                    if chunk.record(i).timestamp_ms >= timestamp_ms:
+                        return entry.first + i
+        return 0
+
+    # -- objects ------------------------------------------------------------------------------------
+    def _object(self, entry: TierEntry) -> Chunk:
+        if self._hot is not None and self._hot[0] == entry.key:
+            return self._hot[1]
+        data = self._cached(entry)
+        if data is not None:
+            try:
+                chunk = _parse(entry, data)
+            except BatchLostError as exc:
+                log.warning("tier cache %s: %s; reading it from the store again", entry.key, exc)
+                chunk = None
+        else:
+            chunk = None
+        if chunk is None:
+            raw = bytes(self.store.get(entry.reference))
+            self.fetches += 1
+            chunk = _parse(entry, raw)
+            self._keep(entry, raw)
+        self._hot = (entry.key, chunk)
+        return chunk
+
+    def _cached(self, entry: TierEntry) -> bytes | None:
+        if self.cache is None:
+            return None
+        path = self.cache / f"{entry.key}.records"
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        os.utime(path)  # most recently used
+        return data
+
+    def _keep(self, entry: TierEntry, data: bytes) -> None:
+        """Into the cache (atomically), the least recently used out while it holds more than its bound."""
+        if self.cache is None or len(data) > self.cache_bytes:
+            return
+        self.cache.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.cache, prefix=".", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, self.cache / f"{entry.key}.records")
+        files = sorted(self.cache.glob("*.records"), key=lambda p: p.stat().st_mtime)
+        total = sum(p.stat().st_size for p in files)
+        for path in files:
+            if total <= self.cache_bytes:
+                break
+            total -= path.stat().st_size
+            path.unlink(missing_ok=True)
+
+
+def _parse(entry: TierEntry, data: bytes) -> Chunk:
+    """An object's records as a chunk; BatchLostError (a DataLossError) if they are not exactly the
+    entry's run, whole."""
+    offsets, problem = walk(data)
+    if problem is not None:
+        raise BatchLostError(f"tiered object {entry.key}: {problem}")
+    count = len(offsets) - 1
+    if count != entry.last - entry.first + 1 or RECORD.unpack_from(data, 0)[2] != entry.first:
+        raise BatchLostError(f"tiered object {entry.key} does not hold records {entry.first}..{entry.last}")
+    return Chunk(entry.first, data, offsets)

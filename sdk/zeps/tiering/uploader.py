@@ -1,0 +1,173 @@
+"""The leader's uploads: closed, committed runs of its journal into the object store, the manifest kept
+in ZooKeeper, objects past the stream's retention deleted (the states: :mod:`zeps.tiering.manifest`).
+
+Only one uploader writes a stream's manifest: the one holding ``tier/leader`` for the highest leader
+epoch. Each round first writes its epoch there, never over a higher one, and every later change of
+the manifest is a ZooKeeper transaction that checks that node's version first, so a leader
+that lost its lead (a newer epoch claimed the node) has each write refused and stops
+(:class:`~zeps.coordination.fenced.FencedError`), whatever its clock or its view of the election says.
+
+:meth:`TierUploader.step` does one round: read the manifest, finish what an earlier uploader left
+(``copy-started``: its object deleted, then its node, and the run uploaded again under a new name;
+``delete-started``: the deletion finished), delete what total retention no longer keeps, upload the
+next closed run wholly at or below the commit point. A failure of the object store or of ZooKeeper
+ends the round; the next round starts over from the manifest, after a backoff that doubles up to
+:data:`MAX_BACKOFF_S` (the journal keeps its segments meanwhile: nothing is lost while the store is
+away, the backlog grows). A step blocks on the store and on ZooKeeper: the broker runs it on a thread
+of its own, never on its event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from zeps._records import RECORD, walk
+from zeps.batchstore import BatchStore, BatchStoreError
+from zeps.coordination.fenced import FencedError, FencedNodes, read_children
+from zeps.errors import CoordinationError
+from zeps.journal import ClosedSegment, JournalError
+from zeps.journal.segments import read_records
+from zeps.paths import StreamPaths
+from zeps.tiering.manifest import (
+    State,
+    TierEntry,
+    decode_entry,
+    encode_entry,
+    expired,
+    next_upload,
+    object_key,
+    tiered_to,
+)
+
+__all__ = ["MAX_BACKOFF_S", "FencedError", "StepResult", "TierUploader", "read_manifest"]
+
+log = logging.getLogger(__name__)
+
+#: the longest wait between failed rounds (they double from MIN_BACKOFF_S, with jitter)
+MAX_BACKOFF_S = 30.0
+MIN_BACKOFF_S = 0.5
+#: manifest nodes read in one round at most (a stream of 1 GiB segments holds 10,000 for 10 TB)
+MAX_ENTRIES = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What a round did, and when to run the next (``delay_s``)."""
+
+    uploaded: TierEntry | None = None
+    deleted: int = 0  #: objects deleted (past retention, or left by an earlier uploader)
+    tiered_to: int = 0
+    backlog_segments: int = 0  #: closed segments (wholly committed or not) the store does not hold yet
+    backlog_bytes: int = 0
+    error: str = ""  #: why the round stopped early ("" if it did not)
+    delay_s: float = 0.0
+
+
+def read_manifest(zk: Any, paths: StreamPaths) -> tuple[list[TierEntry], int]:
+    """The manifest's entries, and how many nodes were refused (out of shape: logged, never trusted)."""
+    entries, refused = [], 0
+    for name, data in read_children(zk, paths.tier_segments, limit=MAX_ENTRIES):
+        try:
+            entry = decode_entry(data)
+            if name != _name(entry):
+                raise ValueError(f"the node of records {entry.first}.. is named {name!r}")
+        except ValueError as exc:
+            log.warning("tier manifest %s/%s refused: %s", paths.tier_segments, name, exc)
+            refused += 1
+            continue
+        entries.append(entry)
+    return entries, refused
+
+
+def _name(entry: TierEntry) -> str:
+    """An entry's node: its first sequence, 20 digits (the manifest lists in order of sequence)."""
+    return f"{entry.first:020d}"
+
+
+class TierUploader:
+    """Uploads one stream's (or partition's) journal for the leader of ``epoch``."""
+
+    def __init__(self, zk: Any, paths: StreamPaths, store: BatchStore, *, epoch: int,
+                 acl: list[Any] | None = None, token: Callable[[], str] = lambda: secrets.token_hex(8),
+                 rng: random.Random | None = None) -> None:  # fmt: skip
+        self.paths, self.store, self.epoch = paths, store, epoch
+        self.nodes = FencedNodes(zk, paths.tier_segments, paths.tier_leader, epoch=epoch, acl=acl)
+        self._token = token
+        self._rng = rng or random.Random()
+        self._failures = 0
+
+    # -- a round ------------------------------------------------------------------------------------
+    def step(self, segments: list[ClosedSegment], commit_point: int, *, now_ms: int, retention_ms: int | None = None,
+             retention_bytes: int | None = None, local_bytes: int = 0) -> StepResult:  # fmt: skip
+        """One round (above) over the journal's closed ``segments`` (:meth:`Journal.closed_segments`)
+        and its ``commit_point``; FencedError when another leader took over."""
+        entries: list[TierEntry] = []
+        deleted = 0
+        uploaded = None
+        try:
+            self.nodes.claim()
+            entries, _ = read_manifest(self.nodes.client, self.paths)
+            for entry in [e for e in entries if e.state != State.COPY_FINISHED]:
+                self._remove(entry)
+                deleted += 1
+            entries = [e for e in entries if e.state == State.COPY_FINISHED]
+            for entry in expired(entries, now_ms=now_ms, retention_ms=retention_ms, retention_bytes=retention_bytes,
+                                 local_bytes=local_bytes):  # fmt: skip
+                self.nodes.set(_name(entry), encode_entry(entry.deleting()))
+                self._remove(entry)
+                entries.remove(entry)
+                deleted += 1
+            plan = next_upload(segments, commit_point, entries)
+            if plan is not None:
+                segment = next(s for s in segments if s.first == plan.segment)
+                uploaded = self._upload(segment, plan.first, plan.last)
+                entries.append(uploaded)
+        except FencedError:
+            raise
+        except (BatchStoreError, CoordinationError, JournalError) as exc:
+            self._failures += 1
+            delay = min(MAX_BACKOFF_S, MIN_BACKOFF_S * 2 ** (self._failures - 1)) * self._rng.uniform(0.5, 1.0)
+            log.warning("tiering %s: %s; trying again in %.1f s", self.paths.root, exc, delay)
+            return self._result(segments, entries, uploaded, deleted, error=str(exc) or repr(exc), delay_s=delay)
+        self._failures = 0
+        return self._result(segments, entries, uploaded, deleted)
+
+    def _result(self, segments: list[ClosedSegment], entries: list[TierEntry], uploaded: TierEntry | None,
+                deleted: int, *, error: str = "", delay_s: float = 0.0) -> StepResult:  # fmt: skip
+        done = tiered_to(entries)
+        waiting = [s for s in segments if s.last > done and s.last >= s.first]
+        return StepResult(uploaded, deleted, done, len(waiting), sum(s.size for s in waiting), error, delay_s)
+
+    def _upload(self, segment: ClosedSegment, first: int, last: int) -> TierEntry:
+        """Records ``first .. last`` of ``segment`` into the store: copy-started, put, copy-finished."""
+        records = read_records(segment, first, last)
+        first_ts, last_ts = _timestamps(records)
+        entry = TierEntry(first, last, self.epoch, object_key(first, last, self.epoch, self._token()),
+                          State.COPY_STARTED, first_ts, last_ts, len(records))  # fmt: skip
+        self.nodes.create(_name(entry), encode_entry(entry))
+        reference = self.store.put(entry.key, records)
+        done = entry.finished(reference)
+        self.nodes.set(_name(done), encode_entry(done))
+        log.info("tiering %s: records %d..%d uploaded (%d bytes)", self.paths.root, first, last, len(records))
+        return done
+
+    def _remove(self, entry: TierEntry) -> None:
+        """An entry's object deleted, then its node (a copy that may not have finished, or a deletion
+        that began: either way nobody reads it any more)."""
+        self.store.delete(entry.reference or self.store.object_url(entry.key))
+        self.nodes.delete(_name(entry))
+
+
+def _timestamps(records: bytes) -> tuple[int, int]:
+    """The first and the last record's timestamps."""
+    offsets, problem = walk(records, check_crc=False)
+    if problem is not None or len(offsets) < 2:
+        raise JournalError(f"records read for upload are not whole: {problem or 'none'}")
+    first = RECORD.unpack_from(records, offsets[0])[3]
+    last = RECORD.unpack_from(records, offsets[-2])[3]
+    return int(first), int(last)
