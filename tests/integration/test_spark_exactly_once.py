@@ -17,6 +17,7 @@ from zeps.broker import BrokerConfig, BrokerServer, Registration
 from zeps.client import Seq, StreamClient
 from zeps.journal import JournalConfig
 from zeps.spark import ZepsDataSource
+from zeps.spark.queries import start_query
 from zeps_dev.process import wait_until
 
 pytestmark = pytest.mark.spark
@@ -131,7 +132,7 @@ def test_a_streaming_write_is_exactly_once_across_task_retries_and_a_query_resta
         writer = df.writeStream.format("zeps").option("checkpointLocation", str(tmp_path / "checkpoint"))
         for k, v in _options(zookeeper, broker, "out").items():
             writer = writer.option(k, v)
-        return writer.start()
+        return start_query(writer.start)
 
     # micro-batch 0: ids 0..999 in two partitions of 500, the task with id 300 fails once
     source(range(0, ROWS // 2))

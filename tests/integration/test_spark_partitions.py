@@ -16,6 +16,7 @@ from zeps.client import PartitionedStreamClient, StreamClient
 from zeps.errors import ConfigError
 from zeps.partitioning import partition_of
 from zeps.spark import ZepsDataSource
+from zeps.spark.queries import start_query
 from zeps_dev.process import wait_until
 
 pytestmark = pytest.mark.spark
@@ -63,9 +64,10 @@ def test_a_streaming_read_has_a_partition_column_and_per_partition_offsets_exact
     def start() -> Any:
         df = _reader(spark, _options(zookeeper, plain), startingOffsets="earliest", maxOffsetsPerTrigger="900",
                      partitionSize="200")  # fmt: skip
-        return (df.select("partition", "sequence", "key", "body").writeStream.format("parquet")
-                .option("path", str(out)).option("checkpointLocation", str(checkpoint))
-                .trigger(processingTime="200 milliseconds").start())  # fmt: skip
+        writer = (df.select("partition", "sequence", "key", "body").writeStream.format("parquet")
+                  .option("path", str(out)).option("checkpointLocation", str(checkpoint))
+                  .trigger(processingTime="200 milliseconds"))  # fmt: skip
+        return start_query(writer.start)
 
     query = start()
     wait_until(lambda: len(query.recentProgress) >= 2, timeout=120, what="two micro-batches")

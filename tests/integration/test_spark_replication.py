@@ -16,6 +16,7 @@ from harness import ReplicaSet, ZooKeeperHarness, until
 from zeps.client import Seq
 from zeps.client.discovery import broker_metadata
 from zeps.spark import ZepsDataSource
+from zeps.spark.queries import start_query
 
 pytestmark = pytest.mark.spark
 
@@ -70,7 +71,7 @@ def test_a_streaming_query_between_replicated_streams_is_exactly_once_across_fai
     writer = writer.option("checkpointLocation", str(tmp_path / "checkpoint"))
     for k, v in _options(zookeeper, out).items():
         writer = writer.option(k, v)
-    query = writer.start()
+    query = start_query(writer.start)
     try:
         query.processAllAvailable()
         for replica_set in (prices, out):  # both leaders die; the query goes on with their successors

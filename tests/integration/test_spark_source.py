@@ -98,14 +98,14 @@ def test_stream_into_files_exactly_once_across_a_restart(
             maxOffsetsPerTrigger="700",
             partitionSize="400",
         )
-        return (
+        writer = (
             df.select("sequence", "key", "body")
             .writeStream.format("parquet")
             .option("path", str(out))
             .option("checkpointLocation", str(checkpoint))
             .trigger(processingTime="200 milliseconds")
-            .start()
         )
+        return start_query(writer.start)
 
     query = start()
     wait_until(lambda: len(query.recentProgress) >= 2, timeout=120, what="two micro-batches")
@@ -128,7 +128,7 @@ def test_starting_offsets_and_patterns(spark: Any, zookeeper: ZooKeeperHarness, 
 
     def run(name: str, **extra: str) -> list[int]:
         df = _reader(spark, _options(zookeeper, broker), **extra)
-        query = df.writeStream.format("memory").queryName(name).start()
+        query = start_query(df.writeStream.format("memory").queryName(name).start)
         query.processAllAvailable()
         if name == "q_latest":  # started at the tail: only what comes after
             _publish(broker, 5, start=60)
@@ -186,13 +186,13 @@ def test_fail_on_data_loss_both_ways(spark: Any, zookeeper: ZooKeeperHarness, tm
         first = journal_now.first_sequence
 
         df = _reader(spark, _options(zookeeper, broker), startingOffsets="earliest")
-        query = df.writeStream.format("memory").queryName("lossy_fail").start()
+        query = start_query(df.writeStream.format("memory").queryName("lossy_fail").start)
         with pytest.raises(Exception, match="removed by retention"):
             query.processAllAvailable()
         query.stop()
 
         df = _reader(spark, _options(zookeeper, broker), startingOffsets="earliest", failOnDataLoss="false")
-        query = df.writeStream.format("memory").queryName("lossy_skip").start()
+        query = start_query(df.writeStream.format("memory").queryName("lossy_skip").start)
         query.processAllAvailable()
         query.stop()
         got = [r["sequence"] for r in spark.sql("select sequence from lossy_skip order by sequence").collect()]
@@ -253,12 +253,8 @@ def test_batch_queue_source_exactly_once_across_a_restart(
 
     def run() -> None:
         df = _reader(spark, options, startingOffsets="earliest")
-        query = (
-            df.writeStream.format("parquet")
-            .option("path", str(out))
-            .option("checkpointLocation", str(checkpoint))
-            .start()
-        )
+        writer = df.writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(checkpoint))
+        query = start_query(writer.start)
         query.processAllAvailable()
         query.stop()
 
