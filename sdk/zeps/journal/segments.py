@@ -243,10 +243,11 @@ def cut_marks(data: bytes, base: int, starts: array[int], marks: list[tuple[int,
     return b"".join(pieces), out
 
 
-def read_records(segment: ClosedSegment, first: int, last: int) -> bytes:
+def read_records(segment: ClosedSegment, first: int, last: int) -> tuple[bytes, array[int]]:
     """The records ``first .. last`` of a closed segment as stored, without its producer marks (the
-    bytes a DELIVER-BATCH carries), read from its file with a descriptor of its own (any thread may).
-    JournalError if the file does not hold all of them intact."""
+    bytes a DELIVER-BATCH carries), and where each starts in them (and where the last ends), read from
+    its file with a descriptor of its own (any thread may). JournalError if the file does not hold all
+    of them intact."""
     if not segment.first <= first <= last <= segment.last:
         raise JournalError(f"records {first}..{last} are not in segment {segment.first}..{segment.last}")
     try:
@@ -260,5 +261,7 @@ def read_records(segment: ClosedSegment, first: int, last: int) -> bytes:
     stop = starts[last - segment.first + 1] if last - segment.first + 1 < len(starts) else end
     # marks between the records are cut out; one right after the last record is beyond ``stop`` already
     kept = [(a, b) for a, b, _, _ in marks if begin <= a < stop]
-    records, _ = cut_marks(data[begin:stop], begin, array("I"), kept)
-    return records
+    wanted = array("I", starts[first - segment.first : last - segment.first + 1])
+    records, offsets = cut_marks(data[begin:stop], begin, wanted, kept)
+    offsets.append(len(records))
+    return records, offsets

@@ -3,10 +3,12 @@
 read gives, so whoever serves a replay sends them as it sends the journal's.
 
 Every object is checked twice: by the store (its length and the CRC32C its reference names) and here
-(each record whole with its own CRC32C, the sequences exactly the entry's run). Fetched objects are
+(:func:`~zeps.tiering.objects.decode_object`: that CRC32C again, the index against the records, the
+sequences exactly the entry's run). Fetched objects are
 kept in a cache directory, bounded in bytes (the least recently used go first), written atomically;
 one read from the cache is checked like one from the store. The most recently read object is also
-kept parsed in memory, so a replay reading forward asks for it once.
+kept parsed in memory, so a replay reading forward asks for it once, and the next object's GET begins
+as one is read (at most one ahead), so the store's latency overlaps the reader's work.
 """
 
 from __future__ import annotations
@@ -15,15 +17,17 @@ import bisect
 import logging
 import os
 import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from zeps._records import RECORD, walk
 from zeps.batchstore import BatchLostError, BatchStore
+from zeps.batchstore.format import reference_crc
 from zeps.journal import Chunk
 from zeps.journal.chunks import fit_chunk
 from zeps.paths import StreamPaths
 from zeps.tiering.manifest import State, TierEntry, tiered_to
+from zeps.tiering.objects import decode_object
 from zeps.tiering.uploader import read_manifest
 
 __all__ = ["DEFAULT_CACHE_BYTES", "TierReader"]
@@ -44,6 +48,14 @@ class TierReader:
         self.fetches = 0  #: objects read from the store (not from the cache)
         self._entries: list[TierEntry] = []
         self._hot: tuple[str, Chunk] | None = None  # the last object read, parsed
+        self._ahead: tuple[str, Future[bytes]] | None = None  # the next object's GET, begun early
+        self._pool: ThreadPoolExecutor | None = None
+
+    def close(self) -> None:
+        """Stop reading ahead (a GET under way finishes in its thread, its object unused)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool, self._ahead = None, None
 
     def refresh(self) -> list[TierEntry]:
         """Read the manifest again (what it lists finished and contiguous from the lowest is readable)."""
@@ -95,22 +107,51 @@ class TierReader:
     def _object(self, entry: TierEntry) -> Chunk:
         if self._hot is not None and self._hot[0] == entry.key:
             return self._hot[1]
+        crc = reference_crc(entry.reference)
+        if crc is None:
+            raise BatchLostError(f"tiered object {entry.key}: its reference names no CRC32C ({entry.reference!r})")
         data = self._cached(entry)
         if data is not None:
             try:
-                chunk = _parse(entry, data)
+                chunk = decode_object(entry, data, crc)
             except BatchLostError as exc:
                 log.warning("tier cache %s: %s; reading it from the store again", entry.key, exc)
                 chunk = None
         else:
             chunk = None
         if chunk is None:
-            raw = bytes(self.store.get(entry.reference))
+            raw = self._fetch(entry)
             self.fetches += 1
-            chunk = _parse(entry, raw)
+            chunk = decode_object(entry, raw, crc)
             self._keep(entry, raw)
         self._hot = (entry.key, chunk)
+        self._read_ahead(entry)
         return chunk
+
+    def _fetch(self, entry: TierEntry) -> bytes:
+        """The object's payload from the store: the GET begun ahead for it, if there is one."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == entry.key:
+            try:
+                return ahead[1].result()
+            except Exception:
+                log.debug("tier read-ahead of %s failed; reading it again", entry.key)
+        return bytes(self.store.get(entry.reference))
+
+    def _read_ahead(self, entry: TierEntry) -> None:
+        """Begin the GET of the object after ``entry`` (a replay reads forward), unless the cache has
+        it: its records arrive while the caller sends these. At most one object is held ahead."""
+        i = bisect.bisect_left(self._entries, entry.first, key=lambda e: e.first)
+        if i + 1 >= len(self._entries):
+            return
+        following = self._entries[i + 1]
+        if (self._ahead is not None and self._ahead[0] == following.key) or (
+                self.cache is not None and (self.cache / f"{following.key}.records").exists()):  # fmt: skip
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="zeps-tier-ahead")
+        reference = following.reference
+        self._ahead = (following.key, self._pool.submit(lambda: bytes(self.store.get(reference))))
 
     def _cached(self, entry: TierEntry) -> bytes | None:
         if self.cache is None:
@@ -139,15 +180,3 @@ class TierReader:
                 break
             total -= path.stat().st_size
             path.unlink(missing_ok=True)
-
-
-def _parse(entry: TierEntry, data: bytes) -> Chunk:
-    """An object's records as a chunk; BatchLostError (a DataLossError) if they are not exactly the
-    entry's run, whole."""
-    offsets, problem = walk(data)
-    if problem is not None:
-        raise BatchLostError(f"tiered object {entry.key}: {problem}")
-    count = len(offsets) - 1
-    if count != entry.last - entry.first + 1 or RECORD.unpack_from(data, 0)[2] != entry.first:
-        raise BatchLostError(f"tiered object {entry.key} does not hold records {entry.first}..{entry.last}")
-    return Chunk(entry.first, data, offsets)

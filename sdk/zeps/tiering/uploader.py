@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from zeps._records import RECORD, walk
+from zeps._records import RECORD
 from zeps.batchstore import BatchStore, BatchStoreError
 from zeps.coordination.fenced import FencedError, FencedNodes, read_children
 from zeps.errors import CoordinationError
@@ -43,6 +43,7 @@ from zeps.tiering.manifest import (
     object_key,
     tiered_to,
 )
+from zeps.tiering.objects import encode_object
 
 __all__ = ["MAX_BACKOFF_S", "FencedError", "StepResult", "TierUploader", "read_manifest"]
 
@@ -145,12 +146,12 @@ class TierUploader:
 
     def _upload(self, segment: ClosedSegment, first: int, last: int) -> TierEntry:
         """Records ``first .. last`` of ``segment`` into the store: copy-started, put, copy-finished."""
-        records = read_records(segment, first, last)
-        first_ts, last_ts = _timestamps(records)
+        records, offsets = read_records(segment, first, last)
+        first_ts, last_ts = (int(RECORD.unpack_from(records, offsets[i])[3]) for i in (0, -2))
         entry = TierEntry(first, last, self.epoch, object_key(first, last, self.epoch, self._token()),
                           State.COPY_STARTED, first_ts, last_ts, len(records))  # fmt: skip
         self.nodes.create(_name(entry), encode_entry(entry))
-        reference = self.store.put(entry.key, records)
+        reference = self.store.put(entry.key, encode_object(records, offsets))
         done = entry.finished(reference)
         self.nodes.set(_name(done), encode_entry(done))
         log.info("tiering %s: records %d..%d uploaded (%d bytes)", self.paths.root, first, last, len(records))
@@ -161,13 +162,3 @@ class TierUploader:
         that began: either way nobody reads it any more)."""
         self.store.delete(entry.reference or self.store.object_url(entry.key))
         self.nodes.delete(_name(entry))
-
-
-def _timestamps(records: bytes) -> tuple[int, int]:
-    """The first and the last record's timestamps."""
-    offsets, problem = walk(records, check_crc=False)
-    if problem is not None or len(offsets) < 2:
-        raise JournalError(f"records read for upload are not whole: {problem or 'none'}")
-    first = RECORD.unpack_from(records, offsets[0])[3]
-    last = RECORD.unpack_from(records, offsets[-2])[3]
-    return int(first), int(last)
