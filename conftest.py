@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent
 #: the session fixtures whose servers are pinned binaries of zeps_dev.testbin (tests/cluster/ and
 #: e2e/ need them all; their tests use the control plane, or start a stack, without naming it). A
 #: test that asks for one with request.getfixturevalue is marked ``testbin`` (it is not seen here).
-_TESTBIN_FIXTURES = frozenset({"control_plane", "seaweedfs_server"})
+_TESTBIN_FIXTURES = frozenset({"control_plane", "seaweedfs_server", "own_seaweedfs"})
 _TESTBIN_FOLDERS = (ROOT / "tests" / "cluster", ROOT / "e2e")
 
 

@@ -74,6 +74,21 @@ def seaweedfs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seawe
 
 
 @pytest.fixture
+def own_seaweedfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SeaweedFS]:
+    """An S3 server of this test's own (one it may stop, kill and start again: the session's must not),
+    with the bucket ``own`` and the admin's credentials in the environment; stopped at the end."""
+    server = SeaweedFS(tmp_path / "own-s3")
+    server.start()
+    try:
+        server.create_bucket("own")
+        for key, value in server.credentials().items():
+            monkeypatch.setenv(key, value)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
 def s3_url(seaweedfs_server: SeaweedFS, monkeypatch: pytest.MonkeyPatch) -> str:
     """A store URL of this test's own on the session's S3 server (``s3://<bucket>/test-<n>``), and the
     admin's credentials in the environment, as a pod gets them from the Queue's credentials Secret."""

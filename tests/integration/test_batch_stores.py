@@ -5,7 +5,6 @@ meets said plainly, and a server that dies mid-publish losing nothing it confirm
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import obstore
 import pytest
@@ -98,7 +97,7 @@ def test_the_errors_a_user_meets_say_what_is_wrong_and_publish_nothing(
 
 
 def test_a_server_killed_and_restarted_mid_publish_loses_no_confirmed_batch(
-    zookeeper: ZooKeeperHarness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    zookeeper: ZooKeeperHarness, own_seaweedfs: SeaweedFS
 ) -> None:
     """A server of its own (the session's must not die): kill -9 while a publisher writes 12 MiB
     batches (multipart) in a loop, then start it again on the same data; the publisher goes on until
@@ -106,55 +105,48 @@ def test_a_server_killed_and_restarted_mid_publish_loses_no_confirmed_batch(
     a BatchStoreError (those made while the server was down: the client's retries give up after about
     2 s); every id returned is readable, byte for byte, after the restart; ids stay linear; no publish
     made a batch it did not confirm."""
-    server = SeaweedFS(tmp_path / "s3")
+    server = own_seaweedfs
+    q = _queue(zookeeper, "s3://own/q", server.endpoint)
+    confirmed: dict[str, bytes] = {}
+    failures: list[BaseException] = []
+    started = threading.Event()
+    in_flight = threading.Event()
+    restarted = threading.Event()
+
+    def publish() -> None:
+        after_restart = 0
+        for n in range(12):  # until three batches are confirmed after the restart (at most 12)
+            record = bytes([n]) * (12 << 20)
+            in_flight.set()
+            try:
+                confirmed[q.publish([record])] = record
+                after_restart += restarted.is_set()
+            except BatchStoreError as exc:
+                failures.append(exc)
+            except BaseException as exc:  # anything else is a defect: recorded, and fails the test
+                failures.append(exc)
+            in_flight.clear()
+            started.set()
+            if after_restart == 3:
+                return
+
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    assert started.wait(120), "the first publish never ended"
+    wait_until(in_flight.is_set, timeout=60, what="the next publish under way")  # a 12 MiB upload
+    server.kill()
+    killed_mid_publish = in_flight.is_set()
     server.start()
-    try:
-        server.create_bucket("restart")
-        for key, value in server.credentials().items():
-            monkeypatch.setenv(key, value)
-        q = _queue(zookeeper, "s3://restart/q", server.endpoint)
-        confirmed: dict[str, bytes] = {}
-        failures: list[BaseException] = []
-        started = threading.Event()
-        in_flight = threading.Event()
-        restarted = threading.Event()
-
-        def publish() -> None:
-            after_restart = 0
-            for n in range(12):  # until three batches are confirmed after the restart (at most 12)
-                record = bytes([n]) * (12 << 20)
-                in_flight.set()
-                try:
-                    confirmed[q.publish([record])] = record
-                    after_restart += restarted.is_set()
-                except BatchStoreError as exc:
-                    failures.append(exc)
-                except BaseException as exc:  # anything else is a defect: recorded, and fails the test
-                    failures.append(exc)
-                in_flight.clear()
-                started.set()
-                if after_restart == 3:
-                    return
-
-        publisher = threading.Thread(target=publish)
-        publisher.start()
-        assert started.wait(120), "the first publish never ended"
-        wait_until(in_flight.is_set, timeout=60, what="the next publish under way")  # a 12 MiB upload
-        server.kill()
-        killed_mid_publish = in_flight.is_set()
-        server.start()
-        restarted.set()
-        publisher.join(600)
-        assert not publisher.is_alive()
-        assert all(isinstance(f, BatchStoreError) for f in failures), failures
-        assert killed_mid_publish, "the kill landed between two publishes: the test proved nothing"
-        assert len(confirmed) >= 4, f"three batches after the restart, one before; failures: {failures}"
-        assert sorted(confirmed) == sorted(f"orders-{n}" for n in range(1, len(confirmed) + 1)), "ids are linear"
-        assert q.latest() == len(confirmed), "every batch made was confirmed to its publisher"
-        for batch_id, record in confirmed.items():
-            assert _queue(zookeeper, "s3://restart/q", server.endpoint).read(int(batch_id[7:])).records == [record]
-    finally:
-        server.stop()
+    restarted.set()
+    publisher.join(600)
+    assert not publisher.is_alive()
+    assert all(isinstance(f, BatchStoreError) for f in failures), failures
+    assert killed_mid_publish, "the kill landed between two publishes: the test proved nothing"
+    assert len(confirmed) >= 4, f"three batches after the restart, one before; failures: {failures}"
+    assert sorted(confirmed) == sorted(f"orders-{n}" for n in range(1, len(confirmed) + 1)), "ids are linear"
+    assert q.latest() == len(confirmed), "every batch made was confirmed to its publisher"
+    for batch_id, record in confirmed.items():
+        assert _queue(zookeeper, "s3://own/q", server.endpoint).read(int(batch_id[7:])).records == [record]
 
 
 def test_a_read_overlaps_its_lookup_with_the_get_and_never_returns_an_object_replaced_since(

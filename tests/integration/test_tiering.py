@@ -209,50 +209,42 @@ def test_a_deposed_leader_is_fenced_from_the_manifest(zookeeper: ZooKeeperHarnes
     j.close()
 
 
-@pytest.mark.testbin  # SeaweedFS's weed, not through the session fixture
 def test_the_store_stopped_under_writes_loses_nothing_and_the_backlog_drains_when_it_returns(
-    zookeeper: ZooKeeperHarness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    zookeeper: ZooKeeperHarness, own_seaweedfs: SeaweedFS, tmp_path: Path
 ) -> None:
     """A server of its own (the session's must not stop). While it is down each round fails with the
     store's error and a growing backoff; the backlog (segments, bytes) grows with the journal; local
     retention deletes nothing the store lacks. Started again on the same data, the rounds upload the
     backlog and every record reads back from 0."""
-    server = SeaweedFS(tmp_path / "s3")
-    server.start()
-    try:
-        server.create_bucket("tiers")
-        for key, value in server.credentials().items():
-            monkeypatch.setenv(key, value)
-        j = _journal(tmp_path / "journal")
-        written = _fill(j, 100)
-        store: BatchStore = open_store("s3://tiers/orders", endpoint=server.endpoint)
-        uploader = TierUploader(zookeeper.client(), _paths(zookeeper), store, epoch=1)
-        first = _drain(uploader, j, j.durable)
-        server.stop()
-        written += _fill(j, 300)
-        delays, backlogs = [], []
-        for _ in range(3):
-            result = uploader.step(j.closed_segments(), j.durable, now_ms=20_000)
-            assert result.uploaded is None and "cannot be reached" in result.error
-            delays.append(result.delay_s)
-            backlogs.append((result.backlog_segments, result.backlog_bytes))
-            assert result.tiered_to == first
-        assert delays[0] < delays[2], "the backoff grows"
-        assert backlogs[0][0] == len([s for s in j.closed_segments() if s.last > first]) > 3
-        assert backlogs[0][1] > 4000
-        j.apply_retention(tiered_to=first)
-        assert j.first_sequence == first + 1, "local retention waits for the store"
-        server.start()
-        done = _drain(uploader, j, j.durable)
-        assert done == j.closed_segments()[-1].last
+    server = own_seaweedfs
+    j = _journal(tmp_path / "journal")
+    written = _fill(j, 100)
+    store: BatchStore = open_store("s3://own/orders", endpoint=server.endpoint)
+    uploader = TierUploader(zookeeper.client(), _paths(zookeeper), store, epoch=1)
+    first = _drain(uploader, j, j.durable)
+    server.stop()
+    written += _fill(j, 300)
+    delays, backlogs = [], []
+    for _ in range(3):
         result = uploader.step(j.closed_segments(), j.durable, now_ms=20_000)
-        assert (result.backlog_segments, result.backlog_bytes, result.delay_s) == (0, 0, 0.0)
-        j.apply_retention(tiered_to=done)
-        reader = TierReader(zookeeper.client(), _paths(zookeeper), store)
-        assert [(r.key, r.body, r.timestamp_ms) for r in _replay(reader, j)] == written
-        j.close()
-    finally:
-        server.stop()
+        assert result.uploaded is None and "cannot be reached" in result.error
+        delays.append(result.delay_s)
+        backlogs.append((result.backlog_segments, result.backlog_bytes))
+        assert result.tiered_to == first
+    assert delays[0] < delays[2], "the backoff grows"
+    assert backlogs[0][0] == len([s for s in j.closed_segments() if s.last > first]) > 3
+    assert backlogs[0][1] > 4000
+    j.apply_retention(tiered_to=first)
+    assert j.first_sequence == first + 1, "local retention waits for the store"
+    server.start()
+    done = _drain(uploader, j, j.durable)
+    assert done == j.closed_segments()[-1].last
+    result = uploader.step(j.closed_segments(), j.durable, now_ms=20_000)
+    assert (result.backlog_segments, result.backlog_bytes, result.delay_s) == (0, 0, 0.0)
+    j.apply_retention(tiered_to=done)
+    reader = TierReader(zookeeper.client(), _paths(zookeeper), store)
+    assert [(r.key, r.body, r.timestamp_ms) for r in _replay(reader, j)] == written
+    j.close()
 
 
 def test_nodes_and_cached_objects_written_by_someone_else_are_refused(
