@@ -10,6 +10,7 @@ step under test: the process would have died there with ZooKeeper and the store 
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import obstore
@@ -17,7 +18,7 @@ import pytest
 from obstore.store import S3Store
 
 from harness import ZooKeeperHarness
-from zeps.batchstore import BatchStore, FileBatchStore, ForeignObjectError, open_store
+from zeps.batchstore import BatchStore, FileBatchStore, ForeignObjectError, Prefetch, open_store
 from zeps.coordination.fenced import FencedError
 from zeps.journal import Journal, JournalConfig, Record
 from zeps.paths import StreamPaths
@@ -286,4 +287,40 @@ def test_nodes_and_cached_objects_written_by_someone_else_are_refused(
     fourth.refresh()
     with pytest.raises(ForeignObjectError):
         fourth.read_chunk(1)
+    j.close()
+
+
+class _Counting(FileBatchStore):
+    """A directory store that notes which thread read which object."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.reads: list[tuple[str, str]] = []
+
+    def get(self, url: str, prefetched: Prefetch | None = None) -> memoryview:
+        self.reads.append((Path(url.partition("#")[0]).name, threading.current_thread().name))
+        return super().get(url, prefetched)
+
+
+def test_a_replay_reading_forward_gets_each_object_once_the_next_one_begun_ahead(
+    zookeeper: ZooKeeperHarness, tmp_path: Path
+) -> None:
+    """A replay from 0 through several objects: each object is read from the store once; every one
+    but the first by the read-ahead thread, begun while the one before was read; the records come
+    out whole and in order."""
+    j = _journal(tmp_path / "journal")
+    written = _fill(j, 300)
+    url = (tmp_path / "store").as_uri()
+    done = _drain(TierUploader(zookeeper.client(), _paths(zookeeper), FileBatchStore(url), epoch=1), j, j.durable)
+    j.apply_retention(tiered_to=done)
+    store = _Counting(url)
+    reader = TierReader(zookeeper.client(), _paths(zookeeper), store)
+    try:
+        assert [(r.key, r.body, r.timestamp_ms) for r in _replay(reader, j)] == written
+    finally:
+        reader.close()
+    objects = [f"{e.key}.batch" for e in reader.refresh()]
+    assert len(objects) >= 4
+    assert sorted(name for name, _ in store.reads) == sorted(objects), "each object read once"
+    assert [thread.startswith("zeps-tier-ahead") for _, thread in store.reads] == [False] + [True] * (len(objects) - 1)
     j.close()

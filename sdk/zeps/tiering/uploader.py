@@ -15,6 +15,11 @@ ends the round; the next round starts over from the manifest, after a backoff th
 :data:`MAX_BACKOFF_S` (the journal keeps its segments meanwhile: nothing is lost while the store is
 away, the backlog grows). A step blocks on the store and on ZooKeeper: the broker runs it on a thread
 of its own, never on its event loop.
+
+Left as they are: a node in the manifest that is not in shape (refused, never read; if it sits where
+the next upload's node goes, the uploads stop there with an error naming it, and the backlog grows);
+and an object a deposed leader was still putting when its copy-started entry was cleaned (no entry
+names it: one object per change of leader at most).
 """
 
 from __future__ import annotations
