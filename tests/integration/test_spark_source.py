@@ -18,16 +18,19 @@ from pyspark.sql.types import StructField, StructType
 import zeps
 import zeps.errors
 from harness import ZooKeeperHarness, fresh_py4j_connection, next_millisecond
+from zeps.batchstore import open_store
 from zeps.broker import BrokerConfig, BrokerServer, Registration
 from zeps.client import Seq, StreamClient
 from zeps.config import Resolved
 from zeps.coordination.batches import BatchQueue
 from zeps.errors import ConfigError
-from zeps.journal import JournalConfig
+from zeps.journal import Journal, JournalConfig
 from zeps.options import BatchOptions
+from zeps.paths import StreamPaths
 from zeps.spark import ZepsDataSource, queue_sink, topic_sink
 from zeps.spark.queries import WORKER_DID_NOT_CONNECT, start_query
 from zeps.spark.source import _QUEUE_TYPES, DataLossError, _Range, _StreamRead
+from zeps.tiering import TierUploader
 from zeps_dev.process import wait_until
 
 pytestmark = pytest.mark.spark
@@ -225,6 +228,55 @@ def test_a_range_retention_removed_whole_or_in_part(tmp_path: Path) -> None:
         with pytest.raises(DataLossError, match=f"sequences 11..{first - 1} were removed"):
             read(_Range(10, last), "true")
         assert read(_Range(10, last), "false") == list(range(first, last + 1))
+    finally:
+        broker.stop()
+
+
+def test_what_the_broker_no_longer_holds_is_read_from_the_tiered_store(
+    spark: Any, zookeeper: ZooKeeperHarness, tmp_path: Path
+) -> None:
+    """A stream's journal uploaded to its object store (the uploader run by hand: the broker does not
+    run it yet), then trimmed by the broker's retention: with ``tierStore`` the executors read the part
+    the broker no longer holds from the store themselves and the broker's part from it, every record
+    once and in order (straight from the executor side, then in a Spark batch read); without it, the
+    same range fails as removed by retention."""
+    settings = Resolved(kind="ZepsStream", name="prices", namespace="spark", zookeeper=zookeeper.connect_string,
+                        chroot=zookeeper.root)  # fmt: skip
+    keep = BrokerServer(BrokerConfig(tmp_path / "j", ("prices",), journal=JournalConfig(segment_bytes=2048))).start()
+    try:
+        _publish(keep, 400)
+    finally:
+        keep.stop()
+    journal = Journal(tmp_path / "j" / "prices").open()
+    store = (tmp_path / "tier").as_uri()
+    uploader = TierUploader(zookeeper.client(), StreamPaths.of("spark", "prices", chroot=zookeeper.root),
+                            open_store(store), epoch=1)  # fmt: skip
+    while uploader.step(journal.closed_segments(), journal.durable, now_ms=0).uploaded is not None:
+        pass
+    journal.close()
+    trimmed = JournalConfig(segment_bytes=2048, retention_bytes=4096)
+    broker = BrokerServer(BrokerConfig(tmp_path / "j", ("prices",), journal=trimmed)).start()
+    try:
+        first = broker.core.streams["prices"].journal
+        wait_until(lambda: first.first_sequence > 100, timeout=10, what="retention to remove old segments")
+        settings = settings.model_copy(update={"endpoint": broker.endpoint})
+
+        def read(**options: str) -> list[int]:
+            reader = _StreamRead(settings, {"failondataloss": "true", **options})
+            return [s for batch in reader.read_range(_Range(0, 400)) for s in batch.column(0).to_pylist()]
+
+        with pytest.raises(DataLossError, match="removed by retention"):
+            read()
+        assert read(tierstore=store) == list(range(1, 401))
+        spark.dataSource.register(ZepsDataSource)
+        reader = spark.read.format("zeps")
+        for k, v in {**_options(zookeeper, broker), "tierStore": store, "startSequence": "1", "endSequence": "400",
+                     "partitionSize": "150"}.items():  # fmt: skip
+            reader = reader.option(k, v)
+        rows = reader.load().select("sequence", "body").collect()
+        assert sorted((r["sequence"], bytes(r["body"])) for r in rows) == [(i + 1, b"%d" % i) for i in range(400)]
+        with pytest.raises(ConfigError, match=r"tierStore .* use s3://bucket/prefix"):
+            _StreamRead(settings, {"tierstore": "http://example.invalid/x"})
     finally:
         broker.stop()
 

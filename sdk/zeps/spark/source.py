@@ -32,16 +32,19 @@ so this source is exactly-once too.
 
 Options: ``stream`` or ``queue`` (the resource name), ``namespace``, ``endpoint``, ``zookeeper``,
 ``zookeeperCA`` (the servers' TLS CA, a PEM file on the driver: its PEM travels to the executors),
-``chroot`` (explicit settings), ``pattern`` (prefix, or ``~regex``), ``startingOffsets``
-(``earliest`` | ``latest`` | JSON ``{"prices": 1000}`` | epoch milliseconds), ``maxOffsetsPerTrigger``,
+``chroot`` (explicit settings), ``pattern`` (prefix, or ``~regex``), ``startingOffsets`` (``earliest`` |
+``latest`` | JSON ``{"prices": 1000}`` | epoch milliseconds), ``maxOffsetsPerTrigger``,
 ``failOnDataLoss`` (true/false, default true), ``partitionSize`` (sequences per partition, default
-100000), ``minPartitions`` (split the ranges into at least this many input partitions),
-``storeUrl``, ``storeEndpoint``, ``storeRegion``, ``storePathStyle`` (a batch Queue's store, when the
-settings are explicit rather than read from the resource; credentials always come from the executors'
-environment), ``leaderWaitSeconds`` (how long a micro-batch waits for a replicated stream's new leader, default
-60), ``followerReads`` (true: executors read a replicated stream from its in-sync followers,
-taking replay load off the leader; default false), ``startSequence``/``endSequence`` (batch reads of a
-stream), ``startBatch``/``endBatch`` (batch reads of a batch Queue: by default every retained batch).
+100000), ``minPartitions`` (split the ranges into at least this many input partitions), ``storeUrl``,
+``storeEndpoint``, ``storeRegion``, ``storePathStyle`` (a batch Queue's store, when the settings are
+explicit rather than read from the resource; credentials always come from the executors' environment),
+``tierStore``, ``tierStoreEndpoint``, ``tierStoreRegion``, ``tierStorePathStyle`` (a tiered stream's
+object store: the executors read what the broker no longer holds of a range from it themselves,
+credentials from their environment), ``leaderWaitSeconds`` (how long a micro-batch waits for a
+replicated stream's new leader, default 60), ``followerReads`` (true: executors read a replicated stream
+from its in-sync followers, taking replay load off the leader; default false),
+``startSequence``/``endSequence`` (batch reads of a stream), ``startBatch``/``endBatch`` (batch reads of
+a batch Queue: by default every retained batch).
 Written rows need ``key`` (string) and ``body`` (binary or string) columns.
 
 Writes are exactly-once across task retries and query restarts. Each task publishes as an idempotent
@@ -64,6 +67,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -84,6 +88,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import BinaryType, DataType, IntegerType, LongType, StringType, StructType, TimestampType
 
+from zeps.batchstore import open_store
 from zeps.broker.matching import Matcher, compile_pattern
 from zeps.client import BrokerUnavailableError, PartitionedStreamClient, Records, Seq, StreamClient, Time
 from zeps.client.discovery import broker_metadata, partition_endpoints
@@ -92,7 +97,9 @@ from zeps.coordination import shared_client
 from zeps.coordination.batches import BatchQueue
 from zeps.errors import ConfigError, DataLossError, ZepsError
 from zeps.options import BatchOptions
+from zeps.paths import StreamPaths
 from zeps.spark.columns import STREAM_COLUMNS, arrow_batch
+from zeps.tiering import TierReader
 
 __all__ = ["DataLossError", "ZepsDataSource"]
 
@@ -127,6 +134,8 @@ def _bool(value: str | None, default: bool) -> bool:
 #: a batch Queue's store, as options (the Queue's spec.batches fields): for a driver that names its
 #: settings explicitly instead of reading the resource
 _STORE_OPTIONS = ("storeUrl", "storeEndpoint", "storeRegion", "storePathStyle")
+#: a tiered stream's object store, when the executors read old ranges from it themselves
+_TIER_OPTIONS = ("tierStore", "tierStoreEndpoint", "tierStoreRegion", "tierStorePathStyle")
 
 
 def _zookeeper(settings: Resolved) -> Any:
@@ -230,6 +239,13 @@ class _StreamRead:
         self.min_partitions = int(options.get("minpartitions", "1"))
         self.follower_reads = _bool(options.get("followerreads"), False)
         self.stream_partitions = max(1, len(settings.partitions))  #: the stream's, found on the driver
+        #: a tiered stream's object store (options tierStore…), read where the broker no longer holds a range
+        self.tier = {field: options[field.lower()] for field in _TIER_OPTIONS if options.get(field.lower())}
+        if self.tier and "tierStore" not in self.tier:
+            raise ConfigError("options tierStoreEndpoint, tierStoreRegion, tierStorePathStyle need tierStore "
+                              "(the stream's object store: s3://bucket/prefix)")  # fmt: skip
+        if self.tier and urllib.parse.urlparse(self.tier["tierStore"]).scheme not in ("s3", "file"):
+            raise ConfigError(f"option tierStore {self.tier['tierStore']!r}: use s3://bucket/prefix (or file:///path)")
 
     def split(self, spans: dict[int, tuple[int, int]]) -> list[_Range]:
         """Input partitions for (start, end] of each stream partition: ``partitionSize`` sequences
@@ -261,6 +277,13 @@ class _StreamRead:
                 for run in runs:
                     if expected > part.end:  # the range is complete; the rest is beyond it
                         break
+                    if run.sequence(0) > expected and self.tier:  # the broker no longer holds these
+                        for old in self._from_tier(part.partition, expected, min(run.sequence(0) - 1, part.end)):
+                            pending.append(old)
+                            pending_rows, pending_bytes = pending_rows + len(old), pending_bytes + len(old.data)
+                            expected = old.sequence(-1) + 1
+                        if expected > part.end:  # the store held the rest of the range
+                            break
                     if run.sequence(0) > part.end:  # the rest of the range is gone (retention)
                         self._check_gaps([run.sequence(0)], expected, part.end)
                         expected = part.end + 1
@@ -274,6 +297,27 @@ class _StreamRead:
                     pending, pending_rows, pending_bytes, pending_from = [], 0, 0, expected
                     if batch.num_rows:
                         yield batch
+
+    def _from_tier(self, partition: int, first: int, last: int) -> list[Records]:
+        """The records ``first .. last`` a tiered stream's object store holds (read by this executor
+        straight from the store, as the broker would: :class:`~zeps.tiering.TierReader`), in runs; a
+        gap the store lacks too is left for :meth:`_check_gaps`."""
+        s = self.settings
+        store = open_store(self.tier["tierStore"], endpoint=self.tier.get("tierStoreEndpoint"),
+                           region=self.tier.get("tierStoreRegion"),
+                           path_style=_bool(self.tier.get("tierStorePathStyle"), True)
+                           if "tierStorePathStyle" in self.tier else None)  # fmt: skip
+        reader = TierReader(_zookeeper(s), StreamPaths.of(s.namespace, s.name, chroot=s.chroot, partition=partition),
+                            store)  # fmt: skip
+        runs, at = [], first
+        try:
+            reader.refresh()
+            while at <= last and (chunk := reader.read_chunk(at, max_bytes=8 << 20, end=last)) is not None:
+                runs.append(Records(chunk.data, chunk.offsets))
+                at = chunk.last + 1
+        finally:
+            reader.close()
+        return runs
 
     def _batch(
         self, runs: list[Records], expected: int, end: int, matcher: Matcher | None, partition: int = 0
