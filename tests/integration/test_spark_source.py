@@ -277,6 +277,8 @@ def test_what_the_broker_no_longer_holds_is_read_from_the_tiered_store(
         assert sorted((r["sequence"], bytes(r["body"])) for r in rows) == [(i + 1, b"%d" % i) for i in range(400)]
         with pytest.raises(ConfigError, match=r"tierStore .* use s3://bucket/prefix"):
             _StreamRead(settings, {"tierstore": "http://example.invalid/x"})
+        with pytest.raises(ConfigError, match="tierStore needs ZooKeeper"):
+            _StreamRead(settings.model_copy(update={"zookeeper": ""}), {"tierstore": store})
     finally:
         broker.stop()
 

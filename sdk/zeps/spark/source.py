@@ -246,6 +246,9 @@ class _StreamRead:
                               "(the stream's object store: s3://bucket/prefix)")  # fmt: skip
         if self.tier and urllib.parse.urlparse(self.tier["tierStore"]).scheme not in ("s3", "file"):
             raise ConfigError(f"option tierStore {self.tier['tierStore']!r}: use s3://bucket/prefix (or file:///path)")
+        if self.tier and not settings.zookeeper:
+            raise ConfigError("option tierStore needs ZooKeeper (option zookeeper=host:port): the store's "
+                              "manifest is kept there")  # fmt: skip
 
     def split(self, spans: dict[int, tuple[int, int]]) -> list[_Range]:
         """Input partitions for (start, end] of each stream partition: ``partitionSize`` sequences
