@@ -55,6 +55,9 @@ E2E_WORKERS = 3
 #: at a time). Two: on 2 cores the suite one test at a time keeps them about half busy.
 E2E_LANES = int(os.environ.get("ZEPS_E2E_LANES", "2"))
 NO_TESTS_COLLECTED = 5  #: pytest's exit code when a run selects no test
+#: how long a cluster's deletion waits for its node containers to be gone: an engine removing four
+#: node containers killed mid-creation, beside a busy suite, was seen to take more than 40 s
+REMOVE_NODES_S = 180.0
 #: beside a cluster's kubeconfig: what ``make e2e-stack`` left running, for ``make e2e`` to use
 PREPARED_NOTE = "prepared.json"
 CNI_CONFIG = "/etc/cni/net.d/10-zeps-ptp.conflist"
@@ -254,17 +257,22 @@ class KindCluster(LocalServer):
         self.say(f"kind: deleting cluster {self.name}")
         with contextlib.suppress(SetupError, subprocess.TimeoutExpired):
             self.kind("delete", "cluster", "--name", self.name, "--kubeconfig", str(self.kubeconfig), timeout=300)
-        empty_checks = 0
-        for _ in range(40):
+        empty_checks, why = 0, ""
+        deadline = time.monotonic() + REMOVE_NODES_S
+        while time.monotonic() < deadline:
             left = self.containers()
             empty_checks = 0 if left else empty_checks + 1
             if empty_checks == 2:  # twice, a second apart: no container is still being made
                 break
             if left:
-                self.engine.docker("rm", "-f", *left, check=False)
+                removed = self.engine.docker("rm", "-f", *left, check=False)
+                why = removed.stderr.decode(errors="replace").strip() if removed.returncode else why
             time.sleep(1)
         else:
-            raise SetupError(f"could not remove the node containers of kind cluster {self.name}: {self.containers()}")
+            raise SetupError(
+                f"could not remove the node containers of kind cluster {self.name} in "
+                f"{REMOVE_NODES_S:.0f} s: {self.containers()} ({why or 'docker rm -f said nothing'})"
+            )
         self.created = False
 
 
