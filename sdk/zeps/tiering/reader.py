@@ -146,17 +146,21 @@ class TierReader:
             return
         following = self._entries[i + 1]
         if (self._ahead is not None and self._ahead[0] == following.key) or (
-                self.cache is not None and (self.cache / f"{following.key}.records").exists()):  # fmt: skip
+                self.cache is not None and self._cache_path(following.key).exists()):  # fmt: skip
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="zeps-tier-ahead")
         reference = following.reference
         self._ahead = (following.key, self._pool.submit(lambda: bytes(self.store.get(reference))))
 
+    def _cache_path(self, key: str) -> Path:
+        assert self.cache is not None
+        return self.cache / f"{key}.records"
+
     def _cached(self, entry: TierEntry) -> bytes | None:
         if self.cache is None:
             return None
-        path = self.cache / f"{entry.key}.records"
+        path = self._cache_path(entry.key)
         try:
             data = path.read_bytes()
         except FileNotFoundError:
@@ -172,11 +176,11 @@ class TierReader:
         fd, tmp = tempfile.mkstemp(dir=self.cache, prefix=".", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        os.replace(tmp, self.cache / f"{entry.key}.records")
-        files = sorted(self.cache.glob("*.records"), key=lambda p: p.stat().st_mtime)
-        total = sum(p.stat().st_size for p in files)
-        for path in files:
+        os.replace(tmp, self._cache_path(entry.key))
+        files = sorted((st.st_mtime, st.st_size, p) for p in self.cache.glob("*.records") for st in [p.stat()])
+        total = sum(size for _, size, _ in files)
+        for _, size, path in files:  # the least recently used first
             if total <= self.cache_bytes:
                 break
-            total -= path.stat().st_size
+            total -= size
             path.unlink(missing_ok=True)
