@@ -31,9 +31,10 @@ from typing import Any
 
 import zeps
 from zeps.coordination import close_shared
-from zeps.errors import ZepsError
-from zeps.resources import PLURALS
+from zeps.errors import ConfigError, ZepsError
+from zeps.resources import PLURALS, ZOOKEEPER_CLIENT_LABEL
 from zeps_dev.kind import KindStack, client_pod_spec, kind_stack_from_env
+from zeps_dev.process import run_tool
 from zeps_dev.stack import REPOSITORY, LocalStack
 
 __all__ = ["Summary", "main", "run"]
@@ -238,18 +239,25 @@ def run(workdir: Path, *, orders: int = 20_000, links: int = 200, invalidations:
 
 
 # -- on kind: the same demo with everything in pods -------------------------------------------------
-class _KindDemo:
-    """The demo's traffic as pods on a kind cluster (``zeps_dev.kind.KindStack``): SDK clients in the
-    zeps image, resolving their handles through the ``zeps-client`` ServiceAccount."""
+#: ``make demo CLUSTER=kind`` on a kind cluster that already runs the chart (the e2e suite's): its
+#: kubeconfig, and (:data:`ON_CLUSTER_IMAGE`) the zeps image its nodes hold. The demo then makes and
+#: removes its namespace only; without it, it makes a cluster of its own and deletes it at the end.
+ON_CLUSTER = "ZEPS_DEMO_KUBECONFIG"
+ON_CLUSTER_IMAGE = "ZEPS_DEMO_IMAGE"
 
-    def __init__(self, stack: KindStack, progress: Callable[[str], None]) -> None:
-        assert stack.cluster is not None
-        self.cluster = stack.cluster
-        self.image = stack.zeps_image
+
+class _KindDemo:
+    """The demo's traffic as pods on a kind cluster: SDK clients in the zeps image, resolving their
+    handles through the ``zeps-client`` ServiceAccount. ``kubectl`` is the pinned binary,
+    ``kubeconfig`` the cluster's."""
+
+    def __init__(self, kubectl: Path, kubeconfig: Path, image: str, progress: Callable[[str], None]) -> None:
+        self.kubectl_argv = [str(kubectl), f"--kubeconfig={kubeconfig}"]
+        self.image = image
         self.progress = progress
 
     def kubectl(self, *args: str, input: str | None = None) -> str:
-        return str(self.cluster.kubectl(*args, input=input))
+        return run_tool([*self.kubectl_argv, *args], timeout=300, input=input)
 
     def apply(self, manifest: dict[str, Any] | str) -> None:
         text = manifest if isinstance(manifest, str) else json.dumps(manifest)
@@ -335,45 +343,76 @@ def _forwarding(log: Path) -> Callable[[], bool]:
 def run_kind(*, orders: int = 20_000, links: int = 200, invalidations: int = 20, subscribers: int = 3,
              workers: int = 3, progress: Callable[[str], None] = _step) -> Summary:  # fmt: skip
     """The demo on kind: the operator, ZooKeeper, the brokers and the SDK workloads in pods; the Spark
-    pipeline on this machine, reaching ZooKeeper and the broker through ``kubectl port-forward``."""
+    pipeline on this machine, reaching ZooKeeper and the broker through ``kubectl port-forward``. On
+    a cluster of its own (``zeps-demo``, deleted at the end), or on the one :data:`ON_CLUSTER` names
+    (its namespace deleted at the end, the cluster left as it was)."""
+    started = time.monotonic()
+    counts = {"orders": orders, "links": links, "invalidations": invalidations, "subscribers": subscribers,
+              "workers": workers}  # fmt: skip
+    kubeconfig = os.environ.get(ON_CLUSTER, "")
+    if kubeconfig:
+        image = os.environ.get(ON_CLUSTER_IMAGE, "")
+        if not image:
+            raise ConfigError(f"{ON_CLUSTER} is set but {ON_CLUSTER_IMAGE} is not: name the zeps image its nodes hold")
+        kubectl = Path(os.environ.get("ZEPS_KINDBIN", "")) / "kubectl"
+        demo = _KindDemo(kubectl, Path(kubeconfig), image, progress)
+        try:
+            summary = _on_kind(demo, progress, **counts)
+        finally:
+            progress(f"deleting namespace {NAMESPACE} and stopping everything the demo started")
+            demo.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=300s")
+    else:
+        stack: KindStack = kind_stack_from_env(cluster_name="zeps-demo")
+        with stack:
+            assert stack.cluster is not None
+            demo = _KindDemo(stack.binaries / "kubectl", stack.cluster.kubeconfig, stack.zeps_image, progress)
+            summary = _on_kind(demo, progress, **counts)
+            progress("deleting the cluster and stopping everything the demo started")
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+def _on_kind(demo: _KindDemo, progress: Callable[[str], None], *, orders: int, links: int, invalidations: int,
+             subscribers: int, workers: int) -> Summary:  # fmt: skip
+    """The demo's namespace (labelled as a client of ZooKeeper, for a chart whose NetworkPolicy is
+    on), its resources, and its traffic."""
     from zeps_dev.process import ManagedProcess, free_port  # noqa: PLC0415
 
-    started = time.monotonic()
     summary = Summary()
-    stack: KindStack = kind_stack_from_env(cluster_name="zeps-demo")
-    with stack, tempfile.TemporaryDirectory(prefix="zeps-demo-") as tmp:
-        demo = _KindDemo(stack, progress)
-        demo.kubectl("create", "namespace", NAMESPACE)
-        demo.kubectl("apply", "-n", NAMESPACE, "-f", str(EXAMPLES / "client-rbac.yaml"))
-        for manifest in MANIFESTS[1:]:  # the local volume is for the local stack; kind has a StorageClass
-            progress(f"kubectl apply -f {manifest.relative_to(REPOSITORY)}")
-            demo.apply(manifest.read_text().replace('storageClassName: ""', "storageClassName: standard"))
-        for kind, name in (("topic", "cache-invalidation"), ("queue", "crawl-links"), ("zepsstream", "orders")):
-            demo.kubectl("wait", "--for=condition=Ready", f"{kind}/{name}", "-n", NAMESPACE, "--timeout=300s")
-        progress("Topic, Queue and ZepsStream Ready; the orders broker runs in its own pod")
-        progress(f"broadcasting {invalidations} cache invalidations to {subscribers} subscriber pods")
-        summary.lines.append(demo.broadcast(invalidations, subscribers))
-        progress(f"{workers} worker pods processing {links} crawl links from the Queue")
-        summary.lines.append(demo.work(links, workers))
-        progress("Spark (on this machine, through port-forwards): publishing order events, then aggregating them")
+    namespace = {"apiVersion": "v1", "kind": "Namespace",
+                 "metadata": {"name": NAMESPACE, "labels": {ZOOKEEPER_CLIENT_LABEL: "true"}}}  # fmt: skip
+    demo.kubectl("create", "-f", "-", input=json.dumps(namespace))
+    demo.kubectl("apply", "-n", NAMESPACE, "-f", str(EXAMPLES / "client-rbac.yaml"))
+    for manifest in MANIFESTS[1:]:  # the local volume is for the local stack; kind has a StorageClass
+        progress(f"kubectl apply -f {manifest.relative_to(REPOSITORY)}")
+        demo.apply(manifest.read_text().replace('storageClassName: ""', "storageClassName: standard"))
+    for kind, name in (("topic", "cache-invalidation"), ("queue", "crawl-links"), ("zepsstream", "orders")):
+        demo.kubectl("wait", "--for=condition=Ready", f"{kind}/{name}", "-n", NAMESPACE, "--timeout=300s")
+    progress("Topic, Queue and ZepsStream Ready; the orders broker runs in its own pod")
+    progress(f"broadcasting {invalidations} cache invalidations to {subscribers} subscriber pods")
+    summary.lines.append(demo.broadcast(invalidations, subscribers))
+    progress(f"{workers} worker pods processing {links} crawl links from the Queue")
+    summary.lines.append(demo.work(links, workers))
+    progress("Spark (on this machine, through port-forwards): publishing order events, then aggregating them")
+    with tempfile.TemporaryDirectory(prefix="zeps-demo-") as tmp:
         forwards = []
         try:
             ports = {"zookeeper": free_port(), "broker": free_port()}
-            for what, target, namespace, remote in (
+            for what, target, namespace_of, remote in (
                 ("zookeeper", "pod/zeps-zookeeper-0", "zeps-system", 2181),
                 ("broker", "svc/orders-broker", NAMESPACE, 5555),
             ):
                 forward = ManagedProcess(
                     f"port-forward {what}",
-                    [str(stack.binaries / "kubectl"), f"--kubeconfig={stack.cluster.kubeconfig}", "port-forward",  # type: ignore[union-attr]
-                     "-n", namespace, "--address", "127.0.0.1", target, f"{ports[what]}:{remote}"],
+                    [*demo.kubectl_argv, "port-forward", "-n", namespace_of, "--address", "127.0.0.1", target,
+                     f"{ports[what]}:{remote}"],
                     log_path=Path(tmp) / f"forward-{what}.log",
                 )  # fmt: skip
                 forward.start()
                 forwards.append(forward)
                 forward.wait_ready(_forwarding(forward.log_path), timeout=60)
             env = {
-                "KUBECONFIG": str(stack.cluster.kubeconfig),  # type: ignore[union-attr]
+                "KUBECONFIG": demo.kubectl_argv[1].removeprefix("--kubeconfig="),
                 "ZEPS_ZOOKEEPER": f"127.0.0.1:{ports['zookeeper']}",
                 "ZEPS_NAMESPACE": NAMESPACE,
                 "ZEPS_STREAM_ORDERS_ENDPOINT": f"tcp://127.0.0.1:{ports['broker']}",
@@ -383,9 +422,7 @@ def run_kind(*, orders: int = 20_000, links: int = 200, invalidations: int = 20,
         finally:
             for forward in forwards:
                 forward.stop()
-        summary.resources = _statuses(demo.kubectl)
-        progress("deleting the cluster and stopping everything the demo started")
-    summary.seconds = time.monotonic() - started
+    summary.resources = _statuses(demo.kubectl)
     return summary
 
 
