@@ -237,7 +237,8 @@ class BrokerCore(Publishing):
                 session.last_ping = now
                 self._send(session.peer, session.conn.send(Ping()))
         for stream in self.streams.values():
-            stream.journal.apply_retention()
+            # a tiered stream's: only what the object store holds (TierTask.tiered_to, from the adapter)
+            stream.journal.apply_retention(tiered_to=self.tiered_to.get(stream.name))
             # the stream's own time (its newest record's stamp), not this broker's clock: every replica
             # forgets an idle producer at the same point of the journal, whatever its clock says
             stream.journal.expire_producers(stream.journal.last_timestamp_ms)

@@ -28,6 +28,7 @@ from zeps.broker.config import (
     BrokerConfig,
 )
 from zeps.broker.server import BrokerServer, CurveConfig, Registration, Replication
+from zeps.broker.tiering import Tiering
 from zeps.config import read_ca
 from zeps.errors import ConfigError, ZepsError
 from zeps.journal import DEFAULT_MAX_PRODUCERS, DEFAULT_PRODUCER_TTL_MS, JournalConfig
@@ -36,7 +37,7 @@ from zeps.partitioning import MAX_PARTITIONS
 from zeps.paths import validate_member_id
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES_CEILING
 
-__all__ = ["main", "multicast_options", "parse_args", "read_key", "replication", "settings"]
+__all__ = ["main", "multicast_options", "parse_args", "read_key", "replication", "settings", "tiering"]
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -173,8 +174,32 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds a replica stopping (SIGTERM) waits for its lead to pass to an in-sync follower "
                    "before it stops anyway (a failover then); 0: no hand-over "
                    "[ZEPS_BROKER_HANDOVER_TIMEOUT]")  # fmt: skip
+    _tiering_flags(p)
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"), help="[ZEPS_BROKER_LOG_LEVEL]")
     return p
+
+
+def _tiering_flags(p: argparse.ArgumentParser) -> None:
+    """Tiered storage's flags (:func:`tiering` checks them together)."""
+    g = p.add_argument_group("tiered storage")
+    g.add_argument("--tier-store", default=_env("TIER_STORE"),
+                   help="tier the journal to this object store (s3://bucket/prefix, or file:///path): the leader "
+                   "uploads closed, committed segments there, the manifest is kept in ZooKeeper (--zookeeper), and "
+                   "a local segment is deleted only once the store holds it; --retention-ms/--retention-bytes are "
+                   "then the stream's total retention, kept in the store. Credentials: AWS_ACCESS_KEY_ID and "
+                   "AWS_SECRET_ACCESS_KEY [ZEPS_BROKER_TIER_STORE]")  # fmt: skip
+    g.add_argument("--tier-store-endpoint", default=_env("TIER_STORE_ENDPOINT"),
+                   help="the S3 endpoint URL (an S3-compatible server) [ZEPS_BROKER_TIER_STORE_ENDPOINT]")  # fmt: skip
+    g.add_argument("--tier-store-region", default=_env("TIER_STORE_REGION"),
+                   help="the S3 region [ZEPS_BROKER_TIER_STORE_REGION]")  # fmt: skip
+    g.add_argument("--tier-store-path-style", choices=["true", "false"], default=_env("TIER_STORE_PATH_STYLE"),
+                   help="address buckets by path, not by host name [ZEPS_BROKER_TIER_STORE_PATH_STYLE]")  # fmt: skip
+    g.add_argument("--local-retention-ms", type=int, default=_env_int("LOCAL_RETENTION_MS"),
+                   help="with --tier-store: how long the volume keeps what the store holds (at most "
+                   "--retention-ms) [ZEPS_BROKER_LOCAL_RETENTION_MS]")  # fmt: skip
+    g.add_argument("--local-retention-bytes", type=int, default=_env_int("LOCAL_RETENTION_BYTES"),
+                   help="with --tier-store: how many bytes the volume keeps of what the store holds (at most "
+                   "--retention-bytes) [ZEPS_BROKER_LOCAL_RETENTION_BYTES]")  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -243,6 +268,30 @@ def replication(args: argparse.Namespace) -> Replication | None:
                        preferred_leader=args.preferred_leader or None)  # fmt: skip
 
 
+def tiering(args: argparse.Namespace) -> Tiering | None:
+    """The tiered storage the flags ask for (None: none); ConfigError naming the flag and the fix."""
+    local = {"--local-retention-ms": args.local_retention_ms, "--local-retention-bytes": args.local_retention_bytes}
+    if not args.tier_store:
+        given = [flag for flag, value in local.items() if value is not None]
+        given += [f"--tier-store-{o}" for o in ("endpoint", "region", "path-style")
+                  if getattr(args, f"tier_store_{o.replace('-', '_')}") is not None]  # fmt: skip
+        if given:
+            raise ConfigError(f"{', '.join(given)} without --tier-store: name the object store (s3://bucket/prefix)")
+        return None
+    if not args.zookeeper:
+        raise ConfigError("--tier-store needs --zookeeper and --member: the store's manifest is kept in ZooKeeper")
+    for (flag, value), (total_flag, total) in zip(local.items(), (("--retention-ms", args.retention_ms),
+                                                                  ("--retention-bytes", args.retention_bytes)),
+                                                  strict=True):  # fmt: skip
+        if value is not None and (value < 0 or (total is not None and value > total)):
+            raise ConfigError(f"{flag}={value}: must be at least 0 and at most {total_flag}={total} (the local "
+                              "part of the stream's retention)")  # fmt: skip
+    path_style = None if args.tier_store_path_style is None else args.tier_store_path_style == "true"
+    return Tiering(args.tier_store, endpoint=args.tier_store_endpoint, region=args.tier_store_region,
+                   path_style=path_style, retention_ms=args.retention_ms,
+                   retention_bytes=args.retention_bytes)  # fmt: skip
+
+
 def memory_budget(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
     """The broker's memory budget unless set: 80% of its container's memory limit (cgroup v2
     ``memory.max``, or v1 ``memory/memory.limit_in_bytes``), so that it refuses new work before the
@@ -268,8 +317,11 @@ def connection_budget() -> int:
 def settings(args: argparse.Namespace) -> tuple[BrokerConfig, CurveConfig | None, Registration | None]:
     """The broker's configuration from its parsed flags (no I/O). Raises ZepsError for a bad journal
     setting."""
-    journal = JournalConfig(segment_bytes=args.segment_bytes, fsync=args.fsync, retention_ms=args.retention_ms,
-                            retention_bytes=args.retention_bytes, producer_ttl_ms=int(args.producer_ttl * 1000),
+    # a tiered journal keeps its local retention; the total is the store's (tiering())
+    retention_ms, retention_bytes = ((args.local_retention_ms, args.local_retention_bytes) if args.tier_store
+                                     else (args.retention_ms, args.retention_bytes))  # fmt: skip
+    journal = JournalConfig(segment_bytes=args.segment_bytes, fsync=args.fsync, retention_ms=retention_ms,
+                            retention_bytes=retention_bytes, producer_ttl_ms=int(args.producer_ttl * 1000),
                             max_producers=args.max_producers)  # fmt: skip
     if not 0 < args.max_message_bytes <= MAX_MESSAGE_BYTES_CEILING:
         raise ConfigError(f"--max-message-bytes={args.max_message_bytes}: must be between 1 and "
@@ -324,10 +376,15 @@ def main(argv: list[str] | None = None) -> int:
     except ZepsError as exc:
         print(f"zeps-broker: multicast settings: {exc}", file=sys.stderr)
         return 2
+    try:
+        tiered = tiering(args)
+    except ZepsError as exc:
+        print(f"zeps-broker: tiered storage settings: {exc}", file=sys.stderr)
+        return 2
     server = BrokerServer(config, bind=args.bind, curve=curve, metrics_port=args.metrics_port,
                           metrics_address=args.metrics_address, registration=registration,
                           multicast=multicast, multicast_key=multicast_key,
-                          replication=replication(args))  # fmt: skip
+                          replication=replication(args), tiering=tiered)  # fmt: skip
     # The signal handler only appends to a list. Event.set() there could deadlock: the handler runs in
     # the main thread, possibly inside its own Event.wait() on the same Event, whose lock it then waits
     # for (seen once: a broker that never stopped on SIGTERM).

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from zeps.broker.core import BrokerCore
 
-__all__ = ["LAG_SERIES", "BrokerMetrics", "ReplicationMetrics"]
+__all__ = ["LAG_SERIES", "BrokerMetrics", "ReplicationMetrics", "TieringMetrics"]
 
 #: subscriber-lag series per stream: the furthest behind (subscriptions come and go by the thousand)
 LAG_SERIES = 20
@@ -80,6 +80,37 @@ class ReplicationMetrics:
         if leader is not None:
             for follower, f in leader.followers.items():
                 self.lag.labels(name, follower).set(max(0, stream.journal.durable - f.durable))
+
+
+class TieringMetrics:
+    """A tiered stream's gauges (``zeps-broker --tier-store``), from its TierTask (zeps.broker.tiering)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.tiered_to = Gauge("zeps_broker_tier_tiered_to", "The object store holds every record of the stream up "
+                               "to this sequence (-1: not known yet); local retention deletes only below it",
+                               ["stream"], registry=registry)  # fmt: skip
+        self.backlog_bytes = Gauge("zeps_broker_tier_backlog_bytes", "Bytes of closed segments the object store "
+                                   "does not hold yet (the leader's view): they stay on the volume until it does",
+                                   ["stream"], registry=registry)  # fmt: skip
+        self.backlog_segments = Gauge("zeps_broker_tier_backlog_segments", "Closed segments the object store does "
+                                      "not hold yet", ["stream"], registry=registry)  # fmt: skip
+        self.uploaded = Counter("zeps_broker_tier_uploads", "Objects this broker uploaded", ["stream"],
+                                registry=registry)  # fmt: skip
+        self.failures = Counter("zeps_broker_tier_failures", "Rounds of uploads that stopped on an error of the "
+                                "object store or ZooKeeper (each is tried again, with backoff)", ["stream"],
+                                registry=registry)  # fmt: skip
+        self._counted: dict[tuple[str, str], int] = {}
+
+    def update(self, name: str, task: Any) -> None:
+        self.tiered_to.labels(name).set(task.tiered_to)
+        self.backlog_bytes.labels(name).set(task.backlog_bytes)
+        self.backlog_segments.labels(name).set(task.backlog_segments)
+        for counter, kind, value in ((self.uploaded, "uploaded", task.uploaded), (self.failures, "failures",
+                                                                                  task.failures)):  # fmt: skip
+            seen = self._counted.get((name, kind), 0)
+            if value > seen:
+                counter.labels(name).inc(value - seen)
+                self._counted[(name, kind)] = value
 
 
 class BrokerMetrics:

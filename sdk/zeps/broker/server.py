@@ -57,9 +57,10 @@ from zmq.utils.monitor import recv_monitor_message
 from zeps import _netif
 from zeps.broker.admission import ZAP_DOMAIN, ConnectionCount, Gatekeeper
 from zeps.broker.core import BrokerConfig, BrokerCore
-from zeps.broker.metrics import BrokerMetrics, ReplicationMetrics
+from zeps.broker.metrics import BrokerMetrics, ReplicationMetrics, TieringMetrics
 from zeps.broker.replica import Close, Connect, MarkData, RecordCommit, ReplicaNode, ReplicaSettings, Send, WriteIsr
 from zeps.broker.state import Outgoing, Session
+from zeps.broker.tiering import NOT_KNOWN, Offer, Tiering, TierTask
 from zeps.errors import ConfigError
 from zeps.journal import JournalError
 from zeps.options import DEFAULT_PGM_RATE_KBPS, DEFAULT_PGM_RECOVERY_MS, MulticastOptions
@@ -255,6 +256,17 @@ class _InFlight:
                 marks[peer] = pending  # at the end: the others' turn first
 
 
+def _check_options(config: BrokerConfig, registration: Registration | None, replication: Replication | None,
+                   tiering: Tiering | None) -> None:  # fmt: skip
+    """ConfigError for options that need others: replication and tiering need ZooKeeper."""
+    if replication is not None and (registration is None or len(config.streams) != 1):
+        raise ConfigError("a replicated broker serves one stream and registers in ZooKeeper (--zookeeper, "
+                          "--member): its replicas find each other, and elect their leader, there")  # fmt: skip
+    if tiering is not None and registration is None:
+        raise ConfigError("a tiered broker (--tier-store) registers in ZooKeeper (--zookeeper, --member): the "
+                          "store's manifest is kept there")  # fmt: skip
+
+
 class BrokerServer:
     """Runs the broker loop on a thread. ``start()`` binds and registers; ``stop()`` undoes both."""
 
@@ -270,10 +282,9 @@ class BrokerServer:
         multicast: MulticastOptions | None = None,
         multicast_key: bytes | None = None,
         replication: Replication | None = None,
+        tiering: Tiering | None = None,
     ) -> None:
-        if replication is not None and (registration is None or len(config.streams) != 1):
-            raise ConfigError("a replicated broker serves one stream and registers in ZooKeeper (--zookeeper, "
-                              "--member): its replicas find each other, and elect their leader, there")  # fmt: skip
+        _check_options(config, registration, replication, tiering)
         if replication is not None:  # its core starts from its commit checkpoint, following
             config = dataclasses.replace(config, replicated=True)
         if multicast is not None:  # the core sends TAIL on a silent stream every heartbeat, runs cut to size
@@ -322,6 +333,8 @@ class BrokerServer:
         self._in_flight, self._last_facts = _InFlight(), 0.0
         self._facts_writing = threading.Event()  # a write of the facts is under way (not in the loop)
         self.replication = replication  # and its gauges, below
+        self.tiering, self._tiering_metrics = tiering, None if tiering is None else TieringMetrics(self.registry)
+        self._tier_tasks: dict[str, TierTask] = {}  # stream -> its uploads' thread (a tiered broker's)
         self._replication_metrics = None if replication is None else ReplicationMetrics(self.registry)
         self._election: Any = None  # this replica's part in the election (zeps.coordination.replication)
         #: this replica's state machine (a replicated broker's), and the peering with its leader's socket
@@ -390,6 +403,8 @@ class BrokerServer:
             self._metrics, _ = start_http_server(self.metrics_port, addr=self.metrics_address, registry=self.registry)
         if self.registration is not None:
             self._register(self.registration)
+            if self.tiering is not None:
+                self._start_tiering(self.registration, self.tiering)
         self._loop_thread = threading.Thread(target=self._loop, name="zeps-broker", daemon=True)
         self._last_facts = time.monotonic() - 9  # first facts a second after start
         self._loop_thread.start()
@@ -620,6 +635,32 @@ class BrokerServer:
                                              preferred=self.replication.preferred_leader,
                                              caught_up=self.node.caught_up).start()  # fmt: skip
 
+    def _start_tiering(self, reg: Registration, tiering: Tiering) -> None:
+        """A TierTask per stream, on the broker's ZooKeeper session; the store's credentials from the
+        environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY: the Secret the pod's env names)."""
+        from zeps.batchstore import open_store  # noqa: PLC0415 — the store's client only when tiering
+        from zeps.coordination.client import digest_acl  # noqa: PLC0415
+
+        store = open_store(tiering.store_url, endpoint=tiering.endpoint, region=tiering.region,
+                           path_style=tiering.path_style)  # fmt: skip
+        acl = digest_acl(*reg.auth) if reg.auth else None
+        for name in self.config.streams:
+            self.core.tiered_to[name] = NOT_KNOWN  # nothing is deleted locally before the manifest is read
+            self._tier_tasks[name] = TierTask(name, self._zk, reg.paths(name), store, tiering, acl=acl).start()
+        log.info("tiering %s into %s (local retention: the journal's; total: %s ms, %s bytes)",
+                 ", ".join(self.config.streams), tiering.store_url, tiering.retention_ms,
+                 tiering.retention_bytes)  # fmt: skip
+
+    def _offer_tiering(self) -> None:
+        """Each tiered stream's news to its TierTask, and its ``tiered_to`` back to the core (a tick's)."""
+        for name, task in self._tier_tasks.items():
+            stream = self.core.streams[name]
+            leader = stream.leader
+            task.offer(Offer(leading=self.node is None or leader is not None, epoch=leader.epoch if leader else 0,
+                             segments=tuple(stream.journal.closed_segments()), commit=stream.committed,
+                             local_bytes=stream.journal.size_bytes))  # fmt: skip
+            self.core.tiered_to[name] = task.tiered_to
+
     def _membership_failed(self, exc: BaseException) -> None:
         """A rejoin after a ZooKeeper session expiry failed: serving unregistered would hide the broker
         from its clients and the operator (and another broker may hold the id): stop, as a failure."""
@@ -749,6 +790,9 @@ class BrokerServer:
         if self._election is not None:
             self._election.stop()
             self._election = None
+        for task in self._tier_tasks.values():
+            task.stop()
+        self._tier_tasks = {}
         if self._zk is not None:
             self._zk.stop()
             self._zk.close()
@@ -802,6 +846,7 @@ class BrokerServer:
                     self._reload_keys()
                     core.resident_bytes = resident_bytes()
                     core.tick(now)
+                    self._offer_tiering()
                     self._send(core.pump())
                     self._update_metrics()
         except JournalError as exc:  # a broken disk: the cause is the message, no traceback needed
@@ -1023,6 +1068,9 @@ class BrokerServer:
 
     def _update_metrics(self) -> None:
         self.metrics.update(self.core)
+        if self._tiering_metrics is not None:
+            for name, task in self._tier_tasks.items():
+                self._tiering_metrics.update(name, task)
         self.metrics.connections.set(self.connections.open)
         if self._replication_metrics is not None and self.replication is not None and self.node is not None:
             for name, stream in self.core.streams.items():

@@ -175,6 +175,9 @@ class BrokerState:
         self.regex_subscriptions = 0  #: of those, with a regular expression (max_regex_subscriptions)
         self.bytes_in_flight = 0  #: the sessions' ``in_flight`` together (max_bytes_in_flight)
         self.resident_bytes = 0  #: the process's resident memory as the adapter last read it (max_memory_bytes)
+        #: a tiered stream's bound for local retention: the object store holds every record up to it (the
+        #: adapter's TierTask sets it; a stream not in it is not tiered)
+        self.tiered_to: dict[str, int] = {}
         #: peers whose deliveries stopped for bytes in flight (not credit), in the order they stopped:
         #: they go on as bytes leave
         self._held: dict[bytes, None] = {}

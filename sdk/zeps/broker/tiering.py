@@ -1,0 +1,172 @@
+"""A tiered stream's uploads beside the broker's loop (``zeps-broker --tier-store``).
+
+The loop never waits on the object store or on ZooKeeper: once a second it *offers* what it knows of
+each stream (its closed segments, its commit point, whether this broker leads and in which epoch) to
+a :class:`TierTask`, a thread of its own per stream, and reads back how far the store holds the
+journal (``tiered_to``), which bounds what local retention may delete. The thread runs rounds of
+:class:`~zeps.tiering.uploader.TierUploader` while this broker leads (an unreplicated stream's broker
+always does, in epoch 0); a follower, or a leader fenced out by a newer epoch, only reads the manifest
+now and then to learn ``tiered_to``, so that it too deletes only what the store holds.
+
+A round runs when a closed, committed segment waits that the store does not hold yet, and every
+:data:`ROUND_INTERVAL_S` besides (the store's own retention, and a follower's view of the manifest):
+each round reads the whole manifest from ZooKeeper, so rounds are not run once a second for nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from zeps.batchstore import BatchStore
+from zeps.errors import CoordinationError, ZepsError
+from zeps.journal import ClosedSegment
+from zeps.paths import StreamPaths
+from zeps.tiering import FencedError, StepResult, TierUploader, read_manifest, tiered_to
+
+__all__ = ["NOT_KNOWN", "ROUND_INTERVAL_S", "Offer", "TierTask", "Tiering"]
+
+log = logging.getLogger(__name__)
+
+#: the longest time between two rounds when nothing waits for upload
+ROUND_INTERVAL_S = 10.0
+#: ``tiered_to`` before the manifest was read once: local retention deletes nothing
+NOT_KNOWN = -1
+
+
+@dataclass(frozen=True)
+class Tiering:
+    """A broker's tiered storage: the store (a batch store URL and its options) and the stream's
+    total retention, which the store's objects are kept for; the journal's own retention
+    (``--retention-ms``, ``--retention-bytes``) is then the local one."""
+
+    store_url: str
+    endpoint: str | None = None
+    region: str | None = None
+    path_style: bool | None = None
+    retention_ms: int | None = None
+    retention_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """What the loop knows of a stream at one tick."""
+
+    leading: bool  #: this broker uploads (it leads the stream, or the stream is not replicated)
+    epoch: int  #: its leadership's epoch (0 unreplicated)
+    segments: tuple[ClosedSegment, ...]
+    commit: int  #: the last record a quorum holds (an unreplicated stream: the last durable one)
+    local_bytes: int  #: the journal's size on disk
+
+
+class TierTask:
+    """One stream's rounds on a thread (``zeps-tier-<stream>``); the figures below are read by the
+    loop and the metrics, written by the thread alone."""
+
+    def __init__(self, name: str, zk: Any, paths: StreamPaths, store: BatchStore, tiering: Tiering, *,
+                 acl: list[Any] | None = None, wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+                 interval_s: float = ROUND_INTERVAL_S) -> None:  # fmt: skip
+        self.name, self.zk, self.paths, self.store, self.tiering = name, zk, paths, store, tiering
+        self.acl, self.wall_ms, self.interval_s = acl, wall_ms, interval_s
+        self.tiered_to = NOT_KNOWN  #: the store holds every record up to here (local retention's bound)
+        self.backlog_segments = 0  #: closed segments the store does not hold yet (the leader's view)
+        self.backlog_bytes = 0
+        self.uploaded = 0  #: objects this broker put
+        self.failures = 0  #: rounds that stopped on an error of the store or ZooKeeper
+        self.error = ""  #: the last round's error ("" once a round succeeds)
+        self._fenced = -1  #: a newer leader fenced this epoch (and those below) out: no more uploads in it
+        #: the last committed segment a round found nothing to upload up to (a gap in the manifest it
+        #: cannot fill): a round for it again only after the interval
+        self._idle_to = NOT_KNOWN
+        self._offer: Offer | None = None
+        self._stopping = False
+        self._wake = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name=f"zeps-tier-{name}", daemon=True)
+
+    def start(self) -> TierTask:
+        self._thread.start()
+        return self
+
+    def offer(self, offer: Offer) -> None:
+        """The loop's news (never blocks: the thread takes the newest when it is free)."""
+        with self._wake:
+            self._offer = offer
+            self._wake.notify()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Ends after the round under way (an upload is not cut off midway)."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # -- the thread ------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        uploader: TierUploader | None = None
+        offer: Offer | None = None
+        last_round = -float("inf")
+        pause = 0.0  # after a failed round: its backoff
+        while True:
+            with self._wake:
+                self._wake.wait_for(lambda: self._stopping or self._offer is not None)
+                if self._stopping:
+                    return
+                offer, self._offer = self._offer, None
+            assert offer is not None
+            now = time.monotonic()
+            if now - last_round < max(pause, 0.0 if self._waiting(offer) else self.interval_s):
+                continue
+            last_round, pause = now, 0.0
+            try:
+                if offer.leading and offer.epoch > self._fenced:
+                    if uploader is None or uploader.epoch != offer.epoch:
+                        uploader = TierUploader(self.zk, self.paths, self.store, epoch=offer.epoch, acl=self.acl)
+                    pause = self._lead(uploader, offer)
+                else:
+                    entries, _refused = read_manifest(self.zk, self.paths)
+                    self.tiered_to = tiered_to(entries)
+                    self.error = ""
+            except FencedError as exc:
+                log.info("tiering %s: %s; this broker no longer uploads in epoch %d", self.name, exc, offer.epoch)
+                self._fenced, uploader = offer.epoch, None
+            except (CoordinationError, ZepsError, OSError) as exc:  # a round's reads: the next one tries again
+                self.failures += 1
+                self.error = str(exc) or repr(exc)
+                log.warning("tiering %s: %s", self.name, self.error)
+            except Exception:  # a bug must not end the uploads for good, nor the broker
+                self.failures += 1
+                self.error = "an unexpected error (logged)"
+                log.exception("tiering %s: round failed", self.name)
+
+    def _waiting(self, offer: Offer) -> bool:
+        """Whether a closed, committed segment waits that the store does not hold (as last known)."""
+        done = max(self.tiered_to, self._idle_to)
+        return offer.leading and any(done < s.last <= offer.commit for s in offer.segments)
+
+    def _lead(self, uploader: TierUploader, offer: Offer) -> float:
+        """Rounds while each uploads something (a backlog drains at the store's pace, not one segment a
+        second); returns the backoff after a failed one."""
+        for _ in range(len(offer.segments) + 1):
+            result: StepResult = uploader.step(
+                list(offer.segments), offer.commit, now_ms=self.wall_ms(), retention_ms=self.tiering.retention_ms,
+                retention_bytes=self.tiering.retention_bytes, local_bytes=offer.local_bytes,
+            )  # fmt: skip
+            self.tiered_to = result.tiered_to
+            self.backlog_segments, self.backlog_bytes = result.backlog_segments, result.backlog_bytes
+            self.uploaded += result.uploaded is not None
+            if result.error:
+                self.failures += 1
+                self.error = result.error
+                return result.delay_s
+            self.error = ""
+            if result.uploaded is None:
+                self._idle_to = max((s.last for s in offer.segments if s.last <= offer.commit), default=NOT_KNOWN)
+                break
+            if self._stopping:
+                break
+        return 0.0

@@ -1,0 +1,34 @@
+"""``zeps-broker --tier-store``'s flags, checked together: what needs what, and the local retention
+within the total."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from zeps.broker.main import parse_args, settings, tiering
+from zeps.broker.tiering import Tiering
+from zeps.errors import ConfigError
+
+
+def test_tiering_flags_are_checked_together_and_name_the_fix(tmp_path: Path) -> None:
+    """--tier-store's flags: the local retention is part of the total, the rest needs --tier-store and
+    ZooKeeper; a tiered journal keeps the local retention, the store the total."""
+    base = ["--stream", "orders", "--data-dir", str(tmp_path), "--zookeeper", "zk:2181", "--member", "orders-0"]
+    tiered = ["--tier-store", "s3://b/p", "--retention-ms", "1000", "--local-retention-ms", "10"]
+    args = parse_args([*base, *tiered])
+    config, _curve, _registration = settings(args)
+    assert config.journal.retention_ms == 10
+    assert tiering(args) == Tiering("s3://b/p", retention_ms=1000)
+    for argv, says in (
+        ([*base, "--local-retention-bytes", "5"], "--local-retention-bytes without --tier-store"),
+        ([*base, "--tier-store-endpoint", "http://s3"], "--tier-store-endpoint without --tier-store"),
+        ([*base, "--tier-store", "s3://b/p", "--retention-ms", "10", "--local-retention-ms", "11"],
+         "--local-retention-ms=11: must be at least 0 and at most --retention-ms=10"),
+        (["--stream", "orders", "--data-dir", str(tmp_path), "--tier-store", "s3://b/p"], "needs --zookeeper"),
+    ):  # fmt: skip
+        try:
+            tiering(parse_args(argv))
+        except ConfigError as exc:
+            assert says in str(exc), exc
+        else:
+            raise AssertionError(f"{argv} was accepted")
