@@ -14,7 +14,17 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.alias_generators import to_camel
 
 from zeps.journal import DEFAULT_MAX_PRODUCERS, DEFAULT_PRODUCER_TTL_MS
-from zeps.options import BatchOptions, MulticastOptions, QueueOptions, TopicOptions
+from zeps.options import (
+    DEFAULT_SEGMENT_IDLE_MS,
+    SECRET_NAME_PATTERN,
+    STORE_ENDPOINT_PATTERN,
+    STORE_REGION_PATTERN,
+    STORE_URL_PATTERN,
+    BatchOptions,
+    MulticastOptions,
+    QueueOptions,
+    TopicOptions,
+)
 from zeps.partitioning import MAX_PARTITIONS
 from zeps.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES_CEILING
 from zeps.resources import GROUP, PLURALS, VERSION
@@ -114,6 +124,44 @@ class Retention(_Model):
     bytes: int | None = Field(None, ge=1_048_576, description="Keep the journal under this size.")
 
 
+class LocalRetention(_Model):
+    """What the journal's volume keeps of a tiered stream (the rest is in the object store alone)."""
+
+    age_seconds: int | None = Field(None, ge=1, description="Delete a local segment older than this once the store "
+                                    "holds it (unset: the stream's retention.ageSeconds).")  # fmt: skip
+    bytes: int | None = Field(None, ge=1_048_576, description="Keep the local journal under this size, deleting only "
+                              "what the store holds (unset: the stream's retention.bytes).")  # fmt: skip
+
+
+class Tiering(_Model):
+    """Tiered storage: the leader uploads the journal's closed, committed segments to an object store
+    and a local segment is deleted only once the store holds it; the stream's retention then applies to
+    the store, localRetention to the volume. Without the store nothing is lost: the volume keeps what
+    the store lacks (the zeps_broker_tier_backlog_bytes metric says how much)."""
+
+    store_url: str = Field(..., pattern=STORE_URL_PATTERN, max_length=1024,
+                           description="Where the segments go: s3://bucket/prefix (or file:///path, a volume "
+                           "every replica mounts).")  # fmt: skip
+    store_endpoint: str | None = Field(None, pattern=STORE_ENDPOINT_PATTERN, max_length=1024,
+                                       description="s3:// only: the S3 API's URL for an S3-compatible server; unset: "
+                                       "AWS S3 in the store region.")  # fmt: skip
+    store_region: str | None = Field(None, pattern=STORE_REGION_PATTERN, description="s3:// only: the bucket's "
+                                     "region (unset: us-east-1).")  # fmt: skip
+    store_path_style: bool | None = Field(None, description="s3:// only: path-style requests (endpoint/bucket/key); "
+                                          "unset: path-style exactly when an endpoint is set.")  # fmt: skip
+    store_credentials_secret: str | None = Field(
+        None, pattern=SECRET_NAME_PATTERN,
+        description="A Secret of the stream's namespace with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY: the brokers "
+        "get it as environment variables. Unset: the brokers' own environment (static keys or web identity).",
+    )  # fmt: skip
+    segment_idle_seconds: int = Field(
+        DEFAULT_SEGMENT_IDLE_MS // 1000, ge=1, le=7 * 86400,
+        description="The leader closes the journal's active segment once its newest record is this old, so a quiet "
+        "stream's records reach the store within about this long (a busy one's as each segment fills).",
+    )  # fmt: skip
+    local_retention: LocalRetention = Field(default_factory=LocalRetention)
+
+
 class Producers(_Model):
     """The broker's table of idempotent producers (exactly-once publishing)."""
 
@@ -170,6 +218,16 @@ class StreamSpec(_Model):
                 {"rule": "!has(self.partitions) || self.partitions == 1 || !has(self.multicast)",
                  "message": "partitions above 1 take no multicast output: receivers of a multicast group follow "
                  "one sequence"},
+                {"rule": "!has(self.tiering) || !has(self.tiering.localRetention) || "
+                 "!has(self.tiering.localRetention.ageSeconds) || !has(self.retention) || "
+                 "!has(self.retention.ageSeconds) || "
+                 "self.tiering.localRetention.ageSeconds <= self.retention.ageSeconds",
+                 "message": "tiering.localRetention.ageSeconds is the volume's part of retention.ageSeconds: "
+                 "at most it"},
+                {"rule": "!has(self.tiering) || !has(self.tiering.localRetention) || "
+                 "!has(self.tiering.localRetention.bytes) || !has(self.retention) || !has(self.retention.bytes) || "
+                 "self.tiering.localRetention.bytes <= self.retention.bytes",
+                 "message": "tiering.localRetention.bytes is the volume's part of retention.bytes: at most it"},
             ]
         }
     )  # fmt: skip
@@ -259,6 +317,11 @@ class StreamSpec(_Model):
         None,
         description="Also send each live record once to a multicast group (NORM or PGM). Most pod networks carry no "
         "multicast: set hostNetwork, or a secondary network (networks).",
+    )
+    tiering: Tiering | None = Field(
+        None,
+        description="Keep the journal in an object store too (tiered storage): the volume keeps localRetention, the "
+        "store the stream's retention. Off unless set.",
     )
     deletion_policy: DeletionPolicy = _DELETION
 

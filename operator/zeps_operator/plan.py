@@ -382,6 +382,20 @@ def _broker_env(namespace: str, name: str, spec: StreamSpec, settings: Settings,
             env["ZEPS_BROKER_MULTICAST_KEY_FILE"] = "/etc/zeps/curve/multicast.key"
         if replicated:  # replicas peer with their own certificates, beside the replicas' keys
             env["ZEPS_BROKER_CURVE_REPLICAS"] = f"{REPLICAS_DIR}/{REPLICAS}"
+    tiering = spec.tiering
+    if tiering is not None:  # the store's credentials come from its Secret, in the pod (never in the ConfigMap)
+        env["ZEPS_BROKER_TIER_STORE"] = tiering.store_url
+        env["ZEPS_BROKER_TIER_SEGMENT_IDLE_MS"] = str(tiering.segment_idle_seconds * 1000)
+        local = tiering.local_retention
+        path_style = None if tiering.store_path_style is None else str(tiering.store_path_style).lower()
+        for option, setting in (("ENDPOINT", tiering.store_endpoint), ("REGION", tiering.store_region),
+                                ("PATH_STYLE", path_style)):  # fmt: skip
+            if setting is not None:
+                env[f"ZEPS_BROKER_TIER_STORE_{option}"] = setting
+        if local.age_seconds:
+            env["ZEPS_BROKER_LOCAL_RETENTION_MS"] = str(local.age_seconds * 1000)
+        if local.bytes:
+            env["ZEPS_BROKER_LOCAL_RETENTION_BYTES"] = str(local.bytes)
     multicast = spec.multicast
     if multicast is not None:
         env["ZEPS_BROKER_MULTICAST"] = multicast.url
@@ -391,6 +405,12 @@ def _broker_env(namespace: str, name: str, spec: StreamSpec, settings: Settings,
             if value is not None:
                 env[f"ZEPS_BROKER_MULTICAST_{key}"] = str(value)
     return env
+
+
+def _store_credentials(spec: StreamSpec) -> list[dict[str, Any]]:
+    """A tiered stream's store credentials, the user's Secret as the broker's environment ([] if none)."""
+    secret = spec.tiering.store_credentials_secret if spec.tiering is not None else None
+    return [{"secretRef": {"name": secret}}] if secret else []
 
 
 def stream_objects(
@@ -467,7 +487,7 @@ def stream_objects(
         "image": spec.image or settings.broker_image,
         "imagePullPolicy": settings.broker_image_pull_policy,
         "command": ["zeps-broker"],
-        "envFrom": [{"configMapRef": {"name": service_name}}],
+        "envFrom": [{"configMapRef": {"name": service_name}}, *_store_credentials(spec)],
         "env": pod_env,
         "ports": [{"name": "zeps", "containerPort": port}, {"name": "metrics", "containerPort": METRICS_PORT}],
         "volumeMounts": mounts,

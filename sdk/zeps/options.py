@@ -119,6 +119,15 @@ class QueueOptions(_Options):
     )
 
 
+#: an object store's settings, the same for a Queue's batch store and a stream's tiered storage
+STORE_URL_PATTERN = r"^(file:///|s3://[a-z0-9])"
+STORE_ENDPOINT_PATTERN = r"^https?://"
+STORE_REGION_PATTERN = r"^[a-z0-9-]{1,32}$"
+SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+#: a tiered stream's active segment is closed once its newest record is this old (10 minutes)
+DEFAULT_SEGMENT_IDLE_MS = 600_000
+
+
 class BatchOptions(_Options):
     """How a replayable batch Queue stores batches."""
 
@@ -130,21 +139,21 @@ class BatchOptions(_Options):
     )
     store_url: str | None = Field(
         None,
-        pattern=r"^(file:///|s3://[a-z0-9])",
+        pattern=STORE_URL_PATTERN,
         max_length=1024,
         description="Where large batches go: file:///path (a local or mounted directory, e.g. a PVC: one node "
         "reads it) or s3://bucket/prefix (S3-compatible object storage: every node reads it).",
     )
     store_endpoint: str | None = Field(
         None,
-        pattern=r"^https?://",
+        pattern=STORE_ENDPOINT_PATTERN,
         max_length=1024,
         description="s3:// only: the S3 API's URL for an S3-compatible server (http://seaweedfs.storage:8333); "
         "unset: AWS S3 in the store region.",
     )
     store_region: str | None = Field(
         None,
-        pattern=r"^[a-z0-9-]{1,32}$",
+        pattern=STORE_REGION_PATTERN,
         description="s3:// only: the bucket's region (unset: AWS_REGION, else us-east-1).",
     )
     store_path_style: bool | None = Field(
@@ -154,7 +163,7 @@ class BatchOptions(_Options):
     )
     store_credentials_secret: str | None = Field(
         None,
-        pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$",
+        pattern=SECRET_NAME_PATTERN,
         description="s3:// only: a Secret in the Queue's namespace with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY. "
         "With no credentials in its environment, zeps.batches() reads it (its ServiceAccount needs get on it); Spark "
         "executors, which have no Kubernetes access, mount it with envFrom. Unset: the environment's credentials "

@@ -57,6 +57,16 @@ def test_kubectl_applies_the_crds_and_defaults_fill_in(crds: ControlPlane, names
         ("ZepsStream", {"partitions": 257}, "spec.partitions"),
         ("ZepsStream", {"partitions": 2, "multicast": {"transport": "epgm", "group": "239.1.2.3", "port": 5601}},
          "partitions above 1 take no multicast output"),
+        ("ZepsStream", {"tiering": {"storeEndpoint": "http://s3:8333"}}, "spec.tiering.storeUrl"),
+        ("ZepsStream", {"tiering": {"storeUrl": "gs://bucket/p"}}, "spec.tiering.storeUrl"),
+        ("ZepsStream", {"tiering": {"storeUrl": "s3://b/p", "storeCredentialsSecret": "Not_A_Name"}},
+         "spec.tiering.storeCredentialsSecret"),
+        ("ZepsStream", {"retention": {"ageSeconds": 60}, "tiering": {"storeUrl": "s3://b/p",
+                                                                       "localRetention": {"ageSeconds": 61}}},
+         "tiering.localRetention.ageSeconds is the volume's part of retention.ageSeconds"),
+        ("ZepsStream", {"retention": {"bytes": 2 << 20}, "tiering": {"storeUrl": "s3://b/p",
+                                                                       "localRetention": {"bytes": 4 << 20}}},
+         "tiering.localRetention.bytes is the volume's part of retention.bytes"),
     ],
 )  # fmt: skip
 def test_invalid_specs_are_rejected_naming_the_field(

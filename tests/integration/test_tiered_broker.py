@@ -198,3 +198,28 @@ def test_only_the_leader_of_a_replicated_stream_uploads_and_the_next_leader_goes
     reader.close()
     bodies = [r.body for r in from_store + local]
     assert bodies == [b"%d" % n for n in range(1, 401)], f"{len(bodies)} records, {len(set(bodies))} distinct"
+
+
+def test_a_quiet_stream_s_records_reach_the_store_once_its_segment_is_idle(
+    zookeeper: ZooKeeperHarness, seaweedfs_server: SeaweedFS, s3_url: str, tmp_path: Path
+) -> None:
+    """30 records, far from filling a segment, then nothing: the broker closes the idle segment
+    (``segment_idle_ms``) and uploads it, and the volume keeps nothing of them."""
+    tiered = Tiering(s3_url, endpoint=seaweedfs_server.endpoint, segment_idle_ms=1000)
+    broker = BrokerServer(
+        BrokerConfig(tmp_path / "data", ("orders",), journal=JournalConfig(fsync="always", retention_bytes=1)),
+        registration=Registration(zookeeper.connect_string, "shop", "orders-0", chroot=zookeeper.root),
+        tiering=tiered,
+    ).start()
+    try:
+        with StreamClient(broker.endpoint, "orders") as client:
+            client.publish_many((f"order.{i}", b"order-%05d" % i) for i in range(1, 31))
+            client.flush()
+        wait_until(lambda: _sample(broker, "zeps_broker_tier_tiered_to") == 30, timeout=CATCH_UP_S,
+                   what="the idle segment's 30 records in the store")  # fmt: skip
+        wait_until(lambda: broker.core.streams["orders"].journal.first_sequence == 31, timeout=CATCH_UP_S,
+                   what="the volume to let them go")  # fmt: skip
+    finally:
+        broker.stop()
+    records = _everything(zookeeper, tiered, tmp_path / "data", tmp_path / "cache")
+    assert [r.body for r in records] == [b"order-%05d" % i for i in range(1, 31)]

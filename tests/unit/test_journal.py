@@ -387,3 +387,26 @@ def test_a_volume_full_in_the_middle_of_a_roll_leaves_the_journal_open_and_whole
     j.close()
     again = _journal(tmp_path, segment_bytes=1000)
     assert _all(again)[-1].sequence == last and again.producers.producers["p"].sequence == 1
+
+
+def test_an_idle_active_segment_is_closed_and_the_journal_goes_on_from_the_next(tmp_path: Path) -> None:
+    """close_idle_segment closes the active segment once its newest record is idle_ms old (the records'
+    own time), never an empty one; the closed segment reads back the same after a reopen, and appends
+    go on in a new segment."""
+    j = _journal(tmp_path)
+    for i in range(1, 11):
+        j.append("k", b"%d" % i, timestamp_ms=1_000 + i)
+    assert not j.close_idle_segment(now_ms=1_010 + 499, idle_ms=500), "not idle long enough yet"
+    assert j.close_idle_segment(now_ms=1_010 + 500, idle_ms=500)
+    assert [(s.first, s.last) for s in j.closed_segments()] == [(1, 10)]
+    assert not j.close_idle_segment(now_ms=10_000, idle_ms=500), "an empty active segment stays open"
+    assert j.append("k", b"11", timestamp_ms=2_000) == 11
+    j.close()
+    j = _journal(tmp_path)
+    assert [(s.first, s.last) for s in j.closed_segments()] == [(1, 10)]
+    read, at = [], 1
+    while batch := j.read(at, max_records=20):  # a read ends at its segment's end
+        read += [r.body for r in batch]
+        at = batch[-1].sequence + 1
+    assert read == [b"%d" % i for i in range(1, 12)]
+    j.close()

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 import zeps.handles
 from zeps.broker.certificates import make_certificate, public_key_of
-from zeps.broker.main import multicast_options, parse_args, replication, settings
+from zeps.broker.main import multicast_options, parse_args, replication, settings, tiering
 from zeps.config import Resolved
 from zeps.errors import ConfigError
 from zeps.options import BatchOptions, QueueOptions, TopicOptions
@@ -115,7 +115,7 @@ def _broker(spec: dict[str, Any], mp: pytest.MonkeyPatch, tmp: Path) -> tuple[An
     args = parse_args([])
     config, curve, _registration = settings(args)
     container = by_kind["Deployment"]["spec"]["template"]["spec"]["containers"][0]
-    return by_kind, container, config, curve, multicast_options(args)
+    return by_kind, container, config, curve, multicast_options(args), tiering(args)
 
 
 def _stream(path: str, value: Any, effect: Callable[..., Any]) -> Check:
@@ -128,8 +128,11 @@ def _stream(path: str, value: Any, effect: Callable[..., Any]) -> Check:
         node[last] = value
         if outer == ["multicast"]:  # a field of the block: the rest of a valid one around it
             spec["multicast"] = {**_MULTICAST, **node}
-        by_kind, container, config, curve, multicast = _broker(spec, mp, tmp)
-        assert effect(by_kind=by_kind, container=container, config=config, curve=curve, multicast=multicast), path
+        if outer[:1] == ["tiering"]:
+            spec["tiering"] = {"storeUrl": "s3://bucket/prefix", **spec["tiering"]}
+        by_kind, container, config, curve, multicast, tiered = _broker(spec, mp, tmp)
+        assert effect(by_kind=by_kind, container=container, config=config, curve=curve, multicast=multicast,
+                      tiered=tiered), path  # fmt: skip
 
     return check
 
@@ -274,6 +277,32 @@ STREAM_CHECKS: dict[str, Check] = {
         ),
     ),
     "deletionPolicy": _deletion,
+    "tiering.storeUrl": _stream(
+        "tiering.storeUrl",
+        "s3://other/p",
+        lambda tiered, **_: tiered is not None and tiered.store_url == "s3://other/p",
+    ),
+    "tiering.storeEndpoint": _stream(
+        "tiering.storeEndpoint", "http://s3:8333", lambda tiered, **_: tiered.endpoint == "http://s3:8333"
+    ),
+    "tiering.storeRegion": _stream(
+        "tiering.storeRegion", "eu-west-1", lambda tiered, **_: tiered.region == "eu-west-1"
+    ),
+    "tiering.storePathStyle": _stream("tiering.storePathStyle", False, lambda tiered, **_: tiered.path_style is False),
+    "tiering.storeCredentialsSecret": _stream(
+        "tiering.storeCredentialsSecret",
+        "s3-keys",
+        lambda container, **_: {"secretRef": {"name": "s3-keys"}} in container["envFrom"],
+    ),
+    "tiering.segmentIdleSeconds": _stream(
+        "tiering.segmentIdleSeconds", 30, lambda tiered, **_: tiered.segment_idle_ms == 30_000
+    ),
+    "tiering.localRetention.ageSeconds": _stream(
+        "tiering.localRetention.ageSeconds", 60, lambda config, **_: config.journal.retention_ms == 60_000
+    ),
+    "tiering.localRetention.bytes": _stream(
+        "tiering.localRetention.bytes", 2 << 20, lambda config, **_: config.journal.retention_bytes == 2 << 20
+    ),
     "multicast.transport": _stream(
         "multicast.transport",
         "pgm",

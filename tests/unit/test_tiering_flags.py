@@ -12,12 +12,14 @@ from zeps.errors import ConfigError
 
 def test_tiering_flags_are_checked_together_and_name_the_fix(tmp_path: Path) -> None:
     """--tier-store's flags: the local retention is part of the total, the rest needs --tier-store and
-    ZooKeeper; a tiered journal keeps the local retention, the store the total."""
+    ZooKeeper; a tiered journal keeps the local retention (unset: the total), the store the total."""
     base = ["--stream", "orders", "--data-dir", str(tmp_path), "--zookeeper", "zk:2181", "--member", "orders-0"]
     tiered = ["--tier-store", "s3://b/p", "--retention-ms", "1000", "--local-retention-ms", "10"]
     args = parse_args([*base, *tiered])
     config, _curve, _registration = settings(args)
     assert config.journal.retention_ms == 10
+    unset = settings(parse_args([*base, "--tier-store", "s3://b/p", "--retention-bytes", str(1 << 30)]))[0]
+    assert unset.journal.retention_bytes == 1 << 30, "an unset local retention is the total"
     assert tiering(args) == Tiering("s3://b/p", retention_ms=1000)
     for argv, says in (
         ([*base, "--local-retention-bytes", "5"], "--local-retention-bytes without --tier-store"),

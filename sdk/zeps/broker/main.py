@@ -28,7 +28,7 @@ from zeps.broker.config import (
     BrokerConfig,
 )
 from zeps.broker.server import BrokerServer, CurveConfig, Registration, Replication
-from zeps.broker.tiering import Tiering
+from zeps.broker.tiering import DEFAULT_SEGMENT_IDLE_MS, Tiering
 from zeps.config import read_ca
 from zeps.errors import ConfigError, ZepsError
 from zeps.journal import DEFAULT_MAX_PRODUCERS, DEFAULT_PRODUCER_TTL_MS, JournalConfig
@@ -194,12 +194,17 @@ def _tiering_flags(p: argparse.ArgumentParser) -> None:
                    help="the S3 region [ZEPS_BROKER_TIER_STORE_REGION]")  # fmt: skip
     g.add_argument("--tier-store-path-style", choices=["true", "false"], default=_env("TIER_STORE_PATH_STYLE"),
                    help="address buckets by path, not by host name [ZEPS_BROKER_TIER_STORE_PATH_STYLE]")  # fmt: skip
+    g.add_argument("--tier-segment-idle-ms", type=int,
+                   default=int(_env("TIER_SEGMENT_IDLE_MS") or DEFAULT_SEGMENT_IDLE_MS),
+                   help="with --tier-store: the leader closes its active segment once its newest record is this old, "
+                   "so a quiet stream's records reach the store within about this long "
+                   "[ZEPS_BROKER_TIER_SEGMENT_IDLE_MS]")  # fmt: skip
     g.add_argument("--local-retention-ms", type=int, default=_env_int("LOCAL_RETENTION_MS"),
                    help="with --tier-store: how long the volume keeps what the store holds (at most "
-                   "--retention-ms) [ZEPS_BROKER_LOCAL_RETENTION_MS]")  # fmt: skip
+                   "--retention-ms; unset: --retention-ms) [ZEPS_BROKER_LOCAL_RETENTION_MS]")  # fmt: skip
     g.add_argument("--local-retention-bytes", type=int, default=_env_int("LOCAL_RETENTION_BYTES"),
                    help="with --tier-store: how many bytes the volume keeps of what the store holds (at most "
-                   "--retention-bytes) [ZEPS_BROKER_LOCAL_RETENTION_BYTES]")  # fmt: skip
+                   "--retention-bytes; unset: --retention-bytes) [ZEPS_BROKER_LOCAL_RETENTION_BYTES]")  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -287,9 +292,11 @@ def tiering(args: argparse.Namespace) -> Tiering | None:
             raise ConfigError(f"{flag}={value}: must be at least 0 and at most {total_flag}={total} (the local "
                               "part of the stream's retention)")  # fmt: skip
     path_style = None if args.tier_store_path_style is None else args.tier_store_path_style == "true"
+    if args.tier_segment_idle_ms < 1:
+        raise ConfigError(f"--tier-segment-idle-ms={args.tier_segment_idle_ms}: must be at least 1")
     return Tiering(args.tier_store, endpoint=args.tier_store_endpoint, region=args.tier_store_region,
-                   path_style=path_style, retention_ms=args.retention_ms,
-                   retention_bytes=args.retention_bytes)  # fmt: skip
+                   path_style=path_style, retention_ms=args.retention_ms, retention_bytes=args.retention_bytes,
+                   segment_idle_ms=args.tier_segment_idle_ms)  # fmt: skip
 
 
 def memory_budget(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
@@ -317,9 +324,11 @@ def connection_budget() -> int:
 def settings(args: argparse.Namespace) -> tuple[BrokerConfig, CurveConfig | None, Registration | None]:
     """The broker's configuration from its parsed flags (no I/O). Raises ZepsError for a bad journal
     setting."""
-    # a tiered journal keeps its local retention; the total is the store's (tiering())
-    retention_ms, retention_bytes = ((args.local_retention_ms, args.local_retention_bytes) if args.tier_store
-                                     else (args.retention_ms, args.retention_bytes))  # fmt: skip
+    # a tiered journal keeps its local retention (unset: the total), the store the total (tiering())
+    retention_ms, retention_bytes = args.retention_ms, args.retention_bytes
+    if args.tier_store:
+        retention_ms = retention_ms if args.local_retention_ms is None else args.local_retention_ms
+        retention_bytes = retention_bytes if args.local_retention_bytes is None else args.local_retention_bytes
     journal = JournalConfig(segment_bytes=args.segment_bytes, fsync=args.fsync, retention_ms=retention_ms,
                             retention_bytes=retention_bytes, producer_ttl_ms=int(args.producer_ttl * 1000),
                             max_producers=args.max_producers)  # fmt: skip

@@ -653,9 +653,12 @@ class BrokerServer:
 
     def _offer_tiering(self) -> None:
         """Each tiered stream's news to its TierTask, and its ``tiered_to`` back to the core (a tick's)."""
+        assert self.tiering is not None or not self._tier_tasks
         for name, task in self._tier_tasks.items():
             stream = self.core.streams[name]
             leader = stream.leader
+            if (self.node is None or leader is not None) and self.tiering is not None:  # the uploader's journal
+                stream.journal.close_idle_segment(now_ms=self.core.wall_ms(), idle_ms=self.tiering.segment_idle_ms)
             task.offer(Offer(leading=self.node is None or leader is not None, epoch=leader.epoch if leader else 0,
                              segments=tuple(stream.journal.closed_segments()), commit=stream.committed,
                              local_bytes=stream.journal.size_bytes))  # fmt: skip

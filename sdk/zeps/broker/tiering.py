@@ -25,10 +25,11 @@ from typing import Any
 from zeps.batchstore import BatchStore
 from zeps.errors import CoordinationError, ZepsError
 from zeps.journal import ClosedSegment
+from zeps.options import DEFAULT_SEGMENT_IDLE_MS
 from zeps.paths import StreamPaths
 from zeps.tiering import FencedError, StepResult, TierUploader, read_manifest, tiered_to
 
-__all__ = ["NOT_KNOWN", "ROUND_INTERVAL_S", "Offer", "TierTask", "Tiering"]
+__all__ = ["DEFAULT_SEGMENT_IDLE_MS", "NOT_KNOWN", "ROUND_INTERVAL_S", "Offer", "TierTask", "Tiering"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,9 @@ class Tiering:
     path_style: bool | None = None
     retention_ms: int | None = None
     retention_bytes: int | None = None
+    #: the leader closes its active segment once its newest record is this old (a quiet stream's
+    #: records reach the store within about this long, not when a segment fills)
+    segment_idle_ms: int = DEFAULT_SEGMENT_IDLE_MS
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,16 @@ class Journal(Copying):
         uploads."""
         return [ClosedSegment(s.base, s.last_seq, s.last_ts, s.size, s.path) for s in self._segments[:-1]]
 
+    def close_idle_segment(self, *, now_ms: int, idle_ms: int) -> bool:
+        """Close the active segment if it holds a record and its newest one is ``idle_ms`` old or more
+        (by the records' own time): a quiet tiered stream's records then reach the object store within
+        about that long, instead of waiting for a segment to fill. True if it closed one."""
+        active = self._segments[-1]
+        if active.last_seq < active.base or now_ms - self._last_ts < idle_ms:
+            return False
+        self._roll()
+        return True
+
     def apply_retention(self, *, now_ms: int | None = None, tiered_to: int | None = None) -> list[int]:
         """Delete whole closed segments past retention (age or bytes); returns their base sequences. A
         tiered stream's (``tiered_to``: the object store holds every record up to it) keeps a segment
