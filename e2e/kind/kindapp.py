@@ -19,6 +19,7 @@ from zeps_dev.kind import client_pod_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("ZEPS_E2E_IMAGE", "")
+SEAWEEDFS_IMAGE = os.environ.get("ZEPS_E2E_SEAWEEDFS_IMAGE", "")
 OPERATOR_NAMESPACE = os.environ.get("ZEPS_E2E_NAMESPACE", "zeps-system")
 RELEASE = os.environ.get("ZEPS_E2E_RELEASE", "zeps")
 CHROOT = "/zeps"  # the chart's default zookeeper.chroot
@@ -201,6 +202,47 @@ class App:
 
         self.cluster.wait_for(f"pod {self.ns}/{pod} to succeed", done, timeout=timeout)
         return self.logs(pod)
+
+
+def seaweedfs(app: App, bucket: str, key: str, secret: str) -> None:
+    """SeaweedFS (master, volume server, filer and S3 gateway in one pod, its image built here from the
+    pinned module) and its Service ``seaweedfs:8333`` in the app's namespace; the identity ``key``,
+    ``secret`` its clients use; ``bucket`` made with ``weed shell``, as an operator would."""
+    identities = {"identities": [{"name": "zeps", "credentials": [{"accessKey": key, "secretKey": secret}],
+                                  "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}  # fmt: skip
+    app.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "seaweedfs-identities"},
+               "stringData": {"s3.json": json.dumps(identities)}})  # fmt: skip
+    args = ["server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3.ip.bind=0.0.0.0", "-dir=/data", "-filer", "-s3",
+            "-s3.config=/etc/seaweedfs/s3.json", "-s3.autoCreateBucket=false", "-s3.port.iceberg=0",
+            "-s3.port.lance=0", "-master.telemetry=false", "-volume.max=32",
+            "-master.volumeSizeLimitMB=256"]  # fmt: skip
+    container = {
+        "name": "seaweedfs", "image": SEAWEEDFS_IMAGE, "imagePullPolicy": "IfNotPresent", "args": args,
+        "ports": [{"containerPort": 8333, "name": "s3"}],
+        "readinessProbe": {"tcpSocket": {"port": 8333}, "periodSeconds": 2},
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "allowPrivilegeEscalation": False,
+                            "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}, {"name": "tmp", "mountPath": "/tmp"},
+                         {"name": "identities", "mountPath": "/etc/seaweedfs", "readOnly": True}],
+    }  # fmt: skip
+    pod = {"metadata": {"labels": {"app": "seaweedfs"}},
+           "spec": {"containers": [container], "securityContext": {"fsGroup": 10001},
+                    "volumes": [{"name": "data", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}},
+                                {"name": "identities", "secret": {"secretName": "seaweedfs-identities"}}]}}  # fmt: skip
+    selector = {"matchLabels": {"app": "seaweedfs"}}
+    app.apply({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "seaweedfs"},
+               "spec": {"replicas": 1, "selector": selector, "template": pod}})  # fmt: skip
+    app.apply({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "seaweedfs"},
+               "spec": {"selector": {"app": "seaweedfs"}, "ports": [{"port": 8333, "name": "s3"}]}})  # fmt: skip
+    app.cluster.kubectl("rollout", "status", "deployment/seaweedfs", "-n", app.ns, "--timeout=180s", timeout=210)
+    shell = ["exec", "-i", "-n", app.ns, "deploy/seaweedfs", "--", "weed", "shell", "-master=127.0.0.1:9333"]
+
+    def bucket_made() -> bool:
+        out = str(app.cluster.kubectl(*shell, input=f"s3.bucket.create -name {bucket}\n", check=False))
+        return f"created bucket {bucket}" in out
+
+    app.cluster.wait_for(f"bucket {bucket}", bucket_made, timeout=120, interval=3)
 
 
 def _listing(text: str) -> list[str]:

@@ -11,9 +11,8 @@ import os
 import secrets
 from typing import Any
 
-from kindapp import App, json_lines
+from kindapp import SEAWEEDFS_IMAGE, App, json_lines, seaweedfs
 
-SEAWEEDFS_IMAGE = os.environ.get("ZEPS_E2E_SEAWEEDFS_IMAGE", "")
 SPARK_IMAGE = os.environ.get("ZEPS_E2E_SPARK_IMAGE", "")
 BUCKET = "zeps-batches"
 BATCHES, PER_BATCH = 30, 1000  # small batches: records "1".."30000"
@@ -56,46 +55,6 @@ first = small.collect()[0]
 print(json.dumps({"records": first["n"], "sum": first["s"], "big": {str(r["size"]): r["count"] for r in big},
                   "nodes": nodes}), flush=True)
 """
-
-
-def _seaweedfs(app: App, key: str, secret: str) -> None:
-    """SeaweedFS (master, volume server, filer and S3 gateway in one pod) and its Service; the
-    identity the Queue's clients use; a bucket made with ``weed shell``, as an operator would."""
-    identities = {"identities": [{"name": "zeps", "credentials": [{"accessKey": key, "secretKey": secret}],
-                                  "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}  # fmt: skip
-    app.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "seaweedfs-identities"},
-               "stringData": {"s3.json": json.dumps(identities)}})  # fmt: skip
-    args = ["server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3.ip.bind=0.0.0.0", "-dir=/data", "-filer", "-s3",
-            "-s3.config=/etc/seaweedfs/s3.json", "-s3.autoCreateBucket=false", "-s3.port.iceberg=0",
-            "-s3.port.lance=0", "-master.telemetry=false", "-volume.max=32",
-            "-master.volumeSizeLimitMB=256"]  # fmt: skip
-    container = {
-        "name": "seaweedfs", "image": SEAWEEDFS_IMAGE, "imagePullPolicy": "IfNotPresent", "args": args,
-        "ports": [{"containerPort": 8333, "name": "s3"}],
-        "readinessProbe": {"tcpSocket": {"port": 8333}, "periodSeconds": 2},
-        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "allowPrivilegeEscalation": False,
-                            "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}},
-        "volumeMounts": [{"name": "data", "mountPath": "/data"}, {"name": "tmp", "mountPath": "/tmp"},
-                         {"name": "identities", "mountPath": "/etc/seaweedfs", "readOnly": True}],
-    }  # fmt: skip
-    pod = {"metadata": {"labels": {"app": "seaweedfs"}},
-           "spec": {"containers": [container], "securityContext": {"fsGroup": 10001},
-                    "volumes": [{"name": "data", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}},
-                                {"name": "identities", "secret": {"secretName": "seaweedfs-identities"}}]}}  # fmt: skip
-    selector = {"matchLabels": {"app": "seaweedfs"}}
-    app.apply({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "seaweedfs"},
-               "spec": {"replicas": 1, "selector": selector, "template": pod}})  # fmt: skip
-    app.apply({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "seaweedfs"},
-               "spec": {"selector": {"app": "seaweedfs"}, "ports": [{"port": 8333, "name": "s3"}]}})  # fmt: skip
-    app.cluster.kubectl("rollout", "status", "deployment/seaweedfs", "-n", app.ns, "--timeout=180s", timeout=210)
-    shell = ["exec", "-i", "-n", app.ns, "deploy/seaweedfs", "--", "weed", "shell", "-master=127.0.0.1:9333"]
-
-    def bucket_made() -> bool:
-        out = str(app.cluster.kubectl(*shell, input=f"s3.bucket.create -name {BUCKET}\n", check=False))
-        return f"created bucket {BUCKET}" in out
-
-    app.cluster.wait_for(f"bucket {BUCKET}", bucket_made, timeout=120, interval=3)
 
 
 def _executor_template(app: App) -> None:
@@ -167,7 +126,7 @@ def test_spark_executors_on_three_nodes_read_a_batch_queue_stored_in_s3(cluster:
     Secret with envFrom."""
     assert SEAWEEDFS_IMAGE and SPARK_IMAGE, "make e2e builds the SeaweedFS and Spark images"
     key, secret = "zeps-ledger", secrets.token_hex(16)
-    _seaweedfs(app, key, secret)
+    seaweedfs(app, BUCKET, key, secret)
     store = {"inlineMaxBytes": 1024, "storeUrl": f"s3://{BUCKET}/ledger",
              "storeEndpoint": f"http://seaweedfs.{app.ns}.svc:8333", "storeCredentialsSecret": "ledger-s3"}  # fmt: skip
     app.apply({"apiVersion": "zeps.dev/v1alpha1", "kind": "Queue", "metadata": {"name": "ledger"},
