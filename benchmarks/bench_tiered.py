@@ -10,8 +10,14 @@ empty each round (every object fetched from S3), and once more from its warm cac
 medians over the rounds, and the ratios store / local. Also the upload's MB/s. Prints one JSON line
 last.
 
-Goal (issue 51): a replay from the object store at >= 0.5 of one from local disk. Not measured here:
-publishing with uploads running against without (the broker does not run uploads yet).
+Then publishing with uploads running against without: a ``zeps-broker`` process of its own per run
+(8 MiB segments, fsync group), with ``--tier-store`` (its leader's thread uploading each segment as it
+closes, local retention deleting it after) or without, alternating run by run; one client in this
+process publishes PUBLISH records of 200 bytes in batches of 1,000, a flush (every record confirmed)
+every 10,000. Records/s, medians, and the ratio with / without.
+
+Goals (issue 51): a replay from the object store at >= 0.5 of one from local disk; publishing with
+uploads at >= 0.9 of publishing without.
 """
 
 from __future__ import annotations
@@ -19,21 +25,26 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from zeps.batchstore import open_store
+from zeps.client import StreamClient
 from zeps.coordination.client import connect
 from zeps.journal import Journal, JournalConfig
 from zeps.paths import StreamPaths
 from zeps.tiering import TierReader, TierUploader
 from zeps_dev import ZooKeeperServer
+from zeps_dev.process import free_port, wait_until
 from zeps_dev.seaweedfs import SeaweedFS
 
 ROUNDS = int(os.environ.get("ZEPS_BENCH_ROUNDS", "5"))
 RECORDS = int(os.environ.get("ZEPS_BENCH_RECORDS", "300000"))
+PUBLISH = int(os.environ.get("ZEPS_BENCH_PUBLISH", "300000"))
 BODY = 200
 
 
@@ -59,6 +70,7 @@ def main() -> None:
             s3.create_bucket("tiers")
             os.environ.update(s3.credentials())
             result = _measure(root, zookeeper.connect_string, s3.endpoint)
+            result.update(_publishing(root, zookeeper.connect_string, s3.endpoint))
         finally:
             s3.stop()
             zookeeper.stop()
@@ -113,6 +125,58 @@ def _measure(root: Path, connect_string: str, endpoint: str) -> dict[str, Any]:
         "store_over_local": round(med["store"] / med["local"], 2),
         "cache_over_local": round(med["cache"] / med["local"], 2),
         "goal_store_over_local": 0.5,
+    }
+
+
+def _publish_rate(root: Path, connect_string: str, namespace: str, tier: list[str]) -> float:
+    """Records/s of publishing PUBLISH records into a broker process of its own (``tier``: its
+    --tier-store flags, or none)."""
+    port = free_port()
+    argv = [sys.executable, "-m", "zeps.broker.main", "--stream", "pub", "--data-dir", str(root / namespace),
+            "--bind", f"tcp://127.0.0.1:{port}", "--zookeeper", connect_string, "--namespace", namespace,
+            "--member", "pub-0", "--segment-bytes", str(8 << 20), "--fsync", "group", "--log-level", "WARNING",
+            *tier]  # fmt: skip
+    with (root / f"{namespace}.log").open("wb") as log:
+        broker = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: _listening(port), timeout=60, what=f"the broker of {namespace}")
+        body = os.urandom(BODY)
+        with StreamClient(f"tcp://127.0.0.1:{port}", "pub", timeout=120) as client:
+            start = time.perf_counter()
+            for i in range(0, PUBLISH, 1000):
+                client.publish_many([(f"key.{(i + n) % 1000}", body) for n in range(1000)])
+                if (i + 1000) % 10_000 == 0:
+                    client.flush()
+            client.flush()
+            return PUBLISH / (time.perf_counter() - start)
+    finally:
+        broker.terminate()
+        broker.wait(30)
+
+
+def _listening(port: int) -> bool:
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _publishing(root: Path, connect_string: str, endpoint: str) -> dict[str, Any]:
+    plain, tiered = [], []
+    for n in range(ROUNDS):
+        tier = ["--tier-store", f"s3://tiers/pub-{n}", "--tier-store-endpoint", endpoint,
+                "--local-retention-bytes", "1"]  # fmt: skip
+        runs = [("plain", []), ("tiered", tier)]
+        for mode, flags in runs if n % 2 == 0 else runs[::-1]:
+            rate = _publish_rate(root, connect_string, f"bench-{mode}-{n}", flags)
+            (plain if mode == "plain" else tiered).append(rate)
+    with_uploads, without = statistics.median(tiered), statistics.median(plain)
+    return {
+        "published_records": PUBLISH,
+        "publish_records_s": round(without),
+        "publish_with_uploads_records_s": round(with_uploads),
+        "uploads_over_none": round(with_uploads / without, 2),
+        "goal_uploads_over_none": 0.9,
     }
 
 
