@@ -20,6 +20,9 @@ from zeps_dev.kind import client_pod_spec
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("ZEPS_E2E_IMAGE", "")
 SEAWEEDFS_IMAGE = os.environ.get("ZEPS_E2E_SEAWEEDFS_IMAGE", "")
+#: what the API server answers while briefly overloaded (its etcd slow on a busy machine)
+TRANSIENT_API_ERRORS = ("etcdserver: request timed out", "etcdserver: leader changed",
+                        "the server is currently unable to handle the request")  # fmt: skip
 OPERATOR_NAMESPACE = os.environ.get("ZEPS_E2E_NAMESPACE", "zeps-system")
 RELEASE = os.environ.get("ZEPS_E2E_RELEASE", "zeps")
 CHROOT = "/zeps"  # the chart's default zookeeper.chroot
@@ -100,8 +103,24 @@ class App:
         self.cluster.kubectl("rollout", "status", f"deployment/{name}", "-n", self.ns, "--timeout=180s", timeout=210)
 
     def apply(self, manifest: dict[str, Any] | str) -> None:
+        """``kubectl apply``, tried again for 30 s while the API server is briefly overloaded (an
+        apply is idempotent, and a kind cluster's etcd on a busy machine can time a request out); any
+        other refusal is raised at once."""
         text = manifest if isinstance(manifest, str) else json.dumps(manifest)
-        self.cluster.kubectl("apply", "-n", self.ns, "-f", "-", input=text)
+        refused: list[AssertionError] = []
+
+        def applied() -> bool:
+            try:
+                self.cluster.kubectl("apply", "-n", self.ns, "-f", "-", input=text)
+            except AssertionError as exc:
+                if any(answer in str(exc) for answer in TRANSIENT_API_ERRORS):
+                    return False  # overloaded: again
+                refused.append(exc)
+            return True
+
+        self.cluster.wait_for("kubectl apply past the API server's overload", applied, timeout=30, interval=2)
+        if refused:
+            raise refused[0]
 
     def apply_example(self, name: str, **replace: str) -> None:
         text = (ROOT / "examples" / name).read_text()
