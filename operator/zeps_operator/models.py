@@ -159,6 +159,11 @@ class Tiering(_Model):
         description="The leader closes the journal's active segment once its newest record is this old, so a quiet "
         "stream's records reach the store within about this long (a busy one's as each segment fills).",
     )  # fmt: skip
+    max_backlog_bytes: int | None = Field(
+        None, ge=1_048_576,
+        description="Refuse publishes (JOURNAL_FULL: clients resend once taken again) while more than this many bytes "
+        "of closed segments wait for the store, before the volume itself fills up. Unset: only a full volume refuses.",
+    )  # fmt: skip
     local_retention: LocalRetention = Field(default_factory=LocalRetention)
 
 

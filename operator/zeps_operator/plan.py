@@ -386,6 +386,8 @@ def _broker_env(namespace: str, name: str, spec: StreamSpec, settings: Settings,
     if tiering is not None:  # the store's credentials come from its Secret, in the pod (never in the ConfigMap)
         env["ZEPS_BROKER_TIER_STORE"] = tiering.store_url
         env["ZEPS_BROKER_TIER_SEGMENT_IDLE_MS"] = str(tiering.segment_idle_seconds * 1000)
+        if tiering.max_backlog_bytes:
+            env["ZEPS_BROKER_TIER_MAX_BACKLOG_BYTES"] = str(tiering.max_backlog_bytes)
         local = tiering.local_retention
         path_style = None if tiering.store_path_style is None else str(tiering.store_path_style).lower()
         for option, setting in (("ENDPOINT", tiering.store_endpoint), ("REGION", tiering.store_region),

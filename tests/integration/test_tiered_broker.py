@@ -7,6 +7,7 @@ leader uploads, and the next one goes on after it is killed."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -16,6 +17,7 @@ from zeps.batchstore import open_store
 from zeps.broker import BrokerConfig, BrokerServer, Registration
 from zeps.broker.tiering import Tiering
 from zeps.client import StreamClient
+from zeps.errors import PublishRefusedError
 from zeps.journal import Journal, JournalConfig, Record
 from zeps.paths import StreamPaths
 from zeps.tiering import TierReader, read_manifest
@@ -137,6 +139,47 @@ def test_with_the_store_stopped_nothing_is_deleted_locally_the_backlog_shows_and
         broker.stop()
     records = _everything(zookeeper, tiered, tmp_path / "data", tmp_path / "cache")
     assert [r.body for r in records] == [b"order-%05d" % i for i in range(1, 501)]
+
+
+def test_past_its_backlog_limit_a_tiered_broker_refuses_publishes_and_takes_them_again_once_the_store_is_back(
+    zookeeper: ZooKeeperHarness, own_seaweedfs: SeaweedFS, tmp_path: Path
+) -> None:
+    """``max_backlog_bytes``: with the store stopped, publishes go on until that much waits for it,
+    then are refused (JOURNAL_FULL, naming the store), never dropped; once the store is back and the
+    backlog drains they are taken again, and every confirmed record is in the store or on the volume."""
+    tiered = Tiering("s3://own/orders", endpoint=own_seaweedfs.endpoint, max_backlog_bytes=6000)
+    broker = _broker(zookeeper, tmp_path / "data", tiered)
+    confirmed = 0
+    try:
+        own_seaweedfs.stop()
+        publisher = StreamClient(broker.endpoint, "orders", timeout=30).connect()
+        refusal = None
+        for first in range(1, 2001, 20):  # bounded: the limit is a few segments of 20-record publishes
+            try:
+                publisher.publish_many((f"order.{i % 5}", b"order-%05d" % i) for i in range(first, first + 20))
+                publisher.flush()
+            except PublishRefusedError as exc:
+                refusal = exc
+                break
+            confirmed = first + 19
+        assert refusal is not None, "publishes were never refused"
+        # refused within the bound of the loop (2,000 records, about 60 segments), not before the limit
+        assert "wait for the object store, more than its limit of 6000" in str(refusal), refusal
+        assert confirmed * 40 > 6000, f"refused after {confirmed} records only"
+        with contextlib.suppress(PublishRefusedError):
+            publisher.close()
+        own_seaweedfs.start()
+        wait_until(lambda: not broker.core.streams["orders"].tier_behind, timeout=CATCH_UP_S,
+                   what="the backlog under its limit")  # fmt: skip
+        _publish(broker.endpoint, confirmed + 1, 100)  # the refused ones again, and more
+    finally:
+        broker.stop()
+    bodies = [r.body for r in _everything(zookeeper, tiered, tmp_path / "data", tmp_path / "cache")]
+    assert bodies[:confirmed] == [b"order-%05d" % i for i in range(1, confirmed + 1)]
+    # of the refused round, what the broker wrote before its refusal began (plain publishes: at least once)
+    written = len(bodies) - confirmed - 100
+    again = [b"order-%05d" % i for i in range(confirmed + 1, confirmed + 101)]
+    assert 0 <= written < 20 and bodies[confirmed:] == again[:written] + again, "nothing lost, nothing else"
 
 
 def _gauge(replicas: ReplicaSet, name: str, metric: str) -> float:

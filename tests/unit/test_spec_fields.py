@@ -297,6 +297,9 @@ STREAM_CHECKS: dict[str, Check] = {
     "tiering.segmentIdleSeconds": _stream(
         "tiering.segmentIdleSeconds", 30, lambda tiered, **_: tiered.segment_idle_ms == 30_000
     ),
+    "tiering.maxBacklogBytes": _stream(
+        "tiering.maxBacklogBytes", 8 << 20, lambda tiered, **_: tiered.max_backlog_bytes == 8 << 20
+    ),
     "tiering.localRetention.ageSeconds": _stream(
         "tiering.localRetention.ageSeconds", 60, lambda config, **_: config.journal.retention_ms == 60_000
     ),

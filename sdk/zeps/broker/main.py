@@ -199,6 +199,10 @@ def _tiering_flags(p: argparse.ArgumentParser) -> None:
                    help="with --tier-store: the leader closes its active segment once its newest record is this old, "
                    "so a quiet stream's records reach the store within about this long "
                    "[ZEPS_BROKER_TIER_SEGMENT_IDLE_MS]")  # fmt: skip
+    g.add_argument("--tier-max-backlog-bytes", type=int, default=_env_int("TIER_MAX_BACKLOG_BYTES"),
+                   help="with --tier-store: refuse publishes (JOURNAL_FULL) while more than this many bytes of closed "
+                   "segments wait for the store, before the volume itself fills up; unset: only a full volume "
+                   "refuses [ZEPS_BROKER_TIER_MAX_BACKLOG_BYTES]")  # fmt: skip
     g.add_argument("--local-retention-ms", type=int, default=_env_int("LOCAL_RETENTION_MS"),
                    help="with --tier-store: how long the volume keeps what the store holds (at most "
                    "--retention-ms; unset: --retention-ms) [ZEPS_BROKER_LOCAL_RETENTION_MS]")  # fmt: skip
@@ -294,9 +298,12 @@ def tiering(args: argparse.Namespace) -> Tiering | None:
     path_style = None if args.tier_store_path_style is None else args.tier_store_path_style == "true"
     if args.tier_segment_idle_ms < 1:
         raise ConfigError(f"--tier-segment-idle-ms={args.tier_segment_idle_ms}: must be at least 1")
+    if args.tier_max_backlog_bytes is not None and args.tier_max_backlog_bytes < 1:
+        raise ConfigError(f"--tier-max-backlog-bytes={args.tier_max_backlog_bytes}: must be at least 1")
     return Tiering(args.tier_store, endpoint=args.tier_store_endpoint, region=args.tier_store_region,
                    path_style=path_style, retention_ms=args.retention_ms, retention_bytes=args.retention_bytes,
-                   segment_idle_ms=args.tier_segment_idle_ms)  # fmt: skip
+                   segment_idle_ms=args.tier_segment_idle_ms,
+                   max_backlog_bytes=args.tier_max_backlog_bytes)  # fmt: skip
 
 
 def memory_budget(cgroup: Path = Path("/sys/fs/cgroup")) -> int:

@@ -178,6 +178,12 @@ class Publishing(Leading):
             stream = self.streams[name]
             if stream.leader is not None and not self._replicated_enough(stream, pending):
                 continue
+            if stream.tier_behind:  # the volume keeps what the store lacks: not without bound
+                stream.refused_tier_behind += len(pending.entries)
+                reason = (f"stream {stream.name}: {stream.tier_behind}; publishes since this peering's last "
+                          "confirmation were not journaled: attach again and resend them")  # fmt: skip
+                self._refuse(stream, pending, reason, Refusal.JOURNAL_FULL)
+                continue
             try:
                 pending.write_to(stream.journal, self._clock_ms)
             except JournalWriteError as exc:

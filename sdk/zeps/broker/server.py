@@ -657,12 +657,28 @@ class BrokerServer:
         for name, task in self._tier_tasks.items():
             stream = self.core.streams[name]
             leader = stream.leader
-            if (self.node is None or leader is not None) and self.tiering is not None:  # the uploader's journal
+            leading = self.node is None or leader is not None  # this broker uploads (and closes idle segments)
+            if leading and self.tiering is not None:
                 stream.journal.close_idle_segment(now_ms=self.core.wall_ms(), idle_ms=self.tiering.segment_idle_ms)
-            task.offer(Offer(leading=self.node is None or leader is not None, epoch=leader.epoch if leader else 0,
-                             segments=tuple(stream.journal.closed_segments()), commit=stream.committed,
-                             local_bytes=stream.journal.size_bytes))  # fmt: skip
-            self.core.tiered_to[name] = task.tiered_to
+            segments = tuple(stream.journal.closed_segments())
+            task.offer(Offer(leading=leading, epoch=leader.epoch if leader else 0, segments=segments,
+                             commit=stream.committed, local_bytes=stream.journal.size_bytes))  # fmt: skip
+            tiered = self.core.tiered_to[name] = task.tiered_to
+            # this tick's backlog (the task's gauge is its last round's): what the limit is held to
+            waiting = sum(s.size for s in segments if s.last > tiered) if tiered != NOT_KNOWN else 0
+            was, stream.tier_behind = stream.tier_behind, self._tier_behind(task, waiting, leading=leading)
+            if bool(was) != bool(stream.tier_behind):
+                log.log(logging.ERROR if stream.tier_behind else logging.INFO, "tiering %s: %s", name,
+                        stream.tier_behind or "the store caught up: publishes are taken again")  # fmt: skip
+
+    def _tier_behind(self, task: TierTask, waiting: int, *, leading: bool) -> str:
+        """Why a leader refuses publishes: ``waiting`` bytes for the store, past --tier-max-backlog-bytes
+        ("": it does not refuse)."""
+        limit = self.tiering.max_backlog_bytes if self.tiering is not None else None
+        if not leading or limit is None or waiting <= limit:
+            return ""
+        return (f"{waiting} bytes of its journal wait for the object store, more than its limit of "
+                f"{limit} (the store: {task.error[:200] or 'slower than the publishers'})")  # fmt: skip
 
     def _membership_failed(self, exc: BaseException) -> None:
         """A rejoin after a ZooKeeper session expiry failed: serving unregistered would hide the broker

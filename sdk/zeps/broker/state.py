@@ -100,6 +100,10 @@ class Stream:
     refused_too_large: int = 0  # frames refused: a message body over max_message_bytes
     refused_journal_full: int = 0  # publishes refused: the journal's volume was full
     journal_full_logged: float = 0.0  # when a full journal was last logged (once a minute at most)
+    #: a tiered stream whose object store is too far behind (its backlog past --tier-max-backlog-bytes):
+    #: why publishes are refused ("" while they are not); the adapter sets it from its TierTask
+    tier_behind: str = ""
+    refused_tier_behind: int = 0  # publishes refused for it
     checkpoint_full_logged: float = float("-inf")  # when an unwritable commit checkpoint was last logged
     outbox: MulticastOutbox = field(default_factory=MulticastOutbox)  # the multicast output's (when there is one)
     #: replication (None, False: a stream of one broker): the leader's view of its followers, or

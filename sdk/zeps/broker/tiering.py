@@ -54,6 +54,9 @@ class Tiering:
     #: the leader closes its active segment once its newest record is this old (a quiet stream's
     #: records reach the store within about this long, not when a segment fills)
     segment_idle_ms: int = DEFAULT_SEGMENT_IDLE_MS
+    #: the leader refuses publishes (JOURNAL_FULL) while more than this many bytes of closed segments
+    #: wait for the store, before the volume itself fills up (None: only a full volume refuses)
+    max_backlog_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
