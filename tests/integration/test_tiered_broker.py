@@ -8,6 +8,7 @@ leader uploads, and the next one goes on after it is killed."""
 from __future__ import annotations
 
 import contextlib
+import time
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -16,7 +17,7 @@ from harness import ReplicaSet, ZooKeeperHarness
 from zeps.batchstore import open_store
 from zeps.broker import BrokerConfig, BrokerServer, Registration
 from zeps.broker.tiering import Tiering
-from zeps.client import StreamClient
+from zeps.client import Seq, StreamClient
 from zeps.errors import PublishRefusedError
 from zeps.journal import Journal, JournalConfig, Record
 from zeps.paths import StreamPaths
@@ -107,6 +108,39 @@ def test_a_tiered_broker_uploads_while_publishers_write_and_every_record_is_read
     records = _everything(zookeeper, tiered, tmp_path / "data", tmp_path / "cache")
     assert [r.sequence for r in records] == list(range(1, 401))
     assert [r.body for r in records] == [b"order-%05d" % i for i in range(1, 401)]
+
+
+def _replayed(endpoint: str, pattern: str, count: int) -> list[tuple[int, bytes]]:
+    """(sequence, body) of what a subscriber from sequence 0 gets: ``count`` records, then nothing more
+    for 0.7 s (bounded by CATCH_UP_S)."""
+    got: list[tuple[int, bytes]] = []
+    with StreamClient(endpoint, "orders", timeout=30) as reader:
+        reader.start(pattern, since=Seq(0))
+        deadline = time.monotonic() + CATCH_UP_S
+        while len(got) < count and time.monotonic() < deadline:
+            got += [(m.sequence, m.body) for m in reader.receive_many(0.5)]
+        got += [(m.sequence, m.body) for m in reader.receive_many(0.7)]  # a negative check: nothing twice
+    return got
+
+
+def test_a_subscriber_from_0_gets_through_the_broker_what_only_the_store_holds(
+    zookeeper: ZooKeeperHarness, seaweedfs_server: SeaweedFS, s3_url: str, tmp_path: Path
+) -> None:
+    """Once the volume keeps only the active segment, a subscription from sequence 0 (every record, and
+    a key prefix) is served the store's part by the broker, then the journal's, then live records:
+    same protocol, same client, every record once and in order."""
+    broker = _broker(zookeeper, tmp_path / "data", Tiering(s3_url, endpoint=seaweedfs_server.endpoint))
+    try:
+        _publish(broker.endpoint, 1, 400)
+        wait_until(lambda: _uploaded_all(broker), timeout=CATCH_UP_S, what="every closed segment in the store")
+        assert broker.core.streams["orders"].journal.first_sequence > 300
+        every = _replayed(broker.endpoint, "", 400)
+        assert every == [(i, b"order-%05d" % i) for i in range(1, 401)]
+        threes = _replayed(broker.endpoint, "order.3", 80)
+        assert threes == [(i, b"order-%05d" % i) for i in range(1, 401) if i % 5 == 3]
+        assert sum(serve.reads for serve in broker._tier_serves.values()) >= 2, "served from the journal alone"
+    finally:
+        broker.stop()
 
 
 def test_with_the_store_stopped_nothing_is_deleted_locally_the_backlog_shows_and_drains_when_it_returns(

@@ -215,8 +215,9 @@ class BrokerCore(Publishing):
     @property
     def busy(self) -> bool:
         """Work waits that a loop should come back for soon (a millisecond, not a tick): subscriptions
-        behind, publishes not yet written, records gathered for the multicast group."""
-        return bool(self._lagging or self._appends or self.multicast_pending)
+        behind, publishes not yet written, records gathered for the multicast group, reads of the
+        object store under way."""
+        return bool(self._lagging or self._appends or self.multicast_pending or self._tier_pending)
 
     @property
     def held(self) -> int:

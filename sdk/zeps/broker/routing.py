@@ -54,7 +54,7 @@ from array import array
 from collections import deque
 
 from zeps.broker.matching import Matcher, PatternError, compile_pattern
-from zeps.broker.state import BrokerState, Outgoing, Session, Stream, Subscription
+from zeps.broker.state import BrokerState, Outgoing, Session, Stream, Subscription, TierRead
 from zeps.journal import Chunk
 from zeps.protocol import (
     LATEST,
@@ -95,7 +95,7 @@ class Routing(BrokerState):
         elif command.latest == LATEST:
             cursor = session.stream.routed + 1
         else:
-            cursor = max(command.latest + 1, journal.first_sequence)
+            cursor = self._oldest_served(session.stream, command.latest + 1)
         sub = Subscription(session, matcher, cursor, next(self._ids))
         self._add_subscription(sub)
         self._send(session.peer, session.conn.send(SubscribeOk()))
@@ -127,6 +127,11 @@ class Routing(BrokerState):
         self.subscription_count += 1
         self.regex_subscriptions += sub.matcher.regex is not None
 
+    def _oldest_served(self, stream: Stream, asked: int) -> int:
+        """Where a replay asked from ``asked`` starts: there, where the object store may hold it (a
+        tiered stream's; the store's answer moves it on if not), else at the journal's first record."""
+        return max(asked, 1) if stream.name in self.tier_reads else max(asked, stream.journal.first_sequence)
+
     def _remove_subscription(self, sub: Subscription) -> None:
         sub.session.subscriptions.remove(sub)
         self.subscription_count -= 1
@@ -151,7 +156,7 @@ class Routing(BrokerState):
             return
         stream, journal = session.stream, session.stream.journal
         end = min(command.last, stream.routed)
-        start = max(command.first, journal.first_sequence)
+        start = self._oldest_served(stream, command.first)
         if command.since:
             start = max(start, journal.seek_time(command.since))
         if start > end:  # nothing in range (yet, or any longer)
@@ -385,10 +390,14 @@ class Routing(BrokerState):
                 self._lagging.append(sub)
                 continue
             session.blocked_until = 0.0
+            if sub.id in self._tier_pending:  # waits for the object store (its answer puts it back in line)
+                continue
             stream = session.stream
             last = stream.routed if sub.end is None else sub.end
             if sub.cursor > last:  # a fetch all of whose range went out
                 self._end_fetch(sub)
+                continue
+            if self._ask_store(sub, last, budget):
                 continue
             chunk = stream.journal.read_chunk(
                 sub.cursor,
@@ -424,6 +433,51 @@ class Routing(BrokerState):
         out = list(self._pending)
         self._pending.clear()
         return out
+
+    def _ask_store(self, sub: Subscription, last: int, budget: int) -> bool:
+        """A tiered stream's subscription behind the journal's first record: a read of the object
+        store asked for (the adapter's thread does it); True if it was."""
+        stream = sub.session.stream
+        oldest = stream.journal.first_sequence
+        if sub.cursor >= oldest or stream.name not in self.tier_reads:
+            return False
+        read = TierRead(sub, sub.cursor, min(last, oldest - 1), min(budget, self.config.batch_bytes),
+                        self.config.replay_batch if not sub.session.batches else 1 << 30)  # fmt: skip
+        self._tier_pending[sub.id] = read
+        self.tier_wanted.append(read)
+        return True
+
+    def tier_answered(self, read: TierRead, chunk: Chunk | None, *, failed: bool = False,
+                      now: float | None = None) -> None:  # fmt: skip
+        """The object store's answer to ``read``: its records from ``read.start`` (delivered as a
+        replay from the journal would be); None: the store does not hold them either (the subscription
+        goes on from the journal's first record, as after retention); ``failed``: the store did not
+        answer (the subscription tries again in a second, losing nothing)."""
+        sub = read.sub
+        if self._tier_pending.get(sub.id) is not read:
+            return
+        del self._tier_pending[sub.id]
+        session = sub.session
+        if session.peer not in self.sessions or sub not in session.subscriptions:
+            return  # gone meanwhile
+        stream = session.stream
+        stalled = False
+        if failed:
+            session.blocked_until = (time.monotonic() if now is None else now) + 1.0
+        elif chunk is None:  # gone from the store too (its retention): from the journal's first record
+            moved = max(sub.cursor, stream.journal.first_sequence)
+            sub.start = moved if sub.cursor == sub.start else sub.start  # a fetch's range began there
+            sub.cursor = moved
+        else:
+            if chunk.first > sub.cursor and sub.cursor == sub.start:  # the store's oldest is later
+                sub.start = chunk.first
+            queued = len(self._pending)
+            stalled = self._replay(sub, chunk)
+            for item in itertools.islice(self._pending, queued, None):
+                item.replayed = True
+                stream.messages_replayed += item.count
+        if not stalled:  # out of credit: CREDIT puts it back in line
+            self._lagging.append(sub)
 
     def _replay(self, sub: Subscription, chunk: Chunk) -> bool:
         """Deliver what ``sub`` takes of ``chunk`` (read from the journal at its cursor) and move the

@@ -60,7 +60,7 @@ from zeps.broker.core import BrokerConfig, BrokerCore
 from zeps.broker.metrics import BrokerMetrics, ReplicationMetrics, TieringMetrics
 from zeps.broker.replica import Close, Connect, MarkData, RecordCommit, ReplicaNode, ReplicaSettings, Send, WriteIsr
 from zeps.broker.state import Outgoing, Session
-from zeps.broker.tiering import NOT_KNOWN, Offer, Tiering, TierTask
+from zeps.broker.tiering import NOT_KNOWN, TIER_CACHE, Offer, Tiering, TierServe, TierTask
 from zeps.errors import ConfigError
 from zeps.journal import JournalError
 from zeps.options import DEFAULT_PGM_RATE_KBPS, DEFAULT_PGM_RECOVERY_MS, MulticastOptions
@@ -270,6 +270,10 @@ def _check_options(config: BrokerConfig, registration: Registration | None, repl
 class BrokerServer:
     """Runs the broker loop on a thread. ``start()`` binds and registers; ``stop()`` undoes both."""
 
+    _tier_tasks: dict[str, TierTask]  #: a tiered broker's: each stream's uploads on a thread of their own
+    _tier_serves: dict[str, TierServe]  #: and each stream's reads of the store for subscriptions behind
+    _tier_answers: queue.SimpleQueue[Any]  #: those reads' answers, for the loop
+
     def __init__(
         self,
         config: BrokerConfig,
@@ -334,7 +338,7 @@ class BrokerServer:
         self._facts_writing = threading.Event()  # a write of the facts is under way (not in the loop)
         self.replication = replication  # and its gauges, below
         self.tiering, self._tiering_metrics = tiering, None if tiering is None else TieringMetrics(self.registry)
-        self._tier_tasks: dict[str, TierTask] = {}  # stream -> its uploads' thread (a tiered broker's)
+        self._tier_tasks, self._tier_serves, self._tier_answers = {}, {}, queue.SimpleQueue()
         self._replication_metrics = None if replication is None else ReplicationMetrics(self.registry)
         self._election: Any = None  # this replica's part in the election (zeps.coordination.replication)
         #: this replica's state machine (a replicated broker's), and the peering with its leader's socket
@@ -640,6 +644,7 @@ class BrokerServer:
         environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY: the Secret the pod's env names)."""
         from zeps.batchstore import open_store  # noqa: PLC0415 — the store's client only when tiering
         from zeps.coordination.client import digest_acl  # noqa: PLC0415
+        from zeps.tiering import TierReader  # noqa: PLC0415
 
         store = open_store(tiering.store_url, endpoint=tiering.endpoint, region=tiering.region,
                            path_style=tiering.path_style)  # fmt: skip
@@ -647,9 +652,28 @@ class BrokerServer:
         for name in self.config.streams:
             self.core.tiered_to[name] = NOT_KNOWN  # nothing is deleted locally before the manifest is read
             self._tier_tasks[name] = TierTask(name, self._zk, reg.paths(name), store, tiering, acl=acl).start()
+            reader = TierReader(self._zk, reg.paths(name), store, cache=self.config.data_dir / TIER_CACHE / name)
+            answer = lambda read, chunk, failed: self._tier_answers.put((read, chunk, failed))  # noqa: E731
+            self._tier_serves[name] = TierServe(name, reader, answer).start()
+            self.core.tier_reads.add(name)
         log.info("tiering %s into %s (local retention: the journal's; total: %s ms, %s bytes)",
                  ", ".join(self.config.streams), tiering.store_url, tiering.retention_ms,
                  tiering.retention_bytes)  # fmt: skip
+
+    def _tier_turn(self) -> None:
+        """Reads of the object store the core asked for, to their threads; their answers, to the core."""
+        if not self._tier_serves:
+            return
+        core = self.core
+        for read in core.tier_wanted:
+            self._tier_serves[read.sub.session.stream.name].ask(read)
+        core.tier_wanted.clear()
+        while True:
+            try:
+                read, chunk, failed = self._tier_answers.get_nowait()
+            except queue.Empty:
+                return
+            core.tier_answered(read, chunk, failed=failed)
 
     def _offer_tiering(self) -> None:
         """Each tiered stream's news to its TierTask, and its ``tiered_to`` back to the core (a tick's)."""
@@ -812,6 +836,9 @@ class BrokerServer:
         for task in self._tier_tasks.values():
             task.stop()
         self._tier_tasks = {}
+        for serve in self._tier_serves.values():
+            serve.stop()
+        self._tier_serves = {}
         if self._zk is not None:
             self._zk.stop()
             self._zk.close()
@@ -856,6 +883,7 @@ class BrokerServer:
                     self._in_flight.release(core)
                 idle = self._read(sock) if sock in events else True
                 core.flush_appends(idle=idle)
+                self._tier_turn()
                 self._send(core.pump())
                 if self._pub is not None:
                     self._send_multicast(core.take_multicast())

@@ -80,6 +80,18 @@ class Subscription:
         return max(0, self.session.stream.journal.durable + 1 - self.cursor)
 
 
+@dataclass(frozen=True, eq=False)
+class TierRead:
+    """A read of a tiered stream's object store for a subscription behind the journal's first record:
+    records ``start .. end`` within ``max_bytes`` (the adapter's thread does it; the loop never waits)."""
+
+    sub: Subscription
+    start: int
+    end: int
+    max_bytes: int
+    max_records: int
+
+
 @dataclass(eq=False)
 class Stream:
     """A stream this broker serves: its journal, its live subscriptions, its counters, its replication."""
@@ -182,6 +194,12 @@ class BrokerState:
         #: a tiered stream's bound for local retention: the object store holds every record up to it (the
         #: adapter's TierTask sets it; a stream not in it is not tiered)
         self.tiered_to: dict[str, int] = {}
+        #: streams whose object store serves what their journal no longer holds (a tiered broker's)
+        self.tier_reads: set[str] = set()
+        #: store reads for the adapter to start (it takes them each turn), and those under way, by
+        #: subscription id: such a subscription waits for its answer out of the replay line
+        self.tier_wanted: list[TierRead] = []
+        self._tier_pending: dict[int, TierRead] = {}
         #: peers whose deliveries stopped for bytes in flight (not credit), in the order they stopped:
         #: they go on as bytes leave
         self._held: dict[bytes, None] = {}

@@ -1,4 +1,5 @@
-"""A tiered stream's uploads beside the broker's loop (``zeps-broker --tier-store``).
+"""A tiered stream's uploads, and its reads of the object store, beside the broker's loop
+(``zeps-broker --tier-store``).
 
 The loop never waits on the object store or on ZooKeeper: once a second it *offers* what it knows of
 each stream (its closed segments, its commit point, whether this broker leads and in which epoch) to
@@ -11,11 +12,18 @@ now and then to learn ``tiered_to``, so that it too deletes only what the store 
 A round runs when a closed, committed segment waits that the store does not hold yet, and every
 :data:`ROUND_INTERVAL_S` besides (the store's own retention, and a follower's view of the manifest):
 each round reads the whole manifest from ZooKeeper, so rounds are not run once a second for nothing.
+
+A subscription (or fetch) behind the journal's first record is served from the store: the loop asks
+(``BrokerCore.tier_wanted``), a :class:`TierServe` thread per stream reads the records with a
+:class:`~zeps.tiering.TierReader` (its cache of fetched objects on the journal's volume), and hands
+them back to the loop, which delivers them as it delivers a replay from the journal: same frames,
+same client code, any protocol version.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -24,12 +32,21 @@ from typing import Any
 
 from zeps.batchstore import BatchStore
 from zeps.errors import CoordinationError, ZepsError
-from zeps.journal import ClosedSegment
+from zeps.journal import Chunk, ClosedSegment
 from zeps.options import DEFAULT_SEGMENT_IDLE_MS
 from zeps.paths import StreamPaths
-from zeps.tiering import FencedError, StepResult, TierUploader, read_manifest, tiered_to
+from zeps.tiering import FencedError, StepResult, TierReader, TierUploader, read_manifest, tiered_to
 
-__all__ = ["DEFAULT_SEGMENT_IDLE_MS", "NOT_KNOWN", "ROUND_INTERVAL_S", "Offer", "TierTask", "Tiering"]
+__all__ = [
+    "DEFAULT_SEGMENT_IDLE_MS",
+    "NOT_KNOWN",
+    "ROUND_INTERVAL_S",
+    "TIER_CACHE",
+    "Offer",
+    "TierServe",
+    "TierTask",
+    "Tiering",
+]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +54,9 @@ log = logging.getLogger(__name__)
 ROUND_INTERVAL_S = 10.0
 #: ``tiered_to`` before the manifest was read once: local retention deletes nothing
 NOT_KNOWN = -1
+#: under the broker's data directory: each stream's cache of objects fetched from the store (no
+#: stream's name starts with a dot)
+TIER_CACHE = ".tier-cache"
 
 
 @dataclass(frozen=True)
@@ -177,3 +197,61 @@ class TierTask:
             if self._stopping:
                 break
         return 0.0
+
+
+class TierServe:
+    """One stream's reads of its object store for subscriptions behind its journal, on a thread
+    (``zeps-tier-read-<stream>``), one at a time in the order asked. ``answer(read, chunk, failed)``
+    is called on that thread with the records (None: the store does not hold ``read.start``), or
+    ``failed`` when the store or ZooKeeper did not answer; the loop takes the answers from there."""
+
+    def __init__(self, name: str, reader: TierReader, answer: Callable[[Any, Chunk | None, bool], None], *,
+                 refresh_s: float = ROUND_INTERVAL_S) -> None:  # fmt: skip
+        self.name, self.reader, self.answer, self.refresh_s = name, reader, answer, refresh_s
+        self.reads = 0  #: reads answered with records
+        self._asks: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._refreshed = -float("inf")
+        self._thread = threading.Thread(target=self._run, name=f"zeps-tier-read-{name}", daemon=True)
+
+    def start(self) -> TierServe:
+        self._thread.start()
+        return self
+
+    def ask(self, read: Any) -> None:
+        self._asks.put(read)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._asks.put(None)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self.reader.close()
+
+    def _run(self) -> None:
+        while (read := self._asks.get()) is not None:
+            try:
+                chunk = self._read(read)
+            except (CoordinationError, ZepsError, OSError) as exc:  # the subscription asks again later
+                log.warning("tiering %s: reading records from %d in the store: %s", self.name, read.start, exc)
+                self.answer(read, None, True)
+                continue
+            except Exception:  # a bug: the subscription must not wait for ever
+                log.exception("tiering %s: reading records from %d in the store", self.name, read.start)
+                self.answer(read, None, True)
+                continue
+            self.reads += chunk is not None
+            self.answer(read, chunk, False)
+
+    def _read(self, read: Any) -> Chunk | None:
+        """The records, the manifest read again when it is old, or when it does not name ``read.start``."""
+        fresh = time.monotonic() - self._refreshed < self.refresh_s
+        if not fresh:
+            self.reader.refresh()
+            self._refreshed = time.monotonic()
+        chunk = self.reader.read_chunk(read.start, max_bytes=read.max_bytes, max_records=read.max_records,
+                                       end=read.end)  # fmt: skip
+        if chunk is None and fresh:  # uploaded since the manifest was read: once more, read again
+            self.reader.refresh()
+            self._refreshed = time.monotonic()
+            chunk = self.reader.read_chunk(read.start, max_bytes=read.max_bytes, max_records=read.max_records,
+                                           end=read.end)  # fmt: skip
+        return chunk
