@@ -2,7 +2,8 @@
 S3 store, the credentials a Secret the operator hands to the brokers with envFrom), a publisher Job,
 and then quiet. The leader's pod closes its idle segment and uploads it; only the leader uploads; every
 replica learns from the manifest in ZooKeeper that the store holds it and deletes it from its volume
-(local retention of a second); a reader pod reads every record back from the store, in order. Nothing
+(local retention of a second); a reader pod reads every record back from the store, in order, and the
+CLI's replay from 0 gets every record through the broker, which serves them from the store. Nothing
 is mocked."""
 
 from __future__ import annotations
@@ -99,3 +100,8 @@ def test_a_tiered_stream_s_leader_pod_uploads_every_replica_trims_behind_the_sto
     report = json_lines(app.wait_succeeded("tier-reader", timeout=240))[-1]
     print("\nFIGURE " + json.dumps({"tiered": report, "leader": leader}), flush=True)
     assert report == {"records": COUNT, "in_order": True}
+
+    # the CLI's replay from 0, through the leader, which serves the store's part itself
+    app.run_pod("replayer", f"exec zeps --json stream replay ledger --since 0 --count {COUNT} --timeout 120")
+    replayed = [m["body"] for m in json_lines(app.wait_succeeded("replayer", timeout=240))]
+    assert replayed == [str(n) for n in range(1, COUNT + 1)], f"{len(replayed)} replayed"
