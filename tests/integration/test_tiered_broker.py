@@ -50,6 +50,12 @@ def _publish(endpoint: str, first: int, count: int) -> None:
             client.flush()
 
 
+def _publish_one(endpoint: str, body: bytes) -> None:
+    with StreamClient(endpoint, "orders") as client:
+        client.publish("order.0", body)
+        client.flush()
+
+
 def _sample(broker: BrokerServer, name: str) -> float:
     value = broker.registry.get_sample_value(name, {"stream": "orders"})
     assert value is not None, f"{name} is not exported"
@@ -188,7 +194,11 @@ def test_past_its_backlog_limit_a_tiered_broker_refuses_publishes_and_takes_them
         own_seaweedfs.stop()
         publisher = StreamClient(broker.endpoint, "orders", timeout=30).connect()
         refusal = None
-        for first in range(1, 2001, 20):  # bounded: the limit is a few segments of 20-record publishes
+        # the broker looks at its backlog once a tick (a second): publishing goes on until then, bounded
+        deadline = time.monotonic() + CATCH_UP_S
+        for first in range(1, 200_001, 20):
+            if time.monotonic() > deadline:
+                break
             try:
                 publisher.publish_many((f"order.{i % 5}", b"order-%05d" % i) for i in range(first, first + 20))
                 publisher.flush()
@@ -197,7 +207,7 @@ def test_past_its_backlog_limit_a_tiered_broker_refuses_publishes_and_takes_them
                 break
             confirmed = first + 19
         assert refusal is not None, "publishes were never refused"
-        # refused within the bound of the loop (2,000 records, about 60 segments), not before the limit
+        # refused within the loop's bounds, and not before the limit
         assert "wait for the object store, more than its limit of 6000" in str(refusal), refusal
         assert confirmed * 40 > 6000, f"refused after {confirmed} records only"
         with contextlib.suppress(PublishRefusedError):
@@ -281,7 +291,8 @@ def test_a_quiet_stream_s_records_reach_the_store_once_its_segment_is_idle(
     zookeeper: ZooKeeperHarness, seaweedfs_server: SeaweedFS, s3_url: str, tmp_path: Path
 ) -> None:
     """30 records, far from filling a segment, then nothing: the broker closes the idle segment
-    (``segment_idle_ms``) and uploads it, and the volume keeps nothing of them."""
+    (``segment_idle_ms``) and uploads it, and the volume keeps nothing of them. A subscriber from 0
+    then gets all 30 from the store, past the durable tail, and goes live for the next record."""
     tiered = Tiering(s3_url, endpoint=seaweedfs_server.endpoint, segment_idle_ms=1000)
     broker = BrokerServer(
         BrokerConfig(tmp_path / "data", ("orders",), journal=JournalConfig(fsync="always", retention_bytes=1)),
@@ -296,7 +307,20 @@ def test_a_quiet_stream_s_records_reach_the_store_once_its_segment_is_idle(
                    what="the idle segment's 30 records in the store")  # fmt: skip
         wait_until(lambda: broker.core.streams["orders"].journal.first_sequence == 31, timeout=CATCH_UP_S,
                    what="the volume to let them go")  # fmt: skip
+        # the volume holds no record: a subscriber from 0 gets the store's 30, then goes live
+        with StreamClient(broker.endpoint, "orders", timeout=30) as reader:
+            reader.start("", since=Seq(0))
+            got: list[tuple[int, bytes]] = []
+            deadline = time.monotonic() + CATCH_UP_S
+            while len(got) < 30 and time.monotonic() < deadline:
+                got += [(m.sequence, m.body) for m in reader.receive_many(0.5)]
+            _publish_one(broker.endpoint, b"order-00031")
+            while len(got) < 31 and time.monotonic() < deadline:
+                got += [(m.sequence, m.body) for m in reader.receive_many(0.5)]
+            got += [(m.sequence, m.body) for m in reader.receive_many(0.7)]  # a negative check: nothing twice
+        assert got == [(i, b"order-%05d" % i) for i in range(1, 32)]
+        assert broker.failure is None, broker.failure
     finally:
         broker.stop()
     records = _everything(zookeeper, tiered, tmp_path / "data", tmp_path / "cache")
-    assert [r.body for r in records] == [b"order-%05d" % i for i in range(1, 31)]
+    assert [r.body for r in records] == [b"order-%05d" % i for i in range(1, 32)]

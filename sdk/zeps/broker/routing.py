@@ -394,8 +394,8 @@ class Routing(BrokerState):
                 continue
             stream = session.stream
             last = stream.routed if sub.end is None else sub.end
-            if sub.cursor > last:  # a fetch all of whose range went out
-                self._end_fetch(sub)
+            if sub.cursor > last:  # a fetch all of whose range went out (a subscription past the tail: live)
+                self._requeue(sub)
                 continue
             if self._ask_store(sub, last, budget):
                 continue
@@ -419,17 +419,8 @@ class Routing(BrokerState):
             first = stream.journal.first_sequence
             if sub.cursor < first:  # retention removed what it missed
                 sub.cursor = sub.start = first
-            if stalled:
-                continue  # out of credit: CREDIT puts it back in line
-            if sub.end is not None:
-                if sub.cursor > sub.end:
-                    self._end_fetch(sub)
-                else:
-                    self._lagging.append(sub)
-            elif sub.cursor > stream.routed:
-                self._go_live(sub)
-            else:
-                self._lagging.append(sub)
+            if not stalled:  # out of credit: CREDIT puts it back in line
+                self._requeue(sub)
         out = list(self._pending)
         self._pending.clear()
         return out
@@ -477,6 +468,20 @@ class Routing(BrokerState):
                 item.replayed = True
                 stream.messages_replayed += item.count
         if not stalled:  # out of credit: CREDIT puts it back in line
+            self._requeue(sub)
+
+    def _requeue(self, sub: Subscription) -> None:
+        """Where a subscription goes after a replay that did not stall: a fetch past its range ends, a
+        subscription past the durable tail goes live (the store's records may take it there), any
+        other back in the replay line."""
+        if sub.end is not None:
+            if sub.cursor > sub.end:
+                self._end_fetch(sub)
+            else:
+                self._lagging.append(sub)
+        elif sub.cursor > sub.session.stream.routed:
+            self._go_live(sub)
+        else:
             self._lagging.append(sub)
 
     def _replay(self, sub: Subscription, chunk: Chunk) -> bool:
