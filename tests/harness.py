@@ -506,3 +506,20 @@ def fresh_py4j_connection(session: Any) -> None:
     # is looked up through it: DATA_SOURCE_NOT_FOUND without)
     session._get_j_spark_session_class(session._jvm).setActiveSession(session._jsparkSession)
     session.sparkContext.cancelAllJobs()
+
+
+def tiered_records(reader: Any, journal: Any, *, start: int = 1, max_bytes: int = 1 << 20) -> list[Record]:
+    """Every record of a tiered stream from ``start``: the object store's part (``reader``, a
+    TierReader, in chunks of ``max_bytes``) below the journal's first record, then the journal's."""
+    reader.refresh()
+    out: list[Record] = []
+    at = start
+    while at < journal.first_sequence:
+        chunk = reader.read_chunk(at, max_bytes=max_bytes, end=journal.first_sequence - 1)
+        assert chunk is not None, f"neither the store nor the journal holds record {at}"
+        out += chunk.records()
+        at = chunk.last + 1
+    while (local := journal.read_chunk(at)) is not None:
+        out += local.records()
+        at = local.last + 1
+    return out

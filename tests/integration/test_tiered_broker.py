@@ -13,7 +13,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness import ReplicaSet, ZooKeeperHarness
+from harness import ReplicaSet, ZooKeeperHarness, tiered_records
 from zeps.batchstore import open_store
 from zeps.broker import BrokerConfig, BrokerServer, Registration
 from zeps.broker.tiering import Tiering
@@ -69,18 +69,7 @@ def _everything(zookeeper: ZooKeeperHarness, tiered: Tiering, data: Path, cache:
                         cache=cache)  # fmt: skip
     journal = Journal(data / "orders", JOURNAL).open()
     try:
-        reader.refresh()
-        out: list[Record] = []
-        at = 1
-        while at < journal.first_sequence:
-            chunk = reader.read_chunk(at, max_bytes=4000, end=journal.first_sequence - 1)
-            assert chunk is not None, f"neither the store nor the volume holds record {at}"
-            out += chunk.records()
-            at = chunk.last + 1
-        while (local := journal.read_chunk(at)) is not None:
-            out += local.records()
-            at = local.last + 1
-        return out
+        return tiered_records(reader, journal, max_bytes=4000)
     finally:
         journal.close()
         reader.close()

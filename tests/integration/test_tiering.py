@@ -17,10 +17,10 @@ import obstore
 import pytest
 from obstore.store import S3Store
 
-from harness import ZooKeeperHarness
+from harness import ZooKeeperHarness, tiered_records
 from zeps.batchstore import BatchStore, FileBatchStore, ForeignObjectError, Prefetch, open_store
 from zeps.coordination.fenced import FencedError
-from zeps.journal import Journal, JournalConfig, Record
+from zeps.journal import Journal, JournalConfig
 from zeps.paths import StreamPaths
 from zeps.tiering import State, TierReader, TierUploader, read_manifest, tiered_to
 from zeps.tiering.manifest import encode_entry
@@ -55,22 +55,6 @@ def _drain(uploader: TierUploader, j: Journal, commit: int) -> int:
         if result.uploaded is None:
             return result.tiered_to
     raise AssertionError("uploads did not end")
-
-
-def _replay(reader: TierReader, j: Journal, start: int = 1) -> list[Record]:
-    """Every record from ``start``: from the store below the journal's first, then the journal's."""
-    reader.refresh()
-    out: list[Record] = []
-    at = start
-    while at < j.first_sequence:
-        chunk = reader.read_chunk(at, max_bytes=700, end=j.first_sequence - 1)
-        assert chunk is not None, f"the store lacks {at}"
-        out += chunk.records()
-        at = chunk.last + 1
-    while (local := j.read_chunk(at)) is not None:
-        out += local.records()
-        at = local.last + 1
-    return out
 
 
 def _bodies(reader: TierReader) -> list[bytes]:
@@ -111,7 +95,7 @@ def test_committed_runs_go_to_s3_and_a_replay_from_0_after_local_deletion_reads_
     assert j.first_sequence == closed[-1].last + 1
 
     reader = TierReader(zookeeper.client(), _paths(zookeeper), store, cache=tmp_path / "cache")
-    replayed = _replay(reader, j)
+    replayed = tiered_records(reader, j, max_bytes=700)
     assert [(r.key, r.body, r.timestamp_ms) for r in replayed] == written
     assert [r.sequence for r in replayed] == list(range(1, 401))
     assert reader.seek_time(10_000 + 57) == 57
@@ -182,7 +166,7 @@ def test_an_uploader_that_dies_at_any_step_leaves_what_the_next_leader_cleans_or
         assert done == j.closed_segments()[-1].last
         j.apply_retention(tiered_to=done)
         reader = TierReader(zookeeper.client(), _paths(zookeeper), FileBatchStore(url))
-        assert [(r.key, r.body, r.timestamp_ms) for r in _replay(reader, j)] == written
+        assert [(r.key, r.body, r.timestamp_ms) for r in tiered_records(reader, j, max_bytes=700)] == written
     j.close()
 
 
@@ -244,7 +228,7 @@ def test_the_store_stopped_under_writes_loses_nothing_and_the_backlog_drains_whe
     assert (result.backlog_segments, result.backlog_bytes, result.delay_s) == (0, 0, 0.0)
     j.apply_retention(tiered_to=done)
     reader = TierReader(zookeeper.client(), _paths(zookeeper), store)
-    assert [(r.key, r.body, r.timestamp_ms) for r in _replay(reader, j)] == written
+    assert [(r.key, r.body, r.timestamp_ms) for r in tiered_records(reader, j, max_bytes=700)] == written
     j.close()
 
 
@@ -316,7 +300,7 @@ def test_a_replay_reading_forward_gets_each_object_once_the_next_one_begun_ahead
     store = _Counting(url)
     reader = TierReader(zookeeper.client(), _paths(zookeeper), store)
     try:
-        assert [(r.key, r.body, r.timestamp_ms) for r in _replay(reader, j)] == written
+        assert [(r.key, r.body, r.timestamp_ms) for r in tiered_records(reader, j, max_bytes=700)] == written
     finally:
         reader.close()
     objects = [f"{e.key}.batch" for e in reader.refresh()]
