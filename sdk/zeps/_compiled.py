@@ -41,6 +41,8 @@ COMPILED = (
     "zeps.journal.appending",
     "zeps.journal.reading",
     "zeps.journal.copying",
+    "zeps.journal.cleaned",
+    "zeps.journal.compaction",
     "zeps.journal.log",
     "zeps.broker.appends",
     "zeps.broker.config",

@@ -10,6 +10,7 @@ A :class:`ReplicaSlice` is the same for a follower: a leader's segment bytes as 
 from __future__ import annotations
 
 import bisect
+import itertools
 from array import array
 from dataclasses import dataclass
 
@@ -33,14 +34,22 @@ class Record:
 
 
 class Chunk:
-    """Consecutive records ``first .. last`` as stored: ``data[offsets[i]:offsets[i + 1]]`` is the
-    record with sequence ``first + i`` and key ``keys[i]`` (keys are read from the data when first
-    asked for: a replay to a subscription that takes every key never needs them)."""
+    """Records as stored: ``data[offsets[i]:offsets[i + 1]]`` is record ``i``, with key ``keys[i]``
+    (keys are read from the data when first asked for: a replay to a subscription that takes every key
+    never needs them) and sequence :meth:`sequence` ``(i)``: ``first + i``, or ``sequences[i]`` for a
+    chunk read from a compacted segment, whose records have gaps between them."""
 
-    __slots__ = ("_keys", "data", "first", "offsets")
+    __slots__ = ("_keys", "data", "first", "offsets", "sequences")
 
-    def __init__(self, first: int, data: bytes, offsets: array[int], keys: list[str] | None = None) -> None:
-        self.first, self.data, self.offsets, self._keys = first, data, offsets, keys
+    def __init__(
+        self,
+        first: int,
+        data: bytes,
+        offsets: array[int],
+        keys: list[str] | None = None,
+        sequences: array[int] | None = None,
+    ) -> None:
+        self.first, self.data, self.offsets, self._keys, self.sequences = first, data, offsets, keys, sequences
 
     @property
     def keys(self) -> list[str]:
@@ -52,7 +61,11 @@ class Chunk:
 
     @property
     def last(self) -> int:
-        return self.first + len(self.offsets) - 2
+        return self.first + len(self.offsets) - 2 if self.sequences is None else self.sequences[-1]
+
+    def sequence(self, i: int) -> int:
+        """The sequence of record ``i``."""
+        return self.first + i if self.sequences is None else self.sequences[i]
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -71,8 +84,9 @@ class Chunk:
             return self
         base = self.offsets[begin]
         keys = None if self._keys is None else self._keys[begin:end]
-        return Chunk(self.first + begin, self.data[base : self.offsets[end]],
-                     array("I", [o - base for o in self.offsets[begin : end + 1]]), keys)  # fmt: skip
+        sequences = None if self.sequences is None else self.sequences[begin:end]
+        return Chunk(self.sequence(begin), self.data[base : self.offsets[end]],
+                     array("I", [o - base for o in self.offsets[begin : end + 1]]), keys, sequences)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,4 +121,9 @@ def join_chunks(parts: list[Chunk]) -> Chunk:
     for part in parts:
         offsets.extend(o + base for o in part.offsets[1:])
         base += len(part.data)
-    return Chunk(parts[0].first, b"".join(p.data for p in parts), offsets, [k for p in parts for k in p.keys])
+    sequences = None
+    gapped = any(p.sequences is not None for p in parts)
+    if gapped or any(b.first != a.last + 1 for a, b in itertools.pairwise(parts)):
+        sequences = array("Q", (p.sequence(i) for p in parts for i in range(len(p))))
+    return Chunk(parts[0].first, b"".join(p.data for p in parts), offsets, [k for p in parts for k in p.keys],
+                 sequences)  # fmt: skip

@@ -4,7 +4,8 @@ A journal is built in layers, one concept a module, each a subclass of the one b
 :mod:`~zeps.journal.segments` (the files' formats), :mod:`~zeps.journal.recovery` (opening,
 recovery, seals), :mod:`~zeps.journal.appending` (appends, rolls, the fsync policy),
 :mod:`~zeps.journal.reading` (chunks from the tail cache or disk), :mod:`~zeps.journal.copying` (a
-follower's byte-for-byte copy) and this one, :class:`Journal`, with retention.
+follower's byte-for-byte copy), :mod:`~zeps.journal.compaction` (the latest record per key) and this
+one, :class:`Journal`, with retention.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import time
 
 from zeps.journal.chunks import Chunk, Record, ReplicaSlice
+from zeps.journal.compaction import Compacting, CompactionReport
 from zeps.journal.config import (
     DEFAULT_MAX_PRODUCERS,
     DEFAULT_PRODUCER_TTL_MS,
@@ -21,7 +23,6 @@ from zeps.journal.config import (
     JournalError,
     JournalWriteError,
 )
-from zeps.journal.copying import Copying
 from zeps.journal.segments import ClosedSegment
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "DEFAULT_PRODUCER_TTL_MS",
     "Chunk",
     "ClosedSegment",
+    "CompactionReport",
     "FsyncPolicy",
     "Journal",
     "JournalConfig",
@@ -41,7 +43,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class Journal(Copying):
+class Journal(Compacting):
     """One stream's journal. The broker's single writer calls ``append``; readers call ``read``."""
 
     def closed_segments(self) -> list[ClosedSegment]:
@@ -64,8 +66,8 @@ class Journal(Copying):
         tiered stream's (``tiered_to``: the object store holds every record up to it) keeps a segment
         until the store holds all of it, whatever its age or size."""
         now = int(time.time() * 1000) if now_ms is None else now_ms
-        removed = []
-        while len(self._segments) > 1:
+        removed: list[int] = []
+        while len(self._segments) > 1 and self.config.deletes:
             oldest = self._segments[0]
             if tiered_to is not None and oldest.last_seq > tiered_to:
                 break

@@ -77,8 +77,18 @@ class Reading(Appending):
         """Records ``start ..`` (at most to ``end`` and to the end of its segment) from disk: where
         they start comes from the segment's .off file, so this costs two preads and no Python work
         per record beyond the slice of offsets. A sequence lost with a damaged closed segment reads
-        as the next segment's first (like a gap retention left); None if nothing of ``start .. end``
-        is left."""
+        as the next segment's first (like a gap retention left), and so does one compacted away;
+        None if nothing of ``start .. end`` is left."""
+        while start <= end:
+            found = self._read_segment(start, end, max_records, max_bytes)
+            if not isinstance(found, int):
+                return found
+            start = found  # a compacted segment kept nothing before this sequence
+        return None
+
+    def _read_segment(self, start: int, end: int, max_records: int, max_bytes: int) -> Chunk | int | None:
+        """:meth:`_read_disk` within the segment holding ``start``; the sequence to go on from if a
+        compacted segment kept none of the records asked for."""
         i = bisect.bisect_right(self._segments, start, key=attrgetter("base")) - 1
         seg = self._segments[max(i, 0)]
         while start > seg.last_seq and i + 1 < len(self._segments):
@@ -96,43 +106,54 @@ class Reading(Appending):
             starts.append(seg.size)  # the segment's last record ends where the segment does
         if len(starts) < last - start + 2:
             raise JournalError(f"journal {self.name}: {seg.offsets_path.name} lacks sequences {start}..{last}")
+        sequences = None
+        if seg.gapped:  # a sequence compacted away starts where the next kept one does
+            starts, sequences = _kept(starts, start)
+            if len(sequences) == 0:  # (not ``not sequences``: compiled, that tests for None only)
+                return last + 1
         count = max(bisect.bisect_right(starts, starts[0] + max_bytes) - 1, 1)
         base = starts[0]
         data = self._readers.pread(seg.path, starts[count] - base, base)
         if seg.verified_to < starts[count]:  # a sealed segment: its records are checked as first read
-            good = self._verify(seg, start, data, starts, count)
+            good = self._verify(seg, start, data, starts, count=count, sequences=sequences)
             if good == 0:  # the first record asked for is damaged: the segment ends before it
                 return self._read_disk(start, end, max_records, max_bytes)
             count = good
         if count + 1 < len(starts):
             del starts[count + 1 :]
+            if sequences is not None:
+                del sequences[count:]
         first_mark = bisect.bisect_left(seg.marks, base, key=itemgetter(0))
         if first_mark < len(seg.marks) and seg.marks[first_mark][0] < starts[count]:
             data, starts = cut_marks(data, base, starts, seg.marks[first_mark:])
         elif base:
             starts = array("I", [o - base for o in starts])
-        return Chunk(start, data, starts)
+        return Chunk(start if sequences is None else sequences[0], data, starts, sequences=sequences)
 
-    def _verify(self, seg: Segment, start: int, data: bytes, starts: array[int], count: int) -> int:
+    def _verify(
+        self, seg: Segment, start: int, data: bytes, starts: array[int], *, count: int, sequences: array[int] | None
+    ) -> int:
         """Check the CRCs of records ``start ..`` of a closed segment, read as ``data`` (from offset
-        ``starts[0]``; ``starts[i]`` is record ``start + i``'s offset): how many of the ``count`` are
-        intact. At a damaged one the segment is cut in memory (reads skip to the next segment, as
-        after a damaged segment at open) and an error is logged; the file is left for inspection."""
+        ``starts[0]``; ``starts[i]`` is record ``start + i``'s offset, or ``sequences[i]``'s in a
+        compacted one): how many of the ``count`` are intact. At a damaged one the segment is cut in
+        memory (reads skip to the next segment, as after a damaged segment at open) and an error is
+        logged; the file is left for inspection."""
         base, view, unpack, crc = starts[0], memoryview(data), RECORD.unpack_from, crc32c.crc32c
         for i in range(count):
+            expected = start + i if sequences is None else sequences[i]
             at = starts[i] - base
             intact = at + OVERHEAD <= len(data)
             if intact:
                 length, checksum, sequence, _, _ = unpack(data, at)
                 end = at + 4 + length
-                intact = end <= len(data) and sequence == start + i and crc(view[at + 8 : end]) == checksum
+                intact = end <= len(data) and sequence == expected and crc(view[at + 8 : end]) == checksum
             if not intact:
                 log.error("journal %s: segment %s: record %d (offset %d) is damaged; sequences %d..%d of this segment "
-                          "are not served", self.name, seg.path.name, start + i, starts[i], start + i,
+                          "are not served", self.name, seg.path.name, expected, starts[i], expected,
                           seg.last_seq)  # fmt: skip
-                self.damaged_records += seg.last_seq - (start + i) + 1
-                seg.last_seq, seg.size = start + i - 1, starts[i]
-                del seg.index[bisect.bisect_left(seg.index, start + i, key=itemgetter(0)) :]
+                self.damaged_records += seg.last_seq - expected + 1
+                seg.last_seq, seg.size = expected - 1, starts[i]
+                del seg.index[bisect.bisect_left(seg.index, expected, key=itemgetter(0)) :]
                 return i
         if base <= seg.verified_to:
             seg.verified_to = max(seg.verified_to, starts[count])
@@ -155,3 +176,16 @@ class Reading(Appending):
                         return record.sequence
                 seq = batch[-1].sequence + 1
         return self._next
+
+
+def _kept(starts: array[int], start: int) -> tuple[array[int], array[int]]:
+    """A compacted segment's .off entries for sequences ``start ..`` (and where the last ends) as the
+    kept records' starts (and where the last ends) and their sequences: a sequence compacted away has
+    the entry of the next kept one."""
+    kept, sequences = array("I"), array("Q")
+    for j in range(len(starts) - 1):
+        if starts[j] < starts[j + 1]:
+            kept.append(starts[j])
+            sequences.append(start + j)
+    kept.append(starts[-1])
+    return kept, sequences

@@ -27,12 +27,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Self
 
-import crc32c
-
 from zeps._records import RECORD
 from zeps.journal._files import fsync_path
 from zeps.journal.checkpoint import CommitCheckpoint
 from zeps.journal.chunks import Chunk
+from zeps.journal.cleaned import finish_compaction
 from zeps.journal.config import (
     JournalConfig,
 )
@@ -42,12 +41,10 @@ from zeps.journal.segments import (
     INDEX,
     NAME_DIGITS,
     OFFSET,
-    SEAL_CRC,
-    SEAL_HEAD,
-    SEAL_MAGIC,
-    SEAL_MARK,
     Readers,
     Segment,
+    dense_offsets,
+    encode_seal,
     read_seal,
     walk_segment,
 )
@@ -133,6 +130,7 @@ class SegmentFiles:
 
     def open(self) -> Self:
         self.directory.mkdir(parents=True, exist_ok=True)
+        finish_compaction(self.directory)
         bases = sorted(int(p.stem) for p in self.directory.glob("*.log") if p.stem.isdigit())
         for base in bases[:-1]:  # closed segments: their seal, else a full read (which seals them)
             seg = self._load_sealed(base)
@@ -190,7 +188,8 @@ class SegmentFiles:
         path = self._log_path(base)
         seg = Segment(base, path, last_seq=base - 1)
         data = path.read_bytes()
-        starts, marks, good_end = walk_segment(data, base)  # what follows the first bad entry is dropped
+        # what follows the first bad entry is dropped; a closed segment may have been compacted (gaps)
+        starts, marks, good_end = walk_segment(data, base, gaps=not last)
         since_index = self.config.index_interval_bytes  # index the first record
         for offset in starts:
             length, _, sequence, timestamp, _ = RECORD.unpack_from(data, offset)
@@ -219,7 +218,9 @@ class SegmentFiles:
             log.warning("journal %s: a closed segment was damaged; later segments continue from their names", self.name)
         seg.size = seg.verified_to = good_end
         self._write_index(seg)
-        seg.offsets_path.write_bytes(starts.tobytes())
+        dense = dense_offsets(data, starts, base, seg.last_seq, good_end)
+        seg.gapped = dense is not starts
+        seg.offsets_path.write_bytes(dense.tobytes())
         return seg
 
     def _load_sealed(self, base: int) -> Segment | None:
@@ -239,26 +240,24 @@ class SegmentFiles:
         if sealed is None:
             log.warning("journal %s: the seal of %s is damaged; reading the segment whole", self.name, path.name)
             return None
-        seal_size, last_seq, last_ts, entries, marks = sealed
+        seal_size, last_seq, last_ts, entries, marks, gapped = sealed
         records = last_seq - base + 1
         if (seal_size, off_size, len(idx)) != (size, records * OFFSET, entries * INDEX.size) or records < 0:
             log.warning("journal %s: %s does not match its seal (size %d, offsets %d, index %d); reading it whole",
                         self.name, path.name, size, off_size, len(idx))  # fmt: skip
             return None
         index = list(INDEX.iter_unpack(idx))
-        return Segment(base, path, size=size, last_seq=last_seq, last_ts=last_ts, index=index, marks=marks)
+        return Segment(base, path, size=size, last_seq=last_seq, last_ts=last_ts, index=index, marks=marks,
+                       gapped=gapped)  # fmt: skip
 
     def _seal(self, seg: Segment) -> None:
         """Write ``seg``'s seal, once it is closed and its files are durable: what :meth:`_load_sealed`
         reads instead of the records (size, last record, producer marks, index length), with a CRC."""
         for sibling in (seg.offsets_path, seg.path.with_suffix(".idx")):
             fsync_path(sibling)
-        body = SEAL_HEAD.pack(SEAL_MAGIC, seg.size, seg.last_seq, seg.last_ts, len(seg.index), len(seg.marks))
-        body += b"".join(SEAL_MARK.pack(*mark) for mark in seg.marks)
-        raw = body + SEAL_CRC.pack(crc32c.crc32c(body))
         fd = os.open(seg.path.with_suffix(".seal"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            self._flush(fd, memoryview(raw))
+            self._flush(fd, memoryview(encode_seal(seg)))
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -43,6 +43,7 @@ __all__ = [
     "SEAL_CRC",
     "SEAL_HEAD",
     "SEAL_MAGIC",
+    "SEAL_MAGIC_GAPPED",
     "SEAL_MARK",
     "ClosedSegment",
     "IndexFile",
@@ -50,6 +51,8 @@ __all__ = [
     "Savepoint",
     "Segment",
     "cut_marks",
+    "dense_offsets",
+    "encode_seal",
     "read_records",
     "read_seal",
     "walk_segment",
@@ -62,6 +65,7 @@ OFFSET = array("I").itemsize  # bytes per entry of a .off file
 # a closed segment's seal (.seal): magic, size, last sequence, last timestamp, index entries, marks,
 # then each mark's (start, end), then a CRC32C of all that
 SEAL_MAGIC = b"ZEPSEAL1"
+SEAL_MAGIC_GAPPED = b"ZEPSEALC"  # the same, of a compacted segment
 SEAL_HEAD = struct.Struct("!8sQQQII")
 SEAL_MARK = struct.Struct("!QQ")
 SEAL_CRC = struct.Struct("!I")
@@ -78,6 +82,9 @@ class Segment:
     index: list[tuple[int, int, int]] = field(default_factory=list)  # (seq, ts, offset)
     marks: list[tuple[int, int]] = field(default_factory=list)  # producer marks: (start, end) offsets
     verified_to: int = 0  # offset up to which its records' CRCs were checked (a sealed one: as they are read)
+    #: compacted (:mod:`zeps.journal.compaction`): sequences base .. last_seq with gaps where records
+    #: were removed; its .off entry for a removed sequence is where the next kept record starts
+    gapped: bool = False
 
     @property
     def offsets_path(self) -> Path:
@@ -171,11 +178,14 @@ class IndexFile:
         return bisect.bisect_right(range(self.count), offset, key=self.__getitem__)
 
 
-def walk_segment(data: bytes, base: int) -> tuple[array[int], list[tuple[int, int, int, dict[str, Producer]]], int]:
+def walk_segment(
+    data: bytes, base: int, *, gaps: bool = False
+) -> tuple[array[int], list[tuple[int, int, int, dict[str, Producer]]], int]:
     """(record starts, producer marks as (start, end, kind, producers), where the intact part ends) of
     a segment whose first record is ``base``. Intact: each entry's length fits and its CRC32C matches;
-    records have the sequences base, base + 1, …; a mark sits where the sequence before it ended and
-    decodes; and the last group has all its records (else it is cut off, mark included)."""
+    records have the sequences base, base + 1, … (with ``gaps``, a closed segment that may have been
+    compacted: increasing sequences from ``base`` on); a mark sits where the sequence before it ended
+    and decodes; and the last group has all its records (else it is cut off, mark included)."""
     starts, marks = array("I"), list[tuple[int, int, int, dict[str, Producer]]]()
     offset, size, expect = 0, len(data), base
     group_at, missing = 0, 0  # the last group mark, and its records not seen yet
@@ -195,10 +205,10 @@ def walk_segment(data: bytes, base: int) -> tuple[array[int], list[tuple[int, in
             marks.append((offset, end, kind, producers))
             group_at, missing = offset, follows
         else:
-            if offset + OVERHEAD + klen > end or sequence != expect:
+            if offset + OVERHEAD + klen > end or sequence < expect or (sequence != expect and not gaps):
                 break
             starts.append(offset)
-            expect += 1
+            expect = sequence + 1
             missing = max(missing - 1, 0)
         offset = end
     if missing:  # the last group's records did not all reach the disk: drop the group, mark included
@@ -208,18 +218,41 @@ def walk_segment(data: bytes, base: int) -> tuple[array[int], list[tuple[int, in
     return starts, marks, offset
 
 
-def read_seal(raw: bytes) -> tuple[int, int, int, int, list[tuple[int, int]]] | None:
-    """(size, last sequence, last timestamp, index entries, marks) of a seal; None if it is damaged."""
+def read_seal(raw: bytes) -> tuple[int, int, int, int, list[tuple[int, int]], bool] | None:
+    """(size, last sequence, last timestamp, index entries, marks, whether it is compacted) of a seal;
+    None if it is damaged."""
     if len(raw) < SEAL_HEAD.size + SEAL_CRC.size:
         return None
     body, (crc,) = raw[: -SEAL_CRC.size], SEAL_CRC.unpack_from(raw, len(raw) - SEAL_CRC.size)
     if crc32c.crc32c(body) != crc:
         return None
     magic, size, last_seq, last_ts, entries, count = SEAL_HEAD.unpack_from(body)
-    if magic != SEAL_MAGIC or len(body) != SEAL_HEAD.size + count * SEAL_MARK.size:
+    if magic not in (SEAL_MAGIC, SEAL_MAGIC_GAPPED) or len(body) != SEAL_HEAD.size + count * SEAL_MARK.size:
         return None
     marks = [(int(a), int(b)) for a, b in SEAL_MARK.iter_unpack(body[SEAL_HEAD.size :])]
-    return size, last_seq, last_ts, entries, marks
+    return size, last_seq, last_ts, entries, marks, magic == SEAL_MAGIC_GAPPED
+
+
+def encode_seal(seg: Segment) -> bytes:
+    """A closed segment's seal (see :func:`read_seal`)."""
+    magic = SEAL_MAGIC_GAPPED if seg.gapped else SEAL_MAGIC
+    body = SEAL_HEAD.pack(magic, seg.size, seg.last_seq, seg.last_ts, len(seg.index), len(seg.marks))
+    body += b"".join(SEAL_MARK.pack(*mark) for mark in seg.marks)
+    return body + SEAL_CRC.pack(crc32c.crc32c(body))
+
+
+def dense_offsets(data: bytes, starts: array[int], base: int, last: int, end: int) -> array[int]:
+    """A segment's .off entries for sequences ``base .. last`` from its records' ``starts`` in ``data``
+    (which ends at ``end``): each sequence's record start, or for a sequence compacted away, where the
+    next kept record starts (``end`` past the last one). Without gaps this is ``starts``."""
+    if len(starts) == last - base + 1:
+        return starts
+    out, sequence_at = array("I"), _META.unpack_from
+    for offset in starts:
+        sequence = sequence_at(data, offset + 8)[0]
+        out.extend([offset] * (sequence - base + 1 - len(out)))
+    out.extend([end] * (last - base + 1 - len(out)))
+    return out
 
 
 def cut_marks(data: bytes, base: int, starts: array[int], marks: list[tuple[int, int]]) -> tuple[bytes, array[int]]:
@@ -246,22 +279,25 @@ def cut_marks(data: bytes, base: int, starts: array[int], marks: list[tuple[int,
 def read_records(segment: ClosedSegment, first: int, last: int) -> tuple[bytes, array[int]]:
     """The records ``first .. last`` of a closed segment as stored, without its producer marks (the
     bytes a DELIVER-BATCH carries), and where each starts in them (and where the last ends), read from
-    its file with a descriptor of its own (any thread may). JournalError if the file does not hold all
-    of them intact."""
+    its file with a descriptor of its own (any thread may). A compacted segment holds only the kept
+    records of that range. JournalError if the file does not hold all of them intact."""
     if not segment.first <= first <= last <= segment.last:
         raise JournalError(f"records {first}..{last} are not in segment {segment.first}..{segment.last}")
     try:
         data = segment.path.read_bytes()
     except OSError as exc:
         raise JournalError(f"segment {segment.path}: {exc.strerror or exc}") from None
-    starts, marks, end = walk_segment(data, segment.first)
-    if len(starts) < last - segment.first + 1:
-        raise JournalError(f"segment {segment.path} holds {len(starts)} intact records, not {segment.first}..{last}")
-    begin = starts[first - segment.first]
-    stop = starts[last - segment.first + 1] if last - segment.first + 1 < len(starts) else end
+    starts, marks, end = walk_segment(data, segment.first, gaps=True)
+    walked_to = _META.unpack_from(data, starts[-1] + 8)[0] if len(starts) else segment.first - 1
+    if walked_to < last and end < max(len(data), segment.size):
+        raise JournalError(f"segment {segment.path} holds intact records up to {walked_to}, "
+                           f"not {segment.first}..{last}")  # fmt: skip
+    dense = dense_offsets(data, starts, segment.first, segment.last, end)
+    begin = dense[first - segment.first]
+    stop = dense[last - segment.first + 1] if last < segment.last else end
     # marks between the records are cut out; one right after the last record is beyond ``stop`` already
     kept = [(a, b) for a, b, _, _ in marks if begin <= a < stop]
-    wanted = array("I", starts[first - segment.first : last - segment.first + 1])
+    wanted = array("I", starts[bisect.bisect_left(starts, begin) : bisect.bisect_left(starts, stop)])
     records, offsets = cut_marks(data[begin:stop], begin, wanted, kept)
     offsets.append(len(records))
     return records, offsets

@@ -1,0 +1,260 @@
+"""Compaction: a compacted journal keeps the latest record of each key.
+
+A journal whose ``cleanup`` includes ``compact`` rewrites its closed segments without the records a
+later record of the same key superseded. What readers see:
+
+* **Sequences never change and order is kept.** A compacted segment keeps its name, its first and last
+  sequence; the records it lost leave gaps (a read from a sequence compacted away starts at the next
+  kept one, as after retention). A reader from 0 sees at least the latest record of every key.
+* **A delete is a tombstone**: a record with an empty body. It supersedes the key's values like any
+  record, and is itself removed once it is ``tombstone_retention_ms`` old (by its own timestamp), so a
+  reader that starts within that window sees the delete.
+* **The active segment is never compacted**, and a key's latest record in it does not supersede
+  anything in the closed ones before the segment closes: a pass looks at closed segments only.
+
+When: a pass scans the closed segments (oldest first, mapping each key to its latest sequence, at most
+``compaction_max_keys`` keys: past that it stops and compacts the segments mapped so far) and starts
+rewriting only if the superseded share of their records (and expired tombstones) is at least
+``min_cleanable_ratio``. It scans again once a segment closes or a kept tombstone expires, not before.
+
+How: one segment at a time, its kept records are written beside it (``.cleaned`` files) and put in
+its place by :func:`~zeps.journal.cleaned.commit_cleaned`, so the disk holds at most one segment more
+than before, and a crash at any point leaves the old or the new segment whole (recovery finishes a
+committed swap). Reads and writes are held to ``compaction_bytes_per_s``. A compacted segment's
+producer marks become one snapshot at its start with the producers as they were at its end (what
+the marks it had added up to). Its .off file keeps an entry per sequence (a removed one points to
+the next kept record), so reads find any sequence with two preads as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from zeps._records import META, OVERHEAD, RECORD, encode_record
+from zeps.journal.cleaned import cleaned_path, commit_cleaned, write_durably
+from zeps.journal.config import JournalWriteError
+from zeps.journal.copying import Copying
+from zeps.journal.producers import MARK_TIMESTAMP, SNAPSHOT, Producer, encode_mark_body
+from zeps.journal.segments import INDEX, Segment, encode_seal, walk_segment
+
+__all__ = ["Compacting", "CompactionReport", "Throttle", "is_tombstone"]
+
+log = logging.getLogger(__name__)
+
+_TOMBSTONE_LENGTH = 4 + META.size  # a record's length field when its body is empty, beside its key
+
+
+def is_tombstone(length: int, key_length: int) -> bool:
+    """Whether a record with this length field and key length has an empty body: a delete."""
+    return length == _TOMBSTONE_LENGTH + key_length
+
+
+class Throttle:
+    """An I/O budget: :meth:`spend` sleeps as long as the bytes spent so far are ahead of
+    ``bytes_per_s`` (None: never sleeps). Clock and sleep are given, so a test runs it in no time."""
+
+    def __init__(
+        self,
+        bytes_per_s: int | None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.bytes_per_s, self.clock, self.sleep = bytes_per_s, clock, sleep
+        self.started, self.spent, self.slept = clock(), 0, 0.0
+
+    def spend(self, count: int) -> None:
+        self.spent += count
+        if self.bytes_per_s is None:
+            return
+        ahead = self.spent / self.bytes_per_s - (self.clock() - self.started)
+        if ahead > 0:
+            self.slept += ahead
+            self.sleep(ahead)
+
+
+@dataclass
+class CompactionReport:
+    """What one pass found and did."""
+
+    records: int = 0  #: records in the closed segments it scanned
+    keys: int = 0  #: distinct keys among them
+    superseded: int = 0  #: records a later one of the same key superseded, plus expired tombstones
+    segments: int = 0  #: segments rewritten
+    removed: int = 0  #: records removed
+    bytes_before: int = 0  #: the rewritten segments' size before
+    bytes_after: int = 0  #: and after
+    slept_s: float = 0.0  #: time the I/O budget held it back
+
+    @property
+    def ratio(self) -> float:
+        """The superseded share of the records scanned (0 when there were none)."""
+        return self.superseded / self.records if self.records else 0.0
+
+
+@dataclass
+class _KeyMap:
+    """Each key's latest sequence in the closed segments scanned, and the time of each latest record
+    that is a tombstone."""
+
+    latest: dict[bytes, int] = field(default_factory=dict)
+    tombstones: dict[bytes, int] = field(default_factory=dict)
+    records: int = 0
+    segments: list[Segment] = field(default_factory=list)
+
+
+class _Pass(NamedTuple):
+    keys: _KeyMap
+    cutoff: int  #: tombstones at or before this time are removed
+    throttle: Throttle
+    report: CompactionReport
+    step: Callable[[str], None]
+
+
+class Compacting(Copying):
+    """Compaction of closed segments (see the module's notes); the journal's owner calls
+    :meth:`compact`, which does nothing unless a pass is due."""
+
+    _compaction_seen: tuple[tuple[tuple[int, int], ...], int] | None = None  # (closed segments, next expiry)
+
+    def compact(
+        self,
+        *,
+        now_ms: int | None = None,
+        force: bool = False,
+        step: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> CompactionReport | None:
+        """Run a compaction pass if one is due (``force``: scan even if nothing changed since the last);
+        None if the journal does not compact or nothing changed. ``step`` is called after each step
+        that changes the disk (the crash tests stop there). JournalWriteError if the file system fails
+        a rewrite: that segment stays as it was."""
+        if not self.config.compacts:
+            return None
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        closed = self._segments[:-1]
+        seen = tuple((s.base, s.size) for s in closed)
+        last = self._compaction_seen
+        if not force and last is not None and last[0] == seen and now < last[1]:
+            return None
+        throttle = Throttle(self.config.compaction_bytes_per_s, clock=clock, sleep=sleep)
+        keys = self._map_keys(closed, throttle)
+        cutoff = now - self.config.tombstone_retention_ms
+        expired = sum(1 for ts in keys.tombstones.values() if ts <= cutoff)
+        report = CompactionReport(records=keys.records, keys=len(keys.latest))
+        report.superseded = keys.records - len(keys.latest) + expired
+        if report.superseded and report.ratio >= self.config.min_cleanable_ratio:
+            run = _Pass(keys, cutoff, throttle, report, step or _no_step)
+            for seg in keys.segments:
+                self._compact_segment(seg, run)
+            if report.segments:
+                log.info("journal %s: compacted %d segments: %d records removed, %d bytes to %d", self.name,
+                         report.segments, report.removed, report.bytes_before, report.bytes_after)  # fmt: skip
+        kept = [ts + self.config.tombstone_retention_ms for ts in keys.tombstones.values() if ts > cutoff]
+        self._compaction_seen = (tuple((s.base, s.size) for s in self._segments[:-1]), min(kept, default=1 << 62))
+        report.slept_s = throttle.slept
+        return report
+
+    def _map_keys(self, closed: list[Segment], throttle: Throttle) -> _KeyMap:
+        keys = _KeyMap()
+        latest, tombstones = keys.latest, keys.tombstones
+        for seg in closed:
+            if len(latest) >= self.config.compaction_max_keys:
+                log.info("journal %s: a compaction pass maps %d keys at most; it stops before segment %d",
+                         self.name, self.config.compaction_max_keys, seg.base)  # fmt: skip
+                break
+            data = self._readers.pread(seg.path, seg.size, 0)
+            throttle.spend(len(data))
+            starts, _, end = walk_segment(data, seg.base, gaps=True)
+            if end < seg.size:  # damaged: left alone (reads report it), and nothing after it is mapped
+                log.warning("journal %s: segment %s is damaged at offset %d; compaction stops before it",
+                            self.name, seg.path.name, end)  # fmt: skip
+                break
+            unpack = RECORD.unpack_from
+            for offset in starts:
+                length, _, sequence, timestamp, klen = unpack(data, offset)
+                key = data[offset + OVERHEAD : offset + OVERHEAD + klen]
+                latest[key] = sequence
+                if is_tombstone(length, klen):
+                    tombstones[key] = timestamp
+                else:
+                    tombstones.pop(key, None)
+            keys.records += len(starts)
+            keys.segments.append(seg)
+        return keys
+
+    def _compact_segment(self, seg: Segment, run: _Pass) -> None:
+        """Rewrite ``seg`` without its superseded records (and expired tombstones), if it has any."""
+        keys, cutoff, throttle, report, step = run
+        data = self._readers.pread(seg.path, seg.size, 0)
+        throttle.spend(len(data))
+        starts, marks, _ = walk_segment(data, seg.base, gaps=True)
+        latest, tombstones, unpack = keys.latest, keys.tombstones, RECORD.unpack_from
+        out, dense, index = bytearray(), array("I"), list[tuple[int, int, int]]()
+        new_marks = []
+        if marks:  # the producers as the segment's marks left them, as one snapshot at its start
+            state: dict[str, Producer] = {}
+            for _, _, kind, producers in marks:
+                if kind == SNAPSHOT:
+                    state.clear()
+                state.update(producers)
+            out += encode_record(seg.base - 1, MARK_TIMESTAMP, b"", encode_mark_body(SNAPSHOT, 0, state))
+            new_marks.append((0, len(out)))
+        interval = self.config.index_interval_bytes
+        since_index, removed = interval, 0  # the first kept record is indexed
+        for offset in starts:
+            length, _, sequence, timestamp, klen = unpack(data, offset)
+            key = data[offset + OVERHEAD : offset + OVERHEAD + klen]
+            if latest[key] != sequence or tombstones.get(key, cutoff + 1) <= cutoff:
+                removed += 1
+                continue
+            dense.extend([len(out)] * (sequence - seg.base + 1 - len(dense)))
+            if since_index >= interval:
+                index.append((sequence, timestamp, len(out)))
+                since_index = 0
+            out += data[offset : offset + 4 + length]
+            since_index += 4 + length
+        if not removed:
+            return
+        dense.extend([len(out)] * (seg.last_seq - seg.base + 1 - len(dense)))
+        new = Segment(seg.base, seg.path, size=len(out), last_seq=seg.last_seq, last_ts=seg.last_ts, index=index,
+                      marks=new_marks, verified_to=len(out), gapped=True)  # fmt: skip
+        files = {".log": bytes(out), ".off": dense.tobytes(), ".idx": b"".join(INDEX.pack(*e) for e in index),
+                 ".seal": encode_seal(new)}  # fmt: skip
+        try:
+            for suffix, content in files.items():
+                write_durably(cleaned_path(seg.path.with_suffix(suffix)), content)
+                throttle.spend(len(content))
+        except OSError as exc:  # a full volume: the segment stays as it was
+            for suffix in files:
+                cleaned_path(seg.path.with_suffix(suffix)).unlink(missing_ok=True)
+            raise JournalWriteError(self.name, exc) from None
+        step("written")
+        self._readers.forget(seg.path)
+        self._readers.forget(seg.offsets_path)
+        commit_cleaned(seg.path, step)
+        report.segments += 1
+        report.removed += removed
+        report.bytes_before += seg.size
+        report.bytes_after += new.size
+        seg.size, seg.index, seg.marks, seg.verified_to, seg.gapped = new.size, index, new_marks, new.size, True
+        self._forget_cached(seg.last_seq)
+
+    def _forget_cached(self, last: int) -> None:
+        """Drop the tail cache's chunks holding records up to ``last`` (a compacted segment's): reads
+        of them then come from the compacted file. What stays is one run still."""
+        drop = 0
+        while drop < len(self._cache) and self._cache[drop].first <= last:
+            self._cache_bytes -= len(self._cache[drop].data)
+            drop += 1
+        del self._cache[:drop]
+
+
+def _no_step(_: str) -> None:
+    return None
