@@ -80,7 +80,7 @@ bench-roll-kind: setup  ## bench-roll on kind: an R3 stream's roll with hand-ove
 	@tools/setup.sh bench kind
 	@$(WITH_ENV) $(PY) benchmarks/bench_roll_kind.py
 
-bench-%: setup    ## benchmarks: bench-topic, -queue, -stream, -stages, -spark, -operator, -core, -replication, -roll, -partitions, -batches, -tiered, -fsync, -zookeeper, -zookeeper-tls, -connections; each prints one JSON line last
+bench-%: setup    ## benchmarks: bench-topic, -queue, -stream, -stages, -spark, -operator, -core, -replication, -roll, -partitions, -batches, -tiered, -compaction, -fsync, -zookeeper, -zookeeper-tls, -connections; each prints one JSON line last
 	@tools/setup.sh bench
 	@$(WITH_ENV) $(PY) benchmarks/bench_$*.py
 
