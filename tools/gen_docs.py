@@ -86,16 +86,17 @@ def _metric_objects(owner: object, depth: int = 3) -> list[Any]:
 
 def metrics_table() -> str:
     """Every metric zeps exports, from the objects that export them: the operator's module-level ones
-    and a broker's (made, never started), replication's and tiered storage's included."""
+    and a broker's (made, never started), replication's, tiered storage's and compaction's included."""
     import zeps_operator.metrics as operator_metrics  # noqa: PLC0415
     from zeps.broker import BrokerConfig, BrokerServer  # noqa: PLC0415
-    from zeps.broker.metrics import ReplicationMetrics, TieringMetrics  # noqa: PLC0415
+    from zeps.broker.metrics import CompactionMetrics, ReplicationMetrics, TieringMetrics  # noqa: PLC0415
     from zeps_operator.state import RECONCILES  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory() as tmp:
         broker = BrokerServer(BrokerConfig(data_dir=Path(tmp), streams=("s",)))
         brokers = _metric_objects(broker) + _metric_objects(ReplicationMetrics(CollectorRegistry()))
         brokers += _metric_objects(TieringMetrics(CollectorRegistry()))
+        brokers += _metric_objects(CompactionMetrics(CollectorRegistry()))
     operators = [RECONCILES, *_metric_objects(operator_metrics)]
     rows = ["| metric | type | labels | meaning | exported by |", "|---|---|---|---|---|"]
     for where, objects in (("operator", operators), ("broker", brokers)):

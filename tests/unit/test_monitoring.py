@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 import zeps_operator.state  # noqa: F401  (registers the reconcile counter)
 from zeps.broker import BrokerConfig, BrokerServer
-from zeps.broker.metrics import ReplicationMetrics, TieringMetrics
+from zeps.broker.metrics import CompactionMetrics, ReplicationMetrics, TieringMetrics
 from zeps_operator import metrics
 
 FILES = Path(__file__).resolve().parents[2] / "charts" / "zeps" / "files"
@@ -40,11 +40,12 @@ def _sample_names(registry: CollectorRegistry) -> set[str]:
 
 def _exported(tmp_path: Path) -> set[str]:
     broker = BrokerServer(BrokerConfig(data_dir=tmp_path, streams=("s",)))  # made, never started: no socket
-    replication, tiering = CollectorRegistry(), CollectorRegistry()
+    replication, tiering, compaction = CollectorRegistry(), CollectorRegistry(), CollectorRegistry()
     ReplicationMetrics(replication)
     TieringMetrics(tiering)
+    CompactionMetrics(compaction)
     return (_sample_names(REGISTRY) | _sample_names(broker.registry) | _sample_names(replication)
-            | _sample_names(tiering))  # fmt: skip
+            | _sample_names(tiering) | _sample_names(compaction))  # fmt: skip
 
 
 def test_every_metric_the_rules_and_dashboards_name_is_exported(tmp_path: Path) -> None:

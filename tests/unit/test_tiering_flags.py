@@ -1,13 +1,15 @@
 """``zeps-broker --tier-store``'s flags, checked together: what needs what, and the local retention
-within the total."""
+within the total; and ``--cleanup``'s."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from zeps.broker.main import parse_args, settings, tiering
 from zeps.broker.tiering import Tiering
-from zeps.errors import ConfigError
+from zeps.errors import ConfigError, ZepsError
 
 
 def test_tiering_flags_are_checked_together_and_name_the_fix(tmp_path: Path) -> None:
@@ -34,3 +36,23 @@ def test_tiering_flags_are_checked_together_and_name_the_fix(tmp_path: Path) -> 
             assert says in str(exc), exc
         else:
             raise AssertionError(f"{argv} was accepted")
+
+
+def test_compaction_flags_reach_the_journal_and_bad_values_are_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--cleanup and its companions (or their ZEPS_BROKER_* variables) become the journal's settings;
+    a ratio outside 0..1 is refused naming it."""
+    base = ["--stream", "prices", "--data-dir", str(tmp_path)]
+    flags = ["--cleanup", "compact", "--tombstone-retention-ms", "5000", "--min-cleanable-ratio", "0.2",
+             "--compaction-bytes-per-s", "1000000"]  # fmt: skip
+    journal = settings(parse_args([*base, *flags]))[0].journal
+    assert (journal.cleanup, journal.tombstone_retention_ms, journal.min_cleanable_ratio,
+            journal.compaction_bytes_per_s) == ("compact", 5000, 0.2, 1_000_000)  # fmt: skip
+    assert journal.compacts and not journal.deletes
+    assert settings(parse_args(base))[0].journal.cleanup == "delete"
+    monkeypatch.setenv("ZEPS_BROKER_CLEANUP", "delete,compact")
+    both = settings(parse_args(base))[0].journal
+    assert both.compacts and both.deletes
+    with pytest.raises(ZepsError, match=r"min_cleanable_ratio=1\.5 must be within 0\.\.1"):
+        settings(parse_args([*base, "--min-cleanable-ratio", "1.5"]))

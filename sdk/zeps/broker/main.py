@@ -32,6 +32,7 @@ from zeps.broker.tiering import DEFAULT_SEGMENT_IDLE_MS, Tiering
 from zeps.config import read_ca
 from zeps.errors import ConfigError, ZepsError
 from zeps.journal import DEFAULT_MAX_PRODUCERS, DEFAULT_PRODUCER_TTL_MS, JournalConfig
+from zeps.journal.config import CLEANUPS, DEFAULT_MIN_CLEANABLE_RATIO, DEFAULT_TOMBSTONE_RETENTION_MS
 from zeps.options import MulticastOptions
 from zeps.partitioning import MAX_PARTITIONS
 from zeps.paths import validate_member_id
@@ -174,9 +175,35 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds a replica stopping (SIGTERM) waits for its lead to pass to an in-sync follower "
                    "before it stops anyway (a failover then); 0: no hand-over "
                    "[ZEPS_BROKER_HANDOVER_TIMEOUT]")  # fmt: skip
-    _tiering_flags(p)
+    _old_records_flags(p)
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"), help="[ZEPS_BROKER_LOG_LEVEL]")
     return p
+
+
+def _old_records_flags(p: argparse.ArgumentParser) -> None:
+    """What becomes of a stream's old records besides retention: tiered to a store, compacted."""
+    _tiering_flags(p)
+    _compaction_flags(p)
+
+
+def _compaction_flags(p: argparse.ArgumentParser) -> None:
+    """Compaction's flags (:mod:`zeps.journal.compaction`; JournalConfig checks them)."""
+    g = p.add_argument_group("compaction")
+    g.add_argument("--cleanup", choices=list(CLEANUPS), default=_env("CLEANUP", "delete"),
+                   help="what happens to old records: delete (retention by --retention-ms/--retention-bytes), "
+                   "compact (keep each key's latest record; a record with an empty body deletes its key), or "
+                   "both [ZEPS_BROKER_CLEANUP]")  # fmt: skip
+    g.add_argument("--tombstone-retention-ms", type=int,
+                   default=int(_env("TOMBSTONE_RETENTION_MS") or DEFAULT_TOMBSTONE_RETENTION_MS),
+                   help="with --cleanup compact: how long a delete (a record with an empty body) is kept, so a "
+                   "reader that starts within it sees the delete [ZEPS_BROKER_TOMBSTONE_RETENTION_MS]")  # fmt: skip
+    g.add_argument("--min-cleanable-ratio", type=float,
+                   default=float(_env("MIN_CLEANABLE_RATIO") or DEFAULT_MIN_CLEANABLE_RATIO),
+                   help="with --cleanup compact: the share of superseded records in closed segments that starts a "
+                   "compaction pass [ZEPS_BROKER_MIN_CLEANABLE_RATIO]")  # fmt: skip
+    g.add_argument("--compaction-bytes-per-s", type=int, default=_env_int("COMPACTION_BYTES_PER_S"),
+                   help="with --cleanup compact: the bytes a compaction pass reads and writes a second at most; "
+                   "unset: no limit [ZEPS_BROKER_COMPACTION_BYTES_PER_S]")  # fmt: skip
 
 
 def _tiering_flags(p: argparse.ArgumentParser) -> None:
@@ -338,7 +365,10 @@ def settings(args: argparse.Namespace) -> tuple[BrokerConfig, CurveConfig | None
         retention_bytes = retention_bytes if args.local_retention_bytes is None else args.local_retention_bytes
     journal = JournalConfig(segment_bytes=args.segment_bytes, fsync=args.fsync, retention_ms=retention_ms,
                             retention_bytes=retention_bytes, producer_ttl_ms=int(args.producer_ttl * 1000),
-                            max_producers=args.max_producers)  # fmt: skip
+                            max_producers=args.max_producers, cleanup=args.cleanup,
+                            tombstone_retention_ms=args.tombstone_retention_ms,
+                            min_cleanable_ratio=args.min_cleanable_ratio,
+                            compaction_bytes_per_s=args.compaction_bytes_per_s)  # fmt: skip
     if not 0 < args.max_message_bytes <= MAX_MESSAGE_BYTES_CEILING:
         raise ConfigError(f"--max-message-bytes={args.max_message_bytes}: must be between 1 and "
                           f"{MAX_MESSAGE_BYTES_CEILING}")  # fmt: skip

@@ -113,6 +113,33 @@ class TieringMetrics:
                 self._counted[(name, kind)] = value
 
 
+class CompactionMetrics:
+    """A compacted stream's counters (``zeps-broker --cleanup compact``), from its CompactionTask
+    (zeps.broker.compacting)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.passes = Counter("zeps_broker_compaction_passes", "Compaction passes finished (a pass maps the closed "
+                              "segments' keys, and rewrites them if enough records are superseded)", ["stream"],
+                              registry=registry)  # fmt: skip
+        self.segments = Counter("zeps_broker_compaction_segments", "Closed segments rewritten by compaction",
+                                ["stream"], registry=registry)  # fmt: skip
+        self.removed = Counter("zeps_broker_compaction_removed_records", "Records compaction removed (superseded by "
+                               "a later record of their key, or deletes past their retention)", ["stream"],
+                               registry=registry)  # fmt: skip
+        self.failures = Counter("zeps_broker_compaction_failures", "Compaction passes that failed (a full volume: "
+                                "every segment stays as it was, the next pass a minute later)", ["stream"],
+                                registry=registry)  # fmt: skip
+        self._counted: dict[tuple[str, str], int] = {}
+
+    def update(self, name: str, task: Any) -> None:
+        for counter, kind in ((self.passes, "passes"), (self.segments, "segments"), (self.removed, "removed"),
+                              (self.failures, "failures")):  # fmt: skip
+            value, seen = getattr(task, kind), self._counted.get((name, kind), 0)
+            if value > seen:
+                counter.labels(name).inc(value - seen)
+                self._counted[(name, kind)] = value
+
+
 class BrokerMetrics:
     """Every stream's series, in ``registry``."""
 

@@ -262,7 +262,7 @@ class Routing(BrokerState):
             picks = None  # every record: a version 3 session gets the run's bytes as they are, uncut
         session = sub.session
         if session.blocked_until:
-            return chunk.first + (picks[0] if picks else 0)
+            return chunk.sequence(picks[0] if picks else 0)
         if session.batches:
             return self._deliver_batch(sub, chunk, picks)
         timestamps = session.timestamps
@@ -291,7 +291,7 @@ class Routing(BrokerState):
                 self._queue(sub, frame, chunk.first, fits)
             if fits < len(chunk):
                 self._hold(session)
-                return chunk.first + max(fits, 0)
+                return chunk.sequence(max(fits, 0))
         else:
             size, taken = 0, 0
             for i in picks:
@@ -308,10 +308,10 @@ class Routing(BrokerState):
                     frame = encode_deliver_run(records, run_index(starts))
                 else:
                     frame = encode_deliver_batch(records)
-                self._queue(sub, frame, chunk.first + picks[0], taken)
+                self._queue(sub, frame, chunk.sequence(picks[0]), taken)
             if taken < len(picks):
                 self._hold(session)
-                return chunk.first + picks[taken]
+                return chunk.sequence(picks[taken])
         sub.cursor = chunk.last + 1
         return None
 

@@ -56,8 +56,9 @@ from zmq.utils.monitor import recv_monitor_message
 
 from zeps import _netif
 from zeps.broker.admission import ZAP_DOMAIN, ConnectionCount, Gatekeeper
+from zeps.broker.compacting import CompactionTask
 from zeps.broker.core import BrokerConfig, BrokerCore
-from zeps.broker.metrics import BrokerMetrics, ReplicationMetrics, TieringMetrics
+from zeps.broker.metrics import BrokerMetrics, CompactionMetrics, ReplicationMetrics, TieringMetrics
 from zeps.broker.replica import Close, Connect, MarkData, RecordCommit, ReplicaNode, ReplicaSettings, Send, WriteIsr
 from zeps.broker.state import Outgoing, Session
 from zeps.broker.tiering import NOT_KNOWN, TIER_CACHE, Offer, Tiering, TierServe, TierTask
@@ -259,6 +260,9 @@ class _InFlight:
 def _check_options(config: BrokerConfig, registration: Registration | None, replication: Replication | None,
                    tiering: Tiering | None) -> None:  # fmt: skip
     """ConfigError for options that need others: replication and tiering need ZooKeeper."""
+    if config.journal.compacts and (replication is not None or tiering is not None):
+        raise ConfigError(f"--cleanup {config.journal.cleanup}: a compacted stream is neither replicated nor tiered "
+                          "yet; drop --replicas/--tier-store, or use --cleanup delete")  # fmt: skip
     if replication is not None and (registration is None or len(config.streams) != 1):
         raise ConfigError("a replicated broker serves one stream and registers in ZooKeeper (--zookeeper, "
                           "--member): its replicas find each other, and elect their leader, there")  # fmt: skip
@@ -273,6 +277,8 @@ class BrokerServer:
     _tier_tasks: dict[str, TierTask]  #: a tiered broker's: each stream's uploads on a thread of their own
     _tier_serves: dict[str, TierServe]  #: and each stream's reads of the store for subscriptions behind
     _tier_answers: queue.SimpleQueue[Any]  #: those reads' answers, for the loop
+    _compactions: dict[str, CompactionTask] | None = None  #: each compacted stream's compaction thread
+    _compaction_metrics: CompactionMetrics | None = None
 
     def __init__(
         self,
@@ -675,6 +681,18 @@ class BrokerServer:
                 return
             core.tier_answered(read, chunk, failed=failed)
 
+    def _tick_tasks(self) -> None:
+        """A tick's turn of the threads beside the loop: tiering's and compaction's."""
+        self._offer_tiering()
+        if self._compactions is None:  # the first tick: a thread per compacted stream
+            self._compactions = {name: CompactionTask(name, self.config.journal).start()
+                                 for name in self.config.streams if self.config.journal.compacts}  # fmt: skip
+            self._compaction_metrics = CompactionMetrics(self.registry) if self._compactions else None
+        for name, task in self._compactions.items():
+            task.turn(self.core.streams[name].journal, self.core.wall_ms())
+            if self._compaction_metrics is not None:
+                self._compaction_metrics.update(name, task)
+
     def _offer_tiering(self) -> None:
         """Each tiered stream's news to its TierTask, and its ``tiered_to`` back to the core (a tick's)."""
         assert self.tiering is not None or not self._tier_tasks
@@ -839,6 +857,9 @@ class BrokerServer:
         for serve in self._tier_serves.values():
             serve.stop()
         self._tier_serves = {}
+        for compaction in (self._compactions or {}).values():
+            compaction.stop()
+        self._compactions = None
         if self._zk is not None:
             self._zk.stop()
             self._zk.close()
@@ -893,7 +914,7 @@ class BrokerServer:
                     self._reload_keys()
                     core.resident_bytes = resident_bytes()
                     core.tick(now)
-                    self._offer_tiering()
+                    self._tick_tasks()
                     self._send(core.pump())
                     self._update_metrics()
         except JournalError as exc:  # a broken disk: the cause is the message, no traceback needed

@@ -29,15 +29,16 @@ the next kept record), so reads find any sequence with two preads as before.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from zeps._records import META, OVERHEAD, RECORD, encode_record
-from zeps.journal.cleaned import cleaned_path, commit_cleaned, write_durably
-from zeps.journal.config import JournalWriteError
+from zeps.journal.cleaned import SUFFIXES, cleaned_path, commit_cleaned, write_durably
+from zeps.journal.config import JournalConfig, JournalWriteError
 from zeps.journal.copying import Copying
 from zeps.journal.producers import MARK_TIMESTAMP, SNAPSHOT, Producer, encode_mark_body
 from zeps.journal.segments import INDEX, Segment, encode_seal, walk_segment
@@ -90,6 +91,7 @@ class CompactionReport:
     bytes_before: int = 0  #: the rewritten segments' size before
     bytes_after: int = 0  #: and after
     slept_s: float = 0.0  #: time the I/O budget held it back
+    next_expiry_ms: int = 1 << 62  #: when the first tombstone it kept expires (a pass is due then)
 
     @property
     def ratio(self) -> float:
@@ -98,29 +100,178 @@ class CompactionReport:
 
 
 @dataclass
-class _KeyMap:
-    """Each key's latest sequence in the closed segments scanned, and the time of each latest record
-    that is a tombstone."""
+class KeyMap:
+    """What a pass's first step found (:func:`map_keys`): each key's latest sequence in the closed
+    segments scanned, the time of each latest record that is a tombstone, the segments scanned."""
 
     latest: dict[bytes, int] = field(default_factory=dict)
     tombstones: dict[bytes, int] = field(default_factory=dict)
     records: int = 0
     segments: list[Segment] = field(default_factory=list)
 
+    def report(self, config: JournalConfig, now_ms: int) -> CompactionReport:
+        """The pass's report so far: what is superseded at ``now_ms``, when the next tombstone expires."""
+        cutoff = now_ms - config.tombstone_retention_ms
+        expired = sum(1 for ts in self.tombstones.values() if ts <= cutoff)
+        kept = [ts + config.tombstone_retention_ms for ts in self.tombstones.values() if ts > cutoff]
+        return CompactionReport(records=self.records, keys=len(self.latest),
+                                superseded=self.records - len(self.latest) + expired,
+                                next_expiry_ms=min(kept, default=1 << 62))  # fmt: skip
 
-class _Pass(NamedTuple):
-    keys: _KeyMap
-    cutoff: int  #: tombstones at or before this time are removed
-    throttle: Throttle
-    report: CompactionReport
-    step: Callable[[str], None]
+
+@dataclass(frozen=True)
+class Cleaned:
+    """A segment's compacted files, written and fsynced beside it (``.cleaned``), waiting for
+    :meth:`Compacting.install` to put them in its place."""
+
+    old_size: int  #: the segment's size it was made from (install refuses it if that changed)
+    new: Segment  #: the segment as it is once installed
+    removed: int  #: records it lost
+
+
+def read_segment(seg: Segment) -> bytes:
+    """A closed segment's bytes, read with a descriptor of its own (any thread may)."""
+    fd = os.open(seg.path, os.O_RDONLY)
+    try:
+        return os.pread(fd, seg.size, 0)
+    finally:
+        os.close(fd)
+
+
+def map_keys(closed: list[Segment], config: JournalConfig, throttle: Throttle, *, name: str = "") -> KeyMap:
+    """A pass's first step: read the closed segments oldest first (files only: any thread may), each
+    key's latest sequence, up to ``compaction_max_keys`` keys; stops before a damaged segment (left for
+    reads to report) or one that retention removed meanwhile."""
+    keys = KeyMap()
+    latest, tombstones, unpack = keys.latest, keys.tombstones, RECORD.unpack_from
+    for seg in closed:
+        if len(latest) >= config.compaction_max_keys:
+            log.info("journal %s: a compaction pass maps %d keys at most; it stops before segment %d",
+                     name, config.compaction_max_keys, seg.base)  # fmt: skip
+            break
+        try:
+            data = read_segment(seg)
+        except FileNotFoundError:  # retention removed it meanwhile: the pass ends
+            break
+        throttle.spend(len(data))
+        starts, _, end = walk_segment(data, seg.base, gaps=True)
+        if end < seg.size:
+            log.warning("journal %s: segment %s is damaged at offset %d; compaction stops before it",
+                        name, seg.path.name, end)  # fmt: skip
+            break
+        for offset in starts:
+            length, _, sequence, timestamp, klen = unpack(data, offset)
+            key = data[offset + OVERHEAD : offset + OVERHEAD + klen]
+            latest[key] = sequence
+            if is_tombstone(length, klen):
+                tombstones[key] = timestamp
+            else:
+                tombstones.pop(key, None)
+        keys.records += len(starts)
+        keys.segments.append(seg)
+    return keys
+
+
+def rewrite(seg: Segment, keys: KeyMap, cutoff: int, config: JournalConfig, throttle: Throttle) -> Cleaned | None:
+    """A pass's second step, a segment at a time: write ``seg`` without its superseded records (and
+    tombstones at or before ``cutoff``) as ``.cleaned`` files beside it, fsynced (files only: any
+    thread may). None if it loses nothing; OSError if the file system fails it (nothing is left
+    beside the segment then)."""
+    data = read_segment(seg)
+    throttle.spend(len(data))
+    starts, marks, _ = walk_segment(data, seg.base, gaps=True)
+    latest, tombstones, unpack = keys.latest, keys.tombstones, RECORD.unpack_from
+    out, dense, index = bytearray(), array("I"), list[tuple[int, int, int]]()
+    new_marks = []
+    if marks:  # the producers as the segment's marks left them, as one snapshot at its start
+        state: dict[str, Producer] = {}
+        for _, _, kind, producers in marks:
+            if kind == SNAPSHOT:
+                state.clear()
+            state.update(producers)
+        out += encode_record(seg.base - 1, MARK_TIMESTAMP, b"", encode_mark_body(SNAPSHOT, 0, state))
+        new_marks.append((0, len(out)))
+    interval = config.index_interval_bytes
+    since_index, removed = interval, 0  # the first kept record is indexed
+    for offset in starts:
+        length, _, sequence, timestamp, klen = unpack(data, offset)
+        key = data[offset + OVERHEAD : offset + OVERHEAD + klen]
+        if latest.get(key, sequence) != sequence or tombstones.get(key, cutoff + 1) <= cutoff:
+            removed += 1
+            continue
+        dense.extend([len(out)] * (sequence - seg.base + 1 - len(dense)))
+        if since_index >= interval:
+            index.append((sequence, timestamp, len(out)))
+            since_index = 0
+        out += data[offset : offset + 4 + length]
+        since_index += 4 + length
+    if not removed:
+        return None
+    dense.extend([len(out)] * (seg.last_seq - seg.base + 1 - len(dense)))
+    new = Segment(seg.base, seg.path, size=len(out), last_seq=seg.last_seq, last_ts=seg.last_ts, index=index,
+                  marks=new_marks, verified_to=len(out), gapped=True)  # fmt: skip
+    files = {".log": bytes(out), ".off": dense.tobytes(), ".idx": b"".join(INDEX.pack(*e) for e in index),
+             ".seal": encode_seal(new)}  # fmt: skip
+    try:
+        for suffix, content in files.items():
+            write_durably(cleaned_path(seg.path.with_suffix(suffix)), content)
+            throttle.spend(len(content))
+    except OSError:  # a full volume: the segment stays as it was
+        discard(seg.path)
+        raise
+    return Cleaned(seg.size, new, removed)
+
+
+def discard(log_path: Path) -> None:
+    """Remove a segment's ``.cleaned`` files (a rewrite that failed or will not be installed)."""
+    for suffix in SUFFIXES:
+        cleaned_path(log_path.with_suffix(suffix)).unlink(missing_ok=True)
 
 
 class Compacting(Copying):
-    """Compaction of closed segments (see the module's notes); the journal's owner calls
-    :meth:`compact`, which does nothing unless a pass is due."""
+    """Compaction of closed segments (see the module's notes). :meth:`compact` runs a pass in the
+    caller's thread; a broker runs the reading and writing on a thread of its own
+    (:func:`map_keys`, :func:`rewrite` on :meth:`compaction_view`) and :meth:`install` on its loop."""
 
     _compaction_seen: tuple[tuple[tuple[int, int], ...], int] | None = None  # (closed segments, next expiry)
+
+    def compaction_due(self, now_ms: int) -> bool:
+        """Whether a pass should run: the journal compacts, and a segment closed (or one changed) or a
+        kept tombstone expired since the last pass."""
+        if not self.config.compacts or len(self._segments) < 2:
+            return False
+        last = self._compaction_seen
+        return last is None or last[0] != self._closed_signature() or now_ms >= last[1]
+
+    def compaction_view(self) -> list[Segment]:
+        """Copies of the closed segments, oldest first, for a pass on another thread."""
+        return [replace(s, index=list(s.index), marks=list(s.marks)) for s in self._segments[:-1]]
+
+    def compaction_done(self, report: CompactionReport) -> None:
+        """Note a finished pass: the next is due once a segment closes or its first kept tombstone expires."""
+        self._compaction_seen = (self._closed_signature(), report.next_expiry_ms)
+
+    def _closed_signature(self) -> tuple[tuple[int, int], ...]:
+        return tuple((s.base, s.size) for s in self._segments[:-1])
+
+    def install(self, cleaned: Cleaned, step: Callable[[str], None] | None = None) -> bool:
+        """Put a rewritten segment in place (the journal's owner, between its reads); ``step`` is called
+        after each step that changes the disk (the crash tests stop there). False, and its files
+        removed, if the segment is no longer what it was made from (retention removed it, a read found
+        it damaged)."""
+        new = cleaned.new
+        found = [s for s in self._segments[:-1] if s.base == new.base]
+        if not found or found[0].size != cleaned.old_size:
+            discard(new.path)
+            return False
+        seg = found[0]
+        (step or _no_step)("written")
+        self._readers.forget(seg.path)
+        self._readers.forget(seg.offsets_path)
+        commit_cleaned(seg.path, step or _no_step)
+        seg.size, seg.index, seg.marks, seg.verified_to, seg.gapped = new.size, new.index, new.marks, new.size, True
+        self._forget_cached(seg.last_seq)
+        return True
 
     def compact(
         self,
@@ -131,120 +282,33 @@ class Compacting(Copying):
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> CompactionReport | None:
-        """Run a compaction pass if one is due (``force``: scan even if nothing changed since the last);
-        None if the journal does not compact or nothing changed. ``step`` is called after each step
-        that changes the disk (the crash tests stop there). JournalWriteError if the file system fails
-        a rewrite: that segment stays as it was."""
-        if not self.config.compacts:
-            return None
+        """Run a compaction pass in this thread if one is due (``force``: even if nothing changed since
+        the last); None if the journal does not compact or nothing changed. JournalWriteError if the
+        file system fails a rewrite: that segment stays as it was."""
         now = int(time.time() * 1000) if now_ms is None else now_ms
-        closed = self._segments[:-1]
-        seen = tuple((s.base, s.size) for s in closed)
-        last = self._compaction_seen
-        if not force and last is not None and last[0] == seen and now < last[1]:
+        if not self.config.compacts or not (force or self.compaction_due(now)):
             return None
         throttle = Throttle(self.config.compaction_bytes_per_s, clock=clock, sleep=sleep)
-        keys = self._map_keys(closed, throttle)
-        cutoff = now - self.config.tombstone_retention_ms
-        expired = sum(1 for ts in keys.tombstones.values() if ts <= cutoff)
-        report = CompactionReport(records=keys.records, keys=len(keys.latest))
-        report.superseded = keys.records - len(keys.latest) + expired
+        keys = map_keys(self.compaction_view(), self.config, throttle, name=self.name)
+        report = keys.report(self.config, now)
         if report.superseded and report.ratio >= self.config.min_cleanable_ratio:
-            run = _Pass(keys, cutoff, throttle, report, step or _no_step)
+            cutoff = now - self.config.tombstone_retention_ms
             for seg in keys.segments:
-                self._compact_segment(seg, run)
+                try:
+                    cleaned = rewrite(seg, keys, cutoff, self.config, throttle)
+                except OSError as exc:
+                    raise JournalWriteError(self.name, exc) from None
+                if cleaned is not None and self.install(cleaned, step):
+                    report.segments += 1
+                    report.removed += cleaned.removed
+                    report.bytes_before += cleaned.old_size
+                    report.bytes_after += cleaned.new.size
             if report.segments:
                 log.info("journal %s: compacted %d segments: %d records removed, %d bytes to %d", self.name,
                          report.segments, report.removed, report.bytes_before, report.bytes_after)  # fmt: skip
-        kept = [ts + self.config.tombstone_retention_ms for ts in keys.tombstones.values() if ts > cutoff]
-        self._compaction_seen = (tuple((s.base, s.size) for s in self._segments[:-1]), min(kept, default=1 << 62))
+        self.compaction_done(report)
         report.slept_s = throttle.slept
         return report
-
-    def _map_keys(self, closed: list[Segment], throttle: Throttle) -> _KeyMap:
-        keys = _KeyMap()
-        latest, tombstones = keys.latest, keys.tombstones
-        for seg in closed:
-            if len(latest) >= self.config.compaction_max_keys:
-                log.info("journal %s: a compaction pass maps %d keys at most; it stops before segment %d",
-                         self.name, self.config.compaction_max_keys, seg.base)  # fmt: skip
-                break
-            data = self._readers.pread(seg.path, seg.size, 0)
-            throttle.spend(len(data))
-            starts, _, end = walk_segment(data, seg.base, gaps=True)
-            if end < seg.size:  # damaged: left alone (reads report it), and nothing after it is mapped
-                log.warning("journal %s: segment %s is damaged at offset %d; compaction stops before it",
-                            self.name, seg.path.name, end)  # fmt: skip
-                break
-            unpack = RECORD.unpack_from
-            for offset in starts:
-                length, _, sequence, timestamp, klen = unpack(data, offset)
-                key = data[offset + OVERHEAD : offset + OVERHEAD + klen]
-                latest[key] = sequence
-                if is_tombstone(length, klen):
-                    tombstones[key] = timestamp
-                else:
-                    tombstones.pop(key, None)
-            keys.records += len(starts)
-            keys.segments.append(seg)
-        return keys
-
-    def _compact_segment(self, seg: Segment, run: _Pass) -> None:
-        """Rewrite ``seg`` without its superseded records (and expired tombstones), if it has any."""
-        keys, cutoff, throttle, report, step = run
-        data = self._readers.pread(seg.path, seg.size, 0)
-        throttle.spend(len(data))
-        starts, marks, _ = walk_segment(data, seg.base, gaps=True)
-        latest, tombstones, unpack = keys.latest, keys.tombstones, RECORD.unpack_from
-        out, dense, index = bytearray(), array("I"), list[tuple[int, int, int]]()
-        new_marks = []
-        if marks:  # the producers as the segment's marks left them, as one snapshot at its start
-            state: dict[str, Producer] = {}
-            for _, _, kind, producers in marks:
-                if kind == SNAPSHOT:
-                    state.clear()
-                state.update(producers)
-            out += encode_record(seg.base - 1, MARK_TIMESTAMP, b"", encode_mark_body(SNAPSHOT, 0, state))
-            new_marks.append((0, len(out)))
-        interval = self.config.index_interval_bytes
-        since_index, removed = interval, 0  # the first kept record is indexed
-        for offset in starts:
-            length, _, sequence, timestamp, klen = unpack(data, offset)
-            key = data[offset + OVERHEAD : offset + OVERHEAD + klen]
-            if latest[key] != sequence or tombstones.get(key, cutoff + 1) <= cutoff:
-                removed += 1
-                continue
-            dense.extend([len(out)] * (sequence - seg.base + 1 - len(dense)))
-            if since_index >= interval:
-                index.append((sequence, timestamp, len(out)))
-                since_index = 0
-            out += data[offset : offset + 4 + length]
-            since_index += 4 + length
-        if not removed:
-            return
-        dense.extend([len(out)] * (seg.last_seq - seg.base + 1 - len(dense)))
-        new = Segment(seg.base, seg.path, size=len(out), last_seq=seg.last_seq, last_ts=seg.last_ts, index=index,
-                      marks=new_marks, verified_to=len(out), gapped=True)  # fmt: skip
-        files = {".log": bytes(out), ".off": dense.tobytes(), ".idx": b"".join(INDEX.pack(*e) for e in index),
-                 ".seal": encode_seal(new)}  # fmt: skip
-        try:
-            for suffix, content in files.items():
-                write_durably(cleaned_path(seg.path.with_suffix(suffix)), content)
-                throttle.spend(len(content))
-        except OSError as exc:  # a full volume: the segment stays as it was
-            for suffix in files:
-                cleaned_path(seg.path.with_suffix(suffix)).unlink(missing_ok=True)
-            raise JournalWriteError(self.name, exc) from None
-        step("written")
-        self._readers.forget(seg.path)
-        self._readers.forget(seg.offsets_path)
-        commit_cleaned(seg.path, step)
-        report.segments += 1
-        report.removed += removed
-        report.bytes_before += seg.size
-        report.bytes_after += new.size
-        seg.size, seg.index, seg.marks, seg.verified_to, seg.gapped = new.size, index, new_marks, new.size, True
-        self._forget_cached(seg.last_seq)
 
     def _forget_cached(self, last: int) -> None:
         """Drop the tail cache's chunks holding records up to ``last`` (a compacted segment's): reads
