@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.alias_generators import to_camel
 
 from zeps.journal import DEFAULT_MAX_PRODUCERS, DEFAULT_PRODUCER_TTL_MS
+from zeps.journal.config import DEFAULT_MIN_CLEANABLE_RATIO, DEFAULT_TOMBSTONE_RETENTION_MS, Cleanup
 from zeps.options import (
     DEFAULT_SEGMENT_IDLE_MS,
     SECRET_NAME_PATTERN,
@@ -167,6 +168,28 @@ class Tiering(_Model):
     local_retention: LocalRetention = Field(default_factory=LocalRetention)
 
 
+class Compaction(_Model):
+    """How a stream with cleanup compact keeps each key's latest record: the broker rewrites the
+    journal's closed segments on a thread of its own, one at a time, without the records a later one
+    of the same key superseded. Sequences never change; a reader from the start sees each key's latest
+    record, and every record of the active segment."""
+
+    tombstone_retention_seconds: int = Field(
+        DEFAULT_TOMBSTONE_RETENTION_MS // 1000, ge=0,
+        description="How long a delete (a record with an empty body) is kept once compacted, so a reader that starts "
+        "within it sees the delete.",
+    )  # fmt: skip
+    min_cleanable_ratio: float = Field(
+        DEFAULT_MIN_CLEANABLE_RATIO, ge=0, le=1,
+        description="The share of superseded records in the closed segments that starts a compaction pass.",
+    )  # fmt: skip
+    bytes_per_second: int | None = Field(
+        None, ge=1_048_576,
+        description="The bytes a compaction pass reads and writes a second at most, so that it leaves the disk to "
+        "publishers and readers. Unset: no limit.",
+    )  # fmt: skip
+
+
 class Producers(_Model):
     """The broker's table of idempotent producers (exactly-once publishing)."""
 
@@ -233,6 +256,9 @@ class StreamSpec(_Model):
                  "!has(self.tiering.localRetention.bytes) || !has(self.retention) || !has(self.retention.bytes) || "
                  "self.tiering.localRetention.bytes <= self.retention.bytes",
                  "message": "tiering.localRetention.bytes is the volume's part of retention.bytes: at most it"},
+                {"rule": "!has(self.cleanup) || self.cleanup == 'delete' || "
+                 "((!has(self.replicas) || self.replicas == 1) && !has(self.tiering))",
+                 "message": "cleanup with compact: a compacted stream has one broker (replicas 1) and no tiering yet"},
             ]
         }
     )  # fmt: skip
@@ -328,6 +354,13 @@ class StreamSpec(_Model):
         description="Keep the journal in an object store too (tiered storage): the volume keeps localRetention, the "
         "store the stream's retention. Off unless set.",
     )
+    cleanup: Cleanup = Field(
+        "delete",
+        description="What becomes of old records: delete (by retention), compact (each key's latest record is kept; "
+        "a record with an empty body deletes its key), or delete,compact (both). A compacted stream has one "
+        "broker and no tiering yet.",
+    )
+    compaction: Compaction = Field(default_factory=Compaction)
     deletion_policy: DeletionPolicy = _DELETION
 
     @property

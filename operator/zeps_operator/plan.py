@@ -382,6 +382,12 @@ def _broker_env(namespace: str, name: str, spec: StreamSpec, settings: Settings,
             env["ZEPS_BROKER_MULTICAST_KEY_FILE"] = "/etc/zeps/curve/multicast.key"
         if replicated:  # replicas peer with their own certificates, beside the replicas' keys
             env["ZEPS_BROKER_CURVE_REPLICAS"] = f"{REPLICAS_DIR}/{REPLICAS}"
+    if spec.cleanup != "delete":
+        env["ZEPS_BROKER_CLEANUP"] = spec.cleanup
+        env["ZEPS_BROKER_TOMBSTONE_RETENTION_MS"] = str(spec.compaction.tombstone_retention_seconds * 1000)
+        env["ZEPS_BROKER_MIN_CLEANABLE_RATIO"] = str(spec.compaction.min_cleanable_ratio)
+        if spec.compaction.bytes_per_second:
+            env["ZEPS_BROKER_COMPACTION_BYTES_PER_S"] = str(spec.compaction.bytes_per_second)
     tiering = spec.tiering
     if tiering is not None:  # the store's credentials come from its Secret, in the pod (never in the ConfigMap)
         env["ZEPS_BROKER_TIER_STORE"] = tiering.store_url

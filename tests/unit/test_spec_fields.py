@@ -130,6 +130,8 @@ def _stream(path: str, value: Any, effect: Callable[..., Any]) -> Check:
             spec["multicast"] = {**_MULTICAST, **node}
         if outer[:1] == ["tiering"]:
             spec["tiering"] = {"storeUrl": "s3://bucket/prefix", **spec["tiering"]}
+        if outer[:1] == ["compaction"]:  # its fields are for a compacted stream
+            spec["cleanup"] = "compact"
         by_kind, container, config, curve, multicast, tiered = _broker(spec, mp, tmp)
         assert effect(by_kind=by_kind, container=container, config=config, curve=curve, multicast=multicast,
                       tiered=tiered), path  # fmt: skip
@@ -277,6 +279,16 @@ STREAM_CHECKS: dict[str, Check] = {
         ),
     ),
     "deletionPolicy": _deletion,
+    "cleanup": _stream("cleanup", "delete,compact", lambda config, **_: config.journal.cleanup == "delete,compact"),
+    "compaction.tombstoneRetentionSeconds": _stream(
+        "compaction.tombstoneRetentionSeconds", 60, lambda config, **_: config.journal.tombstone_retention_ms == 60_000
+    ),
+    "compaction.minCleanableRatio": _stream(
+        "compaction.minCleanableRatio", 0.25, lambda config, **_: config.journal.min_cleanable_ratio == 0.25
+    ),
+    "compaction.bytesPerSecond": _stream(
+        "compaction.bytesPerSecond", 4 << 20, lambda config, **_: config.journal.compaction_bytes_per_s == 4 << 20
+    ),
     "tiering.storeUrl": _stream(
         "tiering.storeUrl",
         "s3://other/p",
