@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from zeps.broker import BrokerConfig, BrokerServer
-from zeps.client import Seq, StreamClient
+from zeps.client import Seq, StreamClient, read_table
 from zeps.errors import ConfigError
 from zeps.journal import JournalConfig
 from zeps_dev.process import wait_until
@@ -53,7 +53,9 @@ def test_a_compacted_broker_serves_each_keys_latest_record_to_a_subscriber_from_
     from the closed ones (the journal's own count says how many); a subscriber from 0 gets, in
     order and once each, exactly what the journal holds: the closed segments' latest record per
     key, the active segment whole, key.3's delete among them; a prefix subscription the same of
-    its keys. Folding either into a table gives each key's last value, and no key.3."""
+    its keys. Folding either into a table gives each key's last value, and no key.3; so does the
+    SDK's read_table (fetches of 7 sequences), and a subscription from its sequence on folds in what
+    follows."""
     broker = BrokerServer(BrokerConfig(tmp_path / "data", ("prices",), journal=JOURNAL)).start()
     try:
         last = _publish(broker.endpoint, 50)
@@ -92,6 +94,18 @@ def test_a_compacted_broker_serves_each_keys_latest_record_to_a_subscriber_from_
 
         prefix = _replayed(broker.endpoint, "key.1", len([h for h in held if h[1] == "key.1"]))
         assert prefix == [h for h in held if h[1] == "key.1"]
+
+        with StreamClient(broker.endpoint, "prices") as client:  # the SDK's table view, a window at a time
+            snapshot = read_table(client, window=7)
+            assert dict(snapshot) == table and snapshot.sequence == 501
+            assert dict(read_table(client, "key.1")) == {k: v for k, v in table.items() if k.startswith("key.1")}
+        with StreamClient(broker.endpoint, "prices") as follower:  # a fetching client does not subscribe
+            follower.publish("key.1", b"")  # a change after the snapshot, folded in from a subscription
+            follower.flush()
+            follower.start("", since=Seq(snapshot.sequence))
+            wait_until(lambda: snapshot.apply(follower.receive_many(0.2)) or snapshot.sequence == 502,
+                       timeout=WAIT_S, what="the delete after the snapshot")  # fmt: skip
+            assert "key.1" not in snapshot and len(snapshot) == KEYS - 2
     finally:
         broker.stop()
 

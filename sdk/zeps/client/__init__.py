@@ -7,9 +7,10 @@ from zeps.client.partitioned import GroupConsumer, PartitionedStreamClient, Part
 from zeps.client.reconcile import MulticastStats
 from zeps.client.session import Fetched, Message, Records, Seq, Since, Time
 from zeps.client.sync import MulticastSubscription, StreamClient
+from zeps.client.table import Table, read_table
 
 __all__ = [
     "AsyncMulticastSubscription", "AsyncStreamClient", "BrokerUnavailableError", "Fetched", "GroupConsumer", "Message",
     "MulticastStats", "MulticastSubscription", "PartitionMessage", "PartitionedStreamClient", "Position", "Records",
-    "Seq", "Since", "StreamClient", "Time", "discover",
+    "Seq", "Since", "StreamClient", "Table", "Time", "discover", "read_table",
 ]  # fmt: skip
