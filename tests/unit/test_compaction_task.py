@@ -41,7 +41,8 @@ def test_the_loop_installs_what_the_thread_rewrote_and_offers_a_pass_only_when_o
                    what="the pass's end")  # fmt: skip
         assert task.segments > 0 and task.removed > 0 and task.failures == 0
         active = journal.replica_position()[0]
-        assert len(_bodies(journal)) == 3 + (journal.next_sequence - active), "each key's latest, then the active segment"
+        kept = 3 + (journal.next_sequence - active)  # each key's latest, then the active segment whole
+        assert len(_bodies(journal)) == kept
         task.turn(journal, now_ms=0)
         assert not task.busy, "nothing changed: no pass is offered"
     finally:
