@@ -20,14 +20,14 @@ import zeps.errors
 from harness import ZooKeeperHarness, fresh_py4j_connection, next_millisecond
 from zeps.batchstore import open_store
 from zeps.broker import BrokerConfig, BrokerServer, Registration
-from zeps.client import Seq, StreamClient
+from zeps.client import Seq, StreamClient, read_table
 from zeps.config import Resolved
 from zeps.coordination.batches import BatchQueue
 from zeps.errors import ConfigError
 from zeps.journal import Journal, JournalConfig
 from zeps.options import BatchOptions
 from zeps.paths import StreamPaths
-from zeps.spark import ZepsDataSource, queue_sink, topic_sink
+from zeps.spark import ZepsDataSource, latest_per_key, queue_sink, tombstones, topic_sink
 from zeps.spark.queries import WORKER_DID_NOT_CONNECT, start_query
 from zeps.spark.source import _QUEUE_TYPES, DataLossError, _Range, _StreamRead
 from zeps.tiering import TierUploader
@@ -200,6 +200,52 @@ def test_fail_on_data_loss_both_ways(spark: Any, zookeeper: ZooKeeperHarness, tm
         query.stop()
         got = [r["sequence"] for r in spark.sql("select sequence from lossy_skip order by sequence").collect()]
         assert got[0] >= first and got == list(range(got[0], 401))
+    finally:
+        broker.stop()
+
+
+def test_a_compacted_stream_read_as_a_table_and_deletes_written_back(
+    spark: Any, zookeeper: ZooKeeperHarness, tmp_path: Path
+) -> None:
+    """A compacted stream (--cleanup compact) read from the start in a batch job: its gaps are what
+    compaction removed, not data loss (option compacted=true; a ZepsStream's spec.cleanup says so),
+    and latest_per_key gives each key's latest value without the deleted keys; tombstones written by
+    the zeps writer delete keys for every table view after, the SDK's read_table included."""
+    journal = JournalConfig(fsync="group", segment_bytes=2048, cleanup="compact", min_cleanable_ratio=0.1)
+    registration = Registration(zookeeper.connect_string, "spark", "prices-0", chroot=zookeeper.root)
+    broker = BrokerServer(BrokerConfig(tmp_path / "j", ("prices",), journal=journal), registration=registration).start()
+    try:
+        with StreamClient(broker.endpoint, "prices") as c:
+            for i in range(400):
+                c.publish(f"eu.{i % 7}", b"" if i == 393 else b"%d" % i)  # eu.1's last record deletes it
+            c.flush()
+        _tail_published(broker, 400)
+
+        def compacted(what: str) -> float:
+            return broker.registry.get_sample_value(f"zeps_broker_compaction_{what}_total", {"stream": "prices"}) or 0
+
+        wait_until(lambda: compacted("segments") >= 1 and compacted("passes") >= 1, timeout=30,
+                   what="compaction of the closed segments")  # fmt: skip
+        spark.dataSource.register(ZepsDataSource)
+        reader = spark.read.format("zeps")
+        for k, v in {**_options(zookeeper, broker), "compacted": "true"}.items():
+            reader = reader.option(k, v)
+        rows = latest_per_key(reader.load()).collect()
+        expected = {f"eu.{k}": b"%d" % max(i for i in range(400) if i % 7 == k) for k in range(7) if k != 1}
+        assert {r["key"]: bytes(r["body"]) for r in rows} == expected
+        assert all(r["sequence"] == int(bytes(r["body"])) + 1 for r in rows)
+
+        writer = tombstones(spark.createDataFrame([("eu.2",), ("eu.3",)], "key string")).write.format("zeps")
+        for k, v in _options(zookeeper, broker).items():
+            writer = writer.option(k, v)
+        writer.mode("append").save()
+        with StreamClient(broker.endpoint, "prices") as c:
+            assert set(read_table(c)) == set(expected) - {"eu.2", "eu.3"}
+        with pytest.raises(Exception, match="removed by retention"):  # read as any stream, its gaps are loss
+            reader = spark.read.format("zeps")
+            for k, v in _options(zookeeper, broker).items():
+                reader = reader.option(k, v)
+            reader.load().collect()
     finally:
         broker.stop()
 

@@ -9,5 +9,15 @@
 from zeps.spark.queries import start_query
 from zeps.spark.sinks import batch_queue_sink, queue_sink, topic_sink
 from zeps.spark.source import DataLossError, ZepsDataSource
+from zeps.spark.tables import latest_per_key, tombstones
 
-__all__ = ["DataLossError", "ZepsDataSource", "batch_queue_sink", "queue_sink", "start_query", "topic_sink"]
+__all__ = [
+    "DataLossError",
+    "ZepsDataSource",
+    "batch_queue_sink",
+    "latest_per_key",
+    "queue_sink",
+    "start_query",
+    "tombstones",
+    "topic_sink",
+]

@@ -235,6 +235,11 @@ class _StreamRead:
         self.columns = columns  # what the query's schema names: only these are built
         self.pattern = options.get("pattern", "")
         self.fail_on_data_loss = _bool(options.get("failondataloss"), True)
+        #: a compacted stream (spec.cleanup with compact, or option compacted=true) has gaps by design:
+        #: they are not data loss (zeps.spark.latest_per_key reads it as a table)
+        self.compacted = "compact" in str(settings.spec.get("cleanup", "delete")) or _bool(
+            options.get("compacted"), False
+        )
         self.partition_size = int(options.get("partitionsize", "100000"))
         self.min_partitions = int(options.get("minpartitions", "1"))
         self.follower_reads = _bool(options.get("followerreads"), False)
@@ -359,9 +364,10 @@ class _StreamRead:
         return batch
 
     def _check_gaps(self, sequences: list[int], expected: int, end: int) -> None:
-        """Retention removed sequences this range needs: fail, or (failOnDataLoss=false) skip them."""
+        """Retention removed sequences this range needs: fail, or (failOnDataLoss=false) skip them. A
+        compacted stream's gaps are records compaction removed: skipped."""
         for sequence in sequences:
-            if sequence > expected and self.fail_on_data_loss:
+            if sequence > expected and self.fail_on_data_loss and not self.compacted:
                 raise DataLossError(
                     f"stream {self.settings.name}: sequences {expected}..{min(sequence - 1, end)} were "
                     "removed by retention; set failOnDataLoss=false to skip them"
