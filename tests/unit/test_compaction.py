@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from zeps._records import encode_record
 from zeps.journal import Journal, JournalConfig, JournalError, Record
 from zeps.journal.cleaned import CLEANED, SWAP
 from zeps.journal.compaction import Throttle
@@ -305,3 +306,22 @@ def test_the_io_budget_holds_a_pass_to_its_rate() -> None:
 def test_bad_compaction_settings_are_refused_by_name(config: dict[str, object], named: str) -> None:
     with pytest.raises(JournalError, match=named):
         JournalConfig(**config)  # type: ignore[arg-type]
+
+
+def test_a_closed_segment_read_whole_ends_at_a_record_of_the_next_segments_sequences(tmp_path: Path) -> None:
+    """A closed segment may have gaps (compacted), so one read whole (its seal lost) takes increasing
+    sequences; a record at or past the next segment's base (a stray write) still ends it there."""
+    j = _journal(tmp_path, cleanup="delete")
+    for i in range(3):
+        j.append("k", b"%d" % i)
+    j.close_idle_segment(now_ms=10**15, idle_ms=1)
+    j.append("k", b"3")
+    before = _all(j)
+    j.close()
+    first = tmp_path / f"{1:020d}.log"
+    size = first.stat().st_size
+    with first.open("ab") as f:
+        f.write(encode_record(7, 5, b"k", b"stray"))
+    first.with_suffix(".seal").unlink()
+    assert _all(_journal(tmp_path, cleanup="delete")) == before
+    assert first.stat().st_size == size, "cut where the stray record began"

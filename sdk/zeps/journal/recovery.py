@@ -20,6 +20,7 @@ crash during a roll), is read whole once and sealed.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -132,10 +133,10 @@ class SegmentFiles:
         self.directory.mkdir(parents=True, exist_ok=True)
         finish_compaction(self.directory)
         bases = sorted(int(p.stem) for p in self.directory.glob("*.log") if p.stem.isdigit())
-        for base in bases[:-1]:  # closed segments: their seal, else a full read (which seals them)
+        for base, after in itertools.pairwise(bases):  # closed segments: their seal, else a full read (which seals)
             seg = self._load_sealed(base)
             if seg is None:
-                seg = self._load(base, last=False)
+                seg = self._load(base, last=False, below=after)
                 try:
                     self._seal(seg)
                 except OSError as exc:  # the next start reads it whole again; nothing is lost
@@ -184,12 +185,12 @@ class SegmentFiles:
     def _log_path(self, base: int) -> Path:
         return self.directory / f"{base:0{NAME_DIGITS}d}.log"
 
-    def _load(self, base: int, *, last: bool) -> Segment:
+    def _load(self, base: int, *, last: bool, below: int = 2**64) -> Segment:
         path = self._log_path(base)
         seg = Segment(base, path, last_seq=base - 1)
         data = path.read_bytes()
         # what follows the first bad entry is dropped; a closed segment may have been compacted (gaps)
-        starts, marks, good_end = walk_segment(data, base, gaps=not last)
+        starts, marks, good_end = walk_segment(data, base, gaps=not last, below=below)
         since_index = self.config.index_interval_bytes  # index the first record
         for offset in starts:
             length, _, sequence, timestamp, _ = RECORD.unpack_from(data, offset)
@@ -272,8 +273,8 @@ class SegmentFiles:
         self.producers.producers.clear()
         self._journaled.clear()
         closed, self._segments = self._segments, []
-        for seg in closed:
-            self._segments.append(self._load(seg.base, last=False))
+        for seg, after in zip(closed, [*(s.base for s in closed[1:]), active.base], strict=True):
+            self._segments.append(self._load(seg.base, last=False, below=after))
         self._segments.append(self._load(active.base, last=True))
 
     def _write_index(self, seg: Segment) -> None:

@@ -179,13 +179,14 @@ class IndexFile:
 
 
 def walk_segment(
-    data: bytes, base: int, *, gaps: bool = False
+    data: bytes, base: int, *, gaps: bool = False, below: int = 2**64
 ) -> tuple[array[int], list[tuple[int, int, int, dict[str, Producer]]], int]:
     """(record starts, producer marks as (start, end, kind, producers), where the intact part ends) of
     a segment whose first record is ``base``. Intact: each entry's length fits and its CRC32C matches;
     records have the sequences base, base + 1, … (with ``gaps``, a closed segment that may have been
-    compacted: increasing sequences from ``base`` on); a mark sits where the sequence before it ended
-    and decodes; and the last group has all its records (else it is cut off, mark included)."""
+    compacted: increasing sequences from ``base`` on, each below ``below``, the next segment's base);
+    a mark sits where the sequence before it ended and decodes; and the last group has all its records
+    (else it is cut off, mark included)."""
     starts, marks = array("I"), list[tuple[int, int, int, dict[str, Producer]]]()
     offset, size, expect = 0, len(data), base
     group_at, missing = 0, 0  # the last group mark, and its records not seen yet
@@ -205,7 +206,7 @@ def walk_segment(
             marks.append((offset, end, kind, producers))
             group_at, missing = offset, follows
         else:
-            if offset + OVERHEAD + klen > end or sequence < expect or (sequence != expect and not gaps):
+            if offset + OVERHEAD + klen > end or not expect <= sequence < below or (sequence != expect and not gaps):
                 break
             starts.append(offset)
             expect = sequence + 1
