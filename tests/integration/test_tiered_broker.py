@@ -13,11 +13,11 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness import ReplicaSet, ZooKeeperHarness, tiered_records
+from harness import ReplicaSet, ZooKeeperHarness, next_millisecond, tiered_records
 from zeps.batchstore import open_store
 from zeps.broker import BrokerConfig, BrokerServer, Registration
 from zeps.broker.tiering import Tiering
-from zeps.client import Seq, StreamClient
+from zeps.client import Seq, StreamClient, Time
 from zeps.errors import PublishRefusedError
 from zeps.journal import Journal, JournalConfig, Record
 from zeps.paths import StreamPaths
@@ -134,6 +134,41 @@ def test_a_subscriber_from_0_gets_through_the_broker_what_only_the_store_holds(
         threes = _replayed(broker.endpoint, "order.3", 80)
         assert threes == [(i, b"order-%05d" % i) for i in range(1, 401) if i % 5 == 3]
         assert sum(serve.reads for serve in broker._tier_serves.values()) >= 2, "served from the journal alone"
+    finally:
+        broker.stop()
+
+
+def test_a_replay_from_a_time_only_the_store_holds_starts_at_its_first_record_at_or_after_it(
+    zookeeper: ZooKeeperHarness, seaweedfs_server: SeaweedFS, s3_url: str, tmp_path: Path
+) -> None:
+    """Records 1-200, a moment, records 201-400; once the volume keeps only the last segment, a
+    subscription and a fetch from that moment start at 201, found in the store (the manifest's last
+    timestamps name its object), then go on through the journal: every record from 201 once, in order.
+    A time past every record the store holds starts in the journal."""
+    broker = _broker(zookeeper, tmp_path / "data", Tiering(s3_url, endpoint=seaweedfs_server.endpoint))
+    try:
+        _publish(broker.endpoint, 1, 200)
+        next_millisecond()  # the broker stamps records in milliseconds: ``moment`` falls between two
+        moment = time.time()
+        next_millisecond()
+        _publish(broker.endpoint, 201, 200)
+        wait_until(lambda: _uploaded_all(broker), timeout=CATCH_UP_S, what="every closed segment in the store")
+        journal = broker.core.streams["orders"].journal
+        assert journal.first_sequence > 300
+        expected = [(i, b"order-%05d" % i) for i in range(201, 401)]
+        got: list[tuple[int, bytes]] = []
+        with StreamClient(broker.endpoint, "orders", timeout=30) as reader:
+            reader.start("", since=Time(moment))
+            deadline = time.monotonic() + CATCH_UP_S
+            while len(got) < 200 and time.monotonic() < deadline:
+                got += [(m.sequence, m.body) for m in reader.receive_many(0.5)]
+            got += [(m.sequence, m.body) for m in reader.receive_many(0.7)]  # nothing twice
+        assert got == expected
+        with StreamClient(broker.endpoint, "orders", timeout=30) as fetcher:
+            fetched = fetcher.fetch(since=Time(moment))
+            assert [(m.sequence, m.body) for m in fetched.messages] == expected and fetched.first == 201
+            late = fetcher.fetch(since=Time(time.time() + 60))
+            assert late.messages == []
     finally:
         broker.stop()
 

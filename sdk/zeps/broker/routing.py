@@ -89,14 +89,14 @@ class Routing(BrokerState):
         matcher = self._matcher(session, command.pattern)
         if matcher is None or not self._within_budget(session, matcher):
             return
-        journal = session.stream.journal
+        since_ms = 0
         if isinstance(command, SubscribeTime):
-            cursor = journal.seek_time(command.since)
+            cursor, since_ms = self._seek_time(session.stream, command.since)
         elif command.latest == LATEST:
             cursor = session.stream.routed + 1
         else:
             cursor = self._oldest_served(session.stream, command.latest + 1)
-        sub = Subscription(session, matcher, cursor, next(self._ids))
+        sub = Subscription(session, matcher, cursor, next(self._ids), since_ms=since_ms)
         self._add_subscription(sub)
         self._send(session.peer, session.conn.send(SubscribeOk()))
         if cursor > session.stream.routed:
@@ -132,6 +132,17 @@ class Routing(BrokerState):
         tiered stream's; the store's answer moves it on if not), else at the journal's first record."""
         return max(asked, 1) if stream.name in self.tier_reads else max(asked, stream.journal.first_sequence)
 
+    def _seek_time(self, stream: Stream, since_ms: int) -> tuple[int, int]:
+        """Where a replay from ``since_ms`` starts, and the time the object store is to be asked about
+        (0: not): the journal's first record at or after it, or, on a tiered stream whose volume starts
+        at or after that time, the store's oldest (the store's answer then moves it to its own first
+        record at or after the time)."""
+        journal = stream.journal
+        at = journal.seek_time(since_ms)
+        if stream.name in self.tier_reads and at <= journal.first_sequence:
+            return 1, since_ms
+        return at, 0
+
     def _remove_subscription(self, sub: Subscription) -> None:
         sub.session.subscriptions.remove(sub)
         self.subscription_count -= 1
@@ -154,15 +165,16 @@ class Routing(BrokerState):
         matcher = self._matcher(session, command.pattern)
         if matcher is None or not self._within_budget(session, matcher):
             return
-        stream, journal = session.stream, session.stream.journal
+        stream = session.stream
         end = min(command.last, stream.routed)
-        start = self._oldest_served(stream, command.first)
+        start, since_ms = self._oldest_served(stream, command.first), 0
         if command.since:
-            start = max(start, journal.seek_time(command.since))
+            at, since_ms = self._seek_time(stream, command.since)
+            start = max(start, at)
         if start > end:  # nothing in range (yet, or any longer)
             self._send(session.peer, session.conn.send(FetchEnd(first=end + 1, last=end)))
             return
-        sub = Subscription(session, matcher, start, next(self._ids), end=end, start=start)
+        sub = Subscription(session, matcher, start, next(self._ids), end=end, start=start, since_ms=since_ms)
         self._add_subscription(sub)
         self._lagging.append(sub)
 
@@ -433,7 +445,7 @@ class Routing(BrokerState):
         if sub.cursor >= oldest or stream.name not in self.tier_reads:
             return False
         read = TierRead(sub, sub.cursor, min(last, oldest - 1), min(budget, self.config.batch_bytes),
-                        self.config.replay_batch if not sub.session.batches else 1 << 30)  # fmt: skip
+                        self.config.replay_batch if not sub.session.batches else 1 << 30, sub.since_ms)  # fmt: skip
         self._tier_pending[sub.id] = read
         self.tier_wanted.append(read)
         return True
@@ -453,6 +465,8 @@ class Routing(BrokerState):
             return  # gone meanwhile
         stream = session.stream
         stalled = False
+        if not failed:  # the store was asked about the time: its answer is at or after it, or there is none
+            sub.since_ms = 0
         if failed:
             session.blocked_until = (time.monotonic() if now is None else now) + 1.0
         elif chunk is None:  # gone from the store too (its retention): from the journal's first record

@@ -69,6 +69,9 @@ class Subscription:
     #: a fetch (FETCH): the last sequence of its range (it ends there, never live), and where its range began
     end: int | None = None
     start: int = 0
+    #: a replay from a time the volume may no longer hold (a tiered stream's): the store is asked for its
+    #: first record at or after it; 0 once found (timestamps never decrease: every later record is too)
+    since_ms: int = 0
 
     @property
     def live(self) -> bool:
@@ -90,6 +93,7 @@ class TierRead:
     end: int
     max_bytes: int
     max_records: int
+    since_ms: int = 0  #: from the store's first record at or after this time (0: from ``start``)
 
 
 @dataclass(eq=False)

@@ -247,11 +247,20 @@ class TierServe:
         if not fresh:
             self.reader.refresh()
             self._refreshed = time.monotonic()
-        chunk = self.reader.read_chunk(read.start, max_bytes=read.max_bytes, max_records=read.max_records,
-                                       end=read.end)  # fmt: skip
+        chunk = self._read_from(read)
         if chunk is None and fresh:  # uploaded since the manifest was read: once more, read again
             self.reader.refresh()
             self._refreshed = time.monotonic()
-            chunk = self.reader.read_chunk(read.start, max_bytes=read.max_bytes, max_records=read.max_records,
-                                           end=read.end)  # fmt: skip
+            chunk = self._read_from(read)
         return chunk
+
+    def _read_from(self, read: Any) -> Chunk | None:
+        """``read``'s records from its start, or (a replay from a time) from the store's first record at
+        or after ``read.since_ms``: the manifest's last timestamps find its object, one object is read."""
+        start = read.start
+        if read.since_ms:
+            found = self.reader.seek_time(read.since_ms)
+            if not found:  # the store holds nothing that late: the journal does
+                return None
+            start = max(start, found)
+        return self.reader.read_chunk(start, max_bytes=read.max_bytes, max_records=read.max_records, end=read.end)
