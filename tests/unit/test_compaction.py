@@ -325,3 +325,18 @@ def test_a_closed_segment_read_whole_ends_at_a_record_of_the_next_segments_seque
     first.with_suffix(".seal").unlink()
     assert _all(_journal(tmp_path, cleanup="delete")) == before
     assert first.stat().st_size == size, "cut where the stray record began"
+
+
+def test_a_pass_maps_at_most_its_keys_and_compacts_only_the_segments_it_mapped(tmp_path: Path) -> None:
+    """compaction_max_keys bounds a pass's memory: once its map holds that many keys it stops, and only
+    the segments mapped so far are compacted; the rest keep every record."""
+    j = _journal(tmp_path, compaction_max_keys=2, min_cleanable_ratio=0)
+    for key, body in (("a", b"1"), ("a", b"2"), ("b", b"1")):
+        j.append(key, body)
+    j.close_idle_segment(now_ms=10**15, idle_ms=1)
+    for key, body in (("c", b"1"), ("c", b"2")):
+        j.append(key, body)
+    j.close_idle_segment(now_ms=10**15, idle_ms=1)
+    report = j.compact(now_ms=0)
+    assert report is not None and (report.records, report.keys, report.removed) == (3, 2, 1)
+    assert [(r.key, r.body) for r in _all(j)] == [("a", b"2"), ("b", b"1"), ("c", b"1"), ("c", b"2")]

@@ -95,7 +95,10 @@ class CompactionTask:
         if report.superseded and report.ratio >= self.config.min_cleanable_ratio:
             cutoff = now_ms - self.config.tombstone_retention_ms
             for seg in keys.segments:
-                cleaned = rewrite(seg, keys, cutoff, self.config, throttle)
+                try:
+                    cleaned = rewrite(seg, keys, cutoff, self.config, throttle)
+                except FileNotFoundError:  # retention removed it meanwhile (delete,compact): the pass ends
+                    break
                 if cleaned is None:
                     continue
                 self._results.put(cleaned)

@@ -13,7 +13,9 @@ later record of the same key superseded. What readers see:
   anything in the closed ones before the segment closes: a pass looks at closed segments only.
 
 When: a pass scans the closed segments (oldest first, mapping each key to its latest sequence, at most
-``compaction_max_keys`` keys: past that it stops and compacts the segments mapped so far) and starts
+``compaction_max_keys`` keys: past that it stops and compacts the segments mapped so far; a stream
+with more distinct keys in its closed segments than that compacts only its oldest ones, until a map
+of the segments not compacted yet, as Kafka's cleaner keeps, takes this one's place) and starts
 rewriting only if the superseded share of their records (and expired tombstones) is at least
 ``min_cleanable_ratio``. It scans again once a segment closes or a kept tombstone expires, not before.
 

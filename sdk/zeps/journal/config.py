@@ -31,7 +31,8 @@ Cleanup = Literal["delete", "compact", "delete,compact"]
 CLEANUPS: tuple[Cleanup, ...] = ("delete", "compact", "delete,compact")
 DEFAULT_TOMBSTONE_RETENTION_MS = 24 * 3600 * 1000  #: how long a compacted stream keeps a key's delete
 DEFAULT_MIN_CLEANABLE_RATIO = 0.5  #: the share of superseded records in closed segments that starts a compaction
-DEFAULT_COMPACTION_MAX_KEYS = 1_000_000  #: distinct keys one compaction pass maps at most (its memory)
+#: distinct keys one compaction pass maps at most: its memory, about 100 MB with keys of 255 bytes
+DEFAULT_COMPACTION_MAX_KEYS = 250_000
 DEFAULT_PRODUCER_TTL_MS = 24 * 3600 * 1000  # the broker's --producer-ttl, the ZepsStream's producers.ttlSeconds
 DEFAULT_MAX_PRODUCERS = 100_000  # --max-producers, producers.max
 MAX_SEGMENT_BYTES = 1 << 31  # offsets in a .off file are 4 bytes; a record may overshoot segment_bytes
