@@ -49,6 +49,7 @@ def test_the_loop_installs_what_the_thread_rewrote_and_offers_a_pass_only_when_o
         task.stop()
 
 
+@pytest.mark.pure  # patches a function of zeps.journal.compaction, which may be compiled
 def test_a_failed_pass_leaves_every_segment_and_the_next_comes_a_minute_later(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -58,7 +59,7 @@ def test_a_failed_pass_leaves_every_segment_and_the_next_comes_a_minute_later(
     def full(*_args: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("zeps.broker.compacting.rewrite", full)
+    monkeypatch.setattr("zeps.journal.compaction.rewrite", full)
     task = CompactionTask("prices", CONFIG).start()
     try:
         now = time.monotonic()

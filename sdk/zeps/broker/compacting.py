@@ -22,7 +22,7 @@ import threading
 import time
 
 from zeps.journal import CompactionReport, Journal, JournalConfig
-from zeps.journal.compaction import Cleaned, Throttle, map_keys, rewrite
+from zeps.journal.compaction import Cleaned, Throttle, run_pass
 from zeps.journal.segments import Segment
 
 __all__ = ["RETRY_AFTER_S", "CompactionTask"]
@@ -85,32 +85,16 @@ class CompactionTask:
             segments, now_ms = offer
             try:
                 self._results.put(self._pass(segments, now_ms))
-            except Exception as exc:
+            except Exception as exc:  # reported to the loop, which logs it and tries again later
                 self._results.put(exc)
 
     def _pass(self, segments: list[Segment], now_ms: int) -> CompactionReport:
-        throttle = Throttle(self.config.compaction_bytes_per_s)
-        keys = map_keys(segments, self.config, throttle, name=self.name)
-        report = keys.report(self.config, now_ms)
-        if report.superseded and report.ratio >= self.config.min_cleanable_ratio:
-            cutoff = now_ms - self.config.tombstone_retention_ms
-            for seg in keys.segments:
-                try:
-                    cleaned = rewrite(seg, keys, cutoff, self.config, throttle)
-                except FileNotFoundError:  # retention removed it meanwhile (delete,compact): the pass ends
-                    break
-                if cleaned is None:
-                    continue
-                self._results.put(cleaned)
-                if not self._acks.get():  # not installed (the segment changed, or the broker stops): end
-                    break
-                report.segments += 1
-                report.removed += cleaned.removed
-                report.bytes_before += cleaned.old_size
-                report.bytes_after += cleaned.new.size
-        report.slept_s = throttle.slept
-        if report.segments:
-            log.info("compacted %s: %d segments, %d records removed (%.0f%% superseded), %d bytes to %d", self.name,
-                     report.segments, report.removed, 100 * report.ratio, report.bytes_before,
-                     report.bytes_after)  # fmt: skip
-        return report
+        """A pass on this thread; each rewritten segment goes to the loop, and the thread waits for it
+        to be installed before writing the next."""
+
+        def install(cleaned: Cleaned) -> bool:
+            self._results.put(cleaned)
+            return self._acks.get()
+
+        return run_pass(segments, self.config, now_ms, install, Throttle(self.config.compaction_bytes_per_s),
+                        name=self.name)  # fmt: skip

@@ -224,6 +224,47 @@ def rewrite(seg: Segment, keys: KeyMap, cutoff: int, config: JournalConfig, thro
     return Cleaned(seg.size, new, removed)
 
 
+def run_pass(
+    closed: list[Segment],
+    config: JournalConfig,
+    now_ms: int,
+    install: Callable[[Cleaned], bool],
+    throttle: Throttle,
+    *,
+    name: str = "",
+) -> CompactionReport:
+    """One pass over ``closed`` (files only, but for ``install``): map the keys and, if enough records
+    are superseded, rewrite one segment at a time, each handed to ``install`` (the journal's owner puts
+    it in place; False: it was not, and the pass ends) before the next is written. A segment that
+    retention removed meanwhile ends the pass; JournalWriteError if the file system fails a rewrite
+    (that segment stays as it was)."""
+    keys = map_keys(closed, config, throttle, name=name)
+    report = keys.report(config, now_ms)
+    if report.superseded and report.ratio >= config.min_cleanable_ratio:
+        cutoff = now_ms - config.tombstone_retention_ms
+        for seg in keys.segments:
+            try:
+                cleaned = rewrite(seg, keys, cutoff, config, throttle)
+            except FileNotFoundError:  # retention removed it meanwhile (delete,compact)
+                break
+            except OSError as exc:
+                raise JournalWriteError(name, exc) from None
+            if cleaned is None:
+                continue
+            if not install(cleaned):  # the segment changed, or its owner stops
+                break
+            report.segments += 1
+            report.removed += cleaned.removed
+            report.bytes_before += cleaned.old_size
+            report.bytes_after += cleaned.new.size
+        if report.segments:
+            log.info("journal %s: compacted %d segments: %d records removed (%.0f%% superseded), %d bytes to %d",
+                     name, report.segments, report.removed, 100 * report.ratio, report.bytes_before,
+                     report.bytes_after)  # fmt: skip
+    report.slept_s = throttle.slept
+    return report
+
+
 def discard(log_path: Path) -> None:
     """Remove a segment's ``.cleaned`` files (a rewrite that failed or will not be installed)."""
     for suffix in SUFFIXES:
@@ -291,25 +332,9 @@ class Compacting(Copying):
         if not self.config.compacts or not (force or self.compaction_due(now)):
             return None
         throttle = Throttle(self.config.compaction_bytes_per_s, clock=clock, sleep=sleep)
-        keys = map_keys(self.compaction_view(), self.config, throttle, name=self.name)
-        report = keys.report(self.config, now)
-        if report.superseded and report.ratio >= self.config.min_cleanable_ratio:
-            cutoff = now - self.config.tombstone_retention_ms
-            for seg in keys.segments:
-                try:
-                    cleaned = rewrite(seg, keys, cutoff, self.config, throttle)
-                except OSError as exc:
-                    raise JournalWriteError(self.name, exc) from None
-                if cleaned is not None and self.install(cleaned, step):
-                    report.segments += 1
-                    report.removed += cleaned.removed
-                    report.bytes_before += cleaned.old_size
-                    report.bytes_after += cleaned.new.size
-            if report.segments:
-                log.info("journal %s: compacted %d segments: %d records removed, %d bytes to %d", self.name,
-                         report.segments, report.removed, report.bytes_before, report.bytes_after)  # fmt: skip
+        report = run_pass(self.compaction_view(), self.config, now, lambda cleaned: self.install(cleaned, step),
+                          throttle, name=self.name)  # fmt: skip
         self.compaction_done(report)
-        report.slept_s = throttle.slept
         return report
 
     def _forget_cached(self, last: int) -> None:
