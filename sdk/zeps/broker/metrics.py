@@ -82,10 +82,26 @@ class ReplicationMetrics:
                 self.lag.labels(name, follower).set(max(0, stream.journal.durable - f.durable))
 
 
-class TieringMetrics:
+class _TaskCounters:
+    """Counters that follow a task thread's own running totals: each update adds what a total grew by
+    since the last (a task counts in plain ints; the registry's counters only go up)."""
+
+    def __init__(self) -> None:
+        self._counted: dict[tuple[str, str], int] = {}
+
+    def _count(self, name: str, counters: tuple[tuple[Counter, str, int], ...]) -> None:
+        for counter, kind, value in counters:
+            seen = self._counted.get((name, kind), 0)
+            if value > seen:
+                counter.labels(name).inc(value - seen)
+                self._counted[(name, kind)] = value
+
+
+class TieringMetrics(_TaskCounters):
     """A tiered stream's gauges (``zeps-broker --tier-store``), from its TierTask (zeps.broker.tiering)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__()
         self.tiered_to = Gauge("zeps_broker_tier_tiered_to", "The object store holds every record of the stream up "
                                "to this sequence (-1: not known yet); local retention deletes only below it",
                                ["stream"], registry=registry)  # fmt: skip
@@ -99,25 +115,20 @@ class TieringMetrics:
         self.failures = Counter("zeps_broker_tier_failures", "Rounds of uploads that stopped on an error of the "
                                 "object store or ZooKeeper (each is tried again, with backoff)", ["stream"],
                                 registry=registry)  # fmt: skip
-        self._counted: dict[tuple[str, str], int] = {}
 
     def update(self, name: str, task: Any) -> None:
         self.tiered_to.labels(name).set(task.tiered_to)
         self.backlog_bytes.labels(name).set(task.backlog_bytes)
         self.backlog_segments.labels(name).set(task.backlog_segments)
-        for counter, kind, value in ((self.uploaded, "uploaded", task.uploaded), (self.failures, "failures",
-                                                                                  task.failures)):  # fmt: skip
-            seen = self._counted.get((name, kind), 0)
-            if value > seen:
-                counter.labels(name).inc(value - seen)
-                self._counted[(name, kind)] = value
+        self._count(name, ((self.uploaded, "uploaded", task.uploaded), (self.failures, "failures", task.failures)))
 
 
-class CompactionMetrics:
+class CompactionMetrics(_TaskCounters):
     """A compacted stream's counters (``zeps-broker --cleanup compact``), from its CompactionTask
     (zeps.broker.compacting)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__()
         self.passes = Counter("zeps_broker_compaction_passes", "Compaction passes finished (a pass maps the closed "
                               "segments' keys, and rewrites them if enough records are superseded)", ["stream"],
                               registry=registry)  # fmt: skip
@@ -129,15 +140,17 @@ class CompactionMetrics:
         self.failures = Counter("zeps_broker_compaction_failures", "Compaction passes that failed (a full volume: "
                                 "every segment stays as it was, the next pass a minute later)", ["stream"],
                                 registry=registry)  # fmt: skip
-        self._counted: dict[tuple[str, str], int] = {}
 
     def update(self, name: str, task: Any) -> None:
-        for counter, kind in ((self.passes, "passes"), (self.segments, "segments"), (self.removed, "removed"),
-                              (self.failures, "failures")):  # fmt: skip
-            value, seen = getattr(task, kind), self._counted.get((name, kind), 0)
-            if value > seen:
-                counter.labels(name).inc(value - seen)
-                self._counted[(name, kind)] = value
+        self._count(
+            name,
+            (
+                (self.passes, "passes", task.passes),
+                (self.segments, "segments", task.segments),
+                (self.removed, "removed", task.removed),
+                (self.failures, "failures", task.failures),
+            ),
+        )
 
 
 class BrokerMetrics:
