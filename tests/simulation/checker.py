@@ -12,18 +12,48 @@ reach. Then, at every step:
 * every replica ZooKeeper lists in sync holds the committed log durably (the next leader is one);
 * every replica's journal agrees with the committed log as far as both go, and never cuts it.
 
+A tiered stream's uploads (:mod:`simulation.tiering`), at every write of its manifest or fence:
+
+* only the replica that led an epoch writes the manifest in it, and never once a newer epoch claimed
+  the fence (``tier/leader``);
+* an object put into the store holds the committed log's records of its run, each committed already
+  when it lands (nothing uploaded that no quorum held yet, so nothing a later leader takes back);
+* ``copy-finished`` entries never overlap, and each one's object is whole and holds exactly the
+  committed log's records of its run;
+* no object of a ``copy-finished`` entry is ever deleted (no retention runs here).
+
 Liveness (:meth:`Checker.settled`): once every fault is healed, a leader with every replica in sync,
-every publish confirmed, every subscriber holding the whole committed log.
+every publish confirmed, every subscriber holding the whole committed log; a tiered stream's store
+holding every closed segment the leader counts committed, and no entry left ``copy-started``. At the
+end (:meth:`Checker.final`) the store's objects run from record 1 without a gap, and it holds at most
+one object no entry names per leader epoch (a deposed leader's put that landed after its entry was
+cleaned).
 """
 
 from __future__ import annotations
 
+import itertools
+import json
+from dataclasses import replace
 from typing import TYPE_CHECKING
+
+import crc32c
+
+from zeps.batchstore import BatchLostError
+from zeps.batchstore.format import reference_crc
+from zeps.tiering.manifest import State, TierEntry, decode_entry, tiered_to
+from zeps.tiering.objects import decode_object
 
 if TYPE_CHECKING:
     from simulation.world import Client, Replica, World
 
 STREAM = "prices"
+
+
+def _entry_of(key: str) -> TierEntry:
+    """The run an object's name says it holds (:func:`zeps.tiering.manifest.object_key`)."""
+    first, last, epoch = (int(part.lstrip("e")) for part in key.split("-")[:3])
+    return TierEntry(first, last, epoch, key, State.COPY_FINISHED)
 
 
 class Violation(AssertionError):  # noqa: N818 — the checker's word: an invariant violated
@@ -40,11 +70,17 @@ class Checker:
         self.read_to: dict[tuple[str, int, int], int] = {}  # (replica, incarnation, epoch) -> committed records read
         self.agreed: dict[tuple[str, int], int] = {}  # (replica, incarnation) -> its journal checked up to here
         self.confirmed_bodies: list[bytes] = []
+        #: the first violation (raised where it was found; a tier thread's is raised again in the event
+        #: that ran it, past the round's own error handling)
+        self.broken: Violation | None = None
+        self.fence = -1  # the highest epoch that claimed a tiered stream's fence
+        self.verified: set[str] = set()  # copy-finished objects checked against the committed log
 
     def fail(self, what: str) -> None:
-        raise Violation(
+        self.broken = Violation(
             f"seed {self.world.sim.seed} at t={self.world.sim.now:.4f}s (step {self.world.sim.steps}): {what}"
         )
+        raise self.broken
 
     # -- what clients saw ------------------------------------------------------------------
     def delivered(self, client: Client, sequence: int, body: bytes) -> None:
@@ -154,6 +190,84 @@ class Checker:
                     f"below the commit point {self.commit}"
                 )
 
+    # -- the tiering -------------------------------------------------------------------------------
+    def tier_written(self, replica: Replica, epoch: int, paths: list[str]) -> None:
+        """``replica``'s round of ``epoch`` changed ``paths`` (applied at the simulated ZooKeeper)."""
+        world = self.world
+        if world.paths.tier_leader in paths:
+            held = json.loads(world.zk.nodes[world.paths.tier_leader].data)["epoch"]
+            if held != epoch:
+                self.fail(f"{replica.name}'s round of epoch {epoch} wrote epoch {held} into the tiering's fence")
+            self.fence = max(self.fence, held)
+        if any(p.startswith(world.paths.tier_segments + "/") for p in paths):
+            if epoch < self.fence:
+                self.fail(f"{replica.name} changed the manifest in epoch {epoch}, after epoch {self.fence} claimed it")
+            if self.leaders.get(epoch) != replica.name:
+                self.fail(f"{replica.name} changed the manifest in epoch {epoch}, which "
+                          f"{self.leaders.get(epoch)} led")  # fmt: skip
+            self._check_manifest()
+
+    def manifest(self) -> list[TierEntry]:
+        nodes, prefix = self.world.zk.nodes, self.world.paths.tier_segments + "/"
+        entries = []
+        for path in sorted(p for p in nodes if p.startswith(prefix)):
+            try:
+                entries.append(decode_entry(nodes[path].data))
+            except ValueError as exc:
+                self.fail(f"manifest node {path} is out of shape: {exc}")
+        return entries
+
+    def _check_manifest(self) -> None:
+        finished = sorted((e for e in self.manifest() if e.state == State.COPY_FINISHED), key=lambda e: e.first)
+        for before, after in itertools.pairwise(finished):
+            if after.first <= before.last:
+                self.fail(f"the store's objects {before.key} and {after.key} overlap")
+        for entry in finished:
+            if entry.key not in self.verified:
+                self._verify(entry)
+                self.verified.add(entry.key)
+
+    def tier_upload(self, key: str, payload: bytes) -> None:
+        """An upload begins: each record of the object is committed already (only runs wholly at or
+        below the commit point are uploaded) and is the committed log's."""
+        self._holds_committed(_entry_of(key), payload, crc32c.crc32c(payload))
+
+    def tier_put(self, key: str, reference: str) -> None:
+        """An object landed in the store: it is whole, and still the committed log's."""
+        self._verify(replace(_entry_of(key), reference=reference))
+
+    def _verify(self, entry: TierEntry) -> None:
+        store = self.world.tier_store
+        assert store is not None
+        try:
+            payload = bytes(store.files.get(entry.reference))
+        except BatchLostError as exc:
+            self.fail(f"copy-finished entry {entry.first}..{entry.last} names an object that is not whole: {exc}")
+        self._holds_committed(entry, payload, reference_crc(entry.reference) or 0)
+
+    def _holds_committed(self, entry: TierEntry, payload: bytes, crc: int) -> None:
+        try:
+            chunk = decode_object(entry, payload, crc)
+        except BatchLostError as exc:
+            self.fail(f"the object {entry.key} is not whole: {exc}")
+        for record in chunk.records():
+            known = self.truth.get(record.sequence)
+            if known != record.body:
+                self.fail(f"the store's object {entry.key} holds {record.sequence}={record.body!r}; the committed "
+                          f"log holds {known!r}")  # fmt: skip
+
+    def tier_object_deleted(self, url: str) -> None:
+        for entry in self.manifest():
+            if entry.state == State.COPY_FINISHED and entry.key in url:
+                self.fail(f"the object of copy-finished entry {entry.first}..{entry.last} was deleted")
+
+    def tier_settled(self, leader: Replica) -> bool:
+        entries = self.manifest()
+        if any(e.state != State.COPY_FINISHED for e in entries):
+            return False
+        done, stream = tiered_to(entries), leader.core.streams[STREAM]  # type: ignore[union-attr]
+        return done >= stream.committed
+
     # -- after the faults --------------------------------------------------------------------
     def settled(self) -> bool:
         """Liveness: the stream is whole again and every client caught up."""
@@ -167,6 +281,8 @@ class Checker:
         if not leader.up or leader.core is None or leader.core.streams[STREAM].leader is None:
             return False
         commit = leader.core.streams[STREAM].leader.commit
+        if world.tier_store is not None and not self.tier_settled(leader):
+            return False
         for client in world.clients:
             if client.kind == "producer" and client.confirmed < world.options.messages:
                 return False
@@ -187,3 +303,15 @@ class Checker:
                 self.fail(f"producer {client.id}'s publishes were committed out of order")
             # a refused producer's unconfirmed publishes may be committed or not, never twice (checked
             # as the committed log grows: no body is at two sequences)
+        store = self.world.tier_store
+        if store is None:
+            return
+        entries = self.manifest()
+        finished = sorted((e for e in entries if e.state == State.COPY_FINISHED), key=lambda e: e.first)
+        if finished and (finished[0].first != 1 or tiered_to(entries) != finished[-1].last):
+            self.fail(f"the store's objects do not run from record 1 without a gap: "
+                      f"{[(e.first, e.last) for e in finished]}")  # fmt: skip
+        orphans = store.keys() - {e.key for e in entries}
+        if len(orphans) > len(self.leaders):
+            self.fail(f"{len(orphans)} objects in the store no manifest entry names, more than one per epoch "
+                      f"({len(self.leaders)}): {sorted(orphans)[:5]}")  # fmt: skip

@@ -13,7 +13,10 @@ crash (the unsynced tail of its journal lost), and a restarted replica's disk ma
 ZooKeeper's connection dropped for up to 6 s (the session may expire); a session expired outright;
 a replica cut off from the others; a clock jump (monotonic: up to 5 s; wall: seconds, or days ahead
 or back, past the idempotent producers' TTL). ZooKeeper operations fail before or
-after they are applied, and frames are lost (with their connection), at the seed's rates.
+after they are applied, and frames are lost (with their connection), at the seed's rates. In about
+two seeds of three the stream is tiered (:mod:`simulation.tiering`): the leaders upload to an object
+store whose calls fail at the tiering's rate and which, now and then, goes away or answers only
+after seconds, for up to 5 s.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from simulation.checker import Violation
+from simulation.tiering import TierOptions, outage
 from simulation.world import ACTING, Client, Options, World
 
 SETTLE_S = 60.0  #: simulated seconds the stream has to settle after the faults stop
@@ -48,6 +52,7 @@ class Outcome:
     epochs: int
     faults: list[str]
     error: str = ""
+    uploads: int = 0  #: objects put into the tiered stream's store (0: not tiered)
 
 
 def _plan(world: World) -> list[tuple[float, str, str]]:
@@ -112,8 +117,16 @@ def _inject(world: World, fault: str, target: str, log: list[str]) -> None:
         log[-1] += f" (wall clock {replica.wall_skew:+.0f}s)"
 
 
+def _store_down(world: World, log: list[str]) -> None:
+    seconds, slow = world.tier_rng.uniform(0.5, 5.0), world.tier_rng.random() < 0.5
+    log.append(f"{world.sim.now:.3f} store-{'slow' if slow else 'down'} {seconds:.1f}s")
+    outage(world, seconds, slow=slow)
+
+
 def _heal(world: World, log: list[str]) -> None:
     world.faulting = False
+    if world.tier_store is not None:
+        world.tier_store.down, world.tier_store.slow_until = False, 0.0
     for replica in world.replicas.values():
         replica.sync_every = (0.001, 0.02)
     world.network.cut.clear()
@@ -128,9 +141,11 @@ def _heal(world: World, log: list[str]) -> None:
             replica.disconnect_zookeeper(0.0)  # its reconnect is due: bring it now
 
 
-def run(seed: int, root: Path, *, options: Options | None = None, verbose: bool = False) -> Outcome:
+def run(seed: int, root: Path, *, options: Options | None = None, tiering: bool = True,
+        verbose: bool = False) -> Outcome:  # fmt: skip
+    """One seed (``tiering`` False: never tiered, as seeds ran before tiering came to the simulation)."""
     began = time.monotonic()
-    world = World(seed, root, options)
+    world = World(seed, root, options, tiering)
     ACTING.sim = world.sim
     faults: list[str] = []
     for replica in world.replicas.values():
@@ -143,6 +158,9 @@ def run(seed: int, root: Path, *, options: Options | None = None, verbose: bool 
 
     for when, fault, target in _plan(world):
         world.sim.at(when, lambda f=fault, t=target: _inject(world, f, t, faults))
+    if world.tiering is not None:  # the store's outages: from the tiering's own random source
+        for _ in range(world.tiering.outages):
+            world.sim.at(world.tier_rng.uniform(0.5, world.options.fault_s), lambda: _store_down(world, faults))
     world.sim.at(world.options.fault_s, lambda: _heal(world, faults))
     limit = world.options.fault_s + SETTLE_S
     error = ""
@@ -164,7 +182,8 @@ def run(seed: int, root: Path, *, options: Options | None = None, verbose: bool 
             print("  fault", line)
     return Outcome(seed, not error, world.sim.steps, round(world.sim.now, 3), round(time.monotonic() - began, 3),
                    sum(c.confirmed for c in world.clients), sum(len(c.delivered) for c in world.clients),
-                   len(world.checker.leaders), faults, error)  # fmt: skip
+                   len(world.checker.leaders), faults, error,
+                   len(world.tier_store.puts) if world.tier_store is not None else 0)  # fmt: skip
 
 
 def _situation(world: World) -> str:
@@ -178,6 +197,15 @@ def _situation(world: World) -> str:
             f"{len(c.delivered)}, attached {c.session.attached} at {c.at}, producer error "
             f"{c.session.producer_error}, refused {c.session.publish_refused or c.session.refused}"
         )
+    if world.tier_store is not None:
+        entries = world.checker.manifest()
+        parts.append(f"manifest {[(e.first, e.last, e.epoch, e.state.value) for e in entries][-6:]}")
+        for r in world.replicas.values():
+            if r.uploads is not None and r.core is not None:
+                rounds, stream = r.uploads.rounds, r.core.streams[world.stream]
+                closed = [(c.first, c.last) for c in stream.journal.closed_segments()][-4:]
+                parts.append(f"{r.name} tiering: tiered_to {rounds.tiered_to}, error {rounds.error!r}, "
+                             f"{rounds.failures} failures, closed {closed}, committed {stream.committed}")  # fmt: skip
     return "; ".join(parts)
 
 
@@ -215,12 +243,15 @@ def main(argv: list[str] | None = None) -> int:
             failed.append(seed)
             print(f"FAIL seed {seed}: {outcome.error}")
             print(f"  options: {json.dumps(asdict(Options.from_seed(__import__('random').Random(seed))))}")
+            tiering = TierOptions.from_seed(seed)
+            print(f"  tiering: {json.dumps(asdict(tiering)) if tiering is not None else 'none'}")
             print(f"  faults: {outcome.faults}")
             print(f"  replay: make sim SEEDS={seed}   (or: cd tests && python -m simulation.run --seed {seed} -v)")
         elif args.verbose:
             print(
                 f"ok seed {seed}: {outcome.steps} steps, {outcome.sim_s}s simulated in {outcome.wall_s}s, "
-                f"{outcome.confirmed} confirmed, {outcome.delivered} delivered, {outcome.epochs} epochs"
+                f"{outcome.confirmed} confirmed, {outcome.delivered} delivered, {outcome.epochs} epochs, "
+                f"{outcome.uploads} uploads"
             )
     wall = time.monotonic() - began
     summary = {"seeds": len(seeds), "failed": failed, "wall_s": round(wall, 2),

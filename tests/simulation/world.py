@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simulation.tiering import Check, SimStore, TierOptions, Uploads, snapshot
 from zeps.broker.core import BrokerConfig, BrokerCore, Outgoing
 from zeps.broker.replica import Close, Connect, MarkData, RecordCommit, ReplicaNode, ReplicaSettings, Send, WriteIsr
 from zeps.client.session import ClientSession
@@ -247,6 +248,28 @@ class SimZooKeeper:
                 return None
         raise AssertionError(f"unknown operation {op!r}")
 
+    def multi(self, session: Session, ops: list[Any]) -> list[Any]:
+        """A transaction (the tiering's: its nodes are watched by no one, so the watches its operations
+        fire before one fails are harmless): every operation applied, or none. The outcome per
+        operation: its result, or the error of the one that failed (the others then None)."""
+        saved = snapshot(self.nodes)
+        outcome: list[Any] = []
+        for i, op in enumerate(ops):
+            try:
+                if isinstance(op, Check):
+                    node = self.nodes.get(op.path)
+                    if node is None:
+                        raise zk.NoNodeError(op.path)
+                    if op.version not in (-1, node.version):
+                        raise zk.BadVersionError(op.path)
+                    outcome.append(True)
+                else:
+                    outcome.append(self.execute(session, op, lambda _name: None))
+            except zk.ZooKeeperError as exc:
+                self.nodes = saved
+                return [None] * i + [exc] + [None] * (len(ops) - i - 1)
+        return outcome
+
     def state(self) -> ReplicationState | None:
         node = self.nodes.get(PATHS.replication_state)
         return None if node is None else ReplicationState.decode(node.data)
@@ -400,6 +423,7 @@ class Replica:
         self._last_tick = 0.0
         self.durable_at_crash = 0  # what the disk held durably when it last went down
         self.sync_every = (0.001, 0.02)  # how often its disk syncs (seconds, a range)
+        self.uploads: Uploads | None = None  # a tiered stream's rounds (this incarnation's)
 
     @property
     def host(self) -> str:
@@ -407,6 +431,10 @@ class Replica:
 
     def local_now(self) -> float:
         return self.sim.now + self.skew
+
+    def wall_ms(self) -> int:
+        """Its wall clock (the producers' TTL, the records' time)."""
+        return int((self.world.epoch + self.sim.now + self.wall_skew) * 1000)
 
     def later(self, delay: float, fn: Callable[[], None]) -> None:
         """A timer of this incarnation (gone with it)."""
@@ -423,8 +451,7 @@ class Replica:
         self.up, self.paused = True, False
         journal = JournalConfig(fsync="interval", interval_ms=1e12, segment_bytes=self.world.options.segment_bytes)
         config = BrokerConfig(self.dir, (STREAM,), journal=journal, replicated=True, heartbeat_s=1.0, ttl_s=5.0)
-        wall_ms = lambda: int((self.world.epoch + self.sim.now + self.wall_skew) * 1000)  # noqa: E731
-        self.core = BrokerCore(config, wall_ms=wall_ms).open()
+        self.core = BrokerCore(config, wall_ms=self.wall_ms).open()
         settings = ReplicaSettings(self.world.options.min_insync, lag_s=2.0, heartbeat_s=0.1, leader_silence_s=1.0)
         self.node = ReplicaNode(self.core, STREAM, self.name, settings)
         self.events.clear()
@@ -435,6 +462,8 @@ class Replica:
         self._open_session()
         self._schedule_loop(0.0)
         self._schedule_sync()
+        if self.world.tier_store is not None:
+            self.uploads = Uploads(self)
 
     def _open_session(self) -> None:
         self.session = self.world.zk.open_session(self)
@@ -460,6 +489,7 @@ class Replica:
         journal = self.core.streams[STREAM].journal
         active, synced = journal._segments[-1].path, journal._synced_size
         self.durable_at_crash = journal.durable
+        self._end_uploads()
         journal._readers.close()
         journal._close_files()
         if lose_tail and active.exists() and active.stat().st_size > synced:
@@ -473,6 +503,11 @@ class Replica:
             self.driver.dead = True
         self.core = self.node = None
         self.world.host_gone(self.name)
+
+    def _end_uploads(self) -> None:
+        if self.uploads is not None:
+            self.uploads.kill()
+            self.uploads = None
 
     def stop(self) -> None:
         """SIGTERM: as :meth:`zeps.broker.server.BrokerServer.hand_over` then ``stop`` do it: the
@@ -505,6 +540,7 @@ class Replica:
         journal = self.core.streams[STREAM].journal
         self.core.flush_appends()  # what closing flushes may move a leader's commit point: checked first
         self.world.observe(self)
+        self._end_uploads()  # (the broker's waits for the round under way, at most 30 s: here it ends)
         self.core.close()  # flushed and synced: everything written is durable
         self.durable_at_crash = journal.written
         self.up = False
@@ -812,12 +848,21 @@ class Client:
 
 # -- the world -------------------------------------------------------------------------------------
 class World:
-    def __init__(self, seed: int, root: Path, options: Options | None = None) -> None:
+    stream = STREAM
+    paths = PATHS
+    tier_root = f"{PATHS.root}/tier"
+
+    def __init__(self, seed: int, root: Path, options: Options | None = None,
+                 tiering: TierOptions | bool = True) -> None:  # fmt: skip
+        """``tiering``: True draws the seed's (or none), False runs without."""
         from simulation.checker import Checker  # noqa: PLC0415
 
         self.sim = Sim(seed)
         self.options = options or Options.from_seed(random.Random(seed))
         self.root = root
+        self.tiering = TierOptions.from_seed(seed) if tiering is True else tiering or None
+        self.tier_rng = random.Random(f"tiering-run-{seed}")  # never the simulation's: seeds replay without
+        self.tier_store = SimStore(root / ".store", self.tiering, self) if self.tiering is not None else None
         self.zk = SimZooKeeper(self.sim, self.options)
         self.network = Network(self.sim, self)
         self.replicas = {f"r{i}": Replica(self, f"r{i}") for i in range(self.options.replicas)}

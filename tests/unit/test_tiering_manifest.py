@@ -14,9 +14,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from zeps._records import walk
+from zeps.broker.tiering import Tiering, TierRounds
 from zeps.journal import ClosedSegment, Journal, JournalConfig, JournalError
 from zeps.journal.producers import Producer
 from zeps.journal.segments import read_records
+from zeps.paths import StreamPaths
 from zeps.tiering.manifest import (
     State,
     TierEntry,
@@ -161,4 +163,24 @@ def test_local_retention_of_a_tiered_journal_waits_for_the_store(tmp_path: Path)
     removed = j.apply_retention(tiered_to=closed[1].last)
     assert removed == [closed[0].first, closed[1].first]
     assert j.first_sequence == closed[2].first
+    j.close()
+
+
+def test_a_quiet_segment_closes_by_the_loop_s_clock_even_behind_a_wall_clock_set_back(tmp_path: Path) -> None:
+    """A leader closes its idle active segment once its newest record is old by the records' time, or
+    once the journal took nothing for the idle interval by the loop's monotonic clock: with the wall
+    clock set back days behind the records, only the second ever says so (the simulation found it)."""
+    j = _journal(tmp_path, segment_bytes=1 << 20, fsync="always")
+    j.append("k", b"v", timestamp_ms=10**12)  # written while the wall clock ran days ahead
+    wall = 10**12 - 3 * 86_400_000  # now set back, behind the record
+    assert not j.close_idle_segment(now_ms=wall, idle_ms=2000), "by the records' time it is never idle"
+    rounds = TierRounds("s", None, StreamPaths.of("default", "s"), None, Tiering("file:///x", segment_idle_ms=2000))  # type: ignore[arg-type]
+    assert not rounds.quiet(j.written, now=100.0), "the first look starts the interval"
+    assert not rounds.quiet(j.written, now=101.9)
+    assert rounds.quiet(j.written, now=102.0)
+    assert j.close_idle_segment(now_ms=wall, idle_ms=0) and j.closed_segments()[-1].last == 1
+    assert not j.close_idle_segment(now_ms=wall, idle_ms=0), "an empty active segment stays"
+    j.append("k", b"w", timestamp_ms=wall)
+    assert not rounds.quiet(j.written, now=102.5), "a record starts the interval again"
+    assert rounds.quiet(j.written, now=104.5)
     j.close()

@@ -700,8 +700,10 @@ class BrokerServer:
             stream = self.core.streams[name]
             leader = stream.leader
             leading = self.node is None or leader is not None  # this broker uploads (and closes idle segments)
-            if leading and self.tiering is not None:
-                stream.journal.close_idle_segment(now_ms=self.core.wall_ms(), idle_ms=self.tiering.segment_idle_ms)
+            if leading and self.tiering is not None:  # idle by the records' time, or by the loop's clock
+                quiet = task.quiet(stream.journal.written, time.monotonic())
+                stream.journal.close_idle_segment(now_ms=self.core.wall_ms(),
+                                                  idle_ms=0 if quiet else self.tiering.segment_idle_ms)  # fmt: skip
             segments = tuple(stream.journal.closed_segments())
             task.offer(Offer(leading=leading, epoch=leader.epoch if leader else 0, segments=segments,
                              commit=stream.committed, local_bytes=stream.journal.size_bytes))  # fmt: skip

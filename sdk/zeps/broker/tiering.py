@@ -43,6 +43,7 @@ __all__ = [
     "ROUND_INTERVAL_S",
     "TIER_CACHE",
     "Offer",
+    "TierRounds",
     "TierServe",
     "TierTask",
     "Tiering",
@@ -90,9 +91,12 @@ class Offer:
     local_bytes: int  #: the journal's size on disk
 
 
-class TierTask:
-    """One stream's rounds on a thread (``zeps-tier-<stream>``); the figures below are read by the
-    loop and the metrics, written by the thread alone."""
+class TierRounds:
+    """One stream's rounds without a thread of their own: :meth:`due` says whether the loop's newest
+    offer calls for one, :meth:`round` runs it, blocking on the store and on ZooKeeper. A
+    :class:`TierTask` runs them on its thread; the replication simulation (``tests/simulation``) as
+    events of a simulated process. The figures below are read by the loop and the metrics, written by
+    the rounds alone."""
 
     def __init__(self, name: str, zk: Any, paths: StreamPaths, store: BatchStore, tiering: Tiering, *,
                  acl: list[Any] | None = None, wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
@@ -105,70 +109,58 @@ class TierTask:
         self.uploaded = 0  #: objects this broker put
         self.failures = 0  #: rounds that stopped on an error of the store or ZooKeeper
         self.error = ""  #: the last round's error ("" once a round succeeds)
+        self.stopping = False  #: a leader's rounds end after the upload under way
         self._fenced = -1  #: a newer leader fenced this epoch (and those below) out: no more uploads in it
         #: the last committed segment a round found nothing to upload up to (a gap in the manifest it
         #: cannot fill): a round for it again only after the interval
         self._idle_to = NOT_KNOWN
-        self._offer: Offer | None = None
-        self._stopping = False
-        self._wake = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name=f"zeps-tier-{name}", daemon=True)
+        self._uploader: TierUploader | None = None
+        self._last_round = -float("inf")
+        self._pause = 0.0  #: after a failed round: its backoff
+        self._written, self._written_at = -1, 0.0  #: the journal's last record, and when it last changed
 
-    def start(self) -> TierTask:
-        self._thread.start()
-        return self
+    def quiet(self, written: int, now: float) -> bool:
+        """Whether the journal, whose last record is ``written``, took none for ``segment_idle_ms`` by
+        the loop's monotonic clock (``now``, seconds). The leader closes its active segment then,
+        whatever the records' own time says: a wall clock set back behind them (or records written
+        under one running ahead) never makes the newest record look old."""
+        if written != self._written:
+            self._written, self._written_at = written, now
+            return False
+        return (now - self._written_at) * 1000 >= self.tiering.segment_idle_ms
 
-    def offer(self, offer: Offer) -> None:
-        """The loop's news (never blocks: the thread takes the newest when it is free)."""
-        with self._wake:
-            self._offer = offer
-            self._wake.notify()
+    def due(self, offer: Offer, now: float) -> bool:
+        """Whether a round is due at ``now`` (monotonic seconds): a closed, committed segment waits that
+        the store does not hold, or the interval passed since the last round; never within a failed
+        round's backoff."""
+        waiting = self._waiting(offer)
+        return now - self._last_round >= max(self._pause, 0.0 if waiting else self.interval_s)
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Ends after the round under way (an upload is not cut off midway)."""
-        with self._wake:
-            self._stopping = True
-            self._wake.notify()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    # -- the thread ------------------------------------------------------------------------------------
-    def _run(self) -> None:
-        uploader: TierUploader | None = None
-        offer: Offer | None = None
-        last_round = -float("inf")
-        pause = 0.0  # after a failed round: its backoff
-        while True:
-            with self._wake:
-                self._wake.wait_for(lambda: self._stopping or self._offer is not None)
-                if self._stopping:
-                    return
-                offer, self._offer = self._offer, None
-            assert offer is not None
-            now = time.monotonic()
-            if now - last_round < max(pause, 0.0 if self._waiting(offer) else self.interval_s):
-                continue
-            last_round, pause = now, 0.0
-            try:
-                if offer.leading and offer.epoch > self._fenced:
-                    if uploader is None or uploader.epoch != offer.epoch:
-                        uploader = TierUploader(self.zk, self.paths, self.store, epoch=offer.epoch, acl=self.acl)
-                    pause = self._lead(uploader, offer)
-                else:
-                    entries, _refused = read_manifest(self.zk, self.paths)
-                    self.tiered_to = tiered_to(entries)
-                    self.error = ""
-            except FencedError as exc:
-                log.info("tiering %s: %s; this broker no longer uploads in epoch %d", self.name, exc, offer.epoch)
-                self._fenced, uploader = offer.epoch, None
-            except (CoordinationError, ZepsError, OSError) as exc:  # a round's reads: the next one tries again
-                self.failures += 1
-                self.error = str(exc) or repr(exc)
-                log.warning("tiering %s: %s", self.name, self.error)
-            except Exception:  # a bug must not end the uploads for good, nor the broker
-                self.failures += 1
-                self.error = "an unexpected error (logged)"
-                log.exception("tiering %s: round failed", self.name)
+    def round(self, offer: Offer, now: float) -> None:
+        """One round at ``now``: a leader's uploads (:meth:`_lead`), or a follower's (or a fenced
+        leader's) read of the manifest to learn ``tiered_to``. A failure is counted and kept in
+        ``error``, never raised."""
+        self._last_round, self._pause = now, 0.0
+        try:
+            if offer.leading and offer.epoch > self._fenced:
+                if self._uploader is None or self._uploader.epoch != offer.epoch:
+                    self._uploader = TierUploader(self.zk, self.paths, self.store, epoch=offer.epoch, acl=self.acl)
+                self._pause = self._lead(self._uploader, offer)
+            else:
+                entries, _refused = read_manifest(self.zk, self.paths)
+                self.tiered_to = tiered_to(entries)
+                self.error = ""
+        except FencedError as exc:
+            log.info("tiering %s: %s; this broker no longer uploads in epoch %d", self.name, exc, offer.epoch)
+            self._fenced, self._uploader = offer.epoch, None
+        except (CoordinationError, ZepsError, OSError) as exc:  # a round's reads: the next one tries again
+            self.failures += 1
+            self.error = str(exc) or repr(exc)
+            log.warning("tiering %s: %s", self.name, self.error)
+        except Exception:  # a bug must not end the uploads for good, nor the broker
+            self.failures += 1
+            self.error = "an unexpected error (logged)"
+            log.exception("tiering %s: round failed", self.name)
 
     def _waiting(self, offer: Offer) -> bool:
         """Whether a closed, committed segment waits that the store does not hold (as last known)."""
@@ -194,9 +186,51 @@ class TierTask:
             if result.uploaded is None:
                 self._idle_to = max((s.last for s in offer.segments if s.last <= offer.commit), default=NOT_KNOWN)
                 break
-            if self._stopping:
+            if self.stopping:
                 break
         return 0.0
+
+
+class TierTask(TierRounds):
+    """:class:`TierRounds` on a thread of their own (``zeps-tier-<stream>``), fed by the loop's offers."""
+
+    def __init__(self, name: str, zk: Any, paths: StreamPaths, store: BatchStore, tiering: Tiering, *,
+                 acl: list[Any] | None = None, wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+                 interval_s: float = ROUND_INTERVAL_S) -> None:  # fmt: skip
+        super().__init__(name, zk, paths, store, tiering, acl=acl, wall_ms=wall_ms, interval_s=interval_s)
+        self._offer: Offer | None = None
+        self._wake = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name=f"zeps-tier-{name}", daemon=True)
+
+    def start(self) -> TierTask:
+        self._thread.start()
+        return self
+
+    def offer(self, offer: Offer) -> None:
+        """The loop's news (never blocks: the thread takes the newest when it is free)."""
+        with self._wake:
+            self._offer = offer
+            self._wake.notify()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Ends after the round under way (an upload is not cut off midway)."""
+        with self._wake:
+            self.stopping = True
+            self._wake.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                self._wake.wait_for(lambda: self.stopping or self._offer is not None)
+                if self.stopping:
+                    return
+                offer, self._offer = self._offer, None
+            assert offer is not None
+            now = time.monotonic()
+            if self.due(offer, now):
+                self.round(offer, now)
 
 
 class TierServe:

@@ -54,9 +54,10 @@ class Journal(Compacting):
     def close_idle_segment(self, *, now_ms: int, idle_ms: int) -> bool:
         """Close the active segment if it holds a record and its newest one is ``idle_ms`` old or more
         (by the records' own time): a quiet tiered stream's records then reach the object store within
-        about that long, instead of waiting for a segment to fill. True if it closed one."""
+        about that long, instead of waiting for a segment to fill. ``idle_ms`` 0 closes it whatever the
+        records' time (the caller found it idle by its own clock). True if it closed one."""
         active = self._segments[-1]
-        if active.last_seq < active.base or now_ms - self._last_ts < idle_ms:
+        if active.last_seq < active.base or (idle_ms > 0 and now_ms - self._last_ts < idle_ms):
             return False
         self._roll()
         return True
