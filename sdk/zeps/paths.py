@@ -32,7 +32,8 @@ ACL boundary, and one subtree per resource)::
                                       stream of one partition keeps its layout when it grows)
         tier/leader                   tiered streams: the epoch of the leader that uploads (its fencing token)
         tier/segments/<first>         tiered streams: JSON of one object of the journal in the object
-                                      store (its records first..last, epoch, state: zeps.tiering.manifest)
+                                      store (its records first..last, epoch, state: zeps.tiering.manifest);
+                                      <first>.<generation>: a compacted stream's run uploaded again
         consumers/<group>/members/<member>   ephemeral: a live member of a consumer group
         consumers/<group>/owners/<p>  ephemeral; data = member: who reads partition p now
         consumers/<group>/offsets/<p> JSON {sequence, owner}: the last sequence of p the group processed

@@ -72,8 +72,6 @@ def test_kubectl_applies_the_crds_and_defaults_fill_in(crds: ControlPlane, names
          "spec.compaction.minCleanableRatio"),
         ("ZepsStream", {"cleanup": "compact", "replicas": 3},
          "cleanup with compact: a compacted stream has one broker"),
-        ("ZepsStream", {"cleanup": "delete,compact", "tiering": {"storeUrl": "s3://b/p"}},
-         "cleanup with compact: a compacted stream has one broker (replicas 1) and no tiering yet"),
     ],
 )  # fmt: skip
 def test_invalid_specs_are_rejected_naming_the_field(

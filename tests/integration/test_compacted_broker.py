@@ -10,11 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from zeps.broker import BrokerConfig, BrokerServer
+from harness import ZooKeeperHarness
+from zeps.broker import BrokerConfig, BrokerServer, Registration
+from zeps.broker.tiering import Tiering
 from zeps.client import Seq, StreamClient, read_table
 from zeps.errors import ConfigError
 from zeps.journal import JournalConfig
+from zeps.paths import StreamPaths
+from zeps.tiering import read_manifest
 from zeps_dev.process import wait_until
+from zeps_dev.seaweedfs import SeaweedFS
 
 #: a segment every 2,000 bytes (about 40 records); any superseded record starts a pass
 JOURNAL = JournalConfig(segment_bytes=2000, fsync="always", cleanup="compact", min_cleanable_ratio=0.1)
@@ -110,9 +115,55 @@ def test_a_compacted_broker_serves_each_keys_latest_record_to_a_subscriber_from_
         broker.stop()
 
 
-def test_a_compacted_stream_is_refused_with_replication_or_tiering_for_now(tmp_path: Path) -> None:
-    """Compaction with replicas or a tier store: refused at start, naming the flags and the fix."""
-    from zeps.broker.tiering import Tiering  # noqa: PLC0415
+def test_a_compacted_stream_is_refused_with_replication_for_now(tmp_path: Path) -> None:
+    """Compaction with replicas: refused at start, naming the flags and the fix."""
+    from zeps.broker.server import Replication  # noqa: PLC0415
 
-    with pytest.raises(ConfigError, match="--cleanup compact: a compacted stream is neither replicated nor tiered"):
-        BrokerServer(BrokerConfig(tmp_path, ("prices",), journal=JOURNAL), tiering=Tiering("file:///tmp/x"))
+    with pytest.raises(ConfigError, match="--cleanup compact: a compacted stream is not replicated yet"):
+        BrokerServer(BrokerConfig(tmp_path, ("prices",), journal=JOURNAL), replication=Replication(2))
+
+
+def test_a_compacted_tiered_broker_keeps_each_key_s_latest_record_in_the_store_and_serves_it_from_0(
+    zookeeper: ZooKeeperHarness, seaweedfs_server: SeaweedFS, s3_url: str, tmp_path: Path
+) -> None:
+    """``--cleanup compact --tier-store`` on a real S3 server: closed segments are uploaded, then
+    compacted, then uploaded again (the manifest's runs in a newer generation, the older objects
+    deleted); once 2 s old the local copies go. A subscriber from 0 then gets the store's compacted
+    runs and the journal's rest: each key's latest record (key.3's delete among them), sequences
+    rising with gaps, far fewer than were published."""
+    journal = JournalConfig(segment_bytes=2000, fsync="always", cleanup="compact", min_cleanable_ratio=0.1,
+                            retention_ms=2000)  # fmt: skip
+    broker = BrokerServer(
+        BrokerConfig(tmp_path / "data", ("prices",), journal=journal),
+        registration=Registration(zookeeper.connect_string, "shop", "prices-0", chroot=zookeeper.root),
+        tiering=Tiering(s3_url, endpoint=seaweedfs_server.endpoint, segment_idle_ms=1000),
+    ).start()
+    paths = StreamPaths.of("shop", "prices", chroot=zookeeper.root)
+    try:
+        last = _publish(broker.endpoint, 50)
+        stream = broker.core.streams["prices"]
+
+        def generations() -> set[int]:
+            return {e.generation for e in read_manifest(zookeeper.client(), paths)[0]}
+
+        wait_until(lambda: max(generations(), default=0) >= 1, timeout=WAIT_S,
+                   what="a compacted run uploaded again")  # fmt: skip
+        wait_until(lambda: stream.journal.first_sequence > 400, timeout=WAIT_S,
+                   what="the local copies of the store's runs deleted")  # fmt: skip
+        entries, refused = read_manifest(zookeeper.client(), paths)
+        assert refused == 0 and len({e.first for e in entries}) == len(entries), "one generation of each run"
+        got: list[tuple[int, str, bytes]] = []
+        with StreamClient(broker.endpoint, "prices", timeout=30) as reader:
+            reader.start("", since=Seq(0))
+            deadline = time.monotonic() + WAIT_S
+            while (not got or got[-1][0] < 501) and time.monotonic() < deadline:  # 501: key.3's delete
+                got += [(m.sequence, m.key, m.body) for m in reader.receive_many(0.5)]
+        sequences = [s for s, _, _ in got]
+        assert sequences == sorted(set(sequences)) and sequences[0] < stream.journal.first_sequence
+        assert len(got) < 300, f"{len(got)} records: the store's runs are compacted"
+        table: dict[str, bytes] = {}
+        for _, key, body in got:
+            table[key] = body
+        assert table == {key: body for key, (_, body) in last.items()} | {"key.3": b""}
+    finally:
+        broker.stop()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from zeps._records import walk
-from zeps.broker.tiering import Tiering, TierRounds
+from zeps.broker.tiering import Offer, Tiering, TierRounds
 from zeps.journal import ClosedSegment, Journal, JournalConfig, JournalError
 from zeps.journal.producers import Producer
 from zeps.journal.segments import read_records
@@ -22,11 +23,14 @@ from zeps.paths import StreamPaths
 from zeps.tiering.manifest import (
     State,
     TierEntry,
+    current,
     decode_entry,
     encode_entry,
     expired,
     next_upload,
+    node_name,
     object_key,
+    superseded,
     tiered_to,
 )
 
@@ -45,6 +49,12 @@ def test_an_entry_reads_back_as_written() -> None:
     assert decode_entry(encode_entry(entry)) == entry
     started = _entry(10, 12, State.COPY_STARTED)
     assert decode_entry(encode_entry(started)) == started
+    compacted = replace(entry, generation=2, records=3)
+    assert decode_entry(encode_entry(compacted)) == compacted and compacted.count == 3
+    emptied = replace(entry, generation=1, records=0)
+    assert decode_entry(encode_entry(emptied)).count == 0
+    assert b"generation" not in encode_entry(entry), "a run never compacted is written as before"
+    assert (node_name(entry), node_name(compacted)) == ("00000000000000000005", "00000000000000000005.2")
 
 
 @pytest.mark.parametrize(
@@ -58,6 +68,9 @@ def test_an_entry_reads_back_as_written() -> None:
         ({"state": "copied"}, "state 'copied' is not one of"),
         ({"reference": ""}, "names its object's reference"),
         ({"epoch": 1.5}, "epoch must be a whole number"),
+        ({"generation": -1}, "generation must be a whole number"),
+        ({"records": 6}, "records must be a whole number from 0 to 5"),
+        ({"records": "2"}, "records must be a whole number"),
     ],
 )
 def test_a_node_out_of_shape_is_refused_saying_why(change: dict[str, object], says: str) -> None:
@@ -82,6 +95,22 @@ def test_the_store_holds_every_record_up_to_the_end_of_the_finished_run_from_the
     assert tiered_to(finished) == 20, "a gap (21..30 missing) ends it"
     assert tiered_to([*finished, _entry(21, 30, State.COPY_STARTED)]) == 20, "a copy not finished does not count"
     assert tiered_to([*finished, _entry(21, 30)]) == 40
+
+
+def test_readers_read_each_run_s_newest_finished_generation_and_the_older_ones_are_superseded() -> None:
+    old, new, started = (
+        _entry(11, 20),
+        replace(_entry(11, 20), generation=1, records=4),
+        replace(_entry(11, 20), generation=2, state=State.COPY_STARTED, reference=""),
+    )
+    entries = [_entry(1, 10), old, new, started, _entry(21, 30)]
+    assert current(entries) == [entries[0], new, entries[4]]
+    assert superseded(entries) == [old], "a copy not finished supersedes nothing"
+    assert tiered_to(entries) == 30
+    assert next_upload([_segment(21, 30), _segment(31, 40)], 40, entries).first == 31  # type: ignore[union-attr]
+    assert expired(entries, now_ms=0, retention_ms=None, retention_bytes=250, local_bytes=0) == [entries[0]], (
+        "retention counts each run once, by its newest generation's bytes"
+    )
 
 
 def test_the_next_upload_is_the_oldest_closed_segment_wholly_committed_above_what_the_store_holds() -> None:
@@ -184,3 +213,20 @@ def test_a_quiet_segment_closes_by_the_loop_s_clock_even_behind_a_wall_clock_set
     assert not rounds.quiet(j.written, now=102.5), "a record starts the interval again"
     assert rounds.quiet(j.written, now=104.5)
     j.close()
+
+
+def test_a_compacted_segment_changed_since_the_last_round_holds_local_retention_and_calls_a_round() -> None:
+    """Of a compacted stream, a segment the store holds that compaction rewrote since the last round
+    (its size changed) bounds local retention below it, and makes a round due at once: the store
+    gets the compacted records before the local copy goes."""
+    rounds = TierRounds("s", None, StreamPaths.of("default", "s"), None, Tiering("file:///x"))  # type: ignore[arg-type]
+    segments = (_segment(1, 10, size=500), _segment(11, 20, size=500), _segment(21, 30, size=500))
+    offer = Offer(leading=True, epoch=0, segments=segments, commit=30, local_bytes=1500, compacts=True)
+    rounds.tiered_to, rounds._synced = 30, {s.first: s.size for s in segments}
+    rounds._last_round = 100.0
+    assert rounds.retention_bound(offer) == 30 and not rounds.due(offer, 101.0)
+    shrunk = Offer(leading=True, epoch=0, segments=(segments[0], _segment(11, 20, size=120), segments[2]),
+                   commit=30, local_bytes=1120, compacts=True)  # fmt: skip
+    assert rounds.retention_bound(shrunk) == 10 and rounds.due(shrunk, 101.0)
+    plain = Offer(leading=True, epoch=0, segments=shrunk.segments, commit=30, local_bytes=1120)
+    assert rounds.retention_bound(plain) == 30, "a stream that does not compact: the store's bound alone"

@@ -45,6 +45,10 @@ class CompactionTask:
         self.busy = False  #: a pass is running (the loop offers no other)
         self.retry_at = 0.0  #: monotonic time before which no pass is offered (after a failure)
         self.passes = self.failures = self.removed = self.segments = 0  #: for the metrics
+        #: every closed segment up to this sequence was offered to a pass that finished: what local
+        #: retention of a tiered stream waits for, so the store gets the segments compacted
+        self.covered_to = 0
+        self._offered_to = 0
 
     def start(self) -> CompactionTask:
         self._thread.start()
@@ -69,6 +73,7 @@ class CompactionTask:
                 self._acks.put(installed)
             elif isinstance(item, CompactionReport):
                 self.busy, self.passes = False, self.passes + 1
+                self.covered_to = max(self.covered_to, self._offered_to)
                 journal.compaction_done(item)
             else:
                 self.busy, self.failures = False, self.failures + 1
@@ -78,7 +83,9 @@ class CompactionTask:
         moment = time.monotonic() if now is None else now
         if not self.busy and moment >= self.retry_at and journal.compaction_due(now_ms):
             self.busy = True
-            self._offers.put((journal.compaction_view(), now_ms))
+            view = journal.compaction_view()
+            self._offered_to = view[-1].last_seq if view else self._offered_to
+            self._offers.put((view, now_ms))
 
     def _run(self) -> None:
         while (offer := self._offers.get()) is not None:

@@ -213,7 +213,8 @@ def _tiering_flags(p: argparse.ArgumentParser) -> None:
                    help="tier the journal to this object store (s3://bucket/prefix, or file:///path): the leader "
                    "uploads closed, committed segments there, the manifest is kept in ZooKeeper (--zookeeper), and "
                    "a local segment is deleted only once the store holds it; --retention-ms/--retention-bytes are "
-                   "then the stream's total retention, kept in the store. Credentials: AWS_ACCESS_KEY_ID and "
+                   "then the stream's total retention, kept in the store (with --cleanup compact alone, the store "
+                   "keeps the compacted runs for good). Credentials: AWS_ACCESS_KEY_ID and "
                    "AWS_SECRET_ACCESS_KEY [ZEPS_BROKER_TIER_STORE]")  # fmt: skip
     g.add_argument("--tier-store-endpoint", default=_env("TIER_STORE_ENDPOINT"),
                    help="the S3 endpoint URL (an S3-compatible server) [ZEPS_BROKER_TIER_STORE_ENDPOINT]")  # fmt: skip
@@ -327,8 +328,10 @@ def tiering(args: argparse.Namespace) -> Tiering | None:
         raise ConfigError(f"--tier-segment-idle-ms={args.tier_segment_idle_ms}: must be at least 1")
     if args.tier_max_backlog_bytes is not None and args.tier_max_backlog_bytes < 1:
         raise ConfigError(f"--tier-max-backlog-bytes={args.tier_max_backlog_bytes}: must be at least 1")
+    deletes = "delete" in args.cleanup  # compacted alone: the store keeps each key's latest record for good
     return Tiering(args.tier_store, endpoint=args.tier_store_endpoint, region=args.tier_store_region,
-                   path_style=path_style, retention_ms=args.retention_ms, retention_bytes=args.retention_bytes,
+                   path_style=path_style, retention_ms=args.retention_ms if deletes else None,
+                   retention_bytes=args.retention_bytes if deletes else None,
                    segment_idle_ms=args.tier_segment_idle_ms,
                    max_backlog_bytes=args.tier_max_backlog_bytes)  # fmt: skip
 

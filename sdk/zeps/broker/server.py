@@ -260,9 +260,9 @@ class _InFlight:
 def _check_options(config: BrokerConfig, registration: Registration | None, replication: Replication | None,
                    tiering: Tiering | None) -> None:  # fmt: skip
     """ConfigError for options that need others: replication and tiering need ZooKeeper."""
-    if config.journal.compacts and (replication is not None or tiering is not None):
-        raise ConfigError(f"--cleanup {config.journal.cleanup}: a compacted stream is neither replicated nor tiered "
-                          "yet; drop --replicas/--tier-store, or use --cleanup delete")  # fmt: skip
+    if config.journal.compacts and replication is not None:
+        raise ConfigError(f"--cleanup {config.journal.cleanup}: a compacted stream is not replicated yet; drop "
+                          "--min-insync, or use --cleanup delete")  # fmt: skip
     if replication is not None and (registration is None or len(config.streams) != 1):
         raise ConfigError("a replicated broker serves one stream and registers in ZooKeeper (--zookeeper, "
                           "--member): its replicas find each other, and elect their leader, there")  # fmt: skip
@@ -683,18 +683,20 @@ class BrokerServer:
 
     def _tick_tasks(self) -> None:
         """A tick's turn of the threads beside the loop: tiering's and compaction's."""
-        self._offer_tiering()
         if self._compactions is None:  # the first tick: a thread per compacted stream
             self._compactions = {name: CompactionTask(name, self.config.journal).start()
                                  for name in self.config.streams if self.config.journal.compacts}  # fmt: skip
             self._compaction_metrics = CompactionMetrics(self.registry) if self._compactions else None
+        self._offer_tiering(self._compactions)
         for name, task in self._compactions.items():
             task.turn(self.core.streams[name].journal, self.core.wall_ms())
             if self._compaction_metrics is not None:
                 self._compaction_metrics.update(name, task)
 
-    def _offer_tiering(self) -> None:
-        """Each tiered stream's news to its TierTask, and its ``tiered_to`` back to the core (a tick's)."""
+    def _offer_tiering(self, compactions: dict[str, CompactionTask]) -> None:
+        """Each tiered stream's news to its TierTask, and how far local retention may delete back to the
+        core (a tick's): what the store holds, and of a compacted stream what a compaction pass saw
+        (so the store gets each segment as compaction left it)."""
         assert self.tiering is not None or not self._tier_tasks
         for name, task in self._tier_tasks.items():
             stream = self.core.streams[name]
@@ -705,9 +707,13 @@ class BrokerServer:
                 stream.journal.close_idle_segment(now_ms=self.core.wall_ms(),
                                                   idle_ms=0 if quiet else self.tiering.segment_idle_ms)  # fmt: skip
             segments = tuple(stream.journal.closed_segments())
-            task.offer(Offer(leading=leading, epoch=leader.epoch if leader else 0, segments=segments,
-                             commit=stream.committed, local_bytes=stream.journal.size_bytes))  # fmt: skip
-            tiered = self.core.tiered_to[name] = task.tiered_to
+            offer = Offer(leading=leading, epoch=leader.epoch if leader else 0, segments=segments,
+                          commit=stream.committed, local_bytes=stream.journal.size_bytes,
+                          compacts=self.config.journal.compacts)  # fmt: skip
+            task.offer(offer)
+            tiered, bound = task.tiered_to, task.retention_bound(offer)
+            compaction = compactions.get(name)
+            self.core.tiered_to[name] = bound if compaction is None else min(bound, compaction.covered_to)
             # this tick's backlog (the task's gauge is its last round's): what the limit is held to
             waiting = sum(s.size for s in segments if s.last > tiered) if tiered != NOT_KNOWN else 0
             was, stream.tier_behind = stream.tier_behind, self._tier_behind(task, waiting, leading=leading)

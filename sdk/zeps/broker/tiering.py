@@ -89,6 +89,7 @@ class Offer:
     segments: tuple[ClosedSegment, ...]
     commit: int  #: the last record a quorum holds (an unreplicated stream: the last durable one)
     local_bytes: int  #: the journal's size on disk
+    compacts: bool = False  #: the journal compacts its closed segments: the store's runs are uploaded again
 
 
 class TierRounds:
@@ -118,6 +119,9 @@ class TierRounds:
         self._last_round = -float("inf")
         self._pause = 0.0  #: after a failed round: its backoff
         self._written, self._written_at = -1, 0.0  #: the journal's last record, and when it last changed
+        #: a compacted stream's closed segments (first -> size) as the last whole round left them, the
+        #: store in step with each it holds: one that compaction changed since waits for a round
+        self._synced: dict[int, int] = {}
 
     def quiet(self, written: int, now: float) -> bool:
         """Whether the journal, whose last record is ``written``, took none for ``segment_idle_ms`` by
@@ -133,8 +137,23 @@ class TierRounds:
         """Whether a round is due at ``now`` (monotonic seconds): a closed, committed segment waits that
         the store does not hold, or the interval passed since the last round; never within a failed
         round's backoff."""
-        waiting = self._waiting(offer)
+        waiting = self._waiting(offer) or self._changed(offer) is not None
         return now - self._last_round >= max(self._pause, 0.0 if waiting else self.interval_s)
+
+    def retention_bound(self, offer: Offer) -> int:
+        """How far local retention may delete: ``tiered_to``, but of a compacted stream not from a
+        segment compaction changed since the last round (its object in the store may hold records the
+        segment no longer does: the next round uploads it again first)."""
+        changed = self._changed(offer)
+        return self.tiered_to if changed is None else min(self.tiered_to, changed.first - 1)
+
+    def _changed(self, offer: Offer) -> ClosedSegment | None:
+        """The first segment the store holds that compaction changed since the last round (None: none,
+        or the journal does not compact)."""
+        if not offer.compacts:
+            return None
+        return next((s for s in offer.segments if s.last <= self.tiered_to and self._synced.get(s.first) != s.size),
+                    None)  # fmt: skip
 
     def round(self, offer: Offer, now: float) -> None:
         """One round at ``now``: a leader's uploads (:meth:`_lead`), or a follower's (or a fenced
@@ -173,7 +192,7 @@ class TierRounds:
         for _ in range(len(offer.segments) + 1):
             result: StepResult = uploader.step(
                 list(offer.segments), offer.commit, now_ms=self.wall_ms(), retention_ms=self.tiering.retention_ms,
-                retention_bytes=self.tiering.retention_bytes, local_bytes=offer.local_bytes,
+                retention_bytes=self.tiering.retention_bytes, local_bytes=offer.local_bytes, compacts=offer.compacts,
             )  # fmt: skip
             self.tiered_to = result.tiered_to
             self.backlog_segments, self.backlog_bytes = result.backlog_segments, result.backlog_bytes
@@ -185,6 +204,7 @@ class TierRounds:
             self.error = ""
             if result.uploaded is None:
                 self._idle_to = max((s.last for s in offer.segments if s.last <= offer.commit), default=NOT_KNOWN)
+                self._synced = {s.first: s.size for s in offer.segments}
                 break
             if self.stopping:
                 break

@@ -65,10 +65,11 @@ class Journal(Compacting):
     def apply_retention(self, *, now_ms: int | None = None, tiered_to: int | None = None) -> list[int]:
         """Delete whole closed segments past retention (age or bytes); returns their base sequences. A
         tiered stream's (``tiered_to``: the object store holds every record up to it) keeps a segment
-        until the store holds all of it, whatever its age or size."""
+        until the store holds all of it, whatever its age or size; its retention is the local copy's,
+        so it applies whatever the cleanup (a compacted stream's records stay in the store)."""
         now = int(time.time() * 1000) if now_ms is None else now_ms
         removed: list[int] = []
-        while len(self._segments) > 1 and self.config.deletes:
+        while len(self._segments) > 1 and (self.config.deletes or tiered_to is not None):
             oldest = self._segments[0]
             if tiered_to is not None and oldest.last_seq > tiered_to:
                 break

@@ -18,6 +18,14 @@ never meets an object of an earlier try). Only ``copy-finished`` entries are rea
 that is gone on purpose, and a deletion cut off is finished by the next uploader ("delete-finished"
 is the node's removal).
 
+A compacted stream's segments lose records after their upload (:mod:`zeps.journal.compaction`): the
+leader then uploads the compacted run again as the entry's next *generation* (the node
+``<first>.<generation>``, the same run ``first .. last`` holding fewer records, ``records`` of them),
+through the same states; once it is ``copy-finished`` the older generation is *superseded*: deleted
+like an entry past retention (``delete-started``, its object, its node). Readers read the newest
+finished generation of each run (:func:`current`); a crash between the two leaves both, and the
+next round deletes the older.
+
 Everything here is a pure function of the entries and the journal's closed segments: the uploader
 (:mod:`zeps.tiering.uploader`) does the writes, the reader (:mod:`zeps.tiering.reader`) the reads.
 A node is data anyone with write access to the stream's subtree could have written: it is parsed
@@ -41,11 +49,14 @@ __all__ = [
     "State",
     "TierEntry",
     "Upload",
+    "current",
     "decode_entry",
     "encode_entry",
     "expired",
     "next_upload",
+    "node_name",
     "object_key",
+    "superseded",
     "tiered_to",
 ]
 
@@ -75,12 +86,27 @@ class TierEntry:
     last_ts: int = 0  #: ms: the last record's timestamp
     size: int = 0  #: bytes of records
     reference: str = ""  #: the store's reference (its URL and CRC32C), once copy-finished
+    generation: int = 0  #: 0 as first uploaded; one more each time a compacted run replaces it
+    #: how many records the object holds, when compaction removed some of ``first .. last`` (None:
+    #: every one of them); 0 when it removed them all (an empty object keeps the run contiguous)
+    records: int | None = None
+
+    @property
+    def count(self) -> int:
+        """The records its object holds."""
+        return self.last - self.first + 1 if self.records is None else self.records
 
     def finished(self, reference: str) -> TierEntry:
         return replace(self, state=State.COPY_FINISHED, reference=reference)
 
     def deleting(self) -> TierEntry:
         return replace(self, state=State.DELETE_STARTED)
+
+
+def node_name(entry: TierEntry) -> str:
+    """An entry's node: its first sequence, 20 digits (the manifest lists in order of sequence), then
+    ``.<generation>`` from the first compacted generation on."""
+    return f"{entry.first:020d}" + (f".{entry.generation}" if entry.generation else "")
 
 
 def object_key(first: int, last: int, epoch: int, token: str) -> str:
@@ -95,6 +121,10 @@ def encode_entry(entry: TierEntry) -> bytes:
                            "bytes": entry.size}  # fmt: skip
     if entry.reference:
         out["reference"] = entry.reference
+    if entry.generation:
+        out["generation"] = entry.generation
+    if entry.records is not None:
+        out["records"] = entry.records
     return json.dumps(out, separators=(",", ":")).encode()
 
 
@@ -124,15 +154,39 @@ def decode_entry(data: bytes) -> TierEntry:
         raise ValueError("reference must be a string of at most 1024 characters")
     if state == State.COPY_FINISHED and not reference:
         raise ValueError("a copy-finished entry names its object's reference")
+    generation, records = raw.get("generation", 0), raw.get("records")
+    if type(generation) is not int or not 0 <= generation < 1 << 32:
+        raise ValueError(f"generation must be a whole number from 0 to 2^32-1, not {generation!r}")
+    span = ints["last"] - ints["first"] + 1
+    if records is not None and (type(records) is not int or not 0 <= records <= span):
+        raise ValueError(f"records must be a whole number from 0 to {span} (the run's length), not {records!r}")
     return TierEntry(ints["first"], ints["last"], ints["epoch"], key, State(state), ints["firstTs"], ints["lastTs"],
-                     ints["bytes"], reference)  # fmt: skip
+                     ints["bytes"], reference, generation, records)  # fmt: skip
+
+
+def current(entries: list[TierEntry]) -> list[TierEntry]:
+    """The ``copy-finished`` entries readers read, by first sequence: of each run, its newest finished
+    generation."""
+    newest: dict[int, TierEntry] = {}
+    for entry in entries:
+        if entry.state == State.COPY_FINISHED:
+            known = newest.get(entry.first)
+            if known is None or entry.generation > known.generation:
+                newest[entry.first] = entry
+    return sorted(newest.values(), key=lambda e: e.first)
+
+
+def superseded(entries: list[TierEntry]) -> list[TierEntry]:
+    """The ``copy-finished`` entries a newer finished generation of their run replaced (to delete)."""
+    kept = set(map(id, current(entries)))
+    return [e for e in entries if e.state == State.COPY_FINISHED and id(e) not in kept]
 
 
 def tiered_to(entries: list[TierEntry]) -> int:
     """The last sequence up to which the store holds every record from the first tiered one on: the end
     of the contiguous run of ``copy-finished`` entries from the lowest (0 when there is none). A local
     segment may be deleted by local retention only up to here."""
-    finished = sorted((e for e in entries if e.state == State.COPY_FINISHED), key=lambda e: e.first)
+    finished = current(entries)
     if not finished:
         return 0
     end = finished[0].last
@@ -156,7 +210,7 @@ def next_upload(segments: list[ClosedSegment], commit: int, entries: list[TierEn
     """The next run of the local journal to upload, oldest first: the part above what the store holds
     of a closed segment wholly at or below ``commit`` (a record no quorum holds is never uploaded; the
     active segment is never given). None when there is nothing to upload (yet)."""
-    done = max((e.last for e in entries if e.state == State.COPY_FINISHED), default=0)
+    done = max((e.last for e in current(entries)), default=0)
     for segment in segments:
         if segment.last <= done or segment.last < segment.first:
             continue
@@ -171,7 +225,7 @@ def expired(entries: list[TierEntry], *, now_ms: int, retention_ms: int | None,
     """The ``copy-finished`` entries the stream's total retention deletes, oldest first: those whose
     last record is older than ``retention_ms``, and the oldest while the stream (the store's objects
     and ``local_bytes`` not in them) holds more than ``retention_bytes``."""
-    finished = sorted((e for e in entries if e.state == State.COPY_FINISHED), key=lambda e: e.first)
+    finished = current(entries)
     total = sum(e.size for e in finished) + local_bytes
     out = []
     for entry in finished:

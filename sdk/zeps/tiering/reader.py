@@ -26,7 +26,7 @@ from zeps.batchstore.format import reference_crc
 from zeps.journal import Chunk
 from zeps.journal.chunks import fit_chunk
 from zeps.paths import StreamPaths
-from zeps.tiering.manifest import State, TierEntry, tiered_to
+from zeps.tiering.manifest import TierEntry, current, tiered_to
 from zeps.tiering.objects import decode_object
 from zeps.tiering.uploader import read_manifest
 
@@ -61,8 +61,7 @@ class TierReader:
         """Read the manifest again (what it lists finished and contiguous from the lowest is readable)."""
         entries, _ = read_manifest(self.zk, self.paths)
         done = tiered_to(entries)
-        self._entries = sorted((e for e in entries if e.state == State.COPY_FINISHED and e.last <= done),
-                               key=lambda e: e.first)  # fmt: skip
+        self._entries = [e for e in current(entries) if e.last <= done]
         return self._entries
 
     @property
@@ -79,28 +78,45 @@ class TierReader:
                    end: int | None = None) -> Chunk | None:  # fmt: skip
         """Records from ``start`` (or the oldest the store holds, if later) up to ``end`` (default: all
         it holds), within one object and ``max_bytes`` (but at least one record); None when the store
-        holds none of them."""
+        holds none of them. A compacted stream's chunk may skip sequences (``Chunk.sequence``): the
+        records compaction removed, and whole runs it emptied."""
         if not self._entries:
             return None
         start = max(start, self.first_sequence)
         end = self.last_sequence if end is None else min(end, self.last_sequence)
-        if start > end:
-            return None
-        i = bisect.bisect_right(self._entries, start, key=lambda e: e.first) - 1
-        entry = self._entries[i]
-        chunk = self._object(entry)
-        begin = start - entry.first
-        stop = fit_chunk(chunk, begin, min(end, entry.last) - entry.first + 1, max_bytes, max_records, force=True)
-        return chunk.part(begin, stop)
+        while start <= end and self._entries:
+            i = bisect.bisect_right(self._entries, start, key=lambda e: e.first) - 1
+            entry, chunk = self._object_again_if_replaced(self._entries[max(i, 0)])
+            if chunk.sequences is None:
+                begin, stop = start - entry.first, min(end, entry.last) - entry.first + 1
+            else:  # compacted: the records at or after start, up to end
+                begin = bisect.bisect_left(chunk.sequences, start)
+                stop = bisect.bisect_right(chunk.sequences, end)
+            if begin < stop:
+                return chunk.part(begin, fit_chunk(chunk, begin, stop, max_bytes, max_records, force=True))
+            start = entry.last + 1  # none left of this run: the next one's
+        return None
+
+    def _object_again_if_replaced(self, entry: TierEntry) -> tuple[TierEntry, Chunk]:
+        """``entry`` and its object; if that is gone, the manifest read again: a compacted generation may
+        have replaced it (the run's newest one is read then), else the loss is raised."""
+        try:
+            return entry, self._object(entry)
+        except BatchLostError:
+            runs = self.refresh()
+            newer = next((e for e in runs if e.first == entry.first and e.generation > entry.generation), None)
+            if newer is None:
+                raise
+            return newer, self._object(newer)
 
     def seek_time(self, timestamp_ms: int) -> int:
         """The first sequence the store holds with a timestamp at or after ``timestamp_ms`` (0: none)."""
         for entry in self._entries:
-            if entry.last_ts >= timestamp_ms:
+            if entry.last_ts >= timestamp_ms and entry.count:
                 chunk = self._object(entry)
                 for i in range(len(chunk)):
                     if chunk.record(i).timestamp_ms >= timestamp_ms:
-                        return entry.first + i
+                        return chunk.sequence(i)
         return 0
 
     # -- objects ------------------------------------------------------------------------------------

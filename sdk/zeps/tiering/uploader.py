@@ -9,12 +9,14 @@ that lost its lead (a newer epoch claimed the node) has each write refused and s
 
 :meth:`TierUploader.step` does one round: read the manifest, finish what an earlier uploader left
 (``copy-started``: its object deleted, then its node, and the run uploaded again under a new name;
-``delete-started``: the deletion finished), delete what total retention no longer keeps, upload the
-next closed run wholly at or below the commit point. A failure of the object store or of ZooKeeper
-ends the round; the next round starts over from the manifest, after a backoff that doubles up to
-:data:`MAX_BACKOFF_S` (the journal keeps its segments meanwhile: nothing is lost while the store is
-away, the backlog grows). A step blocks on the store and on ZooKeeper: the broker runs it on a thread
-of its own, never on its event loop.
+``delete-started``: the deletion finished; a generation a newer one superseded: deleted), delete
+what total retention no longer keeps, upload the next closed run wholly at or below the commit point;
+and, of a compacted stream with nothing new to upload, one run whose local segment compaction
+shrank since its upload, as the run's next generation (the older one then deleted). A failure of
+the object store or of ZooKeeper ends the round; the next round starts over from the manifest, after
+a backoff that doubles up to :data:`MAX_BACKOFF_S` (the journal keeps its segments meanwhile:
+nothing is lost while the store is away, the backlog grows). A step blocks on the store and on
+ZooKeeper: the broker runs it on a thread of its own, never on its event loop.
 
 Left as they are: a node in the manifest that is not in shape (refused, never read; if it sits where
 the next upload's node goes, the uploads stop there with an error naming it, and the backlog grows);
@@ -41,11 +43,14 @@ from zeps.paths import StreamPaths
 from zeps.tiering.manifest import (
     State,
     TierEntry,
+    current,
     decode_entry,
     encode_entry,
     expired,
     next_upload,
+    node_name,
     object_key,
+    superseded,
     tiered_to,
 )
 from zeps.tiering.objects import encode_object
@@ -80,7 +85,7 @@ def read_manifest(zk: Any, paths: StreamPaths) -> tuple[list[TierEntry], int]:
     for name, data in read_children(zk, paths.tier_segments, limit=MAX_ENTRIES):
         try:
             entry = decode_entry(data)
-            if name != _name(entry):
+            if name != node_name(entry):
                 raise ValueError(f"the node of records {entry.first}.. is named {name!r}")
         except ValueError as exc:
             log.warning("tier manifest %s/%s refused: %s", paths.tier_segments, name, exc)
@@ -88,11 +93,6 @@ def read_manifest(zk: Any, paths: StreamPaths) -> tuple[list[TierEntry], int]:
             continue
         entries.append(entry)
     return entries, refused
-
-
-def _name(entry: TierEntry) -> str:
-    """An entry's node: its first sequence, 20 digits (the manifest lists in order of sequence)."""
-    return f"{entry.first:020d}"
 
 
 class TierUploader:
@@ -106,12 +106,17 @@ class TierUploader:
         self._token = token
         self._rng = rng or random.Random()
         self._failures = 0
+        #: (segment's first, its size, the entry's key) -> whether the segment's part of that run holds
+        #: fewer bytes of records than the entry's object (compaction shrank it): each looked at once
+        self._shrunk: dict[tuple[int, int, str], bool] = {}
 
     # -- a round ------------------------------------------------------------------------------------
     def step(self, segments: list[ClosedSegment], commit_point: int, *, now_ms: int, retention_ms: int | None = None,
-             retention_bytes: int | None = None, local_bytes: int = 0) -> StepResult:  # fmt: skip
+             retention_bytes: int | None = None, local_bytes: int = 0,
+             compacts: bool = False) -> StepResult:  # fmt: skip
         """One round (above) over the journal's closed ``segments`` (:meth:`Journal.closed_segments`)
-        and its ``commit_point``; FencedError when another leader took over."""
+        and its ``commit_point`` (``compacts``: the journal compacts its closed segments, so a run in
+        the store may be uploaded again, compacted); FencedError when another leader took over."""
         entries: list[TierEntry] = []
         deleted = 0
         uploaded = None
@@ -122,10 +127,10 @@ class TierUploader:
                 self._remove(entry)
                 deleted += 1
             entries = [e for e in entries if e.state == State.COPY_FINISHED]
-            for entry in expired(entries, now_ms=now_ms, retention_ms=retention_ms, retention_bytes=retention_bytes,
-                                 local_bytes=local_bytes):  # fmt: skip
-                self.nodes.set(_name(entry), encode_entry(entry.deleting()))
-                self._remove(entry)
+            old = superseded(entries)
+            for entry in [*old, *expired(current(entries), now_ms=now_ms, retention_ms=retention_ms,
+                                         retention_bytes=retention_bytes, local_bytes=local_bytes)]:  # fmt: skip
+                self._delete(entry)
                 entries.remove(entry)
                 deleted += 1
             plan = next_upload(segments, commit_point, entries)
@@ -133,6 +138,13 @@ class TierUploader:
                 segment = next(s for s in segments if s.first == plan.segment)
                 uploaded = self._upload(segment, plan.first, plan.last)
                 entries.append(uploaded)
+            elif compacts and (again := self._next_compacted(segments, commit_point, entries)) is not None:
+                segment, older = again
+                uploaded = self._upload(segment, older.first, older.last, generation=older.generation + 1)
+                entries.append(uploaded)
+                self._delete(older)  # superseded (a crash before this: the next round deletes it)
+                entries.remove(older)
+                deleted += 1
         except FencedError:
             raise
         except (BatchStoreError, CoordinationError, JournalError) as exc:
@@ -149,21 +161,54 @@ class TierUploader:
         waiting = [s for s in segments if s.last > done and s.last >= s.first]
         return StepResult(uploaded, deleted, done, len(waiting), sum(s.size for s in waiting), error, delay_s)
 
-    def _upload(self, segment: ClosedSegment, first: int, last: int) -> TierEntry:
-        """Records ``first .. last`` of ``segment`` into the store: copy-started, put, copy-finished."""
+    def _upload(self, segment: ClosedSegment, first: int, last: int, *, generation: int = 0) -> TierEntry:
+        """Records ``first .. last`` of ``segment`` (those compaction kept, of a compacted one) into the
+        store: copy-started, put, copy-finished."""
         records, offsets = read_records(segment, first, last)
-        first_ts, last_ts = (int(RECORD.unpack_from(records, offsets[i])[3]) for i in (0, -2))
+        count = len(offsets) - 1
+        if count:
+            first_ts, last_ts = (int(RECORD.unpack_from(records, offsets[i])[3]) for i in (0, -2))
+        else:  # compaction kept none: an empty object keeps the store's runs contiguous
+            first_ts = last_ts = segment.last_ts
         entry = TierEntry(first, last, self.epoch, object_key(first, last, self.epoch, self._token()),
-                          State.COPY_STARTED, first_ts, last_ts, len(records))  # fmt: skip
-        self.nodes.create(_name(entry), encode_entry(entry))
-        reference = self.store.put(entry.key, encode_object(records, offsets))
+                          State.COPY_STARTED, first_ts, last_ts, len(records), generation=generation,
+                          records=None if count == last - first + 1 else count)  # fmt: skip
+        self.nodes.create(node_name(entry), encode_entry(entry))
+        reference = self.store.put(entry.key, encode_object(records, offsets) if count else b"")
         done = entry.finished(reference)
-        self.nodes.set(_name(done), encode_entry(done))
-        log.info("tiering %s: records %d..%d uploaded (%d bytes)", self.paths.root, first, last, len(records))
+        self.nodes.set(node_name(done), encode_entry(done))
+        log.info("tiering %s: records %d..%d uploaded (%d of them, %d bytes%s)", self.paths.root, first, last, count,
+                 len(records), f"; generation {generation}" if generation else "")  # fmt: skip
         return done
+
+    def _next_compacted(self, segments: list[ClosedSegment], commit: int,
+                        entries: list[TierEntry]) -> tuple[ClosedSegment, TierEntry] | None:  # fmt: skip
+        """The oldest run the store holds whose local segment compaction shrank since (that segment,
+        and the run's entry): each (segment, size, entry) is read once to find out."""
+        live: set[tuple[int, int, str]] = set()
+        found = None
+        for entry in current(entries):
+            segment = next((s for s in segments if s.first <= entry.first and entry.last <= s.last <= commit), None)
+            if segment is None:
+                continue
+            key = (segment.first, segment.size, entry.key)
+            live.add(key)
+            if key not in self._shrunk:
+                records, _ = read_records(segment, entry.first, entry.last)
+                self._shrunk[key] = len(records) < entry.size
+            if self._shrunk[key] and found is None:
+                found = (segment, entry)
+        self._shrunk = {k: v for k, v in self._shrunk.items() if k in live}  # bounded by the local segments
+        return found
+
+    def _delete(self, entry: TierEntry) -> None:
+        """A finished entry readers no longer read (past retention, or superseded): delete-started,
+        then its object, then its node."""
+        self.nodes.set(node_name(entry), encode_entry(entry.deleting()))
+        self._remove(entry)
 
     def _remove(self, entry: TierEntry) -> None:
         """An entry's object deleted, then its node (a copy that may not have finished, or a deletion
         that began: either way nobody reads it any more)."""
         self.store.delete(entry.reference or self.store.object_url(entry.key))
-        self.nodes.delete(_name(entry))
+        self.nodes.delete(node_name(entry))
