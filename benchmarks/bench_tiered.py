@@ -16,6 +16,9 @@ closes, local retention deleting it after) or without, alternating run by run; o
 process publishes PUBLISH records of 200 bytes in batches of 1,000, a flush (every record confirmed)
 every 10,000. Records/s, medians, and the ratio with / without.
 
+Then a manifest of 10,000 runs read whole (as every round read it before) against read again by the
+``Manifest`` view (its listing, and only the nodes that changed), medians of 5 alternating rounds.
+
 Goals (issue 51): a replay from the object store at >= 0.5 of one from local disk; publishing with
 uploads at >= 0.9 of publishing without.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -37,13 +41,16 @@ from zeps.client import StreamClient
 from zeps.coordination.client import connect
 from zeps.journal import Journal, JournalConfig
 from zeps.paths import StreamPaths
-from zeps.tiering import TierReader, TierUploader
+from zeps.tiering import Manifest, State, TierEntry, TierReader, TierUploader, read_manifest
+from zeps.tiering.manifest import encode_entry, node_name, object_key
 from zeps_dev import ZooKeeperServer
 from zeps_dev.process import free_port, wait_until
 from zeps_dev.seaweedfs import SeaweedFS
 
 ROUNDS = int(os.environ.get("ZEPS_BENCH_ROUNDS", "5"))
 RECORDS = int(os.environ.get("ZEPS_BENCH_RECORDS", "300000"))
+#: runs in the manifest read whole and read again (a year of 1 GiB segments at 30 GB a day)
+MANIFEST_ENTRIES = int(os.environ.get("ZEPS_BENCH_MANIFEST_ENTRIES", "10000"))
 PUBLISH = int(os.environ.get("ZEPS_BENCH_PUBLISH", "300000"))
 BODY = 200
 
@@ -71,6 +78,7 @@ def main() -> None:
             os.environ.update(s3.credentials())
             result = _measure(root, zookeeper.connect_string, s3.endpoint)
             result.update(_publishing(root, zookeeper.connect_string, s3.endpoint))
+            result.update(_manifest_reads(zookeeper.connect_string))
         finally:
             s3.stop()
             zookeeper.stop()
@@ -159,6 +167,38 @@ def _listening(port: int) -> bool:
 
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _manifest_reads(connect_string: str) -> dict[str, Any]:
+    """A manifest of MANIFEST_ENTRIES runs read whole (every node: ``read_manifest``, what each round
+    read before) against read again by a :class:`~zeps.tiering.Manifest` (a listing, and the nodes
+    that changed: here none), alternating, medians over 5 rounds."""
+    zk = connect(connect_string)
+    paths = StreamPaths.of("bench", "manifest")
+    zk.ensure_path(paths.tier_segments)
+    for start in range(0, MANIFEST_ENTRIES, 500):
+        transaction = zk.transaction()
+        for i in range(start, min(start + 500, MANIFEST_ENTRIES)):
+            first = i * 1000 + 1
+            entry = TierEntry(first, first + 999, 1, object_key(first, first + 999, 1, secrets.token_hex(8)),
+                              State.COPY_FINISHED, 1, 2, 1 << 20, "s3://tiers/x.batch#crc32c=00000000")  # fmt: skip
+            transaction.create(f"{paths.tier_segments}/{node_name(entry)}", encode_entry(entry))
+        transaction.commit()
+    manifest = Manifest(zk, paths)
+    manifest.read()
+    whole, again = [], []
+    for _ in range(5):
+        began = time.perf_counter()
+        entries, _ = read_manifest(zk, paths)
+        whole.append(time.perf_counter() - began)
+        began = time.perf_counter()
+        cached, _ = manifest.read()
+        again.append(time.perf_counter() - began)
+        assert cached == entries
+    zk.stop()
+    full, cached_s = statistics.median(whole), statistics.median(again)
+    return {"manifest_entries": MANIFEST_ENTRIES, "manifest_full_read_s": round(full, 3),
+            "manifest_read_again_s": round(cached_s, 4), "manifest_read_ratio": round(full / cached_s, 1)}  # fmt: skip
 
 
 def _publishing(root: Path, connect_string: str, endpoint: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import obstore
 import pytest
@@ -22,8 +23,8 @@ from zeps.batchstore import BatchStore, FileBatchStore, ForeignObjectError, Pref
 from zeps.coordination.fenced import FencedError
 from zeps.journal import Journal, JournalConfig
 from zeps.paths import StreamPaths
-from zeps.tiering import State, TierReader, TierUploader, read_manifest, tiered_to
-from zeps.tiering.manifest import encode_entry
+from zeps.tiering import Manifest, State, TierEntry, TierReader, TierUploader, read_manifest, tiered_to
+from zeps.tiering.manifest import encode_entry, node_name, object_key
 from zeps_dev.seaweedfs import SeaweedFS
 
 
@@ -308,3 +309,59 @@ def test_a_replay_reading_forward_gets_each_object_once_the_next_one_begun_ahead
     assert sorted(name for name, _ in store.reads) == sorted(objects), "each object read once"
     assert [thread.startswith("zeps-tier-ahead") for _, thread in store.reads] == [False] + [True] * (len(objects) - 1)
     j.close()
+
+
+class _CountingZooKeeper:
+    """A kazoo client whose node reads are counted."""
+
+    def __init__(self, client: Any) -> None:
+        self.client, self.reads = client, 0
+
+    def get_async(self, path: str) -> Any:
+        self.reads += 1
+        return self.client.get_async(path)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+
+def test_a_manifest_read_again_reads_only_new_and_unfinished_nodes_and_notices_a_name_made_again(
+    zookeeper: ZooKeeperHarness,
+) -> None:
+    """Read again, the manifest lists its nodes and reads only the new ones and those not
+    copy-finished (a finished entry changes only on its way out); a name removed and made again
+    between two reads (the listing looks the same) is noticed by the child version, and every node is
+    read again. What each read returns is what a full read returns."""
+    zk, paths = zookeeper.client(), _paths(zookeeper)
+    counting = _CountingZooKeeper(zk)
+    manifest = Manifest(counting, paths)  # type: ignore[arg-type]
+
+    def put(first: int, state: State = State.COPY_FINISHED, token: str = "0123456789abcdef") -> None:
+        entry = TierEntry(first, first + 9, 1, object_key(first, first + 9, 1, token), state, 1, 2, 100,
+                          "s3://b/p/x.batch#crc32c=00000000" if state == State.COPY_FINISHED else "")  # fmt: skip
+        zk.ensure_path(paths.tier_segments)
+        path = f"{paths.tier_segments}/{node_name(entry)}"
+        if zk.exists(path):
+            zk.set(path, encode_entry(entry))
+        else:
+            zk.create(path, encode_entry(entry))
+
+    def check(reads: int) -> None:
+        counting.reads = 0
+        assert manifest.read() == read_manifest(zk, paths)
+        assert counting.reads == reads, f"{counting.reads} nodes read, not {reads}"
+
+    for first in range(1, 100, 10):
+        put(first)
+    put(101, State.COPY_STARTED)
+    check(11)
+    check(1)  # only the copy-started one
+    put(101)  # finished now
+    put(111)
+    zk.delete(f"{paths.tier_segments}/{1:020d}")
+    check(2)  # 101 (was copy-started) and 111 (new)
+    check(0)
+    zk.delete(f"{paths.tier_segments}/{11:020d}")
+    put(11, token="fedcba9876543210")  # the same name, another object
+    check(11)  # noticed: all eleven read again
+    assert manifest.read(full=True) == read_manifest(zk, paths)

@@ -70,6 +70,19 @@ class Stat:
 
 
 @dataclass(frozen=True)
+class ChildStat:
+    cversion: int
+
+
+class Later:
+    def __init__(self, call: Callable[[], Any]) -> None:
+        self.call = call
+
+    def get(self) -> Any:
+        return self.call()
+
+
+@dataclass(frozen=True)
 class Check:
     """A transaction's version check (kazoo's ``check``)."""
 
@@ -268,9 +281,16 @@ class SimKazoo:
         data, version = self._call(self._execute(zk.Get(path)))
         return data, Stat(version)
 
-    def get_children(self, path: str) -> list[str]:
-        children: list[str] = self._call(self._execute(zk.GetChildren(path)))
-        return children
+    def get_children(self, path: str, include_data: bool = False) -> Any:
+        def children(session: Any) -> Any:
+            names = self.world.zk.execute(session, zk.GetChildren(path), lambda _name: None)
+            return (names, ChildStat(self.world.zk.nodes[path].cversion)) if include_data else names
+
+        return self._call(children)
+
+    def get_async(self, path: str) -> Later:
+        """kazoo's pipelined read: here the call is made when its answer is asked for."""
+        return Later(lambda: self.get(path))
 
     def create(self, path: str, value: bytes = b"", acl: Any = None, makepath: bool = False) -> str:
         def create(session: Any) -> str:

@@ -146,6 +146,7 @@ class ZNode:
     version: int = 0
     owner: int | None = None  # the session of an ephemeral node
     children_made: int = 0  # sequence numbers handed out under it
+    cversion: int = 0  # one more with each child made or removed
 
 
 @dataclass
@@ -208,6 +209,7 @@ class SimZooKeeper:
                 if path in self.nodes:
                     raise zk.NodeExistsError(path)
                 self.nodes[path] = ZNode(data, owner=session.id if ephemeral else None)
+                self.nodes[parent].cversion += 1
                 self._fire("exists", path)
                 self._fire("children", parent)
                 self._record(path, data)
@@ -284,10 +286,12 @@ class SimZooKeeper:
             p = "/" + "/".join(parts[:i])
             if p not in self.nodes:
                 self.nodes[p] = ZNode(b"")
+                self.nodes[p.rsplit("/", 1)[0] or "/"].cversion += 1
                 self._fire("children", p.rsplit("/", 1)[0] or "/")
 
     def _remove(self, path: str) -> None:
         del self.nodes[path]
+        self.nodes[path.rsplit("/", 1)[0] or "/"].cversion += 1
         self._fire("data", path)
         self._fire("children", path.rsplit("/", 1)[0] or "/")
 

@@ -35,7 +35,7 @@ from zeps.errors import CoordinationError, ZepsError
 from zeps.journal import Chunk, ClosedSegment
 from zeps.options import DEFAULT_SEGMENT_IDLE_MS
 from zeps.paths import StreamPaths
-from zeps.tiering import FencedError, StepResult, TierReader, TierUploader, read_manifest, tiered_to
+from zeps.tiering import FencedError, Manifest, StepResult, TierReader, TierUploader, tiered_to
 
 __all__ = [
     "DEFAULT_SEGMENT_IDLE_MS",
@@ -116,6 +116,7 @@ class TierRounds:
         #: cannot fill): a round for it again only after the interval
         self._idle_to = NOT_KNOWN
         self._uploader: TierUploader | None = None
+        self._manifest = Manifest(zk, paths)  #: a follower's (or a fenced leader's) reads of it
         self._last_round = -float("inf")
         self._pause = 0.0  #: after a failed round: its backoff
         self._written, self._written_at = -1, 0.0  #: the journal's last record, and when it last changed
@@ -166,7 +167,7 @@ class TierRounds:
                     self._uploader = TierUploader(self.zk, self.paths, self.store, epoch=offer.epoch, acl=self.acl)
                 self._pause = self._lead(self._uploader, offer)
             else:
-                entries, _refused = read_manifest(self.zk, self.paths)
+                entries, _refused = self._manifest.read()
                 self.tiered_to = tiered_to(entries)
                 self.error = ""
         except FencedError as exc:

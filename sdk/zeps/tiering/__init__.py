@@ -6,11 +6,12 @@ retention has removed them. :mod:`~zeps.tiering.manifest` (the entries and what 
 
 from zeps.tiering.manifest import ClosedSegment, State, TierEntry, tiered_to
 from zeps.tiering.reader import TierReader
-from zeps.tiering.uploader import FencedError, StepResult, TierUploader, read_manifest
+from zeps.tiering.uploader import FencedError, Manifest, StepResult, TierUploader, read_manifest
 
 __all__ = [
     "ClosedSegment",
     "FencedError",
+    "Manifest",
     "State",
     "StepResult",
     "TierEntry",

@@ -28,7 +28,7 @@ from zeps.journal.chunks import fit_chunk
 from zeps.paths import StreamPaths
 from zeps.tiering.manifest import TierEntry, current, tiered_to
 from zeps.tiering.objects import decode_object
-from zeps.tiering.uploader import read_manifest
+from zeps.tiering.uploader import Manifest
 
 __all__ = ["DEFAULT_CACHE_BYTES", "TierReader"]
 
@@ -47,6 +47,7 @@ class TierReader:
         self.cache, self.cache_bytes = cache, cache_bytes
         self.fetches = 0  #: objects read from the store (not from the cache)
         self._entries: list[TierEntry] = []
+        self._manifest = Manifest(zk, paths)
         self._hot: tuple[str, Chunk] | None = None  # the last object read, parsed
         self._ahead: tuple[str, Future[bytes]] | None = None  # the next object's GET, begun early
         self._pool: ThreadPoolExecutor | None = None
@@ -57,9 +58,10 @@ class TierReader:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool, self._ahead = None, None
 
-    def refresh(self) -> list[TierEntry]:
-        """Read the manifest again (what it lists finished and contiguous from the lowest is readable)."""
-        entries, _ = read_manifest(self.zk, self.paths)
+    def refresh(self, *, full: bool = False) -> list[TierEntry]:
+        """Read the manifest again (what it lists finished and contiguous from the lowest is readable);
+        ``full``: every node of it, none taken from the last read."""
+        entries, _ = self._manifest.read(full=full)
         done = tiered_to(entries)
         self._entries = [e for e in current(entries) if e.last <= done]
         return self._entries
@@ -103,7 +105,7 @@ class TierReader:
         try:
             return entry, self._object(entry)
         except BatchLostError:
-            runs = self.refresh()
+            runs = self.refresh(full=True)
             newer = next((e for e in runs if e.first == entry.first and e.generation > entry.generation), None)
             if newer is None:
                 raise
