@@ -249,6 +249,12 @@ def test_nodes_and_cached_objects_written_by_someone_else_are_refused(
     client.create(f"{paths.tier_segments}/00000000000099999999", b'{"first": "all of them"}')
     entries, refused = read_manifest(client, paths)
     assert refused == 1 and tiered_to(entries) == done
+    # one where the next upload's node goes: the leader removes it and uploads (it stalled them before)
+    client.create(f"{paths.tier_segments}/{done + 1:020d}", b"not an entry")
+    written += _fill(j, 60)
+    done = _drain(uploader, j, j.durable)
+    assert done == j.closed_segments()[-1].last and read_manifest(client, paths)[1] == 1, "only the other stays"
+    entries, _ = read_manifest(client, paths)
 
     cache = tmp_path / "cache"
     first_object = [w[1] for w in written[: entries[0].last]]

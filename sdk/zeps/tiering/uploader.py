@@ -18,10 +18,10 @@ a backoff that doubles up to :data:`MAX_BACKOFF_S` (the journal keeps its segmen
 nothing is lost while the store is away, the backlog grows). A step blocks on the store and on
 ZooKeeper: the broker runs it on a thread of its own, never on its event loop.
 
-Left as they are: a node in the manifest that is not in shape (refused, never read; if it sits where
-the next upload's node goes, the uploads stop there with an error naming it, and the backlog grows);
-and an object a deposed leader was still putting when its copy-started entry was cleaned (no entry
-names it: one object per change of leader at most).
+Left as they are: a node in the manifest that is not in shape (refused, never read; the leader
+removes it only when it sits where its next upload's node goes, with a warning); and an object a
+deposed leader was still putting when its copy-started entry was cleaned (no entry names it: one
+object per change of leader at most).
 """
 
 from __future__ import annotations
@@ -97,6 +97,7 @@ class Manifest:
         self.zk, self.paths = zk, paths
         self._finished: dict[str, TierEntry] = {}  #: copy-finished entries as read, by node name
         self._names: set[str] = set()  #: the names of the last listing
+        self.refused: set[str] = set()  #: the last read's nodes out of shape
         self._version = -1  #: its child version
 
     def read(self, *, full: bool = False) -> tuple[list[TierEntry], int]:
@@ -110,7 +111,7 @@ class Manifest:
             self._finished = {}
         self._names, self._version = current, version
         kept = {name: self._finished[name] for name in names if name in self._finished}
-        entries, refused = [], 0
+        entries, refused = [], set()
         fetched = dict(read_nodes(self.zk, self.paths.tier_segments, [n for n in names if n not in kept]))
         for name in names:
             entry = kept.get(name)
@@ -124,13 +125,13 @@ class Manifest:
                         raise ValueError(f"the node of records {entry.first}.. is named {name!r}")
                 except ValueError as exc:
                     log.warning("tier manifest %s/%s refused: %s", self.paths.tier_segments, name, exc)
-                    refused += 1
+                    refused.add(name)
                     continue
                 if entry.state == State.COPY_FINISHED:
                     kept[name] = entry
             entries.append(entry)
-        self._finished = kept
-        return entries, refused
+        self._finished, self.refused = kept, refused
+        return entries, len(refused)
 
 
 class TierUploader:
@@ -212,6 +213,10 @@ class TierUploader:
         entry = TierEntry(first, last, self.epoch, object_key(first, last, self.epoch, self._token()),
                           State.COPY_STARTED, first_ts, last_ts, len(records), generation=generation,
                           records=None if count == last - first + 1 else count)  # fmt: skip
+        if node_name(entry) in self.manifest.refused:  # a node out of shape where this one goes: not zeps's
+            log.warning("tiering %s: removing the node out of shape at %s/%s, where records %d..%d go",
+                        self.paths.root, self.paths.tier_segments, node_name(entry), first, last)  # fmt: skip
+            self.nodes.delete(node_name(entry))
         self.nodes.create(node_name(entry), encode_entry(entry))
         reference = self.store.put(entry.key, encode_object(records, offsets) if count else b"")
         done = entry.finished(reference)
