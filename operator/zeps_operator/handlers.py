@@ -54,7 +54,7 @@ from zeps_operator.reconcile import (
 )
 from zeps_operator.resync import Entry, Resync
 from zeps_operator.state import FINALIZER, RECONCILE_WORKERS, RESYNC, ZK_DEADLINE, Post, api_post, state
-from zeps_operator.streams import forget_keys_of, reconcile_stream
+from zeps_operator.streams import forget_keys_of, forget_stream_pass, reconcile_stream
 
 log = logging.getLogger(__name__)
 
@@ -274,6 +274,8 @@ def deleted(body: kopf.Body, spec: kopf.Spec, retry: int, **_: Any) -> None:
     target, _children = zookeeper_layout(kind, meta["namespace"], meta["name"], state.settings.chroot)
     if kind == "Topic":
         state.cleaning.forget(target)
+    if kind == "ZepsStream":
+        forget_stream_pass(meta["namespace"], meta["name"])
     if retains_data(dict(spec)):
         kept = "ZooKeeper data, journal volume and CURVE keys" if kind == "ZepsStream" else "ZooKeeper data"
         kopf.info(body, reason="Retained", message=f"deletionPolicy Retain: {kept} kept")

@@ -122,7 +122,8 @@ class Kube:
                 namespace, f"journal-{meta.name}")  # fmt: skip
             config = annotations.get(CONFIG_ANNOTATION, "")
             node = (pod.spec.node_name if pod.spec is not None else None) or ""
-            pods.append(RollPod(meta.name, current, ready, meta.deletion_timestamp is not None, config, node))
+            pods.append(RollPod(meta.name, current, ready, meta.deletion_timestamp is not None, config, node,
+                                str(meta.uid or "")))  # fmt: skip
         return revision, pods
 
     def claim_size(self, namespace: str, kind: str, name: str) -> str | None:
@@ -185,9 +186,18 @@ class Kube:
         return None if sts is None or sts.spec is None else int(sts.spec.replicas or 0)
 
     # -- writes -----------------------------------------------------------------------------------
-    def delete_pod(self, namespace: str, name: str) -> None:
-        """Delete a pod (its StatefulSet makes it again, of its template now); gone already: nothing to do."""
-        _unless_missing(lambda: self._core.delete_namespaced_pod(name, namespace))
+    def delete_pod(self, namespace: str, name: str, uid: str = "") -> bool:
+        """Delete a pod (its StatefulSet makes it again, of its template now); gone already: nothing to
+        do. ``uid``: only that pod, not one made again under its name since it was looked at (False:
+        the API server refused, that pod is gone)."""
+        options = k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=uid)) if uid else None
+        try:
+            _unless_missing(lambda: self._core.delete_namespaced_pod(name, namespace, body=options))
+        except ApiException as exc:
+            if exc.status == _CONFLICT and uid:
+                return False
+            raise
+        return True
 
     def apply(self, obj: dict[str, Any]) -> None:
         """Server-side apply ``obj`` (namespaced) as the operator's field manager, taking over conflicts."""

@@ -44,6 +44,7 @@ class RollPod:
     stopping: bool  #: deletion asked (it has a deletionTimestamp)
     config: str = ""  #: the digest of the settings it started with (its zeps.dev/config-digest)
     node: str = ""  #: the node it was placed on ("" while not scheduled)
+    uid: str = ""  #: this pod's (a pod made again under the same name has another)
 
 
 @dataclass(frozen=True)

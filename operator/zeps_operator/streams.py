@@ -5,6 +5,7 @@ broker's objects (:mod:`zeps_operator.plan`), its group's manifest, its CURVE ke
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -55,14 +56,37 @@ from zeps_operator.plan import (
 )
 from zeps_operator.reconcile import conditions_now, namespace_acl, read_after, ready, reconcile
 from zeps_operator.resize import plan_resize
-from zeps_operator.roll import next_step, scale_down
+from zeps_operator.roll import RollStep, next_step, scale_down
 from zeps_operator.state import state
 
-
 # -- ZepsStream ----------------------------------------------------------------------------------
+#: one pass over a stream at a time: its timer's and a change's may be taken by two workers at once
+#: (:mod:`zeps_operator.fairness`), and two passes deciding a roll from the same pods would each
+#: restart one (two replicas down at once)
+_PASSES: dict[tuple[str, str], threading.Lock] = {}
+_PASSES_GUARD = threading.Lock()
+
+
+def stream_pass(namespace: str, name: str) -> threading.Lock:
+    """The lock a pass over the stream ``namespace/name`` holds."""
+    with _PASSES_GUARD:
+        return _PASSES.setdefault((namespace, name), threading.Lock())
+
+
+def forget_stream_pass(namespace: str, name: str) -> None:
+    with _PASSES_GUARD:
+        _PASSES.pop((namespace, name), None)
+
+
 def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason: kopf.Reason | None) -> None:
     """One pass over a ZepsStream (a change, a resume, or its timer: ``reason`` None): the common
-    path, the manifest, CURVE keys, the broker's objects, and its status."""
+    path, the manifest, CURVE keys, the broker's objects, and its status; one at a time."""
+    meta = body["metadata"]
+    with stream_pass(meta["namespace"], meta["name"]):
+        _reconcile_stream(body, spec, patch, reason)
+
+
+def _reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason: kopf.Reason | None) -> None:
     generation = body["metadata"].get("generation", 1)
     after = read_after(body, reason)  # kopf names the cause of a change (create, update, resume); a timer none
     # a path restored is drift (a warning, the ZepsDriftRepaired alert's count) once the stream was
@@ -367,8 +391,10 @@ def roll_brokers(body: kopf.Body, spec: StreamSpec, patch: kopf.Patch, partition
     since = float(recorded) if isinstance(recorded, (int, float)) else now
     # how long it has been blocked (the ZepsStreamRollBlocked alert): since it last moved, if blocked
     metrics.roll_facts(namespace, name, statefulset, blocked_s=max(0.0, now - since) if step.blocked else 0.0)
+    uid = next((p.uid for p in pods if p.name == step.delete), "")
+    if step.delete is not None and not state.kube.delete_pod(namespace, step.delete, uid):
+        step = RollStep(waiting=f"{step.delete} changed since it was looked at", pending=step.pending)
     if step.delete is not None:
-        state.kube.delete_pod(namespace, step.delete)
         kopf.info(body, reason="RollingPod", message=f"{step.delete} restarts with the new template "
                   f"({len(step.pending) - 1} more after it)")  # fmt: skip
         since = now

@@ -146,3 +146,24 @@ def test_an_event_names_the_object_it_is_about(kube_api: Any, namespace: str) ->
     assert len(event.message) == 1024 and event.source.component == FIELD_MANAGER
     ref = event.involved_object
     assert (ref.api_version, ref.kind, ref.name, ref.uid) == ("zeps.dev/v1alpha1", "Topic", "orders", "uid-1")
+
+
+def test_a_pod_is_deleted_only_if_it_is_still_the_one_looked_at(kube_api: Any, namespace: str) -> None:
+    """The roll deletes a pod by name and uid: a pod made again under that name since it was looked at
+    (another uid) is left alone, and the call says so; the one looked at is deleted."""
+    kube, core = Kube(kube_api), client.CoreV1Api(kube_api)
+
+    def make() -> str:
+        # bound to no node (its selector matches none): the API server deletes it at once
+        pod = client.V1Pod(metadata=client.V1ObjectMeta(name="broker-0"),
+                           spec=client.V1PodSpec(containers=[client.V1Container(name="c", image="none")],
+                                                 node_selector={"zeps.dev/nowhere": "true"}))  # fmt: skip
+        return str(core.create_namespaced_pod(namespace, pod).metadata.uid)
+
+    looked_at = make()
+    assert kube.delete_pod(namespace, "broker-0", looked_at)
+    again = make()  # made again under the name
+    assert not kube.delete_pod(namespace, "broker-0", looked_at), "not the pod looked at"
+    assert core.read_namespaced_pod("broker-0", namespace).metadata.uid == again
+    assert kube.delete_pod(namespace, "broker-0", again)
+    assert kube.delete_pod(namespace, "broker-0", again), "gone already: nothing to do"
