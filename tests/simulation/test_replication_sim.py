@@ -38,10 +38,11 @@ def test_seeded_runs_keep_every_invariant_and_settle() -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
 
 
-def _scenario(tmp_path: Path) -> World:
+def _scenario(tmp_path: Path, *, seed: int = 7, segment_bytes: int = 8192, tiering: TierOptions | bool = True) -> World:
+    """Three replicas, a producer of 400 messages and a subscriber, no fault planned (the test makes them)."""
     options = Options(replicas=3, min_insync=2, producers=1, subscribers=1, messages=400, fault_s=30.0, faults=0,
-                      drop=0.0, zk_fail=0.0, segment_bytes=8192, session_s=2.0, slow_disk=0.0)  # fmt: skip
-    world = World(7, tmp_path, options)
+                      drop=0.0, zk_fail=0.0, segment_bytes=segment_bytes, session_s=2.0, slow_disk=0.0)  # fmt: skip
+    world = World(seed, tmp_path, options, tiering)
     for replica in world.replicas.values():
         replica.start()
     for i, kind in enumerate(("producer", "subscriber")):
@@ -134,17 +135,7 @@ def test_seeds_that_found_a_flaw_keep_every_invariant_and_settle(seed: int, tmp_
 
 
 def _tiered_world(tmp_path: Path, seed: int) -> World:
-    options = Options(replicas=3, min_insync=2, producers=1, subscribers=1, messages=400, fault_s=30.0, faults=0,
-                      drop=0.0, zk_fail=0.0, segment_bytes=2048, session_s=2.0, slow_disk=0.0)  # fmt: skip
-    world = World(seed, tmp_path, options, TierOptions(store_fail=0.0, outages=0))
-    for replica in world.replicas.values():
-        replica.start()
-    for i, kind in enumerate(("producer", "subscriber")):
-        client = Client(world, i, kind)
-        world.clients.append(client)
-        world.sim.after(0.3, client.connect)
-        world.sim.after(0.3, client.turn)
-    return world
+    return _scenario(tmp_path, seed=seed, segment_bytes=2048, tiering=TierOptions(store_fail=0.0, outages=0))
 
 
 def _depose_mid_upload(world: World) -> Replica:

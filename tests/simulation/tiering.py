@@ -99,7 +99,6 @@ class Thread:
 
     def __init__(self, replica: Replica, rng: random.Random) -> None:
         self.replica, self.sim, self.rng = replica, replica.sim, rng
-        self.incarnation = replica.incarnation
         self.current: greenlet | None = None
         self.dead = False
 
