@@ -317,6 +317,8 @@ class ReplicaSet:
         #: the ZooKeeper address each replica is given (default: the server's; a chaos proxy's instead)
         self.zookeeper_for = zookeeper_for or {}
         self.extra: list[str] = []  #: more flags for every replica (CURVE's, say)
+        #: how :meth:`records` opens a stopped replica's journal (a compacted stream's: ``cleanup`` compact)
+        self.journal_config = JournalConfig()
         self.extra_for: dict[str, list[str]] = {}  #: and for one replica (after the others: they win)
         #: a replica whose journal lives on a volume of its own (a tmpfs that can be filled up)
         self.volumes: dict[str, PrivateVolume] = {}
@@ -415,7 +417,7 @@ class ReplicaSet:
         path = self.root / name / self.stream
         if name in self.volumes:  # read through the volume's namespace (while it lives)
             path = self.volumes[name].path(path)
-        j = Journal(path, JournalConfig(), name=self.stream).open()
+        j = Journal(path, self.journal_config, name=self.stream).open()
         out, seq = [], j.first_sequence
         while batch := j.read(seq, max_records=1000):
             out += batch

@@ -256,8 +256,6 @@ class StreamSpec(_Model):
                  "!has(self.tiering.localRetention.bytes) || !has(self.retention) || !has(self.retention.bytes) || "
                  "self.tiering.localRetention.bytes <= self.retention.bytes",
                  "message": "tiering.localRetention.bytes is the volume's part of retention.bytes: at most it"},
-                {"rule": "!has(self.cleanup) || self.cleanup == 'delete' || !has(self.replicas) || self.replicas == 1",
-                 "message": "cleanup with compact: a compacted stream has one broker (replicas 1) for now"},
             ]
         }
     )  # fmt: skip
@@ -356,8 +354,8 @@ class StreamSpec(_Model):
     cleanup: Cleanup = Field(
         "delete",
         description="What becomes of old records: delete (by retention), compact (each key's latest record is kept; "
-        "a record with an empty body deletes its key), or delete,compact (both). A compacted stream has one "
-        "broker for now; tiered, its store keeps the compacted runs (uploaded again as compaction shrinks "
+        "a record with an empty body deletes its key), or delete,compact (both). Each replica compacts its own "
+        "committed segments; tiered, the store keeps the compacted runs (uploaded again as compaction shrinks "
         "them), and compact alone keeps them whatever retention says.",
     )
     compaction: Compaction = Field(default_factory=Compaction)

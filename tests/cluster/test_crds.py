@@ -70,8 +70,6 @@ def test_kubectl_applies_the_crds_and_defaults_fill_in(crds: ControlPlane, names
         ("ZepsStream", {"cleanup": "compacted"}, "spec.cleanup"),
         ("ZepsStream", {"cleanup": "compact", "compaction": {"minCleanableRatio": 1.5}},
          "spec.compaction.minCleanableRatio"),
-        ("ZepsStream", {"cleanup": "compact", "replicas": 3},
-         "cleanup with compact: a compacted stream has one broker"),
     ],
 )  # fmt: skip
 def test_invalid_specs_are_rejected_naming_the_field(
@@ -135,11 +133,11 @@ def test_a_multicast_output_is_accepted_and_defaulted(crds: ControlPlane, namesp
         assert spec["multicast"]["heartbeatMs"] == 100 and spec["multicast"]["hostNetwork"] is False
 
 
-def test_a_compacted_stream_of_one_broker_is_accepted_and_defaulted(crds: ControlPlane, namespace: str) -> None:
-    """cleanup compact with one broker (of each partition) and no tiering passes the CEL rule; the
-    API server sets compaction's defaults."""
+def test_a_compacted_stream_of_replicas_is_accepted_and_defaulted(crds: ControlPlane, namespace: str) -> None:
+    """cleanup compact with replicas and partitions passes the schema; the API server sets
+    compaction's defaults."""
     body = {"apiVersion": "zeps.dev/v1alpha1", "kind": "ZepsStream", "metadata": {"name": "prices"},
-            "spec": {"cleanup": "delete,compact", "partitions": 2, "compaction": {}}}  # fmt: skip
+            "spec": {"cleanup": "delete,compact", "partitions": 2, "replicas": 3, "compaction": {}}}  # fmt: skip
     _apply(crds, namespace, body)
     spec = json.loads(crds.kubectl("get", "zepsstream", "prices", "-n", namespace, "-o", "json"))["spec"]
     assert spec["compaction"] == {"tombstoneRetentionSeconds": 86400, "minCleanableRatio": 0.5}

@@ -8,13 +8,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import pytest
-
 from harness import ZooKeeperHarness
 from zeps.broker import BrokerConfig, BrokerServer, Registration
 from zeps.broker.tiering import Tiering
 from zeps.client import Seq, StreamClient, read_table
-from zeps.errors import ConfigError
 from zeps.journal import JournalConfig
 from zeps.paths import StreamPaths
 from zeps.tiering import read_manifest
@@ -113,14 +110,6 @@ def test_a_compacted_broker_serves_each_keys_latest_record_to_a_subscriber_from_
             assert "key.1" not in snapshot and len(snapshot) == KEYS - 2
     finally:
         broker.stop()
-
-
-def test_a_compacted_stream_is_refused_with_replication_for_now(tmp_path: Path) -> None:
-    """Compaction with replicas: refused at start, naming the flags and the fix."""
-    from zeps.broker.server import Replication  # noqa: PLC0415
-
-    with pytest.raises(ConfigError, match="--cleanup compact: a compacted stream is not replicated yet"):
-        BrokerServer(BrokerConfig(tmp_path, ("prices",), journal=JOURNAL), replication=Replication(2))
 
 
 def test_a_compacted_tiered_broker_keeps_each_key_s_latest_record_in_the_store_and_serves_it_from_0(

@@ -1,5 +1,6 @@
 """A follower's journal copies the leader's byte for byte (real files): segment rolls, producer
-marks, epochs, a diverged tail cut by epoch history (KIP-101), and a copy started over."""
+marks, epochs, a diverged tail cut by epoch history (KIP-101), and a copy started over; a compacted
+stream's segments, copied by sequence where one side compacted them."""
 
 from __future__ import annotations
 
@@ -36,12 +37,13 @@ def _copy(leader: Journal, follower: Journal, max_bytes: int = 700, *, indexed: 
         part = leader.replica_read(base, offset, last, max_bytes)
         if part.reset:
             follower.replica_reset(part.base)
-        elif part.data and indexed:
-            follower.replica_write(part.base, part.offset, part.data, starts=part.starts, marks=part.marks)
+        elif part.data and (indexed or part.gapped):
+            follower.replica_write(part.base, part.offset, part.data, starts=part.starts, marks=part.marks,
+                                   gapped=part.gapped)  # fmt: skip
         elif part.data:
             follower.replica_write(part.base, part.offset, part.data)
         elif part.next_base:
-            follower.replica_roll(part.next_base)
+            follower.replica_roll(part.next_base, gapped=part.gapped)
         else:
             return fetches
         follower.sync()
@@ -311,3 +313,102 @@ def test_a_journal_that_copied_records_then_appends_again_reads_every_record_in_
                                                       (5, b"l-5"), (6, b"l-6"), (7, b"f-7")]  # fmt: skip
     assert [r.sequence for r in f.read(5)] == [5, 6, 7]
     assert [(r.sequence, r.body) for r in f.read(2, max_records=10)][:2] == [(2, b"f-2"), (3, b"f-3")]
+
+
+_COMPACTED = JournalConfig(segment_bytes=1500, fsync="always", index_interval_bytes=300, cleanup="compact",
+                           min_cleanable_ratio=0.0)  # fmt: skip
+
+
+def _compacted(path: Path) -> Journal:
+    return Journal(path, _COMPACTED, name="test").open()
+
+
+def _keyed(j: Journal, start: int, count: int, keys: int = 6) -> dict[int, Record]:
+    """Records ``start + 1 ..`` over ``keys`` keys (every fifth of a key of its own, never superseded),
+    one append each; what was written, by sequence."""
+    for i in range(start, start + count):
+        j.append(f"k.{i % keys}" if i % 5 else f"own.{i}", b"value-%d" % i, timestamp_ms=1000 + i)
+    return {r.sequence: r for r in _all(j) if r.sequence > start}
+
+
+def _holds_only_what_was_written(j: Journal, written: dict[int, Record]) -> list[Record]:
+    """Every record ``j`` reads back is the one written at its sequence; returns them."""
+    records = _all(j)
+    assert records and all(written[r.sequence] == r for r in records)
+    return records
+
+
+def test_a_follower_copies_a_compacted_leader_by_sequence_and_opens_the_copy_again(tmp_path: Path) -> None:
+    """The leader compacted its closed segments (keeping a record in five, some ending in gaps): an empty
+    follower copies them (gapped slices), and holds exactly the leader's records, each at its sequence;
+    its copy opens again and goes on as a journal."""
+    leader = _compacted(tmp_path / "leader")
+    written = _keyed(leader, 0, 200)
+    report = leader.compact(force=True)
+    assert report is not None and report.removed > 100
+    kept = {r.sequence for r in _all(leader)}
+    gapped = [s for s in leader._segments[:-1] if s.gapped]
+    # a segment whose last records are gone: the follower's roll lands beyond its next sequence
+    assert any(max((q for q in kept if s.base <= q <= s.last_seq), default=0) < s.last_seq for s in gapped)
+    follower = _compacted(tmp_path / "follower")
+    _copy(leader, follower, max_bytes=200)
+    assert _all(follower) == _all(leader) == _holds_only_what_was_written(leader, written)
+    assert follower.written == leader.written == 200 and follower.next_sequence == 201
+    assert [s.base for s in follower._segments] == [s.base for s in leader._segments]
+    follower.close()
+    again = _compacted(tmp_path / "follower")
+    assert _all(again) == _all(leader) and again.next_sequence == 201
+    more = _keyed(leader, 200, 40)
+    _copy(leader, again)  # in step again: the leader's active segment, byte for byte
+    assert _all(again) == _all(leader) and all(more[r.sequence] == r for r in _all(again) if r.sequence > 200)
+
+
+def test_a_follower_part_way_through_a_segment_the_leader_then_compacts_goes_on_by_sequence(tmp_path: Path) -> None:
+    """A follower copied part of a segment uncompacted; the leader closes and compacts it: the follower
+    goes on from its last sequence (no start over), its copy ends holding each record the leader holds,
+    every record it holds is the one written at its sequence, and each key's latest value is the
+    leader's. A crash with gaps in its active segment: it opens, and the copy goes on."""
+    leader = _compacted(tmp_path / "leader")
+    written = _keyed(leader, 0, 60)
+    follower = _compacted(tmp_path / "follower")
+    _copy(leader, follower)
+    assert follower.written == 60 and len(leader._segments) == 2  # within the leader's second segment
+    written |= _keyed(leader, 60, 140)
+    leader.compact(force=True)
+    assert leader._segments[1].gapped  # the segment the follower is in was compacted
+    follower_segment = follower._segments[-1].base
+    part = leader.replica_read(follower_segment, follower._segments[-1].size, follower.written, 200)
+    assert part.gapped and not part.reset and part.data
+    follower.replica_write(part.base, part.offset, part.data, starts=part.starts, marks=part.marks, gapped=True)
+    follower.sync()
+    assert follower._segments[-1].gapped  # the gaps are in its active segment now
+    follower.close()  # a crash: the active segment is opened from its bytes, gaps and all
+    follower = _compacted(tmp_path / "follower")
+    assert follower._segments[-1].gapped and follower.written > 60
+    _copy(leader, follower, max_bytes=150)
+    held = _holds_only_what_was_written(follower, written)
+    leader_records = _all(leader)
+    assert {r.sequence for r in leader_records} <= {r.sequence for r in held}
+    assert {r.key: r.body for r in held} == {r.key: r.body for r in leader_records}
+    assert follower.next_sequence == leader.next_sequence == 201
+
+
+def test_a_follower_that_compacted_its_own_copy_goes_on_from_a_leader_that_did_not(tmp_path: Path) -> None:
+    """Each replica compacts its own closed segments: a follower whose tail was cut back into a segment
+    it compacted (the epochs said so) is not at a byte the leader knows; it goes on by sequence."""
+    leader = _compacted(tmp_path / "leader")
+    written = _keyed(leader, 0, 120)
+    follower = _compacted(tmp_path / "follower")
+    _copy(leader, follower)
+    follower.compact(force=True)
+    closed = follower._segments[-2]
+    assert closed.gapped
+    follower.truncate_after(closed.last_seq)  # the compacted segment is the active one again
+    assert follower._segments[-1].base == closed.base
+    _copy(leader, follower)
+    assert not any(p.reset for p in [leader.replica_read(*follower.replica_position())])
+    assert _holds_only_what_was_written(follower, written)[-1].sequence == 120
+    assert follower.next_sequence == leader.next_sequence == 121
+    leader.append("k.0", b"after", timestamp_ms=5000)
+    _copy(leader, follower)
+    assert _all(follower)[-1] == _all(leader)[-1]

@@ -49,6 +49,7 @@ class CompactionTask:
         #: retention of a tiered stream waits for, so the store gets the segments compacted
         self.covered_to = 0
         self._offered_to = 0
+        self._upto: int | None = None  # the bound the running pass was offered under
 
     def start(self) -> CompactionTask:
         self._thread.start()
@@ -59,8 +60,10 @@ class CompactionTask:
         self._acks.put(False)  # a pass waiting for an install ends
         self._thread.join(timeout)
 
-    def turn(self, journal: Journal, now_ms: int, now: float | None = None) -> None:
-        """The loop's part: install what the thread rewrote, note a finished pass, offer the next."""
+    def turn(self, journal: Journal, now_ms: int, now: float | None = None, *, upto: int | None = None) -> None:
+        """The loop's part: install what the thread rewrote, note a finished pass, offer the next.
+        ``upto``: a replicated stream's commit checkpoint; only segments wholly at or below it are
+        offered (each replica compacts its own copy of what can never be cut)."""
         while True:
             try:
                 item = self._results.get_nowait()
@@ -74,16 +77,16 @@ class CompactionTask:
             elif isinstance(item, CompactionReport):
                 self.busy, self.passes = False, self.passes + 1
                 self.covered_to = max(self.covered_to, self._offered_to)
-                journal.compaction_done(item)
+                journal.compaction_done(item, self._upto)
             else:
                 self.busy, self.failures = False, self.failures + 1
                 self.retry_at = (time.monotonic() if now is None else now) + RETRY_AFTER_S
                 log.error("compaction of %s failed (%s); every segment stays as it was, the next pass in %.0f s",
                           self.name, item, RETRY_AFTER_S)  # fmt: skip
         moment = time.monotonic() if now is None else now
-        if not self.busy and moment >= self.retry_at and journal.compaction_due(now_ms):
-            self.busy = True
-            view = journal.compaction_view()
+        if not self.busy and moment >= self.retry_at and journal.compaction_due(now_ms, upto):
+            self.busy, self._upto = True, upto
+            view = journal.compaction_view(upto)
             self._offered_to = view[-1].last_seq if view else self._offered_to
             self._offers.put((view, now_ms))
 

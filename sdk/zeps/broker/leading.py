@@ -31,7 +31,7 @@ from zeps.protocol import (
     ReplicaEpochEnd,
     ReplicaFetch,
 )
-from zeps.replication.follower import encode_epochs
+from zeps.replication.follower import GAPPED, encode_epochs
 from zeps.replication.isr import Leadership
 
 __all__ = ["Leading"]
@@ -211,7 +211,7 @@ class Leading(Routing):
             if session is None:
                 del stream.waiting[peer]
                 continue
-            more = journal.replica_has_more(fetch.base, fetch.offset)
+            more = journal.replica_has_more(fetch.base, fetch.offset, fetch.last)
             if not more and now - since < leader.heartbeat_s:
                 continue
             room = self._flight_room(session)  # an answer is cut to it: past the shared budget, a small one
@@ -232,8 +232,9 @@ class Leading(Routing):
                     window[1] -= len(part.data)
             epochs = encode_epochs(journal.epochs.newer_than(fetch.known))
             crc = crc32c.crc32c(part.data, crc32c.crc32c(part.marks, crc32c.crc32c(part.starts)))
+            reset = GAPPED if part.gapped else int(part.reset)
             answer = ReplicaData(epoch=leader.epoch, base=part.base, offset=part.offset, next=part.next_base,
-                                 commit=leader.commit, reset=int(part.reset), epochs=epochs, crc=crc,
+                                 commit=leader.commit, reset=reset, epochs=epochs, crc=crc,
                                  index=part.starts, marks=part.marks, data=part.data)  # fmt: skip
             frame = session.conn.send(answer)
             session.in_flight += len(frame)  # counted as a delivery is (see zeps.broker.routing)

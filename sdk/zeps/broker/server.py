@@ -260,9 +260,6 @@ class _InFlight:
 def _check_options(config: BrokerConfig, registration: Registration | None, replication: Replication | None,
                    tiering: Tiering | None) -> None:  # fmt: skip
     """ConfigError for options that need others: replication and tiering need ZooKeeper."""
-    if config.journal.compacts and replication is not None:
-        raise ConfigError(f"--cleanup {config.journal.cleanup}: a compacted stream is not replicated yet; drop "
-                          "--min-insync, or use --cleanup delete")  # fmt: skip
     if replication is not None and (registration is None or len(config.streams) != 1):
         raise ConfigError("a replicated broker serves one stream and registers in ZooKeeper (--zookeeper, "
                           "--member): its replicas find each other, and elect their leader, there")  # fmt: skip
@@ -689,7 +686,10 @@ class BrokerServer:
             self._compaction_metrics = CompactionMetrics(self.registry) if self._compactions else None
         self._offer_tiering(self._compactions)
         for name, task in self._compactions.items():
-            task.turn(self.core.streams[name].journal, self.core.wall_ms())
+            journal = self.core.streams[name].journal
+            # a replica compacts only what can never be cut: what its commit checkpoint covers
+            upto = journal.checkpoint.sequence if self.config.replicated else None
+            task.turn(journal, self.core.wall_ms(), upto=upto)
             if self._compaction_metrics is not None:
                 self._compaction_metrics.update(name, task)
 

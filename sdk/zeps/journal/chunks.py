@@ -93,7 +93,10 @@ class Chunk:
 class ReplicaSlice:
     """What a leader sends a follower (:meth:`Journal.replica_read`): ``data`` goes at ``offset`` of
     segment ``base``; ``next_base`` (not 0): that segment ends there, the next starts at this base;
-    ``reset``: the follower's position is not one the leader can continue: start over, empty, at ``base``."""
+    ``reset``: the follower's position is not one the leader can continue: start over, empty, at ``base``;
+    ``gapped``: the segment was compacted (on either side), so its bytes are not the follower's: ``data``
+    holds whole records after the follower's last sequence, with gaps, for the end of its copy
+    (``offset``), and ``next_base`` may lie beyond its next sequence (the segment's last records are gone)."""
 
     base: int
     offset: int
@@ -105,6 +108,7 @@ class ReplicaSlice:
     #: indexes the bytes without walking them record by record
     starts: bytes = b""
     marks: bytes = b""
+    gapped: bool = False
 
 
 def fit_chunk(chunk: Chunk, begin: int, stop: int, max_bytes: int, max_records: int, *, force: bool) -> int:

@@ -278,24 +278,31 @@ class Compacting(Copying):
 
     _compaction_seen: tuple[tuple[tuple[int, int], ...], int] | None = None  # (closed segments, next expiry)
 
-    def compaction_due(self, now_ms: int) -> bool:
+    def compaction_due(self, now_ms: int, upto: int | None = None) -> bool:
         """Whether a pass should run: the journal compacts, and a segment closed (or one changed) or a
-        kept tombstone expired since the last pass."""
+        kept tombstone expired since the last pass. ``upto``: only segments wholly at or below this
+        sequence may be compacted (a replica's commit checkpoint: never a record that may be cut)."""
         if not self.config.compacts or len(self._segments) < 2:
             return False
         last = self._compaction_seen
-        return last is None or last[0] != self._closed_signature() or now_ms >= last[1]
+        return last is None or last[0] != self._closed_signature(upto) or now_ms >= last[1]
 
-    def compaction_view(self) -> list[Segment]:
-        """Copies of the closed segments, oldest first, for a pass on another thread."""
-        return [replace(s, index=list(s.index), marks=list(s.marks)) for s in self._segments[:-1]]
+    def compaction_view(self, upto: int | None = None) -> list[Segment]:
+        """Copies of the closed segments (those wholly at or below ``upto``), oldest first, for a pass on
+        another thread."""
+        return [replace(s, index=list(s.index), marks=list(s.marks)) for s in self._compactable(upto)]
 
-    def compaction_done(self, report: CompactionReport) -> None:
-        """Note a finished pass: the next is due once a segment closes or its first kept tombstone expires."""
-        self._compaction_seen = (self._closed_signature(), report.next_expiry_ms)
+    def compaction_done(self, report: CompactionReport, upto: int | None = None) -> None:
+        """Note a finished pass: the next is due once a segment closes (or comes under ``upto``) or its
+        first kept tombstone expires."""
+        self._compaction_seen = (self._closed_signature(upto), report.next_expiry_ms)
 
-    def _closed_signature(self) -> tuple[tuple[int, int], ...]:
-        return tuple((s.base, s.size) for s in self._segments[:-1])
+    def _compactable(self, upto: int | None) -> list[Segment]:
+        closed = self._segments[:-1]
+        return closed if upto is None else [s for s in closed if s.last_seq <= upto]
+
+    def _closed_signature(self, upto: int | None = None) -> tuple[tuple[int, int], ...]:
+        return tuple((s.base, s.size) for s in self._compactable(upto))
 
     def install(self, cleaned: Cleaned, step: Callable[[str], None] | None = None) -> bool:
         """Put a rewritten segment in place (the journal's owner, between its reads); ``step`` is called

@@ -4,6 +4,12 @@ The leader reads slices of its durable segment bytes (:meth:`Copying.replica_rea
 or a whole group; the follower writes them at the same offsets (:meth:`Copying.replica_write`),
 indexes them from the leader's offsets, rolls where the leader rolled, and truncates its own tail
 where the epochs say it diverged (:meth:`Copying.truncate_after`).
+
+A compacted stream's replicas each compact their own closed, committed segments, so a closed segment's
+bytes differ from one replica to the next. A follower only ever copies the leader's active segment in
+step; one that is behind (restarted, new, lagging) and reaches a segment the leader compacted copies it
+*by sequence*: the leader sends the records after the follower's last sequence, gaps and all, for the
+end of the follower's own copy, and says where the segment ends (a ``gapped`` slice).
 """
 
 from __future__ import annotations
@@ -49,10 +55,15 @@ class Copying(Reading):
         seg = self._segments[-1]
         return seg.base, seg.size, self.written
 
-    def replica_has_more(self, base: int, offset: int) -> bool:
-        """Whether a follower at ``offset`` of segment ``base`` has anything to fetch (cheap: no reads)."""
+    def replica_has_more(self, base: int, offset: int, last: int) -> bool:
+        """Whether a follower at ``offset`` of segment ``base`` after sequence ``last`` has anything to
+        fetch (cheap: no reads)."""
         active = self._segments[-1]
-        return base != active.base or offset < self._durable_size(active)
+        if base != active.base:
+            return True
+        if active.gapped:  # its copy's offsets are its own: what it lacks is counted in records
+            return last < self.durable
+        return offset < self._durable_size(active)
 
     def _durable_size(self, seg: Segment) -> int:
         if seg is not self._segments[-1] or self.config.fsync == "never":
@@ -69,12 +80,16 @@ class Copying(Reading):
             return self._reset_slice(f"no segment {base} here")
         seg = self._segments[i]
         durable = self._durable_size(seg)
+        closed = seg is not self._segments[-1]
+        if seg.gapped:
+            return self._read_by_sequence(i, offset, last, max_bytes)
         if offset > durable or not self._at_boundary(seg, offset, last):
+            if self.config.compacts and seg.base - 1 <= last <= seg.last_seq:  # its copy was compacted
+                return self._read_by_sequence(i, offset, last, max_bytes)
             return self._reset_slice(
                 f"offset {offset} after {last} in segment {base}: durable to {durable}, "
                 f"holding {seg.base}..{seg.last_seq}"
             )
-        closed = seg is not self._segments[-1]
         if offset == durable:
             return ReplicaSlice(base, offset, b"", self._segments[i + 1].base if closed else 0)
         limit = min(durable, offset + max(max_bytes, 1))
@@ -105,6 +120,46 @@ class Copying(Reading):
         ends = closed and offset + good == durable
         return ReplicaSlice(base, offset, data, self._segments[i + 1].base if ends else 0,
                             starts=starts.tobytes(), marks=b"".join(MARK_SPAN.pack(*m) for m in marks))  # fmt: skip
+
+    def _read_by_sequence(self, i: int, offset: int, last: int, max_bytes: int) -> ReplicaSlice:
+        """A segment's entries after sequence ``last`` for a follower whose copy of it ends at ``offset``
+        of its own layout (one side compacted it): whole entries, in the follower's offsets, as a
+        ``gapped`` slice. A follower starting the segment (``offset`` 0) gets it from its first byte,
+        the snapshot mark included; else from the end of record ``last`` (the next one's start in a
+        compacted segment, whose only mark is that snapshot)."""
+        seg = self._segments[i]
+        closed = seg is not self._segments[-1]
+        next_base = self._segments[i + 1].base if closed else 0
+        durable = self._durable_size(seg)
+        last_durable = seg.last_seq if closed else self.durable
+        if not seg.base - 1 <= last <= seg.last_seq:
+            return self._reset_slice(f"sequence {last} is not in segment {seg.base}..{seg.last_seq}")
+        if offset == 0:
+            start = 0
+        elif last >= last_durable:
+            start = durable
+        elif seg.gapped or last < seg.base:
+            start = self._record_start(seg, last + 1)
+        else:
+            start = self._record_end(seg, last)
+        if start >= durable:  # the follower holds every record of it: on to the next, if it is closed
+            return ReplicaSlice(seg.base, offset, b"", next_base, gapped=True)
+        limit = min(durable, start + max(max_bytes, 1))
+        while True:
+            data = self._readers.pread(seg.path, limit - start, start)
+            walked, marks, good = walk_segment(data, last + 1, gaps=True, below=seg.last_seq + 1)
+            if good or limit == durable:
+                break
+            limit = min(durable, start + 2 * (limit - start))  # a record larger than max_bytes goes whole
+        if not good:
+            raise JournalError(f"journal {self.name}: segment {seg.base} holds no intact entry at {start}")
+        starts = array("I", (offset + s for s in walked))
+        if sys.byteorder == "little":
+            starts.byteswap()
+        spans = b"".join(MARK_SPAN.pack(offset + a, offset + b) for a, b, _, _ in marks)
+        ends = closed and start + good == durable
+        return ReplicaSlice(seg.base, offset, data[:good], next_base if ends else 0, starts=starts.tobytes(),
+                            marks=spans, gapped=True)  # fmt: skip
 
     def _replica_cut(self, seg: Segment, offset: int, last: int, last_durable: int, limit: int
                      ) -> tuple[int, int] | None:  # fmt: skip
@@ -170,17 +225,26 @@ class Copying(Reading):
         return start + 4 + int(length)
 
     def replica_write(self, base: int, offset: int, data: bytes, *, starts: bytes | None = None,
-                      marks: bytes = b"") -> int:  # fmt: skip
+                      marks: bytes = b"", gapped: bool = False) -> int:  # fmt: skip
         """A follower appends bytes the leader sent for ``offset`` of segment ``base`` (its position):
         whole entries; returns the last sequence written. With the leader's ``starts`` and ``marks``
         (:class:`ReplicaSlice`; the frame's CRC covered them) the records are not walked one by one:
         their count, first and last sequence and the end of the last entry are checked, each mark
-        decoded. Without, they are checked as recovery checks them. Raises JournalError if they do not
-        continue this copy (the follower then asks where to go on)."""
+        decoded. Without, they are checked as recovery checks them. ``gapped``: records of a compacted
+        segment, whose sequences only increase (each compacted away gets the next kept one's offset).
+        Raises JournalError if they do not continue this copy (the follower then asks where to go on)."""
         seg = self._segments[-1]
         if (seg.base, seg.size) != (base, offset):
             raise JournalError(f"journal {self.name}: replica bytes for segment {base} at {offset}, but this "
                                f"copy ends at {seg.size} of segment {seg.base}")  # fmt: skip
+        if gapped:
+            if starts is None:
+                raise JournalError(f"journal {self.name}: compacted replica bytes come with their index")
+            absolute, decoded = self._indexed(offset, data, starts, marks, gapped=True)
+            dense = self._dense(data, offset, absolute)
+            if len(dense) != len(absolute):
+                seg.gapped = True
+            return self._copy(seg, offset, data, dense, decoded)
         if starts is None:
             walked, decoded, good = walk_segment(data, self._next)
             if good != len(data):
@@ -190,10 +254,11 @@ class Copying(Reading):
             absolute, decoded = self._indexed(offset, data, starts, marks)
         return self._copy(seg, offset, data, absolute, decoded)
 
-    def _indexed(self, offset: int, data: bytes, raw_starts: bytes, raw_marks: bytes
+    def _indexed(self, offset: int, data: bytes, raw_starts: bytes, raw_marks: bytes, *, gapped: bool = False
                  ) -> tuple[array[int], list[tuple[int, int, int, dict[str, Producer]]]]:  # fmt: skip
         """The record starts (segment offsets) and decoded marks (relative to ``data``) of a leader's
-        indexed slice, after the checks that need no walk (JournalError naming what is wrong)."""
+        indexed slice, after the checks that need no walk (JournalError naming what is wrong); ``gapped``:
+        each record's sequence is checked to follow the one before."""
         starts = array("I")
         starts.frombytes(raw_starts[: len(raw_starts) - len(raw_starts) % OFFSET])
         if sys.byteorder == "little":
@@ -210,7 +275,16 @@ class Copying(Reading):
         first_entry = min(starts[0] - offset if starts else len(data), spans[0][0] if spans else len(data))
         if first_entry != 0:
             raise bad("the index does not start where the bytes do")
-        if starts:
+        if starts and gapped:
+            after = self._next - 1
+            for start in starts:
+                if not 0 <= start - offset <= len(data) - OVERHEAD:
+                    raise bad(f"a record start {start} lies outside the bytes")
+                length, _, sequence, _, _ = RECORD.unpack_from(data, start - offset)
+                if sequence <= after:
+                    raise bad(f"record {sequence} where one after {after} was due")
+                after = sequence
+        elif starts:
             first = RECORD.unpack_from(data, starts[0] - offset)[2]
             length, _, last, _, _ = RECORD.unpack_from(data, starts[-1] - offset)
             if (first, last) != (self._next, self._next + len(starts) - 1):
@@ -232,6 +306,16 @@ class Copying(Reading):
                 raise bad(f"the producer mark at {offset + a} does not decode: {exc}") from None
             decoded.append((a, b, kind, producers))
         return starts, decoded
+
+    def _dense(self, data: bytes, offset: int, starts: array[int]) -> array[int]:
+        """A gapped slice's .off entries from this copy's next sequence on: each kept record's start,
+        and for each sequence compacted away before it, that same start."""
+        dense, expect = array("I"), self._next
+        for start in starts:
+            sequence = RECORD.unpack_from(data, start - offset)[2]
+            dense.extend([start] * (sequence + 1 - expect))
+            expect = sequence + 1
+        return dense
 
     def _copy(self, seg: Segment, offset: int, data: bytes, starts: array[int],
               marks: list[tuple[int, int, int, dict[str, Producer]]]) -> int:  # fmt: skip
@@ -274,14 +358,23 @@ class Copying(Reading):
             self.sync()
         return self.written
 
-    def replica_roll(self, next_base: int) -> None:
+    def replica_roll(self, next_base: int, *, gapped: bool = False) -> None:
         """The leader closed the segment this copy ends with, and went on to ``next_base``: close and
-        seal ours, and begin an empty one (the leader's snapshot mark comes first in its bytes)."""
+        seal ours, and begin an empty one (the leader's snapshot mark comes first in its bytes).
+        ``gapped``: the segment was compacted, and its last records may be gone (``next_base`` beyond
+        this copy's next sequence: those sequences are gaps at its end)."""
+        closed = self._segments[-1]
+        if gapped and next_base > self._next:
+            missing = array("I", [closed.size] * (next_base - self._next))
+            try:
+                self._flush(self._off_fd, memoryview(missing.tobytes()))
+            except OSError as exc:
+                raise JournalWriteError(self.name, exc) from None
+            closed.last_seq, closed.gapped, self._next = next_base - 1, True, next_base
         if next_base != self._next:
             raise JournalError(f"journal {self.name}: the leader's next segment starts at {next_base}, but this "
                                f"copy's next sequence is {self._next}")  # fmt: skip
         self.sync()
-        closed = self._segments[-1]
         self._close_files()
         self._seal(closed)
         seg = Segment(next_base, self._log_path(next_base), last_seq=next_base - 1)
@@ -319,7 +412,10 @@ class Copying(Reading):
             self.replica_reset(last + 1)
             return
         tail = keep[-1]
-        end = self._record_end(tail, last) if last >= tail.base else 0
+        if tail.gapped:  # compacted: ``last`` may be gone, and the next kept record starts where it ended
+            end = self._record_start(tail, last + 1) if last < tail.last_seq else tail.size
+        else:
+            end = self._record_end(tail, last) if last >= tail.base else 0
         if last == self.written:
             if tail is self._segments[-1] and tail.size == end:
                 self.epochs.truncate(last)  # nothing follows the record; an epoch begun after it goes

@@ -189,8 +189,9 @@ class SegmentFiles:
         path = self._log_path(base)
         seg = Segment(base, path, last_seq=base - 1)
         data = path.read_bytes()
-        # what follows the first bad entry is dropped; a closed segment may have been compacted (gaps)
-        starts, marks, good_end = walk_segment(data, base, gaps=not last, below=below)
+        # what follows the first bad entry is dropped; a closed segment may have been compacted (gaps), and
+        # so may a compacted stream's active one: a follower's copy of a segment its leader compacted
+        starts, marks, good_end = walk_segment(data, base, gaps=not last or self.config.compacts, below=below)
         since_index = self.config.index_interval_bytes  # index the first record
         for offset in starts:
             length, _, sequence, timestamp, _ = RECORD.unpack_from(data, offset)
@@ -254,6 +255,7 @@ class SegmentFiles:
     def _seal(self, seg: Segment) -> None:
         """Write ``seg``'s seal, once it is closed and its files are durable: what :meth:`_load_sealed`
         reads instead of the records (size, last record, producer marks, index length), with a CRC."""
+        seg.path.with_suffix(".idx").touch()  # a segment of marks alone (its records compacted away) has none yet
         for sibling in (seg.offsets_path, seg.path.with_suffix(".idx")):
             fsync_path(sibling)
         fd = os.open(seg.path.with_suffix(".seal"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

@@ -38,11 +38,13 @@ from zeps.protocol import (
     ReplicaFetch,
 )
 
-__all__ = ["REPLICATION_VERSION", "FollowerCopy", "decode_epochs", "encode_epochs"]
+__all__ = ["GAPPED", "REPLICATION_VERSION", "FollowerCopy", "decode_epochs", "encode_epochs"]
 
 log = logging.getLogger(__name__)
 
 REPLICATION_VERSION = 8  #: the protocol version a follower attaches with
+#: REPLICA-DATA's ``reset`` for a compacted segment's records, copied by sequence (:mod:`zeps.journal.copying`)
+GAPPED = 2
 _PAIR = struct.Struct("!QQ")
 
 
@@ -116,16 +118,19 @@ class FollowerCopy:
         crc = crc32c.crc32c(command.data, crc32c.crc32c(command.marks, crc32c.crc32c(command.index)))
         if crc != command.crc:
             raise ProtocolError(f"REPLICA-DATA at {command.offset} of segment {command.base} fails its CRC32C")
-        if command.reset:
+        if command.reset not in (0, 1, GAPPED):
+            raise ProtocolError(f"REPLICA-DATA with reset {command.reset}: 0, 1 or {GAPPED} were due")
+        gapped = command.reset == GAPPED
+        if command.reset == 1:
             journal.replica_reset(command.base)
         elif command.data:
             journal.replica_write(command.base, command.offset, command.data, starts=command.index,
-                                  marks=command.marks)  # fmt: skip
+                                  marks=command.marks, gapped=gapped)  # fmt: skip
             self.bytes_copied += len(command.data)
         elif command.next:
-            journal.replica_roll(command.next)
+            journal.replica_roll(command.next, gapped=gapped)
         journal.epochs.adopt(decode_epochs(command.epochs), journal.written)
         journal.maybe_sync(idle=True)  # the acknowledgement is of durable bytes (at the stream's fsync policy)
         self.commit = max(self.commit, command.commit)
-        self.caught_up = not (command.data or command.reset or command.next)
+        self.caught_up = not (command.data or command.reset == 1 or command.next)
         return [self.fetch()]
