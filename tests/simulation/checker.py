@@ -6,7 +6,8 @@ commit point, read as its commit point moves. Any two leaderships must agree on 
 reach. Then, at every step:
 
 * a record delivered to a subscriber is the committed log's at its sequence (never taken back), and
-  each subscriber sees sequences 1, 2, … without a gap or a repeat;
+  each subscriber sees sequences 1, 2, … without a gap or a repeat (a compacting seed's: a gap only
+  where a later committed record of the same key superseded the one missing);
 * a publish confirmed to a producer is in the committed log (once: producers are idempotent);
 * no two replicas lead one epoch;
 * every replica ZooKeeper lists in sync holds the committed log durably (the next leader is one);
@@ -48,6 +49,12 @@ if TYPE_CHECKING:
     from simulation.world import Client, Replica, World
 
 STREAM = "prices"
+KEYS = 4  #: a compacting seed's producers publish under this many keys
+
+
+def key_of(body: bytes) -> str:
+    """The key a compacting seed's producer publishes ``body`` (``p<producer>:<n>``) under."""
+    return f"k{int(body.rsplit(b':', 1)[1]) % KEYS}"
 
 
 def _entry_of(key: str) -> TierEntry:
@@ -65,6 +72,7 @@ class Checker:
         self.world = world
         self.truth: dict[int, bytes] = {}  # the committed log
         self.where: dict[bytes, int] = {}  # body -> its sequence in the committed log
+        self.latest: dict[str, int] = {}  # a compacting seed's: key -> its latest sequence in the committed log
         self.commit = 0  # the highest commit point any leadership reached
         self.leaders: dict[int, str] = {}  # epoch -> the replica that led it
         self.read_to: dict[tuple[str, int, int], int] = {}  # (replica, incarnation, epoch) -> committed records read
@@ -85,8 +93,13 @@ class Checker:
     # -- what clients saw ------------------------------------------------------------------
     def delivered(self, client: Client, sequence: int, body: bytes) -> None:
         last = client.delivered[-1][0] if client.delivered else 0
-        if sequence != last + 1:
+        if sequence != last + 1 and not (self.world.compaction and sequence > last):
             self.fail(f"subscriber {client.id} was delivered sequence {sequence} after {last} (a gap or a repeat)")
+        for skipped in range(last + 1, sequence):  # a compacted stream's gaps: records a later one superseded
+            gone = self.truth.get(skipped)
+            if gone is None or self.latest[key_of(gone)] <= skipped:
+                what = "never committed" if gone is None else f"{gone!r}, the latest of its key"
+                self.fail(f"subscriber {client.id} was delivered {sequence} after {last}: {skipped} was {what}")
         known = self.truth.get(sequence)
         if known is None:
             self.fail(f"subscriber {client.id} was delivered {sequence}={body!r}, which no leadership committed")
@@ -144,6 +157,9 @@ class Checker:
                 self.fail(f"{body!r} is committed twice: at {self.where[body]} and (by {who}) at {sequence}")
             self.truth[sequence] = body
             self.where[body] = sequence
+            if self.world.compaction:
+                key = key_of(body)
+                self.latest[key] = max(self.latest.get(key, 0), sequence)
         elif known != body:
             self.fail(f"{who} committed {sequence}={body!r}, but {known!r} was committed there before")
 

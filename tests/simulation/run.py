@@ -34,7 +34,7 @@ from pathlib import Path
 
 from simulation.checker import Violation
 from simulation.tiering import TierOptions, outage
-from simulation.world import ACTING, Client, Options, World
+from simulation.world import ACTING, Client, Options, World, draws_compaction
 
 SETTLE_S = 60.0  #: simulated seconds the stream has to settle after the faults stop
 FAULTS = ("kill", "crash", "kill-all", "stop", "pause", "zk-disconnect", "zk-expire", "partition", "clock-jump")
@@ -145,7 +145,7 @@ def run(seed: int, root: Path, *, options: Options | None = None, tiering: bool 
         verbose: bool = False) -> Outcome:  # fmt: skip
     """One seed (``tiering`` False: never tiered, as seeds ran before tiering came to the simulation)."""
     began = time.monotonic()
-    world = World(seed, root, options, tiering)
+    world = World(seed, root, options, tiering, compaction=tiering)
     ACTING.sim = world.sim
     faults: list[str] = []
     for replica in world.replicas.values():
@@ -153,8 +153,10 @@ def run(seed: int, root: Path, *, options: Options | None = None, tiering: bool 
     for i in range(world.options.producers + world.options.subscribers):
         client = Client(world, i, "producer" if i < world.options.producers else "subscriber")
         world.clients.append(client)
-        world.sim.after(0.3, client.connect)
-        world.sim.after(0.3 + i * 0.001, client.turn)
+        # a compacting seed's subscribers come late: they read from 1 what compaction left, gaps and all
+        late = world.options.fault_s / 2 if world.compaction and client.kind == "subscriber" else 0.0
+        world.sim.after(0.3 + late, client.connect)
+        world.sim.after(0.3 + late + i * 0.001, client.turn)
 
     for when, fault, target in _plan(world):
         world.sim.at(when, lambda f=fault, t=target: _inject(world, f, t, faults))
@@ -245,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  options: {json.dumps(asdict(Options.from_seed(__import__('random').Random(seed))))}")
             tiering = TierOptions.from_seed(seed)
             print(f"  tiering: {json.dumps(asdict(tiering)) if tiering is not None else 'none'}")
+            print(f"  compaction: {tiering is None and draws_compaction(seed)}")
             print(f"  faults: {outcome.faults}")
             print(f"  replay: make sim SEEDS={seed}   (or: cd tests && python -m simulation.run --seed {seed} -v)")
         elif args.verbose:

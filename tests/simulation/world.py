@@ -36,10 +36,11 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from simulation.checker import key_of
 from simulation.tiering import Check, SimStore, TierOptions, Uploads, snapshot
 from zeps.broker.core import BrokerConfig, BrokerCore, Outgoing
 from zeps.broker.replica import Close, Connect, MarkData, RecordCommit, ReplicaNode, ReplicaSettings, Send, WriteIsr
@@ -70,6 +71,14 @@ ACTING = Acting()
 
 STREAM = "prices"
 PATHS = StreamPaths.of("default", STREAM, chroot="/zeps")
+#: a compacting seed's journals: every closed, committed segment compacted as soon as it can be
+COMPACTED: dict[str, Any] = {"cleanup": "compact", "min_cleanable_ratio": 0.0}
+COMPACT_EVERY_S = 0.5  #: how often a compacting replica's loop runs a pass (when one is due)
+
+
+def draws_compaction(seed: int) -> bool:
+    """Whether a seed compacts, if it is not tiered: half of them, from a random source of its own."""
+    return random.Random(f"compaction-{seed}").random() < 0.5
 
 
 @dataclass(frozen=True)
@@ -425,6 +434,7 @@ class Replica:
         self.link_to: tuple[str, int] | None = None
         self._loop_due = False
         self._last_tick = 0.0
+        self._last_compaction = 0.0
         self.durable_at_crash = 0  # what the disk held durably when it last went down
         self.sync_every = (0.001, 0.02)  # how often its disk syncs (seconds, a range)
         self.uploads: Uploads | None = None  # a tiered stream's rounds (this incarnation's)
@@ -454,6 +464,8 @@ class Replica:
         self.incarnation += 1
         self.up, self.paused = True, False
         journal = JournalConfig(fsync="interval", interval_ms=1e12, segment_bytes=self.world.options.segment_bytes)
+        if self.world.compaction:  # small segments: many closed ones to compact, and to copy compacted
+            journal = replace(journal, segment_bytes=min(journal.segment_bytes, 1024), **COMPACTED)
         config = BrokerConfig(self.dir, (STREAM,), journal=journal, replicated=True, heartbeat_s=1.0, ttl_s=5.0)
         self.core = BrokerCore(config, wall_ms=self.wall_ms).open()
         settings = ReplicaSettings(self.world.options.min_insync, lag_s=2.0, heartbeat_s=0.1, leader_silence_s=1.0)
@@ -662,6 +674,11 @@ class Replica:
             core.tick(now)
         self._send(core.pump(now))
         self.world.observe(self)
+        if self.world.compaction and now - self._last_compaction >= COMPACT_EVERY_S:
+            # after the checker read what this turn committed: a pass removes it only once superseded
+            self._last_compaction = now
+            journal = core.streams[STREAM].journal
+            journal.compact(now_ms=self.wall_ms(), upto=journal.checkpoint.sequence)
         self._schedule_loop(self.LOOP_S if core.busy else 0.02)
 
     def _act(self, actions: list[Any]) -> None:
@@ -838,7 +855,7 @@ class Client:
             for _ in range(sim.rng.randint(1, 3)):
                 body = b"p%d:%d" % (self.id, len(self.published) + len(self.given_up) + 1)
                 self.published.append(body)
-                self._send(self.session.publish("k", body))
+                self._send(self.session.publish(key_of(body) if self.world.compaction else "k", body))
             self._send(self.session.confirm())
         elif self.kind == "producer" and self.session.unconfirmed:
             self._send(self.session.confirm())
@@ -857,8 +874,10 @@ class World:
     tier_root = f"{PATHS.root}/tier"
 
     def __init__(self, seed: int, root: Path, options: Options | None = None,
-                 tiering: TierOptions | bool = True) -> None:  # fmt: skip
-        """``tiering``: True draws the seed's (or none), False runs without."""
+                 tiering: TierOptions | bool = True, *, compaction: bool = False) -> None:  # fmt: skip
+        """``tiering``: True draws the seed's (or none), False runs without. ``compaction``: True draws
+        it for a seed without tiering (half of them, from a random source of its own): the replicas
+        compact their journals and the producers publish under a few keys."""
         from simulation.checker import Checker  # noqa: PLC0415
 
         self.sim = Sim(seed)
@@ -867,6 +886,7 @@ class World:
         self.tiering = TierOptions.from_seed(seed) if tiering is True else tiering or None
         self.tier_rng = random.Random(f"tiering-run-{seed}")  # never the simulation's: seeds replay without
         self.tier_store = SimStore(root / ".store", self.tiering, self) if self.tiering is not None else None
+        self.compaction = compaction and draws_compaction(seed) and self.tiering is None
         self.zk = SimZooKeeper(self.sim, self.options)
         self.network = Network(self.sim, self)
         self.replicas = {f"r{i}": Replica(self, f"r{i}") for i in range(self.options.replicas)}

@@ -394,8 +394,8 @@ def test_a_follower_part_way_through_a_segment_the_leader_then_compacts_goes_on_
 
 
 def test_a_follower_that_compacted_its_own_copy_goes_on_from_a_leader_that_did_not(tmp_path: Path) -> None:
-    """Each replica compacts its own closed segments: a follower whose tail was cut back into a segment
-    it compacted (the epochs said so) is not at a byte the leader knows; it goes on by sequence."""
+    """Each replica compacts its own closed segments: a follower whose tail is cut back to where a
+    segment it compacted ends (the epochs said so) keeps that segment closed and goes on after it."""
     leader = _compacted(tmp_path / "leader")
     written = _keyed(leader, 0, 120)
     follower = _compacted(tmp_path / "follower")
@@ -403,8 +403,8 @@ def test_a_follower_that_compacted_its_own_copy_goes_on_from_a_leader_that_did_n
     follower.compact(force=True)
     closed = follower._segments[-2]
     assert closed.gapped
-    follower.truncate_after(closed.last_seq)  # the compacted segment is the active one again
-    assert follower._segments[-1].base == closed.base
+    follower.truncate_after(closed.last_seq)
+    assert follower._segments[-1].base == closed.last_seq + 1 and follower._segments[-2].gapped
     _copy(leader, follower)
     assert not any(p.reset for p in [leader.replica_read(*follower.replica_position())])
     assert _holds_only_what_was_written(follower, written)[-1].sequence == 120
@@ -412,3 +412,36 @@ def test_a_follower_that_compacted_its_own_copy_goes_on_from_a_leader_that_did_n
     leader.append("k.0", b"after", timestamp_ms=5000)
     _copy(leader, follower)
     assert _all(follower)[-1] == _all(leader)[-1]
+
+
+def _last_kept(seg: Any, kept: set[int]) -> int:
+    return max((q for q in kept if seg.base <= q <= seg.last_seq), default=0)
+
+
+def test_a_cut_after_a_copied_compacted_segment_keeps_where_it_ends(tmp_path: Path) -> None:
+    """A follower copied a segment its leader compacted down to an earlier last record (its roll made
+    the last sequences gaps), then the leader's snapshot mark of the next segment; a new leader's
+    history cuts it after that segment's last sequence: the compacted segment stays closed, ending
+    where it did (opened again as the active one, it would seem to end at its last kept record, below
+    what the follower had counted), and the copy goes on. (Found by the replication simulation.)"""
+    leader = _compacted(tmp_path / "leader")
+    _keyed(leader, 0, 200)
+    leader.compact(force=True)
+    kept = {r.sequence for r in _all(leader)}
+    ending = next(s for s in leader._segments[:-1] if s.gapped and _last_kept(s, kept) < s.last_seq)
+    follower = _compacted(tmp_path / "follower")
+    for _ in range(1000):  # copy until past that segment's roll, and the next segment's first bytes
+        base, offset, last = follower.replica_position()
+        if base == ending.last_seq + 1 and offset > 0:
+            break
+        part = leader.replica_read(base, offset, last, 1)  # an entry at a time
+        if part.data:
+            follower.replica_write(part.base, part.offset, part.data, starts=part.starts, marks=part.marks,
+                                   gapped=part.gapped)  # fmt: skip
+        elif part.next_base:
+            follower.replica_roll(part.next_base, gapped=part.gapped)
+    assert follower.written == ending.last_seq and follower._segments[-2].gapped
+    follower.truncate_after(ending.last_seq)
+    assert follower.written == ending.last_seq and follower._segments[-1].base == ending.last_seq + 1
+    _copy(leader, follower)
+    assert _all(follower) == _all(leader) and follower.next_sequence == leader.next_sequence

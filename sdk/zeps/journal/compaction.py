@@ -331,17 +331,19 @@ class Compacting(Copying):
         step: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        upto: int | None = None,
     ) -> CompactionReport | None:
         """Run a compaction pass in this thread if one is due (``force``: even if nothing changed since
-        the last); None if the journal does not compact or nothing changed. JournalWriteError if the
-        file system fails a rewrite: that segment stays as it was."""
+        the last) over the closed segments wholly at or below ``upto``; None if the journal does not
+        compact or nothing changed. JournalWriteError if the file system fails a rewrite: that segment
+        stays as it was."""
         now = int(time.time() * 1000) if now_ms is None else now_ms
-        if not self.config.compacts or not (force or self.compaction_due(now)):
+        if not self.config.compacts or not (force or self.compaction_due(now, upto)):
             return None
         throttle = Throttle(self.config.compaction_bytes_per_s, clock=clock, sleep=sleep)
-        report = run_pass(self.compaction_view(), self.config, now, lambda cleaned: self.install(cleaned, step),
+        report = run_pass(self.compaction_view(upto), self.config, now, lambda cleaned: self.install(cleaned, step),
                           throttle, name=self.name)  # fmt: skip
-        self.compaction_done(report)
+        self.compaction_done(report, upto)
         return report
 
     def _forget_cached(self, last: int) -> None:

@@ -77,15 +77,18 @@ class Copying(Reading):
         bytes that are not ours) answers ``reset``: start over from our oldest segment."""
         i = bisect.bisect_left(self._segments, base, key=attrgetter("base"))
         if i == len(self._segments) or self._segments[i].base != base:
+            holding = self._holding(last + 1)
+            if self.config.compacts and holding is not None:  # its segments were cut where a compacted one ends
+                return self._read_by_sequence(holding, base, offset, last, max_bytes)
             return self._reset_slice(f"no segment {base} here")
         seg = self._segments[i]
         durable = self._durable_size(seg)
         closed = seg is not self._segments[-1]
         if seg.gapped:
-            return self._read_by_sequence(i, offset, last, max_bytes)
+            return self._read_by_sequence(i, base, offset, last, max_bytes)
         if offset > durable or not self._at_boundary(seg, offset, last):
             if self.config.compacts and seg.base - 1 <= last <= seg.last_seq:  # its copy was compacted
-                return self._read_by_sequence(i, offset, last, max_bytes)
+                return self._read_by_sequence(i, base, offset, last, max_bytes)
             return self._reset_slice(
                 f"offset {offset} after {last} in segment {base}: durable to {durable}, "
                 f"holding {seg.base}..{seg.last_seq}"
@@ -121,12 +124,19 @@ class Copying(Reading):
         return ReplicaSlice(base, offset, data, self._segments[i + 1].base if ends else 0,
                             starts=starts.tobytes(), marks=b"".join(MARK_SPAN.pack(*m) for m in marks))  # fmt: skip
 
-    def _read_by_sequence(self, i: int, offset: int, last: int, max_bytes: int) -> ReplicaSlice:
-        """A segment's entries after sequence ``last`` for a follower whose copy of it ends at ``offset``
-        of its own layout (one side compacted it): whole entries, in the follower's offsets, as a
-        ``gapped`` slice. A follower starting the segment (``offset`` 0) gets it from its first byte,
-        the snapshot mark included; else from the end of record ``last`` (the next one's start in a
-        compacted segment, whose only mark is that snapshot)."""
+    def _holding(self, sequence: int) -> int | None:
+        """The index of the segment that holds (or, the active one, will hold) ``sequence``."""
+        i = bisect.bisect_right(self._segments, sequence, key=attrgetter("base")) - 1
+        if i < 0 or (sequence > self._segments[i].last_seq and i < len(self._segments) - 1):
+            return None
+        return i
+
+    def _read_by_sequence(self, i: int, base: int, offset: int, last: int, max_bytes: int) -> ReplicaSlice:
+        """Segment ``i``'s entries after sequence ``last`` for a follower whose copy ends at ``offset``
+        of its segment ``base``, laid out its own way (one side compacted it): whole entries, in the
+        follower's offsets, as a ``gapped`` slice. A follower at the segment's start gets it from its
+        first byte (``offset`` 0: the snapshot mark included); else from the end of record ``last``
+        (the next one's start in a compacted segment, whose only mark is that snapshot)."""
         seg = self._segments[i]
         closed = seg is not self._segments[-1]
         next_base = self._segments[i + 1].base if closed else 0
@@ -134,16 +144,16 @@ class Copying(Reading):
         last_durable = seg.last_seq if closed else self.durable
         if not seg.base - 1 <= last <= seg.last_seq:
             return self._reset_slice(f"sequence {last} is not in segment {seg.base}..{seg.last_seq}")
-        if offset == 0:
-            start = 0
-        elif last >= last_durable:
+        if last >= last_durable:
             start = durable
-        elif seg.gapped or last < seg.base:
+        elif last < seg.base:
+            start = 0 if offset == 0 else self._record_start(seg, seg.base)
+        elif seg.gapped:
             start = self._record_start(seg, last + 1)
         else:
             start = self._record_end(seg, last)
         if start >= durable:  # the follower holds every record of it: on to the next, if it is closed
-            return ReplicaSlice(seg.base, offset, b"", next_base, gapped=True)
+            return ReplicaSlice(base, offset, b"", next_base, gapped=True)
         limit = min(durable, start + max(max_bytes, 1))
         while True:
             data = self._readers.pread(seg.path, limit - start, start)
@@ -158,7 +168,7 @@ class Copying(Reading):
             starts.byteswap()
         spans = b"".join(MARK_SPAN.pack(offset + a, offset + b) for a, b, _, _ in marks)
         ends = closed and start + good == durable
-        return ReplicaSlice(seg.base, offset, data[:good], next_base if ends else 0, starts=starts.tobytes(),
+        return ReplicaSlice(base, offset, data[:good], next_base if ends else 0, starts=starts.tobytes(),
                             marks=spans, gapped=True)  # fmt: skip
 
     def _replica_cut(self, seg: Segment, offset: int, last: int, last_durable: int, limit: int
@@ -398,6 +408,31 @@ class Copying(Reading):
         self._reset()
         self.open()
 
+    def _cut_after_closed(self, keep: int, last: int) -> None:
+        """Cut everything after a compacted closed segment that ends with sequence ``last``: it stays
+        closed (its seal says where it ends, its last records being gone), and the segment after it is
+        emptied to become the active one, at ``last + 1`` (opened again as the active segment, the
+        compacted one would seem to end at its last kept record)."""
+        log.info("journal %s: cutting what follows sequence %d, where a compacted segment ends", self.name, last)
+        self.close()
+        following = self._segments[keep:]
+        for seg in following[1:]:
+            for path in (seg.path, seg.path.with_suffix(".idx"), seg.offsets_path, seg.path.with_suffix(".seal")):
+                path.unlink(missing_ok=True)
+        active = following[0]
+        for path in (active.path.with_suffix(".idx"), active.offsets_path, active.path.with_suffix(".seal")):
+            path.unlink(missing_ok=True)
+        os.truncate(active.path, 0)
+        fsync_path(active.path)
+        fsync_path(self.directory)
+        self.epochs.truncate(last)
+        if self.checkpoint.sequence > last:
+            log.error("journal %s: cutting after %d, below its commit checkpoint %d", self.name, last,
+                      self.checkpoint.sequence)  # fmt: skip
+            self.checkpoint.lower(last)
+        self._reset()
+        self.open()
+
     def truncate_after(self, last: int) -> None:
         """Remove every record after sequence ``last`` and every producer mark after it (with the
         segments that hold nothing else): what a replica wrote that the current leader never had.
@@ -412,6 +447,9 @@ class Copying(Reading):
             self.replica_reset(last + 1)
             return
         tail = keep[-1]
+        if tail.gapped and tail is not self._segments[-1] and last == tail.last_seq:
+            self._cut_after_closed(len(keep), last)
+            return
         if tail.gapped:  # compacted: ``last`` may be gone, and the next kept record starts where it ended
             end = self._record_start(tail, last + 1) if last < tail.last_seq else tail.size
         else:
