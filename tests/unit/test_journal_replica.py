@@ -445,3 +445,24 @@ def test_a_cut_after_a_copied_compacted_segment_keeps_where_it_ends(tmp_path: Pa
     assert follower.written == ending.last_seq and follower._segments[-1].base == ending.last_seq + 1
     _copy(leader, follower)
     assert _all(follower) == _all(leader) and follower.next_sequence == leader.next_sequence
+
+
+def test_a_compacted_segment_read_whole_again_ends_where_the_next_begins(tmp_path: Path) -> None:
+    """A closed segment whose last records compaction removed, opened without its seal (read whole):
+    it still ends where the next segment begins, its last sequences gaps (before, it seemed to end
+    at its last kept record, and a follower's cut after its real end failed on a missing offset,
+    for good; found by the replication simulation)."""
+    j = _compacted(tmp_path / "j")
+    _keyed(j, 0, 200)
+    j.compact(force=True)
+    kept = {r.sequence for r in _all(j)}
+    ending = next(s for s in j._segments[:-1] if s.gapped and _last_kept(s, kept) < s.last_seq)
+    records = _all(j)
+    j.close()
+    ending.path.with_suffix(".seal").unlink()
+    again = _compacted(tmp_path / "j")
+    reopened = next(s for s in again._segments if s.base == ending.base)
+    assert (reopened.last_seq, reopened.gapped) == (ending.last_seq, True)
+    assert _all(again) == records
+    again.truncate_after(again.written)  # a cut at the end: nothing to cut, no offset missing
+    assert _all(again) == records

@@ -218,6 +218,8 @@ class SegmentFiles:
                 os.fsync(f.fileno())
         if not last and good_end < len(data):
             log.warning("journal %s: a closed segment was damaged; later segments continue from their names", self.name)
+        elif not last and below < 2**64:  # intact and closed: it ends where the next begins (its last
+            seg.last_seq = below - 1  # records may have been compacted away: gaps, as its seal said)
         seg.size = seg.verified_to = good_end
         self._write_index(seg)
         dense = dense_offsets(data, starts, base, seg.last_seq, good_end)
