@@ -445,6 +445,8 @@ def test_a_cut_after_a_copied_compacted_segment_keeps_where_it_ends(tmp_path: Pa
     assert follower.written == ending.last_seq and follower._segments[-1].base == ending.last_seq + 1
     _copy(leader, follower)
     assert _all(follower) == _all(leader) and follower.next_sequence == leader.next_sequence
+    # caught up in a segment laid out its own way: the leader has nothing more for it (no busy answers)
+    assert not leader.replica_has_more(*follower.replica_position())
 
 
 def test_a_compacted_segment_read_whole_again_ends_where_the_next_begins(tmp_path: Path) -> None:

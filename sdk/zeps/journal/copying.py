@@ -59,6 +59,8 @@ class Copying(Reading):
         """Whether a follower at ``offset`` of segment ``base`` after sequence ``last`` has anything to
         fetch (cheap: no reads)."""
         active = self._segments[-1]
+        if base > active.base and self.config.compacts:  # its segment starts inside our active one
+            return last < self.durable  # (cut where a compacted segment ends): counted in records
         if base != active.base:
             return True
         if active.gapped:  # its copy's offsets are its own: what it lacks is counted in records
