@@ -410,31 +410,6 @@ class Copying(Reading):
         self._reset()
         self.open()
 
-    def _cut_after_closed(self, keep: int, last: int) -> None:
-        """Cut everything after a compacted closed segment that ends with sequence ``last``: it stays
-        closed (its seal says where it ends, its last records being gone), and the segment after it is
-        emptied to become the active one, at ``last + 1`` (opened again as the active segment, the
-        compacted one would seem to end at its last kept record)."""
-        log.info("journal %s: cutting what follows sequence %d, where a compacted segment ends", self.name, last)
-        self.close()
-        following = self._segments[keep:]
-        for seg in following[1:]:
-            for path in (seg.path, seg.path.with_suffix(".idx"), seg.offsets_path, seg.path.with_suffix(".seal")):
-                path.unlink(missing_ok=True)
-        active = following[0]
-        for path in (active.path.with_suffix(".idx"), active.offsets_path, active.path.with_suffix(".seal")):
-            path.unlink(missing_ok=True)
-        os.truncate(active.path, 0)
-        fsync_path(active.path)
-        fsync_path(self.directory)
-        self.epochs.truncate(last)
-        if self.checkpoint.sequence > last:
-            log.error("journal %s: cutting after %d, below its commit checkpoint %d", self.name, last,
-                      self.checkpoint.sequence)  # fmt: skip
-            self.checkpoint.lower(last)
-        self._reset()
-        self.open()
-
     def truncate_after(self, last: int) -> None:
         """Remove every record after sequence ``last`` and every producer mark after it (with the
         segments that hold nothing else): what a replica wrote that the current leader never had.
@@ -450,7 +425,12 @@ class Copying(Reading):
             return
         tail = keep[-1]
         if tail.gapped and tail is not self._segments[-1] and last == tail.last_seq:
-            self._cut_after_closed(len(keep), last)
+            # a compacted segment ending at ``last`` stays closed (its seal says where it ends, its last
+            # records gone: opened again as the active one, it would seem to end at its last kept record);
+            # the segment after it is emptied to become the active one, at ``last + 1``
+            log.info("journal %s: cutting what follows sequence %d, where a compacted segment ends", self.name,
+                     last)  # fmt: skip
+            self._cut(len(keep) + 1, self._segments[len(keep)], 0, last)
             return
         if tail.gapped:  # compacted: ``last`` may be gone, and the next kept record starts where it ended
             end = self._record_start(tail, last + 1) if last < tail.last_seq else tail.size
@@ -466,8 +446,13 @@ class Copying(Reading):
         else:
             log.warning("journal %s: cutting records %d..%d that the leader does not have", self.name, last + 1,
                         self.written)  # fmt: skip
+        self._cut(len(keep), tail, end, last)
+
+    def _cut(self, keep: int, tail: Segment, end: int, last: int) -> None:
+        """Keep the first ``keep`` segments, the last of them ``tail`` cut at byte ``end`` and opened
+        again as the active one (its .off and index rebuilt at the open), after sequence ``last``."""
         self.close()
-        for seg in self._segments[len(keep) :]:
+        for seg in self._segments[keep:]:
             for path in (seg.path, seg.path.with_suffix(".idx"), seg.offsets_path, seg.path.with_suffix(".seal")):
                 path.unlink(missing_ok=True)
         tail.path.with_suffix(".seal").unlink(missing_ok=True)
