@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from zeps_dev import OperatorProcess
 from zeps_dev.process import wait_until
 
 _namespaces = itertools.count()
+BROKER_LOG_LINES = 30  #: of each broker log a failed test's report shows
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -30,11 +32,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
-    """A failed test that used the shared operator gets the end of the operator's log in its report:
-    what kopf did (and logged as waiting) is the first thing to read, and CI keeps no files."""
+    """A failed test that used the shared operator gets the end of the operator's log in its report,
+    and the end of each broker's log it ran from its pods' templates (``<pod>.log`` in its
+    ``tmp_path``): what kopf and the brokers did is the first thing to read, and CI keeps no files."""
     report = yield
-    operator = getattr(item, "funcargs", {}).get("operator")
-    if report.failed and isinstance(operator, OperatorProcess):
+    funcargs = getattr(item, "funcargs", {})
+    if not report.failed:
+        return report
+    tmp = funcargs.get("tmp_path")
+    if isinstance(tmp, Path):
+        for log in sorted(tmp.glob("*.log"))[:8]:
+            lines = log.read_text(errors="replace").splitlines()[-BROKER_LOG_LINES:]
+            report.sections.append((f"{log.stem} log (last {BROKER_LOG_LINES} lines)", "\n".join(lines)))
+    operator = funcargs.get("operator")
+    if isinstance(operator, OperatorProcess):
         report.sections.append(("operator log (last 80 lines)", operator.process.log_tail(80)))
     return report
 

@@ -23,13 +23,16 @@ Layout (:class:`zeps.paths.StreamPaths`)::
   with no replica that may lead (every replica restarted empty, its first leader gone before a
   follower joined).
 * **Epoch and fencing**: the new leader writes the state with ``epoch + 1`` by a conditional write
-  (the version it read), so two replicas can never lead the same epoch; it drops the old leader (its
-  node is gone) from the in-sync set. The in-sync set changes only by the leader of the state's epoch,
-  by a conditional write too (:meth:`Election.write_isr`).
+  (the version it read), so two replicas can never lead the same epoch. It drops the old leader from
+  the in-sync set if that one is out of line (dead, or stopping); one still in line stepped aside for
+  the preferred replica and holds everything committed, so it stays: were it dropped, the new
+  leader's loss before it rejoined would leave no replica that may lead. The in-sync set changes
+  only by the leader of the state's epoch, by a conditional write too (:meth:`Election.write_isr`).
 * **Ambiguous operations**: a ZooKeeper call that fails with a lost connection may have been applied.
   Node names carry this run's id (``<replica>~<run>-``, Curator's protected mode), so a create
-  whose answer was lost finds its node instead of making a second; a state write whose answer was
-  lost is read back (the state names us in the epoch we wrote, or it does not).
+  whose answer was lost finds its node instead of making a second (a node of ours other than the
+  one we hold is a leftover, and deleted); a state write whose answer was lost is read back (the
+  state names us in the epoch we wrote, or it does not).
 * **Retries**: an election step that fails while the session lives is tried again with a growing
   backoff (never left waiting for a watch that was not set); an in-sync set write that fails is
   asked again by the leader (:attr:`zeps.replication.isr.Leadership.wanted`).
@@ -38,8 +41,9 @@ Layout (:class:`zeps.paths.StreamPaths`)::
   pods). Every few seconds each other replica looks whether it stands before that one in line
   while it is in the in-sync set, twice in a row: a follower then steps to the back of the line; a
   leader with the preferred replica next in line gives the lead to it (reported ``give-way``: the
-  broker stops confirming, as in a controlled shutdown's hand-over) and steps to the back too, so
-  the preferred replica takes the next epoch, and the old leader follows it. If no one took the
+  broker stops confirming, as in a controlled shutdown's hand-over) and steps to the back too (its
+  new place made before it leaves the old one, so it is always seen in line), so the preferred
+  replica takes the next epoch, and the old leader follows it, in sync. If no one took the
   lead, the old one finds itself first again, leading the same epoch (reported ``kept``: it
   confirms again). After a roll or a failover, the lead so goes back where it belongs.
 * **Sessions**: LOST (expired) makes the replica step down and take a place at the back of the line
@@ -507,8 +511,8 @@ class Election:
             with contextlib.suppress(NodeExistsError):
                 yield Create(self.paths.election, makepath=True)
             return False
+        mine = [n for n in line if n.startswith(self.prefix)]  # a create whose answer was lost made it
         if self.node is None:
-            mine = [n for n in line if n.startswith(self.prefix)]  # a create whose answer was lost made it
             if mine:
                 self.node = mine[0]
             else:
@@ -518,13 +522,20 @@ class Election:
         if self.node not in line:  # our session lost it: a new place at the back
             self.node = None
             return False
+        leftovers = [n for n in mine if n != self.node]  # a step to the back whose answer was lost
+        for node in leftovers:
+            with contextlib.suppress(NoNodeError):
+                yield Delete(f"{self.paths.election}/{node}")
+        if leftovers:
+            return False  # look again, one place in line
         i = line.index(self.node)
         if i > 0:
             return bool((yield Exists(f"{self.paths.election}/{line[i - 1]}", watch="predecessor")))
-        return (yield from self._first())
+        return (yield from self._first(line))
 
-    def _first(self) -> Generator[Op, Any, bool]:
-        """First in line: take the lead with a new epoch, if eligible; else step back when the line changes."""
+    def _first(self, line: list[str]) -> Generator[Op, Any, bool]:
+        """First in ``line``: take the lead with a new epoch, if eligible; else step back when the line
+        changes."""
         try:
             data, version = yield Get(self.paths.replication_state)
             state = ReplicationState.decode(data)
@@ -556,7 +567,10 @@ class Election:
                 yield Schedule(REQUEUE_S, "requeue", self.node)
             return True
         epoch = (state.epoch if state else 0) + 1
-        isr = ((state.isr - {state.leader}) if state else frozenset()) | {self.replica}
+        isr = frozenset() if state is None else state.isr
+        if state is not None and state.leader not in {election_replica(n) for n in line if n != self.node}:
+            isr -= {state.leader}  # out of line: dead or stopping (one that stepped aside for us stays)
+        isr |= {self.replica}
         new = ReplicationState(epoch, self.replica, isr, state.data if state else False)
         self.claiming = new
         try:
@@ -624,6 +638,16 @@ class Election:
                 return  # another stands between us (it steps aside first), or the epoch moves on: the next look
             if not self.caught_up(self.preferred):
                 return  # it lags (a full volume, a slow disk): the next look
+        self._preferred_seen = 0
+        # the new place at the back first, then out of the old one: whoever takes the lead sees this
+        # replica in line, so a leader that gave way stays in the in-sync set (see _first)
+        try:
+            path = yield Create(f"{self.paths.election}/{self.prefix}", ephemeral=True, sequence=True)
+        except ZooKeeperError:  # perhaps made (the look below deletes a leftover): the next look tries again
+            yield from self._check()
+            return
+        old, self.node = self.node, str(path).rsplit("/", 1)[1]
+        if self.led:
             log.info("replica %s: the preferred replica %s is in sync: giving it the lead of epoch %d", self.replica,
                      self.preferred, self.led)  # fmt: skip
             self.giving_way = True
@@ -631,16 +655,13 @@ class Election:
         else:
             log.info("replica %s: the preferred replica %s is in sync: stepping behind it in line", self.replica,
                      self.preferred)  # fmt: skip
-        self._preferred_seen = 0
         try:
-            yield Delete(f"{self.paths.election}/{self.node}")
+            yield Delete(f"{self.paths.election}/{old}")
         except NoNodeError:
             pass
-        except ZooKeeperError:  # perhaps deleted: the look below finds out (first still: ``kept``)
-            yield from self._check()
-            return
-        self.node = None
-        yield from self._check()  # a new place, at the back
+        except ZooKeeperError:  # perhaps deleted: the look below deletes it if it still stands
+            pass
+        yield from self._check()
 
     # -- the state ---------------------------------------------------------------------------
     def _read_state(self) -> Task:
