@@ -655,12 +655,8 @@ class Election:
         else:
             log.info("replica %s: the preferred replica %s is in sync: stepping behind it in line", self.replica,
                      self.preferred)  # fmt: skip
-        try:
+        with contextlib.suppress(ZooKeeperError):  # gone, or perhaps not: the look below deletes a leftover
             yield Delete(f"{self.paths.election}/{old}")
-        except NoNodeError:
-            pass
-        except ZooKeeperError:  # perhaps deleted: the look below deletes it if it still stands
-            pass
         yield from self._check()
 
     # -- the state ---------------------------------------------------------------------------
