@@ -29,6 +29,7 @@ __all__ = [
     "apt_install",
     "cpu_seconds",
     "die_with_parent",
+    "file_tail",
     "free_port",
     "interruptible_module",
     "run_tool",
@@ -120,6 +121,14 @@ def interruptible_module(module: str, *args: str) -> list[str]:
     start = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
              f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")  # fmt: skip
     return [sys.executable, "-c", start, *args]
+
+
+def file_tail(path: Path, lines: int = 20) -> str:
+    """The last ``lines`` lines of the log file ``path`` ("(no log)" if it cannot be read)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
 
 
 def wait_until(check: Callable[[], bool], *, timeout: float, interval: float = 0.1, what: str) -> None:
@@ -316,10 +325,7 @@ class ManagedProcess:
         return result
 
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return file_tail(self.log_path, lines)
 
     def _signal_group(self, sig: signal.Signals) -> None:
         if self._proc is not None:

@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client
 
 from zeps_dev import OperatorProcess
-from zeps_dev.process import wait_until
+from zeps_dev.process import file_tail, wait_until
 
 _namespaces = itertools.count()
 BROKER_LOG_LINES = 30  #: of each broker log a failed test's report shows
@@ -42,8 +42,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     tmp = funcargs.get("tmp_path")
     if isinstance(tmp, Path):
         for log in sorted(tmp.glob("*.log"))[:8]:
-            lines = log.read_text(errors="replace").splitlines()[-BROKER_LOG_LINES:]
-            report.sections.append((f"{log.stem} log (last {BROKER_LOG_LINES} lines)", "\n".join(lines)))
+            title = f"{log.stem} log (last {BROKER_LOG_LINES} lines)"
+            report.sections.append((title, file_tail(log, BROKER_LOG_LINES)))
     operator = funcargs.get("operator")
     if isinstance(operator, OperatorProcess):
         report.sections.append(("operator log (last 80 lines)", operator.process.log_tail(80)))
