@@ -4,11 +4,14 @@
 ``<cache>/compiled-<hash>``, the hash over this Python's version, mypy's, and the sources of the
 modules in ``zeps._compiled.COMPILED``. An existing folder with its ``.complete`` stamp is reused;
 a changed source builds a new one (about 80 s on 2 cores). The build runs on a copy of ``sdk/`` in a
-temporary folder, so the working tree never holds a compiled file.
+temporary folder, so the working tree never holds a compiled file. Builds of the same sources side
+by side (two checkouts' setups at once) take turns on a lock: the second finds the first's folder
+complete; old folders are pruned only once complete, never one another setup is still filling.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -38,7 +41,17 @@ def build(cache: Path | None = None) -> Path:
     out = (cache or cache_dir()) / f"compiled-{_key(digests)}"
     if (out / ".complete").exists():
         return out
-    shutil.rmtree(out, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{out}.lock", "w") as lock:  # one build of these sources at a time
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / ".complete").exists():  # (the setup it waited for may have built it)
+            _build(out, digests)
+    _prune(out.parent, keep=out)
+    return out
+
+
+def _build(out: Path, digests: dict[str, str]) -> None:
+    shutil.rmtree(out, ignore_errors=True)  # a build interrupted earlier
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
     with tempfile.TemporaryDirectory(prefix="zeps-mypyc-") as tmp:
         work = Path(tmp)
@@ -62,15 +75,16 @@ def build(cache: Path | None = None) -> Path:
             shutil.copy2(work / lib, out / lib)
     (out / MANIFEST).write_text(json.dumps({"python": sys.version, "modules": modules, "shared": shared}, indent=1))
     (out / ".complete").touch()
-    _prune(out.parent, keep=out)
-    return out
 
 
 def _prune(cache: Path, keep: Path, most: int = 3) -> None:
-    """Remove all but the ``most`` newest builds (each source change makes one: about 3 MB)."""
-    builds = sorted(cache.glob("compiled-*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    """Remove all but the ``most`` newest complete builds (each source change makes one: about 3 MB);
+    a folder still being filled (no stamp yet) is another setup's, left alone."""
+    builds = [b for b in cache.glob("compiled-*") if b.is_dir() and (b / ".complete").exists()]
+    builds.sort(key=lambda p: p.stat().st_mtime, reverse=True)
     for old in [b for b in builds if b != keep][most - 1 :]:
         shutil.rmtree(old, ignore_errors=True)
+        Path(f"{old}.lock").unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,11 @@ import json
 import os
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import pytest
 
 import zeps
 from zeps._compiled import COMPILED, MANIFEST, active, source_digest
@@ -66,3 +70,25 @@ def test_this_run_uses_the_build_it_was_given() -> None:
         assert active() and all(f.is_relative_to(directory) and f.suffix == ".so" for f in files), files
     else:
         assert not active() and all(f.is_relative_to(SDK) and f.suffix == ".py" for f in files), files
+
+
+def test_builds_of_the_same_sources_side_by_side_take_turns_and_build_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two setups at once (a fresh clone's CI beside a working tree's setup): the second waits for the
+    first's lock and finds its folder complete (before, it failed on the folder the first had made).
+    mypyc's run is put in its place here: a stand-in that takes a while."""
+    from zeps_dev import compiled  # noqa: PLC0415
+
+    built: list[Path] = []
+
+    def slow_build(out: Path, _digests: dict[str, str]) -> None:
+        out.mkdir(parents=True)
+        time.sleep(0.3)  # the other setup arrives meanwhile: the window the lock must cover
+        built.append(out)
+        (out / ".complete").touch()
+
+    monkeypatch.setattr(compiled, "_build", slow_build)
+    with ThreadPoolExecutor(2) as pool:
+        folders = list(pool.map(lambda _: compiled.build(tmp_path), range(2)))
+    assert folders[0] == folders[1] and built == [folders[0]]
