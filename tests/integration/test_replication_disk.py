@@ -9,6 +9,9 @@ replicas, ``--min-insync 2``), a real ZooKeeper and an idempotent publisher
   throttled by the kernel's block I/O controller): it falls behind and leaves the in-sync set without
   holding confirmations back, and is back once the disk is fast; then the leader's disk slowed: its
   confirmations slow down, nothing is lost.
+* A replica elected while its volume is full (it cannot write the epoch it would lead): it stays up,
+  leading nothing, and steps aside; alone in line it keeps trying, and once the others are back one
+  of them leads, confirming while its volume is still full.
 
 Every journal then holds each confirmed publish exactly once, in order. Needs root (skipped with the
 reason otherwise, as the network lab's tests)."""
@@ -97,3 +100,56 @@ def test_a_slow_follower_disk_leaves_the_in_sync_set_without_holding_confirmatio
         for volume in replicas.volumes.values():
             volume.stop()
     assert_published_once_in_order(journals, confirmed)
+
+
+def test_a_replica_elected_on_a_full_volume_stays_up_and_leaves_the_lead_to_one_that_can_write(
+    zookeeper: ZooKeeperHarness, tmp_path: Path
+) -> None:
+    """A follower's volume filled while nothing is published (so it stays caught up, in sync), then
+    both other replicas killed: it is elected alone, and cannot begin its epoch. It must stay up (before,
+    its broker exited while its election node stood first, and a chaos round never settled) and, once
+    the others are back, leave them the lead: they confirm while its volume is still full."""
+    replicas = ReplicaSet(zookeeper, tmp_path)
+    for name in replicas.names:
+        replicas.volumes[name] = PrivateVolume(tmp_path / name, size=64 << 20).start()
+    first: Publisher | None = None
+    second: Publisher | None = None
+    try:
+        leader = replicas.start_in_sync()
+        full, other = (n for n in replicas.names if n != leader)
+        first = Publisher(zookeeper, tmp_path, tag="p")
+        first.goes_on(50, "the first publisher confirming")
+        confirmed_first = first.stop()
+        until(lambda: replicas.all_hold(confirmed_first), "every replica holding the first publisher's records")
+
+        assert replicas.volumes[full].fill() > 0
+        replicas.kill(leader)
+        replicas.kill(other)
+        log = tmp_path / f"{full}.log"
+        until(lambda: "cannot begin it" in log.read_text(), f"{full} elected alone, unable to begin its epoch")
+        until(lambda: log.read_text().count("stepping to the back of the line") >= 2,
+              f"{full} trying again, and stepping aside again")  # fmt: skip
+        assert replicas.procs[full].poll() is None, f"{full} exited on a full volume"
+
+        replicas.start(other)
+        replicas.start(leader)
+        until(lambda: replicas.state().leader != full, f"a replica other than {full} leading")
+        second = Publisher(zookeeper, tmp_path, tag="q")
+        second.goes_on(100, f"the publisher confirming while {full}'s volume is still full")
+        assert replicas.procs[full].poll() is None, f"{full} exited on a full volume"
+
+        replicas.volumes[full].free()
+        until(lambda: len(replicas.state().isr) == 3, f"{full} back in sync once there is space", timeout=90)
+        second.goes_on(1, "the publisher confirming with all three")
+        confirmed_second = second.stop()
+        replicas.stop()
+        journals = {name: replicas.journal(name) for name in replicas.names}
+    finally:
+        for publisher in (first, second):
+            if publisher is not None:
+                publisher.stop()
+        replicas.stop()
+        for volume in replicas.volumes.values():
+            volume.stop()
+    assert_published_once_in_order(journals, confirmed_first, tag="p")
+    assert_published_once_in_order(journals, confirmed_second, tag="q")

@@ -43,7 +43,17 @@ from typing import Any
 from simulation.checker import key_of
 from simulation.tiering import Check, SimStore, TierOptions, Uploads, snapshot
 from zeps.broker.core import BrokerConfig, BrokerCore, Outgoing
-from zeps.broker.replica import Close, Connect, MarkData, RecordCommit, ReplicaNode, ReplicaSettings, Send, WriteIsr
+from zeps.broker.replica import (
+    Close,
+    Connect,
+    MarkData,
+    RecordCommit,
+    ReplicaNode,
+    ReplicaSettings,
+    Send,
+    StepAside,
+    WriteIsr,
+)
 from zeps.client.session import ClientSession
 from zeps.errors import ZepsError
 from zeps.journal import JournalConfig
@@ -693,6 +703,9 @@ class Replica:
             elif isinstance(action, MarkData):
                 assert self.driver is not None
                 self.driver.submit(self.driver.machine.mark_data(action.epoch))
+            elif isinstance(action, StepAside):
+                assert self.driver is not None
+                self.driver.submit(self.driver.machine.step_aside(action.epoch))
             elif isinstance(action, RecordCommit):
                 assert self.driver is not None
                 self.driver.submit(self.driver.machine.record_commit(action.epoch, action.commit))

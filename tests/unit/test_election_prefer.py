@@ -198,3 +198,31 @@ def test_a_replica_that_is_the_preferred_one_or_names_none_never_looks() -> None
     ops: list[zk.Op] = []
     zk.drive(mine.start(), lambda op: ops.append(op) or nodes._execute(op))
     assert not any(isinstance(op, zk.Schedule) and op.name == "prefer" for op in ops)
+
+
+def test_a_replica_elected_that_cannot_lead_steps_aside_in_sync_and_the_next_takes_the_lead() -> None:
+    """Its broker could not begin the epoch (a full volume, ``StepAside``): to the back of the line, still
+    listed in sync (it holds everything committed and confirmed nothing in the epoch), and the next in
+    line takes the next epoch; it then follows."""
+    nodes = Nodes()
+    line = _line(nodes, "b", "a", preferred="z")
+    b, b_events = line["b"]
+    a, a_events = line["a"]
+    nodes.run(b.step_aside(1))
+    assert _order(nodes) == ["a", "b"] and b.giving_way
+    nodes.run(a.watched("predecessor"))
+    state = nodes.state()
+    assert state is not None and (state.epoch, state.leader, state.isr) == (2, "a", frozenset({"a", "b"}))
+    assert a_events[-1].kind == "lead"
+    nodes.run(b.watched("state"))
+    assert b_events[-1] == ReplicaEvent("follow", 2, "a", frozenset({"a", "b"})) and b.led == 0
+    nodes.run(b.step_aside(1))  # an old epoch's: nothing
+    assert _order(nodes) == ["a", "b"]
+
+
+def test_a_replica_that_cannot_lead_and_stands_alone_in_line_is_told_kept_so_its_broker_tries_again() -> None:
+    nodes = Nodes()
+    line = _line(nodes, "b", preferred="z")
+    b, b_events = line["b"]
+    nodes.run(b.step_aside(1))
+    assert b_events[-1] == ReplicaEvent("kept", 1) and not b.giving_way and b.led == 1 and _order(nodes) == ["b"]

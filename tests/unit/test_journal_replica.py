@@ -216,6 +216,37 @@ def test_epoch_history_file(tmp_path: Path) -> None:
         EpochHistory(tmp_path / "epochs").load()
 
 
+def test_an_epoch_history_change_a_full_volume_refused_is_not_taken_in_memory_either(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file's replacement fails (ENOSPC, put in its place here: a filled tmpfs is
+    tests/integration/test_replication_disk.py's): ``begin``, ``adopt`` and ``truncate`` leave the
+    entries as the file holds them, so the next try writes the change (before, an adopted epoch was
+    taken in memory only, never written again: after a restart its records counted as the older
+    epoch's, and a comeback cut them)."""
+    import errno  # noqa: PLC0415
+
+    import zeps.journal.epochs as epochs_module  # noqa: PLC0415
+    from zeps.journal import JournalWriteError  # noqa: PLC0415
+
+    h = EpochHistory(tmp_path / "epochs").load()
+    h.begin(1, 1)
+
+    def full(_path: Path, _data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    real = epochs_module.replace_file
+    monkeypatch.setattr(epochs_module, "replace_file", full)
+    for change in (lambda: h.begin(2, 5), lambda: h.adopt([(1, 1), (3, 9)], written=20), lambda: h.truncate(0)):
+        with pytest.raises(JournalWriteError) as failed:
+            change()
+        assert failed.value.space
+        assert h.entries == [(1, 1)] == EpochHistory(tmp_path / "epochs").load().entries
+    monkeypatch.setattr(epochs_module, "replace_file", real)
+    assert h.adopt([(1, 1), (3, 9)], written=20)  # there is space again: the same change is made
+    assert EpochHistory(tmp_path / "epochs").load().entries == [(1, 1), (3, 9)]
+
+
 @pytest.mark.pure
 def test_a_slice_cut_below_the_durable_end_comes_from_the_index_not_a_walk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -18,6 +18,7 @@ from zeps.broker.replica import (
     ReplicaNode,
     ReplicaSettings,
     Send,
+    StepAside,
     WriteIsr,
 )
 from zeps.journal import JournalConfig, JournalWriteError
@@ -176,3 +177,58 @@ def test_a_leader_giving_way_to_the_preferred_replica_confirms_nothing_until_it_
     node.event(ReplicaEvent("lead", 6, "a", ISR), now=0.5)  # elected again later: a leadership unfenced
     node.turn(0.5)
     assert not _leadership(node).fenced
+
+
+def test_a_lead_the_journal_cannot_begin_for_lack_of_space_steps_aside_and_is_tried_again_if_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The epoch history's write fails (ENOSPC put in its place; a real full volume is
+    tests/integration/test_replication_disk.py's): the broker stays up leading nothing and asks to step
+    aside; told ``kept`` (no one else may lead), it tries again after RETRY_FULL_S, and leads once
+    there is space, with the in-sync set ZooKeeper holds by then. Before, the error ended the broker's
+    loop while its election node stood first in line (a chaos round that never settled)."""
+    import zeps.journal.epochs as epochs_module  # noqa: PLC0415
+
+    node = _node(tmp_path)
+    real = epochs_module.replace_file
+
+    def full(_path: Path, _data: bytes) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(epochs_module, "replace_file", full)
+    assert node.event(ReplicaEvent("lead", 4, "a", ISR), now=0.0) == [StepAside(4)]
+    assert node.core.streams["prices"].leader is None and node.core.streams["prices"].journal.epochs.latest == 0
+    assert node.event(ReplicaEvent("isr", 4, "a", frozenset({"a", "b"})), now=0.1) == []
+    assert node.event(ReplicaEvent("kept", 4), now=0.2) == []
+    assert node.turn(0.2 + RETRY_FULL_S - 0.01) == []
+    assert node.turn(0.2 + RETRY_FULL_S) == [StepAside(4)]  # still full: aside again
+    assert node.turn(5.0) == []  # and nothing more until the election says kept again
+    node.event(ReplicaEvent("kept", 4), now=5.0)
+    monkeypatch.setattr(epochs_module, "replace_file", real)
+    assert node.turn(5.0 + RETRY_FULL_S) == []
+    leadership = _leadership(node)
+    assert (leadership.epoch, leadership.isr, leadership.fenced) == (4, frozenset({"a", "b"}), False)
+    assert node.core.streams["prices"].journal.epochs.latest == 4
+
+
+def test_a_lead_the_journal_cannot_begin_is_forgotten_once_another_replica_leads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import zeps.journal.epochs as epochs_module  # noqa: PLC0415
+
+    node = _node(tmp_path)
+
+    def broken(_path: Path, _data: bytes) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(epochs_module, "replace_file", broken)
+    assert node.event(ReplicaEvent("lead", 4, "a", ISR), now=0.0) == [StepAside(4)]
+    assert node.event(ReplicaEvent("follow", 5, "b", ISR), now=0.5) == [Connect(5, "b")]
+    assert node.unled is None and node.turn(10.0) == []
+
+    def eio(_path: Path, _data: bytes) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(epochs_module, "replace_file", eio)
+    with pytest.raises(JournalWriteError, match="errno 5"):  # a broken disk: fatal, as for an append
+        node.event(ReplicaEvent("lead", 6, "a", ISR), now=11.0)

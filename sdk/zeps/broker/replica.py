@@ -20,6 +20,10 @@ in, REPLICA-DATA out) through the adapter's ROUTER like any other peer's frames.
 * ``lost`` (the session expired): no longer leading or following until the election says again.
 * ``give-way``: the leadership leaves its lead to the preferred replica (:mod:`zeps.replication.election`)
   and confirms nothing until the next epoch's ``follow`` (or ``kept``: no one took it).
+* A ``lead`` whose epoch the journal cannot begin because its volume is full (the epoch history is
+  a file): the broker stays up and does not lead; the election is asked to step this replica aside
+  (:class:`StepAside`), so another in-sync replica takes the next epoch. If none does (``kept``), it
+  tries to begin the epoch again after ``RETRY_FULL_S``, and steps aside again if it still cannot.
 * **Fencing**: the adapter tells :meth:`ReplicaNode.connection` the session's news at once, on the
   session's own thread, in order. A leadership confirms nothing while the connection is down, and
   nothing ever again once the session that elected it expired (a new one starts a new leadership).
@@ -36,7 +40,17 @@ from zeps.journal import JournalError, JournalWriteError
 from zeps.replication.election import ReplicaEvent
 from zeps.replication.follower import FollowerCopy
 
-__all__ = ["Close", "Connect", "MarkData", "RecordCommit", "ReplicaNode", "ReplicaSettings", "Send", "WriteIsr"]
+__all__ = [
+    "Close",
+    "Connect",
+    "MarkData",
+    "RecordCommit",
+    "ReplicaNode",
+    "ReplicaSettings",
+    "Send",
+    "StepAside",
+    "WriteIsr",
+]
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +107,14 @@ class MarkData:
 
 
 @dataclass(frozen=True)
+class StepAside:
+    """This replica cannot lead ``epoch`` (its volume is full): step to the back of the election's line,
+    so that the next in-sync replica takes the lead (the election's ``kept`` if none does)."""
+
+    epoch: int
+
+
+@dataclass(frozen=True)
 class RecordCommit:
     """Record the leader's commit point in ZooKeeper (what an unclean election would give up)."""
 
@@ -100,7 +122,7 @@ class RecordCommit:
     commit: int
 
 
-Action = Connect | Send | Close | WriteIsr | MarkData | RecordCommit
+Action = Connect | Send | Close | WriteIsr | MarkData | RecordCommit | StepAside
 
 
 @dataclass
@@ -135,6 +157,10 @@ class ReplicaNode:
         self.resigned_epoch = 0  #: the epoch it led when it resigned (0: it followed)
         #: the epoch whose lead it leaves to the preferred replica (0: none): it confirms nothing meanwhile
         self.giving_way = 0
+        #: a ``lead`` the journal could not begin (its volume full), and when to try it again (None: once
+        #: the election says ``kept``): this replica leads nothing meanwhile
+        self.unled: ReplicaEvent | None = None
+        self._lead_again: float | None = None
         self._now = float("-inf")  # the latest turn's time
 
     def caught_up(self, follower: str) -> bool:
@@ -191,6 +217,12 @@ class ReplicaNode:
         core, name = self.core, self.stream
         if event.kind != "isr":
             self.giving_way = event.epoch if event.kind == "give-way" else 0
+        unled = self.unled
+        if event.kind not in ("isr", "kept"):
+            self.unled, self._lead_again = None, None
+        if event.kind == "kept" and unled is not None and unled.epoch == event.epoch:
+            self._lead_again = now + RETRY_FULL_S  # no one else took the lead: this replica tries again
+            return []
         if event.kind in ("give-way", "kept"):  # fenced while the preferred replica takes the lead, or again not
             self._fence()
             return []
@@ -198,15 +230,13 @@ class ReplicaNode:
             out = self._close()
             self.following = None
             self._lead_session = self._sessions_lost
-            s = self.settings
-            core.lead(name, me=self.me, epoch=event.epoch, isr=event.isr, min_insync=s.min_insync, now=now,
-                      data=event.data, lag_s=s.lag_s, heartbeat_s=s.heartbeat_s)  # fmt: skip
-            self._fence()
-            return out
+            return out + self._lead(event, now)
         if event.kind == "follow":
             self.following = (event.epoch, event.leader)
             return self._follow(event.epoch, event.leader)
         if event.kind == "isr":
+            if unled is not None and unled.epoch == event.epoch:  # the set the lead begins with, when it can
+                self.unled = ReplicaEvent("lead", event.epoch, self.me, event.isr, unled.data or event.data)
             core.isr_written(name, event.epoch, event.isr, data=event.data)
             return []
         if event.kind == "resigned":
@@ -286,10 +316,14 @@ class ReplicaNode:
         return out
 
     def turn(self, now: float) -> list[Action]:
-        """Time passing: a follow to try again, a silent or refusing leader, the in-sync set to ask for."""
+        """Time passing: a follow or a lead to try again, a silent or refusing leader, the in-sync set to
+        ask for."""
         self._now = now
         self._fence()
         out: list[Action] = []
+        if self.unled is not None and self._lead_again is not None and now >= self._lead_again:
+            self._lead_again = None
+            out += self._lead(self.unled, now)
         if self._resigning and (self.peering is not None or self.again is not None):
             out += self._close()  # stopping: it fetches no more (its leader may drop it from the set at once)
         if self.again is not None and now >= self.again[0]:
@@ -318,6 +352,28 @@ class ReplicaNode:
         return out
 
     # -- inside ----------------------------------------------------------------------------
+    def _lead(self, event: ReplicaEvent, now: float) -> list[Action]:
+        """The core leads ``event``'s epoch; if its journal cannot begin the epoch for lack of space,
+        it leads nothing and the election is asked to step aside (a broken disk is fatal)."""
+        s = self.settings
+        try:
+            self.core.lead(self.stream, me=self.me, epoch=event.epoch, isr=event.isr, min_insync=s.min_insync,
+                           now=now, data=event.data, lag_s=s.lag_s, heartbeat_s=s.heartbeat_s)  # fmt: skip
+        except JournalWriteError as exc:
+            if not exc.space:
+                raise
+            if self.unled is None:  # retried every RETRY_FULL_S while alone in line: said once
+                log.warning("stream %s: elected for epoch %d, but cannot begin it (%s): stepping aside for "
+                            "another in-sync replica", self.stream, event.epoch, exc)  # fmt: skip
+            self.unled = event
+            return [StepAside(event.epoch)]
+        if self.unled is not None:
+            log.warning("stream %s: the journal's volume takes writes again: leading epoch %d", self.stream,
+                        event.epoch)  # fmt: skip
+        self.unled = None
+        self._fence()
+        return []
+
     def _fence(self) -> None:
         leader = self.core.streams[self.stream].leader
         if leader is not None:

@@ -59,7 +59,17 @@ from zeps.broker.admission import ZAP_DOMAIN, ConnectionCount, Gatekeeper
 from zeps.broker.compacting import CompactionTask
 from zeps.broker.core import BrokerConfig, BrokerCore
 from zeps.broker.metrics import BrokerMetrics, CompactionMetrics, ReplicationMetrics, TieringMetrics
-from zeps.broker.replica import Close, Connect, MarkData, RecordCommit, ReplicaNode, ReplicaSettings, Send, WriteIsr
+from zeps.broker.replica import (
+    Close,
+    Connect,
+    MarkData,
+    RecordCommit,
+    ReplicaNode,
+    ReplicaSettings,
+    Send,
+    StepAside,
+    WriteIsr,
+)
 from zeps.broker.state import Outgoing, Session
 from zeps.broker.tiering import NOT_KNOWN, TIER_CACHE, Offer, Tiering, TierServe, TierTask
 from zeps.errors import ConfigError
@@ -986,6 +996,9 @@ class BrokerServer:
         elif isinstance(action, MarkData):
             if self._election is not None:
                 self._election.mark_data(action.epoch)
+        elif isinstance(action, StepAside):
+            if self._election is not None:
+                self._election.step_aside(action.epoch)
         elif isinstance(action, RecordCommit):
             if self._election is not None:
                 self._election.record_commit(action.epoch, action.commit)

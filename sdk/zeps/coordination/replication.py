@@ -227,6 +227,10 @@ class ReplicaElection:
         """Write the in-sync set of ``epoch`` (in the background); reported as ``isr`` once written."""
         self._tasks.put(self.machine.write_isr(epoch, isr))
 
+    def step_aside(self, epoch: int) -> None:
+        """This replica cannot lead ``epoch``: to the back of the line (in the background)."""
+        self._tasks.put(self.machine.step_aside(epoch))
+
     def mark_data(self, epoch: int) -> None:
         """Record that the stream may hold committed records (the leader of ``epoch``; reported as ``isr``)."""
         self._tasks.put(self.machine.mark_data(epoch))

@@ -63,19 +63,19 @@ class EpochHistory:
         if self.entries and (epoch <= self.entries[-1][0] or first < self.entries[-1][1]):
             raise EpochHistoryError(f"epoch {epoch} from sequence {first} would go back: the history ends with "
                                     f"epoch {self.entries[-1][0]} from {self.entries[-1][1]}")  # fmt: skip
-        self.entries.append((epoch, first))
-        self._save()
+        self._save([*self.entries, (epoch, first)])
 
     def adopt(self, entries: list[tuple[int, int]], written: int) -> bool:
         """Take the leader's entries newer than ours whose records we hold (first <= ``written``)."""
         new = [(e, f) for e, f in entries if e > self.latest and f <= written]
         if not new:
             return False
+        grown = list(self.entries)
         for epoch, first in new:
-            if self.entries and first < self.entries[-1][1]:
+            if grown and first < grown[-1][1]:
                 raise EpochHistoryError(f"the leader's epoch {epoch} starts at {first}, before ours")
-            self.entries.append((epoch, first))
-        self._save()
+            grown.append((epoch, first))
+        self._save(grown)
         return True
 
     def newer_than(self, epoch: int) -> list[tuple[int, int]]:
@@ -99,16 +99,20 @@ class EpochHistory:
         """The journal was cut after sequence ``last``: forget epochs that begin beyond it."""
         kept = [(e, f) for e, f in self.entries if f <= last]
         if kept != self.entries:
-            self.entries = kept
-            self._save()
+            self._save(kept)
 
     def clear(self) -> None:
         self.entries = []
         self.path.unlink(missing_ok=True)
 
-    def _save(self) -> None:
-        del self.entries[: max(0, len(self.entries) - MAX_EPOCHS)]
+    def _save(self, entries: list[tuple[int, int]]) -> None:
+        """Replace the file with ``entries``, then take them: a write that fails (a full volume) leaves
+        the history as it was, in memory as on disk, so the change is made again, or never counted.
+        (Taken before written, a follower's adopted epoch lost to a full volume stayed unwritten, and
+        its records were read as the older epoch's after a restart, and cut.)"""
+        entries = entries[max(0, len(entries) - MAX_EPOCHS) :]
         try:
-            replace_file(self.path, "".join(f"{e} {f}\n" for e, f in self.entries).encode())
+            replace_file(self.path, "".join(f"{e} {f}\n" for e, f in entries).encode())
         except OSError as error:  # a full volume (``space``): as for an append; anything else: a broken disk
             raise JournalWriteError(str(self.path), error) from error
+        self.entries = entries

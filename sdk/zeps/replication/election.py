@@ -46,6 +46,9 @@ Layout (:class:`zeps.paths.StreamPaths`)::
   replica takes the next epoch, and the old leader follows it, in sync. If no one took the
   lead, the old one finds itself first again, leading the same epoch (reported ``kept``: it
   confirms again). After a roll or a failover, the lead so goes back where it belongs.
+* **Stepping aside**: a replica elected while its broker cannot lead (its volume is full, so the
+  epoch cannot be begun) steps to the back the same way (:meth:`Election.step_aside`), in sync, so
+  the next in-sync replica takes the lead; first again, it is told ``kept`` and its broker tries again.
 * **Sessions**: LOST (expired) makes the replica step down and take a place at the back of the line
   with its next session. SUSPENDED (the connection dropped; the session, and leadership, may still
   live) is the driver's to tell the broker at once, on the session's own thread, so a leader stops
@@ -655,6 +658,27 @@ class Election:
         else:
             log.info("replica %s: the preferred replica %s is in sync: stepping behind it in line", self.replica,
                      self.preferred)  # fmt: skip
+        with contextlib.suppress(ZooKeeperError):  # gone, or perhaps not: the look below deletes a leftover
+            yield Delete(f"{self.paths.election}/{old}")
+        yield from self._check()
+
+    def step_aside(self, epoch: int) -> Task:
+        """This replica was elected for ``epoch`` but its broker cannot lead it (the journal's volume is
+        full: the epoch cannot be begun): to the back of the line, as a leader giving way does (its new
+        place made first, so it stays in the in-sync set: it holds everything committed and confirmed
+        nothing in ``epoch``), so that the next in-sync replica takes the next epoch. First again (no
+        one else may lead), it reports ``kept``, and its broker tries the epoch again."""
+        if self.led != epoch or self.lost or self.resigned or self.stopped or self.giving_way or self.node is None:
+            return
+        try:
+            path = yield Create(f"{self.paths.election}/{self.prefix}", ephemeral=True, sequence=True)
+        except ZooKeeperError:  # perhaps made (the look below deletes a leftover); still first: kept
+            self.giving_way = True
+            yield from self._check()
+            return
+        old, self.node = self.node, str(path).rsplit("/", 1)[1]
+        self.giving_way = True
+        log.info("replica %s: cannot lead epoch %d: stepping to the back of the line", self.replica, epoch)
         with contextlib.suppress(ZooKeeperError):  # gone, or perhaps not: the look below deletes a leftover
             yield Delete(f"{self.paths.election}/{old}")
         yield from self._check()
