@@ -13,7 +13,9 @@ one a round, each healed before the next:
   still reachable by its clients and followers, must stop confirming);
 * ``disk-full``: a follower's volume filled to the last byte for 2-6 s (each replica's journal is on
   a volume of its own, :mod:`zeps_dev.volume`; as root only): it must stay up, acknowledge nothing
-  it could not write, and catch up once there is space;
+  it could not write, and catch up once there is space; in half the rounds the leader is killed
+  meanwhile (restarted after 0.5-2 s), so the full follower, still listed in sync, may be elected
+  and must leave the lead to the other (it cannot write the epoch it would lead);
 
 * ``slow-disk``: the leader's or a follower's disk slowed to 1-5 writes and 8-64 KiB a second for
   2-6 s (each journal on an ext4 file system of its own on a loop device, its writes throttled by
@@ -298,9 +300,15 @@ class Chaos:
         rng, detail = self.rng, ""
         if fault == "disk-full":
             taken = self.replicas.volumes[follower].fill()
+            also = rng.random() < 0.5  # the leader lost too: the full follower, still in sync, may be elected
+            if also:
+                self.hold(0.2, 1.0)
+                self.replicas.kill(leader)
+                self.hold(0.5, 2.0)
+                self.replicas.start(leader)
             self.hold(2.0, 6.0)
             self.replicas.volumes[follower].free()
-            detail = f"{follower} ({taken >> 20} MiB taken)"
+            detail = f"{follower} ({taken >> 20} MiB taken){f', leader {leader} killed meanwhile' if also else ''}"
         elif fault == "slow-disk":
             target = rng.choice([leader, follower])
             writes, kib = rng.randint(1, 5), rng.choice([8, 16, 32, 64])

@@ -4,9 +4,11 @@ lab's namespaces). One JSON object per line on stdout.
 * ``state``: the stream's replication state in ZooKeeper, once: {"epoch", "leader", "isr"}.
 * ``publish``: an idempotent producer publishing ``<tag>:1``, ``<tag>:2``, …, ``--group`` per flush,
   printing {"confirmed": n, "t": unix time} after each flush that returned. With ``--pinned
-  ENDPOINT`` it talks to that broker only (no locator: it never follows a new leader), and prints
-  {"refused": reason, "t": …} when a flush fails. It stops once ``--stop-file`` exists, or after
-  ``--seconds``.
+  ENDPOINT`` it talks to that broker only (no locator: it never follows a new leader). It prints
+  {"refused": reason, "t": …} when a flush fails, or a publish is refused (a leader's full volume:
+  the SDK raises the refusal once, then attaches again and resends what was unconfirmed; the
+  refused publish was not taken, and is made again, as an application does). It stops once
+  ``--stop-file`` exists, or after ``--seconds``.
 * ``subscribe``: a subscriber from the start, following the leader: {"delivered": [[sequence, body],
   …], "t": …} per batch received; it stops as ``publish`` does.
 """
@@ -24,7 +26,7 @@ from zeps.client import StreamClient
 from zeps.client.discovery import LeaderLocator
 from zeps.coordination import connect
 from zeps.coordination.replication import read_replication_state
-from zeps.errors import ZepsError
+from zeps.errors import PublishRefusedError, ZepsError
 from zeps.paths import StreamPaths
 
 
@@ -54,11 +56,21 @@ def publish(args: argparse.Namespace) -> None:
     # at most 50 flushes a second; refused, it tries again at most twice a second
     deadline, pace, tries = time.monotonic() + args.seconds, Pace(50), Pace(2)
     n = 0
+
+    def going() -> bool:
+        return time.monotonic() < deadline and not (args.stop_file and os.path.exists(args.stop_file))
+
     with client:
-        while time.monotonic() < deadline and not (args.stop_file and os.path.exists(args.stop_file)):
+        while going():
             for _ in range(args.group):
                 n += 1
-                client.publish("k", f"{args.tag}:{n}".encode())
+                while going():
+                    try:
+                        client.publish("k", f"{args.tag}:{n}".encode())
+                        break
+                    except PublishRefusedError as exc:  # raised before this publish was taken: made again
+                        _say(refused=str(exc)[:200], n=n)
+                        tries.step()
             try:
                 client.flush(timeout=3 if args.pinned else 60)
             except ZepsError as exc:
