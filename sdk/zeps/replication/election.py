@@ -642,14 +642,10 @@ class Election:
             if not self.caught_up(self.preferred):
                 return  # it lags (a full volume, a slow disk): the next look
         self._preferred_seen = 0
-        # the new place at the back first, then out of the old one: whoever takes the lead sees this
-        # replica in line, so a leader that gave way stays in the in-sync set (see _first)
-        try:
-            path = yield Create(f"{self.paths.election}/{self.prefix}", ephemeral=True, sequence=True)
-        except ZooKeeperError:  # perhaps made (the look below deletes a leftover): the next look tries again
+        old = yield from self._place_at_back()
+        if old is None:  # the next look tries again
             yield from self._check()
             return
-        old, self.node = self.node, str(path).rsplit("/", 1)[1]
         if self.led:
             log.info("replica %s: the preferred replica %s is in sync: giving it the lead of epoch %d", self.replica,
                      self.preferred, self.led)  # fmt: skip
@@ -658,6 +654,21 @@ class Election:
         else:
             log.info("replica %s: the preferred replica %s is in sync: stepping behind it in line", self.replica,
                      self.preferred)  # fmt: skip
+        yield from self._leave_place(old)
+
+    def _place_at_back(self) -> Generator[Op, Any, str | None]:
+        """A new place at the back of the line, made before the old one is left: whoever takes the lead
+        meanwhile sees this replica in line, so a leader stepping aside stays in the in-sync set (see
+        :meth:`_first`). Returns the old place (:meth:`_leave_place` leaves it), or None if the create
+        failed (perhaps made: the next look deletes the leftover)."""
+        try:
+            path = yield Create(f"{self.paths.election}/{self.prefix}", ephemeral=True, sequence=True)
+        except ZooKeeperError:
+            return None
+        old, self.node = self.node, str(path).rsplit("/", 1)[1]
+        return old
+
+    def _leave_place(self, old: str) -> Task:
         with contextlib.suppress(ZooKeeperError):  # gone, or perhaps not: the look below deletes a leftover
             yield Delete(f"{self.paths.election}/{old}")
         yield from self._check()
@@ -670,18 +681,13 @@ class Election:
         one else may lead), it reports ``kept``, and its broker tries the epoch again."""
         if self.led != epoch or self.lost or self.resigned or self.stopped or self.giving_way or self.node is None:
             return
-        try:
-            path = yield Create(f"{self.paths.election}/{self.prefix}", ephemeral=True, sequence=True)
-        except ZooKeeperError:  # perhaps made (the look below deletes a leftover); still first: kept
-            self.giving_way = True
+        self.giving_way = True  # first again, it is told kept
+        old = yield from self._place_at_back()
+        if old is None:  # still first in line: kept, and its broker tries again
             yield from self._check()
             return
-        old, self.node = self.node, str(path).rsplit("/", 1)[1]
-        self.giving_way = True
         log.info("replica %s: cannot lead epoch %d: stepping to the back of the line", self.replica, epoch)
-        with contextlib.suppress(ZooKeeperError):  # gone, or perhaps not: the look below deletes a leftover
-            yield Delete(f"{self.paths.election}/{old}")
-        yield from self._check()
+        yield from self._leave_place(old)
 
     # -- the state ---------------------------------------------------------------------------
     def _read_state(self) -> Task:
