@@ -64,12 +64,14 @@ def publish(args: argparse.Namespace) -> None:
         while going():
             for _ in range(args.group):
                 n += 1
-                while going():
+                while True:
                     try:
                         client.publish("k", f"{args.tag}:{n}".encode())
                         break
                     except PublishRefusedError as exc:  # raised before this publish was taken: made again
                         _say(refused=str(exc)[:200], n=n)
+                        if not going():
+                            return  # stopping: n was never taken, so nothing more is said confirmed
                         tries.step()
             try:
                 client.flush(timeout=3 if args.pinned else 60)
