@@ -64,3 +64,16 @@ def test_every_test_a_page_names_as_its_backing_exists() -> None:
     missing = [f"{page}: {name}" for page, name, prefix in sorted(named)
                if not (any(d.startswith(name) for d in defined) if prefix else name in defined)]  # fmt: skip
     assert missing == [], f"tests the docs name that do not exist: {missing}"
+
+
+def test_every_benchmark_has_its_section_in_the_one_home_of_figures() -> None:
+    """benchmarks/README.md holds a section per ``make bench-<scenario>`` (what it measures, against
+    what, the latest figures, what limits them): a benchmark without one has figures nowhere, and a
+    section without its benchmark describes a target that is gone."""
+    targets = {"bench-" + p.stem.removeprefix("bench_").replace("_", "-")
+               for p in (ROOT / "benchmarks").glob("bench_*.py")}  # fmt: skip
+    readme = (ROOT / "benchmarks" / "README.md").read_text()
+    sections = set(re.findall(r"^#{2,3} (?:On kind: )?make (bench-[\w-]+)$", readme, re.M))
+    assert len(targets) > 10
+    assert targets - sections == set(), "benchmarks without a section in benchmarks/README.md"
+    assert sections - targets == set(), "sections of benchmarks/README.md without their benchmark"
