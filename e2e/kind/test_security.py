@@ -346,7 +346,7 @@ def test_only_the_operator_its_brokers_and_labelled_clients_reach_zookeeper(app:
              "        except OSError:\n"
              "            reached = False\n"
              "        if host in known or time.monotonic() > deadline: break\n"
-             "        time.sleep(0.5)\n"
+             "        time.sleep(0.5)  # refused at once: the next try in a moment, until the deadline\n"
              "    if reached: known.add(host)\n"
              "    print(json.dumps({'target': target, 'reached': reached}), flush=True)\n")  # fmt: skip
     command = f'python -c "$PROBE" {" ".join(targets)}'

@@ -229,7 +229,7 @@ class Chaos:
         """Let a fault (or the traffic around it) last ``low``-``high`` seconds, drawn from the seed:
         the one place chaos waits for time rather than for an event, since a fault's length is what
         a round varies."""
-        time.sleep(self.rng.uniform(low, high))
+        time.sleep(self.rng.uniform(low, high))  # the fault's length: what the round varies
 
     def _diagnose(self, before: dict[str, int]) -> dict[str, Any]:
         """What a stalled round looks like, for the history: who has not moved on since the round

@@ -20,6 +20,7 @@ from harness import ReplicaSet as Replicas
 from harness import until
 from zeps.client import StreamClient
 from zeps.errors import ZepsError
+from zeps.replication.election import election_replica
 
 
 def _read_for(client: StreamClient, seconds: float) -> list[tuple[int, bytes]]:
@@ -97,6 +98,11 @@ def test_a_full_restart_with_the_old_leader_first_loses_nothing_confirmed_and_ta
     assert taken_back == [], "delivered records the final log does not hold"
 
 
+def _new_in_line(replicas: Replicas, old: set[str]) -> set[str]:
+    """The replicas with a place in line to lead that is not one of ``old`` (a new run's)."""
+    return {election_replica(n) for n in replicas.zk.get_children(replicas.paths.election) if n not in old}
+
+
 @pytest.mark.parametrize("order", ["together", "followers-first", "staggered"])
 def test_every_replica_restarted_in_any_order_keeps_every_confirmed_record(replicas: Replicas, order: str) -> None:
     """A publisher keeps going through a kill -9 of all three replicas and their restart (all at once,
@@ -117,9 +123,12 @@ def test_every_replica_restarted_in_any_order_keeps_every_confirmed_record(repli
         starts = {"together": [replicas.names], "followers-first": [followers, [leader]],
                   "staggered": [[followers[1]], [leader], [followers[0]]]}[order]  # fmt: skip
         for group in starts:
+            left = set(replicas.zk.get_children(replicas.paths.election))  # the killed runs' places, until they expire
             for name in group:
                 replicas.start(name)
-            time.sleep(1.5)  # staggered: each group settles into the line before the next (a real restart's spread)
+            # each group in line to lead before the next starts (staggered: a real restart's spread)
+            until(lambda g=group, old=left: _new_in_line(replicas, old) >= set(g), f"{', '.join(group)} back in line",
+                  timeout=60)  # fmt: skip
         for i in range(41, 61):
             producer.publish("k", b"%d" % i)
         producer.flush(timeout=90)

@@ -498,7 +498,7 @@ def test_a_spark_call_interrupted_midway_leaves_the_next_test_a_working_session(
     def interrupt(*_: object) -> None:
         raise _Interrupted
 
-    slow = spark.range(0, 4, numPartitions=2).rdd.map(lambda x: time.sleep(3) or x)
+    slow = spark.range(0, 4, numPartitions=2).rdd.map(lambda x: time.sleep(3) or x)  # the job's work: 3 s a row
     previous = signal.signal(signal.SIGALRM, interrupt)
     try:
         signal.setitimer(signal.ITIMER_REAL, 0.5)

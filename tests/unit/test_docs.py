@@ -77,3 +77,17 @@ def test_every_benchmark_has_its_section_in_the_one_home_of_figures() -> None:
     assert len(targets) > 10
     assert targets - sections == set(), "benchmarks without a section in benchmarks/README.md"
     assert sections - targets == set(), "sections of benchmarks/README.md without their benchmark"
+
+
+def test_the_tests_wait_on_conditions_and_each_sleep_says_why() -> None:
+    """docs/development/test-tiers.md: a test waits for an event, not for time; what is left of
+    ``time.sleep`` (a fault's length, a negative check, a workload's pace) says why on its line, and
+    there are at most 25 of them in tests/ and e2e/."""
+    sleeps = [(path.relative_to(ROOT), n, line.strip())
+              for folder in ("tests", "e2e") for path in sorted((ROOT / folder).rglob("*.py"))
+              for n, line in enumerate(path.read_text().splitlines(), 1)
+              if re.search(r"\b(?:time|asyncio)\.sleep\(", line)]  # fmt: skip
+    assert len(sleeps) > 5, "the scan found nothing: has the layout moved?"
+    unexplained = [f"{path}:{n}" for path, n, line in sleeps if "#" not in line.split("sleep(", 1)[1]]
+    assert unexplained == [], "a sleep without its reason on its line"
+    assert len(sleeps) <= 25, f"{len(sleeps)} sleeps: wait on a condition instead ({sleeps})"

@@ -36,7 +36,8 @@ def main() -> None:
             body = item.body.decode()
             say(took=body, attempt=item.attempt)
             if pause < 0:
-                time.sleep(3600)  # a worker that hangs holding its item (killed by the test)
+                while True:  # a worker that hangs holding its item, until the test kills it
+                    signal.pause()  # (a stack dump's SIGUSR1 included)
             time.sleep(pause)  # the work
             try:
                 item.ack()
