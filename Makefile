@@ -60,7 +60,12 @@ e2e-images:     ## what `make e2e` builds before its cluster (kind binaries, nod
 	@$(WITH_ENV) $(PY) -m zeps_dev.kind images
 
 e2e-stack:      ## what `make e2e` starts before its suite (images, cluster, chart), left running for the next `make e2e` of the same sources to use: CI runs it beside `make test`
-	@tools/setup.sh python zookeeper promtool kind
+	@tools/setup.sh python zookeeper promtool
+	@# the images that need no Go binary beside the kind set's Go builds (downloads and disk beside their CPU)
+	@$(WITH_ENV) $(PY) -m zeps_dev.kind base-images & images=$$!; \
+	 built=0; tools/setup.sh kind || built=$$?; \
+	 made=0; wait $$images || made=$$?; \
+	 [ $$built -eq 0 ] && [ $$made -eq 0 ] || { echo "e2e-stack: the Go builds (exit $$built) or the base images (exit $$made) failed (above)" >&2; exit 1; }
 	@$(WITH_ENV) $(PY) -m zeps_dev.kind stack
 
 e2e-down:       ## remove a cluster (and a dockerd of zeps) that `make e2e-stack` or ZEPS_KEEP_CLUSTER=1 left

@@ -31,7 +31,7 @@ from typing import Any
 
 from zeps.errors import SetupError
 from zeps_dev.docker import DockerEngine
-from zeps_dev.images import REPOSITORY, TESTBIN_SOURCES, ImageBuilder, go_module_dir
+from zeps_dev.images import REPOSITORY, ROOTFS, TESTBIN_SOURCES, ImageBuilder, go_module_dir
 from zeps_dev.process import LocalServer, run_tool
 
 __all__ = [
@@ -845,6 +845,34 @@ def build_e2e_images() -> int:
     return 0
 
 
+def build_base_images() -> int:
+    """``make e2e-stack``'s first step, beside the kind set's Go builds (``tools/setup.sh kind``): the
+    images that need no Go binary, built or found cached (the Debian root filesystems, ZooKeeper's,
+    Prometheus', the project's zeps and Spark images), then the engine stopped. On a new machine their
+    debootstraps and pip wheels mostly wait on downloads and the disk, which the Go builds' CPU then
+    fills; ``stack`` finds them cached and builds only the ones made of Go binaries."""
+    from zeps_dev.zookeeper import zookeeper_home  # noqa: PLC0415
+
+    started = time.monotonic()
+    engine = DockerEngine(docker_root(), say=_say)
+    # no Go binary is read here: a folder that does not exist says so if one ever is
+    builder = ImageBuilder(engine, binaries=cache_dir() / "testbin" / "none-before-the-go-builds",
+                           cache=cache_dir(), zookeeper_home=zookeeper_home(), say=_say)  # fmt: skip
+    venv_python = REPOSITORY / ".venv" / "bin" / "python"
+    try:
+        engine.start()
+        for name in ROOTFS:
+            builder.rootfs(name)
+        builder.zookeeper_image()
+        builder.prometheus_image()
+        builder.zeps_image(venv_python)
+        builder.spark_image(venv_python)
+    finally:
+        engine.stop()
+    _say(f"base images ready in {time.monotonic() - started:.0f}s")
+    return 0
+
+
 def prepare_e2e_stack() -> int:
     """``make e2e-stack``: what ``make e2e`` starts before its suite (images, cluster, chart), left
     running for it (:meth:`KindStack.prepare`); ``python -m zeps_dev.kind down`` removes it."""
@@ -889,6 +917,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_e2e(args)
         if command == "images":
             return build_e2e_images()
+        if command == "base-images":
+            return build_base_images()
         if command == "stack":
             return prepare_e2e_stack()
         if command == "down":
@@ -899,7 +929,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("e2e: interrupted", flush=True)
         return 130
-    print(f"usage: python -m zeps_dev.kind [e2e [PYTEST ARGS] | images | stack | down] (got {command!r})")
+    print(f"usage: python -m zeps_dev.kind [e2e [PYTEST ARGS] | images | base-images | stack | down] (got {command!r})")
     return 2
 
 

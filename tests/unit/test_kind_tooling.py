@@ -79,10 +79,10 @@ def test_a_port_already_taken_is_named() -> None:
             _check_port_free(port)
 
 
-@pytest.mark.parametrize("command", ["e2e", "images", "stack"])
+@pytest.mark.parametrize("command", ["e2e", "images", "base-images", "stack"])
 def test_no_engine_and_no_apt_says_what_to_install_in_one_line(tmp_path: Path, command: str) -> None:
     """No docker, no dockerd, no apt-get on PATH: `make e2e`'s driver (and `make e2e-images`'s and
-    `make e2e-stack`'s) exits 3 with one line."""
+    `make e2e-stack`'s two steps) exits 3 with one line."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     env = {
