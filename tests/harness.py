@@ -152,6 +152,8 @@ class CuttingProxy:
     ``skip=n`` lets the next ``n`` large requests through first (so a test can cut at each step).
     ``refusing = True``: new connections are closed at once (the client cannot reconnect until it is
     False again), so a test can act while the client is away, e.g. expire its session.
+    ``silent = True``: new connections are taken and never answered (held open until :meth:`close`;
+    ``held`` counts them), as a server that hangs, or ZooKeeper 3.9 while it starts, does to a client.
     """
 
     def __init__(self, target: tuple[str, int], *, min_bytes: int = 200) -> None:
@@ -167,6 +169,8 @@ class CuttingProxy:
         self._closed = False
         self._conns: list[socket.socket] = []
         self.refusing = False
+        self.silent = False
+        self.held = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
@@ -200,6 +204,10 @@ class CuttingProxy:
                 return
             if self.refusing:
                 client.close()
+                continue
+            if self.silent:
+                self._conns.append(client)
+                self.held += 1
                 continue
             try:
                 server = socket.create_connection(self.target)

@@ -151,7 +151,9 @@ class ZooKeeperServer(LocalServer):
         argv = self.argv()
         self._process = ManagedProcess("zookeeper", argv, log_path=self.workdir / "zookeeper.log")
         self._process.start()
-        self._process.wait_ready(lambda: "Mode: standalone" in self.four_letter("srvr"), timeout=timeout)
+        # a probe sent while the server starts can be taken and never answered (ZooKeeper 3.9.4,
+        # ZOOKEEPER-5051): it is given up after a second and sent again
+        self._process.wait_ready(lambda: "Mode: standalone" in self.four_letter("srvr", timeout=1.0), timeout=timeout)
 
     def argv(self) -> list[str]:
         """The server's command line (its configuration written first), for a caller that runs it

@@ -5,18 +5,20 @@ fixture only checks that it runs (tests/conftest.py)."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
+import pytest
 from kazoo.exceptions import ConnectionLoss
 from kazoo.retry import RetryFailedError
 
-from harness import ZooKeeperHarness, until
+from harness import CuttingProxy, ZooKeeperHarness, until
 from zeps.coordination import Topic
 from zeps.coordination._util import bounded_retry
 from zeps.coordination.admin import ZooKeeperUnavailableError, count_children
-from zeps.coordination.client import FailFastClient
+from zeps.coordination.client import FailFastClient, connect
 
 
 def test_delete_tree_removes_nested_subtrees(zookeeper: ZooKeeperHarness) -> None:
@@ -50,6 +52,70 @@ def test_a_client_reconnects_in_time_to_keep_its_session_after_a_long_outage(zoo
     assert client.client_id[0] == session, f"the session expired (reconnected after {reconnected_s:.1f} s)"
     assert client.exists(node) is not None, "its ephemeral node is still there"
     assert reconnected_s < 6
+
+
+@pytest.fixture
+def proxy(zookeeper: ZooKeeperHarness) -> Iterator[CuttingProxy]:
+    host, port = zookeeper.connect_string.split(":")
+    through = CuttingProxy((host, int(port)))
+    yield through
+    through.close()
+
+
+def test_a_client_reopening_its_session_gives_up_on_a_server_that_takes_the_connection_and_never_answers(
+    zookeeper: ZooKeeperHarness, proxy: CuttingProxy
+) -> None:
+    """The client's connection drops, and its next one is taken but never answered, as ZooKeeper
+    3.9.4 does to a client that connects while it starts (the refused connection is never closed:
+    ZOOKEEPER-5051; it failed a CI run of the outage test above). kazoo would wait the whole 6 s
+    session timeout for the answer, longer than the session lives after its last ping; zeps's client
+    gives up after 2 s, and its next connection, answered, keeps the session."""
+    client = connect(proxy.address, session_timeout=6)
+    try:
+        session = client.client_id[0]
+        proxy.silent = True
+        proxy.drop()
+        dropped = time.monotonic()
+        until(lambda: not client.connected, "the client to see the drop")
+        until(lambda: proxy.held == 1, "the first attempt to be taken (and never answered)")
+        proxy.silent = False
+        until(lambda: client.connected, "the client to reconnect", timeout=20)
+        back_s = time.monotonic() - dropped
+        assert client.client_id[0] == session, f"the session expired (reconnected after {back_s:.1f} s)"
+        assert back_s < 4.0
+    finally:
+        client.stop()
+        client.close()
+
+
+def test_a_client_gives_up_on_a_server_whose_address_drops_its_connects_and_reaches_the_next_in_time(
+    zookeeper: ZooKeeperHarness, proxy: CuttingProxy
+) -> None:
+    """The first server of the connect string drops every TCP connect unanswered, as the address of
+    a machine that is gone does (here a listening socket whose queue is full). kazoo gives one TCP
+    connect the whole 6 s session timeout, so after a drop the client would reach the second server,
+    which holds its session, too late; zeps's gives up on the first after 2 s."""
+    gone = socket.create_server(("127.0.0.1", 0), backlog=0)  # never accepts: its queue fills
+    filler = socket.create_connection(gone.getsockname()[:2])
+    client = connect(f"127.0.0.1:{gone.getsockname()[1]},{proxy.address}", session_timeout=6)
+    try:
+        client.randomize_hosts = False  # the gone server first, from the next round on
+        session = client.client_id[0]
+        proxy.drop()  # ends this round (its order random): the client reconnects in the next
+        until(lambda: not client.connected, "the client to see the drop")
+        until(lambda: client.connected, "the client to reconnect", timeout=20)
+        proxy.drop()  # the round after it starts with the gone server
+        dropped = time.monotonic()
+        until(lambda: not client.connected, "the client to see the drop")
+        until(lambda: client.connected, "the client to reconnect", timeout=20)
+        back_s = time.monotonic() - dropped
+        assert client.client_id[0] == session, f"the session expired (reconnected after {back_s:.1f} s)"
+        assert back_s < 4.0
+    finally:
+        client.stop()
+        client.close()
+        filler.close()
+        gone.close()
 
 
 def _seconds(call: Callable[[], object], raises: type[BaseException], *, most: float = 10.0) -> float:

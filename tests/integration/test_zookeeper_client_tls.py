@@ -54,7 +54,7 @@ def test_a_handle_given_the_ca_works_over_tls_and_trusts_that_ca_alone(
     news = zeps.topic("news", namespace="tls", zookeeper=server.secure_connect_string, zookeeper_ca=pem)
     assert news.queues() == frozenset()
     # the handshake trusts the one CA given, not the system's store (kazoo's use_ssl loads both)
-    assert len(TLSHandler(pem).context.get_ca_certs()) == 1
+    assert len(TLSHandler(pem, 5.0).context.get_ca_certs()) == 1
 
 
 def test_another_ca_a_name_not_on_the_certificate_and_a_plain_client_are_refused(

@@ -13,13 +13,25 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss
 from kazoo.handlers.threading import KazooTimeoutError, SequentialThreadingHandler
+from kazoo.protocol.connection import ConnectionHandler
+from kazoo.protocol.serialization import Connect
 from kazoo.protocol.states import KeeperState
 from kazoo.retry import KazooRetry
 from kazoo.security import make_digest_acl
 
 from zeps.errors import ConfigError, CoordinationError
 
-__all__ = ["FailFastClient", "TLSHandler", "connect", "digest_acl", "reconnect_policy", "shared_client"]
+__all__ = [
+    "BoundedAttemptsClient",
+    "BoundedAttemptsHandler",
+    "FailFastClient",
+    "TLSHandler",
+    "attempt_timeout",
+    "connect",
+    "digest_acl",
+    "reconnect_policy",
+    "shared_client",
+]
 
 
 def connect(
@@ -53,18 +65,19 @@ def connect(
     """
     auth_data = [("digest", f"{auth[0]}:{auth[1]}")] if auth else None
     default_acl = digest_acl(*auth) if auth and acl_from_auth else None
+    attempt = attempt_timeout(session_timeout)
+    tls = TLSHandler(ca, attempt) if ca else None
     settings: dict[str, Any] = {
         "hosts": hosts,
         "timeout": session_timeout,
         "auth_data": auth_data,
         "default_acl": default_acl,
         "connection_retry": reconnect_policy(session_timeout),
+        "handler": tls or BoundedAttemptsHandler(attempt),
+        "attempt_timeout": attempt,
     }
-    tls = TLSHandler(ca) if ca else None
-    if tls is not None:
-        settings["handler"] = tls
     if call_deadline is None:
-        client = KazooClient(**settings)
+        client = BoundedAttemptsClient(**settings)
     else:
         command_retry = KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0, deadline=call_deadline)
         client = FailFastClient(**settings, command_retry=command_retry)
@@ -78,7 +91,64 @@ def connect(
     return client
 
 
-class TLSHandler(SequentialThreadingHandler):  # type: ignore[misc]  # kazoo has no type hints
+def attempt_timeout(session_timeout: float) -> float:
+    """How long one attempt to reach a server may take: a third of the session timeout (at least a
+    second, at most kazoo's own, the whole of it), so a server that does not answer leaves the client
+    time to try another, or the same one again, before the session expires."""
+    return min(session_timeout, max(1.0, session_timeout / 3))
+
+
+class BoundedAttemptsHandler(SequentialThreadingHandler):  # type: ignore[misc]  # kazoo has no type hints
+    """kazoo's threading handler whose TCP connect to a server gives up after ``attempt_timeout``.
+
+    kazoo gives one server's TCP connect the whole session timeout. A server whose machine is gone
+    drops the packets instead of refusing them, so one attempt at it would use up the session, and a
+    client that reached the next server of the connect string after it would find its session
+    expired. Measured in tests/integration/test_coordination_client.py."""
+
+    def __init__(self, attempt_timeout: float) -> None:
+        super().__init__()
+        self.attempt_timeout = attempt_timeout
+
+    def create_connection(self, *args: Any, **kwargs: Any) -> socket.socket:
+        timeout = kwargs.get("timeout")
+        kwargs["timeout"] = self.attempt_timeout if timeout is None else min(timeout, self.attempt_timeout)
+        sock: socket.socket = super().create_connection(*args, **kwargs)
+        return sock
+
+
+class BoundedAttemptsClient(KazooClient):  # type: ignore[misc]  # kazoo has no type hints
+    """A kazoo client whose attempt to reopen its session gives up on a server that does not answer.
+
+    Reconnecting, kazoo sends the session's id and waits for the server's answer up to the session
+    timeout divided by the number of servers: with one server, all of it. Meanwhile the server, whose
+    restart gave every session a fresh timeout, expires the session. A server can take the
+    connection and never answer: ZooKeeper 3.9's while it starts (the connection it refuses is never
+    closed: ZOOKEEPER-5051), or one that hangs. Here that wait is bounded by ``attempt_timeout``, so
+    the next attempt comes in time. A new session's first connect keeps kazoo's wait: it has no
+    session to lose, and its answer waits on the server writing the session to disk."""
+
+    _connection: Any  # kazoo's ConnectionHandler
+
+    def __init__(self, *args: Any, attempt_timeout: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        made = self._connection  # kazoo's, not started yet: replaced by one with the bound
+        self._connection = _BoundedConnection(self, made.retry_sleeper, attempt_timeout, logger=made.logger,
+                                              sasl_options=made.sasl_options)  # fmt: skip
+
+
+class _BoundedConnection(ConnectionHandler):  # type: ignore[misc]  # kazoo has no type hints
+    def __init__(self, client: KazooClient, retry_sleeper: Any, attempt_timeout: float, **kwargs: Any) -> None:
+        super().__init__(client, retry_sleeper, **kwargs)
+        self.attempt_timeout = attempt_timeout
+
+    def _invoke(self, timeout: float, request: Any, xid: int | None = None) -> Any:
+        if isinstance(request, Connect) and request.session_id:  # reopening a session
+            timeout = min(timeout, self.attempt_timeout)
+        return super()._invoke(timeout, request, xid)
+
+
+class TLSHandler(BoundedAttemptsHandler):
     """kazoo's threading handler, its connections wrapped in TLS that trusts one CA alone.
 
     kazoo's own ``use_ssl`` also trusts every CA of the system's store (it loads the defaults before
@@ -87,8 +157,8 @@ class TLSHandler(SequentialThreadingHandler):  # type: ignore[misc]  # kazoo has
     against the host of the connect string, and speaks TLS 1.2 or newer. The last handshake refused
     is kept (``refusal``) for the error a client that never connected raises."""
 
-    def __init__(self, ca: str) -> None:
-        super().__init__()
+    def __init__(self, ca: str, attempt_timeout: float) -> None:
+        super().__init__(attempt_timeout)
         try:
             self.context = ssl.create_default_context(cadata=ca)
         except (ssl.SSLError, ValueError) as exc:
@@ -112,7 +182,7 @@ class TLSHandler(SequentialThreadingHandler):  # type: ignore[misc]  # kazoo has
             raise
 
 
-class FailFastClient(KazooClient):  # type: ignore[misc]  # kazoo has no type hints
+class FailFastClient(BoundedAttemptsClient):
     """A kazoo client whose calls fail with ``ConnectionLoss`` while it has no connection.
 
     kazoo queues a call made while it is reconnecting and sends it once a server answers: with
