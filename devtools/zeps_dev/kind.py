@@ -22,6 +22,7 @@ import json
 import os
 import re
 import secrets
+import signal
 import socket
 import subprocess
 import time
@@ -54,6 +55,12 @@ E2E_WORKERS = 3
 #: pytest-xdist workers for the e2e tests that keep to their own namespaces (``ZEPS_E2E_LANES``; 1: one
 #: at a time). Two: on 2 cores the suite one test at a time keeps them about half busy.
 E2E_LANES = int(os.environ.get("ZEPS_E2E_LANES", "2"))
+#: the ``serial`` e2e tests on a second cluster of their own, beside the shared ones
+#: (``ZEPS_E2E_SERIAL_CLUSTER=0``: after them, on the one cluster). One test at a time, mostly
+#: waiting for pods, nodes and failovers, they kept the cores about half idle for 10-14 minutes.
+E2E_SERIAL_CLUSTER = os.environ.get("ZEPS_E2E_SERIAL_CLUSTER", "1") != "0"
+#: the second cluster's name: the suite's cluster's with this after it
+SERIAL_SUFFIX = "-serial"
 NO_TESTS_COLLECTED = 5  #: pytest's exit code when a run selects no test
 #: how long a cluster's deletion waits for its node containers to be gone: an engine removing four
 #: node containers killed mid-creation, beside a busy suite, was seen to take more than 40 s
@@ -489,9 +496,27 @@ def _kind_config(api_port: int, workers: int) -> str:
         "  apiServerAddress: 127.0.0.1\n"
         f"  apiServerPort: {api_port}\n"
         "  disableDefaultCNI: true  # no kindnetd image: zeps_dev.kind wires each node's pod network\n"
+        "kubeadmConfigPatches:\n"
+        "  - |\n"
+        "    kind: KubeletConfiguration\n"
+        "    cgroupDriver: cgroupfs  # the node image runs no dbus-daemon (images/kind-node/Dockerfile)\n"
         "nodes:\n"
-        "  - role: control-plane\n" + "  - role: worker\n" * workers
+        "  - role: control-plane\n" + _WORKER * workers
     )
+
+
+#: a worker runs no static pod, so its kubelet watches no manifest folder: each inotify instance
+#: counts against the host's per-user limit (128 by default), which every kind node shares (a
+#: joining kubelet takes the cluster's configuration: the flag overrides it)
+_WORKER = (
+    "  - role: worker\n"
+    "    kubeadmConfigPatches:\n"
+    "      - |\n"
+    "        kind: JoinConfiguration\n"
+    "        nodeRegistration:\n"
+    "          kubeletExtraArgs:\n"
+    '            pod-manifest-path: ""\n'
+)
 
 
 def _check_port_free(port: int) -> None:
@@ -519,6 +544,8 @@ class KindStack(LocalServer):
         detached: bool | None = None,
         spark: bool = False,
         workers: int = 0,
+        engine: DockerEngine | None = None,
+        api_port: int | None = None,
         say: Callable[[str], None] = _say,
     ) -> None:
         self.say = say
@@ -528,8 +555,13 @@ class KindStack(LocalServer):
         self.binaries = binaries
         self.cache = cache_dir()
         # detached: a dockerd of ours outlives this process (a kept or prepared stack); otherwise the
-        # kernel stops it if this process dies
-        self.engine = DockerEngine(docker_root(), say=say, detached=keep if detached is None else detached)
+        # kernel stops it if this process dies. An engine passed in is another stack's, started and
+        # stopped by it (:meth:`companion`)
+        self.shares_engine = engine is not None
+        #: a companion's stack (:meth:`companion`): its images are used as they are, none built
+        self.images_of: KindStack | None = None
+        self.engine = engine or DockerEngine(docker_root(), say=say, detached=keep if detached is None else detached)
+        self.api_port = int(os.environ.get("ZEPS_KIND_API_PORT", "0")) if api_port is None else api_port
         self.builder = ImageBuilder(
             self.engine, binaries=binaries, cache=self.cache, zookeeper_home=zookeeper_home, say=say
         )
@@ -554,6 +586,14 @@ class KindStack(LocalServer):
         """Every image the stack needs, built or found cached (the engine must be running); returns
         the node image."""
         t0 = time.monotonic()
+        if self.images_of is not None:  # a companion: exactly what its stack runs (started by now)
+            stack = self.images_of
+            assert stack.cluster is not None, "a companion starts after its stack"
+            self.zeps_image, self.zookeeper_image = stack.zeps_image, stack.zookeeper_image
+            self.seaweedfs_image, self.prometheus_image = stack.seaweedfs_image, stack.prometheus_image
+            self.csi_image, self.preloaded = stack.csi_image, stack.preloaded
+            self.network_policy_image = stack.network_policy_image
+            return stack.cluster.node_image
         self.zookeeper_image = self.builder.zookeeper_image()
         self.seaweedfs_image = self.builder.seaweedfs_image()
         self.prometheus_image = self.builder.prometheus_image()
@@ -572,10 +612,31 @@ class KindStack(LocalServer):
             node_image=node_image,
             binaries=self.binaries,
             workdir=self.cache / "kind" / "clusters" / self.cluster_name,
-            api_port=int(os.environ.get("ZEPS_KIND_API_PORT", "0")),
+            api_port=self.api_port,
             workers=self.workers,
             say=self.say,
         )
+
+    def companion(self) -> KindStack:
+        """A second cluster like this one, beside it in the same engine, for the e2e tests that must
+        run alone (``serial``: they stop a node, upgrade or remove the chart): its own nodes, chart and
+        ZooKeeper ensemble, the same images (no Spark image: no serial test runs a Spark job). Its
+        API server gets a free port of its own; :meth:`stop` deletes its cluster and leaves the
+        engine to this stack."""
+        companion = KindStack(
+            binaries=self.binaries,
+            zookeeper_home=self.builder.zookeeper_home,
+            venv_python=self.venv_python,
+            cluster_name=self.cluster_name + SERIAL_SUFFIX,
+            keep=self.keep,
+            spark=False,
+            workers=self.workers,
+            engine=self.engine,
+            api_port=0,
+            say=lambda line: self.say(f"[{self.cluster_name + SERIAL_SUFFIX}] {line}"),
+        )
+        companion.images_of = self
+        return companion
 
     @property
     def prepared_note(self) -> Path:
@@ -634,7 +695,8 @@ class KindStack(LocalServer):
     def start(self) -> None:
         t0 = time.monotonic()
         try:
-            self.engine.start()
+            if not self.shares_engine:
+                self.engine.start()
             node_image = self.build_images()
             t1 = time.monotonic()
             if self._adopt(node_image):
@@ -750,7 +812,8 @@ class KindStack(LocalServer):
             if self.cluster is not None:
                 self.cluster.stop()
         finally:
-            self.engine.stop()
+            if not self.shares_engine:
+                self.engine.stop()
 
 
 def kind_stack_from_env(
@@ -783,11 +846,12 @@ def kind_stack_from_env(
 
 
 def e2e_phases(pytest_args: Sequence[str], lanes: int) -> list[tuple[str, list[str]]]:
-    """The e2e suite as two pytest runs on one stack. First the tests that keep to namespaces of their
-    own, in ``lanes`` pytest-xdist workers side by side: they mostly wait on pods, so one at a time
-    leaves a core idle. Then the ``serial`` ones, which change or watch what every test shares (the
-    chart, the operator, the ZooKeeper ensemble, a node), one at a time with nothing beside them.
-    ``pytest_args`` (``make e2e PYTEST_ARGS=...``) go to both."""
+    """The e2e suite as two pytest runs. ``shared``: the tests that keep to namespaces of their own,
+    in ``lanes`` pytest-xdist workers side by side (they mostly wait on pods, so one at a time leaves
+    a core idle). ``serial``: the ones that change or watch what every test of their cluster shares
+    (the chart, the operator, the ZooKeeper ensemble, a node, the host's network links), one at a
+    time with nothing beside them on their cluster. ``pytest_args`` (``make e2e PYTEST_ARGS=...``) go
+    to both."""
     side_by_side = ["-n", str(lanes), "--dist", "worksteal"] if lanes > 1 else []
     return [
         ("shared", ["-m", "not serial", *side_by_side, *pytest_args]),
@@ -804,27 +868,91 @@ def combined_exit_code(codes: Sequence[int]) -> int:
     return 0 if any(code == 0 for code in codes) else NO_TESTS_COLLECTED
 
 
+def _pytest(args: Sequence[str]) -> list[str]:
+    return [str(REPOSITORY / ".venv" / "bin" / "python"), "-m", "pytest", "e2e", *args]
+
+
+def run_beside(
+    first: Sequence[str],
+    first_env: dict[str, str],
+    *,
+    prepare_second: Callable[[], dict[str, str]],
+    second: Sequence[str],
+    log: Path,
+    timings: dict[str, float],
+) -> list[int]:
+    """``first`` started (its output as it comes), then ``prepare_second()`` (a cluster made ready:
+    the environment to reach it) and ``second`` run in this process's time, its output into ``log``
+    and printed once both ended, so neither's lines cut into the other's. Returns both exit codes; a
+    second phase that could not be prepared gets 3 (as ``make e2e`` when its setup fails), the first
+    still waited for. Ctrl-C or an error stops the first before it returns (pytest's own Ctrl-C).
+    Each phase's seconds go into ``timings`` (``<name>_tests_s``)."""
+    started = time.monotonic()
+    proc = subprocess.Popen(first, env=first_env, cwd=REPOSITORY)
+    try:
+        second_code = NO_TESTS_COLLECTED
+        try:
+            env = prepare_second()
+        except SetupError as exc:
+            _say(f"serial tests: their cluster could not be made ready: {exc}")
+            second_code = 3
+        else:
+            second_started = time.monotonic()
+            with log.open("w") as out:
+                second_code = subprocess.run(
+                    second, env=env, cwd=REPOSITORY, stdout=out, stderr=subprocess.STDOUT, check=False
+                ).returncode
+            timings["serial_tests_s"] = time.monotonic() - second_started
+            _say(f"serial tests done (exit {second_code}); their output follows the shared tests'")
+        first_code = proc.wait()
+        timings["shared_tests_s"] = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)  # pytest's Ctrl-C: its teardown runs, namespaces go
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    if log.exists():
+        print(log.read_text(errors="replace"), end="", flush=True)
+    return [first_code, second_code]
+
+
 def run_e2e(pytest_args: Sequence[str]) -> int:
     """``make e2e``: the stack up, the e2e suite on it (:func:`e2e_phases`), everything down again.
-    Returns pytest's code (:func:`combined_exit_code`)."""
+    The serial phase runs on a second cluster (:meth:`KindStack.companion`) beside the shared one
+    (:func:`run_beside`), or after it on the one cluster with ``ZEPS_E2E_SERIAL_CLUSTER=0``. Returns
+    pytest's code (:func:`combined_exit_code`)."""
     started = time.monotonic()
     stack = kind_stack_from_env(spark=True, workers=E2E_WORKERS)
-    codes: list[int] = []
+    (_, shared), (_, serial) = e2e_phases(pytest_args, E2E_LANES)
     with stack:
         _say(f"stack ready in {stack.timings['ready_s']:.0f}s; running the e2e suite")
         env = {**os.environ, **stack.env()}
-        for phase, args in e2e_phases(pytest_args, E2E_LANES):
-            _say(f"{phase} tests: pytest {' '.join(args)}")
-            phase_started = time.monotonic()
-            codes.append(
-                subprocess.run(
-                    [str(REPOSITORY / ".venv" / "bin" / "python"), "-m", "pytest", "e2e", *args],
-                    env=env,
-                    cwd=REPOSITORY,
-                    check=False,
-                ).returncode
-            )
-            stack.timings[f"{phase}_tests_s"] = time.monotonic() - phase_started
+        if E2E_SERIAL_CLUSTER:
+            companion = stack.companion()
+
+            def serial_cluster() -> dict[str, str]:
+                companion.start()  # adopts the one make e2e-stack prepared, or makes it now
+                _say(f"serial tests on cluster {companion.cluster_name}: pytest {' '.join(serial)}")
+                return {**os.environ, **companion.env()}
+
+            _say(f"shared tests on cluster {stack.cluster_name}: pytest {' '.join(shared)}")
+            try:
+                codes = run_beside(
+                    _pytest(shared), env, prepare_second=serial_cluster, second=_pytest(serial),
+                    log=stack.cache / "kind" / "serial-tests.log", timings=stack.timings,
+                )  # fmt: skip
+            finally:
+                companion.stop()
+        else:
+            codes = []
+            for phase, args in (("shared", shared), ("serial", serial)):
+                _say(f"{phase} tests: pytest {' '.join(args)}")
+                phase_started = time.monotonic()
+                codes.append(subprocess.run(_pytest(args), env=env, cwd=REPOSITORY, check=False).returncode)
+                stack.timings[f"{phase}_tests_s"] = time.monotonic() - phase_started
     timings = {k: round(v, 1) for k, v in stack.timings.items()}
     _say(f"done in {time.monotonic() - started:.0f}s: {json.dumps(timings)}")
     return combined_exit_code(codes)
@@ -877,9 +1005,14 @@ def prepare_e2e_stack() -> int:
     """``make e2e-stack``: what ``make e2e`` starts before its suite (images, cluster, chart), left
     running for it (:meth:`KindStack.prepare`); ``python -m zeps_dev.kind down`` removes it."""
     stack = kind_stack_from_env(spark=True, workers=E2E_WORKERS, keep=False, detached=True)
+    companion = stack.companion() if E2E_SERIAL_CLUSTER else None
     try:
         stack.prepare()
+        if companion is not None:
+            companion.prepare()
     except BaseException:
+        if companion is not None:
+            companion.stop()
         stack.stop()
         raise
     return 0
@@ -889,8 +1022,9 @@ def down() -> int:
     """Remove what ``ZEPS_KEEP_CLUSTER=1`` or ``make e2e-stack`` left: the cluster and a dockerd of
     zeps. Nothing to do (and no engine started) when neither runs."""
     name = os.environ.get("ZEPS_KIND_CLUSTER", DEFAULT_CLUSTER)
-    workdir = cache_dir() / "kind" / "clusters" / name
-    (workdir / PREPARED_NOTE).unlink(missing_ok=True)
+    names = (name, name + SERIAL_SUFFIX)  # the suite's cluster and the serial tests' (run_e2e)
+    for each in names:
+        (cache_dir() / "kind" / "clusters" / each / PREPARED_NOTE).unlink(missing_ok=True)
     engine = DockerEngine(docker_root(), say=_say)
     if not engine.running():
         _say("down: no dockerd of zeps runs and no engine answers: nothing to remove")
@@ -898,8 +1032,9 @@ def down() -> int:
     engine.start()  # adopts the dockerd a ZEPS_KEEP_CLUSTER=1 run or make e2e-stack kept
     try:
         kindbin = os.environ.get("ZEPS_KINDBIN")
-        if kindbin:  # without kind (never built), no cluster was made; a dockerd of ours goes below
-            cluster = KindCluster(engine, name=name, node_image="", binaries=Path(kindbin), workdir=workdir)
+        for each in names if kindbin else ():  # without kind (never built), no cluster was made
+            workdir = cache_dir() / "kind" / "clusters" / each
+            cluster = KindCluster(engine, name=each, node_image="", binaries=Path(kindbin or ""), workdir=workdir)
             cluster.created = cluster.exists()
             cluster.stop()
     finally:

@@ -84,6 +84,7 @@ def test_an_api_port_already_taken_is_named(cluster: Any) -> None:
     _the_suites_cluster_is_untouched(cluster)
 
 
+@pytest.mark.serial  # makes a node container: a host network link, which the test below counts
 @pytest.mark.timeout(DRIVER_S + 240)  # the driver's deadline, then what the test checks after it
 def test_ctrl_c_during_kind_create_leaves_no_container(cluster: Any) -> None:
     name = "zeps-interrupted"

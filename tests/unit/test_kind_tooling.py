@@ -14,12 +14,14 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from zeps.errors import SetupError
 from zeps_dev.docker import CAPABILITIES, SHIM, missing_capabilities
-from zeps_dev.kind import _check_port_free, combined_exit_code, e2e_phases
+from zeps_dev.kind import KindCluster, KindStack, _check_port_free, combined_exit_code, e2e_phases, run_beside
+from zeps_dev.process import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -173,6 +175,98 @@ def test_the_phases_exit_codes_combine_into_the_first_failure() -> None:
     assert combined_exit_code([1, 0]) == 1
     assert combined_exit_code([0, 2]) == 2
     assert combined_exit_code([5, 1]) == 1
+
+
+#: the shared phase's stand-in: blocks on a FIFO until the serial phase's stand-in opens it to write
+#: (bounded by an alarm), says so, exits 0; had the phases run one after the other, the alarm would
+#: end it with exit 2
+WAITS_FOR_THE_OTHER = """
+import signal, sys
+signal.signal(signal.SIGALRM, lambda *_: sys.exit(2))
+signal.alarm(60)
+with open(sys.argv[1]) as fifo:
+    fifo.read()
+print("shared: saw the serial phase running", flush=True)
+"""
+
+
+def test_the_serial_phase_runs_beside_the_shared_one_its_output_after(tmp_path: Path, capfd: Any) -> None:
+    """Two real processes: the first runs while the second is prepared and runs (it waits for the
+    second to open a FIFO), each exit code is kept, the second's output comes after the first's."""
+    fifo = tmp_path / "serial-running"
+    os.mkfifo(fifo)
+    serial = [sys.executable, "-c", "import sys; open(sys.argv[1], 'w').close(); print('serial: done'); sys.exit(1)",
+              str(fifo)]  # fmt: skip
+    timings: dict[str, float] = {}
+    codes = run_beside([sys.executable, "-c", WAITS_FOR_THE_OTHER, str(fifo)], dict(os.environ),
+                       prepare_second=lambda: dict(os.environ), second=serial, log=tmp_path / "serial.log",
+                       timings=timings)  # fmt: skip
+    assert codes == [0, 1]
+    out = capfd.readouterr().out
+    assert out.index("shared: saw the serial phase running") < out.index("serial: done")
+    assert set(timings) == {"shared_tests_s", "serial_tests_s"}
+
+
+def test_a_serial_cluster_that_cannot_be_made_fails_the_run_and_the_shared_phase_still_ends(tmp_path: Path) -> None:
+    def cannot() -> dict[str, str]:
+        raise SetupError("no room for a second cluster")
+
+    shared = [sys.executable, "-c", "print('shared: done')"]
+    codes = run_beside(
+        shared, dict(os.environ), prepare_second=cannot, second=["false"], log=tmp_path / "log", timings={}
+    )
+    assert codes == [0, 3]
+    assert combined_exit_code(codes) == 3
+
+
+def test_an_interrupted_serial_phase_stops_the_shared_one_with_a_ctrl_c(tmp_path: Path) -> None:
+    """Ctrl-C (or any error) while the serial cluster is made: the shared pytest gets SIGINT (its
+    own teardown runs) and is gone before run_beside returns."""
+    pid_file = tmp_path / "pid"
+    started = "import os, pathlib, signal, sys; pathlib.Path(sys.argv[1]).write_text(str(os.getpid())); signal.pause()"
+    shared = [sys.executable, "-c", started, str(pid_file)]
+
+    def interrupted() -> dict[str, str]:
+        wait_until(pid_file.exists, timeout=30, what="the shared phase to start")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_beside(
+            shared, dict(os.environ), prepare_second=interrupted, second=["true"], log=tmp_path / "log", timings={}
+        )
+    assert not Path(f"/proc/{pid_file.read_text()}").exists(), "the shared phase still runs (or was never reaped)"
+
+
+def test_the_serial_cluster_runs_its_stacks_images_in_its_engine_on_a_port_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The companion builds nothing (a source edited meanwhile would give it other images) and starts
+    no engine of its own; a fixed ZEPS_KIND_API_PORT stays the suite's cluster's."""
+    monkeypatch.setenv("ZEPS_KIND_API_PORT", "39999")
+    monkeypatch.setenv("ZEPS_CACHE_DIR", str(tmp_path))
+    stack = KindStack(
+        binaries=tmp_path, zookeeper_home=tmp_path, venv_python=Path(sys.executable), spark=True, workers=3
+    )
+    stack.zeps_image, stack.zookeeper_image, stack.spark_image = "zeps:1", "zeps-zookeeper:2", "zeps-spark:3"
+    stack.seaweedfs_image, stack.prometheus_image, stack.csi_image = (
+        "zeps-seaweedfs:4",
+        "zeps-prometheus:5",
+        "zeps-csi:6",
+    )
+    stack.preloaded, stack.network_policy_image = ("zeps-zookeeper:2",), "zeps-kube-router:7"
+    stack.cluster = KindCluster(stack.engine, name="zeps-e2e", node_image="zeps/kind-node:8", binaries=tmp_path,
+                                workdir=tmp_path)  # fmt: skip
+    companion = stack.companion()
+    assert companion.engine is stack.engine and companion.shares_engine and not stack.shares_engine
+    assert companion.cluster_name == "zeps-e2e-serial" and (stack.api_port, companion.api_port) == (39999, 0)
+    assert companion.build_images() == "zeps/kind-node:8"
+    assert (companion.zeps_image, companion.zookeeper_image, companion.spark_image) == (
+        "zeps:1",
+        "zeps-zookeeper:2",
+        "",
+    )
+    assert (companion.preloaded, companion.network_policy_image) == (stack.preloaded, stack.network_policy_image)
+    assert companion.workers == 3 and not companion.spark
 
 
 def test_down_with_nothing_kept_starts_no_engine(tmp_path: Path) -> None:
