@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss
 from kazoo.retry import RetryFailedError
 
@@ -72,17 +73,13 @@ def test_a_client_reopening_its_session_gives_up_on_a_server_that_takes_the_conn
     gives up after 2 s, and its next connection, answered, keeps the session."""
     client = connect(proxy.address, session_timeout=6)
     try:
-        session = client.client_id[0]
         proxy.silent = True
-        proxy.drop()
-        dropped = time.monotonic()
-        until(lambda: not client.connected, "the client to see the drop")
-        until(lambda: proxy.held == 1, "the first attempt to be taken (and never answered)")
-        proxy.silent = False
-        until(lambda: client.connected, "the client to reconnect", timeout=20)
-        back_s = time.monotonic() - dropped
-        assert client.client_id[0] == session, f"the session expired (reconnected after {back_s:.1f} s)"
-        assert back_s < 4.0
+
+        def first_attempt_unanswered() -> None:
+            until(lambda: proxy.held == 1, "the first attempt to be taken (and never answered)")
+            proxy.silent = False
+
+        assert _drop_and_reconnect(client, proxy, meanwhile=first_attempt_unanswered) < 4.0
     finally:
         client.stop()
         client.close()
@@ -100,22 +97,28 @@ def test_a_client_gives_up_on_a_server_whose_address_drops_its_connects_and_reac
     client = connect(f"127.0.0.1:{gone.getsockname()[1]},{proxy.address}", session_timeout=6)
     try:
         client.randomize_hosts = False  # the gone server first, from the next round on
-        session = client.client_id[0]
-        proxy.drop()  # ends this round (its order random): the client reconnects in the next
-        until(lambda: not client.connected, "the client to see the drop")
-        until(lambda: client.connected, "the client to reconnect", timeout=20)
-        proxy.drop()  # the round after it starts with the gone server
-        dropped = time.monotonic()
-        until(lambda: not client.connected, "the client to see the drop")
-        until(lambda: client.connected, "the client to reconnect", timeout=20)
-        back_s = time.monotonic() - dropped
-        assert client.client_id[0] == session, f"the session expired (reconnected after {back_s:.1f} s)"
-        assert back_s < 4.0
+        _drop_and_reconnect(client, proxy)  # ends this round (its order random): back in the next
+        assert _drop_and_reconnect(client, proxy) < 4.0  # a round that starts with the gone server
     finally:
         client.stop()
         client.close()
         filler.close()
         gone.close()
+
+
+def _drop_and_reconnect(client: KazooClient, proxy: CuttingProxy, meanwhile: Callable[[], None] = lambda: None
+                        ) -> float:  # fmt: skip
+    """Cut the client's connection through ``proxy`` (``meanwhile`` runs once the client saw it) and
+    return the seconds until it was back, in the same session."""
+    session = client.client_id[0]
+    proxy.drop()
+    dropped = time.monotonic()
+    until(lambda: not client.connected, "the client to see the drop")
+    meanwhile()
+    until(lambda: client.connected, "the client to reconnect", timeout=20)
+    back_s = time.monotonic() - dropped
+    assert client.client_id[0] == session, f"the session expired (reconnected after {back_s:.1f} s)"
+    return back_s
 
 
 def _seconds(call: Callable[[], object], raises: type[BaseException], *, most: float = 10.0) -> float:
