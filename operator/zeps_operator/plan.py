@@ -45,6 +45,9 @@ STREAM_LABEL = "zeps.dev/stream"
 #: the label naming a partitioned stream's partition on its broker set (partitions 1 and up)
 PARTITION_LABEL = "zeps.dev/partition"
 METRICS_PORT = 9102
+#: how often the kubelet checks that a broker listens, for its readiness: a roll, a move or a drain
+#: waits for each new broker pod to be ready before its next step (Kubernetes' default is 10 s)
+READINESS_PERIOD_S = 2
 #: the broker image when neither the ZepsStream nor the operator's environment names one
 DEFAULT_BROKER_IMAGE = "ghcr.io/zeps-dev/zeps:0.1.0"
 
@@ -488,7 +491,7 @@ def stream_objects(
         pod_env += [{"name": f"ZEPS_BROKER_ZOOKEEPER_{key.upper()}",
                      "valueFrom": {"secretKeyRef": {"name": NAMESPACE_AUTH_SECRET, "key": key}}}
                     for key in ("user", "password")]  # fmt: skip
-    probe = {"tcpSocket": {"port": "zeps"}, "periodSeconds": 10}
+    probe = {"tcpSocket": {"port": "zeps"}}
     resources = spec.resources
     container = {
         "name": "broker",
@@ -499,8 +502,8 @@ def stream_objects(
         "env": pod_env,
         "ports": [{"name": "zeps", "containerPort": port}, {"name": "metrics", "containerPort": METRICS_PORT}],
         "volumeMounts": mounts,
-        "readinessProbe": {**probe, "initialDelaySeconds": 2},
-        "livenessProbe": {**probe, "initialDelaySeconds": 10, "failureThreshold": 6},
+        "readinessProbe": {**probe, "initialDelaySeconds": 1, "periodSeconds": READINESS_PERIOD_S},
+        "livenessProbe": {**probe, "initialDelaySeconds": 10, "periodSeconds": 10, "failureThreshold": 6},
         "resources": {"requests": dict(resources.requests), "limits": dict(resources.limits)},
         "securityContext": {
             "runAsNonRoot": True,

@@ -27,6 +27,12 @@ def _objects(spec: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     return {o["kind"]: o for o in made}
 
 
+def _workload(spec: dict[str, Any]) -> dict[str, Any]:
+    """The broker Deployment's or StatefulSet's spec."""
+    made = _objects(spec)
+    return dict((made.get("Deployment") or made["StatefulSet"])["spec"])
+
+
 def test_a_stream_gets_a_broker_with_one_writer_per_journal() -> None:
     objects = _objects()
     assert set(objects) == {"ConfigMap", "PersistentVolumeClaim", "Deployment", "Service"}
@@ -44,6 +50,18 @@ def test_a_stream_gets_a_broker_with_one_writer_per_journal() -> None:
     env = objects["ConfigMap"]["data"]
     assert env["ZEPS_BROKER_ADVERTISE"] == "tcp://prices-broker.shop.svc:5555"
     assert env["ZEPS_BROKER_MEMBER"] == "prices-0" and env["ZEPS_BROKER_ZOOKEEPER"] == "zk:2181"
+
+
+def test_a_broker_pod_is_ready_within_two_seconds_of_listening_and_restarted_only_after_a_minute_silent() -> None:
+    """A roll, a move or a drain waits for each new broker pod's readiness (operations.md, "Changing a
+    running stream"): the kubelet checks the port every 2 s, not Kubernetes' default 10; liveness
+    stays patient."""
+    for spec in ({}, {"replicas": 3}):
+        [container] = _workload(spec)["template"]["spec"]["containers"]
+        ready, alive = container["readinessProbe"], container["livenessProbe"]
+        assert ready["tcpSocket"] == alive["tcpSocket"] == {"port": "zeps"}
+        assert ready["periodSeconds"] == 2 and ready["initialDelaySeconds"] <= 2
+        assert alive["periodSeconds"] * alive["failureThreshold"] >= 60
 
 
 def test_brokers_get_the_zookeeper_ca_where_the_operator_has_one(
