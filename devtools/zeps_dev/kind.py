@@ -874,6 +874,14 @@ def _pytest(args: Sequence[str]) -> list[str]:
     return [str(REPOSITORY / ".venv" / "bin" / "python"), "-m", "pytest", "e2e", *args]
 
 
+def _sigint_as_ctrl_c() -> None:
+    """In a child, before it runs: SIGINT back to its default, which Python turns into Ctrl-C. A job
+    started in the background of a shell (``make e2e &``, a CI runner's) inherits SIGINT ignored, and
+    then run_beside's SIGINT would not stop the first phase (waited for two minutes, then killed,
+    its teardown never run)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_beside(
     first: Sequence[str],
     first_env: dict[str, str],
@@ -890,7 +898,7 @@ def run_beside(
     still waited for. Ctrl-C or an error stops the first before it returns (pytest's own Ctrl-C).
     Each phase's seconds go into ``timings`` (``<name>_tests_s``)."""
     started = time.monotonic()
-    proc = subprocess.Popen(first, env=first_env, cwd=REPOSITORY)
+    proc = subprocess.Popen(first, env=first_env, cwd=REPOSITORY, preexec_fn=_sigint_as_ctrl_c)  # noqa: PLW1509
     try:
         second_code = NO_TESTS_COLLECTED
         try:
@@ -1007,14 +1015,11 @@ def prepare_e2e_stack() -> int:
     """``make e2e-stack``: what ``make e2e`` starts before its suite (images, cluster, chart), left
     running for it (:meth:`KindStack.prepare`); ``python -m zeps_dev.kind down`` removes it."""
     stack = kind_stack_from_env(spark=True, workers=E2E_WORKERS, keep=False, detached=True)
-    companion = stack.companion() if E2E_SERIAL_CLUSTER else None
+    # Not the serial tests' cluster (ZEPS_E2E_SERIAL_CLUSTER=1): make e2e makes it beside its shared
+    # tests. Made here, beside make test, it slowed make test by as much as it saved (benchmarks/README.md).
     try:
         stack.prepare()
-        if companion is not None:
-            companion.prepare()
     except BaseException:
-        if companion is not None:
-            companion.stop()
         stack.stop()
         raise
     return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -219,22 +220,34 @@ def test_a_serial_cluster_that_cannot_be_made_fails_the_run_and_the_shared_phase
     assert combined_exit_code(codes) == 3
 
 
-def test_an_interrupted_serial_phase_stops_the_shared_one_with_a_ctrl_c(tmp_path: Path) -> None:
-    """Ctrl-C (or any error) while the serial cluster is made: the shared pytest gets SIGINT (its
-    own teardown runs) and is gone before run_beside returns."""
-    pid_file = tmp_path / "pid"
-    started = "import os, pathlib, signal, sys; pathlib.Path(sys.argv[1]).write_text(str(os.getpid())); signal.pause()"
-    shared = [sys.executable, "-c", started, str(pid_file)]
+@pytest.mark.parametrize("sigint", ["as-in-a-terminal", "ignored-as-in-a-background-job"])
+def test_an_interrupted_serial_phase_stops_the_shared_one_with_a_ctrl_c(tmp_path: Path, sigint: str) -> None:
+    """Ctrl-C (or any error) while the serial cluster is made: the shared pytest gets SIGINT as a
+    KeyboardInterrupt (its own teardown runs) and is gone before run_beside returns, also when make e2e
+    was started in a shell's background (SIGINT ignored, and inherited so)."""
+    pid_file, teardown = tmp_path / "pid", tmp_path / "teardown-ran"
+    started = (
+        "import os, pathlib, signal, sys; pathlib.Path(sys.argv[1]).write_text(str(os.getpid()))\n"
+        "try:\n    signal.pause()\nexcept KeyboardInterrupt:\n    pathlib.Path(sys.argv[2]).touch()"
+    )
+    shared = [sys.executable, "-c", started, str(pid_file), str(teardown)]
 
     def interrupted() -> dict[str, str]:
         wait_until(pid_file.exists, timeout=30, what="the shared phase to start")
         raise KeyboardInterrupt
 
-    with pytest.raises(KeyboardInterrupt):
-        run_beside(
-            shared, dict(os.environ), prepare_second=interrupted, second=["true"], log=tmp_path / "log", timings={}
-        )
+    before = signal.getsignal(signal.SIGINT)
+    if sigint.startswith("ignored"):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_beside(
+                shared, dict(os.environ), prepare_second=interrupted, second=["true"], log=tmp_path / "log", timings={}
+            )
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert not Path(f"/proc/{pid_file.read_text()}").exists(), "the shared phase still runs (or was never reaped)"
+    assert teardown.exists(), "the shared phase was killed, not interrupted: its teardown did not run"
 
 
 def test_the_serial_cluster_runs_its_stacks_images_in_its_engine_on_a_port_of_its_own(
