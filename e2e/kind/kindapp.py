@@ -255,6 +255,7 @@ def seaweedfs(app: App, bucket: str, key: str, secret: str) -> None:
     app.apply({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "seaweedfs"},
                "spec": {"selector": {"app": "seaweedfs"}, "ports": [{"port": 8333, "name": "s3"}]}})  # fmt: skip
     app.cluster.kubectl("rollout", "status", "deployment/seaweedfs", "-n", app.ns, "--timeout=180s", timeout=210)
+    _seaweedfs_takes_writes(app)
     shell = ["exec", "-i", "-n", app.ns, "deploy/seaweedfs", "--", "weed", "shell", "-master=127.0.0.1:9333"]
 
     def bucket_made() -> bool:
@@ -262,6 +263,27 @@ def seaweedfs(app: App, bucket: str, key: str, secret: str) -> None:
         return f"created bucket {bucket}" in out
 
     app.cluster.wait_for(f"bucket {bucket}", bucket_made, timeout=120, interval=3)
+
+
+def _seaweedfs_takes_writes(app: App) -> None:
+    """Wait until SeaweedFS stores a blob (``weed upload``: the master assigns it to the volume server).
+    Once, beside a busy machine, its volume server never registered with its master, and every write
+    failed for minutes (``no volume server capacity registered yet``) while the S3 port was open: such
+    a pod is started again, once, its log printed first."""
+    upload = ["exec", "-n", app.ns, "deploy/seaweedfs", "--", "sh", "-c",
+              "echo probe > /tmp/zeps-probe && weed upload -master=127.0.0.1:9333 /tmp/zeps-probe"]  # fmt: skip
+
+    def stored() -> bool:
+        return '"fid"' in str(app.cluster.kubectl(*upload, check=False))
+
+    try:
+        app.cluster.wait_for("SeaweedFS to store a blob", stored, timeout=120, interval=3)
+    except AssertionError as exc:
+        log = app.cluster.kubectl("logs", "-n", app.ns, "deploy/seaweedfs", "--tail=60", check=False)
+        print(f"SeaweedFS stored nothing ({exc}); its pod is started again. Its log's end:\n{log}", flush=True)
+        app.cluster.kubectl("delete", "pod", "-n", app.ns, "-l", "app=seaweedfs", "--wait=false")
+        app.cluster.kubectl("rollout", "status", "deployment/seaweedfs", "-n", app.ns, "--timeout=180s", timeout=210)
+        app.cluster.wait_for("SeaweedFS, started again, to store a blob", stored, timeout=120, interval=3)
 
 
 def _listing(text: str) -> list[str]:
