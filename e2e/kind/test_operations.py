@@ -115,7 +115,10 @@ def test_a_drain_of_the_leaders_node_and_a_roll_held_by_a_stopped_follower_lose_
         app.apply(_stream(resources={"limits": {"memory": "768Mi"}}))  # a new template
         cluster.wait_for(f"the roll restarting {HELD}", lambda: any(e["message"].startswith(f"{HELD} ")
                          for e in app.rolled_pods()), timeout=180, interval=1)  # fmt: skip
-        assert app.condition(STREAM, "Rolling").get("status") == "True"
+        # the RollingPod event is posted as the pod is deleted; the Rolling condition comes with the
+        # status patch at the end of the operator's handler, a moment later
+        cluster.wait_for("the Rolling condition True", lambda: app.condition(STREAM, "Rolling").get("status") == "True",
+                         timeout=60, interval=1)  # fmt: skip
     finally:
         subprocess.run(["docker", "exec", held_node, "kill", "-CONT", *pids], capture_output=True, timeout=60,
                        check=False)  # its pod may be gone already  # fmt: skip
