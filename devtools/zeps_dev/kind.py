@@ -55,11 +55,11 @@ E2E_WORKERS = 3
 #: pytest-xdist workers for the e2e tests that keep to their own namespaces (``ZEPS_E2E_LANES``; 1: one
 #: at a time). Two: on 2 cores the suite one test at a time keeps them about half busy.
 E2E_LANES = int(os.environ.get("ZEPS_E2E_LANES", "2"))
-#: ``ZEPS_E2E_SERIAL_CLUSTER=1``: the ``serial`` e2e tests on a second cluster of their own, beside
-#: the shared ones, not after them on the one cluster. Alone they keep the cores about half idle for
-#: 10-14 minutes; beside the shared phase both cores are full, which slows it (the Spark tests most),
-#: and in a cold CI run making the second cluster slowed ``make test`` as much as the suite gained
-#: (benchmarks/README.md): so it is not the default.
+#: ``ZEPS_E2E_SERIAL_CLUSTER=1``: the ``serial`` e2e tests on a second cluster of their own, made by
+#: ``make e2e`` beside the shared tests, not after them on the one cluster. Alone they keep the cores
+#: about half idle for 10-14 minutes; beside the shared phase both cores are full, which slows it (the
+#: Spark tests most) and puts every test under more load: it saves about 4 minutes of a cold CI run
+#: (benchmarks/README.md), and is not the default.
 E2E_SERIAL_CLUSTER = os.environ.get("ZEPS_E2E_SERIAL_CLUSTER", "0") == "1"
 #: the second cluster's name: the suite's cluster's with this after it
 SERIAL_SUFFIX = "-serial"
