@@ -58,7 +58,7 @@ E2E_LANES = int(os.environ.get("ZEPS_E2E_LANES", "2"))
 #: ``ZEPS_E2E_SERIAL_CLUSTER=1``: the ``serial`` e2e tests on a second cluster of their own, made by
 #: ``make e2e`` beside the shared tests, not after them on the one cluster. Alone they keep the cores
 #: about half idle for 10-14 minutes; beside the shared phase both cores are full, which slows it (the
-#: Spark tests most) and puts every test under more load: it saves about 4 minutes of a cold CI run
+#: Spark tests most) and puts every test under more load: it shortens a cold CI run by a few minutes
 #: (benchmarks/README.md), and is not the default.
 E2E_SERIAL_CLUSTER = os.environ.get("ZEPS_E2E_SERIAL_CLUSTER", "0") == "1"
 #: the second cluster's name: the suite's cluster's with this after it
@@ -944,7 +944,7 @@ def run_e2e(pytest_args: Sequence[str]) -> int:
             companion = stack.companion()
 
             def serial_cluster() -> dict[str, str]:
-                companion.start()  # adopts the one make e2e-stack prepared, or makes it now
+                companion.start()  # made now: make e2e-stack prepares only the suite's cluster
                 _say(f"serial tests on cluster {companion.cluster_name}: pytest {' '.join(serial)}")
                 return {**os.environ, **companion.env()}
 
