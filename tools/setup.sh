@@ -13,6 +13,7 @@
 #   promtool   — Prometheus's promtool (and server) from Debian's prometheus package, unpacked into the
 #                cache (nothing installed, no service started): the alert rules' tests in `make test`
 #   bench      — what only the benchmarks need: nats-server built from its pinned Go module (the JetStream baseline)
+#                and an optimised weed (ZEPS_WEED: the S3 store's benchmarks)
 # Writes .zeps-env (git-ignored): the environment variables that point the harness at the cache.
 # Every step says what it does; a missing tool stops setup with one line naming it and the fix.
 set -euo pipefail
@@ -181,11 +182,14 @@ setup_promtool() {
   set_env ZEPS_PROMTOOL "$dir/root/usr/bin/promtool"
 }
 
-setup_bench() {  # nats-server from its pinned Go module (tools/testbin/nats-server): the JetStream baseline
+setup_bench() {  # nats-server from its pinned Go module (tools/testbin/nats-server): the JetStream baseline;
+  # and an optimised weed (the test set's is built without optimisation), for the S3 store's benchmarks
   local bin
-  bin=$(tools/testbin/build.sh bench) || fail "building nats-server failed (above)"
+  bin=$(tools/testbin/build.sh bench) || fail "building nats-server or weed failed (above)"
   "$bin/nats-server" --version >/dev/null 2>&1 || fail "the built nats-server does not run ($bin)"
+  "$bin/weed" version >/dev/null 2>&1 || fail "the built weed does not run ($bin)"
   set_env ZEPS_NATS_SERVER "$bin/nats-server"
+  set_env ZEPS_WEED "$bin/weed"
 }
 
 case " $components " in *" testbin "*) start_testbin ;; esac

@@ -11,6 +11,7 @@ server talks to nobody but its own ports.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import urllib.error
 import urllib.request
@@ -32,8 +33,19 @@ _PORTS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", 
 _LOG_TO_STDERR = ("-logtostderr",)
 
 
+#: names an optimised ``weed`` (``tools/setup.sh bench`` builds it for the benchmarks); without it, the
+#: test set's, built without optimisation (``tools/testbin/build.sh``: it does little work in a test)
+ENV_WEED = "ZEPS_WEED"
+
+
 def weed_binary() -> Path:
-    """SeaweedFS's ``weed``, built from its pinned module into ``ZEPS_TESTBIN`` (see :mod:`zeps_dev.testbin`)."""
+    """SeaweedFS's ``weed``: ``ZEPS_WEED``'s if set, else the one built from its pinned module into
+    ``ZEPS_TESTBIN`` (see :mod:`zeps_dev.testbin`)."""
+    optimised = os.environ.get(ENV_WEED, "")
+    if optimised:
+        if not os.access(optimised, os.X_OK):
+            raise SetupError(f"{ENV_WEED}={optimised} is not an executable weed; run tools/setup.sh bench, or unset it")
+        return Path(optimised)
     return testbin.binaries(("weed",)) / "weed"
 
 

@@ -91,3 +91,59 @@ def test_build_sh_if_built_builds_nothing_and_says_so_by_its_exit_code(tmp_path:
     )
     assert result.returncode == 3, result.stderr
     assert not (tmp_path / "cache").exists(), "a check only: nothing built, no folder or lock made"
+
+
+def _fake_go(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """An environment whose ``go`` is a script that records each build's arguments and makes weed and
+    nats-server when asked for them (build.sh runs for real around it)."""
+    bin_dir, log = tmp_path / "fake-go", tmp_path / "go-builds.log"
+    bin_dir.mkdir()
+    go = bin_dir / "go"
+    go.write_text(
+        "#!/bin/sh\n"
+        '[ "$1" = env ] && { echo go1.99-fake; exit 0; }\n'
+        'echo "$*" >> "$GO_LOG"\n'
+        'out=""; prev=""; for a in "$@"; do [ "$prev" = -o ] && out=$a; prev=$a; done\n'
+        'for a in "$@"; do case "$a" in\n'
+        '  */weed) touch "$out/weed" ;;\n'
+        '  */nats-server/v2) touch "$out/nats-server" ;;\n'
+        "esac; done\n"
+    )
+    go.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "GO_LOG": str(log),
+           "ZEPS_CACHE_DIR": str(tmp_path / "cache")}  # fmt: skip
+    return env, log
+
+
+def test_the_tests_weed_is_built_without_optimisation_and_the_benchmarks_weed_with_it(tmp_path: Path) -> None:
+    """build.sh's flags with a recording ``go``: the test set's weed is compiled with -N -l (it does
+    little work in a test), the bench set's (ZEPS_WEED, the S3 store's benchmarks) optimised, and the
+    control plane optimised in both."""
+    env, log = _fake_go(tmp_path)
+    for set_name in ("test", "bench"):
+        result = subprocess.run([str(BUILD_SH), set_name], env=env, capture_output=True, text=True, timeout=60,
+                                check=False)  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert (Path(result.stdout.splitlines()[-1]) / "weed").exists(), f"the {set_name} set names a weed"
+    builds = log.read_text().splitlines()
+    weed = [line for line in builds if line.endswith("github.com/seaweedfs/seaweedfs/weed")]
+    assert len(weed) == 2, builds
+    assert "-gcflags=all=-dwarf=false -N -l" in weed[0], "the tests' weed is not optimised"
+    assert "-N -l" not in weed[1], "the benchmarks' weed is optimised"
+    apiserver = next(line for line in builds if "cmd/kube-apiserver" in line)
+    assert "-N" not in apiserver.split(), "the control plane is optimised"
+
+
+def test_zeps_weed_names_the_weed_a_seaweedfs_server_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from zeps_dev.seaweedfs import ENV_WEED, weed_binary  # noqa: PLC0415
+
+    weed = tmp_path / "weed"
+    weed.write_text("#!/bin/sh\n")
+    monkeypatch.setenv(ENV_WEED, str(weed))
+    with pytest.raises(SetupError, match=r"ZEPS_WEED=.* is not an executable weed; run tools/setup.sh bench"):
+        weed_binary()
+    weed.chmod(0o755)
+    assert weed_binary() == weed
+    monkeypatch.delenv(ENV_WEED)
+    monkeypatch.setenv(testbin.ENV_TESTBIN, str(_folder_with(tmp_path, "weed", *testbin.TEST_BINARIES)))
+    assert weed_binary() == tmp_path / "bin" / "weed", "without it, the test set's"
