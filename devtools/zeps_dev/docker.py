@@ -199,6 +199,16 @@ class DockerEngine(LocalServer):
     def text(self, *args: str, timeout: float = 600) -> str:
         return self.docker(*args, timeout=timeout).stdout.decode().strip()
 
+    def free_space(self) -> tuple[Path, int] | None:
+        """The folder where this engine keeps its images and volumes (its data root: ours, or the
+        one ``docker info`` names for an engine zeps did not start) and the bytes free on its file
+        system; None if that folder is not on this machine (an engine elsewhere)."""
+        root = self.data_root if self.owned else Path(self.text("info", "--format", "{{.DockerRootDir}}"))
+        try:
+            return root, shutil.disk_usage(root).free
+        except OSError:
+            return None
+
     def answers(self) -> bool:
         try:
             return self.docker("info", "--format", "{{.ServerVersion}}", timeout=20, check=False).returncode == 0

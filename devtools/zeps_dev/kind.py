@@ -166,6 +166,9 @@ class KindCluster(LocalServer):
             self.kind("delete", "cluster", "--name", self.name, "--kubeconfig", str(self.kubeconfig))
         if self.api_port:
             _check_port_free(self.api_port)
+        inspected = self.engine.docker("image", "inspect", "--format", "{{.Size}}", self.node_image, check=False)
+        if inspected.returncode == 0:  # else kind says the image is missing
+            _check_disk_for_nodes(self.engine.free_space(), int(inspected.stdout), 1 + self.workers)
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "kind.yaml"
         config.write_text(_kind_config(self.api_port, self.workers))
@@ -530,6 +533,25 @@ def _check_port_free(port: int) -> None:
                 f"port {port} on 127.0.0.1 is taken (ZEPS_KIND_API_PORT): "
                 "choose a free one, or unset it for a random port"
             ) from None
+
+
+def _check_disk_for_nodes(free: tuple[Path, int] | None, image_bytes: int, nodes: int) -> None:
+    """Each kind node's ``/var`` is a Docker volume made as a copy of the node image's (the images
+    preloaded in it) that grows with the images loaded into the node: a cluster needs at least its
+    nodes times the node image's size free on the engine's disk. With less, ``kind create cluster``
+    fails midway with Docker's ``failed to copy files``; this says so before it starts. ``free``:
+    :meth:`DockerEngine.free_space` (None: not known here, nothing checked)."""
+    if free is None:
+        return
+    root, have = free
+    need = nodes * image_bytes
+    if have < need:
+        raise SetupError(
+            f"kind: {have / 1e9:.1f} GB free on the Docker engine's disk ({root}), and a cluster of {nodes} nodes "
+            f"needs at least {need / 1e9:.1f} GB: each node's /var starts as a copy of the node image "
+            f"({image_bytes / 1e9:.1f} GB) and grows with the images loaded into it. Free some space, or give "
+            "the dockerd of zeps a larger disk (ZEPS_DOCKER_ROOT)"
+        )
 
 
 class KindStack(LocalServer):

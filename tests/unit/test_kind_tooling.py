@@ -21,7 +21,15 @@ import pytest
 
 from zeps.errors import SetupError
 from zeps_dev.docker import CAPABILITIES, SHIM, missing_capabilities
-from zeps_dev.kind import KindCluster, KindStack, _check_port_free, combined_exit_code, e2e_phases, run_beside
+from zeps_dev.kind import (
+    KindCluster,
+    KindStack,
+    _check_disk_for_nodes,
+    _check_port_free,
+    combined_exit_code,
+    e2e_phases,
+    run_beside,
+)
 from zeps_dev.process import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,6 +88,18 @@ def test_a_port_already_taken_is_named() -> None:
         port = s.getsockname()[1]
         with pytest.raises(SetupError, match=f"port {port} on 127.0.0.1 is taken"):
             _check_port_free(port)
+
+
+def test_a_disk_too_small_for_the_nodes_volumes_is_named_before_kind_starts(tmp_path: Path) -> None:
+    gb = 10**9
+    _check_disk_for_nodes((tmp_path, 9 * gb), 2 * gb, 4)  # 8 GB needed: enough
+    _check_disk_for_nodes(None, 2 * gb, 4)  # an engine elsewhere: not known, not checked
+    with pytest.raises(SetupError) as refused:
+        _check_disk_for_nodes((tmp_path, 7 * gb), 2 * gb, 4)
+    message = str(refused.value)
+    assert f"7.0 GB free on the Docker engine's disk ({tmp_path})" in message
+    assert "a cluster of 4 nodes needs at least 8.0 GB" in message
+    assert "ZEPS_DOCKER_ROOT" in message
 
 
 @pytest.mark.parametrize("command", ["e2e", "images", "base-images", "stack"])
