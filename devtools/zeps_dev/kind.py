@@ -168,7 +168,8 @@ class KindCluster(LocalServer):
             _check_port_free(self.api_port)
         inspected = self.engine.docker("image", "inspect", "--format", "{{.Size}}", self.node_image, check=False)
         if inspected.returncode == 0:  # else kind says the image is missing
-            _check_disk_for_nodes(self.engine.free_space(), int(inspected.stdout), 1 + self.workers)
+            free = self.engine.free_space()
+            _check_disk_for_nodes(free, int(inspected.stdout), 1 + self.workers, ours=self.engine.owned)
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "kind.yaml"
         config.write_text(_kind_config(self.api_port, self.workers))
@@ -535,12 +536,13 @@ def _check_port_free(port: int) -> None:
             ) from None
 
 
-def _check_disk_for_nodes(free: tuple[Path, int] | None, image_bytes: int, nodes: int) -> None:
+def _check_disk_for_nodes(free: tuple[Path, int] | None, image_bytes: int, nodes: int, *, ours: bool) -> None:
     """Each kind node's ``/var`` is a Docker volume made as a copy of the node image's (the images
     preloaded in it) that grows with the images loaded into the node: a cluster needs at least its
     nodes times the node image's size free on the engine's disk. With less, ``kind create cluster``
     fails midway with Docker's ``failed to copy files``; this says so before it starts. ``free``:
-    :meth:`DockerEngine.free_space` (None: not known here, nothing checked)."""
+    :meth:`DockerEngine.free_space` (None: not known here, nothing checked); ``ours``: a dockerd of zeps
+    (whose folder ``ZEPS_DOCKER_ROOT`` moves), else an engine zeps only uses."""
     if free is None:
         return
     root, have = free
@@ -549,8 +551,8 @@ def _check_disk_for_nodes(free: tuple[Path, int] | None, image_bytes: int, nodes
         raise SetupError(
             f"kind: {have / 1e9:.1f} GB free on the Docker engine's disk ({root}), and a cluster of {nodes} nodes "
             f"needs at least {need / 1e9:.1f} GB: each node's /var starts as a copy of the node image "
-            f"({image_bytes / 1e9:.1f} GB) and grows with the images loaded into it. Free some space, or give "
-            "the dockerd of zeps a larger disk (ZEPS_DOCKER_ROOT)"
+            f"({image_bytes / 1e9:.1f} GB) and grows with the images loaded into it. Free some space on it"
+            + (", or give the dockerd of zeps a larger disk (ZEPS_DOCKER_ROOT)" if ours else "")
         )
 
 
