@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from kazoo.security import make_digest_acl_credential
 
-from harness import CLUSTER_TESTS_QUOTA, OPERATOR_AUTH
+from harness import CLUSTER_TESTS_QUOTA, OPERATOR_AUTH, TEST_JVM_FLAGS
 from zeps.coordination import close_shared
 from zeps.errors import SetupError
 from zeps_dev import ControlPlane, OperatorProcess, ZooKeeperServer
@@ -79,7 +79,7 @@ def zookeeper_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKe
     super_digest = make_digest_acl_credential(*OPERATOR_AUTH)
     server = ZooKeeperServer(
         tmp_path_factory.mktemp("zookeeper"),
-        jvm_flags=[f"-Dzookeeper.DigestAuthenticationProvider.superDigest={super_digest}"],
+        jvm_flags=[f"-Dzookeeper.DigestAuthenticationProvider.superDigest={super_digest}", *TEST_JVM_FLAGS],
     )
     server.start()
     try:

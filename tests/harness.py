@@ -30,6 +30,13 @@ from zeps_dev.process import ManagedProcess, die_with_parent, free_port, wait_un
 from zeps_dev.volume import PrivateVolume
 from zeps_dev.wallclock import WallClock
 
+#: the JVM flags of what a test starts in Java (its ZooKeeper servers, its Spark drivers and executors,
+#: here and in kind's pods): they live seconds to minutes, so the JIT stops at C1, whose compilations
+#: cost less CPU than C2's give back in that time (measured in benchmarks/README.md, "CI"), and one
+#: thread collects garbage. Only the JIT changes, no behaviour. The JVMs of the benchmarks, the demo,
+#: the examples and the chart keep Java's defaults.
+TEST_JVM_FLAGS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
+
 
 def until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
     """The tests' one way to wait: poll ``check`` every 50 ms until it is true; after ``timeout``

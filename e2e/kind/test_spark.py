@@ -3,8 +3,9 @@ kind, exactly-once under the loss of an executor pod and of the driver pod; and
 examples/spark/spark-submit.sh run as a user would, from this machine (the driver here in client
 mode, the executors in pods connecting back to it at the kind network's gateway).
 
-The manifests are the ones in examples/spark (only the image tag is replaced with the one ``make
-e2e`` built); orders come from a publisher pod (workers/order_publisher.py) whose orders have known
+The manifests are the ones in examples/spark (the image tag is replaced with the one ``make e2e``
+built, and the pipeline's driver and executors get the tests' JVM flags, which change only the JIT);
+orders come from a publisher pod (workers/order_publisher.py) whose orders have known
 totals. Nothing is mocked. Figures are printed as ``FIGURE {...}`` lines (pytest -s shows them).
 """
 
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 from kindapp import ROOT, App, json_lines
 
+from harness import TEST_JVM_FLAGS
 from zeps_dev.kind import spark_kind_figure
 
 SPARK_IMAGE = os.environ.get("ZEPS_E2E_SPARK_IMAGE", "")
@@ -69,8 +71,14 @@ def _publish(app: App, name: str, first: int, count: int, rate: float) -> None:
 
 
 def _driver_manifest() -> str:
-    """examples/spark/driver-pod.yaml with the image built here."""
-    return (EXAMPLES / "driver-pod.yaml").read_text().replace("zeps-spark:0.1.0", SPARK_IMAGE)
+    """examples/spark/driver-pod.yaml with the image built here, and the tests' JVM flags for its
+    driver and executors (``harness.TEST_JVM_FLAGS``: the JIT at C1 only)."""
+    example = (EXAMPLES / "driver-pod.yaml").read_text().replace("zeps-spark:0.1.0", SPARK_IMAGE)
+    last_conf = "        - --conf=spark.sql.shuffle.partitions=4\n"
+    assert example.count(last_conf) == 1, "examples/spark/driver-pod.yaml changed: place the JVM flags anew"
+    flags = " ".join(TEST_JVM_FLAGS)
+    jvms = "".join(f"        - --conf=spark.{jvm}.extraJavaOptions={flags}\n" for jvm in ("driver", "executor"))
+    return example.replace(last_conf, last_conf + jvms)
 
 
 def _totals_of(batch: dict[str, Any]) -> dict[str, Any]:

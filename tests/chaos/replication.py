@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.zkproxy import ZkProxy
-from harness import WORKERS, ReplicaSet, ZooKeeperHarness, until
+from harness import TEST_JVM_FLAGS, WORKERS, ReplicaSet, ZooKeeperHarness, until
 from zeps.errors import SetupError
 from zeps_dev import ZooKeeperServer
 from zeps_dev.volume import PrivateVolume, available_disk
@@ -414,7 +414,7 @@ def main() -> int:
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # the finally blocks stop every process
     root = Path(tempfile.mkdtemp(prefix="zeps-chaos-"))
-    server = ZooKeeperServer(root / "zookeeper")
+    server = ZooKeeperServer(root / "zookeeper", jvm_flags=list(TEST_JVM_FLAGS))
     server.start()
     began = time.monotonic()
     try:

@@ -21,7 +21,7 @@ from kazoo.client import KazooClient
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness import ZooKeeperHarness
+from harness import TEST_JVM_FLAGS, ZooKeeperHarness
 from zeps.broker.certificates import public_key_of
 from zeps.client import StreamClient
 from zeps.coordination import Topic, connect
@@ -232,7 +232,7 @@ class Solo:
 def solo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Solo]:
     tmp = tmp_path_factory.mktemp("solo")
     tls = certificates(tmp / "tls")
-    with ZooKeeperServer(tmp / "zk", tls=tls) as zk, ControlPlane(tmp / "cp") as plane:
+    with ZooKeeperServer(tmp / "zk", tls=tls, jvm_flags=list(TEST_JVM_FLAGS)) as zk, ControlPlane(tmp / "cp") as plane:
         plane.kubectl("apply", "-f", str(Path(__file__).resolve().parents[2] / "crds"))
         plane.kubectl("wait", "--for=condition=Established", "crd/topics.zeps.dev", "--timeout=60s")
         with OperatorProcess(

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from harness import ZooKeeperHarness
+from harness import TEST_JVM_FLAGS, ZooKeeperHarness
 from zeps.broker import BrokerConfig, BrokerServer, Registration
 from zeps.client import StreamClient
 from zeps_dev.process import wait_until
@@ -73,10 +73,10 @@ def test_spark_pipeline_example_publishes_revenue_per_country_once_per_micro_bat
         "ZEPS_NAMESPACE": "shop",
         "PYSPARK_PYTHON": sys.executable,
         "SPARK_LOCAL_IP": "127.0.0.1",
-        # each command is a JVM of its own, short-lived: JIT at C1 only and one GC thread start it
-        # sooner (and leave the other core to the broker); no UI port
-        "PYSPARK_SUBMIT_ARGS": "--conf spark.ui.enabled=false "
-        "--driver-java-options '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC' pyspark-shell",
+        # each command is a JVM of its own, short-lived (TEST_JVM_FLAGS); no UI port
+        "PYSPARK_SUBMIT_ARGS": (
+            f"--conf spark.ui.enabled=false --driver-java-options '{' '.join(TEST_JVM_FLAGS)}' pyspark-shell"
+        ),
     }
 
     def pipeline(*command: str) -> list[dict[str, Any]]:

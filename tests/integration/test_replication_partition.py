@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from harness import WORKERS
+from harness import TEST_JVM_FLAGS, WORKERS
 from zeps.journal import Journal, JournalConfig
 from zeps_dev import ZooKeeperServer
 from zeps_dev.netlab import NetLab, available
@@ -37,7 +37,12 @@ class Lab:
     def __init__(self, lab: NetLab, tmp: Path) -> None:
         self.lab, self.tmp = lab, tmp
         self.zk_address = f"{lab.address(ZK_HOST)}:2181"
-        zk = ZooKeeperServer(tmp / "zk", port=2181, extra_config={"clientPortAddress": lab.address(ZK_HOST)})
+        zk = ZooKeeperServer(
+            tmp / "zk",
+            port=2181,
+            jvm_flags=list(TEST_JVM_FLAGS),
+            extra_config={"clientPortAddress": lab.address(ZK_HOST)},
+        )
         lab.process(ZK_HOST, "zookeeper", zk.argv(), log_path=tmp / "zk" / "zookeeper.log")
         self.brokers: dict[str, ManagedProcess] = {}
         wait_until(lambda: self.state() is not None, timeout=60, what="ZooKeeper in the lab")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import zeps
-from harness import ReplicaSet, ZooKeeperHarness, until
+from harness import TEST_JVM_FLAGS, ReplicaSet, ZooKeeperHarness, until
 from zeps.client import StreamClient
 from zeps.client.discovery import LeaderLocator, discover
 from zeps.coordination import connect
@@ -34,7 +34,7 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ZooKe
     """A server of its own (the session's has no TLS port), and the folder of its certificates."""
     tmp = tmp_path_factory.mktemp("zk-tls")
     tls = certificates(tmp / "tls")
-    with ZooKeeperServer(tmp / "zk", tls=tls, heap_mb=256) as server:
+    with ZooKeeperServer(tmp / "zk", tls=tls, heap_mb=256, jvm_flags=list(TEST_JVM_FLAGS)) as server:
         yield server, tls
 
 
