@@ -7,7 +7,7 @@ What is built, each cached by a hash of what goes into it (an image whose tag ex
 * the node-side component images kubeadm asks for (``kubeadm config images list``): kube-apiserver,
   kube-controller-manager, kube-scheduler, kube-proxy, etcd, CoreDNS, pause — binaries from
   ``tools/testbin/build.sh kind`` (pause: ``pause.c`` from the pinned Kubernetes module, gcc -static);
-  and the node's add-ons: local-path-provisioner (storage) and kube-router (NetworkPolicy).
+  and the node's NetworkPolicy add-on, kube-router (storage: zeps-csi-hostpath, :meth:`csi_image`).
 * the kind node image (``images/kind-node/Dockerfile``): the node rootfs, kind's node files from the
   pinned kind module, kubelet/kubeadm/kubectl, the component images preloaded into containerd.
   Also kept as a ``docker save`` archive in the cache, so an engine without it loads it in seconds.
@@ -75,12 +75,8 @@ _COMPONENTS: Mapping[str, tuple[str, str | None, str | None]] = {
     "etcd": ("etcd", None, None),
     "coredns": ("coredns", None, "/usr/local/bin/coredns"),
     "pause": ("pause", None, "/usr/local/bin/pause"),
-    "local-path-provisioner": ("local-path-provisioner", None, None),
     "kube-router": ("kube-router", "kube-proxy", "/usr/local/bin/kube-router"),
 }
-# The node's default StorageClass; its helper pod needs a shell: kube-proxy's image (Debian) has one.
-PROVISIONER = "zeps.local/local-path-provisioner"
-STORAGE_HELPER = "kube-proxy"
 # What enforces NetworkPolicy on the nodes (the pod network zeps_dev.kind wires has no policy of its
 # own): kube-router's firewall alone, as a DaemonSet zeps_dev.kind applies (network_policy_controller)
 NETWORK_POLICY = "zeps.local/kube-router"
@@ -137,7 +133,6 @@ class Pins:
     etcd: str
     coredns: str
     kind: str
-    local_path: str
     kube_router: str
 
     @classmethod
@@ -147,7 +142,6 @@ class Pins:
             etcd=_go_mod_version("etcd", "go.etcd.io/etcd/server/v3"),
             coredns=_go_mod_version("coredns", "github.com/coredns/coredns"),
             kind=_go_mod_version("kind", "sigs.k8s.io/kind"),
-            local_path=_go_mod_version("local-path", "github.com/rancher/local-path-provisioner"),
             kube_router=_go_mod_version("kube-router", "github.com/cloudnativelabs/kube-router/v2"),
         )
 
@@ -283,9 +277,9 @@ class ImageBuilder:
                 )
 
     def node_images(self) -> list[str]:
-        """What the node preloads: every image kubeadm lists (tagged as kubeadm names them), the
-        storage provisioner's and the NetworkPolicy controller's."""
-        return [*self.kubeadm_images(), f"{PROVISIONER}:{self.pins.local_path}", self.network_policy_image]
+        """What the node preloads: every image kubeadm lists (tagged as kubeadm names them) and the
+        NetworkPolicy controller's."""
+        return [*self.kubeadm_images(), self.network_policy_image]
 
     @property
     def network_policy_image(self) -> str:
@@ -369,10 +363,6 @@ class ImageBuilder:
             for b in binaries:
                 shutil.copy2(b, context / "bin" / b.name)
             (context / "version").write_text(self.pins.kubernetes + "\n")
-            helper = next(r for r in refs if r.rsplit("/", 1)[-1].startswith(f"{STORAGE_HELPER}:"))
-            storage = (IMAGES / "kind-node" / "default-storage.yaml").read_text()
-            storage = storage.replace("${PROVISIONER_IMAGE}", f"{PROVISIONER}:{self.pins.local_path}")
-            (context / "default-storage.yaml").write_text(storage.replace("${HELPER_IMAGE}", helper))
             archive_tar = Path(tmp) / "images.tar"  # not in the build context: it is never a layer
             with archive_tar.open("wb") as out:
                 saved = subprocess.run(["docker", "save", *refs, *preload], stdout=out, env=self.engine.env,

@@ -430,18 +430,22 @@ def _node_agent(name: str, rules: list[dict[str, Any]], pod: dict[str, Any]) -> 
     ]  # fmt: skip
 
 
-#: the StorageClass whose volumes grow in place (:func:`expandable_storage`), and its CSI driver
+#: the StorageClass whose volumes grow in place (:func:`expandable_storage`), and its CSI driver: the
+#: driver of the node image's default class "standard" too (images/kind-node/default-storage.yaml)
 EXPANDABLE_STORAGE = "zeps-expandable"
 CSI_DRIVER = "hostpath.csi.zeps.dev"
 
 
 def expandable_storage(image: str) -> list[dict[str, Any]]:
-    """A StorageClass whose claims can grow (``allowVolumeExpansion``), for the tests of a stream's
-    storage grown in place: kind's local-path provisioner cannot expand a volume. Its CSI driver,
-    zeps-csi-hostpath (tools/testbin/csi), keeps each volume as a folder on its node, beside the
-    upstream external-provisioner (one per node, ``--node-deployment``: a volume is made and deleted
-    on the node the scheduler chose) and external-resizer (leader-elected), in one DaemonSet on the
-    workers; kubelet then finishes each expansion on the node (NodeExpandVolume), as for a disk."""
+    """The cluster's CSI driver, zeps-csi-hostpath (tools/testbin/csi), and a StorageClass of it whose
+    claims can grow (``allowVolumeExpansion``), named by the tests of a stream's storage grown in
+    place: on kind's own node image too, whose default class (local-path) cannot expand a volume. The
+    node image built here has no other provisioner: its default class "standard" is this driver's
+    (images/kind-node/default-storage.yaml). The driver keeps each volume as a folder on its node,
+    beside the upstream external-provisioner (one per node, ``--node-deployment``: a volume is made
+    and deleted on the node the scheduler chose) and external-resizer (leader-elected), in one
+    DaemonSet on the workers; kubelet then finishes each expansion on the node (NodeExpandVolume), as
+    for a disk."""
     name, plugin = "zeps-csi", f"/var/lib/kubelet/plugins/{CSI_DRIVER}"
     read = ["get", "list", "watch"]
     rules = [

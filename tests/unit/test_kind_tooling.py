@@ -22,12 +22,15 @@ import pytest
 from zeps.errors import SetupError
 from zeps_dev.docker import CAPABILITIES, SHIM, missing_capabilities
 from zeps_dev.kind import (
+    CSI_DRIVER,
+    EXPANDABLE_STORAGE,
     KindCluster,
     KindStack,
     _check_disk_for_nodes,
     _check_port_free,
     combined_exit_code,
     e2e_phases,
+    expandable_storage,
     run_beside,
 )
 from zeps_dev.process import wait_until
@@ -326,3 +329,22 @@ def test_down_with_nothing_kept_starts_no_engine(tmp_path: Path) -> None:
     assert "nothing to remove" in result.stdout
     assert not root.exists(), "down made an engine's folder: it started one"
     assert not note.exists(), "the note of a stack that no longer runs was left for make e2e"
+
+
+def test_the_node_images_default_storage_class_is_the_csi_driver_zeps_dev_kind_installs() -> None:
+    """kind installs images/kind-node/default-storage.yaml as the cluster's default StorageClass: its
+    provisioner must be the driver expandable_storage runs (no other provisioner is in the node image,
+    so a claim of another would never bind), binding a claim on the node its pod was placed on, and
+    its volumes can grow, as those of the class the expansion tests name."""
+    import yaml  # noqa: PLC0415
+
+    (default,) = list(yaml.safe_load_all((ROOT / "images" / "kind-node" / "default-storage.yaml").read_text()))
+    installed = {o["kind"]: o for o in expandable_storage("zeps-csi:test")}
+    assert default["kind"] == "StorageClass" and default["metadata"]["name"] == "standard"
+    assert default["metadata"]["annotations"]["storageclass.kubernetes.io/is-default-class"] == "true"
+    assert default["provisioner"] == CSI_DRIVER == installed["CSIDriver"]["metadata"]["name"]
+    expandable = installed["StorageClass"]
+    assert expandable["metadata"]["name"] == EXPANDABLE_STORAGE != default["metadata"]["name"]
+    for key in ("provisioner", "volumeBindingMode", "reclaimPolicy", "allowVolumeExpansion"):
+        assert default[key] == expandable[key], key
+    assert default["volumeBindingMode"] == "WaitForFirstConsumer"

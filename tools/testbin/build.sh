@@ -4,9 +4,9 @@
 #   test (default)  the cluster tier of `make test`: etcd, kube-apiserver, kube-controller-manager,
 #                   kube-scheduler, kubectl, kwok, helm; and SeaweedFS's weed (the batch stores' S3 server)
 #   kind            what `make e2e` adds for a kind cluster built here: kind, kubelet, kubeadm,
-#                   kube-proxy, CoreDNS, local-path-provisioner and kube-router (the node image and its
-#                   images; kube-router enforces NetworkPolicy), and the CSI driver and sidecars of
-#                   the StorageClass whose volumes grow (zeps-csi-hostpath)
+#                   kube-proxy, CoreDNS and kube-router (the node image and its images; kube-router
+#                   enforces NetworkPolicy), and the CSI driver and sidecars of the node's
+#                   StorageClasses, whose volumes can grow (zeps-csi-hostpath)
 #   bench           what only the benchmarks need: nats-server (JetStream, their baseline) and an
 #                   optimised weed (the test set's is built without optimisation: see gcflags below)
 #
@@ -34,7 +34,7 @@ goversion=$(go env GOVERSION)
 keys=""
 
 # build name -> the module directory beside this script, and the packages it builds from it
-declare -A module=([etcd]=etcd [k8s]=k8s [kwok]=kwok [helm]=helm [k8s-node]=k8s [kind]=kind [coredns]=coredns [local-path]=local-path [kube-router]=kube-router [seaweedfs]=seaweedfs [seaweedfs-optimised]=seaweedfs [nats-server]=nats-server [csi]=csi)
+declare -A module=([etcd]=etcd [k8s]=k8s [kwok]=kwok [helm]=helm [k8s-node]=k8s [kind]=kind [coredns]=coredns [kube-router]=kube-router [seaweedfs]=seaweedfs [seaweedfs-optimised]=seaweedfs [nats-server]=nats-server [csi]=csi)
 declare -A targets=(
   [etcd]="."
   [k8s]="k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl"
@@ -43,7 +43,6 @@ declare -A targets=(
   [k8s-node]="k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubeadm k8s.io/kubernetes/cmd/kube-proxy"
   [kind]="sigs.k8s.io/kind"
   [coredns]="."
-  [local-path]="github.com/rancher/local-path-provisioner"
   [kube-router]="github.com/cloudnativelabs/kube-router/v2/cmd/kube-router"
   [seaweedfs]="github.com/seaweedfs/seaweedfs/weed"
   [seaweedfs-optimised]="github.com/seaweedfs/seaweedfs/weed"
@@ -52,7 +51,7 @@ declare -A targets=(
 )
 case "$set_name" in
   test) builds="etcd k8s kwok helm seaweedfs" ;;
-  kind) builds="etcd k8s kwok helm seaweedfs k8s-node kind coredns local-path kube-router csi" ;;
+  kind) builds="etcd k8s kwok helm seaweedfs k8s-node kind coredns kube-router csi" ;;
   bench) builds="nats-server seaweedfs-optimised" ;;
   *) echo "setup: unknown binary set '$set_name' (test, kind, bench)" >&2; exit 2 ;;
 esac
@@ -72,7 +71,6 @@ declare -A ldflags=(
   [k8s-node]="$(stamp)"
   [kind]=""
   [coredns]=""
-  [local-path]=""
   [kube-router]=""
   [seaweedfs]=""
   [seaweedfs-optimised]=""
@@ -90,7 +88,7 @@ declare -A ldflags=(
 # control plane's build (flags differ: nothing is shared). kwok and the CSI driver share a quarter of
 # theirs and stay optimised, as do the control plane, etcd, the node's binaries, kube-router (on every
 # node) and the benchmarks' servers. The standard library is compiled once more with these flags.
-declare -A unoptimised=([seaweedfs]=1 [coredns]=1 [local-path]=1 [helm]=1 [kind]=1)
+declare -A unoptimised=([seaweedfs]=1 [coredns]=1 [helm]=1 [kind]=1)
 
 for mod in $builds; do
   dir="$here/${module[$mod]}"
