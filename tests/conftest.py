@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-from harness import TEST_JVM_FLAGS, PlainPartitions, ReplicaSet, ZooKeeperHarness, fresh_py4j_connection
+from harness import TEST_JVM_OPTIONS, PlainPartitions, ReplicaSet, ZooKeeperHarness, fresh_py4j_connection
 from zeps_dev import ZooKeeperServer
 from zeps_dev.seaweedfs import SeaweedFS
 
@@ -124,7 +124,7 @@ def spark_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.ui.enabled", "false")
-        .config("spark.driver.extraJavaOptions", " ".join(TEST_JVM_FLAGS))  # local mode: the executors' JVM too
+        .config("spark.driver.extraJavaOptions", TEST_JVM_OPTIONS)  # local mode: the executors' JVM too
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.warehouse.dir", str(warehouse))
         .config("spark.pyspark.python", sys.executable)

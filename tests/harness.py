@@ -33,9 +33,11 @@ from zeps_dev.wallclock import WallClock
 #: the JVM flags of what a test starts in Java (its ZooKeeper servers, its Spark drivers and executors,
 #: here and in kind's pods): they live seconds to minutes, so the JIT stops at C1, whose compilations
 #: cost less CPU than C2's give back in that time (measured in benchmarks/README.md, "CI"), and one
-#: thread collects garbage. Only the JIT changes, no behaviour. The JVMs of the benchmarks, the demo,
-#: the examples and the chart keep Java's defaults.
+#: thread collects garbage. Only the JIT changes, no behaviour. The JVMs of the benchmarks, of
+#: `make demo`, of the examples as users run them and of the chart keep Java's defaults.
 TEST_JVM_FLAGS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
+#: the same as one option string: Spark's extraJavaOptions, the JVM's JAVA_TOOL_OPTIONS
+TEST_JVM_OPTIONS = " ".join(TEST_JVM_FLAGS)
 
 
 def until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:

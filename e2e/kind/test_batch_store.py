@@ -13,7 +13,7 @@ from typing import Any
 
 from kindapp import SEAWEEDFS_IMAGE, App, json_lines, seaweedfs
 
-from harness import TEST_JVM_FLAGS
+from harness import TEST_JVM_OPTIONS
 
 SPARK_IMAGE = os.environ.get("ZEPS_E2E_SPARK_IMAGE", "")
 BUCKET = "zeps-batches"
@@ -89,8 +89,8 @@ def _driver(app: App) -> dict[str, Any]:
         "spark.executor.cores": "1", "spark.executor.memory": "768m",
         "spark.kubernetes.executor.request.cores": "250m", "spark.scheduler.minRegisteredResourcesRatio": "1.0",
         "spark.scheduler.maxRegisteredResourcesWaitingTime": "240s",
-        "spark.driver.extraJavaOptions": " ".join(TEST_JVM_FLAGS),
-        "spark.executor.extraJavaOptions": " ".join(TEST_JVM_FLAGS),
+        "spark.driver.extraJavaOptions": TEST_JVM_OPTIONS,
+        "spark.executor.extraJavaOptions": TEST_JVM_OPTIONS,
     }  # fmt: skip
     args = ["spark-submit", "--master=k8s://https://kubernetes.default.svc", "--deploy-mode=client",
             "--name=ledger-report", *(f"--conf={k}={v}" for k, v in confs.items()), "/job/report.py"]  # fmt: skip

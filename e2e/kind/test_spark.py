@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from kindapp import ROOT, App, json_lines
 
-from harness import TEST_JVM_FLAGS
+from harness import TEST_JVM_OPTIONS
 from zeps_dev.kind import spark_kind_figure
 
 SPARK_IMAGE = os.environ.get("ZEPS_E2E_SPARK_IMAGE", "")
@@ -72,12 +72,13 @@ def _publish(app: App, name: str, first: int, count: int, rate: float) -> None:
 
 def _driver_manifest() -> str:
     """examples/spark/driver-pod.yaml with the image built here, and the tests' JVM flags for its
-    driver and executors (``harness.TEST_JVM_FLAGS``: the JIT at C1 only)."""
+    driver and executors (``harness.TEST_JVM_OPTIONS``: the JIT at C1 only)."""
     example = (EXAMPLES / "driver-pod.yaml").read_text().replace("zeps-spark:0.1.0", SPARK_IMAGE)
     last_conf = "        - --conf=spark.sql.shuffle.partitions=4\n"
     assert example.count(last_conf) == 1, "examples/spark/driver-pod.yaml changed: place the JVM flags anew"
-    flags = " ".join(TEST_JVM_FLAGS)
-    jvms = "".join(f"        - --conf=spark.{jvm}.extraJavaOptions={flags}\n" for jvm in ("driver", "executor"))
+    jvms = "".join(
+        f"        - --conf=spark.{role}.extraJavaOptions={TEST_JVM_OPTIONS}\n" for role in ("driver", "executor")
+    )
     return example.replace(last_conf, last_conf + jvms)
 
 

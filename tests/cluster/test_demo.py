@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from harness import TEST_JVM_FLAGS
+from harness import TEST_JVM_OPTIONS
 from zeps.errors import SetupError
 from zeps_dev.controlplane import binaries_dir
 from zeps_dev.demo import run
@@ -65,9 +65,9 @@ def _alive(pid: int) -> bool:
 @pytest.fixture(autouse=True)
 def _jvms_at_c1(monkeypatch: pytest.MonkeyPatch) -> None:
     """The demo's JVMs (its ZooKeeper server, the Spark job) as it starts them, at C1 like every JVM of
-    the tests (``harness.TEST_JVM_FLAGS``, through the JVM's own variable); ``make demo`` keeps Java's
+    the tests (``harness.TEST_JVM_OPTIONS``, through the JVM's own variable); ``make demo`` keeps Java's
     defaults."""
-    monkeypatch.setenv("JAVA_TOOL_OPTIONS", " ".join(TEST_JVM_FLAGS))
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", TEST_JVM_OPTIONS)
 
 
 def test_demo_summary_is_consistent_and_everything_stops(tmp_path: Path) -> None:

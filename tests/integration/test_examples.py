@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from harness import TEST_JVM_FLAGS, ZooKeeperHarness
+from harness import TEST_JVM_OPTIONS, ZooKeeperHarness
 from zeps.broker import BrokerConfig, BrokerServer, Registration
 from zeps.client import StreamClient
 from zeps_dev.process import wait_until
@@ -75,7 +75,7 @@ def test_spark_pipeline_example_publishes_revenue_per_country_once_per_micro_bat
         "SPARK_LOCAL_IP": "127.0.0.1",
         # each command is a JVM of its own, short-lived (TEST_JVM_FLAGS); no UI port
         "PYSPARK_SUBMIT_ARGS": (
-            f"--conf spark.ui.enabled=false --driver-java-options '{' '.join(TEST_JVM_FLAGS)}' pyspark-shell"
+            f"--conf spark.ui.enabled=false --driver-java-options '{TEST_JVM_OPTIONS}' pyspark-shell"
         ),
     }
 

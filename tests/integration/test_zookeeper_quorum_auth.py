@@ -26,7 +26,7 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
-from harness import TEST_JVM_FLAGS
+from harness import TEST_JVM_OPTIONS
 from zeps_dev.process import free_port, wait_until
 from zeps_dev.tls import certificates
 from zeps_dev.zookeeper import four_letter, zookeeper_home
@@ -68,7 +68,7 @@ class Server:
         env = {"PATH": os.environ["PATH"], "ZOO_SERVERS": servers, "ZOO_MY_ID": str(self.sid),
                "ZOO_DATA_DIR": str(self.folder / "data"), "ZOO_CLIENT_PORT": str(self.client),
                "ZOO_RUN_DIR": str(self.folder), "ZOO_LIB": str(zookeeper_home() / "lib"), "ZOO_HEAP": "128m",
-               "JAVA_TOOL_OPTIONS": " ".join(TEST_JVM_FLAGS),  # the launcher's java as it is, at C1 (ci.md)
+               "JAVA_TOOL_OPTIONS": TEST_JVM_OPTIONS,  # the launcher's java as it is, at C1 (ci.md)
                **({"ZOO_QUORUM_USER": USER, "ZOO_QUORUM_PASSWORD": password, "ZOO_QUORUM_AUTH": auth}
                   if password else {}),
                **({"ZOO_TLS_DIR": str(tls), "ZOO_QUORUM_TLS": tls_mode} if tls else {}),
