@@ -299,7 +299,9 @@ def test_a_stream_s_volumes_grown_under_load_reach_the_new_size_and_lose_nothing
     def capacities() -> list[int]:
         return [_bytes(app.get("pvc", c).get("status", {}).get("capacity", {}).get("storage", "")) for c in claims]
 
-    assert capacities() == [64 * MI] * 3
+    # Ready wants minInSync (2) brokers: the third claim may still be provisioning (a provisioner
+    # retries a claim it could not save)
+    cluster.wait_for("each claim bound at 64Mi", lambda: capacities() == [64 * MI] * 3, timeout=240, interval=2)
     pods = {p: app.get("pod", p)["metadata"]["uid"] for p in (f"{GROWN}-broker-{i}" for i in range(3))}
     app.run_pod("grow-subscriber", f"exec zeps --json stream replay {GROWN} --since 0 --count {GROW_COUNT} "
                 "--timeout 900")  # fmt: skip
