@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kindapp import OPERATOR_NAMESPACE, STACK_DUMP_LABEL, App, ZooKeeperShell, client_namespace
+from kindapp import OPERATOR_NAMESPACE, STACK_DUMP_LABEL, App, ZooKeeperShell, client_namespace, dump_stacks
 
 _names = itertools.count()
 
@@ -54,7 +54,7 @@ def _dump(cluster: Any, namespace: str, *, tail: int = 60, stacks: bool = True) 
     # stuck worker is stuck, in the log read below.
     dumping = [p["metadata"]["name"] for p in items if STACK_DUMP_LABEL in p["metadata"].get("labels", {})]
     for name in dumping if stacks else []:
-        cluster.kubectl("exec", name, "-n", namespace, "--", "kill", "-USR1", "1", check=False)
+        dump_stacks(cluster, name, namespace)
     for name in dumping if stacks else []:  # faulthandler's dump ends up in the log: wait for it, briefly
         with contextlib.suppress(AssertionError):  # no dump after all: the log below says what there is
             cluster.wait_for(

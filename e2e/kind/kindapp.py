@@ -28,6 +28,14 @@ RELEASE = os.environ.get("ZEPS_E2E_RELEASE", "zeps")
 CHROOT = "/zeps"  # the chart's default zookeeper.chroot
 #: a pod with this label prints its threads' stacks on SIGUSR1 to PID 1; the failure dump asks it to
 STACK_DUMP_LABEL = "zeps-e2e/stack-dump"
+
+
+def dump_stacks(cluster: Any, pod: str, namespace: str) -> None:
+    """SIGUSR1 to ``pod``'s main process: one that registered faulthandler for it prints every
+    thread's stack to its log. The images have no ``kill`` binary: the shell's builtin sends it."""
+    cluster.kubectl("exec", pod, "-n", namespace, "--", "sh", "-c", "kill -USR1 1", check=False)
+
+
 WORKERS = Path(__file__).resolve().parent / "workers"
 CONTROL_PLANE = "node-role.kubernetes.io/control-plane"
 

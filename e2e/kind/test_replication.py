@@ -20,13 +20,24 @@ waiting for confirmations.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kindapp import OPERATOR_NAMESPACE, RELEASE, App, ZooKeeperShell, docker, json_lines, on_control_plane
+from kindapp import (
+    OPERATOR_NAMESPACE,
+    RELEASE,
+    STACK_DUMP_LABEL,
+    App,
+    ZooKeeperShell,
+    docker,
+    dump_stacks,
+    json_lines,
+    on_control_plane,
+)
 
 from zeps_dev.kind import wire_pod_network
 
@@ -44,14 +55,22 @@ def _brokers(app: App) -> dict[str, str]:
     return {p["metadata"]["name"]: p["spec"].get("nodeName", "") for p in pods}
 
 
+#: the ``zeps`` command, with every thread's stack printed to its log on SIGUSR1 (faulthandler): where a
+#: subscriber that does not finish waits (:func:`_replayed`)
+ZEPS_DUMPING_STACKS = (
+    "python -c 'import faulthandler, signal; "
+    "faulthandler.register(signal.SIGUSR1, all_threads=True); from zeps.cli import main; main()'"
+)
+
+
 def _start_clients(app: App) -> list[str]:
     """Three subscriber pods replaying from the journal's start through both faults until the last
     message, and the publisher Job (workers/ledger_publisher.py), all on the control-plane node;
     returns the subscribers' names."""
     subscribers = [f"subscriber-{i}" for i in range(3)]
     for name in subscribers:
-        command = f"exec zeps --json stream replay {STREAM} --since 0 --count {COUNT} --timeout 600"
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        command = f"exec {ZEPS_DUMPING_STACKS} --json stream replay {STREAM} --since 0 --count {COUNT} --timeout 600"
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {STACK_DUMP_LABEL: "usr1"}},
                "spec": on_control_plane(App.pod_spec(command))}  # fmt: skip
         app.apply(pod)
     app.start_publisher(STREAM, COUNT, RATE, GROUP, control_plane=True)
@@ -130,7 +149,7 @@ def test_a_replicated_stream_loses_nothing_confirmed_to_pod_deletions_and_node_l
     cluster.wait_for("the publisher to finish", lambda: app.confirmed_past(COUNT), timeout=600, interval=2)
     expected = [str(i) for i in range(1, COUNT + 1)]
     for name in subscribers:
-        received = json_lines(app.wait_succeeded(name, timeout=400))
+        received = _replayed(app, name, timeout=400)
         bodies = [m["body"] for m in received]
         assert bodies == expected, (
             f"{name}: {len(bodies)} messages; missing {sorted(set(expected) - set(bodies), key=int)[:5]}, "
@@ -161,6 +180,38 @@ def test_a_replicated_stream_loses_nothing_confirmed_to_pod_deletions_and_node_l
         stored_twice=0,
         flushes_retried=sum(1 for m in json_lines(app.logs("job/publisher")) if "waiting" in m),
     )
+
+
+def _replayed(app: App, name: str, timeout: float) -> list[dict[str, Any]]:
+    """The messages subscriber ``name`` printed, once its pod succeeded. If it has not within
+    ``timeout``: what it received, where it waits (its threads' stacks), the stream's replication
+    status and its subscriptions as the brokers report them, on the failure's first line (CI shows
+    a failure's output only in part)."""
+    try:
+        return json_lines(app.wait_succeeded(name, timeout=timeout))
+    except AssertionError as exc:  # still running (a failed pod fails the test at once)
+        cluster = app.cluster
+        dump_stacks(cluster, name, app.ns)
+        time.sleep(2)  # faulthandler writes the stacks at once; the log shows them a moment later
+        log = app.logs(name)
+        received = json_lines(log)
+        last = received[-1].get("sequence") if received else None
+        said = [_frame(line.strip()) for line in log.splitlines() if line.strip() and not line.startswith("{")]
+        stacks = " | ".join(said[-30:])  # the dump's last threads, the main one last
+        lag = cluster.kubectl("exec", name, "-n", app.ns, "--", "zeps", "--json", "stream", "lag", STREAM,
+                              check=False, timeout=60)  # fmt: skip
+        subscriptions = " ".join(line for line in str(lag).splitlines() if line.startswith("{"))
+        raise AssertionError(
+            f"{name} did not finish: {len(received)} received, the last sequence {last}; replication "
+            f"{app.replication(STREAM)}; the brokers' subscriptions {subscriptions or lag!r}; its log: {stacks}"
+        ) from exc
+
+
+def _frame(line: str) -> str:
+    """A stack dump's ``File "/opt/.../zeps/client/sync.py", line 276 in _pump`` as ``sync.py:276 _pump``;
+    any other line as it is."""
+    found = re.fullmatch(r'File "(?:.*/)?([^/"]+)", line (\d+) in (\S+)', line)
+    return f"{found[1]}:{found[2]} {found[3]}" if found else line
 
 
 def _whole_again(app: App, after: int) -> Callable[[], bool]:
