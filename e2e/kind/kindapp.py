@@ -27,6 +27,7 @@ OPERATOR_NAMESPACE = os.environ.get("ZEPS_E2E_NAMESPACE", "zeps-system")
 RELEASE = os.environ.get("ZEPS_E2E_RELEASE", "zeps")
 CHROOT = "/zeps"  # the chart's default zookeeper.chroot
 #: a pod with this label prints its threads' stacks on SIGUSR1 to PID 1; the failure dump asks it to
+#: (its process registers faulthandler for SIGUSR1: the signal's default action would end it)
 STACK_DUMP_LABEL = "zeps-e2e/stack-dump"
 
 

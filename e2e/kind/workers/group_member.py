@@ -12,6 +12,7 @@ On SIGTERM (the pod deleted) the member finishes the batch in hand and then leav
 ``with`` block commits what it processed and gives its partitions up, so the next owner starts right
 after. Prints ``{"processed": n, "partitions": [...]}`` after each batch. Runs in the zeps image."""
 
+import faulthandler
 import json
 import signal
 import sys
@@ -33,6 +34,7 @@ def stop(_signum: int, _frame: object) -> None:
 
 def main() -> None:
     name, group, effects, again = sys.argv[1:5]
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 1`: every thread's stack, to the log
     signal.signal(signal.SIGTERM, stop)
     settings = resolve("ZepsStream", name, needs=("zookeeper",))
     store = connect(settings.zookeeper, auth=settings.auth, ca=settings.zookeeper_ca)

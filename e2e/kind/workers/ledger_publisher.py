@@ -13,6 +13,7 @@ lookups; it exits and is restarted), and the tests wait up to 300 s for confirma
 On SIGUSR2 it publishes the rest at once, without pacing (a test whose faults are over hurries it
 to its end: ``App.hurry``). Runs in the zeps image."""
 
+import faulthandler
 import json
 import signal
 import sys
@@ -33,6 +34,7 @@ def main() -> None:
     def key(n: int) -> str:
         return f"customer-{n % keys}" if keys else "ledger"
 
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 1`: every thread's stack, to the log
     paced = [True]
     signal.signal(signal.SIGUSR2, lambda *_: paced.clear())
     stream = zeps.stream(name)
