@@ -334,6 +334,38 @@ def test_a_full_journal_is_raised_once_and_the_client_attaches_again_only_then()
     session.check_publishes()  # raised once
 
 
+@pytest.mark.parametrize("code", [Refusal.NOT_ENOUGH_REPLICAS, Refusal.JOURNAL_FULL])
+def test_a_client_with_nothing_unconfirmed_that_the_broker_forgot_attaches_again_at_once(code: int) -> None:
+    """A leader left with fewer in-sync replicas than minInSync forgets every peering whose
+    confirmation it holds, a subscriber's PING-OK too, and tells it NOT_ENOUGH_REPLICAS. A client
+    with nothing unconfirmed has no publishes to be told about (and a subscriber never calls
+    check_publishes): it attaches again at once and resumes after its last delivery. Before, it
+    waited for check_publishes, and the broker's "not attached" answers to its PINGs kept it from
+    timing out: its subscription stalled for good (found on kind: three subscribers stuck at one
+    sequence after a node's loss)."""
+    session = _attached()
+    session.subscribe("", Seq(0))
+    session.receive(encode_deliver_batch(encode_record(1, 0, b"k", b"a")))
+    session.receive(encode(InvalidCode(code=code, reason="fewer replicas than minInSync are in sync")))
+    assert session.forgotten and not session.attached and session.publish_refused is None
+    session.disconnected()
+    session.attach()
+    frames = [decode(f) for f in session.receive(encode(AttachOk()))]
+    assert Subscribe(pattern="", latest=1) in frames, frames
+
+
+def test_a_client_with_publishes_unconfirmed_waits_for_check_publishes_to_attach_again() -> None:
+    """With publishes unconfirmed, NOT_ENOUGH_REPLICAS is the application's to hear first
+    (check_publishes raises it once), then the client attaches again and resends them."""
+    session = _attached()
+    session.publish("k", b"1")
+    session.receive(encode(InvalidCode(code=Refusal.NOT_ENOUGH_REPLICAS, reason="too few in sync")))
+    assert session.attached and not session.forgotten
+    with pytest.raises(PublishRefusedError, match="too few in sync"):
+        session.check_publishes()
+    assert session.forgotten
+
+
 def test_a_reader_of_followers_attaches_with_version_8_and_never_publishes() -> None:
     session = ClientSession("prices", reads_only=True)
     assert decode(session.attach()) == Attach(stream="prices", version=8)

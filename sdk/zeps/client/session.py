@@ -626,6 +626,14 @@ class ClientSession:
                 name = self.producer.name if self.producer is not None else None
                 self.producer_error = f"broker refused producer {name!r}: {command.reason}"
                 return []
+            if self.attached and command.code in _ATTACH_AGAIN and not self.unconfirmed:
+                # nothing of ours is unconfirmed: the broker forgot this peering for what it held of
+                # it (a reader's PING-OK, when too few replicas are in sync), and nobody would call
+                # check_publishes to attach again: attach again now, as after NOT_LEADER (a reader
+                # that waited stayed stuck, its PINGs answered "not attached", which kept it alive)
+                self.attached = False
+                self.forgotten = True
+                return []
             if self.attached and command.code in _PUBLISH_REFUSALS:
                 self.publish_refused, self.publish_refused_code = command.reason, command.code
                 return []
