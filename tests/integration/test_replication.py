@@ -179,6 +179,41 @@ def test_a_killed_follower_returns_and_catches_up(replicas: Replicas) -> None:
         _check_history(replicas.journal(name), publisher.confirmed, f"replica {name}'s journal")
 
 
+def test_a_subscriber_forgotten_while_too_few_replicas_are_in_sync_reads_on_once_they_are_back(
+    replicas: Replicas,
+) -> None:
+    """Both followers killed: commits stop, the subscriber, hearing nothing, PINGs, and the leader holds
+    its PING-OK; once the leader is alone in sync (minInSync 2) it refuses everything it holds,
+    forgetting those peerings (NOT_ENOUGH_REPLICAS). The subscriber, with nothing unconfirmed,
+    attaches again at once and, the followers back, reads every confirmed publish once, in order.
+    Before, it waited for a check_publishes it never calls while the broker's "not attached" answers
+    to its PINGs kept it from timing out: it stalled for good (found on kind)."""
+    leader = replicas.leader()
+    until(lambda: len(replicas.state().isr) == 3, "all three replicas in sync", timeout=30)
+    subscriber, publisher = Subscriber(replicas), Publisher(replicas)
+    subscriber.start()
+    publisher.start()
+    until(lambda: publisher.progressed(100) and len(subscriber.seen) > 100, "publishes read", timeout=30)
+    followers = [name for name in replicas.names if name != leader]
+    for name in followers:
+        replicas.kill(name)
+    until(lambda: set(replicas.state().isr) == {leader}, "the leader alone in sync", timeout=30)
+    until(lambda: subscriber.client.reconnects > 0, "the forgotten subscriber attaching again", timeout=15)
+    for name in followers:
+        replicas.start(name)
+    until(lambda: len(replicas.state().isr) == 3, "the followers back in sync", timeout=60)
+    before = publisher.confirmed
+    until(lambda: publisher.progressed(before + 100), "publishes confirmed again", timeout=60)
+    publisher.stop_at = publisher.confirmed + publisher.group
+    assert publisher.done.wait(60) and publisher.error is None, publisher.error
+    until(lambda: len(subscriber.seen) >= publisher.confirmed, "the subscriber read every confirmed publish",
+          timeout=30)  # fmt: skip
+    subscriber.stopping.set()
+    subscriber.join(30)
+    assert subscriber.error is None, subscriber.error
+    _check_history(subscriber.seen, publisher.confirmed, "the subscriber")
+
+
 def test_the_asyncio_client_follows_the_leader_too(replicas: Replicas) -> None:
     """An asyncio publisher (idempotent) and subscriber across two leader kills: the same history."""
     import asyncio  # noqa: PLC0415
