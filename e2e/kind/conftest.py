@@ -3,7 +3,6 @@ ZooKeeper's shell in the chart's ensemble."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
@@ -55,17 +54,6 @@ def _dump(cluster: Any, namespace: str, *, tail: int = 60, stacks: bool = True) 
     dumping = [p["metadata"]["name"] for p in items if STACK_DUMP_LABEL in p["metadata"].get("labels", {})]
     for name in dumping if stacks else []:
         dump_stacks(cluster, name, namespace)
-    for name in dumping if stacks else []:  # faulthandler's dump ends up in the log: wait for it, briefly
-        with contextlib.suppress(AssertionError):  # no dump after all: the log below says what there is
-            cluster.wait_for(
-                f"{name}'s stack dump",
-                lambda n=name: (
-                    "most recent call first"
-                    in cluster.kubectl("logs", n, "-n", namespace, "--all-containers", "--tail=400", check=False)
-                ),
-                timeout=10,
-                interval=0.5,
-            )
     for pod in items:
         name = pod["metadata"]["name"]
         log = cluster.kubectl("logs", name, "-n", namespace, "--all-containers", f"--tail={tail}", check=False)

@@ -4,6 +4,7 @@ shell inside the chart's ensemble. The fixtures are in conftest.py."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -33,8 +34,19 @@ STACK_DUMP_LABEL = "zeps-e2e/stack-dump"
 
 def dump_stacks(cluster: Any, pod: str, namespace: str) -> None:
     """SIGUSR1 to ``pod``'s main process: one that registered faulthandler for it prints every
-    thread's stack to its log. The images have no ``kill`` binary: the shell's builtin sends it."""
+    thread's stack to its log; waited for there, briefly (none after 10 s: the log says what there
+    is). The images have no ``kill`` binary: the shell's builtin sends it."""
     cluster.kubectl("exec", pod, "-n", namespace, "--", "sh", "-c", "kill -USR1 1", check=False)
+    with contextlib.suppress(AssertionError):
+        cluster.wait_for(
+            f"{pod}'s stack dump",
+            lambda: (
+                "most recent call first"
+                in cluster.kubectl("logs", pod, "-n", namespace, "--all-containers", "--tail=400", check=False)
+            ),
+            timeout=10,
+            interval=0.5,
+        )
 
 
 WORKERS = Path(__file__).resolve().parent / "workers"

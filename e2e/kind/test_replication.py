@@ -19,7 +19,6 @@ waiting for confirmations.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import subprocess
@@ -193,9 +192,6 @@ def _replayed(app: App, name: str, timeout: float) -> list[dict[str, Any]]:
     except AssertionError as exc:  # still running (a failed pod fails the test at once)
         cluster = app.cluster
         dump_stacks(cluster, name, app.ns)
-        with contextlib.suppress(AssertionError):  # no dump after all: the log says what there is
-            cluster.wait_for(f"{name}'s stack dump", lambda: "most recent call first" in app.logs(name), timeout=10,
-                             interval=0.5)  # fmt: skip
         log = app.logs(name)
         received = json_lines(log)
         last = received[-1].get("sequence") if received else None
