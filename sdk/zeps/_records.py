@@ -17,18 +17,19 @@ the broker's disk to the subscriber. All numbers are network byte order::
 from __future__ import annotations
 
 import bisect
+import importlib.util
 import struct
 import sys
 from array import array
 
 import crc32c
 
-try:  # the SDK's core needs no numpy; with it (the spark extra) a DELIVER-RUN index is checked in bulk
-    import numpy as np
-
-    HAVE_NUMPY = True
-except ImportError:  # pragma: no cover — the tests run with numpy, and check the fallback by switching it off
-    HAVE_NUMPY = False
+#: The SDK's core needs no numpy; with it (the spark extra) a DELIVER-RUN index of more than
+#: NUMPY_FROM records is checked in bulk. numpy is imported at the first such run, not with this
+#: module: every broker, CLI and client process imports this one, and numpy's import (about 0.1 s
+#: of CPU) cost more than most of them ever used it. The tests run with numpy, and check the
+#: fallback by switching this off.
+HAVE_NUMPY = importlib.util.find_spec("numpy") is not None
 
 HEAD = struct.Struct("!II")  # length, crc
 META = struct.Struct("!QQB")  # sequence, timestamp, key length
@@ -183,6 +184,8 @@ def _index_problem(records: bytes, offsets: array[int]) -> str | None:
 
 def _index_problem_numpy(records: bytes, offsets: array[int]) -> str | None:
     """:func:`_index_problem` in numpy: the same checks, a few array operations per run."""
+    import numpy as np  # noqa: PLC0415 — imported at the first large run (HAVE_NUMPY above)
+
     bounds = np.frombuffer(offsets, np.uint32).astype(np.int64)
     starts, ends = bounds[:-1], bounds[1:]
     sizes = ends - starts

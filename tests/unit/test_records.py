@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import struct
+import subprocess
 import sys
 from array import array
 
@@ -263,3 +264,12 @@ def test_a_session_refuses_a_damaged_run_and_keeps_what_it_had() -> None:
     with pytest.raises(RemoteProtocolError, match="fail their CRC32C"):
         session.receive(bytes(damaged))
     assert session.inbox.take(10) == first.rows() and session.last_sequence == 3
+
+
+def test_a_broker_the_cli_and_a_client_start_without_importing_numpy() -> None:
+    """numpy is imported at the first DELIVER-RUN long enough to check in bulk, not when a process of
+    the SDK starts: its import cost more CPU than most brokers, CLI runs and clients ever used it."""
+    code = "import sys, zeps.broker.main, zeps.cli, zeps.handles; print(sorted(m for m in sys.modules if m == 'numpy'))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
