@@ -24,11 +24,11 @@ from array import array
 
 import crc32c
 
-#: The SDK's core needs no numpy; with it (the spark extra) a DELIVER-RUN index of more than
-#: NUMPY_FROM records is checked in bulk. numpy is imported at the first such run, not with this
-#: module: every broker, CLI and client process imports this one, and numpy's import (about 0.1 s
-#: of CPU) cost more than most of them ever used it. The tests run with numpy, and check the
-#: fallback by switching this off.
+#: The SDK's core needs no numpy; with it (the spark extra) the index of a DELIVER-RUN of NUMPY_FROM
+#: records or more is checked in bulk. numpy is imported at the first such run, not with this
+#: module: every broker, CLI and client process imports this one, and numpy's import (0.15-0.25 s
+#: of CPU, its BLAS threads started: benchmarks/README.md) cost more than most of them ever used
+#: it. The tests run with numpy, and check the fallback by switching this off.
 HAVE_NUMPY = importlib.util.find_spec("numpy") is not None
 
 HEAD = struct.Struct("!II")  # length, crc

@@ -269,7 +269,7 @@ def test_a_session_refuses_a_damaged_run_and_keeps_what_it_had() -> None:
 def test_a_broker_the_cli_and_a_client_start_without_importing_numpy() -> None:
     """numpy is imported at the first DELIVER-RUN long enough to check in bulk, not when a process of
     the SDK starts: its import cost more CPU than most brokers, CLI runs and clients ever used it."""
-    code = "import sys, zeps.broker.main, zeps.cli, zeps.handles; print(sorted(m for m in sys.modules if m == 'numpy'))"
+    code = "import sys, zeps.broker.main, zeps.cli, zeps.handles; print('numpy' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
+    assert done.stdout.strip() == "False"
