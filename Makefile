@@ -26,7 +26,7 @@ docs: setup-python  ## the docs site into build/site (mkdocs --strict: a broken 
 	@echo "[docs] mkdocs build --strict"; NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
 
 # make test's pytest-xdist workers (1: one test at a time): the tiers mostly wait on servers (two
-# workers kept 2 cores 43% busy, four 85%: benchmarks/README.md). A worker starts the session
+# workers left more than half of the cores idle: benchmarks/README.md). A worker starts the session
 # servers its tests ask for (ZooKeeper, the control plane, Spark) when its first test needs them:
 # up to four of some, for a shorter run
 TEST_LANES ?= 4
