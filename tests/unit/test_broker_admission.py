@@ -1,17 +1,21 @@
 """The broker's connection budget (zeps.broker.admission) on its own: the count from the monitor's
 events, and the gatekeeper's answer to ZAP requests. The requests are made here, not by ZeroMQ, and
-its replies are captured instead of sent (``Captured``); a real broker refusing real connections is
+its replies are captured instead of sent (``Captured``), except in the last test, where ZeroMQ asks
+on real loopback connections; a real broker refusing real connections is
 tests/integration/test_hostile_peers.py."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any
 
 import zmq
 import zmq.auth
+from zmq.utils.monitor import recv_monitor_message
 
 from zeps.broker.admission import ZAP_DOMAIN, ConnectionCount, Gatekeeper
+from zeps_dev.process import wait_until
 
 REPLICA = bytes(range(32))  # a CURVE public key, as ZAP carries it (32 bytes)
 STRANGER = bytes(range(1, 33))
@@ -67,3 +71,56 @@ def test_past_the_budget_a_handshake_is_refused_with_500_unless_a_replicas_key_m
         assert gate.ask(b"CURVE", STRANGER)[0] == b"200"  # pyzmq's checks decide (any key, here)
     finally:
         gate.ctx.term()
+
+
+def _handshake(ctx: zmq.Context[Any], port: int) -> int:
+    """Connect a DEALER to ``port`` and return how its first handshake ended: 0 if it succeeded, else the
+    ZAP status of the refusal (500: the budget)."""
+    dealer = ctx.socket(zmq.DEALER)
+    monitor = dealer.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+    try:
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        assert monitor.poll(20_000), "no handshake ended within 20 s"
+        event = recv_monitor_message(monitor)
+        return 0 if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED else int(event["value"])
+    finally:
+        dealer.disable_monitor()
+        monitor.close(linger=0)
+        dealer.close(linger=0)
+
+
+def test_the_gatekeeper_reads_the_count_itself_and_refuses_the_connection_past_the_budget_at_once() -> None:
+    """Real sockets on loopback: a ROUTER with the gatekeeper and the connection monitor, and no broker
+    loop reading the monitor (one that has not turned yet: busy, or on a machine with no core free).
+    Two silent TCP connections fill a budget of 2, and a third connection's handshake is refused with
+    500 at once. Read by the broker's loop alone, the count had not seen the third and let it in.
+    Once the silent ones close, a handshake succeeds again."""
+    ctx: zmq.Context[Any] = zmq.Context()
+    count = ConnectionCount(2)
+    gate = Gatekeeper(ctx, count, exempt=lambda key: False, refused=lambda: None)
+    gate.start()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN.encode())
+    count.watch(router)
+    silent: list[socket.socket] = []
+    try:
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        silent = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
+        assert _handshake(ctx, port) == 500
+        assert count.refused >= 1
+        for conn in silent:
+            conn.close()
+
+        def forgotten() -> bool:
+            count.read()
+            return count.open == 0
+
+        wait_until(forgotten, timeout=20, what="the closed connections forgotten")
+        assert _handshake(ctx, port) == 0
+    finally:
+        for conn in silent:
+            conn.close()
+        count.unwatch(router)
+        router.close(linger=0)
+        gate.stop()
+        ctx.term()

@@ -6,7 +6,7 @@ descriptor the broker has (its journal segments need them too) and its memory. S
 its open connections and refuses those past its budget before they carry a frame:
 
 * :class:`ConnectionCount`: the connections open now, from the ROUTER's monitor (``ACCEPTED`` and
-  ``DISCONNECTED``, each with the connection's descriptor), read in the broker's loop.
+  ``DISCONNECTED``, each with the connection's descriptor).
 * :class:`Gatekeeper`: the broker's ZAP handler (pyzmq's authenticator, in its own thread). ZeroMQ
   asks it about every handshake (CURVE, and NULL once the socket has a ZAP domain). Past the budget
   it answers status 500 with the reason; ZeroMQ closes the connection, and the client's monitor sees
@@ -16,9 +16,13 @@ its open connections and refuses those past its budget before they carry a frame
 A replica of the stream, known by its CURVE key, is admitted past the budget: a tenant that fills it
 cannot cut a replica off its leader. Without CURVE a replica cannot be told from anyone else.
 
-The count lags a little behind the truth (the monitor's events reach the loop a moment after the
-handshake's request reaches the gatekeeper): a burst of connections may go a few past the budget,
-never many, and every refused one is closed at once.
+The gatekeeper reads the monitor's news itself before it decides: ZeroMQ reports a connection
+``ACCEPTED`` before its handshake starts, so the count it decides on holds every connection open at
+that moment, the one asking too (read in the broker's loop instead, the count lagged behind on a
+busy machine and let connections past the budget). A burst that arrives at once is counted whole:
+its connections past the budget are refused even if earlier ones of it are refused too and close.
+The broker's loop reads the monitor too, once a second, for the gauge; a lock passes the monitor
+between the two threads (ZeroMQ allows a socket to change threads behind a full memory barrier).
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ WATCHED = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
 
 class ConnectionCount:
     """The broker's open connections (their descriptors, as the monitor reported them) against its
-    ``budget`` (0: none). Written by the broker's loop, read by the gatekeeper's thread."""
+    ``budget`` (0: none). Read and written by the gatekeeper's thread and the broker's loop, one at a
+    time (the lock)."""
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
@@ -58,43 +63,41 @@ class ConnectionCount:
         return len(self._open)
 
     def full(self) -> bool:
-        """Whether a connection that just arrived (counted or not yet) is one too many."""
+        """Whether the connections open now, the monitor's news read first, are more than the budget
+        (the one asking is among them)."""
+        self.read()
         return self.budget > 0 and len(self._open) > self.budget
 
     def seen(self, event: int, descriptor: int) -> None:
-        with self._lock:
-            if event == zmq.EVENT_ACCEPTED:
-                self._open.add(descriptor)
-            elif event == zmq.EVENT_DISCONNECTED:
-                self._open.discard(descriptor)
+        """Count one monitor event (the caller holds the lock)."""
+        if event == zmq.EVENT_ACCEPTED:
+            self._open.add(descriptor)
+        elif event == zmq.EVENT_DISCONNECTED:
+            self._open.discard(descriptor)
 
     def watch(self, sock: zmq.Socket[Any]) -> None:
         """Count ``sock``'s connections from now on (its monitor: :func:`watch_connections`)."""
         self.monitor = watch_connections(sock)
 
-    def register(self, poller: zmq.Poller) -> None:
-        """Wake the loop's ``poller`` when the monitor has news."""
-        if self.monitor is not None:
-            poller.register(self.monitor, zmq.POLLIN)
-
-    def turn(self, events: dict[Any, int]) -> None:
-        """The loop's turn: take every event the monitor holds, if ``events`` (the poll's) says it has any."""
-        monitor = self.monitor
-        if monitor is None or monitor not in events:
-            return
-        while True:
-            try:
-                event = recv_monitor_message(monitor, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self.seen(int(event["event"]), int(event["value"]))
+    def read(self) -> None:
+        """Take every event the monitor holds now, from whichever thread asks (the gatekeeper's before
+        it decides, the broker loop's for the gauge)."""
+        with self._lock:
+            monitor = self.monitor
+            while monitor is not None:
+                try:
+                    event = recv_monitor_message(monitor, zmq.NOBLOCK)
+                except zmq.Again:
+                    return
+                self.seen(int(event["event"]), int(event["value"]))
 
     def unwatch(self, sock: zmq.Socket[Any]) -> None:
         """Stop counting (before ``sock`` closes)."""
-        if self.monitor is not None:
-            sock.disable_monitor()
-            self.monitor.close(linger=0)
-            self.monitor = None
+        with self._lock:
+            if self.monitor is not None:
+                sock.disable_monitor()
+                self.monitor.close(linger=0)
+                self.monitor = None
 
 
 def watch_connections(sock: zmq.Socket[Any]) -> zmq.Socket[Any]:

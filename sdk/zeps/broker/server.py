@@ -904,7 +904,6 @@ class BrokerServer:
         core, sock = self.core, self._sock
         poller = self._poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
-        self.connections.register(poller)
         last_tick = time.monotonic()
         core.resident_bytes = resident_bytes()  # the memory budget from the first ATTACH
         self._update_metrics()  # every gauge from the start, not a second later
@@ -915,7 +914,6 @@ class BrokerServer:
                 # sessions waiting for their bytes in flight to leave: 5 ms
                 wait = 0 if core.replay_ready(time.monotonic()) else 1 if core.busy else 5 if core.held else 50
                 events = dict(poller.poll(wait))
-                self.connections.turn(events)
                 if self.node is not None:
                     self._replication_turn(self.node, events)
                 if self._in_flight.marks and (core.held or time.monotonic() - self._in_flight.looked >= 0.01):
@@ -1160,6 +1158,7 @@ class BrokerServer:
         if self._tiering_metrics is not None:
             for name, task in self._tier_tasks.items():
                 self._tiering_metrics.update(name, task)
+        self.connections.read()
         self.metrics.connections.set(self.connections.open)
         if self._replication_metrics is not None and self.replication is not None and self.node is not None:
             for name, stream in self.core.streams.items():
