@@ -54,7 +54,7 @@ class ConnectionCount:
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self._open: set[int] = set()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # read() counts each event it takes with seen()
         self.refused = 0  #: connections refused for the budget so far
         self.monitor: zmq.Socket[Any] | None = None  #: the ROUTER's monitor, once :meth:`watch` ran
 
@@ -69,11 +69,12 @@ class ConnectionCount:
         return self.budget > 0 and len(self._open) > self.budget
 
     def seen(self, event: int, descriptor: int) -> None:
-        """Count one monitor event (the caller holds the lock)."""
-        if event == zmq.EVENT_ACCEPTED:
-            self._open.add(descriptor)
-        elif event == zmq.EVENT_DISCONNECTED:
-            self._open.discard(descriptor)
+        """Count one monitor event."""
+        with self._lock:
+            if event == zmq.EVENT_ACCEPTED:
+                self._open.add(descriptor)
+            elif event == zmq.EVENT_DISCONNECTED:
+                self._open.discard(descriptor)
 
     def watch(self, sock: zmq.Socket[Any]) -> None:
         """Count ``sock``'s connections from now on (its monitor: :func:`watch_connections`)."""
