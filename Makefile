@@ -4,6 +4,9 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 # Load .zeps-env (written by tools/setup.sh) so the harness finds the cached servers.
 WITH_ENV := source ./.zeps-env &&
+# The shared cache (tools/setup.sh's): mypy's cache lives there too, keyed by mypy's pin, so a fresh
+# clone checks only what differs from the last check of any checkout (mypy compares each file's hash)
+ZEPS_CACHE := $(or $(ZEPS_CACHE_DIR),$(XDG_CACHE_HOME),$(HOME)/.cache)$(if $(ZEPS_CACHE_DIR),,/zeps)
 
 .PHONY: setup setup-test setup-python test test-unit sim chaos-replication docs e2e e2e-images e2e-stack e2e-down lint demo generate check-generated bench bench-operator-kind bench-roll-kind clean
 
@@ -18,7 +21,7 @@ setup-python:
 
 lint: setup-python  ## ruff, mypy --strict, import-linter, the docs site built with --strict
 	@echo "[lint] ruff"; .venv/bin/ruff check . && .venv/bin/ruff format --check .
-	@echo "[lint] mypy --strict"; .venv/bin/mypy
+	@echo "[lint] mypy --strict"; MYPY_CACHE_DIR=$(ZEPS_CACHE)/mypy-$$(grep -i '^mypy==' constraints.txt | cut -d= -f3) .venv/bin/mypy
 	@echo "[lint] import-linter"; .venv/bin/lint-imports
 	@$(MAKE) --no-print-directory docs
 
@@ -33,10 +36,16 @@ TEST_LANES ?= 2
 test: setup-test lint  ## the whole suite: unit, integration (ZooKeeper, Spark), cluster (API server); TEST_LANES=1 runs one test at a time
 	@$(WITH_ENV) $(PY) -m pytest -m "not solo" $(if $(filter-out 1,$(TEST_LANES)),-n $(TEST_LANES) --dist worksteal,)
 	@tools/setup.sh testbin  # built now (by the session above if they were not): recorded in .zeps-env
-	@echo "[test] the tests that start a stack of their own (-m solo), once the shared one is gone"
-	@$(WITH_ENV) $(PY) -m pytest -m solo
-	@echo "[test] the unit tier again on the pure-Python modules (the fallback where nothing is compiled)"
-	@$(WITH_ENV) ZEPS_COMPILED= $(PY) -m pytest tests/unit
+	@# the solo tests mostly wait on the stacks they start: the pure-Python unit step runs beside them,
+	@# its output printed after theirs
+	@echo "[test] the tests that start a stack of their own (-m solo), once the shared one is gone; beside them, the unit tier again on the pure-Python modules (the fallback where nothing is compiled)"
+	@$(WITH_ENV) pure_out=$$(mktemp); \
+	 (ZEPS_COMPILED= $(PY) -m pytest -p no:cacheprovider tests/unit >"$$pure_out" 2>&1) & pure=$$!; \
+	 solo=0; $(PY) -m pytest -m solo || solo=$$?; \
+	 unit=0; wait $$pure || unit=$$?; \
+	 echo "[test] the unit tier on the pure-Python modules (run beside the solo tests):"; cat "$$pure_out"; rm -f "$$pure_out"; \
+	 [ $$solo -eq 0 ] || { echo "[test] the solo tests failed (exit $$solo): above" >&2; exit $$solo; }; \
+	 [ $$unit -eq 0 ] || { echo "[test] the pure-Python unit step failed (exit $$unit): above" >&2; exit $$unit; }
 
 test-unit:        ## the unit tier alone, pure Python: seconds, no server, nothing compiled (the inner loop)
 	@tools/setup.sh python zookeeper

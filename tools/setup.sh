@@ -2,7 +2,9 @@
 # Idempotent setup for `make test`, `make demo` and `make lint`. Components (default: all):
 #   python     — .venv with the pinned dependencies (pyproject.toml + constraints.txt); pyzmq is built
 #                against Debian's libzmq (libzmq3-dev), which has PGM and NORM for the multicast output
-#                (the PyPI wheels bundle a libzmq without them); iptables for the multicast tests' lossy links
+#                (the PyPI wheels bundle a libzmq without them); iptables for the multicast tests' lossy links.
+#                Their wheels are kept in the cache (wheels-<key of the pins>): a new .venv, as a fresh
+#                clone makes, is installed from them by uv, offline, in seconds
 #   zookeeper  — the pinned ZooKeeper server jars (tools/zookeeper/), needs Java 17 + Maven
 #   testbin    — etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm
 #                and SeaweedFS's weed, built from pinned Go modules (tools/testbin/), needs Go
@@ -66,29 +68,79 @@ setup_pyzmq() {
   .venv/bin/python -c "$has" || fail "pyzmq in .venv lacks PGM, NORM or CURVE after the build (see .venv/pyzmq.log)"
 }
 
+# The key of what .venv installs: the dependency lists of pyproject.toml (not its tools' settings),
+# constraints.txt, the Python, and how pyzmq is built. It names the wheelhouse below.
+pins_key() {
+  "$1" - <<'PY'
+import hashlib, json, subprocess, sys, tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))
+lists = [project["build-system"], project["project"].get("dependencies"), project["project"].get("optional-dependencies")]
+text = json.dumps(lists, sort_keys=True) + open("constraints.txt").read() + sys.version + "pyzmq on Debian's libzmq"
+text += subprocess.run(["dpkg-query", "-W", "-f=${Version}", "libzmq3-dev"], capture_output=True, text=True).stdout
+print(hashlib.sha256(text.encode()).hexdigest()[:16])
+PY
+}
+
+# The wheels of every pinned dependency, of the build backend and of uv (its pin is in
+# constraints.txt), made once per key with pip (its cache holds the downloads; pyzmq built here
+# against Debian's libzmq) into <cache>/wheels-<key>; the two newest wheelhouses are kept.
+setup_wheelhouse() {
+  local py=$1 key=$2 cache dir tmp
+  cache=${ZEPS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/zeps}
+  dir="$cache/wheels-$key"
+  mkdir -p "$cache"
+  (
+    flock 9
+    if [ ! -f "$dir/.complete" ]; then
+      say "python: the pinned dependencies' wheels into $dir (once per pin set; pyzmq built against Debian's libzmq)"
+      tmp=$(mktemp -d "$cache/wheels-tmp.XXXXXX")
+      "$py" -m venv "$tmp/pip" >/dev/null 2>&1 || { rm -rf "$tmp"; fail "could not create a virtualenv; install python3-venv (apt-get install python3-venv)"; }
+      if ! "$tmp/pip/bin/python" -m pip wheel -q --disable-pip-version-check --no-binary pyzmq -c constraints.txt \
+          -w "$tmp/wheels" '.[operator,spark,dev,bench,s3,docs]' hatchling editables uv >"$cache/wheels-$key.log" 2>&1; then
+        tail -n 15 "$cache/wheels-$key.log" >&2; rm -rf "$tmp"
+        fail "pip wheel failed; full log in $cache/wheels-$key.log"
+      fi
+      rm -f "$tmp"/wheels/zeps-*.whl  # the project itself is installed editable from the checkout
+      rm -rf "$dir" && mv "$tmp/wheels" "$dir" && rm -rf "$tmp" && touch "$dir/.complete"
+    fi
+    touch "$dir"
+    # older pin sets' wheelhouses: the two newest stay
+    find "$cache" -maxdepth 1 -name 'wheels-*' -type d ! -name 'wheels-tmp.*' -printf '%T@ %p\n' \
+      | sort -rn | tail -n +3 | cut -d' ' -f2- | xargs -r rm -rf
+  ) 9>"$cache/wheels.lock" || exit 1
+  printf '%s\n' "$dir"
+}
+
 setup_python() {
   local py=${PYTHON:-python3}
   command -v "$py" >/dev/null 2>&1 || fail "Python 3.11+ is missing; install python3 (apt-get install python3 python3-venv)"
   "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
     || fail "Python 3.11 or newer is needed, found $("$py" -V 2>&1); set PYTHON=/path/to/python3.11"
   setup_debs
-  local key
-  key=$(cat pyproject.toml constraints.txt <("$py" -V) <(echo "pyzmq on Debian's libzmq") | sha256sum | cut -c1-16)
+  local key wheels cache
+  key=$(pins_key "$py") || fail "could not read pyproject.toml and constraints.txt for their key (above)"
   if [ -f .venv/.installed ] && [ "$(cat .venv/.installed)" = "$key" ]; then
     say "python: .venv up to date"
+    set_env ZEPS_WHEELHOUSE "$(setup_wheelhouse "$py" "$key")"
     return
   fi
+  wheels=$(setup_wheelhouse "$py" "$key")
   if [ ! -x .venv/bin/python ]; then
     say "python: creating .venv with $("$py" -V)"
     "$py" -m venv .venv >/dev/null 2>&1 || { rm -rf .venv; fail "could not create a virtualenv; install python3-venv (apt-get install python3-venv)"; }
   fi
   rm -f .venv/.installed
-  say "python: installing pinned dependencies into .venv (first time takes a few minutes: PySpark is large)"
-  if ! .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[operator,spark,dev,bench,s3,docs]' >.venv/pip.log 2>&1; then
+  say "python: installing the pinned dependencies into .venv from $wheels (uv, offline)"
+  cache=${ZEPS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/zeps}
+  if ! { .venv/bin/python -m pip install -q --disable-pip-version-check --no-index --find-links "$wheels" \
+           -c constraints.txt uv \
+         && UV_CACHE_DIR="$cache/uv" .venv/bin/uv pip install -q --offline --no-index --find-links "$wheels" \
+           --python .venv/bin/python -c constraints.txt -e '.[operator,spark,dev,bench,s3,docs]'; } >.venv/pip.log 2>&1; then
     tail -n 15 .venv/pip.log >&2
-    fail "pip install failed; full log in .venv/pip.log"
+    fail "installing into .venv failed; full log in .venv/pip.log"
   fi
   setup_pyzmq
+  set_env ZEPS_WHEELHOUSE "$wheels"
   echo "$key" > .venv/.installed
   say "python: ready"
 }

@@ -434,8 +434,15 @@ class ImageBuilder:
     def _wheels(self, venv_python: Path, extras: str, into: Path) -> None:
         """The zeps wheel with ``extras`` and every dependency, at the versions of constraints.txt;
         pyzmq built here against Debian's libzmq (PGM and NORM for the multicast output; the images
-        carry libzmq5 and no compiler), as ``make setup`` builds it for .venv."""
-        pip = [str(venv_python), "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-binary", "pyzmq"]
+        carry libzmq5 and no compiler), as ``make setup`` builds it for .venv. The dependencies' wheels
+        come from the wheelhouse ``tools/setup.sh python`` made (``ZEPS_WHEELHOUSE``), offline; only the
+        zeps wheel is built."""
+        pip = [str(venv_python), "-m", "pip", "wheel", "-q", "--disable-pip-version-check"]
+        wheelhouse = os.environ.get("ZEPS_WHEELHOUSE", "")
+        if wheelhouse and (Path(wheelhouse) / ".complete").exists():
+            pip += ["--no-index", "--find-links", wheelhouse]  # its pyzmq is the one built here
+        else:
+            pip += ["--no-binary", "pyzmq"]
         constraints = str(REPOSITORY / "constraints.txt")
         run_tool([*pip, "-c", constraints, "-w", str(into), f"{REPOSITORY}[{extras}]"], timeout=1200)
 
