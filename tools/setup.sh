@@ -119,12 +119,13 @@ setup_python() {
   setup_debs
   local key wheels cache
   key=$(pins_key "$py") || fail "could not read pyproject.toml and constraints.txt for their key (above)"
+  wheels=$(setup_wheelhouse "$py" "$key")  # the images' wheels come from it too
   if [ -f .venv/.installed ] && [ "$(cat .venv/.installed)" = "$key" ]; then
     say "python: .venv up to date"
-    set_env ZEPS_WHEELHOUSE "$(setup_wheelhouse "$py" "$key")"
+    set_env ZEPS_WHEELHOUSE "$wheels"
+    compile_sources
     return
   fi
-  wheels=$(setup_wheelhouse "$py" "$key")
   if [ ! -x .venv/bin/python ]; then
     say "python: creating .venv with $("$py" -V)"
     "$py" -m venv .venv >/dev/null 2>&1 || { rm -rf .venv; fail "could not create a virtualenv; install python3-venv (apt-get install python3-venv)"; }
@@ -135,14 +136,25 @@ setup_python() {
   if ! { .venv/bin/python -m pip install -q --disable-pip-version-check --no-index --find-links "$wheels" \
            -c constraints.txt uv \
          && UV_CACHE_DIR="$cache/uv" .venv/bin/uv pip install -q --offline --no-index --find-links "$wheels" \
-           --python .venv/bin/python -c constraints.txt -e '.[operator,spark,dev,bench,s3,docs]'; } >.venv/pip.log 2>&1; then
+           --compile-bytecode --python .venv/bin/python -c constraints.txt -e '.[operator,spark,dev,bench,s3,docs]'; } \
+         >.venv/pip.log 2>&1; then
     tail -n 15 .venv/pip.log >&2
     fail "installing into .venv failed; full log in .venv/pip.log"
   fi
   setup_pyzmq
   set_env ZEPS_WHEELHOUSE "$wheels"
+  compile_sources
   echo "$key" > .venv/.installed
   say "python: ready"
+}
+
+# The checkout's own modules compiled to bytecode (their __pycache__ is git-ignored), as the installed
+# packages are (uv --compile-bytecode): where PYTHONDONTWRITEBYTECODE is set, as in CI, Python would
+# otherwise compile every one from source in every process (a broker's start: 0.8 s of CPU against
+# 0.55). Only the files changed since are compiled again; a file edited later is read from its source.
+compile_sources() {
+  .venv/bin/python -m compileall -q sdk operator devtools >/dev/null \
+    || fail "compiling the sources to bytecode failed: .venv/bin/python -m compileall sdk operator devtools"
 }
 
 setup_compiled() {  # the hot path compiled with mypyc (zeps._compiled), cached by a hash of its sources
