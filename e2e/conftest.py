@@ -14,13 +14,16 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import config as kubeconfig_loader
+from kubernetes.client import ApiClient
 
 from zeps_dev import ControlPlane
+from zeps_dev.apireads import ApiReadError, ApiReads
 
 ROOT = Path(__file__).resolve().parents[1]
 KIND = bool(os.environ.get("ZEPS_E2E_KUBECONFIG"))
@@ -28,14 +31,44 @@ KIND = bool(os.environ.get("ZEPS_E2E_KUBECONFIG"))
 collect_ignore = [] if KIND else ["kind"]
 
 
-class Cluster:
-    """kubectl (the pinned one) against the cluster under test, with a few waits tests share."""
+def _client_request(client: ApiClient) -> Any:
+    """:data:`zeps_dev.apireads.Request` through the kubernetes client (it reads kind's kubeconfig)."""
 
-    def __init__(self, kubectl: list[str], *, plane: ControlPlane | None = None) -> None:
+    def request(path: str, query: Sequence[tuple[str, str]], accept_json: bool) -> tuple[int, bytes]:
+        accept = {"Accept": "application/json" if accept_json else "*/*"}
+        method, url, headers, body, post = client.param_serialize("GET", path, query_params=list(query),
+                                                                  header_params=accept)  # fmt: skip
+        try:
+            response = client.call_api(method, url, headers, body, post, _request_timeout=60)
+            response.read()
+        except Exception as exc:  # urllib3's errors: no answer, as kubectl fails
+            raise OSError(str(exc)) from exc
+        data = response.data
+        return response.status, data if isinstance(data, bytes) else str(data).encode()
+
+    return request
+
+
+class Cluster:
+    """kubectl (the pinned one) against the cluster under test, with a few waits tests share. Its
+    reads (``kubectl get … -o json``, ``kubectl logs``) are answered in this process: the same GET to
+    the API server without a kubectl process (:mod:`zeps_dev.apireads`)."""
+
+    def __init__(self, kubectl: list[str], *, kubeconfig: str, plane: ControlPlane | None = None) -> None:
         self._kubectl = kubectl
+        self._reads = ApiReads(_client_request(kubeconfig_loader.new_client_from_config(config_file=kubeconfig)))
         self.plane = plane
 
     def kubectl(self, *args: str, input: str | None = None, timeout: float = 300, check: bool = True) -> str:
+        if args[:1] == ("get",) and args[-2:] == ("-o", "json"):
+            try:
+                found = self._reads.get(args[1:-2])
+            except ApiReadError as exc:
+                if check:
+                    raise AssertionError(f"kubectl {' '.join(args)} failed: {exc}") from exc
+                return ""
+            if found is not None:
+                return json.dumps(found, indent=4)
         result = subprocess.run(
             [*self._kubectl, *args], capture_output=True, text=True, input=input, timeout=timeout, check=False
         )
@@ -47,7 +80,20 @@ class Cluster:
         self.kubectl("apply", "-n", namespace, "-f", "-", input=manifest)
 
     def json(self, *args: str) -> Any:
+        """``kubectl get *args -o json``, parsed."""
         return json.loads(self.kubectl("get", *args, "-o", "json"))
+
+    def logs(self, target: str, namespace: str, *, previous: bool = False, check: bool = True) -> str:
+        """``kubectl logs target -n namespace [--previous]``; ``check=False``: "" where kubectl fails."""
+        try:
+            found = self._reads.log(target, namespace, previous=previous)
+        except ApiReadError as exc:
+            if check:
+                raise AssertionError(f"kubectl logs {target} -n {namespace} failed: {exc}") from exc
+            return ""
+        if found is not None:
+            return found
+        return self.kubectl("logs", target, "-n", namespace, *(["--previous"] if previous else []), check=check)
 
     def wait_for(self, what: str, check: Any, *, timeout: float = 180, interval: float = 1.0) -> Any:
         """Poll ``check()`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
@@ -76,9 +122,12 @@ def _pinned_kubectl() -> str:
 @pytest.fixture(scope="session")
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     if KIND:
-        yield Cluster([_pinned_kubectl(), f"--kubeconfig={os.environ['ZEPS_E2E_KUBECONFIG']}"])
+        kubeconfig = os.environ["ZEPS_E2E_KUBECONFIG"]
+        yield Cluster([_pinned_kubectl(), f"--kubeconfig={kubeconfig}"], kubeconfig=kubeconfig)
         return
     # make test: the session's shared stack (the root conftest.py), not one of its own
     plane: ControlPlane = request.getfixturevalue("crds")
     request.getfixturevalue("operator")
-    yield Cluster([_pinned_kubectl(), f"--kubeconfig={plane.kubeconfig}"], plane=plane)
+    yield Cluster(
+        [_pinned_kubectl(), f"--kubeconfig={plane.kubeconfig}"], kubeconfig=str(plane.kubeconfig), plane=plane
+    )

@@ -161,8 +161,7 @@ class App:
         return dict(self.get(kind, name))
 
     def logs(self, pod: str, *, previous: bool = False) -> str:
-        args = ["logs", pod, "-n", self.ns] + (["--previous"] if previous else [])
-        return str(self.cluster.kubectl(*args, check=not previous))
+        return str(self.cluster.logs(pod, self.ns, previous=previous, check=not previous))
 
     def pods(self, app: str) -> list[dict[str, Any]]:
         return list(self.get("pods", "-l", f"app={app}")["items"])
