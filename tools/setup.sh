@@ -104,9 +104,11 @@ setup_wheelhouse() {
       rm -rf "$dir" && mv "$tmp/wheels" "$dir" && rm -rf "$tmp" && touch "$dir/.complete"
     fi
     touch "$dir"
-    # older pin sets' wheelhouses: the two newest stay
-    find "$cache" -maxdepth 1 -name 'wheels-*' -type d ! -name 'wheels-tmp.*' -printf '%T@ %p\n' \
-      | sort -rn | tail -n +3 | cut -d' ' -f2- | xargs -r rm -rf
+    # older pin sets' wheelhouses and uv's caches of them: the two newest stay (a .venv installed from
+    # one keeps its files: uv links them)
+    find "$cache" -maxdepth 1 -name 'wheels-*' -type d ! -name 'wheels-tmp.*' -printf '%T@ %f\n' \
+      | sort -rn | tail -n +3 | cut -d' ' -f2- | sed 's/^wheels-//' \
+      | while read -r old; do rm -rf "$cache/wheels-$old" "$cache/uv-$old" "$cache/wheels-$old.log"; done
   ) 9>"$cache/wheels.lock" || exit 1
   printf '%s\n' "$dir"
 }
@@ -135,7 +137,7 @@ setup_python() {
   cache=${ZEPS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/zeps}
   if ! { .venv/bin/python -m pip install -q --disable-pip-version-check --no-index --find-links "$wheels" \
            -c constraints.txt uv \
-         && UV_CACHE_DIR="$cache/uv" .venv/bin/uv pip install -q --offline --no-index --find-links "$wheels" \
+         && UV_CACHE_DIR="$cache/uv-$key" .venv/bin/uv pip install -q --offline --no-index --find-links "$wheels" \
            --compile-bytecode --python .venv/bin/python -c constraints.txt -e '.[operator,spark,dev,bench,s3,docs]'; } \
          >.venv/pip.log 2>&1; then
     tail -n 15 .venv/pip.log >&2
