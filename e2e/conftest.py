@@ -60,15 +60,9 @@ class Cluster:
         self.plane = plane
 
     def kubectl(self, *args: str, input: str | None = None, timeout: float = 300, check: bool = True) -> str:
-        if args[:1] == ("get",) and args[-2:] == ("-o", "json"):
-            try:
-                found = self._reads.get(args[1:-2])
-            except ApiReadError as exc:
-                if check:
-                    raise AssertionError(f"kubectl {' '.join(args)} failed: {exc}") from exc
-                return ""
-            if found is not None:
-                return json.dumps(found, indent=4)
+        answered = self._reads.answer(args, check=check, error=AssertionError)
+        if answered is not None:
+            return answered
         result = subprocess.run(
             [*self._kubectl, *args], capture_output=True, text=True, input=input, timeout=timeout, check=False
         )

@@ -101,6 +101,20 @@ class ApiReads:
             return {"apiVersion": "v1", "items": items, "kind": "List", "metadata": {"resourceVersion": ""}}
         return _shown(body)
 
+    def answer(self, args: Sequence[str], *, check: bool, error: type[Exception]) -> str | None:
+        """What ``kubectl *args`` prints when ``args`` is ``get … -o json`` and :meth:`get` speaks it;
+        None for any other command. A refusal raises ``error`` with kubectl's words (``check``), or
+        prints nothing, as kubectl's failure does."""
+        if args[:1] != ("get",) or tuple(args[-2:]) != ("-o", "json"):
+            return None
+        try:
+            found = self.get(args[1:-2])
+        except ApiReadError as exc:
+            if check:
+                raise error(f"kubectl {' '.join(args)} failed: {exc}") from exc
+            return ""
+        return None if found is None else json.dumps(found, indent=4)
+
     def log(self, target: str, namespace: str, *, previous: bool = False) -> str | None:
         """What ``kubectl logs target -n namespace`` prints, for a pod or a Job's one pod, of one
         container; None for anything else (a Job with more pods, a pod of several containers), which

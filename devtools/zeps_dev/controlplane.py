@@ -25,7 +25,7 @@ from typing import ClassVar
 
 from zeps.errors import SetupError
 from zeps_dev import testbin
-from zeps_dev.apireads import ApiReadError, ApiReads
+from zeps_dev.apireads import ApiReads
 from zeps_dev.process import LocalServer, ManagedProcess, free_port, wait_until
 
 __all__ = ["FAKE_NODE", "ControlPlane", "binaries_dir", "request_counts"]
@@ -326,15 +326,9 @@ class ControlPlane(LocalServer):
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
         """Run the pinned kubectl as cluster-admin; return stdout, raise :class:`SetupError` on failure.
         ``get … -o json`` is answered in this process (:attr:`reads`): the same GET, no kubectl process."""
-        if args[:1] == ("get",) and args[-2:] == ("-o", "json") and input is None:
-            try:
-                found = self.reads.get(args[1:-2])
-            except ApiReadError as exc:
-                if check:
-                    raise SetupError(f"kubectl {' '.join(args)} failed: {exc}") from exc
-                return ""
-            if found is not None:
-                return json.dumps(found, indent=4)
+        answered = self.reads.answer(args, check=check, error=SetupError) if input is None else None
+        if answered is not None:
+            return answered
         result = subprocess.run(
             [*self.kubectl_argv, *args],
             input=input, capture_output=True, text=True, timeout=120, check=False,
