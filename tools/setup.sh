@@ -119,9 +119,11 @@ setup_python() {
   "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
     || fail "Python 3.11 or newer is needed, found $("$py" -V 2>&1); set PYTHON=/path/to/python3.11"
   setup_debs
-  local key wheels cache
-  key=$(pins_key "$py") || fail "could not read pyproject.toml and constraints.txt for their key (above)"
-  wheels=$(setup_wheelhouse "$py" "$key")  # the images' wheels come from it too
+  local pins key wheels cache
+  pins=$(pins_key "$py") || fail "could not read pyproject.toml and constraints.txt for their key (above)"
+  wheels=$(setup_wheelhouse "$py" "$pins")  # the images' wheels come from it too
+  # .venv again when anything of pyproject.toml changes (its scripts, its packages), not only the pins
+  key=$(cat pyproject.toml <(echo "$pins") | sha256sum | cut -c1-16)
   if [ -f .venv/.installed ] && [ "$(cat .venv/.installed)" = "$key" ]; then
     say "python: .venv up to date"
     set_env ZEPS_WHEELHOUSE "$wheels"
@@ -137,7 +139,7 @@ setup_python() {
   cache=${ZEPS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/zeps}
   if ! { .venv/bin/python -m pip install -q --disable-pip-version-check --no-index --find-links "$wheels" \
            -c constraints.txt uv \
-         && UV_CACHE_DIR="$cache/uv-$key" .venv/bin/uv pip install -q --offline --no-index --find-links "$wheels" \
+         && UV_CACHE_DIR="$cache/uv-$pins" .venv/bin/uv pip install -q --offline --no-index --find-links "$wheels" \
            --compile-bytecode --python .venv/bin/python -c constraints.txt -e '.[operator,spark,dev,bench,s3,docs]'; } \
          >.venv/pip.log 2>&1; then
     tail -n 15 .venv/pip.log >&2
