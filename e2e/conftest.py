@@ -54,9 +54,9 @@ class Cluster:
     reads (``kubectl get … -o json``, ``kubectl logs``) are answered in this process: the same GET to
     the API server without a kubectl process (:mod:`zeps_dev.apireads`)."""
 
-    def __init__(self, kubectl: list[str], *, kubeconfig: str, plane: ControlPlane | None = None) -> None:
+    def __init__(self, kubectl: list[str], *, reads: ApiReads, plane: ControlPlane | None = None) -> None:
         self._kubectl = kubectl
-        self._reads = ApiReads(_client_request(kubeconfig_loader.new_client_from_config(config_file=kubeconfig)))
+        self._reads = reads
         self.plane = plane
 
     def kubectl(self, *args: str, input: str | None = None, timeout: float = 300, check: bool = True) -> str:
@@ -117,11 +117,10 @@ def _pinned_kubectl() -> str:
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     if KIND:
         kubeconfig = os.environ["ZEPS_E2E_KUBECONFIG"]
-        yield Cluster([_pinned_kubectl(), f"--kubeconfig={kubeconfig}"], kubeconfig=kubeconfig)
+        reads = ApiReads(_client_request(kubeconfig_loader.new_client_from_config(config_file=kubeconfig)))
+        yield Cluster([_pinned_kubectl(), f"--kubeconfig={kubeconfig}"], reads=reads)
         return
-    # make test: the session's shared stack (the root conftest.py), not one of its own
+    # make test: the session's shared stack (the root conftest.py), not one of its own, and its reader
     plane: ControlPlane = request.getfixturevalue("crds")
     request.getfixturevalue("operator")
-    yield Cluster(
-        [_pinned_kubectl(), f"--kubeconfig={plane.kubeconfig}"], kubeconfig=str(plane.kubeconfig), plane=plane
-    )
+    yield Cluster([_pinned_kubectl(), f"--kubeconfig={plane.kubeconfig}"], reads=plane.reads, plane=plane)
