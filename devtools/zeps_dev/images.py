@@ -142,7 +142,7 @@ class Pins:
             etcd=_go_mod_version("etcd", "go.etcd.io/etcd/server/v3"),
             coredns=_go_mod_version("coredns", "github.com/coredns/coredns"),
             kind=_go_mod_version("kind", "sigs.k8s.io/kind"),
-            kube_router=_go_mod_version("kube-router", "github.com/cloudnativelabs/kube-router/v2"),
+            kube_router=_go_mod_version("k8s", "github.com/cloudnativelabs/kube-router/v2"),
         )
 
 

@@ -437,7 +437,7 @@ CSI_DRIVER = "hostpath.csi.zeps.dev"
 
 
 def expandable_storage(image: str) -> list[dict[str, Any]]:
-    """The cluster's CSI driver, zeps-csi-hostpath (tools/testbin/csi), and a StorageClass of it whose
+    """The cluster's CSI driver, zeps-csi-hostpath (tools/testbin/k8s/zeps-csi-hostpath), and a StorageClass of it whose
     claims can grow (``allowVolumeExpansion``), named by the tests of a stream's storage grown in
     place: on kind's own node image too, whose default class (local-path) cannot expand a volume. The
     node image built here has no other provisioner: its default class "standard" is this driver's

@@ -34,7 +34,9 @@ goversion=$(go env GOVERSION)
 keys=""
 
 # build name -> the module directory beside this script, and the packages it builds from it
-declare -A module=([etcd]=etcd [k8s]=k8s [kwok]=kwok [helm]=helm [k8s-node]=k8s [kind]=kind [coredns]=coredns [kube-router]=kube-router [seaweedfs]=seaweedfs [seaweedfs-optimised]=seaweedfs [nats-server]=nats-server [csi]=csi)
+# (kwok, kube-router and the CSI programs are built from the Kubernetes module: one version of each
+# library they share with Kubernetes, so what one build compiled the next finds in Go's build cache)
+declare -A module=([etcd]=etcd [k8s]=k8s [kwok]=k8s [helm]=helm [k8s-node]=k8s [kind]=kind [coredns]=coredns [kube-router]=k8s [seaweedfs]=seaweedfs [seaweedfs-optimised]=seaweedfs [nats-server]=nats-server [csi]=k8s)
 declare -A targets=(
   [etcd]="."
   [k8s]="k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl"
@@ -58,8 +60,15 @@ esac
 
 # Version stamps, as the projects' own release builds set them (from the pins above, not repeated):
 # without them kube-apiserver reports v0.0.0-master and helm renders charts for Kubernetes 1.20.
-k8s_version=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$here/k8s/go.mod")
-helm_version=$(awk '$1 == "require" && $2 == "helm.sh/helm/v3" {print $3}' "$here/helm/go.mod")
+# pinned MODULE_DIR MODULE: the version go.mod requires, on a require line of its own or in a block
+pinned() {
+  local version
+  version=$(awk -v m="$2" '($1 == "require" && $2 == m) {print $3; exit} ($1 == m && $2 ~ /^v/) {print $2; exit}' "$here/$1/go.mod")
+  [ -n "$version" ] || { echo "setup: tools/testbin/$1/go.mod does not require $2" >&2; exit 1; }
+  echo "$version"
+}
+k8s_version=$(pinned k8s k8s.io/kubernetes)
+helm_version=$(pinned helm helm.sh/helm/v3)
 k8s_major=$(echo "$k8s_version" | cut -d. -f1 | tr -d v)
 k8s_minor=$(echo "$k8s_version" | cut -d. -f2)
 stamp() { for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -85,9 +94,10 @@ declare -A ldflags=(
 # Without optimisation or inlining (-N -l), about a quarter less CPU to compile (SeaweedFS cold: 348 s
 # to 259): the modules that do little at run time (a whole cold `make test` and `make e2e`: weed 9 s
 # of CPU, helm 5, CoreDNS 4) and where that saving outweighs the packages they would share with the
-# control plane's build (flags differ: nothing is shared). kwok and the CSI driver share a quarter of
-# theirs and stay optimised, as do the control plane, etcd, the node's binaries, kube-router (on every
-# node) and the benchmarks' servers. The standard library is compiled once more with these flags.
+# control plane's build (flags differ: nothing is shared). kwok, kube-router and the CSI programs,
+# built from the Kubernetes module, find most of their packages compiled by the control plane's build
+# and stay optimised, as do the control plane, etcd, the node's binaries and the benchmarks' servers.
+# The standard library is compiled once more with these flags.
 declare -A unoptimised=([seaweedfs]=1 [coredns]=1 [helm]=1 [kind]=1)
 
 for mod in $builds; do
