@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -28,6 +29,12 @@ __all__ = ["FIELD_MANAGER", "InvalidSecretError", "Kube"]
 #: the field manager of the operator's server-side applies
 FIELD_MANAGER = "zeps-operator"
 _FORBIDDEN, _NOT_FOUND, _CONFLICT, _INVALID = 403, 404, 409, 422
+#: The dynamic client's discovery cache stays in memory. By default the client reads and writes it as
+#: ``osrcp-<hash of the server's address>.json`` in the shared temporary directory, where anyone on the
+#: machine could plant one first (the operator trusts only what it made), and every API server the
+#: tests start left one behind. Under /dev/null no file can be: nothing is read, and the client ignores
+#: its failed write.
+_NO_DISCOVERY_FILE = os.path.join(os.devnull, "zeps-operator-discovery.json")
 T = TypeVar("T")
 
 
@@ -202,7 +209,7 @@ class Kube:
     def apply(self, obj: dict[str, Any]) -> None:
         """Server-side apply ``obj`` (namespaced) as the operator's field manager, taking over conflicts."""
         if self._dynamic is None:
-            self._dynamic = DynamicClient(self.api)  # type: ignore[no-untyped-call]
+            self._dynamic = DynamicClient(self.api, cache_file=_NO_DISCOVERY_FILE)  # type: ignore[no-untyped-call]
         resource = self._dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
         resource.server_side_apply(
             body=obj,
@@ -215,7 +222,7 @@ class Kube:
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
         """Delete a namespaced object (gone already: nothing to do)."""
         if self._dynamic is None:
-            self._dynamic = DynamicClient(self.api)  # type: ignore[no-untyped-call]
+            self._dynamic = DynamicClient(self.api, cache_file=_NO_DISCOVERY_FILE)  # type: ignore[no-untyped-call]
         resource = self._dynamic.resources.get(api_version=api_version, kind=kind)
         _unless_missing(lambda: resource.delete(name=name, namespace=namespace))
 

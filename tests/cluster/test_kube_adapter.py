@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import tempfile
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -102,6 +104,18 @@ def test_apply_creates_then_updates_as_the_operators_field_manager(kube_api: Any
     read = client.CoreV1Api(kube_api).read_namespaced_config_map("applied", namespace)
     assert read.data == {"k": "2"}
     assert FIELD_MANAGER in {f.manager for f in read.metadata.managed_fields}
+
+
+def test_apply_reads_and_writes_no_discovery_cache_file(
+    kube_api: Any, namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dynamic client's discovery stays in memory: by default it is a file in the shared temporary
+    directory (``osrcp-<hash>.json``), which anyone on the machine could have written first."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    kube = Kube(kube_api)
+    kube.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "discovery", "namespace": namespace}})
+    kube.delete("v1", "ConfigMap", namespace, "discovery")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_a_missing_deployment_is_not_available(kube_api: Any, namespace: str) -> None:
