@@ -206,11 +206,16 @@ class Kube:
             raise
         return True
 
-    def apply(self, obj: dict[str, Any]) -> None:
-        """Server-side apply ``obj`` (namespaced) as the operator's field manager, taking over conflicts."""
+    def _resource(self, api_version: str, kind: str) -> Any:
+        """The dynamic client's resource of ``kind`` (the client made, and the server's discovery read,
+        at the first call)."""
         if self._dynamic is None:
             self._dynamic = DynamicClient(self.api, cache_file=_NO_DISCOVERY_FILE)  # type: ignore[no-untyped-call]
-        resource = self._dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+        return self._dynamic.resources.get(api_version=api_version, kind=kind)
+
+    def apply(self, obj: dict[str, Any]) -> None:
+        """Server-side apply ``obj`` (namespaced) as the operator's field manager, taking over conflicts."""
+        resource = self._resource(obj["apiVersion"], obj["kind"])
         resource.server_side_apply(
             body=obj,
             name=obj["metadata"]["name"],
@@ -221,9 +226,7 @@ class Kube:
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
         """Delete a namespaced object (gone already: nothing to do)."""
-        if self._dynamic is None:
-            self._dynamic = DynamicClient(self.api, cache_file=_NO_DISCOVERY_FILE)  # type: ignore[no-untyped-call]
-        resource = self._dynamic.resources.get(api_version=api_version, kind=kind)
+        resource = self._resource(api_version, kind)
         _unless_missing(lambda: resource.delete(name=name, namespace=namespace))
 
     def create_once(self, obj: dict[str, Any]) -> bool:
