@@ -54,7 +54,7 @@ from zeps_operator.reconcile import (
 )
 from zeps_operator.resync import Entry, Resync
 from zeps_operator.state import FINALIZER, RECONCILE_WORKERS, RESYNC, ZK_DEADLINE, Post, api_post, state
-from zeps_operator.streams import forget_keys_of, forget_stream_pass, reconcile_stream
+from zeps_operator.streams import PASSES, forget_keys_of, one_pass_at_a_time, reconcile_stream
 
 log = logging.getLogger(__name__)
 
@@ -255,6 +255,7 @@ def _resync(entry: Entry) -> None:
 @kopf.on.resume(GROUP, VERSION, PLURALS["ZepsStream"])
 @kopf.timer(GROUP, VERSION, PLURALS["ZepsStream"], interval=RESYNC / 3, idle=RESYNC / 15)
 @in_turn
+@one_pass_at_a_time
 @only_changes
 def stream_changed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **kwargs: Any) -> None:
     reconcile_stream(body, spec, patch, kwargs.get("reason"))
@@ -275,7 +276,7 @@ def deleted(body: kopf.Body, spec: kopf.Spec, retry: int, **_: Any) -> None:
     if kind == "Topic":
         state.cleaning.forget(target)
     if kind == "ZepsStream":
-        forget_stream_pass(meta["namespace"], meta["name"])
+        PASSES.forget((meta["namespace"], meta["name"]))
     if retains_data(dict(spec)):
         kept = "ZooKeeper data, journal volume and CURVE keys" if kind == "ZepsStream" else "ZooKeeper data"
         kopf.info(body, reason="Retained", message=f"deletionPolicy Retain: {kept} kept")

@@ -308,6 +308,22 @@ class Kube:
             GROUP, VERSION, namespace, PLURALS[kind], name, {"metadata": {"finalizers": finalizers}}
         )
 
+    def remove_annotation(self, kind: str, namespace: str, name: str, key: str, value: str) -> bool:
+        """Remove the annotation ``key`` of a zeps object only if it still holds ``value``: one JSON
+        Patch whose ``test`` the API server checks in the same write. A request someone annotated
+        since (another replica to move, say) stays. False when it holds something else, or is gone."""
+        pointer = "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+        body: Any = [{"op": "test", "path": pointer, "value": value}, {"op": "remove", "path": pointer}]
+        try:
+            k8s.CustomObjectsApi(self.api).patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURALS[kind], name, body, _content_type="application/json-patch+json"
+            )
+        except ApiException as exc:
+            if exc.status in (_NOT_FOUND, _INVALID):  # _INVALID: the test failed (or no annotations at all)
+                return False
+            raise
+        return True
+
     def patch_status(
         self, kind: str, namespace: str, name: str, changes: dict[str, Any], *, resource_version: str
     ) -> bool:

@@ -4,11 +4,13 @@ broker's objects (:mod:`zeps_operator.plan`), its group's manifest, its CURVE ke
 
 from __future__ import annotations
 
+import copy
+import functools
+import logging
 import math
-import threading
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 import kopf
 
@@ -38,6 +40,7 @@ from zeps_operator.curve import (
 )
 from zeps_operator.models import StreamSpec
 from zeps_operator.moving import MOVE_ANNOTATION, MoveFacts, journal_claim, plan_move
+from zeps_operator.passes import StreamPasses
 from zeps_operator.plan import (
     STREAM_LABEL,
     broker_config_digest,
@@ -57,36 +60,47 @@ from zeps_operator.plan import (
 from zeps_operator.reconcile import conditions_now, namespace_acl, read_after, ready, reconcile
 from zeps_operator.resize import plan_resize
 from zeps_operator.roll import RollStep, next_step, scale_down
-from zeps_operator.state import state
+from zeps_operator.state import RESYNC, state
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # -- ZepsStream ----------------------------------------------------------------------------------
-#: one pass over a stream at a time: its timer's and a change's may be taken by two workers at once
-#: (:mod:`zeps_operator.fairness`), and two passes deciding a roll from the same pods would each
-#: restart one (two replicas down at once)
-_PASSES: dict[tuple[str, str], threading.Lock] = {}
-_PASSES_GUARD = threading.Lock()
+#: one pass over a stream at a time, and no timer pass over a copy of it the last pass acted on
+#: (:mod:`zeps_operator.passes`)
+PASSES = StreamPasses(hold=RESYNC)
 
 
-def stream_pass(namespace: str, name: str) -> threading.Lock:
-    """The lock a pass over the stream ``namespace/name`` holds."""
-    with _PASSES_GUARD:
-        return _PASSES.setdefault((namespace, name), threading.Lock())
+def one_pass_at_a_time(handler: Callable[..., T]) -> Callable[..., T | None]:
+    """A ZepsStream handler run holding the stream's lock, over a copy of the object as it was when
+    the pass began (kopf's body is a live view, replaced as the watch delivers), skipped when it is a
+    timer's pass (kopf names no ``reason``) over the version the last writing pass read. Outside
+    :func:`zeps_operator.reconcile.only_changes`: a pass wrote when its change handler ran (kopf
+    records what it handled) or its patch is not empty once the unchanged status is left out."""
 
+    @functools.wraps(handler)
+    def wrapper(**kwargs: Any) -> T | None:
+        live, patch, timer = kwargs["body"], kwargs["patch"], kwargs.get("reason") is None
+        key = (live["metadata"]["namespace"], live["metadata"]["name"])
+        with PASSES.lock(key):
+            body = kwargs["body"] = kopf.Body(cast(kopf.RawBody, copy.deepcopy(dict(live))))
+            kwargs["spec"] = body.spec
+            if not PASSES.begin(key, str(body["metadata"].get("resourceVersion") or ""), time.monotonic(), timer=timer):
+                log.debug("ZepsStream %s/%s: its timer's copy is the one the last pass wrote from: skipped", *key)
+                return None
+            try:
+                return handler(**kwargs)
+            finally:
+                if not timer or patch:
+                    PASSES.wrote(key, time.monotonic())
 
-def forget_stream_pass(namespace: str, name: str) -> None:
-    with _PASSES_GUARD:
-        _PASSES.pop((namespace, name), None)
+    return wrapper
 
 
 def reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason: kopf.Reason | None) -> None:
     """One pass over a ZepsStream (a change, a resume, or its timer: ``reason`` None): the common
-    path, the manifest, CURVE keys, the broker's objects, and its status; one at a time."""
-    meta = body["metadata"]
-    with stream_pass(meta["namespace"], meta["name"]):
-        _reconcile_stream(body, spec, patch, reason)
-
-
-def _reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reason: kopf.Reason | None) -> None:
+    path, the manifest, CURVE keys, the broker's objects, and its status. Run holding the stream's
+    lock (:func:`one_pass_at_a_time`)."""
     generation = body["metadata"].get("generation", 1)
     after = read_after(body, reason)  # kopf names the cause of a change (create, update, resume); a timer none
     # a path restored is drift (a warning, the ZepsDriftRepaired alert's count) once the stream was
@@ -128,7 +142,7 @@ def _reconcile_stream(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, reaso
     objects = broker_objects(namespace, name, typed, replicated, zookeeper_auth=acl is not None)
     apply_objects(body, surged(objects, surge), retain=retain)
     if replicated and (asked := (meta.get("annotations") or {}).get(UNCLEAN_ELECTION)):
-        unclean_election(body, typed, str(asked), patch)
+        unclean_election(body, typed, str(asked))
     others = [reconcile_partition(body, typed, p, up, acl=acl) for p, up in surges.items()]
     scaling_status(body, patch, waits, generation=generation)
     move_status(body, patch, moves, generation=generation)
@@ -163,10 +177,10 @@ def stream_curve(body: kopf.Body, spec: StreamSpec, members: list[str], others: 
 UNCLEAN_ELECTION = "zeps.dev/unclean-election"
 
 
-def unclean_election(body: kopf.Body, spec: StreamSpec, asked: str, patch: kopf.Patch) -> None:
+def unclean_election(body: kopf.Body, spec: StreamSpec, asked: str) -> None:
     """The annotation :data:`UNCLEAN_ELECTION` asks for an unclean election: done once (the
-    annotation is removed once done or refused; ZooKeeper away, it is tried again), said in an event:
-    what it gives up, or why it was refused."""
+    annotation is removed once done or refused, by :func:`take_back`; ZooKeeper away, it is tried
+    again), said in an event: what it gives up, or why it was refused."""
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     partition, _, replica = asked.rpartition("/")
     try:
@@ -176,14 +190,25 @@ def unclean_election(body: kopf.Body, spec: StreamSpec, asked: str, patch: kopf.
         paths = StreamPaths.of(namespace, name, chroot=state.settings.chroot, partition=number)
         report = elect_unclean(state.zk, paths, replica)
     except (UncleanElectionError, ConfigError, ValueError) as exc:  # not ZooKeeper away: that is tried again
-        patch.metadata.annotations[UNCLEAN_ELECTION] = None
+        take_back(body, UNCLEAN_ELECTION)
         kopf.warn(body, reason="UncleanElectionRefused", message=f"{UNCLEAN_ELECTION}={asked!r}: {exc}")
         return
-    patch.metadata.annotations[UNCLEAN_ELECTION] = None
+    take_back(body, UNCLEAN_ELECTION)
     kopf.warn(body, reason="UncleanElection", message=(
         f"{replica} leads the next epoch{f' of partition {number}' if number else ''} without having been in sync "
         f"(in sync were {', '.join(sorted(report.in_sync_before))}): it gives up at least {report.gives_up} "
         f"confirmed records (recorded commit point {report.recorded}; it holds up to {report.holds})"))  # fmt: skip
+
+
+def take_back(body: kopf.Body, annotation: str) -> None:
+    """A one-shot request (a replica to move, an unclean election) done or refused: its annotation
+    removed, only if it still holds what this pass read (someone may have asked anew since: that
+    request stays, for the next pass)."""
+    meta = body["metadata"]
+    asked = (meta.get("annotations") or {}).get(annotation)
+    key = (meta["namespace"], meta["name"])
+    if asked is not None and state.kube.remove_annotation("ZepsStream", *key, annotation, str(asked)):
+        PASSES.wrote(key, time.monotonic())
 
 
 def single_status(body: kopf.Body, spec: StreamSpec, group: Group, patch: kopf.Patch, *, generation: int,
@@ -602,7 +627,7 @@ def move_status(body: kopf.Body, patch: kopf.Patch, moves: dict[str, dict[str, A
                                                     for c in conditions_now(body, patch) or []):  # fmt: skip
         return  # the condition appears once a move is asked
     if entry is not None and entry.get("done"):
-        patch.metadata.annotations[MOVE_ANNOTATION] = None
+        take_back(body, MOVE_ANNOTATION)
         entry = None
     if entry is not None:
         patch.status["move"] = replacing_map(before, entry)

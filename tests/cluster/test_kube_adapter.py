@@ -151,6 +151,32 @@ def test_a_status_patch_at_a_stale_resource_version_is_refused(kube_api: Any, cr
     assert not kube.patch_status("Topic", namespace, "gone", {"testNote": "x"}, resource_version="1")
 
 
+def test_a_request_annotation_is_removed_only_while_it_holds_what_was_done(
+    kube_api: Any, crds: Any, namespace: str
+) -> None:
+    """How the operator takes back a one-shot request (a replica to move, an unclean election) once done:
+    the annotation goes only if it still holds the request done. A pass working from an old copy of the
+    object must not remove a new request annotated since. (A key no handler reads: the session's operator
+    may handle the Topic, and leaves it alone.)"""
+    kube = Kube(kube_api)
+    api = client.CustomObjectsApi(kube_api)
+    key = "zeps.dev/test-request"
+    topic = {"apiVersion": "zeps.dev/v1alpha1", "kind": "Topic",
+             "metadata": {"name": "asked", "annotations": {key: "second", "other": "kept"}}}  # fmt: skip
+    api.create_namespaced_custom_object("zeps.dev", "v1alpha1", namespace, "topics", topic)
+
+    def annotations() -> dict[str, str]:
+        return dict(api.get_namespaced_custom_object("zeps.dev", "v1alpha1", namespace, "topics", "asked")
+                    ["metadata"].get("annotations") or {})  # fmt: skip
+
+    assert not kube.remove_annotation("Topic", namespace, "asked", key, "first")  # done: "first"; asked now: "second"
+    assert annotations()[key] == "second"
+    assert kube.remove_annotation("Topic", namespace, "asked", key, "second")
+    assert key not in annotations() and annotations()["other"] == "kept"
+    assert not kube.remove_annotation("Topic", namespace, "asked", key, "second")  # gone already
+    assert not kube.remove_annotation("Topic", namespace, "gone", key, "second")  # no such object
+
+
 def test_an_event_names_the_object_it_is_about(kube_api: Any, namespace: str) -> None:
     kube = Kube(kube_api)
     involved = {"kind": "Topic", "namespace": namespace, "name": "orders", "uid": "uid-1"}

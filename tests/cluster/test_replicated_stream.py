@@ -639,9 +639,11 @@ def _the_move_is_done(crds: ControlPlane, core: Any, namespace: str) -> None:
     wait_until(lambda: not [c for c in core.list_namespaced_persistent_volume_claim(namespace).items
                             if c.metadata.name == "journal-mv-broker-p2-2" and not c.metadata.deletion_timestamp],
                timeout=60, what="the extra replica's claim deleted")  # fmt: skip
-    body = json.loads(crds.kubectl("get", "zepsstream", "mv", "-n", namespace, "-o", "json"))
-    assert "zeps.dev/move-replica" not in (body["metadata"].get("annotations") or {})
-    assert _cond(crds, namespace, "mv", "Reassigning")[:2] == ("False", "Settled")
+    # the pass that deleted it removes the annotation, then kopf writes its status: a moment later
+    wait_until(lambda: "zeps.dev/move-replica" not in (json.loads(crds.kubectl(
+                   "get", "zepsstream", "mv", "-n", namespace, "-o", "json"))["metadata"].get("annotations") or {})
+               and _cond(crds, namespace, "mv", "Reassigning")[:2] == ("False", "Settled"),
+               timeout=30, what="the annotation removed, Reassigning False (Settled)")  # fmt: skip
     events = crds.kubectl("get", "events", "-n", namespace, "--field-selector", "reason=ReplicaMoved")
     assert "mv-broker-p2-1 moved from node" in events, events
 
