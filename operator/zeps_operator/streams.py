@@ -75,8 +75,8 @@ def one_pass_at_a_time(handler: Callable[..., T]) -> Callable[..., T | None]:
     """A ZepsStream handler run holding the stream's lock, over a copy of the object as it was when
     the pass began (kopf's body is a live view, replaced as the watch delivers), skipped when it is a
     timer's pass (kopf names no ``reason``) over the version the last writing pass read. Outside
-    :func:`zeps_operator.reconcile.only_changes`: a pass wrote when its change handler ran (kopf
-    records what it handled) or its patch is not empty once the unchanged status is left out."""
+    :func:`zeps_operator.reconcile.only_changes`: a pass wrote when it handled a creation or a change
+    (kopf records what it handled) or its patch is not empty once the unchanged status is left out."""
 
     @functools.wraps(handler)
     def wrapper(**kwargs: Any) -> T | None:
@@ -91,7 +91,7 @@ def one_pass_at_a_time(handler: Callable[..., T]) -> Callable[..., T | None]:
             try:
                 return handler(**kwargs)
             finally:
-                if not timer or patch:
+                if patch or kwargs.get("reason") in ("create", "update"):  # kopf then records the change handled
                     PASSES.wrote(key, time.monotonic())
 
     return wrapper

@@ -206,8 +206,8 @@ def test_a_scale_down_waits_for_the_replicas_that_stay_unless_an_annotation_skip
         assert "sd-broker-1 not in sync" in _cond(crds, namespace, "sd", "ScalingDown")[2]
         crds.kubectl("annotate", "zepsstream", "sd", "-n", namespace, "zeps.dev/skip-scale-down-check=true")
         wait_until(lambda: replicas() == 2, timeout=60, what="the StatefulSet down to 2, unchecked")
-        events = crds.kubectl("get", "events", "-n", namespace, "--field-selector", "reason=ScaleDownCheckSkipped")
-        assert "sd-broker goes down to 2 now" in events and "sd-broker-1 not in sync" in events, events
+        events = _events(crds, namespace, "ScaleDownCheckSkipped", "sd-broker goes down to 2 now")
+        assert "sd-broker-1 not in sync" in events, events
         wait_until(lambda: "scaling" not in _status(crds, namespace, "sd"), timeout=30, what="status.scaling gone")
         assert _cond(crds, namespace, "sd", "ScalingDown")[:2] == ("False", "Done")
     finally:
@@ -262,11 +262,19 @@ def test_an_annotation_elects_a_replica_out_of_sync_when_the_in_sync_ones_are_go
                      f"zeps.dev/unclean-election=orders-broker-{lagging}")  # fmt: skip
         wait_until(lambda: replication().get("leader") == f"orders-broker-{lagging}", timeout=60,
                    what="the replica elected uncleanly leading")  # fmt: skip
-        events = json.loads(crds.kubectl("get", "events", "-n", namespace, "--field-selector",
-                                         "reason=UncleanElection", "-o", "json"))["items"]  # fmt: skip
-        assert events and "gives up at least 50 confirmed records" in events[0]["message"], events
-        body = json.loads(crds.kubectl("get", "zepsstream", "orders", "-n", namespace, "-o", "json"))
-        assert "zeps.dev/unclean-election" not in body["metadata"].get("annotations", {})
+
+        # the election is written in ZooKeeper first; the annotation's removal and the event come after it
+        def events() -> list[dict[str, Any]]:
+            return list(json.loads(crds.kubectl("get", "events", "-n", namespace, "--field-selector",
+                                                "reason=UncleanElection", "-o", "json"))["items"])  # fmt: skip
+
+        def annotations() -> dict[str, str]:
+            body = json.loads(crds.kubectl("get", "zepsstream", "orders", "-n", namespace, "-o", "json"))
+            return dict(body["metadata"].get("annotations") or {})
+
+        wait_until(lambda: bool(events()) and "zeps.dev/unclean-election" not in annotations(), timeout=30,
+                   what="the UncleanElection event, the annotation removed")  # fmt: skip
+        assert "gives up at least 50 confirmed records" in events()[0]["message"], events()
     finally:
         _stop(procs.values())
         crds.kubectl("delete", "zepsstream", "orders", "-n", namespace, "--timeout=60s", check=False)
@@ -623,9 +631,7 @@ def test_a_larger_storage_size_grows_the_journal_claims_in_place_and_a_smaller_o
         _apply(crds, namespace, "grow", {"replicas": 3, "storage": {"size": "3Gi", "storageClassName": sc}})
         wait_until(lambda: resizing()[:2] == ("False", "NotExpandable"), timeout=60, what="growth refused")
         assert "cannot grow in place" in resizing()[2]
-        events = json.loads(crds.kubectl("get", "events", "-n", namespace, "--field-selector",
-                                         "reason=NotExpandable", "-o", "json"))["items"]  # fmt: skip
-        assert events, "no NotExpandable event"
+        _events(crds, namespace, "NotExpandable", "cannot grow in place")
     finally:
         crds.kubectl("delete", "zepsstream", "grow", "-n", namespace, "--timeout=60s", check=False)
         for name in names:
@@ -644,8 +650,21 @@ def _the_move_is_done(crds: ControlPlane, core: Any, namespace: str) -> None:
                    "get", "zepsstream", "mv", "-n", namespace, "-o", "json"))["metadata"].get("annotations") or {})
                and _cond(crds, namespace, "mv", "Reassigning")[:2] == ("False", "Settled"),
                timeout=30, what="the annotation removed, Reassigning False (Settled)")  # fmt: skip
-    events = crds.kubectl("get", "events", "-n", namespace, "--field-selector", "reason=ReplicaMoved")
-    assert "mv-broker-p2-1 moved from node" in events, events
+    _events(crds, namespace, "ReplicaMoved", "mv-broker-p2-1 moved from node")
+
+
+def _events(crds: ControlPlane, namespace: str, reason: str, text: str) -> str:
+    """The events of ``reason`` in ``namespace`` as kubectl lists them, once one says ``text``: kopf posts
+    a handler's events from a queue of its own, a moment after the pass that made them."""
+    listed = ""
+
+    def said() -> bool:
+        nonlocal listed
+        listed = crds.kubectl("get", "events", "-n", namespace, "--field-selector", f"reason={reason}")
+        return text in listed
+
+    wait_until(said, timeout=30, what=f"a {reason} event saying {text!r}")
+    return listed
 
 
 def _write_state(zk: Any, path: str, state: bytes) -> None:

@@ -81,6 +81,27 @@ def test_the_handler_reads_one_version_and_a_stale_timer_pass_never_runs() -> No
         PASSES.forget(("ns", "passes-test"))
 
 
+def test_a_resume_that_wrote_nothing_does_not_hold_the_timer() -> None:
+    """The operator's start resumes every stream: a pass that changes nothing writes nothing (kopf
+    records no change it handled), so the timer's next pass over the same version runs."""
+    live = kopf.Body(_body("12", "x"))
+    runs: list[str | None] = []
+
+    @one_pass_at_a_time
+    def handler(**kwargs: Any) -> None:
+        runs.append(kwargs.get("reason"))
+
+    PASSES.forget(("ns", "passes-test"))
+    try:
+        handler(body=live, spec=live.spec, patch=kopf.Patch(), reason="resume")
+        handler(body=live, spec=live.spec, patch=kopf.Patch())  # the timer, the same version
+        handler(body=live, spec=live.spec, patch=kopf.Patch(), reason="update")  # kopf records it: a write
+        handler(body=live, spec=live.spec, patch=kopf.Patch())  # skipped
+        assert runs == ["resume", None, "update"]
+    finally:
+        PASSES.forget(("ns", "passes-test"))
+
+
 def test_passes_over_one_stream_never_overlap() -> None:
     """Two workers take the stream's timer and a change at once: the second waits for the first."""
     live = kopf.Body(_body("9", "x"))
