@@ -217,7 +217,11 @@ class Routing(BrokerState):
             chunk = journal.read_chunk(stream.routed + 1, max_bytes=self.config.batch_bytes, end=stream.committed)
             if chunk is None:
                 break
-            for sub, picks in self._targets(stream, chunk).items():
+            for sub, targeted in self._targets(stream, chunk).items():
+                # a subscription asked from past the tail gets nothing before its sequence
+                picks = targeted if sub.cursor <= chunk.first else _from(chunk, targeted, sub.cursor)
+                if picks == []:
+                    continue
                 stop = self._deliver(sub, chunk, picks)
                 if stop is not None:
                     self._leave_live(sub, stop)
@@ -225,7 +229,7 @@ class Routing(BrokerState):
                 stream.outbox.gather(chunk)
             stream.routed = chunk.last
         for sub in stream.live_set:
-            sub.cursor = stream.routed + 1
+            sub.cursor = max(sub.cursor, stream.routed + 1)
 
     @property
     def multicast_pending(self) -> bool:
@@ -577,3 +581,8 @@ class Routing(BrokerState):
         count, furthest = self.lag(stream, most)
         return count, [{"peer": peer, "id": sub.id, "pattern": sub.matcher.pattern, "lag": sub.lag, "live": sub.live}
                        for peer, sub in furthest]  # fmt: skip
+
+
+def _from(chunk: Chunk, picks: list[int] | None, cursor: int) -> list[int]:
+    """The records of ``chunk`` that ``picks`` names (None: all of them) at or after ``cursor``."""
+    return [i for i in (range(len(chunk)) if picks is None else picks) if chunk.sequence(i) >= cursor]

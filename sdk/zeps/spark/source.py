@@ -282,9 +282,14 @@ class _StreamRead:
                     raise BrokerUnavailableError(
                         f"stream {s.name}: the broker sent nothing for 60 s while replaying {expected}..{part.end}"
                     )
-                for run in runs:
+                for received in runs:
                     if expected > part.end:  # the range is complete; the rest is beyond it
                         break
+                    # never a record twice, whatever the broker sends (an older one sent a replay asked
+                    # from past its durable tail from the tail on)
+                    run = received if received.sequence(0) >= expected else received.after(expected - 1)
+                    if not len(run):
+                        continue
                     if run.sequence(0) > expected and self.tier:  # the broker no longer holds these
                         for old in self._from_tier(part.partition, expected, min(run.sequence(0) - 1, part.end)):
                             pending.append(old)
