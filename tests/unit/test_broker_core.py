@@ -137,8 +137,9 @@ def test_a_subscription_from_past_the_tail_gets_nothing_before_its_sequence(core
     _send(core, b"pub", *[Publish(key="k", body=b"x") for _ in range(3)], now=1.0)
     _attach(core, b"sub")
     _send(core, b"sub", Subscribe(pattern=pattern, latest=5), Credit(credit=100 * frame_size), now=2.0)
-    got = _send(core, b"pub", *[Publish(key="k", body=b"x") for _ in range(7)], now=3.0, to=b"sub")
-    assert [d.sequence for d in got] == [6, 7, 8, 9, 10]
+    assert _send(core, b"pub", Publish(key="k", body=b"x"), now=2.5, to=b"sub") == []  # 4: all before it
+    got = _send(core, b"pub", *[Publish(key="k", body=b"x") for _ in range(6)], now=3.0, to=b"sub")
+    assert [d.sequence for d in got] == [6, 7, 8, 9, 10]  # 5 to 10 routed together: from 6 on
     got = _send(core, b"pub", Publish(key="k", body=b"x"), now=4.0, to=b"sub")
     assert [d.sequence for d in got] == [11]  # live from there on
     assert [sub.lag for _, sub in core.lag("prices")[1]] == [0]

@@ -585,4 +585,6 @@ class Routing(BrokerState):
 
 def _from(chunk: Chunk, picks: list[int] | None, cursor: int) -> list[int]:
     """The records of ``chunk`` that ``picks`` names (None: all of them) at or after ``cursor``."""
+    if cursor > chunk.last:  # a cursor far ahead (any peer may ask for one) costs no scan of the chunk
+        return []
     return [i for i in (range(len(chunk)) if picks is None else picks) if chunk.sequence(i) >= cursor]
