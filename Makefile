@@ -69,7 +69,7 @@ e2e-images:     ## what `make e2e` builds before its cluster (kind binaries, nod
 	@tools/setup.sh python zookeeper promtool kind
 	@$(WITH_ENV) $(PY) -m zeps_dev.kind images
 
-e2e-stack:      ## what `make e2e` starts before its suite (images, cluster, chart), left running for the next `make e2e` of the same sources to use: CI runs it beside `make test`
+e2e-stack:      ## what `make e2e` starts before its suite (images, cluster, chart), left running for the next `make e2e` of the same sources to use: CI runs it beside `make test` (with ZEPS_E2E_SERIAL_EARLY=1 it runs the serial e2e tests on it too, and that `make e2e` the rest)
 	@tools/setup.sh python zookeeper promtool
 	@# the images that need no Go binary beside the kind set's Go builds (downloads and disk beside their CPU)
 	@$(WITH_ENV) $(PY) -m zeps_dev.kind base-images & images=$$!; \

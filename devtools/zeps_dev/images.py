@@ -35,7 +35,7 @@ from zeps.errors import SetupError
 from zeps_dev.docker import DockerEngine, image_exists
 from zeps_dev.process import apt_install, run_tool
 
-__all__ = ["NETWORK_POLICY", "ROOTFS", "ImageBuilder", "Pins", "go_module_dir", "project_image_tag"]
+__all__ = ["NETWORK_POLICY", "ROOTFS", "ImageBuilder", "Pins", "go_module_dir", "project_image_tag", "tree_hash"]
 
 REPOSITORY = Path(__file__).resolve().parents[2]  # devtools/zeps_dev/images.py -> the checkout
 TESTBIN_SOURCES = REPOSITORY / "tools" / "testbin"
@@ -98,7 +98,8 @@ def _hash(*parts: str | bytes) -> str:
     return digest.hexdigest()[:12]
 
 
-def _tree_hash(root: Path) -> str:
+def tree_hash(root: Path) -> str:
+    """12 hex digits of a hash of every file under ``root`` (names and contents; no ``__pycache__``)."""
     digest = hashlib.sha256()
     for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
         digest.update(str(path.relative_to(root)).encode())
@@ -332,8 +333,8 @@ class ImageBuilder:
         binaries = [self.binaries / b for b in ("kubelet", "kubeadm", "kubectl")]
         key = _hash(
             self.pins.kubernetes,
-            _tree_hash(IMAGES / "kind-node"),
-            _tree_hash(kind_files),
+            tree_hash(IMAGES / "kind-node"),
+            tree_hash(kind_files),
             *ROOTFS["node"],
             *components,
             *(hashlib.sha256(b.read_bytes()).hexdigest() for b in binaries),
@@ -450,7 +451,7 @@ class ImageBuilder:
         """``zeps-spark:<version>-<hash>`` from images/spark/Dockerfile: a JRE 17, Python 3.11 with pyspark
         and zeps, tini, the entrypoint for Spark's roles, and examples/spark."""
         examples = REPOSITORY / "examples" / "spark"
-        tag = f"zeps-spark:{project_image_tag(_tree_hash(IMAGES / 'spark'), _tree_hash(examples), *ROOTFS['spark'])}"
+        tag = f"zeps-spark:{project_image_tag(tree_hash(IMAGES / 'spark'), tree_hash(examples), *ROOTFS['spark'])}"
         if self._cached(tag, building="wheels with pip (pyspark is large), then images/spark/Dockerfile"):
             return tag
         with tempfile.TemporaryDirectory(dir=self._scratch()) as tmp:
@@ -527,7 +528,7 @@ class ImageBuilder:
         version = next((j.stem.split("-", 1)[1] for j in jars if re.fullmatch(r"zookeeper-\d[\d.]*", j.stem)), None)
         if version is None:
             raise SetupError(f"no zookeeper-<version>.jar in {self.zookeeper_home / 'lib'}")
-        key = _hash(_tree_hash(IMAGES / "zookeeper"), *(j.name for j in jars), *ROOTFS["spark"])
+        key = _hash(tree_hash(IMAGES / "zookeeper"), *(j.name for j in jars), *ROOTFS["spark"])
         tag = f"zeps-zookeeper:{version}-{key}"
         if self._cached(tag, building="images/zookeeper/Dockerfile"):
             return tag

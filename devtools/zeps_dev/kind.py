@@ -32,7 +32,7 @@ from typing import Any
 
 from zeps.errors import SetupError
 from zeps_dev.docker import DockerEngine
-from zeps_dev.images import REPOSITORY, ROOTFS, TESTBIN_SOURCES, ImageBuilder, go_module_dir
+from zeps_dev.images import REPOSITORY, ROOTFS, TESTBIN_SOURCES, ImageBuilder, go_module_dir, tree_hash
 from zeps_dev.process import LocalServer, run_tool
 
 __all__ = [
@@ -63,6 +63,14 @@ E2E_LANES = int(os.environ.get("ZEPS_E2E_LANES", "2"))
 E2E_SERIAL_CLUSTER = os.environ.get("ZEPS_E2E_SERIAL_CLUSTER", "0") == "1"
 #: the second cluster's name: the suite's cluster's with this after it
 SERIAL_SUFFIX = "-serial"
+#: ``ZEPS_E2E_SERIAL_EARLY=1`` (CI sets it for ``make e2e-stack``): once the stack is ready, the
+#: ``serial`` e2e tests run on it at once, beside ``make test``, whose tiers leave a core idle for much
+#: of their run while the cluster would idle until ``make e2e``; the ``make e2e`` that adopts that
+#: stack then runs the shared phase only (:func:`serial_phase_passed_early`). Where the stack is ready
+#: only as ``make test`` ends (a new machine), the order is the only change.
+E2E_SERIAL_EARLY = os.environ.get("ZEPS_E2E_SERIAL_EARLY", "0") == "1"
+#: beside a cluster's kubeconfig: the serial phase ``make e2e-stack`` ran on it, and with what
+SERIAL_NOTE = "serial-phase.json"
 NO_TESTS_COLLECTED = 5  #: pytest's exit code when a run selects no test
 #: how long a cluster's deletion waits for its node containers to be gone: an engine removing four
 #: node containers killed mid-creation, beside a busy suite, was seen to take more than 40 s
@@ -673,6 +681,17 @@ class KindStack(LocalServer):
         """Where :meth:`prepare` says what it left running, for the next :meth:`start` to adopt."""
         return self.cache / "kind" / "clusters" / self.cluster_name / PREPARED_NOTE
 
+    @property
+    def serial_note(self) -> Path:
+        """Where :func:`run_serial_early` records the serial phase it ran on this stack's cluster."""
+        return self.cache / "kind" / "clusters" / self.cluster_name / SERIAL_NOTE
+
+    def serial_identity(self) -> dict[str, Any]:
+        """What a serial phase ran against: the images and nodes (:meth:`_what_it_runs`) and the e2e
+        suite's own files (the tests, their helpers and workloads)."""
+        assert self.cluster is not None
+        return {**self._what_it_runs(self.cluster.node_image), "suite": tree_hash(REPOSITORY / "e2e")}
+
     def _what_it_runs(self, node_image: str) -> dict[str, Any]:
         images = [self.zeps_image, self.zookeeper_image, self.seaweedfs_image, self.prometheus_image, self.csi_image,
                   self.spark_image]  # fmt: skip
@@ -960,15 +979,26 @@ def run_beside(
 def run_e2e(pytest_args: Sequence[str]) -> int:
     """``make e2e``: the stack up, the e2e suite on it (:func:`e2e_phases`), everything down again.
     The serial phase runs after the shared one on the one cluster, or with ``ZEPS_E2E_SERIAL_CLUSTER=1``
-    on a second cluster (:meth:`KindStack.companion`) beside it (:func:`run_beside`). Returns
-    pytest's code (:func:`combined_exit_code`)."""
+    on a second cluster (:meth:`KindStack.companion`) beside it (:func:`run_beside`), or not at all
+    when the adopted stack's ``make e2e-stack`` ran it already (:func:`serial_phase_passed_early`).
+    Returns pytest's code (:func:`combined_exit_code`)."""
     started = time.monotonic()
     stack = kind_stack_from_env(spark=True, workers=E2E_WORKERS)
     (_, shared), (_, serial) = e2e_phases(pytest_args, E2E_LANES)
     with stack:
         _say(f"stack ready in {stack.timings['ready_s']:.0f}s; running the e2e suite")
         env = {**os.environ, **stack.env()}
-        if E2E_SERIAL_CLUSTER:
+        early = serial_phase_passed_early(
+            _read_once(stack.serial_note), stack.serial_identity(), pytest_args, adopted="adopted_s" in stack.timings
+        )
+        if early is not None:
+            _say(f"serial tests: passed on this cluster before the shared ones, beside make test (make e2e-stack "
+                 f"with ZEPS_E2E_SERIAL_EARLY=1, in {early.get('seconds', 0):.0f}s); not run again")  # fmt: skip
+            _say(f"shared tests: pytest {' '.join(shared)}")
+            phase_started = time.monotonic()
+            codes = [subprocess.run(_pytest(shared), env=env, cwd=REPOSITORY, check=False).returncode]
+            stack.timings["shared_tests_s"] = time.monotonic() - phase_started
+        elif E2E_SERIAL_CLUSTER:
             companion = stack.companion()
 
             def serial_cluster() -> dict[str, str]:
@@ -1043,6 +1073,7 @@ def prepare_e2e_stack() -> int:
     """``make e2e-stack``: what ``make e2e`` starts before its suite (images, cluster, chart), left
     running for it (:meth:`KindStack.prepare`); ``python -m zeps_dev.kind down`` removes it."""
     stack = kind_stack_from_env(spark=True, workers=E2E_WORKERS, keep=False, detached=True)
+    stack.serial_note.unlink(missing_ok=True)  # an earlier stack's: never taken for this one's
     # Not the serial tests' cluster (ZEPS_E2E_SERIAL_CLUSTER=1): make e2e makes it beside its shared
     # tests. Made here, beside make test, it slowed make test by as much as it saved (benchmarks/README.md).
     try:
@@ -1050,7 +1081,54 @@ def prepare_e2e_stack() -> int:
     except BaseException:
         stack.stop()
         raise
+    return run_serial_early(stack) if E2E_SERIAL_EARLY else 0
+
+
+def run_serial_early(stack: KindStack) -> int:
+    """The serial phase (:func:`e2e_phases`) on the stack :func:`prepare_e2e_stack` just made ready,
+    one test at a time as ``make e2e`` runs it; if it passes, a note (:attr:`KindStack.serial_note`)
+    for the ``make e2e`` that adopts this stack to run the shared phase only. The stack stays
+    running either way (``make e2e-down`` or CI's end removes it). Returns pytest's code."""
+    _, (_, serial) = e2e_phases([], 1)
+    _say(f"serial tests on the prepared cluster now (ZEPS_E2E_SERIAL_EARLY=1): pytest {' '.join(serial)}")
+    started = time.monotonic()
+    code = subprocess.run(_pytest(serial), env={**os.environ, **stack.env()}, cwd=REPOSITORY, check=False).returncode
+    seconds = time.monotonic() - started
+    if code != 0:
+        _say(f"serial tests failed (exit {code}) after {seconds:.0f}s: above; make e2e would run them again")
+        return code
+    stack.serial_note.write_text(json.dumps({"identity": stack.serial_identity(), "seconds": seconds}))
+    _say(f"serial tests passed in {seconds:.0f}s; the next make e2e on this stack runs the shared ones only")
     return 0
+
+
+def serial_phase_passed_early(
+    note: str | None, identity: dict[str, Any], pytest_args: Sequence[str], *, adopted: bool
+) -> dict[str, Any] | None:
+    """The note :func:`run_serial_early` left (``note``: its text, None if there is none), if ``make
+    e2e`` may count that serial phase as its own: it adopted the very stack the phase ran on
+    (``adopted``; a stack made anew has seen none of it), that stack still runs the same images and
+    nodes and the suite's files are the same (``identity``), and ``make e2e`` was given no pytest
+    arguments (a ``-k`` or ``-x`` of its own selects or runs otherwise). Else None: the phase runs."""
+    if note is None or not adopted or pytest_args:
+        return None
+    try:
+        done = json.loads(note)
+    except ValueError:
+        return None
+    if not isinstance(done, dict) or done.get("identity") != identity:
+        return None
+    return done
+
+
+def _read_once(path: Path) -> str | None:
+    """``path``'s text, the file removed: a note is used by one run at most."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    path.unlink(missing_ok=True)
+    return text
 
 
 def down() -> int:
@@ -1059,7 +1137,8 @@ def down() -> int:
     name = os.environ.get("ZEPS_KIND_CLUSTER", DEFAULT_CLUSTER)
     names = (name, name + SERIAL_SUFFIX)  # the suite's cluster and the serial tests' (run_e2e)
     for each in names:
-        (cache_dir() / "kind" / "clusters" / each / PREPARED_NOTE).unlink(missing_ok=True)
+        for note in (PREPARED_NOTE, SERIAL_NOTE):
+            (cache_dir() / "kind" / "clusters" / each / note).unlink(missing_ok=True)
     engine = DockerEngine(docker_root(), say=_say)
     if not engine.running():
         _say("down: no dockerd of zeps runs and no engine answers: nothing to remove")

@@ -32,6 +32,7 @@ from zeps_dev.kind import (
     e2e_phases,
     expandable_storage,
     run_beside,
+    serial_phase_passed_early,
 )
 from zeps_dev.process import wait_until
 
@@ -191,6 +192,22 @@ def test_the_e2e_phases_run_every_test_once_and_the_serial_ones_alone() -> None:
     assert len(in_shared) > len(in_serial) > 0
     (_, two_lanes), _ = e2e_phases(["-k", "spark"], lanes=2)
     assert two_lanes == ["-m", "not serial", "-n", "2", "--dist", "worksteal", "-k", "spark"]
+
+
+def test_make_e2e_counts_a_serial_phase_run_early_only_on_the_very_stack_and_suite_it_ran_on() -> None:
+    """``make e2e-stack`` with ZEPS_E2E_SERIAL_EARLY=1 runs the serial phase on its stack beside
+    ``make test``; ``make e2e`` skips it only when it adopted that stack, nothing it runs or tests
+    changed since, and it was given no pytest arguments of its own."""
+    identity = {"node_image": "zeps/kind-node:v1-abc", "images": ["zeps:0.1.0-1"], "workers": 3, "suite": "e2e1"}
+    note = json.dumps({"identity": identity, "seconds": 700.0})
+    assert serial_phase_passed_early(note, identity, [], adopted=True) == {"identity": identity, "seconds": 700.0}
+    assert serial_phase_passed_early(None, identity, [], adopted=True) is None  # none ran (or it failed)
+    assert serial_phase_passed_early(note, identity, [], adopted=False) is None  # a new cluster saw none of it
+    assert serial_phase_passed_early(note, identity, ["-k", "faults"], adopted=True) is None
+    for changed in ({"suite": "e2e2"}, {"images": ["zeps:0.1.0-2"]}, {"workers": 2}):
+        assert serial_phase_passed_early(note, {**identity, **changed}, [], adopted=True) is None
+    assert serial_phase_passed_early("{not json", identity, [], adopted=True) is None
+    assert serial_phase_passed_early("[1]", identity, [], adopted=True) is None
 
 
 def test_the_phases_exit_codes_combine_into_the_first_failure() -> None:
