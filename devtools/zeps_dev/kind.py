@@ -1071,7 +1071,8 @@ def build_base_images() -> int:
 
 def prepare_e2e_stack() -> int:
     """``make e2e-stack``: what ``make e2e`` starts before its suite (images, cluster, chart), left
-    running for it (:meth:`KindStack.prepare`); ``python -m zeps_dev.kind down`` removes it."""
+    running for it (:meth:`KindStack.prepare`), and with ``ZEPS_E2E_SERIAL_EARLY=1`` the serial
+    phase run on it (:func:`run_serial_early`); ``python -m zeps_dev.kind down`` removes it."""
     stack = kind_stack_from_env(spark=True, workers=E2E_WORKERS, keep=False, detached=True)
     stack.serial_note.unlink(missing_ok=True)  # an earlier stack's: never taken for this one's
     # Not the serial tests' cluster (ZEPS_E2E_SERIAL_CLUSTER=1): make e2e makes it beside its shared
