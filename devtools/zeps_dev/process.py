@@ -33,6 +33,7 @@ __all__ = [
     "free_port",
     "interruptible_module",
     "run_tool",
+    "signal_when_parent_ends",
     "wait_until",
 ]
 
@@ -210,8 +211,18 @@ class LocalServer(abc.ABC):
 def die_with_parent() -> None:
     """A ``preexec_fn`` (runs in the child between fork and exec): the kernel kills the child when the
     thread that started it ends (the whole test process, for one started from its main thread)."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    signal_when_parent_ends(signal.SIGKILL)()
+
+
+def signal_when_parent_ends(sig: signal.Signals) -> Callable[[], None]:
+    """A ``preexec_fn``: the kernel sends ``sig`` to the child when the thread that started it ends
+    (SIGTERM for a child that stops what it started itself on it; SIGKILL: :func:`die_with_parent`)."""
+
+    def preexec() -> None:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, sig)
+
+    return preexec
 
 
 class ManagedProcess:

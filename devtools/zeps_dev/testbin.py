@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from zeps.errors import SetupError
+from zeps_dev.process import signal_when_parent_ends
 
 __all__ = ["ENV_TESTBIN", "binaries", "ready", "start_background_build", "stop_background_build"]
 
@@ -48,9 +49,12 @@ class _Build:
         self.folder = Path(tempfile.mkdtemp(prefix="zeps-testbin-"))
         self.out, self.log = self.folder / "build.out", self.folder / "build.log"
         with self.out.open("wb") as out, self.log.open("wb") as err:
+            # SIGTERM to build.sh when the session's main thread ends, even killed (no atexit then):
+            # it stops its go build itself (build.sh's trap), which a SIGKILL to it would orphan
             self.process = subprocess.Popen(
                 ["nice", "-n", str(BUILD_NICENESS), str(BUILD_SCRIPT), "test"],
                 stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=signal_when_parent_ends(signal.SIGTERM),  # noqa: PLW1509 — before any thread
             )  # fmt: skip
         self.started = time.monotonic()
 

@@ -5,13 +5,16 @@ build.sh's own --if-built mode runs for real against an empty cache (it builds n
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from zeps.errors import SetupError
 from zeps_dev import testbin
+from zeps_dev.process import wait_until
 
 BUILD_SH = Path(__file__).resolve().parents[2] / "tools" / "testbin" / "build.sh"
 
@@ -147,3 +150,40 @@ def test_zeps_weed_names_the_weed_a_seaweedfs_server_runs(tmp_path: Path, monkey
     monkeypatch.delenv(ENV_WEED)
     monkeypatch.setenv(testbin.ENV_TESTBIN, str(_folder_with(tmp_path, "weed", *testbin.TEST_BINARIES)))
     assert weed_binary() == tmp_path / "bin" / "weed", "without it, the test set's"
+
+
+def _running(pid: int) -> bool:
+    """``pid`` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def test_a_test_session_killed_stops_its_background_build_and_the_go_build_in_it(tmp_path: Path) -> None:
+    """A session killed outright (SIGKILL: no atexit runs) still stops the build it started: the kernel
+    sends build.sh SIGTERM as the session's thread ends, and build.sh's trap stops the go build it
+    waits for. build.sh runs for real; ``go`` is a script that waits as a long build does (a real
+    build would spend a core for minutes to show the same)."""
+    env, _ = _fake_go(tmp_path)
+    go_pid = tmp_path / "go.pid"
+    (tmp_path / "fake-go" / "go").write_text(
+        '#!/bin/sh\n[ "$1" = env ] && { echo go1.99-fake; exit 0; }\necho $$ > "$GO_PID"\nexec sleep 600\n'
+    )
+    env = {k: v for k, v in env.items() if k != testbin.ENV_TESTBIN} | {"GO_PID": str(go_pid)}
+    session = subprocess.Popen(
+        [sys.executable, "-c", "import time, zeps_dev.testbin as t; t.start_background_build(); time.sleep(600)"],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: go_pid.exists() and go_pid.read_text().strip() != "", timeout=30, what="a go build")
+        go = int(go_pid.read_text())
+        assert _running(go)
+    finally:
+        session.kill()
+        session.wait()
+    try:
+        wait_until(lambda: not _running(go), timeout=30, what="the go build stopped with the session")
+    finally:
+        if _running(go):  # the test failed: nothing of it left behind
+            os.kill(go, signal.SIGKILL)

@@ -25,6 +25,11 @@ if_built=${2:-}
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${ZEPS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/zeps}
 say() { printf '[testbin] %s\n' "$*" >&2; }
+# Stopped (SIGTERM, SIGINT: CI's end, or the end of the test session that started it, whatever way it
+# ended), it stops the go build it waits for at once: bash runs a trap only between commands, so each
+# go build runs in the background and is waited for
+building=""
+trap 'trap - TERM INT; [ -z "$building" ] || kill -TERM "$building" 2>/dev/null; exit 143' TERM INT
 
 command -v go >/dev/null 2>&1 || {
   echo "setup: Go is missing; install Go >= 1.24 (https://go.dev/doc/install or 'apt-get install golang') — it builds the test control plane" >&2
@@ -127,13 +132,16 @@ for mod in $builds; do
     # GOSUMDB=off: the checksum database is not reachable here; go.sum (committed) still verifies every module.
     # GOGC=400: the compiler collects its garbage a quarter as often: less CPU for a little more memory,
     # the same binaries (measured: benchmarks/README.md, CI)
-    if ! (cd "$dir" && GOGC=${GOGC:-400} GOSUMDB=off GOFLAGS=-mod=readonly CGO_ENABLED=0 \
-          go build -trimpath -ldflags="-s -w ${ldflags[$mod]}" -gcflags="$gcflags" -o "$out/" ${targets[$mod]} >"$out.log" 2>&1); then
+    (cd "$dir" && GOGC=${GOGC:-400} GOSUMDB=off GOFLAGS=-mod=readonly CGO_ENABLED=0 \
+       exec go build -trimpath -ldflags="-s -w ${ldflags[$mod]}" -gcflags="$gcflags" -o "$out/" ${targets[$mod]} >"$out.log" 2>&1) &
+    building=$!
+    if ! wait "$building"; then
       echo "setup: building $mod failed; see $out.log (last lines below)" >&2
       tail -n 15 "$out.log" >&2
       rm -rf "$out"
       exit 1
     fi
+    building=""
     touch "$out/.complete"
     say "$mod: built in $(( $(date +%s) - start ))s"
   fi
