@@ -171,10 +171,9 @@ def test_a_test_session_killed_stops_its_background_build_and_the_go_build_in_it
         '#!/bin/sh\n[ "$1" = env ] && { echo go1.99-fake; exit 0; }\necho $$ > "$GO_PID"\nexec sleep 600\n'
     )
     env = {k: v for k, v in env.items() if k != testbin.ENV_TESTBIN} | {"GO_PID": str(go_pid)}
-    session = subprocess.Popen(
-        [sys.executable, "-c", "import time, zeps_dev.testbin as t; t.start_background_build(); time.sleep(600)"],
-        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    session_code = "import signal, zeps_dev.testbin as t; t.start_background_build(); signal.pause()"  # until killed
+    session = subprocess.Popen([sys.executable, "-c", session_code], env=env, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         wait_until(lambda: go_pid.exists() and go_pid.read_text().strip() != "", timeout=30, what="a go build")
         go = int(go_pid.read_text())
