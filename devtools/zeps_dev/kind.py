@@ -994,11 +994,7 @@ def run_e2e(pytest_args: Sequence[str]) -> int:
         if early is not None:
             _say(f"serial tests: passed on this cluster before the shared ones, beside make test (make e2e-stack "
                  f"with ZEPS_E2E_SERIAL_EARLY=1, in {early.get('seconds', 0):.0f}s); not run again")  # fmt: skip
-            _say(f"shared tests: pytest {' '.join(shared)}")
-            phase_started = time.monotonic()
-            codes = [subprocess.run(_pytest(shared), env=env, cwd=REPOSITORY, check=False).returncode]
-            stack.timings["shared_tests_s"] = time.monotonic() - phase_started
-        elif E2E_SERIAL_CLUSTER:
+        if early is None and E2E_SERIAL_CLUSTER:
             companion = stack.companion()
 
             def serial_cluster() -> dict[str, str]:
@@ -1016,7 +1012,8 @@ def run_e2e(pytest_args: Sequence[str]) -> int:
                 companion.stop()
         else:
             codes = []
-            for phase, args in (("shared", shared), ("serial", serial)):
+            phases = [("shared", shared)] + ([("serial", serial)] if early is None else [])  # early: passed already
+            for phase, args in phases:
                 _say(f"{phase} tests: pytest {' '.join(args)}")
                 phase_started = time.monotonic()
                 codes.append(subprocess.run(_pytest(args), env=env, cwd=REPOSITORY, check=False).returncode)
