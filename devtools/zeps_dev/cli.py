@@ -16,6 +16,7 @@ import click
 
 from zeps.cli_common import EXIT_EMPTY, emit, reporting_errors
 from zeps.errors import ConfigError, ZepsError
+from zeps_dev.process import pid_running
 
 __all__ = ["dev"]
 
@@ -26,21 +27,6 @@ def _dev_state(workdir: str | None) -> Any:
     folder = Path(workdir) if workdir else cache / "dev"
     folder.mkdir(parents=True, exist_ok=True)
     return folder, folder / "stack.json"
-
-
-def _alive(pid: int) -> bool:
-    """True while ``pid`` runs (an exited process its parent has not reaped yet — a zombie — does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state != "Z"
 
 
 @click.group()
@@ -59,7 +45,7 @@ def dev_up(ctx: click.Context, workdir: str | None) -> None:
     folder, state = _dev_state(workdir)
     if state.exists():
         pid = json.loads(state.read_text())["pid"]
-        if _alive(pid):
+        if pid_running(pid):
             raise ConfigError(f"a local stack is already running (pid {pid}); `zeps dev down` stops it")
         state.unlink()
     shutil.rmtree(folder / "stack", ignore_errors=True)  # a fresh stack each time: no stale data
@@ -108,10 +94,10 @@ def dev_down(ctx: click.Context, workdir: str | None, timeout: float) -> None:
         emit(ctx, "no local stack is running", {"stopped": False})
         sys.exit(EXIT_EMPTY)
     pid = json.loads(state.read_text())["pid"]
-    if _alive(pid):
+    if pid_running(pid):
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while _alive(pid):
+        while pid_running(pid):
             if time.monotonic() > deadline:
                 raise ZepsError(f"the local stack (pid {pid}) did not stop within {timeout:.0f}s")
             time.sleep(0.2)

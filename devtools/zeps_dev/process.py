@@ -32,6 +32,7 @@ __all__ = [
     "file_tail",
     "free_port",
     "interruptible_module",
+    "pid_running",
     "run_tool",
     "signal_when_parent_ends",
     "wait_until",
@@ -206,6 +207,22 @@ class LocalServer(abc.ABC):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def pid_running(pid: int) -> bool:
+    """True while ``pid`` runs (an exited process its parent has not reaped yet, a zombie, does not;
+    one of another user counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
 
 
 def die_with_parent() -> None:

@@ -20,7 +20,7 @@ from harness import TEST_JVM_OPTIONS
 from zeps.errors import SetupError
 from zeps_dev.controlplane import binaries_dir
 from zeps_dev.demo import run
-from zeps_dev.process import interruptible_module, wait_until
+from zeps_dev.process import interruptible_module, pid_running, wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "demo"))
 from orders_pipeline import COUNTRIES, expected  # type: ignore[import-not-found]
@@ -52,14 +52,6 @@ def _spark_jvm_under(text: str) -> int | None:
         except (OSError, IndexError):
             continue
     return None
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie waiting to be reaped does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.fixture(autouse=True)
@@ -162,7 +154,8 @@ def test_ctrl_c_stops_everything_the_demo_started(tmp_path: Path) -> None:
         assert "demo interrupted; everything it started was stopped" in err
         assert _processes_mentioning(str(tmp_path)) == [], "Ctrl-C left servers running"
         # killed with its process group; reaped by init
-        wait_until(lambda: not _alive(jvm), timeout=10, interval=0.05, what="the Spark job's JVM gone after Ctrl-C")
+        wait_until(lambda: not pid_running(jvm), timeout=10, interval=0.05,
+                   what="the Spark job's JVM gone after Ctrl-C")  # fmt: skip
     finally:
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGKILL)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from pathlib import Path
@@ -10,17 +9,7 @@ from pathlib import Path
 import pytest
 
 from zeps.errors import SetupError
-from zeps_dev.process import ManagedProcess, _ephemeral_low, _port_share, free_port, wait_until
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie still answers kill(0); read its state
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split()[2] != "Z"
+from zeps_dev.process import ManagedProcess, _ephemeral_low, _port_share, free_port, pid_running, wait_until
 
 
 def test_stop_ends_the_whole_process_group(tmp_path: Path) -> None:
@@ -30,10 +19,10 @@ def test_stop_ends_the_whole_process_group(tmp_path: Path) -> None:
     proc.start()
     wait_until(lambda: pidfile.exists() and pidfile.read_text().strip() != "", timeout=5, what="grandchild pid")
     grandchild = int(pidfile.read_text())
-    assert proc.running() and _alive(grandchild)
+    assert proc.running() and pid_running(grandchild)
     proc.stop(grace=5)
     assert not proc.running()
-    wait_until(lambda: not _alive(grandchild), timeout=5, what="grandchild to exit")
+    wait_until(lambda: not pid_running(grandchild), timeout=5, what="grandchild to exit")
 
 
 def test_a_process_that_exits_fails_fast_with_its_log(tmp_path: Path) -> None:

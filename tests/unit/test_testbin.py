@@ -14,7 +14,7 @@ import pytest
 
 from zeps.errors import SetupError
 from zeps_dev import testbin
-from zeps_dev.process import wait_until
+from zeps_dev.process import pid_running, wait_until
 
 BUILD_SH = Path(__file__).resolve().parents[2] / "tools" / "testbin" / "build.sh"
 
@@ -152,14 +152,6 @@ def test_zeps_weed_names_the_weed_a_seaweedfs_server_runs(tmp_path: Path, monkey
     assert weed_binary() == tmp_path / "bin" / "weed", "without it, the test set's"
 
 
-def _running(pid: int) -> bool:
-    """``pid`` exists and is not a zombie."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
-
-
 def test_a_test_session_killed_stops_its_background_build_and_the_go_build_in_it(tmp_path: Path) -> None:
     """A session killed outright (SIGKILL: no atexit runs) still stops the build it started: the kernel
     sends build.sh SIGTERM as the session's thread ends, and build.sh's trap stops the go build it
@@ -177,12 +169,12 @@ def test_a_test_session_killed_stops_its_background_build_and_the_go_build_in_it
     try:
         wait_until(lambda: go_pid.exists() and go_pid.read_text().strip() != "", timeout=30, what="a go build")
         go = int(go_pid.read_text())
-        assert _running(go)
+        assert pid_running(go)
     finally:
         session.kill()
         session.wait()
     try:
-        wait_until(lambda: not _running(go), timeout=30, what="the go build stopped with the session")
+        wait_until(lambda: not pid_running(go), timeout=30, what="the go build stopped with the session")
     finally:
-        if _running(go):  # the test failed: nothing of it left behind
+        if pid_running(go):  # the test failed: nothing of it left behind
             os.kill(go, signal.SIGKILL)
